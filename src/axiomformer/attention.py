@@ -1,0 +1,221 @@
+"""``Attention``: one layer of the design space, y = W_o rho( sum_j phi(v(x_j), u_ij) ).
+
+Read with ``spec.py`` (the axes) and ``axes/`` (each choice's formula). Shapes: (batch, seq, dim) at the module boundary,
+(batch, heads, seq, head_dim) inside. Boolean masks mean True = may attend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from axiomformer.axes import (
+    Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value,
+)
+from axiomformer.engines import AttentionProblem, select_engine
+from axiomformer.masks import prepare_masks
+from axiomformer.spec import AttentionSpec
+
+
+@dataclass
+class KVCache:
+    """Keys and values of the tokens decoded so far, for incremental (token-by-token) decoding.
+
+    Attributes:
+        k: (batch, heads, past_len, head_dim) keys after projection and RoPE, or None when empty.
+        v: (batch, heads, past_len, head_dim) values, or None when empty.
+    """
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions."""
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store new keys/values (batch, heads, new_len, head_dim) and return all of them."""
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+    def reset(self) -> None:
+        self.k = self.v = None
+
+
+class Attention(nn.Module):
+    """Multi-head attention built from an :class:`AttentionSpec`.
+
+    With ``AttentionSpec.standard(dim, heads)`` this is ``torch.nn.MultiheadAttention`` (batch-first), numerically.
+
+    Args:
+        spec: the point of the design space.
+        engine: ``"auto"`` routes to the fastest engine that runs the spec exactly (see ``axiomformer.engines``);
+            an engine name forces it.
+
+    Attributes:
+        last_engine: name of the engine that ran the last forward (``None`` before the first call).
+    """
+
+    def __init__(self, spec: AttentionSpec, *, engine: str = "auto"):
+        super().__init__()
+        if not isinstance(spec, AttentionSpec):
+            raise TypeError(f"Attention expects an AttentionSpec, got {type(spec).__name__}")
+        self.spec = spec
+        self.engine = engine
+        self.num_heads, self.head_dim = spec.num_heads, spec.head_dim
+        self.q_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
+        self.k_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
+        self.v_proj = build_value(spec)                       # A3
+        self.score_fn = build_score(spec)                     # A4
+        self.scale = Scale(spec)                              # A5 temperature
+        self.normalizer = Normalizer(spec)                    # A5
+        self.contribution = build_contribution(spec)          # A2
+        self.aggregator = build_aggregator(spec)              # A1
+        self.position = Position(spec)
+        self.out_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
+        self.last_engine: str | None = None
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        # As nn.MultiheadAttention: Xavier-uniform projections, zero biases.
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            if isinstance(proj, nn.Linear):
+                nn.init.xavier_uniform_(proj.weight)
+                if proj.bias is not None:
+                    nn.init.zeros_(proj.bias)
+        if self.out_proj.bias is not None:
+            nn.init.zeros_(self.out_proj.bias)
+
+    # ------------------------------------------------------------------ helpers
+    def _split_heads(self, x: Tensor) -> Tensor:
+        b, n, _ = x.shape
+        return x.view(b, n, self.num_heads, -1).transpose(1, 2)
+
+    def _merge_heads(self, x: Tensor) -> Tensor:
+        b, _, n, _ = x.shape
+        return x.transpose(1, 2).reshape(b, n, -1)
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        dim = self.spec.dim
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if x.dim() != 3 or x.shape[-1] != dim:
+                raise ValueError(f"{name} must be (batch, seq, dim={dim}); got shape {tuple(x.shape)}")
+        if not query.shape[0] == key.shape[0] == value.shape[0]:
+            raise ValueError(f"batch sizes differ: query {tuple(query.shape)}, key {tuple(key.shape)}, "
+                             f"value {tuple(value.shape)}")
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(f"key and value lengths differ: key {tuple(key.shape)}, value {tuple(value.shape)}")
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend from ``query`` to ``key``/``value``.
+
+        Args:
+            query: (batch, q_len, dim).
+            key: (batch, k_len, dim); defaults to ``query``.
+            value: (batch, k_len, dim); defaults to ``key``.
+            attn_mask: bool (True = may attend) or float (added to the scores; ``-inf`` blocks), broadcastable to
+                (batch, heads, q_len, k_len); 2-D (q_len, k_len) and 3-D (batch, q_len, k_len) are accepted.
+            key_padding_mask: (batch, k_len) bool, True = real token (k_len includes cached tokens).
+            need_weights: also return the attention weights (batch, heads, q_len, k_len), before dropout.
+            cache: a :class:`KVCache`; the new keys/values are appended and attention runs over all cached ones.
+                The new queries take positions ``cache.length ...`` (bottom-right alignment).
+
+        Returns:
+            out (batch, q_len, dim), or ``(out, weights)`` when ``need_weights``. A query with no visible key gets
+            an all-zero output row.
+
+        Raises:
+            ValueError: wrong ranks, widths, batch sizes or key/value lengths, or masks that do not fit (the error
+                names the shapes).
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check_inputs(query, key, value)
+        batch, q_len, _ = query.shape
+        past = cache.length if cache is not None else 0
+        new_k_len = key.shape[1]
+        k_len = past + new_k_len
+        q_offset = k_len - q_len
+        k_pos = torch.arange(past, k_len, device=query.device)
+        q_pos = torch.arange(q_offset, k_len, device=query.device)
+
+        # Position enters through the query/key inputs (sinusoidal, learned) or by rotating q and k (RoPE).
+        q = self._split_heads(self.q_proj(self.position.encode_inputs(query, q_pos)))
+        k = self._split_heads(self.k_proj(self.position.encode_inputs(key, k_pos)))
+        v = self._split_heads(self.v_proj(value))                                       # A3
+        q, k = self.position.rotate(q, q_pos), self.position.rotate(k, k_pos)
+        if cache is not None:
+            k, v = cache.append(k, v)
+
+        mask, bias = prepare_masks(attn_mask, key_padding_mask, batch, self.num_heads, q_len, k_len)
+        problem = AttentionProblem(
+            q=q, k=k, v=v, causal=self.spec.causal, mask=mask, bias=bias,
+            alibi_slopes=self.position.slopes if self.spec.position == "alibi" else None,
+            q_offset=q_offset, dropout_p=self.spec.dropout, training=self.training,
+        )
+        engine = select_engine(self, problem, self.engine)
+        self.last_engine = engine.name
+        heads_out, weights = engine.run(self, problem, need_weights)                     # A2, A4, A5
+        out = self.out_proj(self.aggregator(self._merge_heads(heads_out)))               # A1
+        out = self._zero_rows_without_keys(out, problem)
+        return (out, weights) if need_weights else out
+
+    @staticmethod
+    def _zero_rows_without_keys(out: Tensor, problem: AttentionProblem) -> Tensor:
+        mask = problem.full_mask()
+        if mask is None:
+            return out
+        has_key = torch.broadcast_to(mask, (out.shape[0], mask.shape[1], problem.q_len, problem.k_len)).any(-1)
+        empty = ~has_key.any(1)                                                          # (batch, q_len)
+        return out.masked_fill(empty.unsqueeze(-1), 0.0) if bool(empty.any()) else out
+
+    # ------------------------------------------------------------------ interop
+    @classmethod
+    def from_multihead_attention(cls, mha: nn.MultiheadAttention, *, causal: bool = False, **spec_fields) -> "Attention":
+        """A standard-spec Attention carrying the weights of ``mha`` (``batch_first`` either way).
+
+        Our ``forward`` is always batch-first and takes ``key_padding_mask`` with True = real token, whereas ``mha``
+        takes True = padding. Extra keyword arguments go to the spec (e.g. ``position="rope"``).
+
+        Raises:
+            ValueError: ``mha`` uses ``add_bias_kv``, ``add_zero_attn`` or key/value widths other than ``embed_dim``.
+        """
+        if mha.bias_k is not None or mha.add_zero_attn:
+            raise ValueError("add_bias_kv and add_zero_attn have no counterpart in AttentionSpec")
+        if not mha._qkv_same_embed_dim:
+            raise ValueError(f"kdim={mha.kdim}, vdim={mha.vdim} differ from embed_dim={mha.embed_dim}; "
+                             "AttentionSpec needs key/value inputs of width dim")
+        spec = AttentionSpec.standard(mha.embed_dim, mha.num_heads, causal=causal,
+                                      bias=mha.in_proj_bias is not None, dropout=mha.dropout).relax(spec_fields)
+        module = cls(spec).to(device=mha.in_proj_weight.device, dtype=mha.in_proj_weight.dtype)
+        w_q, w_k, w_v = mha.in_proj_weight.detach().chunk(3, dim=0)
+        with torch.no_grad():
+            module.q_proj.weight.copy_(w_q)
+            module.k_proj.weight.copy_(w_k)
+            module.v_proj.weight.copy_(w_v)
+            module.out_proj.weight.copy_(mha.out_proj.weight)
+            if mha.in_proj_bias is not None:
+                b_q, b_k, b_v = mha.in_proj_bias.detach().chunk(3)
+                module.q_proj.bias.copy_(b_q)
+                module.k_proj.bias.copy_(b_k)
+                module.v_proj.bias.copy_(b_v)
+                module.out_proj.bias.copy_(mha.out_proj.bias)
+        return module
+
+    def extra_repr(self) -> str:
+        return self.spec.describe()

@@ -1,0 +1,117 @@
+"""Axis A4 — the score s_ij = score(q_i, k_j) of key j for query i.
+
+Source: Somani, assumption A4 (efficient parallel scoring from linear projections and inner products), which gives
+s_ij = q_i . k_j with q = W_q x, k = W_k x. The relaxations are the parallel similarities the field uses.
+
+Every score module maps q (batch, heads, q_len, head_dim) and k (batch, heads, k_len, head_dim) to scores
+(batch, heads, q_len, k_len). The temperature (A5's 1/sqrt(d)) is applied afterwards by ``normalizer.Scale``.
+
+Choices:
+    dot       s = q . k                                         (A4 holds; Vaswani et al. 2017, eq. 1)
+    bilinear  s = q^T W_h k, a learned head_dim x head_dim form per head, initialised near the identity
+                                                                (Luong et al. 2015, "general" score)
+    additive  s = w_h . tanh(q + k)                             (Bahdanau et al. 2015, eq. 6, with W_1, W_2 folded into
+                                                                the query/key projections); O(L S head_dim) memory
+    cosine    s = tau_h cos(q, k), tau_h learned, init head_dim (QK-normalised attention, Henry et al. 2020)
+    neg_l2    s = -|q - k|^2                                    (distance-based attention, Kim et al. 2021)
+    mlp       s = w_2 . GELU(W_q' q + W_k' k + b) + c           (an MLP on [q; k]); O(L S hidden) memory
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from axiomformer.spec import AttentionSpec
+
+
+class DotScore(nn.Module):
+    """s_ij = q_i . k_j."""
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return torch.matmul(q, k.transpose(-2, -1))
+
+
+class BilinearScore(nn.Module):
+    """s_ij = q_i^T W_h k_j with one learned (head_dim, head_dim) matrix per head."""
+
+    def __init__(self, num_heads: int, head_dim: int):
+        super().__init__()
+        # Near the identity so training starts close to dot-product attention, but not on it: a bilinear form that
+        # is exactly the identity would be the dot product (A4 would hold).
+        init = torch.eye(head_dim).expand(num_heads, head_dim, head_dim).clone()
+        self.weight = nn.Parameter(init + torch.randn(num_heads, head_dim, head_dim) / head_dim)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return torch.matmul(torch.matmul(q, self.weight), k.transpose(-2, -1))
+
+
+class AdditiveScore(nn.Module):
+    """s_ij = w_h . tanh(q_i + k_j) (Bahdanau additive attention)."""
+
+    def __init__(self, num_heads: int, head_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(num_heads, head_dim) / head_dim**0.5)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        hidden = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3))            # (B, H, L, S, hd)
+        return torch.einsum("bhlsd,hd->bhls", hidden, self.weight.to(hidden.dtype))
+
+
+class CosineScore(nn.Module):
+    """s_ij = tau_h * cos(q_i, k_j), tau_h = exp(log_tau_h) learned per head, initialised to head_dim."""
+
+    def __init__(self, num_heads: int, head_dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.log_tau = nn.Parameter(torch.full((num_heads,), math.log(head_dim)))
+        self.eps = eps
+
+    def temperature(self) -> Tensor:
+        """tau, shaped (1, heads, 1, 1) to broadcast against scores."""
+        return self.log_tau.exp().view(1, -1, 1, 1)
+
+    def normalize(self, x: Tensor) -> Tensor:
+        return F.normalize(x, dim=-1, eps=self.eps)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        cos = torch.matmul(self.normalize(q), self.normalize(k).transpose(-2, -1))
+        return cos * self.temperature().to(cos.dtype)
+
+
+class NegL2Score(nn.Module):
+    """s_ij = -|q_i - k_j|^2 = 2 q_i.k_j - |q_i|^2 - |k_j|^2."""
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        qk = torch.matmul(q, k.transpose(-2, -1))
+        return 2 * qk - q.pow(2).sum(-1, keepdim=True) - k.pow(2).sum(-1).unsqueeze(-2)
+
+
+class MLPScore(nn.Module):
+    """s_ij = w_2 . GELU(W_q' q_i + W_k' k_j + b_1) + c: a two-layer MLP on [q_i; k_j], shared by the heads."""
+
+    def __init__(self, head_dim: int, hidden: int | None = None):
+        super().__init__()
+        hidden = hidden or head_dim
+        self.w_q = nn.Linear(head_dim, hidden)
+        self.w_k = nn.Linear(head_dim, hidden, bias=False)
+        self.out = nn.Linear(hidden, 1)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        hidden = F.gelu(self.w_q(q).unsqueeze(-2) + self.w_k(k).unsqueeze(-3))   # (B, H, L, S, hidden)
+        return self.out(hidden).squeeze(-1)
+
+
+def build_score(spec: AttentionSpec) -> nn.Module:
+    """The score module for ``spec.score``."""
+    h, d = spec.num_heads, spec.head_dim
+    return {
+        "dot": lambda: DotScore(),
+        "bilinear": lambda: BilinearScore(h, d),
+        "additive": lambda: AdditiveScore(h, d),
+        "cosine": lambda: CosineScore(h, d),
+        "neg_l2": lambda: NegL2Score(),
+        "mlp": lambda: MLPScore(d),
+    }[spec.score]()

@@ -1,0 +1,94 @@
+"""What every engine receives: one attention problem in (batch, heads, seq, head_dim) layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+from axiomformer.axes.position import alibi_bias
+
+
+def causal_mask(q_len: int, k_len: int, q_offset: int, device: torch.device | None = None) -> Tensor:
+    """Bool (q_len, k_len), True = may attend: key j is visible to query i iff j <= q_offset + i.
+
+    With ``q_offset = k_len - q_len`` this is the bottom-right aligned causal mask (the last query sees every key).
+    """
+    i = torch.arange(q_len, device=device).unsqueeze(-1) + q_offset
+    j = torch.arange(k_len, device=device).unsqueeze(0)
+    return j <= i
+
+
+@dataclass
+class AttentionProblem:
+    """Queries, keys, values and everything that masks or biases their scores.
+
+    Attributes:
+        q: (batch, heads, q_len, head_dim), after projection and RoPE.
+        k: (batch, heads, k_len, head_dim), after projection and RoPE (cache included).
+        v: (batch, heads, k_len, head_dim_v).
+        causal: bottom-right aligned causal masking (see :func:`causal_mask`), not folded into ``mask``.
+        mask: bool, True = may attend, broadcastable to (batch, heads, q_len, k_len), or None; from ``attn_mask``
+            and ``key_padding_mask`` (and ``-inf`` entries of a float ``attn_mask``).
+        bias: float added to the scores, broadcastable to (batch, heads, q_len, k_len), or None (finite).
+        alibi_slopes: (heads,) ALiBi slopes, or None.
+        q_offset: absolute position of query 0 among the key positions (``k_len - q_len`` unless a cache says else).
+        dropout_p: dropout on the attention weights, applied only when ``training``.
+        training: module mode (dropout, Gumbel noise).
+    """
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    causal: bool = False
+    mask: Tensor | None = None
+    bias: Tensor | None = None
+    alibi_slopes: Tensor | None = None
+    q_offset: int = 0
+    dropout_p: float = 0.0
+    training: bool = False
+
+    @property
+    def q_len(self) -> int:
+        return self.q.shape[-2]
+
+    @property
+    def k_len(self) -> int:
+        return self.k.shape[-2]
+
+    @property
+    def q_positions(self) -> Tensor:
+        return torch.arange(self.q_len, device=self.q.device) + self.q_offset
+
+    @property
+    def k_positions(self) -> Tensor:
+        return torch.arange(self.k_len, device=self.q.device)
+
+    def full_mask(self) -> Tensor | None:
+        """The bool mask with the causal mask folded in, broadcastable to (batch, heads, q_len, k_len), or None."""
+        mask = self.mask
+        if self.causal:
+            c = causal_mask(self.q_len, self.k_len, self.q_offset, self.q.device)
+            mask = c if mask is None else mask & c
+        return mask
+
+    def full_bias(self) -> Tensor | None:
+        """The float bias with ALiBi folded in, broadcastable to (batch, heads, q_len, k_len), or None."""
+        bias = self.bias
+        if self.alibi_slopes is not None:
+            alibi = alibi_bias(self.alibi_slopes, self.q_positions, self.k_positions, self.causal)
+            bias = alibi if bias is None else bias + alibi
+        return bias
+
+    @cached_property
+    def nonfinite_keys(self) -> Tensor | None:
+        """(batch, heads, k_len) bool marking keys whose key or value holds NaN/inf, or None if all are finite.
+
+        Engines compute with those keys zeroed and then poison exactly the outputs that may see them, so a NaN in
+        a masked-out key never reaches the output (nor, through ``0 * NaN``, the gradients of other tokens).
+        """
+        if bool(torch.isfinite(self.k).all()) and bool(torch.isfinite(self.v).all()):
+            return None
+        return ~(torch.isfinite(self.k).all(-1) & torch.isfinite(self.v).all(-1))

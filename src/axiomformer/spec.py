@@ -1,0 +1,248 @@
+"""AttentionSpec: one point of the attention design space.
+
+Each field of :class:`AttentionSpec` that is an *axis* corresponds to one assumption of the derivation in
+Somani, "A Minimal Route to Transformer Attention" (see ``docs/SOURCES.md``):
+
+=============  =====  ============================  =====================================================
+field          alias  assumption                    choices (the first is the standard one)
+=============  =====  ============================  =====================================================
+aggregator     A1     rho = identity                identity | mlp
+contribution   A2     contribution = u_ij * v_j     proportional | joint
+value          A3     v(x) = W_v x                  linear | identity | mlp
+score          A4     s_ij = q_i . k_j              dot | bilinear | additive | cosine | neg_l2 | mlp
+normalizer     A5     u_ij = softmax_j(s_ij/sqrt d) softmax | sigmoid | relu | sparsemax | entmax15 |
+                                                    gumbel_softmax | linear
+scale          (A5)   the 1/sqrt(d_k) temperature   inv_sqrt_d | none | learned
+position       (A0)   order re-injected             none | sinusoidal | learned | rope | alibi
+=============  =====  ============================  =====================================================
+
+All axes at their first choice is standard scaled dot-product attention (Vaswani et al. 2017, eq. 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+AXES: dict[str, tuple[str, ...]] = {
+    "aggregator": ("identity", "mlp"),
+    "contribution": ("proportional", "joint"),
+    "value": ("linear", "identity", "mlp"),
+    "score": ("dot", "bilinear", "additive", "cosine", "neg_l2", "mlp"),
+    "normalizer": ("softmax", "sigmoid", "relu", "sparsemax", "entmax15", "gumbel_softmax", "linear"),
+    "scale": ("inv_sqrt_d", "none", "learned"),
+    "position": ("none", "sinusoidal", "learned", "rope", "alibi"),
+    "feature_map": ("elu", "relu", "identity"),
+}
+"""Every axis and its choices; the first choice of each axis is the standard one."""
+
+ALIASES: dict[str, str] = {"A1": "aggregator", "A2": "contribution", "A3": "value", "A4": "score", "A5": "normalizer"}
+"""Assumption names accepted by :meth:`AttentionSpec.relax` in place of field names."""
+
+ASSUMPTIONS: dict[str, str] = {
+    "A1": "simplicity: the aggregator rho is the identity",
+    "A2": "relevance-contribution proportionality: phi(x_j, u_ij) = u_ij * v(x_j)",
+    "A3": "linear change of coordinates: v(x) = W_v x",
+    "A4": "efficient parallel scoring: s_ij = q_i . k_j with q = W_q x, k = W_k x",
+    "A5": "normalization: u_ij = softmax_j(s_ij / sqrt(d_k))",
+}
+"""The five assumptions of the derivation, in words."""
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _choices(name: str) -> str:
+    return ", ".join(AXES[name])
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """A frozen description of one attention layer in the design space.
+
+    Args:
+        dim: model width (size of the residual stream), must be divisible by ``num_heads``.
+        num_heads: number of attention heads; ``head_dim = dim // num_heads``.
+        causal: mask keys after the query (aligned bottom-right when query and key lengths differ).
+        dropout: dropout probability on the attention weights, training only.
+        bias: whether the query/key/value/output projections carry a bias (as ``nn.MultiheadAttention``).
+        aggregator, contribution, value, score, normalizer, scale, position: the axes (see module docstring).
+        feature_map: kernel feature map of the ``linear`` normalizer, phi(x) = elu(x) + 1 by default
+            (Katharopoulos et al. 2020, eq. 7); ignored by the other normalizers.
+        max_len: largest position index for ``position="learned"`` (size of the position table).
+
+    Raises:
+        ValueError: on an unknown choice (naming the valid ones), non-positive sizes, ``dim`` not divisible by
+            ``num_heads``, an odd ``head_dim`` with RoPE, or a ``linear`` normalizer with a score other than ``dot``.
+    """
+
+    dim: int = 64
+    num_heads: int = 4
+    causal: bool = False
+    dropout: float = 0.0
+    bias: bool = True
+    aggregator: str = "identity"
+    contribution: str = "proportional"
+    value: str = "linear"
+    score: str = "dot"
+    normalizer: str = "softmax"
+    scale: str = "inv_sqrt_d"
+    position: str = "none"
+    feature_map: str = "elu"
+    max_len: int = 2048
+
+    def __post_init__(self) -> None:
+        for name, choices in AXES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"unknown {name} {value!r}; choose one of: {_choices(name)}")
+        if not isinstance(self.dim, int) or self.dim <= 0:
+            raise ValueError(f"dim must be a positive int, got {self.dim!r}")
+        if not isinstance(self.num_heads, int) or self.num_heads <= 0:
+            raise ValueError(f"num_heads must be a positive int, got {self.num_heads!r}")
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim={self.dim} is not divisible by num_heads={self.num_heads}")
+        if not 0.0 <= float(self.dropout) < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.max_len <= 0:
+            raise ValueError(f"max_len must be positive, got {self.max_len!r}")
+        if self.position == "rope" and self.head_dim % 2:
+            raise ValueError(f"position='rope' needs an even head_dim, got head_dim={self.head_dim}")
+        if self.normalizer == "linear" and self.score != "dot":
+            raise ValueError(
+                f"normalizer='linear' replaces the score by a kernel phi(q).phi(k) and needs score='dot', "
+                f"got score={self.score!r}"
+            )
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def standard(cls, dim: int = 64, num_heads: int = 4, causal: bool = False, **kwargs: Any) -> "AttentionSpec":
+        """Standard multi-head scaled dot-product attention: every assumption A1..A5 holds."""
+        return cls(dim=dim, num_heads=num_heads, causal=causal, **kwargs)
+
+    def relax(self, changes: str | dict[str, Any] | None = None, **kwargs: Any) -> "AttentionSpec":
+        """Return a new spec with some fields changed.
+
+        Args:
+            changes: ``"score=cosine,normalizer=sigmoid"`` (keys are field names or the aliases ``A1``..``A5``),
+                a dict of the same, or ``None``/``""``/``"standard"`` for no change.
+            **kwargs: more changes, as keyword arguments.
+
+        Raises:
+            ValueError: unknown field (naming the valid ones), unknown choice, or a malformed ``key=value`` item.
+        """
+        updates: dict[str, Any] = {}
+        if isinstance(changes, dict):
+            items = list(changes.items())
+        else:
+            items = []
+            text = (changes or "").strip()
+            if text and text != "standard":
+                for item in text.split(","):
+                    item = item.strip()
+                    if not item:
+                        continue
+                    if "=" not in item:
+                        raise ValueError(f"malformed relaxation {item!r}: expected key=value, e.g. 'score=cosine'")
+                    key, value = (part.strip() for part in item.split("=", 1))
+                    items.append((key, value))
+        items += list(kwargs.items())
+        for key, value in items:
+            name = ALIASES.get(key, ALIASES.get(str(key).upper(), key))
+            updates[name] = self._coerce(name, value)
+        return dataclasses.replace(self, **updates)
+
+    @classmethod
+    def from_string(cls, text: str, **base: Any) -> "AttentionSpec":
+        """``AttentionSpec(**base).relax(text)``; ``text`` may be ``"standard"`` or a relax string."""
+        return cls(**base).relax(text)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def _coerce(self, name: str, value: Any) -> Any:
+        names = self.field_names()
+        if name not in names:
+            raise ValueError(
+                f"unknown field {name!r}; choose one of: {', '.join(names)} (or the aliases {', '.join(ALIASES)})"
+            )
+        current = getattr(self, name)
+        if isinstance(current, bool):
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise ValueError(f"{name} expects a boolean (true/false), got {value!r}")
+        if isinstance(current, int):
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{name} expects an integer, got {value!r}") from None
+        if isinstance(current, float):
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{name} expects a number, got {value!r}") from None
+        return str(value)
+
+    # ------------------------------------------------------------------ inspection
+    @property
+    def head_dim(self) -> int:
+        """Width of one head: ``dim // num_heads``."""
+        return self.dim // self.num_heads
+
+    def assumptions(self) -> dict[str, bool]:
+        """Which of the assumptions A1..A5 this spec satisfies (A5 needs softmax *and* the 1/sqrt(d) scale)."""
+        return {
+            "A1": self.aggregator == "identity",
+            "A2": self.contribution == "proportional",
+            "A3": self.value == "linear",
+            "A4": self.score == "dot",
+            "A5": self.normalizer == "softmax" and self.scale == "inv_sqrt_d",
+        }
+
+    def relaxed_axes(self) -> dict[str, str]:
+        """The axes that differ from the standard choice, e.g. ``{"score": "cosine"}``."""
+        out = {name: getattr(self, name) for name, choices in AXES.items() if getattr(self, name) != choices[0]}
+        if self.normalizer != "linear":
+            out.pop("feature_map", None)
+        return out
+
+    @property
+    def variant(self) -> str:
+        """``"standard"`` or the relax string of the non-standard axes, e.g. ``"score=cosine,normalizer=sigmoid"``."""
+        relaxed = self.relaxed_axes()
+        return ",".join(f"{k}={v}" for k, v in relaxed.items()) if relaxed else "standard"
+
+    @property
+    def is_standard(self) -> bool:
+        return not self.relaxed_axes()
+
+    def describe(self) -> str:
+        """One readable line, e.g. ``standard attention: dim=64 heads=4 head_dim=16 causal; A1-A5 hold``."""
+        held = self.assumptions()
+        broken = [a for a, ok in held.items() if not ok]
+        shape = f"dim={self.dim} heads={self.num_heads} head_dim={self.head_dim}" + (" causal" if self.causal else "")
+        if self.is_standard:
+            return f"standard attention: {shape}; A1-A5 hold"
+        axes = ", ".join(f"{k}={v}" for k, v in self.relaxed_axes().items())
+        status = f"relaxes {', '.join(broken)}" if broken else "A1-A5 hold"
+        return f"attention ({axes}): {shape}; {status}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as a JSON-ready dict (inverse: ``AttentionSpec(**d)``)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "AttentionSpec":
+        """Build from :meth:`to_dict` output; unknown keys raise ``ValueError`` naming the valid ones."""
+        names = cls.field_names()
+        unknown = [k for k in data if k not in names]
+        if unknown:
+            raise ValueError(f"unknown field(s) {unknown}; choose from: {', '.join(names)}")
+        return cls(**data)
