@@ -7,11 +7,11 @@ Every normalizer maps scores (batch, heads, q_len, k_len) and an optional boolea
 broadcastable to the scores) to weights of the same shape, computed in float32. Masked keys get weight 0; a query row
 with no visible key gets all-zero weights with finite gradients.
 
-Choices (S is the number of keys):
+Choices (n_i is the number of keys visible to query i, so appending masked keys changes nothing):
     softmax         u = exp(s) / sum_j exp(s)                         (A5 holds with scale inv_sqrt_d)
-    sigmoid         u = sigmoid(s - log S)                            (Ramapuram et al. 2024, sigmoid attention with
+    sigmoid         u = sigmoid(s - log n_i)                          (Ramapuram et al. 2024, sigmoid attention with
                                                                        their b = -log n bias)
-    relu            u = relu(s) / S                                   (Wortsman et al. 2023, ReLU attention)
+    relu            u = relu(s) / n_i                                 (Wortsman et al. 2023, ReLU attention)
     sparsemax       u = sparsemax(s)                                  (Martins & Astudillo 2016, via the entmax package)
     entmax15        u = 1.5-entmax(s)                                 (Peters et al. 2019, via the entmax package)
     gumbel_softmax  u = softmax(s + g), g ~ Gumbel(0, 1) in training; plain softmax in eval (Jang et al. 2017)
@@ -98,15 +98,28 @@ def normalize(scores: Tensor, mask: Tensor | None, kind: str, *, training: bool 
         # the weights are 0 and every gradient stays finite.
         s = s.masked_fill(~has_key, 0.0)
         visible = mask | ~has_key
-    n_keys = s.shape[-1]
+    if mask is None:
+        n_visible = torch.full_like(s[..., :1], float(s.shape[-1]))
+    else:
+        n_visible = visible.sum(dim=-1, keepdim=True).float()
     if kind in ("softmax", "gumbel_softmax", "sparsemax", "entmax15"):
         if mask is not None:
             s = s.masked_fill(~visible, float("-inf"))
+        nan_rows = None
+        if kind in ("sparsemax", "entmax15"):
+            # The entmax sort-based threshold fails on NaN; such rows are computed on zeros and reported as NaN.
+            nan_rows = torch.isnan(s).any(dim=-1, keepdim=True)
+            if bool(nan_rows.any()):
+                s = s.masked_fill(nan_rows, 0.0)
+            else:
+                nan_rows = None
         weights = _row_normalize(s, kind, training)
+        if nan_rows is not None:
+            weights = weights.masked_fill(nan_rows, float("nan"))
     elif kind == "sigmoid":
-        weights = torch.sigmoid(s - math.log(n_keys))
+        weights = torch.sigmoid(s - n_visible.log())
     elif kind == "relu":
-        weights = F.relu(s) / n_keys
+        weights = F.relu(s) / n_visible
     elif kind == "linear":
         kernel = s if mask is None else s.masked_fill(~mask, 0.0)
         return kernel / (kernel.sum(dim=-1, keepdim=True) + LINEAR_EPS)

@@ -1,0 +1,239 @@
+"""The study configuration: one validated pydantic model, loaded from TOML on top of a built-in sweep.
+
+A study file overrides the built-in sweep (``--quick`` or the full one) key by key: tables are merged, every other value
+(lists included) replaces the default. Every key is checked; an unknown key is rejected with its name, where it was found
+and the keys allowed there, e.g.::
+
+    unknown key 'stpes' in [budget]; allowed keys: steps, batch_size, lr, warmup, ...
+
+Example (``study.toml``)::
+
+    seeds = 2
+    variants = ["standard", "A4=cosine", "A5=sigmoid"]
+    baselines = ["gru"]
+
+    [budget]
+    steps = 200
+
+    [[tasks]]
+    name = "needle"
+    seq_lens = [32, 64]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+BASELINES = ("rnn", "lstm", "gru")
+"""Order-dependent aggregators (relaxing A0 itself): the recurrent baselines a sweep may include."""
+
+
+class StudyConfigError(ValueError):
+    """A study configuration that cannot be used; the message names the offending key and what is allowed."""
+
+
+class _Strict(BaseModel):
+    """A config table that rejects unknown keys, naming the key and the allowed ones."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    _table: str = "study"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            allowed = list(cls.model_fields)
+            for key in data:
+                if key not in allowed:
+                    raise ValueError(f"unknown key {key!r}; allowed keys: {', '.join(allowed)}")
+        return data
+
+
+class Budget(_Strict):
+    """The training budget, identical for every model of the sweep (same steps, batch size and lr schedule).
+
+    Fields map one to one onto :class:`axiomformer.train.TrainConfig`. ``target_accuracy`` stays ``None`` by default:
+    early stopping would give models different budgets **(our choice)**.
+    """
+
+    steps: int = Field(300, gt=0)
+    batch_size: int = Field(32, gt=0)
+    lr: float = Field(3e-3, gt=0)
+    warmup: int = Field(20, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    eval_batches: int = Field(4, gt=0)
+    eval_every: int | None = Field(None, gt=0)
+    target_accuracy: float | None = Field(None, gt=0, le=1)
+
+
+class BudgetOverride(_Strict):
+    """Per-task changes to :class:`Budget` (still the same for every model on that task)."""
+
+    steps: int | None = Field(None, gt=0)
+    batch_size: int | None = Field(None, gt=0)
+    lr: float | None = Field(None, gt=0)
+    warmup: int | None = Field(None, ge=0)
+    weight_decay: float | None = Field(None, ge=0)
+    grad_clip: float | None = Field(None, gt=0)
+    eval_batches: int | None = Field(None, gt=0)
+    eval_every: int | None = Field(None, gt=0)
+    target_accuracy: float | None = Field(None, gt=0, le=1)
+
+
+class ModelSettings(_Strict):
+    """Shape of the reference model (the standard Transformer) and how the others are matched to it.
+
+    ``dim`` is the standard Transformer's width; every other model gets the width (the hidden size for an RNN) whose
+    trainable-parameter count is closest to the standard one on the same task, and must land within ``tolerance``
+    (relative) of it, unless ``match_params`` is false.
+    """
+
+    dim: int = Field(32, gt=0)
+    layers: int = Field(2, gt=0)
+    heads: int = Field(2, gt=0)
+    match_params: bool = True
+    tolerance: float = Field(0.10, gt=0, lt=1)
+
+
+class TaskSettings(_Strict):
+    """One task of the sweep at one or more sequence lengths.
+
+    ``options`` are passed to ``axiomformer.tasks.make_task`` (as ``TrainConfig.task_options``); ``budget`` overrides
+    the study budget for this task only.
+    """
+
+    name: str
+    seq_lens: list[int] = Field(min_length=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+    budget: BudgetOverride = Field(default_factory=BudgetOverride)
+
+    @field_validator("seq_lens")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(n <= 0 for n in value):
+            raise ValueError(f"seq_lens must be positive, got {value}")
+        return value
+
+
+class Sections(_Strict):
+    """Report sections computed besides training; each is cached in the store and computed once."""
+
+    audit: bool = True
+    derive: bool = True
+    flow: bool = True
+
+
+class StudyConfig(_Strict):
+    """A whole study: which models, which tasks, how many seeds, which budget.
+
+    Attributes:
+        name: a title for the report.
+        seeds: seeds 0..seeds-1 are run for every (model, task, length).
+        base_spec: relax string applied to the standard spec before each variant (``"standard"``: none).
+        variants: relax strings (``"A4=cosine"``, ``"position=rope"``, ``"standard"``), one Transformer each.
+        baselines: recurrent baselines among ``rnn``, ``lstm``, ``gru``.
+        tasks: the tasks and their sequence lengths.
+        budget: the training budget shared by every model.
+        model: reference width/depth and parameter matching.
+        sections: which non-training report sections to compute (audit, derive, flow).
+        threads: torch CPU threads per training run (``None``: torch's default in-process, 1 in worker processes).
+        workers: local backend only: how many runs train at once (1: in this process; >1: worker processes).
+        device: passed to ``TrainConfig.device`` (``auto``: CUDA when available).
+    """
+
+    name: str = "axiomformer study"
+    seeds: int = Field(1, gt=0)
+    base_spec: str = "standard"
+    variants: list[str] = Field(default_factory=lambda: ["standard"], min_length=1)
+    baselines: list[str] = Field(default_factory=list)
+    tasks: list[TaskSettings] = Field(min_length=1)
+    budget: Budget = Field(default_factory=Budget)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    sections: Sections = Field(default_factory=Sections)
+    threads: int | None = Field(None, gt=0)
+    workers: int = Field(1, gt=0)
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+
+    @field_validator("baselines")
+    @classmethod
+    def _known_baselines(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name not in BASELINES:
+                raise ValueError(f"unknown baseline {name!r}; choose from: {', '.join(BASELINES)}")
+        return value
+
+    @field_validator("variants")
+    @classmethod
+    def _valid_variants(cls, value: list[str]) -> list[str]:
+        from axiomformer.spec import AttentionSpec
+
+        for text in value:
+            AttentionSpec.standard(64, 4, causal=True).relax(text)  # raises ValueError naming the valid choices
+        return value
+
+    @model_validator(mode="after")
+    def _valid_base(self) -> "StudyConfig":
+        from axiomformer.spec import AttentionSpec
+
+        AttentionSpec.standard(self.model.dim, self.model.heads, causal=True).relax(self.base_spec)
+        return self
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``override`` into a copy of ``base``: tables merge, every other value replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "options":
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _explain(err: ValidationError, source: str) -> StudyConfigError:
+    lines = []
+    for item in err.errors():
+        where = ".".join(str(p) for p in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"[{where}] {message}" if where else message)
+    return StudyConfigError(f"invalid study config ({source}): " + "; ".join(lines))
+
+
+def validate_config(data: dict[str, Any], *, base: dict[str, Any] | None = None,
+                    source: str = "config") -> StudyConfig:
+    """Validate a plain dict (merged over ``base`` when given) into a :class:`StudyConfig`.
+
+    Raises:
+        StudyConfigError: naming the key and, for an unknown key, the allowed ones.
+    """
+    merged = _merge(base or {}, data)
+    try:
+        return StudyConfig.model_validate(merged)
+    except ValidationError as err:
+        raise _explain(err, source) from None
+
+
+def load_config(path: str | Path, *, base: dict[str, Any] | None = None) -> StudyConfig:
+    """Read a TOML study file and validate it over ``base`` (a built-in sweep as a dict, see ``sweep.default_sweep``).
+
+    Raises:
+        StudyConfigError: unreadable file, TOML syntax error, unknown key or invalid value.
+    """
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise StudyConfigError(f"cannot read study config {path}: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise StudyConfigError(f"{path} is not valid TOML: {err}") from None
+    return validate_config(data, base=base, source=str(path))

@@ -1,0 +1,87 @@
+"""AttentionSpec: choices, relax strings, aliases, assumptions and errors."""
+
+import pytest
+
+from axiomformer import AXES, AttentionSpec
+
+
+def test_standard_spec_holds_every_assumption():
+    spec = AttentionSpec.standard(32, 4, causal=True)
+    assert spec.assumptions() == {"A1": True, "A2": True, "A3": True, "A4": True, "A5": True}
+    assert spec.is_standard and spec.variant == "standard" and spec.head_dim == 8 and spec.causal
+
+
+def test_axes_have_exactly_the_issue_choices():
+    assert AXES["aggregator"] == ("identity", "mlp")
+    assert AXES["contribution"] == ("proportional", "joint")
+    assert AXES["value"] == ("linear", "identity", "mlp")
+    assert AXES["score"] == ("dot", "bilinear", "additive", "cosine", "neg_l2", "mlp")
+    assert AXES["normalizer"] == ("softmax", "sigmoid", "relu", "sparsemax", "entmax15", "gumbel_softmax", "linear")
+    assert AXES["scale"] == ("inv_sqrt_d", "none", "learned")
+    assert AXES["position"] == ("none", "sinusoidal", "learned", "rope", "alibi")
+
+
+def test_relax_accepts_field_names_and_assumption_aliases():
+    base = AttentionSpec.standard(32, 4)
+    a = base.relax("A4=cosine,A5=sigmoid")
+    b = base.relax("score=cosine,normalizer=sigmoid")
+    assert a == b and a.score == "cosine" and a.normalizer == "sigmoid"
+    assert base.relax("A1=mlp").aggregator == "mlp"
+    assert base.relax("A2=joint").contribution == "joint"
+    assert base.relax("A3=identity").value == "identity"
+    assert base.relax("standard") == base and base.relax("") == base
+    assert base.score == "dot"  # frozen: relax returns a new spec
+
+
+def test_relax_parses_typed_fields():
+    spec = AttentionSpec.standard(32, 4).relax("causal=true,num_heads=2,dropout=0.25")
+    assert spec.causal is True and spec.num_heads == 2 and spec.dropout == 0.25
+
+
+@pytest.mark.parametrize(
+    "axis, expected",
+    [("aggregator", "A1"), ("contribution", "A2"), ("value", "A3"), ("score", "A4"), ("normalizer", "A5"), ("scale", "A5")],
+)
+def test_each_relaxation_breaks_only_its_own_assumption(axis, expected):
+    for choice in AXES[axis][1:]:
+        held = AttentionSpec.standard(32, 4).relax({axis: choice}).assumptions()
+        assert [a for a, ok in held.items() if not ok] == [expected], (axis, choice)
+
+
+def test_position_is_not_one_of_the_five_assumptions():
+    for choice in AXES["position"]:
+        assert all(AttentionSpec.standard(32, 4).relax(position=choice).assumptions().values())
+
+
+def test_unknown_value_names_the_valid_choices():
+    with pytest.raises(ValueError, match="unknown normalizer 'sofmax'; choose one of: softmax, sigmoid"):
+        AttentionSpec.standard(32, 4).relax("normalizer=sofmax")
+
+
+def test_unknown_field_names_the_valid_fields():
+    with pytest.raises(ValueError, match="unknown field 'scor'.*score"):
+        AttentionSpec.standard(32, 4).relax("scor=dot")
+
+
+def test_malformed_relax_item_and_bad_sizes_raise():
+    with pytest.raises(ValueError, match="key=value"):
+        AttentionSpec.standard(32, 4).relax("cosine")
+    with pytest.raises(ValueError, match="not divisible"):
+        AttentionSpec(dim=30, num_heads=4)
+    with pytest.raises(ValueError, match="even head_dim"):
+        AttentionSpec(dim=12, num_heads=4, position="rope")
+    with pytest.raises(ValueError, match="score='dot'"):
+        AttentionSpec(normalizer="linear", score="cosine")
+
+
+def test_describe_is_one_line_naming_the_relaxed_assumptions():
+    line = AttentionSpec.standard(32, 4).relax("A4=cosine").describe()
+    assert "\n" not in line and "score=cosine" in line and "A4" in line
+    assert "standard" in AttentionSpec.standard(32, 4).describe()
+
+
+def test_dict_round_trip_and_unknown_keys():
+    spec = AttentionSpec.standard(32, 4).relax("position=rope")
+    assert AttentionSpec.from_dict(spec.to_dict()) == spec
+    with pytest.raises(ValueError, match="unknown field"):
+        AttentionSpec.from_dict({**spec.to_dict(), "colour": "red"})
