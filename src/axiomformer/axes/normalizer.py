@@ -77,7 +77,9 @@ def _row_normalize(scores: Tensor, kind: str, training: bool) -> Tensor:
     raise ValueError(kind)
 
 
-def normalize(scores: Tensor, mask: Tensor | None, kind: str, *, training: bool = False) -> Tensor:
+def normalize(
+    scores: Tensor, mask: Tensor | None, kind: str, *, training: bool = False, n_visible: Tensor | None = None
+) -> Tensor:
     """Attention weights from scores.
 
     Args:
@@ -86,6 +88,9 @@ def normalize(scores: Tensor, mask: Tensor | None, kind: str, *, training: bool 
         mask: bool, True = may attend, broadcastable to ``scores``; ``None`` means every key is visible.
         kind: one of the normalizer choices of :data:`axiomformer.spec.AXES`.
         training: enables the Gumbel noise of ``gumbel_softmax``.
+        n_visible: float (..., q_len, 1), the n_i of ``sigmoid`` and ``relu`` (keys visible to each query, the
+            key length for a row with none); computed from ``mask`` when None. Engines that score one block of
+            keys at a time pass the count over the whole row.
 
     Returns:
         float32 weights shaped like ``scores``; masked entries and rows without a visible key are exactly 0.
@@ -98,10 +103,9 @@ def normalize(scores: Tensor, mask: Tensor | None, kind: str, *, training: bool 
         # the weights are 0 and every gradient stays finite.
         s = s.masked_fill(~has_key, 0.0)
         visible = mask | ~has_key
-    if mask is None:
-        n_visible = torch.full_like(s[..., :1], float(s.shape[-1]))
-    else:
-        n_visible = visible.sum(dim=-1, keepdim=True).float()
+    if n_visible is None:
+        n_visible = (torch.full_like(s[..., :1], float(s.shape[-1])) if mask is None
+                     else visible.sum(dim=-1, keepdim=True).float())
     if kind in ("softmax", "gumbel_softmax", "sparsemax", "entmax15"):
         if mask is not None:
             s = s.masked_fill(~visible, float("-inf"))

@@ -2,7 +2,9 @@
 
 Each engine has a ``name``, ``accepts(module, problem) -> bool`` and
 ``run(module, problem, need_weights) -> (out, weights | None)`` with out (batch, heads, q_len, head_dim_v).
-Engines are tried in ``ENGINE_ORDER``; ``reference`` accepts everything and comes last. The environment variable
+Engines are tried in ``ENGINE_ORDER``: ``flex`` (softmax with ALiBi on CUDA), ``sdpa`` (softmax with dot-product-like
+scores), ``linear`` (the linear normalizer), ``chunked`` (everything, without an L x S matrix), ``reference`` (the
+ground truth, everything). ``AXIOMFORMER_ENGINE=reference`` routes every layer to the reference. The environment variable
 ``AXIOMFORMER_ENGINE=<name>`` prefers one engine for every layer that it can run (``reference`` runs all);
 ``Attention(spec, engine=<name>)`` forces it and raises if it cannot run the spec.
 """
@@ -13,6 +15,9 @@ import os
 
 from axiomformer.engines.problem import AttentionProblem, causal_mask
 from axiomformer.engines.reference import ReferenceEngine
+from axiomformer.engines.chunked import ChunkedEngine
+from axiomformer.engines.flex import FlexEngine
+from axiomformer.engines.linear import LinearEngine
 from axiomformer.engines.sdpa import SDPAEngine
 
 ENGINES: dict[str, object] = {}
@@ -32,6 +37,9 @@ def register_engine(engine, *, before: str | None = "reference") -> None:
 
 register_engine(ReferenceEngine(), before=None)
 register_engine(SDPAEngine())
+register_engine(FlexEngine(), before="sdpa")
+register_engine(LinearEngine())
+register_engine(ChunkedEngine())
 
 
 def select_engine(module, problem: AttentionProblem, forced: str | None = None):

@@ -45,7 +45,6 @@ class _Strict(BaseModel):
     """A config table that rejects unknown keys, naming the key and the allowed ones."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    _table: str = "study"
 
     @model_validator(mode="before")
     @classmethod
@@ -62,7 +61,8 @@ class Budget(_Strict):
     """The training budget, identical for every model of the sweep (same steps, batch size and lr schedule).
 
     Fields map one to one onto :class:`axiomformer.train.TrainConfig`. ``target_accuracy`` stays ``None`` by default:
-    early stopping would give models different budgets **(our choice)**.
+    early stopping would give models different budgets **(our choice)**. ``eval_every = None`` evaluates once, after
+    the last step (evaluation does not change training, only costs time).
     """
 
     steps: int = Field(300, gt=0)
@@ -147,7 +147,8 @@ class StudyConfig(_Strict):
         model: reference width/depth and parameter matching.
         sections: which non-training report sections to compute (audit, derive, flow).
         threads: torch CPU threads per training run (``None``: torch's default in-process, 1 in worker processes).
-        workers: local backend only: how many runs train at once (1: in this process; >1: worker processes).
+        workers: local backend only: how many runs train at once (1: in this process; >1: worker processes);
+            ``"auto"``: one per CPU core up to 4 on CPU, 1 with a GPU.
         device: passed to ``TrainConfig.device`` (``auto``: CUDA when available).
     """
 
@@ -161,7 +162,7 @@ class StudyConfig(_Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
     sections: Sections = Field(default_factory=Sections)
     threads: int | None = Field(None, gt=0)
-    workers: int = Field(1, gt=0)
+    workers: int | Literal["auto"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "cpu"
 
     @field_validator("baselines")
@@ -180,6 +181,25 @@ class StudyConfig(_Strict):
         for text in value:
             AttentionSpec.standard(64, 4, causal=True).relax(text)  # raises ValueError naming the valid choices
         return value
+
+    @field_validator("workers")
+    @classmethod
+    def _positive_workers(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"workers must be >= 1 or 'auto', got {value}")
+        return value
+
+    def resolved_workers(self) -> int:
+        """``workers`` with ``"auto"`` resolved for this machine."""
+        if self.workers != "auto":
+            return int(self.workers)
+        import os
+
+        import torch
+
+        if self.device != "cpu" and torch.cuda.is_available():
+            return 1
+        return max(1, min(4, os.cpu_count() or 1))
 
     @model_validator(mode="after")
     def _valid_base(self) -> "StudyConfig":
@@ -236,4 +256,5 @@ def load_config(path: str | Path, *, base: dict[str, Any] | None = None) -> Stud
         raise StudyConfigError(f"cannot read study config {path}: {err.strerror or err}") from None
     except tomllib.TOMLDecodeError as err:
         raise StudyConfigError(f"{path} is not valid TOML: {err}") from None
+    data.setdefault("name", f"axiomformer study ({path.name})")
     return validate_config(data, base=base, source=str(path))

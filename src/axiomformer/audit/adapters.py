@@ -1,0 +1,347 @@
+"""Adapters: turn an audit target into the map (q, k, v, *, causal) -> out, all (batch, seq, dim), plus metadata.
+
+Built in: axiomformer ``Attention`` and ``AttentionSpec``, ``torch.nn.MultiheadAttention``, PyTorch's
+``scaled_dot_product_attention`` and plain ``(q, k, v) -> out`` callables; target strings ``spec:<relax string>``,
+``torch.nn.MultiheadAttention``, ``torch.nn.functional.scaled_dot_product_attention``, ``module:<import.path>:<attr>``.
+Other libraries plug in with :func:`register_adapter` (e.g. a Hugging Face BERT self-attention adapter).
+
+What is audited **(our choice)**: the attention *core*. Projections of the queries, keys and outputs are generic
+learned linear maps that no assumption constrains, and they hide the scores' arguments (a joint rotation of the
+inputs is not a rotation of W_q x and W_k x). So for ``Attention`` and ``nn.MultiheadAttention`` targets the adapter
+works on a private float64 copy whose query/key/output projections are the identity (zero bias): the audit's q, k are
+the per-head queries and keys, heads concatenated along dim, exactly what SDPA receives. The value map is kept: it is
+the object of A3. Position encodings, masks, score, normalizer, contribution and aggregator are kept as they are.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+
+from axiomformer.attention import Attention
+from axiomformer.engines.problem import causal_mask
+from axiomformer.spec import AttentionSpec
+
+DEFAULT_DIM, DEFAULT_HEADS, DEFAULT_SEED = 16, 2, 0
+
+
+class Adapter:
+    """A target seen as a map (q, k, v) -> out; subclass it to audit a new kind of attention.
+
+    Attributes (metadata the checks read):
+        name: what the report calls the target.
+        dim: width of q, k, v and out; num_heads: heads, contiguous blocks of ``dim`` (1 if unknown).
+        dtype: dtype the target computes in (inputs are cast to it).
+        causal: the target always applies a causal mask; supports_causal: it can apply one on request.
+        has_positions: the target injects token positions (True/False, or None when unknown).
+        exposes_weights: :meth:`weights` returns the attention weights; otherwise they are probed through
+            linearity in the values.
+        dropout: dropout probability in training mode (randomness that training mode may legitimately have).
+    """
+
+    name: str = "target"
+    dim: int = DEFAULT_DIM
+    num_heads: int = 1
+    dtype: torch.dtype = torch.float64
+    causal: bool = False
+    supports_causal: bool = False
+    has_positions: bool | None = None
+    exposes_weights: bool = False
+    dropout: float = 0.0
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
+        """out (batch, q_len, dim) for q (batch, q_len, dim), k and v (batch, k_len, dim)."""
+        raise NotImplementedError
+
+    def weights(self, q: Tensor, k: Tensor, *, causal: bool = False) -> Tensor | None:
+        """Attention weights (batch, heads, q_len, k_len) if the target exposes them, else None."""
+        return None
+
+    def with_head_dim(self, head_dim: int) -> "Adapter | None":
+        """The same kind of target with ``head_dim`` (same heads, learned scalars carried over), or None if fixed."""
+        return None
+
+    def set_training(self, flag: bool) -> bool:
+        """Switch training mode; return False if the target has no such mode."""
+        return False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"
+
+
+def _seeded(seed: int, build: Callable[[], Any]) -> Any:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+@torch.no_grad()
+def _identity_linear(linear: nn.Linear) -> None:
+    linear.weight.copy_(torch.eye(linear.out_features, linear.in_features, dtype=linear.weight.dtype))
+    if linear.bias is not None:
+        linear.bias.zero_()
+
+
+class AttentionAdapter(Adapter):
+    """axiomformer :class:`Attention`: a float64 copy with q_proj, k_proj, out_proj = ``nn.Identity`` (module doc).
+
+    A causal mask on request is passed as a bool ``attn_mask`` (True = may attend). Weights come from
+    ``need_weights=True``.
+    """
+
+    exposes_weights = True
+    supports_causal = True
+
+    def __init__(self, module: Attention, name: str | None = None, seed: int = DEFAULT_SEED):
+        self.original = module
+        self.seed = seed
+        m = copy.deepcopy(module).to(torch.float64).eval()
+        m.q_proj, m.k_proj, m.out_proj = nn.Identity(), nn.Identity(), nn.Identity()
+        self.module, self.spec = m, m.spec
+        self.name = name or f"Attention({m.spec.variant})"
+        self.dim, self.num_heads, self.causal = m.spec.dim, m.spec.num_heads, m.spec.causal
+        self.has_positions = m.spec.position != "none"
+        self.dropout = m.spec.dropout
+
+    def _mask(self, q: Tensor, k: Tensor, causal: bool) -> Tensor | None:
+        if not causal or self.causal:
+            return None
+        return causal_mask(q.shape[1], k.shape[1], k.shape[1] - q.shape[1], q.device)
+
+    def __call__(self, q, k, v, *, causal=False):
+        return self.module(q, k, v, attn_mask=self._mask(q, k, causal))
+
+    def weights(self, q, k, *, causal=False):
+        v = torch.zeros_like(k)
+        return self.module(q, k, v, attn_mask=self._mask(q, k, causal), need_weights=True)[1]
+
+    def with_head_dim(self, head_dim):
+        spec = self.spec.relax(dim=head_dim * self.num_heads)
+        fresh = _seeded(self.seed, lambda: Attention(spec))
+        # Parameters whose shape does not depend on head_dim (a learned scale, a cosine temperature) are carried
+        # over: a learned number stays what it is when head_dim changes; the 1/sqrt(d) rule follows head_dim.
+        own = self.original.state_dict()
+        state = {k: v for k, v in fresh.state_dict().items()}
+        state.update({k: v for k, v in own.items() if k in state and state[k].shape == v.shape and v.dim() <= 1
+                      and not k.endswith("bias")})
+        fresh.load_state_dict(state)
+        return AttentionAdapter(fresh, self.name, self.seed)
+
+    def set_training(self, flag):
+        self.module.train(flag)
+        return True
+
+
+class MultiheadAttentionAdapter(Adapter):
+    """``torch.nn.MultiheadAttention``: float64 copy, q/k/out projections = identity, value projection kept.
+
+    Converts masks to MHA's inverted polarity (bool True = may NOT attend) and its sequence-first layout when
+    ``batch_first=False``. Weights: ``need_weights=True, average_attn_weights=False``.
+    """
+
+    exposes_weights = True
+    supports_causal = True
+    has_positions = False
+
+    def __init__(self, mha: nn.MultiheadAttention, name: str = "torch.nn.MultiheadAttention",
+                 seed: int = DEFAULT_SEED):
+        if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
+            raise ValueError("the MultiheadAttention adapter needs kdim = vdim = embed_dim, no add_bias_kv and no "
+                             "add_zero_attn")
+        m = copy.deepcopy(mha).to(torch.float64).eval()
+        e = m.embed_dim
+        with torch.no_grad():
+            m.in_proj_weight[: 2 * e].copy_(torch.eye(e, dtype=torch.float64).repeat(2, 1))
+            if m.in_proj_bias is not None:
+                m.in_proj_bias[: 2 * e].zero_()
+        _identity_linear(m.out_proj)
+        self.module, self.name, self.seed = m, name, seed
+        self.dim, self.num_heads, self.dropout = e, m.num_heads, m.dropout
+
+    def _run(self, q, k, v, causal, need_weights):
+        mask = None
+        if causal:
+            mask = ~causal_mask(q.shape[1], k.shape[1], k.shape[1] - q.shape[1], q.device)   # True = blocked
+        if not self.module.batch_first:
+            q, k, v = (t.transpose(0, 1) for t in (q, k, v))
+        out, w = self.module(q, k, v, attn_mask=mask, need_weights=need_weights, average_attn_weights=False)
+        return (out if self.module.batch_first else out.transpose(0, 1)), w
+
+    def __call__(self, q, k, v, *, causal=False):
+        return self._run(q, k, v, causal, False)[0]
+
+    def weights(self, q, k, *, causal=False):
+        return self._run(q, k, torch.zeros_like(k), causal, True)[1]
+
+    def with_head_dim(self, head_dim):
+        e = head_dim * self.num_heads
+        fresh = _seeded(self.seed, lambda: nn.MultiheadAttention(e, self.num_heads, dropout=self.dropout,
+                                                                 batch_first=True))
+        return MultiheadAttentionAdapter(fresh, self.name, self.seed)
+
+    def set_training(self, flag):
+        self.module.train(flag)
+        return True
+
+
+class FunctionAdapter(Adapter):
+    """A plain callable ``fn(q, k, v) -> out`` on (batch, seq, dim) tensors, of any width.
+
+    It supports a causal mask on request if it takes a ``causal`` or ``is_causal`` keyword. ``causal=True`` declares
+    that it is always causal. ``num_heads`` says how its width splits into heads (1 = one head). If it fails on
+    float64 inputs, float32 is used.
+    """
+
+    def __init__(self, fn: Callable[..., Tensor], name: str | None = None, *, num_heads: int = 1,
+                 causal: bool = False, dim: int = DEFAULT_DIM, has_positions: bool | None = None):
+        self.fn = fn
+        self.name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
+        self.num_heads, self.causal, self.dim, self.has_positions = num_heads, causal, dim, has_positions
+        self._causal_kw = None
+        try:
+            params = inspect.signature(fn).parameters
+            self._causal_kw = next((p for p in ("causal", "is_causal") if p in params), None)
+        except (TypeError, ValueError):
+            pass
+        self.supports_causal = self._causal_kw is not None
+        self.dtype = self._working_dtype()
+
+    def _working_dtype(self) -> torch.dtype:
+        for dtype in (torch.float64, torch.float32):
+            x = torch.zeros(1, 2, self.dim, dtype=dtype)
+            try:
+                with torch.no_grad():
+                    self.fn(x, x, x)
+                return dtype
+            except (RuntimeError, TypeError):
+                continue
+        return torch.float64
+
+    def __call__(self, q, k, v, *, causal=False):
+        if causal and self._causal_kw is not None:
+            return self.fn(q, k, v, **{self._causal_kw: True})
+        return self.fn(q, k, v)
+
+    def with_head_dim(self, head_dim):
+        other = copy.copy(self)
+        other.dim = head_dim * self.num_heads
+        return other
+
+
+def sdpa_function(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` on (batch, seq, dim) tensors, one head."""
+    return torch.nn.functional.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], is_causal=causal)[:, 0]
+
+
+# ---------------------------------------------------------------------------------------------------- registry
+_ADAPTERS: list[tuple[Any, Callable[..., Adapter]]] = []
+
+
+def register_adapter(match: Any, factory: Callable[..., Adapter] | None = None, *, first: bool = True):
+    """Teach :func:`make_adapter` a new kind of target.
+
+    Args:
+        match: a type (``isinstance``), a string ending in ``":"`` (a prefix of target strings, e.g. ``"hf:"``), any
+            other string (an exact target string), or a predicate ``obj -> bool``.
+        factory: ``factory(target, **options) -> Adapter``; options are ``dim``, ``num_heads``, ``seed``
+            (accept ``**options`` and ignore what you do not need). Without it, works as a decorator.
+        first: try this adapter before the ones already registered (default), so a plug-in can override.
+    """
+    def add(f: Callable[..., Adapter]) -> Callable[..., Adapter]:
+        entry = (match, f)
+        _ADAPTERS.insert(0, entry) if first else _ADAPTERS.append(entry)
+        return f
+
+    return add(factory) if factory is not None else add
+
+
+def _matches(match: Any, target: Any) -> bool:
+    if isinstance(match, type):
+        return isinstance(target, match)
+    if isinstance(match, str):
+        return isinstance(target, str) and (target.startswith(match) if match.endswith(":") else target == match)
+    return bool(match(target))
+
+
+def make_adapter(target: Any, **options: Any) -> Adapter:
+    """The adapter for ``target`` (first registered match wins).
+
+    Raises:
+        ValueError: a target string or object no adapter knows, naming the accepted forms.
+    """
+    if isinstance(target, Adapter):
+        return target
+    if isinstance(target, str) and target.startswith("hf"):
+        # Hugging Face adapters live with the surgery code (optional extra) and register themselves on import.
+        try:
+            importlib.import_module("axiomformer.surgery.audit_adapter")
+        except ImportError as err:
+            raise ValueError(f"auditing {target!r} needs the optional 'hf' extra: {err}") from None
+    for match, factory in _ADAPTERS:
+        if _matches(match, target):
+            return factory(target, **options)
+    raise ValueError(f"cannot audit {target!r}; give spec:standard, spec:<relax string>, torch.nn.MultiheadAttention, "
+                     "torch.nn.functional.scaled_dot_product_attention, module:<import.path>:<attr>, an Attention, "
+                     "an AttentionSpec, an nn.MultiheadAttention or a callable (q, k, v) -> out")
+
+
+def _spec_adapter(spec: AttentionSpec, *, seed: int = DEFAULT_SEED, **_: Any) -> Adapter:
+    return AttentionAdapter(_seeded(seed, lambda: Attention(spec)), f"spec:{spec.variant}", seed)
+
+
+def _spec_string(target: str, *, dim: int = DEFAULT_DIM, num_heads: int = DEFAULT_HEADS, **options: Any) -> Adapter:
+    spec = AttentionSpec.standard(dim, num_heads).relax(target[len("spec:"):])
+    adapter = _spec_adapter(spec, **options)
+    adapter.name = target
+    return adapter
+
+
+def _mha_string(target: str, *, dim: int = DEFAULT_DIM, num_heads: int = DEFAULT_HEADS, seed: int = DEFAULT_SEED,
+                **_: Any) -> Adapter:
+    mha = _seeded(seed, lambda: nn.MultiheadAttention(dim, num_heads, batch_first=True))
+    return MultiheadAttentionAdapter(mha, target, seed)
+
+
+def _sdpa_string(target: str, *, dim: int = DEFAULT_DIM, **_: Any) -> Adapter:
+    return FunctionAdapter(sdpa_function, target, dim=dim, has_positions=False)
+
+
+def _module_string(target: str, **options: Any) -> Adapter:
+    try:
+        _, path, attr = target.split(":", 2)
+        obj = getattr(importlib.import_module(path), attr)
+    except (ValueError, ImportError, AttributeError) as err:
+        raise ValueError(f"cannot load {target!r} (expected module:<import.path>:<attr>): {err}") from None
+    adapter = make_adapter(obj, **options)
+    adapter.name = target
+    return adapter
+
+
+def _function(fn: Callable[..., Tensor], *, dim: int = DEFAULT_DIM, num_heads: int | None = None,
+              **_: Any) -> Adapter:
+    if fn is torch.nn.functional.scaled_dot_product_attention:
+        return _sdpa_string("torch.nn.functional.scaled_dot_product_attention", dim=dim)
+    return FunctionAdapter(fn, num_heads=num_heads or 1, dim=dim)
+
+
+def _attention(module: Attention, *, seed: int = DEFAULT_SEED, **_: Any) -> Adapter:
+    return AttentionAdapter(module, seed=seed)
+
+
+def _mha(mha: nn.MultiheadAttention, *, seed: int = DEFAULT_SEED, **_: Any) -> Adapter:
+    return MultiheadAttentionAdapter(mha, seed=seed)
+
+
+register_adapter(callable, _function)
+register_adapter(nn.MultiheadAttention, _mha)
+register_adapter(Attention, _attention)
+register_adapter(AttentionSpec, _spec_adapter)
+register_adapter("module:", _module_string)
+register_adapter("torch.nn.functional.scaled_dot_product_attention", _sdpa_string)
+register_adapter("torch.nn.MultiheadAttention", _mha_string)
+register_adapter("spec:", _spec_string)

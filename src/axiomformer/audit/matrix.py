@@ -1,0 +1,104 @@
+"""The relaxation-by-check matrix: every single-axis relaxation of AttentionSpec, audited.
+
+``relaxation_matrix()`` runs :func:`axiomformer.audit.audit` on ``spec:standard``, on every non-standard choice of every
+axis (``feature_map`` excluded: it only matters with ``normalizer=linear``), and on reference targets (a causal
+spec, PyTorch's SDPA and MultiheadAttention, causal and not, and a tanh RNN). ``matrix_markdown()`` renders it as the
+table in ``docs/audit_matrix.md``.
+
+Axis -> assumption tag: aggregator A1, contribution A2, value A3, score A4, normalizer and scale A5, position A0
+(positions break set symmetry).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from axiomformer.audit.adapters import FunctionAdapter
+from axiomformer.spec import AXES
+
+AXIS_TAG = {"aggregator": "A1", "contribution": "A2", "value": "A3", "score": "A4", "normalizer": "A5",
+            "scale": "A5", "position": "A0"}
+"""Which assumption each axis relaxes."""
+
+EXCEPTIONS = {"value=identity": "the identity is a linear map, so A3's linearity holds at the level of the map; the "
+                                "functional SDPA has exactly this value map, so no map-level check could fail it "
+                                "without failing SDPA"}
+"""Relaxations that, by design, fail no check of their own axis, and why."""
+
+
+@dataclass
+class MatrixRow:
+    """One audited target: ``label`` (e.g. ``score=cosine``), its axis and tag (None for references), the report."""
+
+    label: str
+    axis: str | None
+    tag: str | None
+    report: Any
+
+    @property
+    def results(self) -> dict[str, bool | None]:
+        return {c.name: c.passed for c in self.report.checks}
+
+    @property
+    def own_axis_failed(self) -> bool | None:
+        if self.tag is None:
+            return None
+        return any(c.passed is False and c.assumption == self.tag for c in self.report.checks)
+
+
+def tanh_rnn(dim: int = 16, seed: int = 0) -> FunctionAdapter:
+    """A tanh RNN (``torch.nn.RNN``) as a target: out = the hidden states of the RNN run over the values.
+
+    It ignores q and k and reads the values in order, so it is the A0 relaxation the derivation starts from.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        rnn = nn.RNN(dim, dim, nonlinearity="tanh", batch_first=True).double()
+
+    def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return rnn(v)[0]
+
+    return FunctionAdapter(run, "tanh RNN (torch.nn.RNN over the values)", dim=dim, has_positions=None)
+
+
+def single_axis_relaxations() -> list[tuple[str, str]]:
+    """(axis, relax string) for every non-standard choice of every axis except ``feature_map``."""
+    return [(axis, f"{axis}={choice}") for axis, choices in AXES.items() if axis in AXIS_TAG for choice in choices[1:]]
+
+
+def relaxation_matrix(dim: int = 16, num_heads: int = 2, seed: int = 0, references: bool = True) -> list[MatrixRow]:
+    """Audit ``spec:standard``, every single-axis relaxation and (optionally) the reference targets."""
+    from axiomformer.audit import audit
+
+    rows = [MatrixRow("standard", None, None, audit("spec:standard", dim=dim, num_heads=num_heads, seed=seed))]
+    for axis, relax in single_axis_relaxations():
+        rows.append(MatrixRow(relax, axis, AXIS_TAG[axis],
+                              audit(f"spec:{relax}", dim=dim, num_heads=num_heads, seed=seed)))
+    if references:
+        refs = [("standard, causal", "spec:causal=true", {}),
+                ("torch SDPA", "torch.nn.functional.scaled_dot_product_attention", {}),
+                ("torch SDPA, causal", "torch.nn.functional.scaled_dot_product_attention", {"causal": True}),
+                ("torch MHA", "torch.nn.MultiheadAttention", {}),
+                ("torch MHA, causal", "torch.nn.MultiheadAttention", {"causal": True}),
+                ("tanh RNN", tanh_rnn(dim, seed), {})]
+        for label, target, kw in refs:
+            rows.append(MatrixRow(label, None, None, audit(target, dim=dim, num_heads=num_heads, seed=seed, **kw)))
+    return rows
+
+
+def matrix_markdown(rows: list[MatrixRow]) -> str:
+    """The matrix as a Markdown table: pass, **FAIL** or n/a per check, and whether the row's own axis failed."""
+    checks = [(c.name, c.assumption) for c in rows[0].report.checks]
+    mark = {True: "pass", False: "**FAIL**", None: "n/a"}
+    head = "| target | axis tag | " + " | ".join(f"{name} ({tag})" for name, tag in checks) + " | own axis fails |"
+    lines = [head, "|" + "---|" * (len(checks) + 3)]
+    for row in rows:
+        own = {None: "", True: "yes", False: "no (see note)"}[row.own_axis_failed]
+        cells = " | ".join(mark[row.results[name]] for name, _ in checks)
+        lines.append(f"| {row.label} | {row.tag or ''} | {cells} | {own} |")
+    notes = [f"- `{k}`: {v}." for k, v in EXCEPTIONS.items()]
+    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"

@@ -1,0 +1,322 @@
+"""Benchmarks: forward + backward time and peak memory of each variant's attention core, against SDPA.
+
+For every variant (a relax string) and sequence length, the attention core -- what ``Attention.forward`` runs between
+the projections and the output projection: RoPE, the engine chosen by ``select_engine``, masks and biases -- runs
+forward and backward on random (batch, heads, seq, head_dim) queries, keys and values, and so does
+``torch.nn.functional.scaled_dot_product_attention`` on the same tensors. The two are timed interleaved (A B A B ...),
+the medians reported, so that load from other processes hits both alike. The reference engine is timed the same way
+where its (seq x seq) matrices fit (``reference_max_len``), and x-transformers' ``Attend`` when it is installed.
+
+Peak memory (our choice of method, reported with the results):
+    CUDA  ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the memory allocated before;
+    CPU   Linux's peak resident set size: ``/proc/self/clear_refs`` resets VmHWM, and the peak is VmHWM minus the
+          resident size before the call. glibc is told (``mallopt``) to serve every block over 64 KiB by mmap and to
+          return freed memory at once, so that freed and reused blocks are not hidden in its heap. Elsewhere, the
+          allocations recorded by ``torch.profiler`` (``profile_memory=True``) are replayed in time order.
+Both count everything allocated during the call: outputs, saved activations, workspace and the input gradients.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from axiomformer.attention import Attention
+from axiomformer.engines import AttentionProblem, select_engine
+from axiomformer.spec import AttentionSpec
+
+QUICK_VARIANTS = ("standard", "score=cosine", "score=neg_l2", "position=rope", "position=alibi", "normalizer=sigmoid",
+                  "normalizer=relu", "normalizer=sparsemax", "normalizer=entmax15", "normalizer=linear")
+"""The variants with a speed goal (see benchmarks/RESULTS.md)."""
+
+FULL_VARIANTS = QUICK_VARIANTS + ("score=bilinear", "score=additive", "score=mlp", "contribution=joint")
+
+GOALS = {"standard": 1.05, "score=cosine": 1.5, "score=neg_l2": 1.5, "position=rope": 1.5, "position=alibi": 1.5,
+         "normalizer=sigmoid": 1.5, "normalizer=relu": 1.5, "normalizer=sparsemax": 4.0, "normalizer=entmax15": 4.0}
+"""Time goals as a multiple of SDPA's; the linear normalizer must beat causal SDPA from L = 2048 up."""
+
+
+@dataclass
+class Row:
+    variant: str
+    engine: str
+    seq_len: int
+    causal: bool
+    ms: float
+    sdpa_ms: float
+    ratio_vs_sdpa: float
+    peak_mem_mb: float
+    sdpa_peak_mem_mb: float
+
+
+# ---------------------------------------------------------------------------------------------- peak memory
+class PeakMemory:
+    """Peak memory of one call in MiB, by the method that fits the device (see the module docstring)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.method = self._choose()
+
+    def _choose(self) -> str:
+        if self.device.type == "cuda":
+            return "torch.cuda.max_memory_allocated (allocator peak minus memory allocated before)"
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._libc = ctypes.CDLL("libc.so.6")
+            self._libc.mallopt(-3, 1 << 16)                 # M_MMAP_THRESHOLD: fixed, so no dynamic raise
+            self._libc.mallopt(-1, 1 << 16)                 # M_TRIM_THRESHOLD
+            return "peak resident set size (Linux VmHWM reset by /proc/self/clear_refs; glibc mmap threshold 64 KiB)"
+        except (OSError, AttributeError):
+            return "torch.profiler allocation events replayed in time order"
+
+    @staticmethod
+    def _status(key: str) -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+        raise OSError(key)
+
+    def measure(self, fn) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+            fn()
+            torch.cuda.synchronize(self.device)
+            return (torch.cuda.max_memory_allocated(self.device) - base) / 2**20
+        if self.method.startswith("peak resident"):
+            self._libc.malloc_trim(0)
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            base = self._status("VmRSS:")
+            fn()
+            return max(0.0, (self._status("VmHWM:") - base) / 2**20)
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+        events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
+        current = peak = 0
+        for event in events:
+            current += event.self_cpu_memory_usage
+            peak = max(peak, current)
+        return peak / 2**20
+
+
+# ---------------------------------------------------------------------------------------------- the timed calls
+def attention_core(module: Attention, q: Tensor, k: Tensor, v: Tensor, engine: str = "auto") -> tuple[Tensor, str]:
+    """What ``Attention.forward`` does between the projections and the output projection (self-attention)."""
+    positions = torch.arange(q.shape[-2], device=q.device)
+    q, k = module.position.rotate(q, positions), module.position.rotate(k, positions)
+    problem = AttentionProblem(
+        q=q, k=k, v=v, causal=module.spec.causal, q_offset=0, training=module.training,
+        alibi_slopes=module.position.slopes if module.spec.position == "alibi" else None,
+    )
+    chosen = select_engine(module, problem, engine)
+    return chosen.run(module, problem)[0], chosen.name
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _step(forward, inputs: list[Tensor], grad: Tensor):
+    """Forward + backward; ``call.clear()`` drops the gradients of the last call (before measuring memory, so that
+    the freed old gradients do not offset the new ones)."""
+    def clear():
+        for t in inputs:
+            t.grad = None
+
+    def call():
+        clear()
+        forward().backward(grad)
+
+    call.clear = clear
+    return call
+
+
+def _timed(call, device) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    call()
+    _sync(device)
+    return (time.perf_counter() - start) * 1000
+
+
+def interleaved_ms(a, b, device, repeats: int, warmup: bool = True) -> tuple[float, float]:
+    """Median milliseconds of ``a`` and ``b``, run alternately (A B A B ...) after one warm-up each (unless the
+    caller has just run them)."""
+    if warmup:
+        a(), b()
+    times_a, times_b = [], []
+    for _ in range(repeats):
+        times_a.append(_timed(a, device))
+        times_b.append(_timed(b, device))
+    return statistics.median(times_a), statistics.median(times_b)
+
+
+def _x_transformers_attend(causal: bool):
+    try:
+        from x_transformers.attend import Attend
+    except ImportError:
+        return None
+    attend = Attend(causal=causal, flash=False)
+    return lambda q, k, v: attend(q, k, v)[0]
+
+
+# ---------------------------------------------------------------------------------------------- the benchmark
+def run_bench(
+    variants: tuple[str, ...] = QUICK_VARIANTS,
+    lengths: tuple[int, ...] = (1024, 4096),
+    causal: tuple[bool, ...] = (True,),
+    *,
+    batch: int = 1,
+    heads: int = 8,
+    head_dim: int = 64,
+    repeats: int = 3,
+    reference_max_len: int = 1024,
+    device: str | None = None,
+    log=print,
+) -> tuple[list[Row], str]:
+    """Benchmark rows (one per variant, engine, length and mask) and the memory method used.
+
+    The engine of each variant's row is the one ``auto`` routing picks; rows with ``engine="reference"`` time the
+    reference engine (lengths <= ``reference_max_len``), ``engine="x-transformers"`` its ``Attend`` (standard only).
+    """
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    meter = PeakMemory(dev)
+    rows: list[Row] = []
+    for is_causal in causal:
+        for length in lengths:
+            g = torch.Generator(device="cpu").manual_seed(length)
+            shape = (batch, heads, length, head_dim)
+            q, k, v = (torch.randn(shape, generator=g).to(dev).requires_grad_() for _ in range(3))
+            grad = torch.randn(shape, generator=g).to(dev)
+            sdpa = _step(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal), [q, k, v], grad)
+            sdpa_mem = None
+            for relax in variants:
+                spec = AttentionSpec.standard(heads * head_dim, heads, causal=is_causal).relax(relax)
+                torch.manual_seed(0)
+                module = Attention(spec).to(dev)
+                engines = ["auto"] + (["reference"] if length <= reference_max_len else [])
+                for engine in engines:
+                    params = [q, k, v] + list(module.parameters())
+                    step = _step(lambda: attention_core(module, q, k, v, engine)[0], params, grad)
+                    if sdpa_mem is None:
+                        sdpa()                                      # first call of this length: a warm-up
+                        sdpa.clear()
+                        sdpa_mem = meter.measure(sdpa)
+                    # The memory measurement is also the warm-up of the timed calls.
+                    step.clear()
+                    peak = meter.measure(step)
+                    ms, sdpa_ms = interleaved_ms(step, sdpa, dev, repeats, warmup=False)
+                    name = "reference" if engine == "reference" else _route(module, q, k, v)
+                    rows.append(Row(spec.variant, name, length, is_causal, round(ms, 3), round(sdpa_ms, 3),
+                                    round(ms / sdpa_ms, 3), round(peak, 1), round(sdpa_mem, 1)))
+                    log(_describe(rows[-1]))
+            xt = _x_transformers_attend(is_causal)
+            if xt is not None:
+                step = _step(lambda: xt(q, k, v), [q, k, v], grad)
+                ms, sdpa_ms = interleaved_ms(step, sdpa, dev, repeats)
+                step.clear()
+                rows.append(Row("standard", "x-transformers", length, is_causal, round(ms, 3), round(sdpa_ms, 3),
+                                round(ms / sdpa_ms, 3), round(meter.measure(step), 1), round(sdpa_mem or 0.0, 1)))
+                log(_describe(rows[-1]))
+    return rows, meter.method
+
+
+def _route(module, q, k, v) -> str:
+    """The engine ``auto`` picks for this self-attention problem (routing only looks at shapes and the spec)."""
+    problem = AttentionProblem(q=q, k=k, v=v, causal=module.spec.causal,
+                               alibi_slopes=module.position.slopes if module.spec.position == "alibi" else None)
+    return select_engine(module, problem, "auto").name
+
+
+def _describe(row: Row) -> str:
+    return (f"{row.variant:<22} {row.engine:<14} L={row.seq_len:<6} causal={str(row.causal):<5} "
+            f"{row.ms:9.1f} ms ({row.ratio_vs_sdpa:5.2f}x SDPA {row.sdpa_ms:.1f} ms)  "
+            f"peak {row.peak_mem_mb:8.1f} MiB (SDPA {row.sdpa_peak_mem_mb:.1f})")
+
+
+# ---------------------------------------------------------------------------------------------- reports
+def goal_report(rows: list[Row]) -> list[str]:
+    """One line per goal: met or not, from the auto-routed rows."""
+    auto = [r for r in rows if r.engine not in ("reference", "x-transformers")]
+    lines = []
+    for variant, limit in GOALS.items():
+        mine = [r for r in auto if r.variant == variant]
+        if mine:
+            worst = max(mine, key=lambda r: r.ratio_vs_sdpa)
+            verdict = "met" if worst.ratio_vs_sdpa <= limit else "NOT met"
+            lines.append(f"{variant}: time <= {limit}x SDPA: {verdict} (worst {worst.ratio_vs_sdpa:.2f}x at "
+                         f"L={worst.seq_len}, causal={worst.causal})")
+    linear = [r for r in auto if r.variant == "normalizer=linear" and r.causal and r.seq_len >= 2048]
+    if linear:
+        verdict = "met" if all(r.ms < r.sdpa_ms for r in linear) else "NOT met"
+        lines.append(f"normalizer=linear: faster than causal SDPA from L=2048: {verdict} "
+                     f"({', '.join(f'L={r.seq_len}: {r.ratio_vs_sdpa:.2f}x' for r in linear)})")
+    if auto:
+        longest = max(r.seq_len for r in auto)
+        at_longest = [r for r in auto if r.seq_len == longest]
+        over = [r for r in at_longest if r.peak_mem_mb > 2 * r.sdpa_peak_mem_mb]
+        verdict = "met" if not over else "NOT met for " + ", ".join(sorted({r.variant for r in over}))
+        lines.append(f"peak memory <= 2x SDPA at L={longest}: {verdict}")
+    return lines
+
+
+def markdown(rows: list[Row], device: str, method: str) -> str:
+    """A Markdown report: the machine, the memory method, the goals and every row."""
+    lines = [f"device: {device}; torch {torch.__version__}; threads {torch.get_num_threads()}",
+             f"peak memory: {method}", "", "## Goals", ""]
+    lines += [f"- {line}" for line in goal_report(rows)]
+    lines += ["", "## Rows", "", "| variant | engine | L | causal | ms | SDPA ms | x SDPA | peak MiB | SDPA peak MiB |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.variant} | {r.engine} | {r.seq_len} | {r.causal} | {r.ms} | {r.sdpa_ms} | "
+                     f"{r.ratio_vs_sdpa} | {r.peak_mem_mb} | {r.sdpa_peak_mem_mb} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[Row], path) -> None:
+    """Time and peak memory against sequence length, one line per variant, SDPA dashed (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 5))
+    auto = [r for r in rows if r.engine not in ("reference",)]
+    for key in sorted({(r.variant, r.engine, r.causal) for r in auto}):
+        mine = sorted((r for r in auto if (r.variant, r.engine, r.causal) == key), key=lambda r: r.seq_len)
+        label = f"{key[0]} [{key[1]}]" + (" causal" if key[2] else "")
+        ax_t.plot([r.seq_len for r in mine], [r.ms for r in mine], marker="o", label=label)
+        ax_m.plot([r.seq_len for r in mine], [r.peak_mem_mb for r in mine], marker="o", label=label)
+    for causal in sorted({r.causal for r in rows}):
+        by_len = {r.seq_len: r for r in rows if r.causal == causal}
+        xs = sorted(by_len)
+        tag = "SDPA" + (" causal" if causal else "")
+        ax_t.plot(xs, [by_len[x].sdpa_ms for x in xs], "k--", linewidth=2, label=tag)
+        ax_m.plot(xs, [by_len[x].sdpa_peak_mem_mb for x in xs], "k--", linewidth=2, label=tag)
+    for ax, title in ((ax_t, "forward + backward time (ms)"), (ax_m, "peak memory (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+    ax_m.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def rows_as_dicts(rows: list[Row]) -> list[dict]:
+    return [asdict(r) for r in rows]

@@ -1,0 +1,69 @@
+"""``axiomformer study``: the main job (relax each assumption, train, measure, report); ``axiomformer report DIR``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("study")
+    def study_command(
+        quick: bool = typer.Option(False, "--quick", help="the quick built-in sweep (about 3 minutes on 2 cores)"),
+        config: Optional[Path] = typer.Option(None, "--config", help="TOML study file, merged over the built-in sweep"),
+        out: Optional[Path] = typer.Option(None, "--out", help="out dir (default runs/study-<timestamp>/); "
+                                                                "an existing one is resumed"),
+        seeds: Optional[int] = typer.Option(None, "--seeds", min=1, help="seeds per run (overrides the config)"),
+        backend: str = typer.Option("local", "--backend", help="local | ray"),
+        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (with --backend ray)"),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="show the overall progress bar"),
+    ) -> None:
+        """Relax each assumption of the derivation, train every model under one matched budget, and write
+        results.sqlite, report.md, report.html and figures/ to the out dir. Rerun with the same --out to resume."""
+        from axiomformer.study.config import StudyConfigError, load_config, validate_config
+        from axiomformer.study.runner import BACKENDS, StudyError, run_study
+        from axiomformer.study.sweep import default_sweep
+
+        if backend not in BACKENDS:
+            raise typer.BadParameter(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}",
+                                     param_hint="--backend")
+        if address and backend != "ray":
+            raise typer.BadParameter("--address is only used with --backend ray", param_hint="--address")
+        base = default_sweep(quick=quick)
+        try:
+            cfg = load_config(config, base=base) if config else validate_config(base, source="built-in sweep")
+            if seeds is not None:
+                cfg = validate_config({"seeds": seeds}, base=cfg.model_dump(), source="--seeds")
+        except StudyConfigError as err:
+            raise typer.BadParameter(str(err), param_hint="--config") from None
+        out_dir = out or Path("runs") / f"study-{datetime.now():%Y%m%d-%H%M%S}"
+        try:
+            summary = run_study(cfg, out_dir, backend=backend, address=address, progress=progress)
+        except StudyError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            typer.echo(f"\ninterrupted: finished runs are stored in {out_dir}/results.sqlite; "
+                       f"rerun with --out {out_dir} to resume", err=True)
+            raise typer.Exit(130) from None
+        typer.echo(f"trained {summary.trained} run(s) ({summary.already_stored} already stored) in "
+                   f"{summary.seconds:.1f} s; report: {summary.report.get('markdown')}, {summary.report.get('html')}")
+        if summary.failed:
+            typer.echo(f"{len(summary.failed)} run(s) failed (see the report); rerun to retry them", err=True)
+            raise typer.Exit(1)
+
+    @app.command("report")
+    def report_command(
+        directory: Path = typer.Argument(..., help="a study out dir (holds results.sqlite)"),
+    ) -> None:
+        """Rebuild report.md, report.html and figures/ of a study from its results.sqlite alone."""
+        from axiomformer.study.report import build_report
+
+        try:
+            paths = build_report(directory)
+        except FileNotFoundError as err:
+            raise typer.BadParameter(str(err), param_hint="DIRECTORY") from None
+        typer.echo(f"wrote {paths['markdown']}, {paths['html']} and {len(paths['figures'])} figure(s)")

@@ -1,0 +1,99 @@
+"""``axiomformer train``: train one model on one task and report eval accuracy (``--json``: one JSON line)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def parse_task_options(items: list[str]) -> dict:
+    """``["num_pairs=4", "path=a.txt"]`` -> ``{"num_pairs": 4, "path": "a.txt"}`` (values parsed as JSON if they can be).
+
+    Raises:
+        ValueError: an item without ``=``.
+    """
+    options = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"malformed --task-option {item!r}: expected key=value, e.g. num_pairs=4")
+        key, value = (part.strip() for part in item.split("=", 1))
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"Error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train_command(
+        task: str = typer.Option("mqar", help="copy | mqar | selective_copy | needle | induction | digits | text"),
+        seq_len: int = typer.Option(64, "--seq-len", help="sequence length"),
+        model: str = typer.Option("transformer", help="transformer | rnn | lstm | gru"),
+        spec: str = typer.Option("standard", help="attention relax string, e.g. 'normalizer=sigmoid'"),
+        layers: int = typer.Option(2, help="number of layers"),
+        dim: int = typer.Option(64, help="model width (hidden size for rnn/lstm/gru)"),
+        heads: Optional[int] = typer.Option(None, help="attention heads (default: 4 when they divide dim)"),
+        steps: Optional[int] = typer.Option(None, help="optimizer steps (default: the task's)"),
+        batch_size: Optional[int] = typer.Option(None, "--batch-size", help="sequences per step (default: the task's)"),
+        lr: Optional[float] = typer.Option(None, help="peak learning rate (default: the task's)"),
+        weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="AdamW weight decay (0.1)"),
+        warmup: Optional[int] = typer.Option(None, help="linear warmup steps (default: the task's)"),
+        seed: int = typer.Option(0, help="seed of the model and the training data"),
+        target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy",
+                                                        help="stop once eval accuracy reaches it (default: the task's)"),
+        no_early_stop: bool = typer.Option(False, "--no-early-stop", help="train all steps"),
+        eval_every: Optional[int] = typer.Option(None, "--eval-every", help="steps between evaluations"),
+        eval_batches: Optional[int] = typer.Option(None, "--eval-batches", help="eval batches per evaluation"),
+        device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda | cuda:N"),
+        task_option: List[str] = typer.Option([], "--task-option", "-o",
+                                              help="task option key=value, repeatable (e.g. -o path=book.txt)"),
+        threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's)"),
+        checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="save the model here (safetensors+JSON)"),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or eval log"),
+        as_json: bool = typer.Option(False, "--json", help="last stdout line: the result as JSON"),
+    ) -> None:
+        """Train a Transformer (any attention spec) or a recurrent baseline on a long-range task."""
+        import torch
+        from pydantic import ValidationError
+
+        from axiomformer.tasks import make_task
+        from axiomformer.train import TrainConfig, train
+
+        given = {"heads": heads, "steps": steps, "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay,
+                 "warmup": warmup, "target_accuracy": target_accuracy, "eval_every": eval_every,
+                 "eval_batches": eval_batches}
+        fields = {k: v for k, v in given.items() if v is not None}
+        if no_early_stop:
+            fields["target_accuracy"] = None
+        try:
+            config = TrainConfig(task=task, seq_len=seq_len, model=model, spec=spec, layers=layers, dim=dim,
+                                 seed=seed, device=device, task_options=parse_task_options(task_option), **fields)
+            make_task(config.task, seq_len=config.seq_len, **config.task_options)
+        except ValidationError as err:
+            _fail("; ".join(e["msg"].removeprefix("Value error, ") + (f" ({'.'.join(map(str, e['loc']))})"
+                                                                          if e["loc"] else "")
+                            for e in err.errors()))
+        except ValueError as err:
+            _fail(str(err))
+        if threads is not None:
+            torch.set_num_threads(threads)
+        log = None if quiet or as_json else (lambda line: typer.echo(line, err=True))
+        result = train(config, progress=not quiet, checkpoint_dir=checkpoint, log=log)
+        if as_json:
+            typer.echo(json.dumps(result.summary()))
+            return
+        typer.echo(f"{result.task} seq_len={result.seq_len} {result.model} spec={result.spec} "
+                   f"engine={result.engine} params={result.params}")
+        typer.echo(f"accuracy {result.accuracy:.4f} (chance {result.chance:.4f})  eval loss {result.loss:.4f}  "
+                   f"steps {result.steps}  {result.seconds:.1f}s  {result.tokens_per_second:,.0f} tokens/s")
+        if checkpoint is not None:
+            typer.echo(f"checkpoint: {checkpoint}")

@@ -1,0 +1,244 @@
+"""The chunked engine: every spec without the (q_len x k_len) score matrix in memory, forward or backward.
+
+It computes exactly what ``engines/reference.py`` computes, one block at a time:
+
+- **row-wise normalizers** (softmax, gumbel_softmax, sparsemax, entmax15, linear) need a whole row of scores, so the
+  queries are split into chunks of ``cq`` rows; each chunk scores its keys, normalizes, and contributes;
+- **elementwise normalizers** (sigmoid, relu) also split each chunk's keys into blocks of ``ck`` and sum the blocks'
+  contributions; their n_i (keys visible to query i) is counted from the mask beforehand;
+- **pairwise scores and contributions** (``score=additive|mlp``, ``contribution=joint``) materialize
+  (cq, ck, hidden) per block, so both the queries and the keys are split.
+
+With a causal mask, a query chunk only reads the keys it can see (``j <= q_offset + last query``).
+Each query chunk runs under ``torch.utils.checkpoint`` (non-reentrant): the forward keeps only the chunk's inputs and
+the backward recomputes one chunk at a time, so peak memory is O(cq x k_len) rather than O(q_len x k_len)
+**(our choice: recomputation instead of a hand-written backward, so that every score, normalizer and contribution
+module is differentiated by autograd exactly as in the reference)**.
+
+The block sizes come from ``memory_budget`` (float32 elements of one score block, summed over batch and heads) unless
+``query_chunk``/``key_chunk`` are set (tests set them small to exercise the chunk boundaries).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from axiomformer.axes.normalizer import feature_map, normalize
+from axiomformer.axes.position import alibi_bias
+from axiomformer.engines.problem import AttentionProblem, causal_mask
+from axiomformer.engines.reference import attention_weights, clean_nonfinite
+
+ELEMENTWISE = ("sigmoid", "relu")
+"""Normalizers whose weight u_ij depends on s_ij and the row's count n_i only: their keys can be split freely."""
+
+DEFAULT_BUDGET = 2**21
+"""Elements of one score block (8 MiB in float32), summed over batch and heads **(our choice)**."""
+
+SORTING = ("sparsemax", "entmax15")
+"""Normalizers whose entmax implementation sorts each row (values and int64 indices, several temporaries): their
+query chunks get a quarter of the budget."""
+
+
+# ---------------------------------------------------------------------------------------------- blocks of a problem
+def _slice_block(t: Tensor | None, qs: slice, ks: slice) -> Tensor | None:
+    """Rows ``qs`` and columns ``ks`` of a tensor broadcastable to (batch, heads, q_len, k_len)."""
+    if t is None:
+        return None
+    if t.shape[-2] != 1:
+        t = t[..., qs, :]
+    if t.shape[-1] != 1:
+        t = t[..., ks]
+    return t
+
+
+def block_mask(problem: AttentionProblem, qs: slice, ks: slice) -> Tensor | None:
+    """``problem.full_mask()[..., qs, ks]`` without building the full mask; None when the block is fully visible."""
+    mask = _slice_block(problem.mask, qs, ks)
+    if problem.causal and ks.stop - 1 > problem.q_offset + qs.start:
+        causal = causal_mask(qs.stop - qs.start, ks.stop - ks.start, problem.q_offset + qs.start - ks.start,
+                             problem.q.device)
+        mask = causal if mask is None else mask & causal
+    return mask
+
+
+def block_bias(problem: AttentionProblem, qs: slice, ks: slice) -> Tensor | None:
+    """``problem.full_bias()[..., qs, ks]`` (user bias plus ALiBi), built one block at a time."""
+    bias = _slice_block(problem.bias, qs, ks)
+    if problem.alibi_slopes is not None:
+        alibi = alibi_bias(problem.alibi_slopes, problem.q_positions[qs], problem.k_positions[ks], problem.causal)
+        bias = alibi if bias is None else bias + alibi
+    return bias
+
+
+def _blocks(length: int, size: int) -> list[slice]:
+    return [slice(start, min(start + size, length)) for start in range(0, length, size)]
+
+
+def _key_blocks(problem: AttentionProblem, qs: slice, k_end: int, size: int) -> list[slice]:
+    """Blocks of ``size`` keys, split where the causal mask starts to matter for the query chunk ``qs``, so that the
+    blocks left of the diagonal need no mask at all."""
+    if not problem.causal:
+        return _blocks(k_end, size)
+    split = min(k_end, max(0, problem.q_offset + qs.start + 1))     # keys every query of the chunk may see
+    return _blocks(split, size) + [slice(split + b.start, split + b.stop) for b in _blocks(k_end - split, size)]
+
+
+def nonfinite_hits(problem: AttentionProblem, chunk: int = 256) -> Tensor | None:
+    """(batch, heads, q_len, 1) bool: queries that may attend to a non-finite key (None if every key is finite).
+
+    The chunked counterpart of ``reference.poison_nonfinite``: the visibility mask is built ``chunk`` queries at a time.
+    """
+    bad = problem.nonfinite_keys
+    if bad is None:
+        return None
+    batch, heads = bad.shape[:2]
+    hits = []
+    for qs in _blocks(problem.q_len, chunk):
+        mask = block_mask(problem, qs, slice(0, problem.k_len))
+        seen = bad.unsqueeze(-2) if mask is None else mask & bad.unsqueeze(-2)
+        seen = torch.broadcast_to(seen, (batch, heads, qs.stop - qs.start, problem.k_len))
+        hits.append(seen.any(-1, keepdim=True))
+    return torch.cat(hits, dim=-2)
+
+
+def poison_rows(out: Tensor, problem: AttentionProblem) -> Tensor:
+    """NaN in the output rows (batch, heads, q_len, head_dim) of queries that may see a non-finite key."""
+    hits = nonfinite_hits(problem)
+    return out if hits is None else out.masked_fill(hits, float("nan"))
+
+
+# ---------------------------------------------------------------------------------------------- one query chunk
+def _scores(module, problem: AttentionProblem, q: Tensor, k: Tensor, qs: slice, ks: slice) -> Tensor:
+    """Scaled and biased scores (or, for ``normalizer="linear"``, the kernel) of one block, as the reference."""
+    spec = module.spec
+    bias = block_bias(problem, qs, ks)
+    if spec.normalizer == "linear":
+        scores = torch.matmul(feature_map(q.float(), spec.feature_map),
+                              feature_map(k.float(), spec.feature_map).transpose(-2, -1))
+        return scores if bias is None else scores * bias.float().exp()
+    scores = module.score_fn(q, k) * module.scale()
+    return scores if bias is None else scores + bias
+
+
+def _visible_count(problem: AttentionProblem, qs: slice, k_end: int, key_chunk: int) -> Tensor | None:
+    """n_i, the number of keys query i may attend to, (batch|1, heads|1, len(qs), 1) float; None without a mask."""
+    if problem.mask is None and not problem.causal:
+        return None
+    total: Tensor | int = 0
+    for ks in _blocks(k_end, key_chunk):
+        mask = block_mask(problem, qs, ks)
+        total = total + (ks.stop - ks.start if mask is None else mask.sum(-1, keepdim=True))
+    if not isinstance(total, Tensor):
+        total = torch.tensor(float(total), device=problem.q.device).view(1, 1, 1, 1)
+    # A row with no visible key is normalized over every key, then zeroed, as in ``normalize``.
+    return torch.where(total > 0, total, problem.k_len).float()
+
+
+def _dropout(weights: Tensor, problem: AttentionProblem) -> Tensor:
+    if problem.training and problem.dropout_p > 0:
+        return F.dropout(weights, p=problem.dropout_p)
+    return weights
+
+
+def attend_chunk(module, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tensor, *, qs: slice,
+                 key_chunk: int) -> Tensor:
+    """Output rows ``qs`` (batch, heads, len(qs), head_dim_v) from the keys ``k``/``v`` (the first k_end ones)."""
+    kind = module.spec.normalizer
+    k_end = k.shape[-2]
+    blocks = _blocks(k_end, key_chunk)
+    if kind in ELEMENTWISE:
+        blocks = _key_blocks(problem, qs, k_end, key_chunk)
+        n_visible = _visible_count(problem, qs, k_end, key_chunk)
+        if n_visible is None:
+            n_visible = torch.full((1, 1, 1, 1), float(problem.k_len), device=q.device)
+        out = None
+        for ks in blocks:
+            weights = normalize(_scores(module, problem, q, k[..., ks, :], qs, ks), block_mask(problem, qs, ks),
+                                kind, training=problem.training, n_visible=n_visible)
+            part = module.contribution(_dropout(weights, problem).to(v.dtype), v[..., ks, :])
+            out = part if out is None else out + part
+        return out
+    if len(blocks) == 1:
+        scores = _scores(module, problem, q, k, qs, blocks[0])
+    else:
+        scores = torch.cat([_scores(module, problem, q, k[..., ks, :], qs, ks) for ks in blocks], dim=-1)
+    weights = normalize(scores, block_mask(problem, qs, slice(0, k_end)), kind, training=problem.training)
+    weights = _dropout(weights, problem).to(v.dtype)
+    if module.spec.contribution == "proportional" or len(blocks) == 1:
+        return module.contribution(weights, v)
+    out = None
+    for ks in blocks:
+        part = module.contribution(weights[..., ks], v[..., ks, :])
+        out = part if out is None else out + part
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+def pair_width(module) -> int:
+    """Width of the (query, key, hidden) tensors a spec builds per score pair: 1 for dot-like scores."""
+    spec = module.spec
+    width = 1
+    if spec.score == "additive":
+        width = spec.head_dim
+    elif spec.score == "mlp":
+        width = module.score_fn.w_q.out_features
+    if spec.contribution == "joint":
+        width = max(width, module.contribution.w_v.out_features, spec.head_dim)
+    return width
+
+
+def chunked_attention(module, problem: AttentionProblem, k: Tensor, v: Tensor, query_chunk: int,
+                      key_chunk: int) -> Tensor:
+    """Attention output (batch, heads, q_len, head_dim_v), ``query_chunk`` queries at a time, each checkpointed."""
+    q = problem.q
+    needs_grad = torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad or any(p.requires_grad for p in module.parameters())
+    )
+    outs = []
+    for qs in _blocks(problem.q_len, query_chunk):
+        k_end = problem.k_len
+        if problem.causal:
+            k_end = min(problem.k_len, max(1, problem.q_offset + qs.stop))
+        fn = partial(attend_chunk, module, problem, qs=qs, key_chunk=key_chunk)
+        args = (q[..., qs, :], k[..., :k_end, :], v[..., :k_end, :])
+        outs.append(checkpoint(fn, *args, use_reentrant=False) if needs_grad else fn(*args))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
+class ChunkedEngine:
+    """Any spec, in blocks of queries (and keys) small enough for ``memory_budget``.
+
+    Args:
+        memory_budget: float32 elements of one (batch, heads, query chunk, key block[, hidden]) block.
+        query_chunk, key_chunk: fixed block sizes instead of the budget's (``None`` = from the budget).
+    """
+
+    name = "chunked"
+
+    def __init__(self, memory_budget: int = DEFAULT_BUDGET, query_chunk: int | None = None,
+                 key_chunk: int | None = None):
+        self.memory_budget = memory_budget
+        self.query_chunk = query_chunk
+        self.key_chunk = key_chunk
+
+    def accepts(self, module, problem: AttentionProblem) -> bool:
+        return True
+
+    def chunk_sizes(self, module, problem: AttentionProblem) -> tuple[int, int]:
+        """(query chunk, key block) for this problem."""
+        rows = problem.q.shape[0] * problem.q.shape[1]
+        budget = self.memory_budget // (4 if module.spec.normalizer in SORTING else 1)
+        cq = self.query_chunk or max(1, min(problem.q_len, budget // max(1, rows * problem.k_len)))
+        ck = self.key_chunk or max(1, min(problem.k_len, self.memory_budget // (rows * cq * pair_width(module))))
+        return cq, ck
+
+    def run(self, module, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        k, v = clean_nonfinite(problem)
+        cq, ck = self.chunk_sizes(module, problem)
+        out = poison_rows(chunked_attention(module, problem, k, v, cq, ck), problem)
+        return out, (attention_weights(module, problem, k) if need_weights else None)

@@ -1,0 +1,138 @@
+"""The flex engine: softmax with index-based score edits through ``torch.nn.attention.flex_attention``.
+
+FlexAttention (PyTorch >= 2.5) compiles a fused kernel from two small functions of the indices: a ``score_mod`` (here
+ALiBi, -m_h (p_i - p_j), or -m_h |p_i - p_j| without a causal mask) and a ``mask_mod`` (bottom-right causal, key
+padding), so neither the bias nor the mask is ever materialized. Scores reducible to a dot product (see
+``sdpa.dot_form``) are accepted; their extra columns are zero-padded to a multiple of 8.
+
+Routing **(our choice, measured with torch 2.13)**: only on CUDA. On CPU the compiled kernel has no backward
+("FlexAttention does not support backward on CPU"), took 25 s to compile and ran 2.5x slower than SDPA forward-only at
+L = 2048, so CPU problems go to the sdpa (causal ALiBi folded into a key column) or chunked engines instead.
+The first compile failure on a device type is logged once and that device falls back to the sdpa engine (or the
+chunked engine when sdpa cannot run the problem).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor
+
+from axiomformer.engines.chunked import poison_rows
+from axiomformer.engines.problem import AttentionProblem
+from axiomformer.engines.reference import attention_weights, clean_nonfinite
+from axiomformer.engines.sdpa import REDUCIBLE_SCORES, _augment, dot_form, softmax_like
+
+logger = logging.getLogger(__name__)
+
+
+def flex_mods(problem: AttentionProblem):
+    """(score_mod, mask_mod) of ``problem``: ALiBi as a score edit, bottom-right causal and key padding as a mask.
+
+    Either may be None. Indices are those of flex_attention: (batch, head, query index, key index).
+    """
+    score_mod = mask_mod = None
+    slopes, offset, causal = problem.alibi_slopes, problem.q_offset, problem.causal
+    if slopes is not None:
+        slopes = slopes.float()
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            distance = (q_idx + offset - kv_idx).to(torch.float32)
+            distance = distance if causal else distance.abs()
+            return score - slopes[h] * distance
+
+    keep = None if problem.mask is None else problem.mask.reshape(problem.mask.shape[0], -1)   # (B|1, k_len)
+    if causal or keep is not None:
+        def mask_mod(b, h, q_idx, kv_idx):
+            ok = kv_idx >= 0
+            if causal:
+                ok = ok & (kv_idx <= q_idx + offset)
+            if keep is not None:
+                ok = ok & keep[b if keep.shape[0] > 1 else 0, kv_idx]
+            return ok
+
+    return score_mod, mask_mod
+
+
+def _rows_with_keys(problem: AttentionProblem) -> Tensor | None:
+    """(batch|1, 1, q_len, 1) bool: queries with a visible key, from the key padding mask and the causal horizon."""
+    horizon = problem.q_positions                                          # last visible key of each query
+    if problem.mask is None:
+        return (horizon >= 0).view(1, 1, -1, 1) if problem.causal else None
+    keep = problem.mask.reshape(problem.mask.shape[0], problem.k_len)
+    if not problem.causal:
+        return keep.any(-1).view(-1, 1, 1, 1)
+    seen = keep.cumsum(-1)[:, horizon.clamp(0, problem.k_len - 1)] > 0
+    return (seen & (horizon >= 0)).view(keep.shape[0], 1, -1, 1)
+
+
+class FlexEngine:
+    """FlexAttention for softmax with ALiBi (and causal/key-padding masks), on devices where it compiles."""
+
+    name = "flex"
+
+    def __init__(self, compile: bool = True, devices: tuple[str, ...] = ("cuda",)):
+        self.compile = compile
+        self.devices = devices
+        self.failed: dict[str, str] = {}
+        self._compiled = None
+
+    def accepts(self, module, problem: AttentionProblem) -> bool:
+        spec = module.spec
+        device = problem.q.device.type
+        return (
+            device in self.devices
+            and device not in self.failed
+            and problem.alibi_slopes is not None
+            and spec.score in REDUCIBLE_SCORES
+            and spec.contribution == "proportional"
+            and softmax_like(spec, problem.training)
+            and problem.bias is None
+            and (problem.mask is None or problem.mask.shape[1] == problem.mask.shape[2] == 1)
+            and not (problem.training and problem.dropout_p > 0)
+        )
+
+    def _kernel(self):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        if not self.compile:
+            return flex_attention
+        if self._compiled is None:
+            self._compiled = torch.compile(flex_attention, dynamic=False)
+        return self._compiled
+
+    def attend(self, module, problem: AttentionProblem, k: Tensor, v: Tensor) -> Tensor:
+        """flex_attention output (batch, heads, q_len, head_dim_v) with rows without a visible key set to zero."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        q, k_dot, scale, extras = dot_form(module, problem.q, k)
+        head_dim_v = v.shape[-1]
+        if extras or isinstance(scale, Tensor):
+            q, k_dot, v, scale = _augment(q, k_dot, v, scale, extras)
+        score_mod, mask_mod = flex_mods(problem)
+        block_mask = None
+        if mask_mod is not None:
+            batch = problem.mask.shape[0] if problem.mask is not None and problem.mask.shape[0] > 1 else None
+            block_mask = create_block_mask(mask_mod, batch, None, problem.q_len, problem.k_len,
+                                           device=str(q.device))
+        out = self._kernel()(q, k_dot, v, score_mod=score_mod, block_mask=block_mask, scale=float(scale))
+        out = out[..., :head_dim_v]
+        has_key = _rows_with_keys(problem)
+        return out if has_key is None else out.masked_fill(~has_key, 0.0)
+
+    def run(self, module, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        from axiomformer.engines import ENGINES
+
+        k, v = clean_nonfinite(problem)
+        try:
+            out = self.attend(module, problem, k, v)
+        except Exception as err:  # noqa: BLE001 - any compile/lowering failure means: use another engine
+            device = problem.q.device.type
+            self.failed[device] = f"{type(err).__name__}: {err}"
+            logger.warning("flex_attention failed on %s (%s); falling back to the sdpa/chunked engines",
+                           device, self.failed[device].splitlines()[0][:200])
+            fallback = ENGINES["sdpa"] if ENGINES["sdpa"].accepts(module, problem) else ENGINES["chunked"]
+            return fallback.run(module, problem, need_weights)
+        out = poison_rows(out, problem)
+        return out, (attention_weights(module, problem, k) if need_weights else None)

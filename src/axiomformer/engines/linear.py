@@ -1,0 +1,113 @@
+"""The linear engine: O(L) kernelized attention for ``normalizer="linear"`` (Katharopoulos et al. 2020).
+
+With phi the feature map (``spec.feature_map``; elu(x) + 1 by default, their eq. 7) and keys masked by zeroing
+phi(k_j), the reference's weights u_ij = K_ij / (sum_j K_ij + eps), K_ij = phi(q_i).phi(k_j), give (their eq. 6)
+
+    out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j) + eps),     eps = 1e-6,
+
+so the keys are summed once into a (head_dim x head_dim_v) state instead of a (q_len x k_len) matrix.
+
+Causal (bottom-right aligned, query i sees keys j <= q_offset + i): the keys before ``q_offset`` (a KV cache's past)
+are summed into the initial state; the other ``q_len`` keys are cut into chunks of ``chunk`` positions. Each chunk
+reads the prefix sum of the states of the chunks before it (their eq. 9-10, in chunks instead of one step at a time)
+plus a masked (chunk x chunk) kernel within itself **(our choice: the chunked prefix-sum form, which keeps the
+backward O(L) without a custom autograd function)**.
+
+Accepted: the linear normalizer with proportional contributions, no float bias or ALiBi (they multiply the kernel
+entrywise and break the factorization), and masks that depend on the key only (key padding). Other masks route to
+the chunked engine. Computed in float32 (as the reference's kernel), returned in the value dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from axiomformer.axes.normalizer import LINEAR_EPS, feature_map
+from axiomformer.engines.chunked import poison_rows
+from axiomformer.engines.problem import AttentionProblem
+from axiomformer.engines.reference import attention_weights, clean_nonfinite
+
+
+def key_only_mask(mask: Tensor | None) -> bool:
+    """Whether a bool mask broadcastable to (batch, heads, q_len, k_len) depends on the key only (or is None)."""
+    return mask is None or mask.shape[-2] == 1
+
+
+def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, q_offset: int, chunk: int) -> tuple[Tensor, Tensor]:
+    """Numerators (B, H, L, dv) and denominators (B, H, L, 1) of causal linear attention, ``chunk`` queries at a time.
+
+    phi_k and v hold k_len = q_offset + L keys; the first ``q_offset`` are visible to every query.
+    """
+    batch, heads, length, dim = phi_q.shape
+    past_k, phi_k = phi_k[..., :q_offset, :], phi_k[..., q_offset:, :]
+    past_v, v = v[..., :q_offset, :], v[..., q_offset:, :]
+    pad = (-length) % chunk
+    if pad:
+        phi_q, phi_k, v = (F.pad(t, (0, 0, 0, pad)) for t in (phi_q, phi_k, v))
+    n = (length + pad) // chunk
+    cq, ck, cv = (t.reshape(batch, heads, n, chunk, t.shape[-1]) for t in (phi_q, phi_k, v))
+    # State of each chunk (B, H, n, d, dv) and its key sum (B, H, n, d); exclusive prefix sums over the chunks.
+    state = torch.matmul(ck.transpose(-2, -1), cv)
+    ksum = ck.sum(-2)
+    state = torch.cumsum(state, dim=2) - state + torch.matmul(past_k.transpose(-2, -1), past_v).unsqueeze(2)
+    ksum = torch.cumsum(ksum, dim=2) - ksum + past_k.sum(-2).unsqueeze(2)
+    within = torch.matmul(cq, ck.transpose(-2, -1))                       # (B, H, n, chunk, chunk)
+    tril = torch.ones(chunk, chunk, dtype=torch.bool, device=phi_q.device).tril()
+    within = within.masked_fill(~tril, 0.0)
+    num = torch.matmul(cq, state) + torch.matmul(within, cv)
+    den = torch.matmul(cq, ksum.unsqueeze(-1)) + within.sum(-1, keepdim=True)
+    num = num.reshape(batch, heads, n * chunk, -1)[..., :length, :]
+    den = den.reshape(batch, heads, n * chunk, 1)[..., :length, :]
+    return num, den
+
+
+def linear_attention(problem: AttentionProblem, k: Tensor, v: Tensor, kind: str, chunk: int = 64) -> Tensor:
+    """Linear attention output (batch, heads, q_len, head_dim_v) in ``v.dtype``.
+
+    Args:
+        problem: its mask must depend on the key only; bias and ALiBi must be None.
+        k, v: keys and values (non-finite keys already zeroed).
+        kind: the feature map (``elu``, ``relu``, ``identity``).
+        chunk: queries per chunk of the causal prefix sum.
+    """
+    phi_q = feature_map(problem.q.float(), kind)
+    phi_k = feature_map(k.float(), kind)
+    v32 = v.float()
+    if problem.mask is not None:
+        keep = problem.mask.squeeze(-2).unsqueeze(-1)                    # (B|1, H|1, k_len, 1)
+        phi_k = phi_k * keep
+    phi_k = torch.broadcast_to(phi_k, phi_q.shape[:2] + phi_k.shape[2:])
+    if problem.causal:
+        num, den = _causal_linear(phi_q, phi_k, v32, problem.q_offset, chunk)
+    else:
+        num = torch.matmul(phi_q, torch.matmul(phi_k.transpose(-2, -1), v32))
+        den = torch.matmul(phi_q, phi_k.sum(-2).unsqueeze(-1))
+    return (num / (den + LINEAR_EPS)).to(v.dtype)
+
+
+class LinearEngine:
+    """O(q_len + k_len) linear attention; causal by chunked prefix sums of (phi(k) v^T) states."""
+
+    name = "linear"
+
+    def __init__(self, chunk: int = 64):
+        self.chunk = chunk
+
+    def accepts(self, module, problem: AttentionProblem) -> bool:
+        spec = module.spec
+        return (
+            spec.normalizer == "linear"
+            and spec.contribution == "proportional"
+            and problem.bias is None
+            and problem.alibi_slopes is None
+            and key_only_mask(problem.mask)
+            and (not problem.causal or 0 <= problem.q_offset == problem.k_len - problem.q_len)
+            and not (problem.training and problem.dropout_p > 0)
+        )
+
+    def run(self, module, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        k, v = clean_nonfinite(problem)
+        out = poison_rows(linear_attention(problem, k, v, module.spec.feature_map, self.chunk), problem)
+        return out, (attention_weights(module, problem, k) if need_weights else None)

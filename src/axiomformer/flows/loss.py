@@ -1,0 +1,161 @@
+"""Multinomial regression of the *features*: the loss, its closed-form feature gradient, the flow right-hand side.
+
+Source 2 of ``docs/SOURCES.md`` (Actor, Gruber & Cyr, arXiv:2509.04653). The classifier ``theta`` is held fixed and the
+features ``Z`` move down the gradient of the cross-entropy; the negative gradient splits into an attention term and a
+label term, which is what makes a splitting step a Transformer block (see ``integrators.py``).
+
+Models (rows of ``C`` are probability distributions: one-hot or soft targets):
+
+    linear     N = Z theta^T, theta (K, d), C (..., n, K)
+               dL/dZ = (sigma(N) - C) theta
+               dZ/dt = C theta - CA(Z, theta)                                  [label term, attention term]
+    quadratic  N = Z theta Z^T, theta = phi phi^T (d, d) symmetric, C (..., n, n);  G = sigma(N) - C
+               dL/dZ = (G + G^T) Z theta
+               dZ/dt = (C + C^T) Z theta - [SA(Z) + RA(Z)]
+
+``transposed_term`` (quadratic only) chooses what happens to the transposed pair (G^T: C^T Z theta and RA(Z))
+**(our choice: the source body was not available to us)**:
+
+    keep        the exact gradient, (G + G^T) Z theta.
+    drop        G Z theta: only the row-normalized self-attention. It is exactly the gradient with respect to the
+                queries alone (keys held fixed), d/dZ_q L(Z_q theta Z_k^T) at Z_q = Z_k = Z.
+    symmetrize  (2 sigma(N) - C - C^T) Z theta: the transposed weights sigma(N)^T are replaced by the row softmax of
+                the transposed logits, sigma(N^T), which equals sigma(N) because N is symmetric; the flow becomes
+                (C + C^T) Z theta - 2 SA(Z), a pure (row-normalized) self-attention update. When the rows of C^T also
+                sum to one it is twice the query-only gradient for the symmetric targets (C + C^T) / 2.
+
+Everything is summed over rows and over leading batch dimensions of ``Z``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from axiomformer.flows.operators import cross_attention, quadratic_weights, reverse_attention, self_attention
+
+MODELS = ("linear", "quadratic")
+TRANSPOSED_TERMS = ("keep", "drop", "symmetrize")
+
+VectorField = Callable[[Tensor], Tensor]
+
+
+def _check(model: str, transposed_term: str, Z: Tensor, theta: Tensor, C: Tensor) -> None:
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of: {', '.join(MODELS)}")
+    if transposed_term not in TRANSPOSED_TERMS:
+        raise ValueError(f"unknown transposed_term {transposed_term!r}; choose one of: {', '.join(TRANSPOSED_TERMS)}")
+    if model == "linear" and transposed_term != "keep":
+        raise ValueError("transposed_term applies to model='quadratic' only (the linear gradient has no transposed term)")
+    width = theta.shape[0] if model == "linear" else Z.shape[-2]
+    if C.shape[-1] != width or C.shape[-2] != Z.shape[-2]:
+        expected = "(..., n, K)" if model == "linear" else "(..., n, n)"
+        raise ValueError(f"C must be {expected} = (..., {Z.shape[-2]}, {width}) for model={model!r}; "
+                         f"got shape {tuple(C.shape)}")
+    if model == "quadratic" and theta.shape[0] == theta.shape[-1] and not torch.allclose(theta, theta.T):
+        raise ValueError("quadratic theta must be symmetric (theta = phi phi^T); use theta_from_phi(phi)")
+
+
+def theta_from_phi(phi: Tensor) -> Tensor:
+    """theta = phi phi^T, the symmetric (d, d) bilinear form of the quadratic model; ``phi`` is (d, r)."""
+    return phi @ phi.T
+
+
+def logits(Z: Tensor, theta: Tensor, model: str = "linear") -> Tensor:
+    """N(Z, theta): (..., n, K) ``Z theta^T`` for the linear model, (..., n, n) ``Z theta Z^T`` for the quadratic one."""
+    if model == "linear":
+        return Z @ theta.T
+    if model == "quadratic":
+        return Z @ theta @ Z.transpose(-1, -2)
+    raise ValueError(f"unknown model {model!r}; choose one of: {', '.join(MODELS)}")
+
+
+def multinomial_loss(Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear") -> Tensor:
+    """L(Z) = -sum_rows sum_k C_rk log sigma(N)_rk, the cross-entropy of the features (a scalar, summed not averaged).
+
+    Args:
+        Z: (..., n, d) features.
+        theta: (K, d) for ``linear``; (d, d) symmetric for ``quadratic``.
+        C: targets, (..., n, K) for ``linear``, (..., n, n) for ``quadratic``; rows are distributions.
+        model: ``"linear"`` or ``"quadratic"``.
+
+    Raises:
+        ValueError: unknown model or shapes that do not fit (the message names them).
+    """
+    _check(model, "keep", Z, theta, C)
+    return -(C * torch.log_softmax(logits(Z, theta, model), dim=-1)).sum()
+
+
+def feature_gradient(Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear",
+                     transposed_term: str = "keep") -> Tensor:
+    """Closed-form dL/dZ (Source 2); for ``transposed_term`` other than ``keep`` the direction defined in the module doc.
+
+    Returns:
+        (..., n, d), same dtype as ``Z``.
+    """
+    _check(model, transposed_term, Z, theta, C)
+    P = torch.softmax(logits(Z, theta, model), dim=-1)
+    if model == "linear":
+        return (P - C) @ theta
+    G = P - C
+    ZT = Z @ theta
+    if transposed_term == "keep":
+        return (G + G.transpose(-1, -2)) @ ZT
+    if transposed_term == "drop":
+        return G @ ZT
+    return (2 * P - C - C.transpose(-1, -2)) @ ZT
+
+
+def flow_terms(Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear",
+               transposed_term: str = "keep") -> tuple[Tensor, Tensor]:
+    """The flow right-hand side -dL/dZ split as (attention term, label term); their sum is ``flow_rhs``.
+
+    linear: (-CA(Z, theta), C theta). quadratic: keep (-(SA + RA), (C + C^T) Z theta); drop (-SA, C Z theta);
+    symmetrize (-2 SA, (C + C^T) Z theta).
+    """
+    _check(model, transposed_term, Z, theta, C)
+    if model == "linear":
+        return -cross_attention(Z, theta), (C @ theta).expand_as(Z)
+    ZT = Z @ theta
+    if transposed_term == "keep":
+        return -(self_attention(Z, theta) + reverse_attention(Z, theta)), (C + C.transpose(-1, -2)) @ ZT
+    if transposed_term == "drop":
+        return -self_attention(Z, theta), C @ ZT
+    return -2 * self_attention(Z, theta), (C + C.transpose(-1, -2)) @ ZT
+
+
+def flow_rhs(Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear", transposed_term: str = "keep") -> Tensor:
+    """dZ/dt = attention term + label term (= -dL/dZ for ``keep``); (..., n, d)."""
+    attention, label = flow_terms(Z, theta, C, model, transposed_term)
+    return attention + label
+
+
+def vector_fields(theta: Tensor, C: Tensor, model: str = "linear",
+                  transposed_term: str = "keep") -> tuple[VectorField, VectorField]:
+    """The two halves of the flow as callables ``Z -> dZ/dt``: (attention field, label field), for the splittings.
+
+    The label field is constant (C theta) in the linear model and linear in Z in the quadratic one; the attention
+    field holds all the non-linearity.
+    """
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose one of: {', '.join(MODELS)}")
+    if model == "linear":
+        if transposed_term != "keep":
+            raise ValueError("transposed_term applies to model='quadratic' only")
+        return (lambda Z: -cross_attention(Z, theta)), (lambda Z: (C @ theta).expand_as(Z))
+    if transposed_term == "keep":
+        return ((lambda Z: -(self_attention(Z, theta) + reverse_attention(Z, theta))),
+                (lambda Z: (C + C.transpose(-1, -2)) @ (Z @ theta)))
+    if transposed_term == "drop":
+        return (lambda Z: -self_attention(Z, theta)), (lambda Z: C @ (Z @ theta))
+    if transposed_term == "symmetrize":
+        return (lambda Z: -2 * self_attention(Z, theta)), (lambda Z: (C + C.transpose(-1, -2)) @ (Z @ theta))
+    raise ValueError(f"unknown transposed_term {transposed_term!r}; choose one of: {', '.join(TRANSPOSED_TERMS)}")
+
+
+__all__ = [
+    "MODELS", "TRANSPOSED_TERMS", "feature_gradient", "flow_rhs", "flow_terms", "logits", "multinomial_loss",
+    "quadratic_weights", "theta_from_phi", "vector_fields",
+]

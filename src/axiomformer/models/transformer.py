@@ -1,0 +1,124 @@
+"""``TransformerLM``: a causal decoder-only Transformer whose every attention layer is ``Attention(spec)``.
+
+    x_0 = sqrt(dim) E[ids] + PE          (token embedding, Vaswani et al. 2017 sec. 3.4; PE see ``input_position``)
+    x_l = x_{l-1} + Attn_l(LN(x_{l-1}));  x_l = x_l + MLP_l(LN(x_l))      (pre-norm residual blocks, Xiong et al. 2020)
+    logits = LN(x_L) E^T                 (output head tied to the embedding, Press & Wolf 2017)
+
+Incremental decoding: ``model(ids, caches=model.new_caches())`` prefills, then ``model(next_ids, caches=caches)``
+continues with the same cache objects (one ``KVCache`` per layer); the logits equal those of the full forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import Tensor, nn
+
+from axiomformer.attention import Attention, KVCache
+from axiomformer.axes.mlp import two_layer_mlp
+from axiomformer.axes.position import sinusoidal_table
+from axiomformer.spec import AttentionSpec
+
+INPUT_POSITIONS = ("auto", "none", "sinusoidal", "learned")
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: ``x + Attn(LN(x))`` then ``x + MLP(LN(x))``; x (batch, seq, dim)."""
+
+    def __init__(self, spec: AttentionSpec, *, mlp_ratio: int = 4, engine: str = "auto"):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(spec.dim)
+        self.attn = Attention(spec, engine=engine)
+        self.norm2 = nn.LayerNorm(spec.dim)
+        self.mlp = two_layer_mlp(spec.dim, mlp_ratio * spec.dim, spec.dim)
+
+    def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
+        x = x + self.attn(self.norm1(x), cache=cache)
+        return x + self.mlp(self.norm2(x))
+
+
+class TransformerLM(nn.Module):
+    """Causal Transformer language model: token ids (batch, seq) int64 -> logits (batch, seq, vocab_size).
+
+    Args:
+        spec: the attention of every layer; must be causal. ``spec.dim`` is the model width.
+        vocab_size: number of token ids.
+        num_layers: number of blocks.
+        max_len: longest sequence (cache included) the model accepts.
+        mlp_ratio: MLP hidden width = ``mlp_ratio * dim``.
+        input_position: position encoding added to the token embeddings: ``"sinusoidal"`` (Vaswani et al. 2017,
+            sec. 3.5), ``"learned"``, ``"none"``, or ``"auto"``: sinusoidal when ``spec.position == "none"``, else none
+            **(our choice: the standard spec is Vaswani's Transformer, with its input encoding; a spec that brings its
+            own position (RoPE, ALiBi, ...) is measured without a second one)**.
+        engine: attention engine for every layer (``"auto"`` routes, see ``axiomformer.engines``).
+
+    Raises:
+        ValueError: a non-causal spec, non-positive sizes, an unknown ``input_position``, or (in forward) a sequence
+            longer than ``max_len``.
+    """
+
+    def __init__(self, spec: AttentionSpec, vocab_size: int, num_layers: int, max_len: int, *,
+                 mlp_ratio: int = 4, input_position: str = "auto", engine: str = "auto"):
+        super().__init__()
+        if not spec.causal:
+            raise ValueError("TransformerLM needs a causal spec: AttentionSpec.standard(dim, heads, causal=True)")
+        for name, value in (("vocab_size", vocab_size), ("num_layers", num_layers), ("max_len", max_len)):
+            if value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if input_position not in INPUT_POSITIONS:
+            raise ValueError(f"unknown input_position {input_position!r}; choose one of: {', '.join(INPUT_POSITIONS)}")
+        if spec.position == "learned" and spec.max_len < max_len:
+            spec = dataclasses.replace(spec, max_len=max_len)
+        self.spec, self.vocab_size, self.max_len, self.dim = spec, vocab_size, max_len, spec.dim
+        if input_position == "auto":
+            input_position = "sinusoidal" if spec.position == "none" else "none"
+        self.input_position = input_position
+        self.embed = nn.Embedding(vocab_size, spec.dim)
+        nn.init.normal_(self.embed.weight, std=spec.dim ** -0.5)
+        self.pos_embed = nn.Embedding(max_len, spec.dim) if input_position == "learned" else None
+        if self.pos_embed is not None:
+            nn.init.normal_(self.pos_embed.weight, std=0.02)
+        self.blocks = nn.ModuleList(Block(spec, mlp_ratio=mlp_ratio, engine=engine) for _ in range(num_layers))
+        self.norm = nn.LayerNorm(spec.dim)
+        self.config = {"kind": "transformer", "vocab_size": vocab_size, "dim": spec.dim, "num_layers": num_layers,
+                       "max_len": max_len, "spec": spec.to_dict(), "mlp_ratio": mlp_ratio,
+                       "input_position": input_position, "engine": engine}
+
+    def new_caches(self) -> list[KVCache]:
+        """One empty :class:`KVCache` per layer, for incremental decoding."""
+        return [KVCache() for _ in self.blocks]
+
+    @property
+    def engines(self) -> list[str]:
+        """Names of the attention engines that ran in the last forward, one per layer."""
+        return [block.attn.last_engine or "" for block in self.blocks]
+
+    def embed_tokens(self, ids: Tensor, offset: int = 0) -> Tensor:
+        """(batch, seq, dim): scaled token embeddings plus the input position encoding of positions offset.."""
+        x = self.embed(ids) * math.sqrt(self.dim)
+        if self.input_position != "none":
+            positions = torch.arange(offset, offset + ids.shape[1], device=ids.device)
+            table = sinusoidal_table(positions, self.dim) if self.pos_embed is None else self.pos_embed(positions)
+            x = x + table.to(x.dtype)
+        return x
+
+    def forward(self, ids: Tensor, caches: list[KVCache] | None = None) -> Tensor:
+        """Logits (batch, seq, vocab_size) for token ids (batch, seq) int64.
+
+        Args:
+            caches: ``new_caches()`` output, carried across calls: the new tokens continue the cached ones
+                (their positions start at the cache length) and their keys/values are appended.
+        """
+        if ids.dim() != 2:
+            raise ValueError(f"ids must be (batch, seq) int64, got shape {tuple(ids.shape)}")
+        if caches is not None and len(caches) != len(self.blocks):
+            raise ValueError(f"need one cache per layer ({len(self.blocks)}), got {len(caches)}")
+        offset = caches[0].length if caches is not None else 0
+        if offset + ids.shape[1] > self.max_len:
+            raise ValueError(f"sequence of {offset + ids.shape[1]} tokens exceeds max_len={self.max_len}")
+        x = self.embed_tokens(ids, offset)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache=None if caches is None else caches[i])
+        return self.norm(x) @ self.embed.weight.t()

@@ -1,0 +1,310 @@
+"""The study report: ``report.md``, ``report.html`` and ``figures/*.png``, rebuilt from ``results.sqlite`` alone.
+
+Sections: headline table (model x task accuracy, mean ± sample std over seeds); parameter counts; assumption impact
+(accuracy change against the standard spec, per assumption); audit verdict per variant; throughput and peak memory;
+the derivation check; the flow experiment; failed runs; provenance.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from axiomformer.study.render import Heading, Image, Paragraph, Table, to_html, to_markdown
+from axiomformer.study.store import ResultsStore
+
+NOT_AVAILABLE = "not available"
+
+
+def assumption_of(label: str, kind: str = "transformer") -> str:
+    """The assumption a model relaxes, from its label: ``A4=cosine`` -> ``A4``, ``scale=none`` -> ``A5 (scale)``,
+    ``position=rope`` -> ``position``, a recurrent baseline -> ``A0``, ``standard`` -> ``none``."""
+    if kind != "transformer":
+        return "A0"
+    if label == "standard":
+        return "none"
+    groups = []
+    for item in label.split(","):
+        key = item.split("=", 1)[0]
+        groups.append({"scale": "A5 (scale)", "feature_map": "A5"}.get(key, key))
+    return "+".join(dict.fromkeys(groups))
+
+
+def _stats(values: list[float]) -> tuple[float, float | None, int]:
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) if len(values) > 1 else None), len(values)
+
+
+def _fmt(values: list[float] | None, digits: int = 3) -> str:
+    if not values:
+        return "—"
+    mean, std, _ = _stats(values)
+    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def _signed(x: float | None) -> str:
+    return "—" if x is None else f"{x:+.3f}"
+
+
+class StudyData:
+    """The runs of a study grouped for the report (the planned sweep from the store's meta, else every row)."""
+
+    def __init__(self, store: ResultsStore):
+        self.config: dict[str, Any] = store.get_meta("config", {}) or {}
+        planned = store.get_meta("planned") or []
+        rows = store.runs()
+        keys = {p["key"] for p in planned}
+        self.rows = [r for r in rows if not keys or r["key"] in keys]
+        self.extra_rows = len(rows) - len(self.rows)
+        self.models: list[dict[str, Any]] = store.get_meta("models") or [
+            {"label": r["label"], "kind": r["model"], "spec": r["spec"]} for r in {r["label"]: r for r in rows}.values()]
+        self.kind = {m["label"]: m["kind"] for m in self.models}
+        self.spec = {m["label"]: m["spec"] for m in self.models}
+        source = planned or self.rows
+        self.tasks: list[tuple[str, int]] = list(dict.fromkeys((p["task"], p["seq_len"]) for p in source))
+        self.missing = len([p for p in planned if p["key"] not in {r["key"] for r in self.rows}])
+        self.acc: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+        self.by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in self.rows:
+            self.acc[(r["label"], r["task"], r["seq_len"])].append(r["accuracy"])
+            self.by_model[r["label"]].append(r)
+        self.failures = [f for f in store.failures() if not keys or f["key"] in keys]
+        self.audits = store.audits()
+        self.sections = store.sections()
+        self.last_invocation = store.get_meta("last_invocation")
+
+    def mean(self, label: str, task: str, seq_len: int) -> float | None:
+        values = self.acc.get((label, task, seq_len))
+        return statistics.fmean(values) if values else None
+
+    def delta(self, label: str, task: str, seq_len: int) -> float | None:
+        a, b = self.mean(label, task, seq_len), self.mean("standard", task, seq_len)
+        return None if a is None or b is None else a - b
+
+    def mean_delta(self, label: str) -> float | None:
+        deltas = [d for t in self.tasks if (d := self.delta(label, *t)) is not None]
+        return statistics.fmean(deltas) if deltas else None
+
+
+def _task_name(task: tuple[str, int]) -> str:
+    return f"{task[0]}@{task[1]}"
+
+
+# ---------------------------------------------------------------------------------------------------- sections
+def _headline(d: StudyData) -> list:
+    table = Table(["model", "relaxes", *map(_task_name, d.tasks), "mean"])
+    for m in d.models:
+        label = m["label"]
+        means = [x for t in d.tasks if (x := d.mean(label, *t)) is not None]
+        table.rows.append([label, assumption_of(label, m["kind"]),
+                           *(_fmt(d.acc.get((label, *t))) for t in d.tasks),
+                           f"{statistics.fmean(means):.3f}" if means else "—"])
+    chance = {}
+    for r in d.rows:
+        chance.setdefault((r["task"], r["seq_len"]), (r.get("task_config") or {}).get("chance"))
+    if any(v is not None for v in chance.values()):
+        table.rows.append(["(chance)", "", *(f"{chance[t]:.3f}" if chance.get(t) is not None else "—"
+                                             for t in d.tasks), ""])
+    seeds = d.config.get("seeds", "?")
+    table.note = (f"Eval accuracy on scored positions, mean ± sample std over {seeds} seed(s); `—`: no finished run. "
+                  "Task columns are `task@sequence length`.")
+    return [Heading("Accuracy: model x task"), table]
+
+
+def _params(d: StudyData) -> list:
+    tol = (d.config.get("model") or {}).get("tolerance", 0.10)
+    table = Table(["model", *map(_task_name, d.tasks), "max deviation"])
+    worst_all = 0.0
+    for m in d.models:
+        cells, worst = [], 0.0
+        for task in d.tasks:
+            rows = [r for r in d.by_model[m["label"]] if (r["task"], r["seq_len"]) == task]
+            ref = [r for r in d.by_model["standard"] if (r["task"], r["seq_len"]) == task]
+            if not rows:
+                cells.append("—")
+                continue
+            p, width = rows[0]["params"], rows[0]["dim"]
+            if ref and p is not None and ref[0]["params"]:
+                worst = max(worst, abs(p - ref[0]["params"]) / ref[0]["params"])
+            cells.append(f"{p:,} (w={width})" if p is not None else f"? (w={width})")
+        worst_all = max(worst_all, worst)
+        table.rows.append([m["label"], *cells, f"{worst:.1%}" + (" (over tolerance)" if worst > tol else "")])
+    table.note = (f"Trainable parameters (w = width: model dim for a Transformer, hidden size for an RNN), matched to the "
+                  f"standard Transformer within {tol:.0%}; largest deviation {worst_all:.1%}.")
+    return [Heading("Parameter counts"), table]
+
+
+def _impact(d: StudyData, figures: dict[str, Path]) -> list:
+    if not any(m["label"] == "standard" for m in d.models):
+        return [Heading("Assumption impact"), Paragraph("No `standard` model in this sweep: nothing to compare to.")]
+    table = Table(["relaxes", "model", *map(_task_name, d.tasks), "mean change"])
+    groups: dict[str, list[float]] = defaultdict(list)
+    ordered = sorted((m for m in d.models if m["label"] != "standard"),
+                     key=lambda m: assumption_of(m["label"], m["kind"]))
+    for m in ordered:
+        group = assumption_of(m["label"], m["kind"])
+        mean = d.mean_delta(m["label"])
+        if mean is not None:
+            groups[group].append(mean)
+        table.rows.append([group, m["label"], *(_signed(d.delta(m["label"], *t)) for t in d.tasks), _signed(mean)])
+    table.note = "Accuracy of the model minus accuracy of the standard spec (means over seeds), per task."
+    summary = Table(["assumption", "models", "mean change", "worst change"])
+    for group, values in sorted(groups.items()):
+        summary.rows.append([group, str(len(values)), _signed(statistics.fmean(values)), _signed(min(values))])
+    summary.note = ("Per assumption: the mean over its relaxations of their mean accuracy change, and the worst one. "
+                    "A0 = the recurrent baselines (order-dependent aggregation instead of attention).")
+    out = [Heading("Assumption impact"), table, Heading("Per assumption", 3), summary]
+    if "impact" in figures:
+        out.append(Image(f"figures/{figures['impact'].name}", "mean accuracy change per relaxation"))
+    return out
+
+
+def _audits(d: StudyData) -> list:
+    out: list = [Heading("Audit verdict per variant")]
+    if not (d.config.get("sections") or {}).get("audit", True):
+        return out + [Paragraph("Audit section disabled in this study's config.")]
+    table = Table(["model", "spec", "passed", "failed", "not applicable", "failed checks"])
+    for m in d.models:
+        if m["kind"] != "transformer":
+            continue
+        payload = d.audits.get(m["spec"])
+        if payload is None:
+            table.rows.append([m["label"], m["spec"], NOT_AVAILABLE, "", "", ""])
+        elif "error" in payload:
+            table.rows.append([m["label"], m["spec"], "error", "", "", payload["error"]])
+        else:
+            checks = payload.get("checks", [])
+            failed = [f"{c['name']} ({c.get('assumption')})" for c in checks if c.get("passed") is False]
+            table.rows.append([m["label"], m["spec"], str(sum(c.get("passed") is True for c in checks)),
+                               str(len(failed)), str(sum(c.get("passed") is None for c in checks)),
+                               ", ".join(failed) or "none"])
+    table.note = "`axiomformer audit spec:<spec>`: property checks tied to the assumptions, run once per spec."
+    return out + [table]
+
+
+def _throughput(d: StudyData) -> list:
+    table = Table(["model", "engine", "train tokens/s", "peak memory (MB)", "seconds per run", "runs"])
+    for m in d.models:
+        rows = d.by_model[m["label"]]
+        if not rows:
+            table.rows.append([m["label"], "—", "—", "—", "—", "0"])
+            continue
+        def avg(name: str, rows=rows) -> str:  # noqa: E306
+            vals = [r[name] for r in rows if r.get(name) is not None]
+            return f"{statistics.fmean(vals):,.1f}" if vals else "—"
+        engines = ", ".join(sorted({str(r["engine"]) for r in rows}))
+        table.rows.append([m["label"], engines, avg("tokens_per_second"), avg("peak_mem_mb"), avg("seconds"),
+                           str(len(rows))])
+    sources = sorted({str(r.get("memory_source")) for r in d.rows})
+    table.note = ("Means over every run of the model (all tasks and seeds). Tokens/s are training tokens per wall-clock "
+                  "second, so they reflect the machine's load. Peak memory: the run's own peak resident-set growth on "
+                  "CPU (`VmHWM`), `torch.cuda.max_memory_allocated` on GPU (sources here: "
+                  f"{', '.join(sources) or '—'}).")
+    return [Heading("Throughput and peak memory"), table]
+
+
+def _scalars(payload: dict[str, Any]) -> list[list[str]]:
+    return [[k, f"{v:.3g}" if isinstance(v, float) else str(v)] for k, v in payload.items()
+            if isinstance(v, (int, float, str, bool)) or v is None]
+
+
+def _derive(d: StudyData) -> list:
+    out: list = [Heading("Derivation check")]
+    section = d.sections.get("derive")
+    if section is None:
+        return out + [Paragraph(f"Derivation check: {NOT_AVAILABLE}.")]
+    payload = section["payload"]
+    steps = payload.get("steps", []) if isinstance(payload, dict) else []
+    table = Table(["step", "assumption imposed", "max abs error", "passed"])
+    for step in steps:
+        check = step.get("check") or {}
+        err = check.get("max_abs_err")
+        table.rows.append([str(step.get("id")), str(step.get("assumption", "")).split(":")[0],
+                           f"{err:.2e}" if isinstance(err, (int, float)) else str(err), str(check.get("passed"))])
+    final = payload.get("final_vs_sdpa_max_abs_err") if isinstance(payload, dict) else None
+    table.note = ("`axiomformer derive`: each step's check imposes its assumption on the previous general form and "
+                  "compares with the next one. Final step against `torch.nn.functional.scaled_dot_product_attention`: "
+                  f"max abs error {final:.2e}." if isinstance(final, (int, float)) else "")
+    return out + [table]
+
+
+def _flow(d: StudyData) -> list:
+    out: list = [Heading("Flow experiment (quick)")]
+    section = d.sections.get("flow")
+    if section is None:
+        return out + [Paragraph(f"Flow experiment: {NOT_AVAILABLE}.")]
+    payload = section["payload"]
+    acc = payload.get("accuracy") or {}
+    ks = list(dict.fromkeys(k for per in acc.values() for k in per))
+    table = Table(["noise sigma", *(f"K={k}" for k in ks)],
+                  [[str(noise), *(f"{per[k]:.3f}" if k in per else "—" for k in ks)] for noise, per in acc.items()])
+    table.note = (f"Dataset {payload.get('dataset')}: test accuracy after K attention updates (rows: input noise). "
+                  f"Oracle flow loss monotone: {payload.get('oracle_loss_monotone')}.")
+    return out + [table]
+
+
+def _failures(d: StudyData) -> list:
+    if not d.failures and not d.missing:
+        return []
+    table = Table(["model", "task", "seed", "error"],
+                  [[f["label"], f"{f['task']}@{f['seq_len']}", str(f["seed"]), f["error"].strip().splitlines()[-1]]
+                   for f in d.failures])
+    return [Heading("Failed or missing runs"),
+            Paragraph(f"{d.missing} planned run(s) have no result; rerun the study with the same out dir to retry."),
+            table]
+
+
+def _provenance(d: StudyData) -> list:
+    rows = d.rows
+    last = d.last_invocation or {}
+    versions = sorted({str(r["package_version"]) for r in rows})
+    commits = sorted({str(r["git_commit"]) for r in rows})
+    budget = d.config.get("budget", {})
+    return [Heading("Provenance"), Table(["item", "value"], [
+        ["runs", f"{len(rows)} stored" + (f" (+{d.extra_rows} from other sweeps, not shown)" if d.extra_rows else "")],
+        ["budget (every model)", ", ".join(f"{k}={v}" for k, v in budget.items() if v is not None)],
+        ["model", ", ".join(f"{k}={v}" for k, v in (d.config.get("model") or {}).items())],
+        ["base spec", str(d.config.get("base_spec", "standard"))],
+        ["package version", ", ".join(versions) or "—"], ["git commit", ", ".join(commits) or "—"],
+        ["backends", ", ".join(sorted({str(r["backend"]) for r in rows})) or "—"],
+        ["hosts", ", ".join(sorted({str(r["host"]) for r in rows})) or "—"],
+        ["total training seconds (wall, summed over runs)", f"{sum(r['seconds'] or 0 for r in rows):,.1f}"],
+        ["total training CPU seconds", f"{sum(r.get('cpu_seconds') or 0 for r in rows):,.1f}"],
+        ["last `axiomformer study` call", (f"{last.get('seconds')} s wall, {last.get('trained')} run(s) trained, "
+                                           f"backend {last.get('backend')}, workers {last.get('workers')}, "
+                                           f"{last.get('cpu_count')} CPUs, load average {last.get('load_average_start')}"
+                                           f" -> {last.get('load_average_end')}") if last else "—"],
+    ])]
+
+
+def build_report(out_dir: str | Path) -> dict[str, Path]:
+    """Write ``report.md``, ``report.html`` and ``figures/*.png`` in ``out_dir`` from its ``results.sqlite``.
+
+    Returns:
+        ``{"markdown": path, "html": path, "figures": {name: path}}``.
+
+    Raises:
+        FileNotFoundError: ``out_dir`` has no ``results.sqlite``.
+    """
+    from axiomformer.study.figures import draw_figures
+
+    out_dir = Path(out_dir)
+    if not (out_dir / "results.sqlite").is_file():
+        raise FileNotFoundError(f"no results.sqlite in {out_dir}: not a study out dir")
+    with ResultsStore(out_dir) as store:
+        d = StudyData(store)
+    figures = draw_figures(d, out_dir / "figures")
+    curves = [Image(f"figures/{path.name}", f"accuracy against sequence length on {name.split(':')[1]}")
+              for name, path in figures.items() if name.startswith("length:")]
+    title = str(d.config.get("name", "axiomformer study"))
+    blocks = [Heading(title, 1),
+              Paragraph(f"{len(d.rows)} finished runs, {len(d.models)} models, {len(d.tasks)} task settings. "
+                        "Rebuild with `axiomformer report <dir>`."),
+              *_headline(d), *curves, *_impact(d, figures), *_params(d), *_audits(d), *_throughput(d), *_derive(d),
+              *_flow(d), *_failures(d), *_provenance(d)]
+    md, page = out_dir / "report.md", out_dir / "report.html"
+    md.write_text(to_markdown(blocks), encoding="utf-8")
+    page.write_text(to_html(blocks, title), encoding="utf-8")
+    return {"markdown": md, "html": page, "figures": figures}  # type: ignore[dict-item]

@@ -1,0 +1,388 @@
+"""Run a study: plan the sweep, train what the store lacks, compute the report sections, write the report.
+
+Backends (all write to the store from this driver process, one transaction per finished run):
+
+* ``local`` with ``workers = 1``: runs train one after another in this process;
+* ``local`` with ``workers > 1``: a pool of spawned worker processes (one torch thread each unless ``threads`` says);
+* ``ray``: each run is a Ray task (``ray.init(address=...)`` with an address, a local Ray otherwise); results are
+  stored as tasks finish. Ray is an optional extra: ``pip install 'axiomformer[ray]'``.
+
+Training is deterministic for a given config and thread count, so every backend gives the same results for the same
+seeds. Resuming: runs whose key is in the store are skipped, so rerunning an interrupted study with the same out dir
+trains only what is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from rich.console import Console
+
+from axiomformer.study.config import StudyConfig
+from axiomformer.study.sections import audit_spec, derive_section, flow_section, missing_module
+from axiomformer.study.store import ResultsStore
+from axiomformer.study.sweep import Run, models, plan
+
+BACKENDS = ("local", "ray")
+
+
+class StudyError(RuntimeError):
+    """A study that cannot run (unknown backend, Ray missing, parameter matching impossible)."""
+
+
+# ---------------------------------------------------------------------------------------------------- provenance
+@functools.lru_cache(maxsize=1)
+def provenance() -> dict[str, str | None]:
+    """Package version and git commit of the running axiomformer (``None`` outside a git checkout)."""
+    import axiomformer
+
+    commit = None
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(axiomformer.__file__).parent,
+                             capture_output=True, text=True, timeout=5)
+        if out.returncode == 0:
+            commit = out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"package_version": axiomformer.__version__, "git_commit": commit}
+
+
+# ---------------------------------------------------------------------------------------------------- one run
+def _proc_status_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the process's peak resident set size (Linux >= 4.0: ``echo 5 > /proc/self/clear_refs``)."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+_WARM: set[tuple[str, str]] = set()
+
+
+def _return_freed_memory() -> None:
+    """glibc only: serve every allocation over 64 KiB by mmap (returned to the OS when freed), so the resident set
+    falls back after a run and the next run's peak is its own."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 64 * 1024)   # M_MMAP_THRESHOLD (fixed: disables the dynamic threshold)
+        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def execute(train_config: dict[str, Any], threads: int | None = None) -> dict[str, Any]:
+    """Train one run and return ``TrainResult.to_dict()`` (the function every backend calls, in any process).
+
+    On CPU under Linux ``peak_mem_mb`` is replaced by this run's own peak **(our choice)**: the trainer's
+    ``ru_maxrss`` growth reads 0 once an earlier run in the same process peaked higher. Here freed memory is returned
+    to the OS (glibc ``mallopt``), the first run of a (task, model kind) in a process is preceded by a 2-step warm-up
+    (one-time initialization is not the model's memory), the process's peak resident set size is reset
+    (``/proc/self/clear_refs``) and ``VmHWM - VmRSS(before)`` is read after training (``memory_source = "VmHWM"``).
+    Elsewhere the trainer's figure is kept (``memory_source = "trainer"``).
+
+    Args:
+        train_config: keyword arguments of :class:`axiomformer.train.TrainConfig`.
+        threads: torch CPU threads for this run (restored afterwards); ``None`` keeps the current setting.
+    """
+    import torch
+
+    from axiomformer import train as trainer
+
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    config = trainer.TrainConfig(**train_config)
+    on_cpu = str(train_config.get("device", "auto")) == "cpu" or not torch.cuda.is_available()
+    rss_before = None
+    if on_cpu and _proc_status_mb("VmHWM") is not None:
+        _return_freed_memory()
+        warm = (config.task, config.model)
+        if warm not in _WARM:
+            _WARM.add(warm)
+            trainer.train(config.model_copy(update={"steps": 2, "eval_batches": 1, "eval_every": 2}), progress=False)
+        rss_before = _proc_status_mb("VmRSS") if _reset_peak_rss() else None
+    cpu = time.process_time()
+    try:
+        result = trainer.train(config, progress=False)
+    finally:
+        torch.set_num_threads(previous)
+    out = result.to_dict() if hasattr(result, "to_dict") else dict(result)
+    out["cpu_seconds"] = time.process_time() - cpu
+    peak = _proc_status_mb("VmHWM") if rss_before is not None else None
+    if peak is not None:
+        out["peak_mem_mb"], out["memory_source"] = max(0.0, peak - rss_before), "VmHWM"
+    else:
+        out["memory_source"] = "trainer"
+    return out
+
+
+def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
+    from axiomformer.spec import AttentionSpec
+
+    if run.model.kind == "transformer":
+        tc = run.train_config
+        assumptions: dict[str, bool] = {"A0": True, **AttentionSpec.standard(
+            tc["dim"], tc["heads"], causal=True).relax(run.model.spec).assumptions()}
+        spec = run.model.spec
+    else:
+        assumptions, spec = {"A0": False}, None  # a recurrent aggregator is order-dependent: A0 itself relaxed
+    return {
+        "key": run.key, "label": run.model.label, "model": run.model.kind, "spec": spec, "assumptions": assumptions,
+        "task": run.task, "seq_len": run.seq_len,
+        "task_config": {"task": run.task, "seq_len": run.seq_len, "options": run.train_config.get("task_options", {}),
+                        "chance": result.get("chance")},
+        "seed": run.seed, "dim": run.train_config["dim"], "layers": run.train_config["layers"],
+        "heads": run.train_config["heads"] if run.model.kind == "transformer" else None,
+        "params": result.get("params"), "accuracy": result.get("accuracy"), "loss": result.get("loss"),
+        "steps": result.get("steps"), "seconds": result.get("seconds"), "cpu_seconds": result.get("cpu_seconds"),
+        "tokens_per_second": result.get("tokens_per_second"), "peak_mem_mb": result.get("peak_mem_mb"),
+        "memory_source": result.get("memory_source"), "engine": result.get("engine"), "losses": result.get("losses"), "train_config": run.train_config,
+        **provenance(), "backend": backend, "host": platform.node(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- backends
+Outcome = tuple[Run, "dict[str, Any] | BaseException"]
+
+
+def _serial(runs: list[Run], threads: int | None) -> Iterator[Outcome]:
+    for run in runs:
+        try:
+            yield run, execute(run.train_config, threads)
+        except Exception as err:  # noqa: BLE001 - recorded as a failed run; Ctrl-C still propagates
+            err.__traceback_text__ = traceback.format_exc()  # type: ignore[attr-defined]
+            yield run, err
+
+
+def _pool(runs: list[Run], threads: int | None, workers: int) -> Iterator[Outcome]:
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        pending = {executor.submit(execute, run.train_config, threads or 1): run for run in runs}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                run = pending.pop(future)
+                err = future.exception()
+                yield run, (err if err is not None else future.result())
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise StudyError("the ray backend needs Ray: pip install 'axiomformer[ray]'") from None
+    return ray
+
+
+def _ray(runs: list[Run], threads: int | None, address: str | None) -> Iterator[Outcome]:
+    ray = _import_ray()
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+        ray.init(address=address, **kwargs) if address else ray.init(**kwargs)
+        started = True
+    task = ray.remote(num_cpus=1)(execute)
+    refs = {task.remote(run.train_config, threads or 1): run for run in runs}
+    try:
+        while refs:
+            done, _ = ray.wait(list(refs), num_returns=1)
+            for ref in done:
+                run = refs.pop(ref)
+                try:
+                    yield run, ray.get(ref)
+                except Exception as err:  # noqa: BLE001 - RayTaskError wraps the run's exception
+                    yield run, err
+    finally:
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        if started:
+            ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------------- the study
+@dataclass
+class StudySummary:
+    """What a call to :func:`run_study` did."""
+
+    out_dir: Path
+    planned: int
+    already_stored: int
+    trained: int = 0
+    failed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    report: dict[str, Path] = field(default_factory=dict)
+
+
+def _status(run: Run, result: dict[str, Any]) -> str:
+    tps = result.get("tokens_per_second") or 0.0
+    return (f"{run.model.label:<22} {run.task_label:<12} seed {run.seed}: acc {result.get('accuracy', float('nan')):.3f}"
+            f"  loss {result.get('loss', float('nan')):.3f}  {result.get('seconds', 0.0):5.1f} s"
+            f"  {tps / 1e3:6.1f}k tok/s  params {result.get('params')}  [{result.get('engine')}]")
+
+
+def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local", address: str | None = None,
+              progress: bool = True, console: Console | None = None, write_report: bool = True) -> StudySummary:
+    """Run (or resume) a study in ``out_dir`` and write its report.
+
+    Args:
+        config: the validated sweep.
+        out_dir: where ``results.sqlite``, ``report.md``, ``report.html`` and ``figures/`` go (created).
+        backend: ``local`` or ``ray``.
+        address: Ray cluster address (``ray`` backend only); ``None`` starts a local Ray.
+        progress: show the overall progress bar (status lines are printed either way).
+        console: where to print (default: a new rich console on stdout).
+        write_report: build the report at the end.
+
+    Raises:
+        StudyError: unknown backend, Ray not installed, or a model whose parameters cannot be matched.
+        KeyboardInterrupt: passed on after the finished runs are safely stored.
+    """
+    if backend not in BACKENDS:
+        raise StudyError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    if backend == "ray":
+        _import_ray()
+    console = console or Console()
+    out_dir = Path(out_dir)
+    start, load_start = time.perf_counter(), _load()
+    try:
+        runs = plan(config)
+    except ValueError as err:
+        raise StudyError(str(err)) from None
+    with ResultsStore(out_dir) as store:
+        store.set_meta("config", config.model_dump())
+        store.set_meta("models", [{"label": m.label, "kind": m.kind, "spec": m.spec} for m in models(config)])
+        store.set_meta("planned", [{"key": r.key, "label": r.model.label, "task": r.task, "seq_len": r.seq_len,
+                                    "seed": r.seed, "dim": r.train_config["dim"], "expected_params": r.expected_params}
+                                   for r in runs])
+        done = store.finished_keys()
+        todo = [r for r in runs if r.key not in done]
+        summary = StudySummary(out_dir=out_dir, planned=len(runs), already_stored=len(runs) - len(todo))
+        specs = [m.spec for m in models(config) if m.kind == "transformer"] if config.sections.audit else []
+        audits_todo = [s for s in dict.fromkeys(specs) if s not in store.audits()]
+        stored_sections = store.sections()
+        sections_todo = [(name, fn) for name, fn, on in (("derive", derive_section, config.sections.derive),
+                                                         ("flow", flow_section, config.sections.flow))
+                         if on and name not in stored_sections]
+        console.print(f"study: {len(runs)} runs planned, {summary.already_stored} already in {store.path}, "
+                      f"{len(todo)} to train ({backend} backend)", markup=False, soft_wrap=True)
+        bar = _progress(console, progress)
+        with bar:
+            task_id = bar.add_task("study", total=len(todo) + len(audits_todo) + len(sections_todo))
+            _audits(store, audits_todo, console, bar, task_id)
+            _train(store, config, todo, backend, address, summary, console, bar, task_id)
+            _sections(store, sections_todo, console, bar, task_id)
+            bar.update(task_id, description="done")
+        summary.seconds = time.perf_counter() - start
+        store.set_meta("last_invocation", {
+            "seconds": round(summary.seconds, 2), "trained": summary.trained, "backend": backend,
+            "workers": config.resolved_workers() if backend == "local" else None,
+            "load_average_start": load_start, "load_average_end": _load(), "cpu_count": os.cpu_count()})
+    if write_report:
+        from axiomformer.study.report import build_report
+
+        summary.report = build_report(out_dir)
+    return summary
+
+
+def _load() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _progress(console: Console, enabled: bool):
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("ETA"), TimeRemainingColumn(), console=console, disable=not enabled, transient=False)
+
+
+def _audits(store: ResultsStore, specs: list[str], console: Console, bar, task_id) -> None:
+    for spec in specs:
+        bar.update(task_id, description=f"audit {spec}")
+        try:
+            store.put_audit(spec, audit_spec(spec))
+        except ImportError as err:
+            if not missing_module(err):
+                raise
+            console.print("audit: axiomformer.audit not available; the report will say so")
+            bar.advance(task_id, len(specs) - specs.index(spec))
+            return
+        except Exception as err:  # noqa: BLE001 - an audit that crashes is reported, not fatal
+            store.put_audit(spec, {"error": f"{type(err).__name__}: {err}"})
+        bar.advance(task_id)
+
+
+def _sections(store: ResultsStore, todo: list[tuple[str, Callable[[], Any]]], console: Console, bar, task_id) -> None:
+    for name, fn in todo:
+        bar.update(task_id, description=f"{name} section")
+        t0 = time.perf_counter()
+        try:
+            store.put_section(name, fn(), time.perf_counter() - t0)
+            console.print(f"{name}: done in {time.perf_counter() - t0:.1f} s")
+        except ImportError as err:
+            if not missing_module(err):
+                raise
+            console.print(f"{name}: module not available; the report will say so")
+        except Exception as err:  # noqa: BLE001 - reported, not fatal, not cached (retried next time)
+            console.print(f"{name} failed: {type(err).__name__}: {err}", style="red", markup=False, soft_wrap=True)
+        bar.advance(task_id)
+
+
+def _train(store: ResultsStore, config: StudyConfig, todo: list[Run], backend: str, address: str | None,
+           summary: StudySummary, console: Console, bar, task_id) -> None:
+    if not todo:
+        return
+    if backend == "ray":
+        outcomes = _ray(todo, config.threads, address)
+    elif config.resolved_workers() > 1 and len(todo) > 1:
+        outcomes = _pool(todo, config.threads, min(config.resolved_workers(), len(todo)))
+    else:
+        outcomes = _serial(todo, config.threads)
+    n = summary.already_stored
+    bar.update(task_id, description="training")
+    for run, result in outcomes:
+        n += 1
+        if isinstance(result, BaseException):
+            text = getattr(result, "__traceback_text__", None) or "".join(
+                traceback.format_exception(type(result), result, result.__traceback__))
+            store.add_failure(run.key, run.model.label, run.task, run.seq_len, run.seed, text)
+            summary.failed.append(run.key)
+            console.print(f"[{n}/{summary.planned}] FAILED {run.model.label} {run.task_label} seed {run.seed}: "
+                          f"{type(result).__name__}: {result}", style="red", markup=False, soft_wrap=True)
+        else:
+            store.add_run(_row(run, result, backend))
+            summary.trained += 1
+            console.print(f"[{n}/{summary.planned}] {_status(run, result)}", markup=False, highlight=False,
+                          soft_wrap=True)
+        bar.advance(task_id)

@@ -1,0 +1,57 @@
+"""The report sections besides training: the audit verdict per spec, the derivation check and the flow experiment.
+
+Each calls another part of axiomformer lazily, so a build without it still runs a study (the report then says
+"not available"), and returns JSON-ready data for the store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _audit_payload(report: Any) -> dict[str, Any]:
+    if hasattr(report, "to_dict"):
+        return _jsonable(report.to_dict())
+    checks = []
+    for check in getattr(report, "checks", []):
+        item = {name: getattr(check, name, None) for name in ("name", "assumption", "passed")}
+        for extra in ("detail", "message", "value", "error"):
+            if getattr(check, extra, None) is not None:
+                item[extra] = str(getattr(check, extra))
+        checks.append(item)
+    return {"checks": checks}
+
+
+def audit_spec(spec: str) -> dict[str, Any]:
+    """Run ``axiomformer.audit.audit("spec:<relax string>")`` and return its checks as JSON-ready dicts."""
+    from axiomformer.audit import audit
+
+    return _audit_payload(audit(f"spec:{spec}"))
+
+
+def _jsonable(value: Any) -> Any:
+    import json
+
+    if hasattr(value, "to_dict"):
+        value = value.to_dict()
+    return json.loads(json.dumps(value, default=lambda o: o.to_dict() if hasattr(o, "to_dict") else str(o)))
+
+
+def derive_section() -> Any:
+    """The derivation chain check ``axiomformer.derive.derive()`` as JSON: ``{"steps": [...],
+    "final_vs_sdpa_max_abs_err": float, ...}``."""
+    from axiomformer.derive import derive
+
+    return _jsonable(derive())
+
+
+def flow_section() -> Any:
+    """The flow experiment on the digits data, quick protocol (``axiomformer.flows.run_flow_experiment``)."""
+    from axiomformer.flows import run_flow_experiment
+
+    return _jsonable(run_flow_experiment(dataset="digits", quick=True))
+
+
+def missing_module(err: ImportError) -> bool:
+    """True when ``err`` says a module (or a name in it) does not exist, as opposed to a failure inside it."""
+    return isinstance(err, ModuleNotFoundError) or "cannot import name" in str(err)

@@ -1,0 +1,189 @@
+"""The results store: ``results.sqlite`` in the study's out dir (standard-library ``sqlite3``).
+
+One row per *finished* run, keyed by the run key (see ``sweep.run_key``), each committed in its own transaction, so
+an interrupted study (Ctrl-C, kill) loses at most the runs in flight and a rerun skips every stored one. Besides the
+runs the store keeps the study config (``meta``), audit verdicts per spec (``audits``), the derive / flow sections
+(``sections``) and the errors of failed runs (``failures``, retried on the next run).
+
+Tables:
+
+* ``runs``: key, label, model, spec, assumptions (JSON), task, seq_len, task_config (JSON), seed, dim, layers, heads,
+  params, accuracy, loss, steps, seconds (wall time of training + eval), cpu_seconds (CPU time of the process during
+  the run, all threads), tokens_per_second, peak_mem_mb (MB),
+  memory_source (how the peak was measured), engine,
+  losses (JSON), train_config (JSON), package_version, git_commit, backend, host, finished_at (UTC ISO 8601).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+FILENAME = "results.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    key TEXT PRIMARY KEY,
+    label TEXT NOT NULL,
+    model TEXT NOT NULL,
+    spec TEXT,
+    assumptions TEXT NOT NULL,
+    task TEXT NOT NULL,
+    seq_len INTEGER NOT NULL,
+    task_config TEXT NOT NULL,
+    seed INTEGER NOT NULL,
+    dim INTEGER NOT NULL,
+    layers INTEGER NOT NULL,
+    heads INTEGER,
+    params INTEGER,
+    accuracy REAL,
+    loss REAL,
+    steps INTEGER,
+    seconds REAL,
+    cpu_seconds REAL,
+    tokens_per_second REAL,
+    peak_mem_mb REAL,
+    memory_source TEXT,
+    engine TEXT,
+    losses TEXT,
+    train_config TEXT NOT NULL,
+    package_version TEXT,
+    git_commit TEXT,
+    backend TEXT,
+    host TEXT,
+    finished_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS failures (key TEXT PRIMARY KEY, label TEXT, task TEXT, seq_len INTEGER, seed INTEGER,
+                                     error TEXT, failed_at TEXT);
+CREATE TABLE IF NOT EXISTS audits (spec TEXT PRIMARY KEY, report TEXT NOT NULL, created_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sections (name TEXT PRIMARY KEY, payload TEXT NOT NULL, seconds REAL,
+                                     created_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+_JSON_COLUMNS = ("assumptions", "task_config", "losses", "train_config")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class ResultsStore:
+    """SQLite store of a study's results.
+
+    Args:
+        path: the out dir that holds ``results.sqlite`` (created when missing), or a ``*.sqlite`` file.
+
+    Use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        if path.suffix != ".sqlite":
+            path.mkdir(parents=True, exist_ok=True)
+            path = path / FILENAME
+        self.path = path
+        # isolation_level=None: autocommit; every write below opens its own explicit transaction.
+        self.conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.executescript(_SCHEMA)
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "ResultsStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _write(self, sql: str, params: tuple) -> int:
+        cur = self.conn.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            cur.execute(sql, params)
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        return cur.rowcount
+
+    # ------------------------------------------------------------------ runs
+    def finished_keys(self) -> set[str]:
+        """Keys of every stored run."""
+        return {row[0] for row in self.conn.execute("SELECT key FROM runs")}
+
+    def add_run(self, row: dict[str, Any]) -> bool:
+        """Insert one finished run in its own transaction; returns False (and changes nothing) if the key exists.
+
+        ``row`` holds the ``runs`` columns; JSON columns may be given as Python objects; ``finished_at`` defaults to
+        now. A successful insert clears a stored failure of the same key.
+        """
+        row = dict(row)
+        row.setdefault("finished_at", _now())
+        for name in _JSON_COLUMNS:
+            if name in row and not isinstance(row[name], str):
+                row[name] = json.dumps(row[name], sort_keys=True)
+        columns = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        cur = self.conn.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            cur.execute(f"INSERT OR IGNORE INTO runs ({columns}) VALUES ({marks})", tuple(row.values()))
+            inserted = cur.rowcount == 1
+            cur.execute("DELETE FROM failures WHERE key = ?", (row["key"],))
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        return inserted
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every stored run as a dict, JSON columns decoded, in insertion order."""
+        out = []
+        for row in self.conn.execute("SELECT * FROM runs ORDER BY rowid"):
+            item = dict(row)
+            for name in _JSON_COLUMNS:
+                if item.get(name) is not None:
+                    item[name] = json.loads(item[name])
+            out.append(item)
+        return out
+
+    def count(self) -> int:
+        return self.conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+
+    # ------------------------------------------------------------------ failures
+    def add_failure(self, key: str, label: str, task: str, seq_len: int, seed: int, error: str) -> None:
+        self._write("INSERT OR REPLACE INTO failures VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (key, label, task, seq_len, seed, error, _now()))
+
+    def failures(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.conn.execute("SELECT * FROM failures ORDER BY failed_at")]
+
+    # ------------------------------------------------------------------ audits, sections, meta
+    def put_audit(self, spec: str, report: dict[str, Any]) -> None:
+        self._write("INSERT OR REPLACE INTO audits VALUES (?, ?, ?)", (spec, json.dumps(report), _now()))
+
+    def audits(self) -> dict[str, dict[str, Any]]:
+        return {r[0]: json.loads(r[1]) for r in self.conn.execute("SELECT spec, report FROM audits")}
+
+    def put_section(self, name: str, payload: Any, seconds: float | None = None) -> None:
+        self._write("INSERT OR REPLACE INTO sections VALUES (?, ?, ?, ?)",
+                    (name, json.dumps(payload, default=str), seconds, _now()))
+
+    def sections(self) -> dict[str, dict[str, Any]]:
+        return {r[0]: {"payload": json.loads(r[1]), "seconds": r[2]}
+                for r in self.conn.execute("SELECT name, payload, seconds FROM sections")}
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value, default=str)))
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else json.loads(row[0])

@@ -1,0 +1,323 @@
+"""The sweep: which runs a study trains, with matched parameter counts and one shared budget.
+
+A *run* is one (model, task, sequence length, seed). Models are the Transformer variants (the standard spec and its
+single-axis relaxations) and the recurrent baselines (relaxing A0, permutation invariance, itself). Every model trains
+with the same budget; every model's width is chosen so that its trainable-parameter count is within
+``model.tolerance`` (10 % by default) of the standard Transformer's on the same task.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from axiomformer.spec import ALIASES, AXES, AttentionSpec
+from axiomformer.study.config import StudyConfig, validate_config
+
+DEFAULT_VARIANTS: tuple[str, ...] = (
+    "standard",
+    "A1=mlp",
+    "A2=joint",
+    "A3=mlp",
+    "A4=cosine", "A4=neg_l2", "A4=additive",
+    "A5=sigmoid", "A5=sparsemax", "A5=gumbel_softmax", "A5=linear",
+    "scale=none",
+    "position=none", "position=sinusoidal", "position=rope", "position=alibi",
+)
+"""The built-in variants. With the standard spec's ``position=none``, ``position=none`` *is* the standard variant and
+is trained once, under the label ``standard``."""
+
+DEFAULT_BASELINES: tuple[str, ...] = ("rnn", "lstm", "gru")
+
+_FULL: dict[str, Any] = {
+    "name": "axiomformer study (default sweep)",
+    "seeds": 2,
+    "variants": list(DEFAULT_VARIANTS),
+    "baselines": list(DEFAULT_BASELINES),
+    "tasks": [
+        {"name": "needle", "seq_lens": [16, 32, 64]},
+        {"name": "mqar", "seq_lens": [32], "options": {"vocab": 16}},
+        {"name": "digits", "seq_lens": [64], "budget": {"steps": 200, "lr": 2e-3}},
+    ],
+    "budget": {"steps": 150, "batch_size": 32, "lr": 3e-3, "warmup": 10},
+    "model": {"dim": 32, "layers": 2, "heads": 2},
+}
+
+_QUICK: dict[str, Any] = _FULL | {
+    "name": "axiomformer study (quick sweep)",
+    "seeds": 1,
+    "tasks": [{"name": "needle", "seq_lens": [8, 48]}],
+    "budget": {"steps": 150, "batch_size": 32, "lr": 3e-3, "warmup": 10},
+}
+
+
+def default_sweep(quick: bool = False) -> dict[str, Any]:
+    """The built-in sweep as a plain dict (the base a TOML study file is merged onto)."""
+    return json.loads(json.dumps(_QUICK if quick else _FULL))
+
+
+def default_config(quick: bool = False) -> StudyConfig:
+    """The built-in sweep, validated."""
+    return validate_config(default_sweep(quick), source="built-in sweep")
+
+
+# ---------------------------------------------------------------------------------------------------- models
+@dataclass(frozen=True)
+class ModelChoice:
+    """One model of the sweep.
+
+    Attributes:
+        label: what the report calls it: ``standard``, a relax string relative to the base spec with the assumption
+            aliases (``A4=cosine``, ``position=rope``), or a baseline name (``gru``).
+        kind: ``transformer``, ``rnn``, ``lstm`` or ``gru``.
+        spec: for a Transformer, the full relax string of the trained spec relative to the standard one
+            (``TrainConfig.spec``); ``"standard"`` for the baselines (unused by them).
+    """
+
+    label: str
+    kind: str
+    spec: str = "standard"
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.kind != "transformer"
+
+
+_FIELD_ALIAS = {name: alias for alias, name in ALIASES.items()}
+
+
+def _label(spec: AttentionSpec, base: AttentionSpec) -> str:
+    diff = [(name, getattr(spec, name)) for name in AXES if getattr(spec, name) != getattr(base, name)]
+    if spec.normalizer != "linear":
+        diff = [(n, v) for n, v in diff if n != "feature_map"]
+    return ",".join(f"{_FIELD_ALIAS.get(n, n)}={v}" for n, v in diff) or "standard"
+
+
+def models(config: StudyConfig) -> list[ModelChoice]:
+    """The sweep's models in report order: Transformer variants (duplicates merged) then baselines."""
+    base = AttentionSpec.standard(config.model.dim, config.model.heads, causal=True).relax(config.base_spec)
+    out: list[ModelChoice] = []
+    seen: set[str] = set()
+    for text in config.variants:
+        spec = base.relax(text)
+        label = _label(spec, base)
+        if label not in seen:
+            seen.add(label)
+            out.append(ModelChoice(label=label, kind="transformer", spec=spec.variant))
+    out += [ModelChoice(label=name, kind=name) for name in config.baselines]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- matching
+CountFn = Callable[[ModelChoice, int, int, str, dict], int]
+"""``count(model, width, seq_len, task, task_options) -> trainable parameters``."""
+
+
+def count_params(model: ModelChoice, width: int, seq_len: int, task: str, options: dict, *,
+                 layers: int, heads: int) -> int:
+    """Trainable parameters of ``model`` at ``width``, built exactly as the trainer builds it.
+
+    Raises:
+        ValueError: the width is not valid for this model (e.g. not divisible by ``heads``, odd RoPE head_dim).
+    """
+    task_obj = _task(task, seq_len, options)
+    spec = model.spec if model.kind == "transformer" else ""
+    # Only a learned position table grows with the length; other counts are shared across lengths (cache hits).
+    max_len = task_obj.seq_len if "learned" in spec else 0
+    return _count(model.kind, spec, width, task_obj.vocab_size, max_len, layers, heads)
+
+
+@functools.lru_cache(maxsize=4096)
+def _count(kind: str, spec: str, width: int, vocab_size: int, max_len: int, layers: int, heads: int) -> int:
+    from axiomformer.models import build_model, count_parameters
+
+    max_len = max_len or 16
+    attention = AttentionSpec.standard(width, heads, causal=True, max_len=max_len).relax(spec) if spec else None
+    net = build_model(kind, vocab_size=vocab_size, dim=width, num_layers=layers, max_len=max_len, spec=attention)
+    return count_parameters(net)
+
+
+_TASKS: dict[str, Any] = {}
+
+
+def _task(name: str, seq_len: int, options: dict):
+    from axiomformer.tasks import make_task
+
+    key = json.dumps([name, seq_len, options], sort_keys=True, default=str)
+    if key not in _TASKS:
+        _TASKS[key] = make_task(name, seq_len=seq_len, **options)
+    return _TASKS[key]
+
+
+def match_width(count: Callable[[int], int], target: int, candidates: list[int]) -> tuple[int, int]:
+    """The candidate width whose parameter count is closest to ``target`` (``count`` is increasing in the width).
+
+    Binary search over the sorted candidates, then the two neighbours of the crossing are compared; widths that
+    ``count`` rejects with ``ValueError`` are skipped. Returns ``(width, count)``.
+
+    Raises:
+        ValueError: no candidate is valid.
+    """
+    cache: dict[int, int | None] = {}
+
+    def value(i: int) -> int | None:
+        w = candidates[i]
+        if w not in cache:
+            try:
+                cache[w] = count(w)
+            except ValueError:
+                cache[w] = None
+        return cache[w]
+
+    def first_valid(i: int, stepdir: int) -> int | None:
+        while 0 <= i < len(candidates):
+            if value(i) is not None:
+                return i
+            i += stepdir
+        return None
+
+    lo, hi = 0, len(candidates)
+    while lo < hi:  # first index whose next valid count (to the right) reaches the target; monotone in the index
+        mid = (lo + hi) // 2
+        j = first_valid(mid, +1)
+        if j is None or value(j) >= target:  # type: ignore[operator]
+            hi = mid
+        else:
+            lo = mid + 1
+    best: tuple[int, int] | None = None
+    for i in (first_valid(lo, +1), first_valid(lo - 1, -1)):
+        if i is not None:
+            c = value(i)
+            if best is None or abs(c - target) < abs(best[1] - target):  # type: ignore[operator]
+                best = (candidates[i], c)  # type: ignore[assignment]
+    if best is None:
+        raise ValueError("no valid width among the candidates")
+    return best
+
+
+def _safe(count: Callable[[int], int], width: int) -> float:
+    try:
+        return count(width)
+    except ValueError:
+        return -1.0
+
+
+@dataclass
+class Widths:
+    """Chosen width and parameter count per (model label, task, seq_len); ``reference`` counts per (task, seq_len)."""
+
+    width: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    params: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    reference: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def match_widths(config: StudyConfig, choices: list[ModelChoice], count: CountFn | None = None) -> Widths:
+    """Choose each model's width so its parameter count matches the standard Transformer's on each task.
+
+    The reference is the base spec (``standard`` unless ``base_spec`` says otherwise) at ``model.dim``. Transformer
+    widths are multiples of ``model.heads``; recurrent hidden sizes any positive integer. **(our choice)**: match by
+    width only, keeping depth and heads fixed.
+
+    Raises:
+        ValueError: a model cannot be brought within ``model.tolerance`` of the reference.
+    """
+    m = config.model
+    if count is None:
+        def count(model, width, seq_len, task, options):  # noqa: E306
+            return count_params(model, width, seq_len, task, options, layers=m.layers, heads=m.heads)
+    base = AttentionSpec.standard(m.dim, m.heads, causal=True).relax(config.base_spec)
+    reference_model = ModelChoice("standard", "transformer", base.variant)
+    out = Widths()
+    for task in config.tasks:
+        for seq_len in task.seq_lens:
+            target = count(reference_model, m.dim, seq_len, task.name, task.options)
+            out.reference[(task.name, seq_len)] = target
+            for choice in choices:
+                key = (choice.label, task.name, seq_len)
+                if choice.kind == "transformer" and choice.spec == reference_model.spec:
+                    width = m.dim
+                    out.width[key], out.params[key] = width, count(choice, width, seq_len, task.name, task.options)
+                    continue
+                step = 1 if choice.is_baseline else m.heads
+                same = _safe(lambda w: count(choice, w, seq_len, task.name, task.options), m.dim)
+                if same == target:  # already exact at the reference width (most single-axis relaxations)
+                    out.width[key], out.params[key] = m.dim, target
+                    continue
+
+                def at(w: int, choice=choice, seq_len=seq_len, task=task) -> int:
+                    return count(choice, w, seq_len, task.name, task.options)
+
+                top = 2 * max(m.dim, 8)
+                while top < 64 * max(m.dim, 8) and _safe(at, top - top % step) < target:
+                    top *= 2  # widen the search until the largest candidate overshoots the reference count
+                width, params = match_width(at, target, list(range(step, top + 1, step)))
+                if abs(params - target) > m.tolerance * target:
+                    raise ValueError(
+                        f"cannot match parameters of {choice.label} on {task.name}@{seq_len}: best width {width} "
+                        f"gives {params} vs {target} for the standard model (tolerance {m.tolerance:.0%})")
+                out.width[key], out.params[key] = width, params
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- runs
+@dataclass(frozen=True)
+class Run:
+    """One training run of the sweep.
+
+    Attributes:
+        key: unique and stable: the model label, task, length, seed and a hash of the full training config, so a
+            changed budget or width never reuses an old result.
+        model: the :class:`ModelChoice`.
+        task, seq_len, seed: what it trains on.
+        train_config: the keyword arguments of ``axiomformer.train.TrainConfig``.
+        expected_params: the matched parameter count (``None`` when matching was skipped).
+    """
+
+    key: str
+    model: ModelChoice
+    task: str
+    seq_len: int
+    seed: int
+    train_config: dict[str, Any]
+    expected_params: int | None = None
+
+    @property
+    def task_label(self) -> str:
+        return f"{self.task}@{self.seq_len}"
+
+
+def run_key(label: str, task: str, seq_len: int, seed: int, train_config: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(train_config, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{label}|{task}@{seq_len}|seed={seed}|{digest}"
+
+
+def plan(config: StudyConfig, *, count: CountFn | None = None) -> list[Run]:
+    """Every run of the sweep, in a deterministic order (task, length, seed, model).
+
+    Raises:
+        ValueError: parameter matching fails (see :func:`match_widths`).
+    """
+    choices = models(config)
+    widths = match_widths(config, choices, count) if config.model.match_params else None
+    runs: list[Run] = []
+    for task in config.tasks:
+        budget = config.budget.model_dump() | {k: v for k, v in task.budget.model_dump().items() if v is not None}
+        if budget.get("eval_every") is None:
+            budget["eval_every"] = budget["steps"]
+        for seq_len in task.seq_lens:
+            for seed in range(config.seeds):
+                for choice in choices:
+                    key3 = (choice.label, task.name, seq_len)
+                    width = widths.width[key3] if widths else config.model.dim
+                    tc = {
+                        "task": task.name, "seq_len": seq_len, "model": choice.kind, "spec": choice.spec,
+                        "layers": config.model.layers, "dim": width, "heads": config.model.heads, "seed": seed,
+                        "device": config.device, "task_options": dict(task.options), **budget,
+                    }
+                    runs.append(Run(key=run_key(choice.label, task.name, seq_len, seed, tc), model=choice,
+                                    task=task.name, seq_len=seq_len, seed=seed, train_config=tc,
+                                    expected_params=widths.params[key3] if widths else None))
+    return runs

@@ -1,0 +1,65 @@
+"""``text``: character-level language modelling of a text file given by the user.
+
+The vocabulary is the sorted set of characters of the whole file. The first ``1 - eval_fraction`` of the file is the
+train region and the rest the eval region **(our choice: a contiguous split, so no window of one overlaps the other)**.
+A batch is windows at random offsets of its region; every position is scored with the next character.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from axiomformer.tasks.base import Task, make_rng, positive
+
+
+class TextTask(Task):
+    """Character-level language modelling.
+
+    Args:
+        seq_len: window length T.
+        path: a UTF-8 text file (undecodable bytes are replaced).
+        eval_fraction: share of the file (its end) used for evaluation (default 0.1).
+
+    Raises:
+        ValueError: no path, a missing file, or a region shorter than seq_len + 1 characters.
+    """
+
+    name = "text"
+
+    def __init__(self, seq_len: int, path: str | Path | None = None, eval_fraction: float = 0.1):
+        self.seq_len = positive("seq_len", seq_len)
+        if path is None:
+            raise ValueError("task 'text' needs a file: pass path=FILE (CLI: --task-option path=FILE)")
+        file = Path(path)
+        if not file.is_file():
+            raise ValueError(f"task 'text': no such file {str(file)!r}")
+        if not 0.0 < eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+        text = file.read_text(encoding="utf-8", errors="replace")
+        self.chars = sorted(set(text))
+        self.vocab_size = max(1, len(self.chars))
+        self.chance = 1.0 / self.vocab_size
+        lookup = {c: i for i, c in enumerate(self.chars)}
+        ids = np.fromiter((lookup[c] for c in text), dtype=np.int64, count=len(text))
+        cut = int(round(len(ids) * (1.0 - eval_fraction)))
+        self.regions = {"train": ids[:cut], "eval": ids[cut:]}
+        for split, region in self.regions.items():
+            if len(region) < self.seq_len + 1:
+                raise ValueError(f"task 'text': the {split} region of {str(file)!r} has {len(region)} characters, "
+                                 f"fewer than seq_len + 1 = {self.seq_len + 1}; use a longer file or shorter seq_len")
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[int(i)] for i in ids)
+
+    def batch(self, batch_size: int, seed: int, split: str = "train") -> tuple[Tensor, Tensor]:
+        positive("batch_size", batch_size)
+        rng = make_rng(seed, split)
+        region = self.regions[split]
+        starts = rng.integers(0, len(region) - self.seq_len, size=batch_size)
+        index = starts[:, None] + np.arange(self.seq_len + 1)
+        windows = region[index]
+        return torch.from_numpy(windows[:, :-1].copy()), torch.from_numpy(windows[:, 1:].copy())

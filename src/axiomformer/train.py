@@ -1,0 +1,328 @@
+"""The trainer: AdamW, linear warmup + cosine decay, gradient clipping, eval accuracy, early stop, determinism.
+
+>>> result = train(TrainConfig(task="mqar", seq_len=64, steps=150, dim=32), progress=False)
+>>> result.accuracy, result.steps, result.tokens_per_second
+
+Determinism: ``torch.manual_seed(config.seed)`` before the model is built, and every batch is a pure function of
+(seed, step): training batch ``s`` is ``task.batch(batch_size, seed=(config.seed << 32) + s, split="train")``, eval
+batch ``i`` is ``task.batch(batch_size, seed=i, split="eval")`` — the same eval set for every training seed, and
+disjoint from every training example (see ``axiomformer.tasks.base``). Same config, same threads -> same losses.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from axiomformer.models import MODEL_KINDS, build_model, count_parameters, default_heads
+from axiomformer.spec import AttentionSpec
+from axiomformer.tasks import IGNORE, TASKS, make_task
+
+GENERIC_DEFAULTS: dict[str, Any] = {
+    "steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup": 50, "eval_every": 100, "eval_batches": 4,
+    "target_accuracy": None,
+}
+"""Defaults of the tunable fields for a task without its own entry in ``TASK_DEFAULTS``."""
+
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "copy": {"steps": 1500, "batch_size": 32, "target_accuracy": 0.99},
+    "mqar": {"steps": 1500, "batch_size": 32, "target_accuracy": 0.99},
+    "selective_copy": {"steps": 1500, "batch_size": 32, "target_accuracy": 0.99},
+    "needle": {"steps": 600, "batch_size": 32, "eval_every": 50, "eval_batches": 8, "target_accuracy": 0.98},
+    "induction": {"steps": 1500, "batch_size": 32, "eval_batches": 8, "target_accuracy": 0.98},
+    "digits": {"steps": 800, "batch_size": 32, "lr": 1e-3, "eval_batches": 8, "target_accuracy": None},
+    "text": {"steps": 1000, "batch_size": 32, "lr": 3e-3, "target_accuracy": None},
+}
+"""Per-task defaults, tuned so that ``experiments/long_range.py`` meets issue 4's acceptance; a field of
+``TrainConfig`` left unset takes its task's value here, else ``GENERIC_DEFAULTS``."""
+
+MAX_BATCH_TOKENS = 16384
+"""A defaulted batch size shrinks so that batch_size * seq_len stays within this (long sequences, small batches)."""
+
+MIN_LR_RATIO = 0.1
+"""Cosine decay ends at this fraction of the peak learning rate **(our choice)**."""
+
+
+class TrainConfig(BaseModel):
+    """One training run, validated at the door (unknown keys rejected).
+
+    Fields left unset among ``steps, batch_size, lr, warmup, eval_every, eval_batches, target_accuracy`` take the
+    task's defaults (``TASK_DEFAULTS``); ``target_accuracy=None`` given explicitly disables early stopping.
+
+    Raises:
+        pydantic.ValidationError (a ValueError): unknown task/model (naming the choices), a bad spec string, or
+            non-positive sizes.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = "mqar"
+    seq_len: int = Field(64, ge=1)
+    model: str = "transformer"
+    spec: str = "standard"
+    layers: int = Field(2, ge=1)
+    dim: int = Field(64, ge=1)
+    heads: int | None = Field(None, ge=1)
+    steps: int | None = Field(None, ge=0)
+    batch_size: int | None = Field(None, ge=1)
+    lr: float | None = Field(None, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    warmup: int | None = Field(None, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    seed: int = Field(0, ge=0)
+    eval_batches: int | None = Field(None, ge=1)
+    target_accuracy: float | None = None
+    eval_every: int | None = Field(None, ge=1)
+    device: str = "auto"
+    input_position: str = "auto"
+    task_options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _fill_and_check(self) -> "TrainConfig":
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}; choose one of: {', '.join(TASKS)}")
+        if self.model not in MODEL_KINDS:
+            raise ValueError(f"unknown model {self.model!r}; choose one of: {', '.join(MODEL_KINDS)}")
+        defaults = {**GENERIC_DEFAULTS, **TASK_DEFAULTS.get(self.task, {})}
+        explicit = set(self.model_fields_set)
+        for name, value in defaults.items():
+            if getattr(self, name) is None and (name != "target_accuracy" or name not in explicit):
+                if name == "batch_size":
+                    value = max(1, min(value, MAX_BATCH_TOKENS // self.seq_len))
+                object.__setattr__(self, name, value)
+        if self.heads is None:
+            object.__setattr__(self, "heads", default_heads(self.dim))
+        if self.model == "transformer":
+            self.attention_spec()  # raises ValueError on a bad spec string or dim/heads mismatch
+        return self
+
+    def attention_spec(self) -> AttentionSpec:
+        """``AttentionSpec.standard(dim, heads, causal=True, max_len=seq_len).relax(spec)``."""
+        return AttentionSpec.standard(self.dim, self.heads, causal=True, max_len=self.seq_len).relax(self.spec)
+
+
+@dataclass
+class TrainResult:
+    """The outcome of :func:`train`.
+
+    Attributes:
+        accuracy: eval accuracy over scored positions (targets != -100) of the eval split.
+        loss: mean eval cross-entropy over those positions (nats).
+        steps: optimizer steps taken (early stop may cut them short).
+        seconds: wall time of training plus evaluation.
+        params: trainable parameters.
+        tokens_per_second: training tokens (batch_size * seq_len per step) / training seconds (eval excluded).
+        peak_mem_mb: CUDA: ``torch.cuda.max_memory_allocated`` during the run; CPU: growth of the process's peak
+            resident set size (``resource.getrusage(...).ru_maxrss``) during the run, so 0 when an earlier run
+            already reached more.
+        engine: attention engine(s) that ran (comma-joined when layers differ); ``"recurrent"`` for rnn/lstm/gru.
+        losses: training loss per step.
+        history: ``[{"step", "accuracy", "loss"}]`` at every evaluation.
+        chance: accuracy of uniform guessing among the task's possible answers.
+        config: the full (defaults filled) TrainConfig as a dict.
+    """
+
+    task: str
+    model: str
+    spec: str
+    seq_len: int
+    accuracy: float
+    loss: float
+    steps: int
+    seconds: float
+    params: int
+    tokens_per_second: float
+    peak_mem_mb: float
+    engine: str
+    losses: list[float]
+    history: list[dict] = field(default_factory=list)
+    chance: float = 0.0
+    config: dict = field(default_factory=dict)
+
+    SUMMARY_KEYS = ("task", "model", "spec", "seq_len", "accuracy", "loss", "steps", "seconds", "params",
+                    "tokens_per_second")
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict of every field (non-finite floats become None)."""
+        return _finite(asdict(self))
+
+    def summary(self) -> dict:
+        """The CLI's ``--json`` line: task, model, spec, seq_len, accuracy, loss, steps, seconds, params,
+        tokens_per_second."""
+        data = self.to_dict()
+        return {key: data[key] for key in self.SUMMARY_KEYS}
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` -> CUDA when available, else CPU; any other name is passed to ``torch.device``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """Multiplier of the peak lr at ``step``: linear warmup over ``warmup`` steps, then cosine decay to
+    ``MIN_LR_RATIO`` at ``total`` (Loshchilov & Hutter 2017, SGDR eq. 5, without restarts)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return MIN_LR_RATIO + (1.0 - MIN_LR_RATIO) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW (Loshchilov & Hutter 2019); weight decay only on matrices (not biases, norms) **(as nanoGPT)**."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.98))
+
+
+def masked_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy over scored positions; logits (B, T, V), targets (B, T) with -100 = unscored."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction=reduction)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
+    """(accuracy, mean loss) over the scored positions of ``batches``."""
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    loss_sum = 0.0
+    for inputs, targets in batches:
+        logits = model(inputs)
+        scored = targets != IGNORE
+        correct += int((logits.argmax(-1) == targets)[scored].sum())
+        total += int(scored.sum())
+        loss_sum += float(masked_loss(logits, targets, reduction="sum"))
+    model.train(was_training)
+    return correct / max(1, total), loss_sum / max(1, total)
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | Path | None = None,
+          log: Callable[[str], None] | None = None) -> TrainResult:
+    """Train ``config.model`` on ``config.task`` and evaluate it.
+
+    Evaluates every ``eval_every`` steps and after the last one; stops early once the eval accuracy reaches
+    ``target_accuracy``, or when the training loss is not finite. CPU threads are the caller's business.
+
+    Args:
+        progress: show a rich progress bar (on stderr).
+        checkpoint_dir: if given, save the final model there (safetensors + config.json with config and result).
+        log: called with one line per evaluation.
+
+    Raises:
+        ValueError: task options the task rejects.
+    """
+    device = resolve_device(config.device)
+    task = make_task(config.task, seq_len=config.seq_len, **config.task_options)
+    torch.manual_seed(config.seed)
+    spec = config.attention_spec() if config.model == "transformer" else None
+    model = build_model(config.model, vocab_size=task.vocab_size, dim=config.dim, num_layers=config.layers,
+                        max_len=config.seq_len, spec=spec,
+                        **({"input_position": config.input_position} if spec is not None else {})).to(device)
+    model.train()
+    optimizer = make_optimizer(model, config)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, config.warmup, config.steps))
+    eval_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="eval"))
+                for i in range(config.eval_batches)]
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    rss_before = _peak_rss_mb()
+    start = time.perf_counter()
+    train_seconds = 0.0
+    losses: list[torch.Tensor] = []
+    history: list[dict] = []
+    accuracy, eval_loss, steps_done, engines = 0.0, float("nan"), 0, []
+    bar = _progress_bar(progress)
+    job = bar.add_task(f"{config.task} {config.model}", total=config.steps, info="")
+    with bar:
+        for step in range(config.steps):
+            tick = time.perf_counter()
+            inputs, targets = (t.to(device) for t in task.batch(config.batch_size, seed=(config.seed << 32) + step))
+            loss = masked_loss(model(inputs), targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.detach())
+            if step == 0:
+                engines = list(model.engines)  # the training-mode routing (eval may route differently)
+            steps_done = step + 1
+            finite = bool(torch.isfinite(loss))
+            train_seconds += time.perf_counter() - tick
+            bar.update(job, advance=1)
+            if steps_done % config.eval_every == 0 or steps_done == config.steps or not finite:
+                accuracy, eval_loss = evaluate(model, eval_set)
+                history.append({"step": steps_done, "accuracy": accuracy, "loss": eval_loss})
+                line = f"step {steps_done}: loss {float(loss.detach()):.4f} eval accuracy {accuracy:.3f} eval loss {eval_loss:.4f}"
+                bar.update(job, info=f"loss {float(loss.detach()):.3f} acc {accuracy:.3f}")
+                if log is not None:
+                    log(line)
+                if not finite:
+                    if log is not None:
+                        log(f"step {steps_done}: training loss is not finite; stopping")
+                    break
+                if config.target_accuracy is not None and accuracy >= config.target_accuracy:
+                    break
+    if steps_done == 0:
+        accuracy, eval_loss = evaluate(model, eval_set)
+        engines = list(model.engines)
+    seconds = time.perf_counter() - start
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        peak = max(0.0, _peak_rss_mb() - rss_before)
+    result = TrainResult(
+        task=config.task, model=config.model, spec=spec.variant if spec is not None else config.spec,
+        seq_len=config.seq_len, accuracy=accuracy, loss=eval_loss, steps=steps_done, seconds=seconds,
+        params=count_parameters(model),
+        tokens_per_second=steps_done * config.batch_size * config.seq_len / max(train_seconds, 1e-9),
+        peak_mem_mb=peak, engine=",".join(dict.fromkeys(engines)),
+        losses=torch.stack(losses).cpu().tolist() if losses else [], history=history, chance=task.chance,
+        config=config.model_dump(),
+    )
+    if checkpoint_dir is not None:
+        from axiomformer.checkpoint import save_checkpoint
+
+        save_checkpoint(checkpoint_dir, model, train=config.model_dump(), result=_finite(
+            {k: v for k, v in result.to_dict().items() if k not in ("losses",)}))
+    return result
+
+
+def _progress_bar(enabled: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[info]}"), console=Console(stderr=True), disable=not enabled,
+                    transient=False)
+
+
+__all__ = ["GENERIC_DEFAULTS", "TASK_DEFAULTS", "TrainConfig", "TrainResult", "evaluate", "lr_factor",
+           "masked_loss", "resolve_device", "train"]

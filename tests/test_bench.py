@@ -1,0 +1,66 @@
+"""``axiomformer bench``: the JSON interface, the interleaving and the peak-memory meter (no timing goals here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from axiomformer import bench
+from axiomformer.cli import app
+
+FIELDS = {"variant": str, "engine": str, "seq_len": int, "causal": bool, "ms": float, "sdpa_ms": float,
+          "ratio_vs_sdpa": float, "peak_mem_mb": float, "sdpa_peak_mem_mb": float}
+
+
+def test_bench_json_last_line_has_the_documented_rows(tmp_path):
+    result = CliRunner().invoke(app, [
+        "bench", "--lengths", "48,80", "--variants", "standard;normalizer=sigmoid;normalizer=linear", "--json",
+        "--out", str(tmp_path), "--heads", "2", "--head-dim", "8", "--repeats", "1", "--threads", "1",
+    ])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output.strip().splitlines()[-1])
+    assert set(payload) == {"device", "torch", "rows"} and payload["torch"] == torch.__version__
+    rows = payload["rows"]
+    for row in rows:
+        assert set(row) == set(FIELDS)
+        for key, kind in FIELDS.items():
+            assert isinstance(row[key], kind) or (kind is float and isinstance(row[key], int)), (key, row[key])
+        assert row["ms"] > 0 and row["sdpa_ms"] > 0 and row["peak_mem_mb"] >= 0
+        assert row["ratio_vs_sdpa"] == pytest.approx(row["ms"] / row["sdpa_ms"], rel=0.05, abs=0.01)
+    engines = {(r["variant"], r["engine"]) for r in rows}
+    assert engines == {("standard", "sdpa"), ("normalizer=sigmoid", "chunked"), ("normalizer=linear", "linear"),
+                       ("standard", "reference"), ("normalizer=sigmoid", "reference"),
+                       ("normalizer=linear", "reference")}
+    assert {(r["seq_len"], r["causal"]) for r in rows} == {(48, True), (80, True), (48, False), (80, False)}
+    assert (tmp_path / "bench.png").stat().st_size > 0
+    assert "peak memory:" in (tmp_path / "bench.md").read_text()
+
+
+def test_bench_rejects_bad_lengths_and_variants(tmp_path):
+    runner = CliRunner()
+    bad_lengths = runner.invoke(app, ["bench", "--lengths", "12,abc", "--out", str(tmp_path)])
+    assert bad_lengths.exit_code == 2 and "comma-separated integers" in bad_lengths.output
+    bad_variant = runner.invoke(app, ["bench", "--variants", "normalizer=sofmax", "--out", str(tmp_path)])
+    assert bad_variant.exit_code == 2 and "unknown normalizer" in bad_variant.output
+
+
+def test_timings_are_interleaved_a_b_a_b():
+    calls = []
+    bench.interleaved_ms(lambda: calls.append("a"), lambda: calls.append("b"), torch.device("cpu"), repeats=3)
+    assert calls == ["a", "b"] * 4                                   # one warm-up pair, then three timed pairs
+
+
+def test_peak_memory_meter_sees_a_torch_allocation_of_known_size():
+    meter = bench.PeakMemory(torch.device("cpu"))
+    n = 16 * 2**20 // 4                                               # 16 MiB of float32
+
+    def allocate_and_touch():
+        x = torch.ones(n)
+        y = x * 2                                                    # two live 16 MiB tensors at the peak
+        del x, y
+
+    peak = meter.measure(allocate_and_touch)
+    assert 30 <= peak <= 40, (peak, meter.method)

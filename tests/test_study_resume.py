@@ -1,0 +1,147 @@
+"""Interrupting a study (Ctrl-C, kill) and running it again: no finished run lost, none duplicated."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from rich.console import Console
+
+from axiomformer.study import load_config, plan, run_study
+
+CONFIG = """
+name = "resume test"
+seeds = {seeds}
+variants = ["standard", "A4=cosine"]
+baselines = ["gru"]
+threads = 1
+workers = 1
+
+[model]
+dim = 16
+heads = 2
+layers = 1
+
+[budget]
+steps = {steps}
+batch_size = 8
+eval_batches = 1
+warmup = 2
+
+[sections]
+audit = false
+derive = false
+flow = false
+
+[[tasks]]
+name = "needle"
+seq_lens = [8, 12]
+"""
+
+
+def _config(tmp_path, steps: int, seeds: int):
+    path = tmp_path / "study.toml"
+    path.write_text(CONFIG.format(steps=steps, seeds=seeds))
+    return path
+
+
+def _rows(out) -> list[tuple]:
+    db = sqlite3.connect(out / "results.sqlite")
+    try:
+        return db.execute("SELECT key, accuracy, loss, finished_at FROM runs ORDER BY key").fetchall()
+    finally:
+        db.close()
+
+
+def _count(out) -> int:
+    try:
+        return len(_rows(out))
+    except sqlite3.Error:
+        return 0  # not created yet, or locked for a moment
+
+
+def test_interrupt_in_the_kth_run_then_resume_loses_and_duplicates_nothing(tmp_path, monkeypatch):
+    import axiomformer.train
+
+    path = _config(tmp_path, steps=4, seeds=1)
+    config = load_config(path)
+    total = len(plan(config))
+    out = tmp_path / "study"
+    real_train, calls = axiomformer.train.train, []
+
+    def interrupted_at_fourth(cfg, **kwargs):
+        if cfg.steps == config.budget.steps:  # not the runner's short memory warm-up
+            calls.append(cfg)
+            if len(calls) == 4:
+                raise KeyboardInterrupt  # what Ctrl-C raises in the middle of a run
+        return real_train(cfg, **kwargs)
+
+    monkeypatch.setattr(axiomformer.train, "train", interrupted_at_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(config, out, progress=False, console=Console(quiet=True))
+    before = _rows(out)
+    assert len(before) == 3  # the three runs that finished before the interrupt
+
+    calls.clear()
+
+    def counted(cfg, **kwargs):
+        if cfg.steps == config.budget.steps:
+            calls.append(cfg)
+        return real_train(cfg, **kwargs)
+
+    monkeypatch.setattr(axiomformer.train, "train", counted)
+    summary = run_study(config, out, progress=False, console=Console(quiet=True))
+    after = _rows(out)
+    assert len(calls) == summary.trained == total - 3
+    assert len(after) == len({r[0] for r in after}) == total
+    assert set(before) <= set(after)  # stored rows untouched: same metrics, same finish time
+    assert {r[0] for r in after} == {r.key for r in plan(config)}
+
+
+def _start(path, out):
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "axiomformer.cli", "study", "--config", str(path), "--out",
+                             str(out), "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            text=True)
+
+
+def _wait_for(out, n: int, proc, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _count(out) < n:
+        assert proc.poll() is None, f"study exited early: {proc.communicate()}"
+        assert time.monotonic() < deadline, "study made no progress"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_killed_then_ctrl_c_study_resumes_without_losing_or_duplicating_runs(tmp_path):
+    path = _config(tmp_path, steps=40, seeds=2)
+    total = len(plan(load_config(path)))  # 3 models x 2 lengths x 2 seeds
+    out = tmp_path / "study"
+
+    first = _start(path, out)
+    _wait_for(out, 2, first)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    killed = _rows(out)
+    assert 2 <= len(killed) < total
+
+    second = _start(path, out)
+    _wait_for(out, len(killed) + 1, second)
+    second.send_signal(signal.SIGINT)
+    _, err = second.communicate(timeout=60)
+    assert second.returncode == 130, err
+    assert "interrupted" in err and f"--out {out}" in err
+    interrupted = _rows(out)
+    assert set(killed) <= set(interrupted) and len(interrupted) < total
+
+    summary = run_study(load_config(path), out, progress=False, console=Console(quiet=True))
+    final = _rows(out)
+    assert summary.trained == total - len(interrupted)
+    assert len(final) == len({r[0] for r in final}) == total
+    assert set(interrupted) <= set(final)
