@@ -1,6 +1,5 @@
 """Attention: the standard spec equals PyTorch, every choice of every axis runs, masks and positions behave."""
 
-import itertools
 import math
 
 import pytest

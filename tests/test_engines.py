@@ -21,13 +21,6 @@ Q_LEN, K_LEN = 37, 70            # not multiples of the chunk size 16
 MASKS = ("none", "key_padding", "bool", "float")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The tensors here are tiny: on a busy machine two threads' barrier costs more than the work (about 20x).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,6 @@ import struct
 
 import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from axiomformer.cli import app
@@ -17,13 +16,6 @@ from axiomformer.flows.data import FASHION_FILES, patchify
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny tensors: extra intra-op threads only spin on a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _idx_bytes(array: np.ndarray) -> bytes:

@@ -17,13 +17,6 @@ from axiomformer.flows import (
 from axiomformer.spec import AttentionSpec
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny tensors: extra intra-op threads only spin on a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 F64 = torch.float64

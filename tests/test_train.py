@@ -13,13 +13,6 @@ from axiomformer.cli import app
 from axiomformer.tasks import make_task
 from axiomformer.train import MIN_LR_RATIO, TASK_DEFAULTS, TrainConfig, evaluate, lr_factor, train
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models train fastest single-threaded; on a shared machine extra threads only contend.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 TINY = dict(task="copy", seq_len=12, dim=16, layers=1, steps=6, batch_size=4, eval_batches=1, eval_every=3,

@@ -22,7 +22,7 @@ All axes at their first choice is standard scaled dot-product attention (Vaswani
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 AXES: dict[str, tuple[str, ...]] = {

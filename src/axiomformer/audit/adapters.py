@@ -66,6 +66,11 @@ class Adapter:
         """The same kind of target with ``head_dim`` (same heads, learned scalars carried over), or None if fixed."""
         return None
 
+    def value_map(self) -> Callable[[Tensor], Tensor] | None:
+        """The target's own value map v(x), (..., dim) -> (..., dim), when it has one (a module with a value
+        projection); None for a plain function of (q, k, v), whose values arrive already mapped."""
+        return None
+
     def set_training(self, flag: bool) -> bool:
         """Switch training mode; return False if the target has no such mode."""
         return False
@@ -136,6 +141,9 @@ class AttentionAdapter(Adapter):
         self.module.train(flag)
         return True
 
+    def value_map(self):
+        return self.module.v_proj
+
 
 class MultiheadAttentionAdapter(Adapter):
     """``torch.nn.MultiheadAttention``: float64 copy, q/k/out projections = identity, value projection kept.
@@ -187,6 +195,12 @@ class MultiheadAttentionAdapter(Adapter):
     def set_training(self, flag):
         self.module.train(flag)
         return True
+
+    def value_map(self):
+        e = self.module.embed_dim
+        weight = self.module.in_proj_weight[2 * e:]
+        bias = None if self.module.in_proj_bias is None else self.module.in_proj_bias[2 * e:]
+        return lambda x: torch.nn.functional.linear(x, weight, bias)
 
 
 class FunctionAdapter(Adapter):

@@ -203,6 +203,23 @@ def linearity(p: Probe) -> AuditCheck:
                    "token 0's contribution is affine in its value: second differences in v_0 vanish")
 
 
+def learned_values(p: Probe) -> AuditCheck:
+    """A3 says values are a *learned* change of coordinates, v(x) = W_v x. A target that owns a value map passes when
+    that map is not the fixed identity (statistic: max |W_v - I| / max |I|, its linear part probed on the basis);
+    for a plain function of (q, k, v) the values arrive already mapped and the check does not apply."""
+    vmap = p.a.value_map()
+    name, tol = "learned_values", TOL
+    if vmap is None:
+        return _na(name, "A3", tol, "the target has no value map of its own (a function of already-mapped values)")
+    with torch.no_grad():
+        eye = torch.eye(p.a.dim, dtype=p.a.dtype)
+        linear_part = vmap(eye) - vmap(torch.zeros_like(eye))
+    distance = rel(linear_part, eye)
+    return AuditCheck(name, "A3", bool(distance > tol), _finite(distance), tol,
+                      "the value map is a learned change of coordinates, not the fixed identity (passes when "
+                      "max |W_v - I| / max |I| exceeds the tolerance)")
+
+
 # ------------------------------------------------------------------------------------------------ A4
 def rotation_invariance(p: Probe) -> AuditCheck:
     q, k, v = p.qkv()
@@ -405,11 +422,12 @@ def parallel(p: Probe) -> AuditCheck:
 
 
 def run_checks(adapter: Adapter, causal: bool, seed: int = 0) -> list[AuditCheck]:
-    """Every check, in report order: A0, A1, A2, A3, A4 (x2), A5 (x6), causality, parallel."""
+    """Every check, in report order: A0, A1, A2, A3 (x2), A4 (x2), A5 (x6), causality, parallel."""
     def probe(offset: int) -> Probe:
         return Probe(adapter, causal, seed + offset)
 
-    first: list[Callable[[Probe], AuditCheck]] = [set_symmetry, token_additivity, proportionality, linearity]
+    first: list[Callable[[Probe], AuditCheck]] = [set_symmetry, token_additivity, proportionality, linearity,
+                                                  learned_values]
     head = [check(probe(i)) for i, check in enumerate(first)]
     weight_results, usable, why = weight_checks(probe(10))
     a4 = [bilinear_scores(probe(20), usable, why), rotation_invariance(probe(21))]

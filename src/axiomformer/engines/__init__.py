@@ -65,7 +65,10 @@ def select_engine(module, problem: AttentionProblem, forced: str | None = None):
         # The environment variable is a preference for every layer; layers the engine cannot run are routed.
     for candidate in ENGINE_ORDER:
         engine = ENGINES[candidate]
-        if engine.accepts(module, problem):
+        # An engine may accept a problem yet know that a later one runs it better (e.g. a problem small enough for
+        # a single chunk); only automatic routing honours that.
+        worthwhile = getattr(engine, "worthwhile", None)
+        if engine.accepts(module, problem) and (worthwhile is None or worthwhile(module, problem)):
             return engine
     return ENGINES["reference"]
 

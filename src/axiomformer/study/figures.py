@@ -64,7 +64,7 @@ def _accuracy_vs_length(d: "StudyData", task: str, lengths: list[int], path: Pat
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -87,6 +87,6 @@ def _impact_bars(bars: list[tuple[str, str, float]], path: Path) -> Path:
     ax.set_title("Impact of relaxing each assumption")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -69,7 +69,7 @@ class HFSelfAttentionAdapter(Adapter):
         d = m.query.in_features
         pretrained_value = m.value
         m.query, m.key, m.value = _Slice(0, d), _Slice(1, d), nn.Sequential(_Slice(2, d), pretrained_value)
-        self.module = m
+        self.module, self.pretrained_value = m, pretrained_value
         self.weight_probe = copy.copy(m)           # shares everything but its value map, which is the identity
         self.weight_probe._modules = dict(m._modules, value=_Slice(2, d))
         self.name = name or f"{type(module).__name__} ({m.config._attn_implementation})"
@@ -91,6 +91,9 @@ class HFSelfAttentionAdapter(Adapter):
 
     def __call__(self, q, k, v, *, causal=False):
         return self._run(q, k, v, causal)
+
+    def value_map(self):
+        return self.pretrained_value
 
     def weights(self, q, k, *, causal=False):
         b, n, d = k.shape
