@@ -50,6 +50,9 @@ class AuditReport:
         """True iff no applicable check failed."""
         return not self.failed
 
+    def __str__(self) -> str:
+        return self.to_text()
+
     def to_text(self) -> str:
         mark = {True: "pass", False: "FAIL", None: "n/a "}
         lines = [f"audit of {self.target}"]

@@ -89,6 +89,11 @@ class AttentionProblem:
         Engines compute with those keys zeroed and then poison exactly the outputs that may see them, so a NaN in
         a masked-out key never reaches the output (nor, through ``0 * NaN``, the gradients of other tokens).
         """
+        # Fast path: one reduction per tensor. A NaN or inf anywhere makes the sum non-finite (inf - inf is NaN);
+        # a non-finite sum of finite values (overflow) only sends us to the exact check below.
+        with torch.no_grad():
+            if bool(torch.isfinite(self.k.sum() + self.v.sum())):
+                return None
         if bool(torch.isfinite(self.k).all()) and bool(torch.isfinite(self.v).all()):
             return None
         return ~(torch.isfinite(self.k).all(-1) & torch.isfinite(self.v).all(-1))
