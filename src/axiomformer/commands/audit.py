@@ -13,7 +13,9 @@ def register(app: typer.Typer) -> None:
     def audit_command(
         target: str = typer.Argument(None, help="spec:standard, spec:<relax string>, torch.nn.MultiheadAttention, "
                                                 "torch.nn.functional.scaled_dot_product_attention, or "
-                                                "module:<import.path>:<attr> (a callable (q, k, v) -> out)"),
+                                                "module:<import.path>:<attr> (a callable (q, k, v) -> out), or "
+                                                "hf:[DIR][#LAYER] (a Hugging Face BERT self-attention; default: the "
+                                                "bundled MiniLM, layer 0; needs the hf extra)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object (the last line of stdout)"),
         causal: bool = typer.Option(False, "--causal", help="audit with a causal mask"),
         dim: int = typer.Option(16, help="width of the targets built from a string"),

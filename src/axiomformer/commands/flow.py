@@ -8,24 +8,24 @@ from pathlib import Path
 import typer
 
 
-def _floats(text: str, name: str) -> list[float]:
+def _numbers(text: str, name: str, kind: type, example: str) -> list:
+    """Comma-separated non-negative numbers of ``kind`` (float or int); a clear error otherwise."""
+    noun = "numbers" if kind is float else "integers"
     try:
-        values = [float(t) for t in text.split(",") if t.strip()]
+        values = [kind(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise typer.BadParameter(f"{name} expects comma-separated numbers, e.g. 0,0.5,1.0; got {text!r}") from None
+        raise typer.BadParameter(f"{name} expects comma-separated {noun}, e.g. {example}; got {text!r}") from None
     if not values or any(v < 0 for v in values):
-        raise typer.BadParameter(f"{name} expects one or more non-negative numbers; got {text!r}")
+        raise typer.BadParameter(f"{name} expects one or more non-negative {noun}; got {text!r}")
     return values
+
+
+def _floats(text: str, name: str) -> list[float]:
+    return _numbers(text, name, float, "0,0.5,1.0")
 
 
 def _ints(text: str, name: str) -> list[int]:
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise typer.BadParameter(f"{name} expects comma-separated integers, e.g. 0,1,2,4,8; got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise typer.BadParameter(f"{name} expects one or more non-negative integers; got {text!r}")
-    return values
+    return _numbers(text, name, int, "0,1,2,4,8")
 
 
 def register(app: typer.Typer) -> None:

@@ -37,10 +37,10 @@ ELEMENTWISE = ("sigmoid", "relu")
 """Normalizers whose weight u_ij depends on s_ij and the row's count n_i only: their keys can be split freely."""
 
 DEFAULT_BUDGET = 2**21
+"""Elements of one score block (8 MiB in float32), summed over batch and heads **(our choice)**."""
 
 REFERENCE_MAX_ELEMENTS = 2**24
 """Problems up to this many score elements (64 MiB in float32) are left to the reference engine by auto-routing."""
-"""Elements of one score block (8 MiB in float32), summed over batch and heads **(our choice)**."""
 
 SORTING = ("sparsemax", "entmax15")
 """Normalizers whose entmax implementation sorts each row (values and int64 indices, several temporaries): their

