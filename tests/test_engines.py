@@ -274,3 +274,22 @@ def test_flex_failure_is_logged_once_and_falls_back(caplog, monkeypatch):
     assert sum("flex_attention failed" in r.message for r in caplog.records) == 1
     assert first[2] == "flex" and second[2] == "sdpa"                 # the failing call fell back inside flex
     _assert_close(first, _run(spec, "reference", x, kv))
+
+
+@pytest.mark.parametrize("kind", ["sigmoid", "relu"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("scale", ["inv_sqrt_d", "learned"])
+@pytest.mark.parametrize("k_len", [Q_LEN, K_LEN])
+def test_elementwise_closed_form_backward_matches_reference(monkeypatch, kind, causal, scale, k_len):
+    from axiomformer.engines import elementwise
+
+    calls = []
+    real = elementwise.ElementwiseAttention.apply
+    monkeypatch.setattr(elementwise.ElementwiseAttention, "apply",
+                        staticmethod(lambda *a: calls.append(1) or real(*a)))
+    spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(normalizer=kind, scale=scale)
+    g = torch.Generator().manual_seed(11)
+    x, kv = torch.randn(BATCH, Q_LEN, DIM, generator=g), torch.randn(BATCH, k_len, DIM, generator=g)
+    fast = _run(spec, "chunked", x, kv)
+    assert calls, "the closed-form path did not run"
+    _assert_close(fast, _run(spec, "reference", x, kv))

@@ -15,6 +15,9 @@ the backward recomputes one chunk at a time, so peak memory is O(cq x k_len) rat
 **(our choice: recomputation instead of a hand-written backward, so that every score, normalizer and contribution
 module is differentiated by autograd exactly as in the reference)**.
 
+Sigmoid and relu with dot scores, proportional contributions and at most a causal mask take a faster route:
+``engines/elementwise.py``, a closed-form backward that recomputes each chunk's weights in place.
+
 The block sizes come from ``memory_budget`` (float32 elements of one score block, summed over batch and heads) unless
 ``query_chunk``/``key_chunk`` are set (tests set them small to exercise the chunk boundaries).
 """
@@ -30,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from axiomformer.axes.normalizer import feature_map, normalize
 from axiomformer.axes.position import alibi_bias
+from axiomformer.engines import elementwise
 from axiomformer.engines.problem import AttentionProblem, causal_mask
 from axiomformer.engines.reference import attention_weights, clean_nonfinite
 
@@ -255,5 +259,9 @@ class ChunkedEngine:
     def run(self, module, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         k, v = clean_nonfinite(problem)
         cq, ck = self.chunk_sizes(module, problem)
-        out = poison_rows(chunked_attention(module, problem, k, v, cq, ck), problem)
+        if elementwise.applies(module, problem):
+            out = elementwise.elementwise_attention(module, problem, k, v, cq)
+        else:
+            out = chunked_attention(module, problem, k, v, cq, ck)
+        out = poison_rows(out, problem)
         return out, (attention_weights(module, problem, k) if need_weights else None)
