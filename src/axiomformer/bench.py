@@ -7,18 +7,12 @@ forward and backward on random (batch, heads, seq, head_dim) queries, keys and v
 the medians reported, so that load from other processes hits both alike. The reference engine is timed the same way
 where its (seq x seq) matrices fit (``reference_max_len``), and x-transformers' ``Attend`` when it is installed.
 
-Peak memory (our choice of method, reported with the results):
-    CUDA  ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the memory allocated before;
-    CPU   Linux's peak resident set size: ``/proc/self/clear_refs`` resets VmHWM, and the peak is VmHWM minus the
-          resident size before the call. glibc is told (``mallopt``) to serve every block over 64 KiB by mmap and to
-          return freed memory at once, so that freed and reused blocks are not hidden in its heap. Elsewhere, the
-          allocations recorded by ``torch.profiler`` (``profile_memory=True``) are replayed in time order.
-Both count everything allocated during the call: outputs, saved activations, workspace and the input gradients.
+Peak memory: :class:`axiomformer.memory.PeakMemory` (its method is reported with the results); it counts everything
+allocated during the call: outputs, saved activations, workspace and the input gradients.
 """
 
 from __future__ import annotations
 
-import ctypes
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -28,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from axiomformer.attention import Attention
+from axiomformer.memory import PeakMemory
 from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, select_engine
 from axiomformer.spec import AttentionSpec
 
@@ -53,62 +48,6 @@ class Row:
     ratio_vs_sdpa: float
     peak_mem_mb: float
     sdpa_peak_mem_mb: float
-
-
-# ---------------------------------------------------------------------------------------------- peak memory
-class PeakMemory:
-    """Peak memory of one call in MiB, by the method that fits the device (see the module docstring)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.method = self._choose()
-
-    def _choose(self) -> str:
-        if self.device.type == "cuda":
-            return "torch.cuda.max_memory_allocated (allocator peak minus memory allocated before)"
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            self._libc = ctypes.CDLL("libc.so.6")
-            self._libc.mallopt(-3, 1 << 16)                 # M_MMAP_THRESHOLD: fixed, so no dynamic raise
-            self._libc.mallopt(-1, 1 << 16)                 # M_TRIM_THRESHOLD
-            return "peak resident set size (Linux VmHWM reset by /proc/self/clear_refs; glibc mmap threshold 64 KiB)"
-        except (OSError, AttributeError):
-            return "torch.profiler allocation events replayed in time order"
-
-    @staticmethod
-    def _status(key: str) -> int:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key):
-                    return int(line.split()[1]) * 1024
-        raise OSError(key)
-
-    def measure(self, fn) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            base = torch.cuda.memory_allocated(self.device)
-            fn()
-            torch.cuda.synchronize(self.device)
-            return (torch.cuda.max_memory_allocated(self.device) - base) / 2**20
-        if self.method.startswith("peak resident"):
-            self._libc.malloc_trim(0)
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            base = self._status("VmRSS:")
-            fn()
-            return max(0.0, (self._status("VmHWM:") - base) / 2**20)
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            fn()
-        events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
-        current = peak = 0
-        for event in events:
-            current += event.self_cpu_memory_usage
-            peak = max(peak, current)
-        return peak / 2**20
 
 
 # ---------------------------------------------------------------------------------------------- the timed calls

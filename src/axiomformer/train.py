@@ -12,7 +12,6 @@ disjoint from every training example (see ``axiomformer.tasks.base``). Same conf
 from __future__ import annotations
 
 import math
-import resource
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from axiomformer.memory import PeakMemory
 from axiomformer.models import MODEL_KINDS, build_model, count_parameters, default_heads
 from axiomformer.spec import AttentionSpec
 from axiomformer.tasks import IGNORE, TASKS, make_task
@@ -120,9 +120,9 @@ class TrainResult:
         seconds: wall time of training plus evaluation.
         params: trainable parameters.
         tokens_per_second: training tokens (batch_size * seq_len per step) / training seconds (eval excluded).
-        peak_mem_mb: CUDA: ``torch.cuda.max_memory_allocated`` during the run; CPU: growth of the process's peak
-            resident set size (``resource.getrusage(...).ru_maxrss``) during the run, so 0 when an earlier run
-            already reached more.
+        peak_mem_mb: peak memory of the run above its start, in MiB (:class:`axiomformer.memory.PeakMemory`:
+            the CUDA allocator's peak, or Linux's peak resident set size reset at the start).
+        memory_method: how ``peak_mem_mb`` was measured (``PeakMemory.method``).
         engine: attention engine(s) that ran (comma-joined when layers differ); ``"recurrent"`` for rnn/lstm/gru.
         losses: training loss per step.
         history: ``[{"step", "accuracy", "loss"}]`` at every evaluation.
@@ -146,6 +146,7 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)
     chance: float = 0.0
     config: dict = field(default_factory=dict)
+    memory_method: str = ""
 
     SUMMARY_KEYS = ("task", "model", "spec", "seq_len", "accuracy", "loss", "steps", "seconds", "params",
                     "tokens_per_second")
@@ -217,10 +218,6 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
     return correct / max(1, total), loss_sum / max(1, total)
 
 
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-
-
 def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | Path | None = None,
           log: Callable[[str], None] | None = None) -> TrainResult:
     """Train ``config.model`` on ``config.task`` and evaluate it.
@@ -250,9 +247,8 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
     eval_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="eval"))
                 for i in range(config.eval_batches)]
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    rss_before = _peak_rss_mb()
+    meter = PeakMemory(device)
+    meter.start()
     start = time.perf_counter()
     train_seconds = 0.0
     losses: list[torch.Tensor] = []
@@ -294,16 +290,13 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         accuracy, eval_loss = evaluate(model, eval_set)
         engines = list(model.engines)
     seconds = time.perf_counter() - start
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device) / 2**20
-    else:
-        peak = max(0.0, _peak_rss_mb() - rss_before)
+    peak = meter.stop()
     result = TrainResult(
         task=config.task, model=config.model, spec=spec.variant if spec is not None else config.spec,
         seq_len=config.seq_len, accuracy=accuracy, loss=eval_loss, steps=steps_done, seconds=seconds,
         params=count_parameters(model),
         tokens_per_second=steps_done * config.batch_size * config.seq_len / max(train_seconds, 1e-9),
-        peak_mem_mb=peak, engine=",".join(dict.fromkeys(engines)),
+        peak_mem_mb=peak, memory_method=meter.method, engine=",".join(dict.fromkeys(engines)),
         losses=torch.stack(losses).cpu().tolist() if losses else [], history=history, chance=task.chance,
         config=config.model_dump(),
     )

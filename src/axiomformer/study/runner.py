@@ -56,52 +56,15 @@ def provenance() -> dict[str, str | None]:
 
 
 # ---------------------------------------------------------------------------------------------------- one run
-def _proc_status_mb(field: str) -> float | None:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the process's peak resident set size (Linux >= 4.0: ``echo 5 > /proc/self/clear_refs``)."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 _WARM: set[tuple[str, str]] = set()
-
-
-def _return_freed_memory() -> None:
-    """glibc only: serve every allocation over 64 KiB by mmap (returned to the OS when freed), so the resident set
-    falls back after a run and the next run's peak is its own."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 64 * 1024)   # M_MMAP_THRESHOLD (fixed: disables the dynamic threshold)
-        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
 
 
 def execute(train_config: dict[str, Any], threads: int | None = None) -> dict[str, Any]:
     """Train one run and return ``TrainResult.to_dict()`` (the function every backend calls, in any process).
 
-    On CPU under Linux ``peak_mem_mb`` is replaced by this run's own peak **(our choice)**: the trainer's
-    ``ru_maxrss`` growth reads 0 once an earlier run in the same process peaked higher. Here freed memory is returned
-    to the OS (glibc ``mallopt``), the first run of a (task, model kind) in a process is preceded by a 2-step warm-up
-    (one-time initialization is not the model's memory), the process's peak resident set size is reset
-    (``/proc/self/clear_refs``) and ``VmHWM - VmRSS(before)`` is read after training (``memory_source = "VmHWM"``).
-    Elsewhere the trainer's figure is kept (``memory_source = "trainer"``).
+    The trainer measures ``peak_mem_mb`` itself (:class:`axiomformer.memory.PeakMemory`). The first run of a
+    (task, model kind) in a process is preceded by a 2-step warm-up, so that one-time initialization (library loading,
+    first allocations) is not counted as the model's memory **(our choice)**.
 
     Args:
         train_config: keyword arguments of :class:`axiomformer.train.TrainConfig`.
@@ -115,27 +78,18 @@ def execute(train_config: dict[str, Any], threads: int | None = None) -> dict[st
     if threads:
         torch.set_num_threads(threads)
     config = trainer.TrainConfig(**train_config)
-    on_cpu = str(train_config.get("device", "auto")) == "cpu" or not torch.cuda.is_available()
-    rss_before = None
-    if on_cpu and _proc_status_mb("VmHWM") is not None:
-        _return_freed_memory()
+    try:
         warm = (config.task, config.model)
         if warm not in _WARM:
             _WARM.add(warm)
             trainer.train(config.model_copy(update={"steps": 2, "eval_batches": 1, "eval_every": 2}), progress=False)
-        rss_before = _proc_status_mb("VmRSS") if _reset_peak_rss() else None
-    cpu = time.process_time()
-    try:
+        cpu = time.process_time()
         result = trainer.train(config, progress=False)
     finally:
         torch.set_num_threads(previous)
     out = result.to_dict() if hasattr(result, "to_dict") else dict(result)
     out["cpu_seconds"] = time.process_time() - cpu
-    peak = _proc_status_mb("VmHWM") if rss_before is not None else None
-    if peak is not None:
-        out["peak_mem_mb"], out["memory_source"] = max(0.0, peak - rss_before), "VmHWM"
-    else:
-        out["memory_source"] = "trainer"
+    out["memory_source"] = out.get("memory_method") or "trainer"
     return out
 
 

@@ -1,0 +1,95 @@
+"""Peak memory of a stretch of work, in MiB: one meter for the trainer, the study and the bench.
+
+Methods (our choice; the chosen one is reported as ``PeakMemory.method``):
+    CUDA  ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the memory allocated before.
+    CPU   Linux's peak resident set size: ``/proc/self/clear_refs`` resets VmHWM, and the peak is VmHWM minus the
+          resident size at the start. glibc is told (``mallopt``) to serve every block over 64 KiB by mmap and to
+          return freed memory at once, so that an earlier, larger peak of the same process does not hide this one
+          and freed blocks are not kept in its heap.
+    else  growth of ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` (0 when an earlier peak was higher); for a single
+          call, :meth:`PeakMemory.measure` replays ``torch.profiler`` allocation events instead.
+Each counts everything allocated in between: outputs, saved activations, workspace, gradients.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import resource
+
+import torch
+
+RSS_METHOD = "peak resident set size (Linux VmHWM reset by /proc/self/clear_refs; glibc mmap threshold 64 KiB)"
+CUDA_METHOD = "torch.cuda.max_memory_allocated (allocator peak minus memory allocated before)"
+FALLBACK_METHOD = "ru_maxrss growth (torch.profiler allocation replay for single calls)"
+
+
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    raise OSError(key)
+
+
+class PeakMemory:
+    """``start()`` ... ``stop() -> MiB``, or ``measure(fn) -> MiB`` for one call, on ``device``."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.method = self._choose()
+        self._base = 0
+
+    def _choose(self) -> str:
+        if self.device.type == "cuda":
+            return CUDA_METHOD
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._libc = ctypes.CDLL("libc.so.6")
+            self._libc.mallopt(-3, 1 << 16)                 # M_MMAP_THRESHOLD: fixed, so no dynamic raise
+            self._libc.mallopt(-1, 1 << 16)                 # M_TRIM_THRESHOLD
+            return RSS_METHOD
+        except (OSError, AttributeError):
+            return FALLBACK_METHOD
+
+    def start(self) -> None:
+        """Begin a measurement: reset the peak and remember the current level."""
+        if self.method == CUDA_METHOD:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        elif self.method == RSS_METHOD:
+            self._libc.malloc_trim(0)
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._base = _status_bytes("VmRSS:")
+        else:
+            self._base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
+
+    def stop(self) -> float:
+        """Peak since :meth:`start`, above the level at the start, in MiB."""
+        if self.method == CUDA_METHOD:
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device)
+        elif self.method == RSS_METHOD:
+            peak = _status_bytes("VmHWM:")
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return max(0.0, (peak - self._base) / 2**20)
+
+    def measure(self, fn) -> float:
+        """Peak memory of one call ``fn()`` in MiB."""
+        if self.method != FALLBACK_METHOD:
+            self.start()
+            fn()
+            return self.stop()
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+        events = sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start)
+        current = peak = 0
+        for event in events:
+            current += event.self_cpu_memory_usage
+            peak = max(peak, current)
+        return peak / 2**20
