@@ -306,3 +306,20 @@ def test_float_attn_mask_is_added_to_scores_like_sdpa():
     sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     out_ref = att.out_proj(sdpa.transpose(1, 2).reshape(2, 5, DIM))
     torch.testing.assert_close(att(x, attn_mask=bias), out_ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q_len,k_len", [(5, 5), (3, 7), (7, 3)])
+def test_rows_without_keys_equals_the_full_mask_scan(causal, q_len, k_len):
+    from axiomformer.engines import AttentionProblem
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(2, 3, q_len, 4), torch.randn(2, 3, k_len, 4)
+    for mask in (None, torch.rand(2, 1, 1, k_len, generator=g) > 0.6, torch.rand(2, 3, q_len, k_len, generator=g) > 0.7):
+        problem = AttentionProblem(q=q, k=k, v=k, causal=causal, mask=mask, q_offset=k_len - q_len)
+        full = problem.full_mask()
+        expected = None if full is None else ~torch.broadcast_to(full, (2, 3, q_len, k_len)).any(-1)
+        got = problem.rows_without_keys()
+        if got is None:
+            assert expected is None or not expected.any()
+        else:
+            assert torch.equal(torch.broadcast_to(got, (2, 3, q_len)), expected)

@@ -177,16 +177,10 @@ class Attention(nn.Module):
 
     @staticmethod
     def _zero_rows_without_keys(out: Tensor, problem: AttentionProblem) -> Tensor:
-        if problem.mask is None and problem.q_offset >= 0:
-            return out  # causal alone: every query sees key 0 (no O(L^2) scan needed)
-        mask = problem.full_mask()
-        if mask is None:
+        empty = problem.rows_without_keys()
+        if empty is None:
             return out
-        # Reduce over keys before broadcasting: O(L S) instead of O(batch heads L S).
-        has_key = mask.any(-1)
-        has_key = torch.broadcast_to(has_key, (out.shape[0], has_key.shape[1] if has_key.dim() == 3 else 1,
-                                               problem.q_len))
-        empty = ~has_key.any(1)                                                          # (batch, q_len)
+        empty = empty.all(1)                                   # (batch|1, q_len): no key in any head
         return out.masked_fill(empty.unsqueeze(-1), 0.0) if bool(empty.any()) else out
 
     # ------------------------------------------------------------------ interop

@@ -82,6 +82,22 @@ class AttentionProblem:
             bias = alibi if bias is None else bias + alibi
         return bias
 
+    def rows_without_keys(self) -> Tensor | None:
+        """(batch|1, heads|1, q_len) bool marking queries with no visible key, or None when every query has one.
+
+        Reads ``mask`` (at most (batch, heads, q_len, k_len)) and the causal rule j <= q_offset + i without building
+        their combination: a row is empty when its first unmasked key lies after its causal limit.
+        """
+        if self.mask is None:
+            if not self.causal or self.q_offset >= 0:
+                return None
+            return (self.q_positions < 0).view(1, 1, -1)
+        mask = self.mask if self.mask.dim() == 4 else self.mask.view((1,) * (4 - self.mask.dim()) + self.mask.shape)
+        if not self.causal:
+            return ~mask.any(-1)
+        first = torch.where(mask.any(-1), mask.to(torch.uint8).argmax(-1), self.k_len)     # first unmasked key
+        return first > self.q_positions
+
     @cached_property
     def nonfinite_keys(self) -> Tensor | None:
         """(batch, heads, k_len) bool marking keys whose key or value holds NaN/inf, or None if all are finite.
