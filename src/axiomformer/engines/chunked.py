@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from axiomformer.axes.normalizer import feature_map, normalize
 from axiomformer.axes.position import alibi_bias
 from axiomformer.engines import elementwise
-from axiomformer.engines.problem import AttentionProblem, causal_mask
+from axiomformer.engines.problem import AttentionProblem, block_mask, poison_rows, slice_block
 from axiomformer.engines.reference import attention_weights, clean_nonfinite
 
 ELEMENTWISE = ("sigmoid", "relu")
@@ -52,30 +52,9 @@ query chunks get a quarter of the budget."""
 
 
 # ---------------------------------------------------------------------------------------------- blocks of a problem
-def _slice_block(t: Tensor | None, qs: slice, ks: slice) -> Tensor | None:
-    """Rows ``qs`` and columns ``ks`` of a tensor broadcastable to (batch, heads, q_len, k_len)."""
-    if t is None:
-        return None
-    if t.shape[-2] != 1:
-        t = t[..., qs, :]
-    if t.shape[-1] != 1:
-        t = t[..., ks]
-    return t
-
-
-def block_mask(problem: AttentionProblem, qs: slice, ks: slice) -> Tensor | None:
-    """``problem.full_mask()[..., qs, ks]`` without building the full mask; None when the block is fully visible."""
-    mask = _slice_block(problem.mask, qs, ks)
-    if problem.causal and ks.stop - 1 > problem.q_offset + qs.start:
-        causal = causal_mask(qs.stop - qs.start, ks.stop - ks.start, problem.q_offset + qs.start - ks.start,
-                             problem.q.device)
-        mask = causal if mask is None else mask & causal
-    return mask
-
-
 def block_bias(problem: AttentionProblem, qs: slice, ks: slice) -> Tensor | None:
     """``problem.full_bias()[..., qs, ks]`` (user bias plus ALiBi), built one block at a time."""
-    bias = _slice_block(problem.bias, qs, ks)
+    bias = slice_block(problem.bias, qs, ks)
     if problem.alibi_slopes is not None:
         alibi = alibi_bias(problem.alibi_slopes, problem.q_positions[qs], problem.k_positions[ks], problem.causal)
         bias = alibi if bias is None else bias + alibi
@@ -93,30 +72,6 @@ def _key_blocks(problem: AttentionProblem, qs: slice, k_end: int, size: int) -> 
         return _blocks(k_end, size)
     split = min(k_end, max(0, problem.q_offset + qs.start + 1))     # keys every query of the chunk may see
     return _blocks(split, size) + [slice(split + b.start, split + b.stop) for b in _blocks(k_end - split, size)]
-
-
-def nonfinite_hits(problem: AttentionProblem, chunk: int = 256) -> Tensor | None:
-    """(batch, heads, q_len, 1) bool: queries that may attend to a non-finite key (None if every key is finite).
-
-    The chunked counterpart of ``reference.poison_nonfinite``: the visibility mask is built ``chunk`` queries at a time.
-    """
-    bad = problem.nonfinite_keys
-    if bad is None:
-        return None
-    batch, heads = bad.shape[:2]
-    hits = []
-    for qs in _blocks(problem.q_len, chunk):
-        mask = block_mask(problem, qs, slice(0, problem.k_len))
-        seen = bad.unsqueeze(-2) if mask is None else mask & bad.unsqueeze(-2)
-        seen = torch.broadcast_to(seen, (batch, heads, qs.stop - qs.start, problem.k_len))
-        hits.append(seen.any(-1, keepdim=True))
-    return torch.cat(hits, dim=-2)
-
-
-def poison_rows(out: Tensor, problem: AttentionProblem) -> Tensor:
-    """NaN in the output rows (batch, heads, q_len, head_dim) of queries that may see a non-finite key."""
-    hits = nonfinite_hits(problem)
-    return out if hits is None else out.masked_fill(hits, float("nan"))
 
 
 # ---------------------------------------------------------------------------------------------- one query chunk

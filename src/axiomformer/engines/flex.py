@@ -19,8 +19,7 @@ import logging
 import torch
 from torch import Tensor
 
-from axiomformer.engines.chunked import poison_rows
-from axiomformer.engines.problem import AttentionProblem
+from axiomformer.engines.problem import AttentionProblem, poison_rows
 from axiomformer.engines.reference import attention_weights, clean_nonfinite
 from axiomformer.engines.sdpa import REDUCIBLE_SCORES, _augment, dot_form, softmax_like
 

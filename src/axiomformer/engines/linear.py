@@ -25,8 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from axiomformer.axes.normalizer import LINEAR_EPS, feature_map
-from axiomformer.engines.chunked import poison_rows
-from axiomformer.engines.problem import AttentionProblem
+from axiomformer.engines.problem import AttentionProblem, poison_rows
 from axiomformer.engines.reference import attention_weights, clean_nonfinite
 
 

@@ -113,3 +113,50 @@ class AttentionProblem:
         if bool(torch.isfinite(self.k).all()) and bool(torch.isfinite(self.v).all()):
             return None
         return ~(torch.isfinite(self.k).all(-1) & torch.isfinite(self.v).all(-1))
+
+
+# ---------------------------------------------------------------------------------------------- blocks and NaN
+def slice_block(t: Tensor | None, qs: slice, ks: slice) -> Tensor | None:
+    """Rows ``qs`` and columns ``ks`` of a tensor broadcastable to (batch, heads, q_len, k_len)."""
+    if t is None:
+        return None
+    if t.shape[-2] != 1:
+        t = t[..., qs, :]
+    if t.shape[-1] != 1:
+        t = t[..., ks]
+    return t
+
+
+def block_mask(problem: AttentionProblem, qs: slice, ks: slice) -> Tensor | None:
+    """``problem.full_mask()[..., qs, ks]`` without building the full mask; None when the block is fully visible."""
+    mask = slice_block(problem.mask, qs, ks)
+    if problem.causal and ks.stop - 1 > problem.q_offset + qs.start:
+        causal = causal_mask(qs.stop - qs.start, ks.stop - ks.start, problem.q_offset + qs.start - ks.start,
+                             problem.q.device)
+        mask = causal if mask is None else mask & causal
+    return mask
+
+
+def nonfinite_hits(problem: AttentionProblem, chunk: int = 256) -> Tensor | None:
+    """(batch, heads, q_len, 1) bool: queries that may attend to a non-finite key (None if every key is finite).
+
+    The visibility mask is built ``chunk`` queries at a time, so no (q_len x k_len) mask is ever held.
+    """
+    bad = problem.nonfinite_keys
+    if bad is None:
+        return None
+    batch, heads = bad.shape[:2]
+    hits = []
+    for start in range(0, problem.q_len, chunk):
+        qs = slice(start, min(start + chunk, problem.q_len))
+        mask = block_mask(problem, qs, slice(0, problem.k_len))
+        seen = bad.unsqueeze(-2) if mask is None else mask & bad.unsqueeze(-2)
+        seen = torch.broadcast_to(seen, (batch, heads, qs.stop - qs.start, problem.k_len))
+        hits.append(seen.any(-1, keepdim=True))
+    return torch.cat(hits, dim=-2)
+
+
+def poison_rows(out: Tensor, problem: AttentionProblem) -> Tensor:
+    """NaN in the output rows (batch, heads, q_len, head_dim) of queries that may see a non-finite key."""
+    hits = nonfinite_hits(problem)
+    return out if hits is None else out.masked_fill(hits, float("nan"))

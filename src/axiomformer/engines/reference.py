@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from axiomformer.axes.normalizer import feature_map, normalize
-from axiomformer.engines.problem import AttentionProblem
+from axiomformer.engines.problem import AttentionProblem, poison_rows
 
 
 def clean_nonfinite(problem: AttentionProblem) -> tuple[Tensor, Tensor]:
@@ -21,18 +21,6 @@ def clean_nonfinite(problem: AttentionProblem) -> tuple[Tensor, Tensor]:
         return problem.k, problem.v
     keep = ~bad.unsqueeze(-1)
     return torch.where(keep, problem.k, 0.0), torch.where(keep, problem.v, 0.0)
-
-
-def poison_nonfinite(out: Tensor, problem: AttentionProblem, mask: Tensor | None) -> Tensor:
-    """Set to NaN the outputs (batch, heads, q_len, head_dim) of queries that may attend to a non-finite key."""
-    bad = problem.nonfinite_keys
-    if bad is None:
-        return out
-    visible = torch.ones(1, 1, problem.q_len, problem.k_len, dtype=torch.bool, device=out.device)
-    if mask is not None:
-        visible = visible & mask
-    hit = (visible.float() * bad.unsqueeze(-2).float()).sum(-1, keepdim=True) > 0
-    return out.masked_fill(hit, float("nan"))
 
 
 def attention_weights(module, problem: AttentionProblem, k: Tensor | None = None) -> Tensor:
@@ -64,7 +52,7 @@ def run(module, problem: AttentionProblem, need_weights: bool = False) -> tuple[
     weights = attention_weights(module, problem, k)
     dropped = F.dropout(weights, p=problem.dropout_p) if problem.training and problem.dropout_p > 0 else weights
     out = module.contribution(dropped.to(v.dtype), v)
-    out = poison_nonfinite(out, problem, problem.full_mask())
+    out = poison_rows(out, problem)
     return out, (weights if need_weights else None)
 
 

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from axiomformer.engines.chunked import DEFAULT_BUDGET, poison_rows
-from axiomformer.engines.problem import AttentionProblem
+from axiomformer.engines.chunked import DEFAULT_BUDGET
+from axiomformer.engines.problem import AttentionProblem, poison_rows
 from axiomformer.engines.reference import attention_weights, clean_nonfinite
 
 REDUCIBLE_SCORES = ("dot", "bilinear", "cosine", "neg_l2")
