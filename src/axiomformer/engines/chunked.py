@@ -34,8 +34,8 @@ from torch.utils.checkpoint import checkpoint
 from axiomformer.axes.normalizer import feature_map, normalize
 from axiomformer.axes.position import alibi_bias
 from axiomformer.engines import elementwise
-from axiomformer.engines.problem import AttentionProblem, block_mask, poison_rows, slice_block
-from axiomformer.engines.reference import attention_weights, clean_nonfinite
+from axiomformer.engines.problem import AttentionProblem, block_mask, clean_nonfinite, poison_rows, slice_block
+from axiomformer.engines.reference import attention_weights
 
 ELEMENTWISE = ("sigmoid", "relu")
 """Normalizers whose weight u_ij depends on s_ij and the row's count n_i only: their keys can be split freely."""

@@ -19,8 +19,8 @@ import logging
 import torch
 from torch import Tensor
 
-from axiomformer.engines.problem import AttentionProblem, poison_rows
-from axiomformer.engines.reference import attention_weights, clean_nonfinite
+from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows
+from axiomformer.engines.reference import attention_weights
 from axiomformer.engines.sdpa import REDUCIBLE_SCORES, _augment, dot_form, softmax_like
 
 logger = logging.getLogger(__name__)

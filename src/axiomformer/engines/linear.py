@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from axiomformer.axes.normalizer import LINEAR_EPS, feature_map
-from axiomformer.engines.problem import AttentionProblem, poison_rows
-from axiomformer.engines.reference import attention_weights, clean_nonfinite
+from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows
+from axiomformer.engines.reference import attention_weights
 
 
 def key_only_mask(mask: Tensor | None) -> bool:

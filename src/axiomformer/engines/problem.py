@@ -156,6 +156,15 @@ def nonfinite_hits(problem: AttentionProblem, chunk: int = 256) -> Tensor | None
     return torch.cat(hits, dim=-2)
 
 
+def clean_nonfinite(problem: AttentionProblem) -> tuple[Tensor, Tensor]:
+    """k and v with non-finite keys zeroed (see ``AttentionProblem.nonfinite_keys``)."""
+    bad = problem.nonfinite_keys
+    if bad is None:
+        return problem.k, problem.v
+    keep = ~bad.unsqueeze(-1)
+    return torch.where(keep, problem.k, 0.0), torch.where(keep, problem.v, 0.0)
+
+
 def poison_rows(out: Tensor, problem: AttentionProblem) -> Tensor:
     """NaN in the output rows (batch, heads, q_len, head_dim) of queries that may see a non-finite key."""
     hits = nonfinite_hits(problem)

@@ -11,16 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from axiomformer.axes.normalizer import feature_map, normalize
-from axiomformer.engines.problem import AttentionProblem, poison_rows
-
-
-def clean_nonfinite(problem: AttentionProblem) -> tuple[Tensor, Tensor]:
-    """k and v with non-finite keys zeroed (see ``AttentionProblem.nonfinite_keys``)."""
-    bad = problem.nonfinite_keys
-    if bad is None:
-        return problem.k, problem.v
-    keep = ~bad.unsqueeze(-1)
-    return torch.where(keep, problem.k, 0.0), torch.where(keep, problem.v, 0.0)
+from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows
 
 
 def attention_weights(module, problem: AttentionProblem, k: Tensor | None = None) -> Tensor:

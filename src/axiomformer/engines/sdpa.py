@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from axiomformer.engines.chunked import DEFAULT_BUDGET
-from axiomformer.engines.problem import AttentionProblem, poison_rows
-from axiomformer.engines.reference import attention_weights, clean_nonfinite
+from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows
+from axiomformer.engines.reference import attention_weights
 
 REDUCIBLE_SCORES = ("dot", "bilinear", "cosine", "neg_l2")
 """Scores with softmax(score) = softmax(q' . k') for transformed q', k' (up to a per-row constant)."""
