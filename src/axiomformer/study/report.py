@@ -210,12 +210,18 @@ def _scalars(payload: dict[str, Any]) -> list[list[str]]:
             if isinstance(v, (int, float, str, bool)) or v is None]
 
 
-def _derive(d: StudyData) -> list:
-    out: list = [Heading("Derivation check")]
-    section = d.sections.get("derive")
+def _cached_section(d: StudyData, key: str, title: str) -> tuple[list, Any]:
+    """(the section's opening blocks, its cached payload); the payload is None when the study has not computed it."""
+    section = d.sections.get(key)
     if section is None:
-        return out + [Paragraph(f"Derivation check: {NOT_AVAILABLE}.")]
-    payload = section["payload"]
+        return [Heading(title), Paragraph(f"{title}: {NOT_AVAILABLE}.")], None
+    return [Heading(title)], section["payload"]
+
+
+def _derive(d: StudyData) -> list:
+    out, payload = _cached_section(d, "derive", "Derivation check")
+    if payload is None:
+        return out
     steps = payload.get("steps", []) if isinstance(payload, dict) else []
     table = Table(["step", "assumption imposed", "max abs error", "passed"])
     for step in steps:
@@ -231,11 +237,9 @@ def _derive(d: StudyData) -> list:
 
 
 def _flow(d: StudyData) -> list:
-    out: list = [Heading("Flow experiment (quick)")]
-    section = d.sections.get("flow")
-    if section is None:
-        return out + [Paragraph(f"Flow experiment: {NOT_AVAILABLE}.")]
-    payload = section["payload"]
+    out, payload = _cached_section(d, "flow", "Flow experiment (quick)")
+    if payload is None:
+        return out
     acc = payload.get("accuracy") or {}
     ks = list(dict.fromkeys(k for per in acc.values() for k in per))
     table = Table(["noise sigma", *(f"K={k}" for k in ks)],
