@@ -323,3 +323,32 @@ def test_rows_without_keys_equals_the_full_mask_scan(causal, q_len, k_len):
             assert expected is None or not expected.any()
         else:
             assert torch.equal(torch.broadcast_to(got, (2, 3, q_len)), expected)
+
+
+def test_rope_backward_is_the_inverse_rotation():
+    from axiomformer.axes.position import apply_rope
+
+    x = torch.randn(2, 3, 7, 8, dtype=torch.float64, requires_grad=True)
+    pos = torch.arange(7) + 2
+    assert torch.autograd.gradcheck(lambda t: apply_rope(t, pos), (x,))
+    # A rotation preserves norms: |rope(x)| = |x| for every (batch, head, position).
+    torch.testing.assert_close(apply_rope(x, pos).norm(dim=-1), x.norm(dim=-1))
+
+
+def test_unit_rows_matches_f_normalize_with_its_gradients():
+    from axiomformer.axes.score import unit_rows
+
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    tau = torch.rand(1, 3, 1, 1, dtype=torch.float64) + 0.5
+    assert torch.autograd.gradcheck(unit_rows, (x.clone().requires_grad_(), tau.clone().requires_grad_(), 1e-6))
+    assert torch.autograd.gradcheck(unit_rows, (x.clone().requires_grad_(), None, 1e-6))
+    # Against autograd through F.normalize, including a row below eps (there y = tau x / eps).
+    x[0, 0, 1] = 1e-9
+    results = []
+    for f in (unit_rows, lambda a, t, eps: torch.nn.functional.normalize(a, dim=-1, eps=eps) * t):
+        a, t = x.clone().requires_grad_(), tau.clone().requires_grad_()
+        y = f(a, t, 1e-6)
+        y.backward(torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y))
+        results.append((y, a.grad, t.grad))
+    for mine, theirs in zip(*results):
+        torch.testing.assert_close(mine, theirs)

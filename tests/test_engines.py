@@ -293,3 +293,41 @@ def test_elementwise_closed_form_backward_matches_reference(monkeypatch, kind, c
     fast = _run(spec, "chunked", x, kv)
     assert calls, "the closed-form path did not run"
     _assert_close(fast, _run(spec, "reference", x, kv))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("masking", ["causal", "bool", "float"])
+def test_sdpa_flushing_denormals_matches_torch_sdpa(dtype, masking):
+    from axiomformer.engines.sdpa import sdpa_flushing_denormals
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 45, 8, generator=g, dtype=dtype) for _ in range(3))
+    k[..., 0] = torch.arange(45, dtype=dtype) * 3.0          # ALiBi-like: far keys get logits down to -1000
+    q[..., 0] = 1.0
+    kwargs = {"is_causal": True} if masking == "causal" else {
+        "attn_mask": torch.rand(45, 45, generator=g) > 0.4 if masking == "bool" else
+        torch.randn(2, 1, 45, 45, generator=g, dtype=dtype)}
+    grads = []
+    for attend in (sdpa_flushing_denormals, torch.nn.functional.scaled_dot_product_attention):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = attend(*leaves, **kwargs)
+        out.backward(torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out))
+        grads.append([out.detach()] + [t.grad for t in leaves])
+    for mine, theirs in zip(*grads):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_flush_to_zero_thread_flushes_in_its_whole_openmp_team_and_nowhere_else():
+    from axiomformer.engines.sdpa import _in_flush_to_zero_thread
+
+    def denormals() -> int:
+        # 1e-30 * 1e-10 = 1e-40 is a float32 denormal; a big tensor is split across the OpenMP team.
+        return int((torch.full((1 << 21,), 1e-30) * 1e-10).count_nonzero())
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert _in_flush_to_zero_thread(denormals) == 0
+        assert denormals() == 1 << 21                          # the calling thread is left as it was
+    finally:
+        torch.set_num_threads(threads)

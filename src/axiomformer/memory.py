@@ -3,9 +3,12 @@
 Methods (our choice; the chosen one is reported as ``PeakMemory.method``):
     CUDA  ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the memory allocated before.
     CPU   Linux's peak resident set size: ``/proc/self/clear_refs`` resets VmHWM, and the peak is VmHWM minus the
-          resident size at the start. glibc is told (``mallopt``) to serve every block over 64 KiB by mmap and to
-          return freed memory at once, so that an earlier, larger peak of the same process does not hide this one
-          and freed blocks are not kept in its heap.
+          resident size at the start. While measuring, glibc is told (``mallopt``) to serve every block over 64 KiB
+          by mmap and to return freed memory at once, so that an earlier, larger peak of the same process does not
+          hide this one and freed blocks are not kept in its heap. That strict mode makes every large allocation a
+          fresh, zero-filled mapping (2x slower chunked engines in our measurements), so :meth:`PeakMemory.stop`
+          puts glibc back in a fast mode (blocks below 32 MiB, glibc's own dynamic ceiling, from the heap) and
+          timed work outside a measurement is not slowed down.
     else  growth of ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` (0 when an earlier peak was higher); for a single
           call, :meth:`PeakMemory.measure` replays ``torch.profiler`` allocation events instead.
 Each counts everything allocated in between: outputs, saved activations, workspace, gradients.
@@ -18,7 +21,8 @@ import resource
 
 import torch
 
-RSS_METHOD = "peak resident set size (Linux VmHWM reset by /proc/self/clear_refs; glibc mmap threshold 64 KiB)"
+RSS_METHOD = ("peak resident set size (Linux VmHWM reset by /proc/self/clear_refs; glibc mmap threshold 64 KiB while "
+              "measuring)")
 CUDA_METHOD = "torch.cuda.max_memory_allocated (allocator peak minus memory allocated before)"
 FALLBACK_METHOD = "ru_maxrss growth (torch.profiler allocation replay for single calls)"
 
@@ -46,11 +50,16 @@ class PeakMemory:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
             self._libc = ctypes.CDLL("libc.so.6")
-            self._libc.mallopt(-3, 1 << 16)                 # M_MMAP_THRESHOLD: fixed, so no dynamic raise
-            self._libc.mallopt(-1, 1 << 16)                 # M_TRIM_THRESHOLD
+            self._libc.mallopt                              # AttributeError where there is no glibc
             return RSS_METHOD
         except (OSError, AttributeError):
             return FALLBACK_METHOD
+
+    def _allocator(self, strict: bool) -> None:
+        """glibc's mmap and trim thresholds: 64 KiB while measuring (strict), 32 MiB / 64 MiB otherwise (fast)."""
+        mmap_threshold, trim_threshold = (1 << 16, 1 << 16) if strict else (32 << 20, 64 << 20)
+        self._libc.mallopt(-3, mmap_threshold)              # M_MMAP_THRESHOLD (fixed: no dynamic raise)
+        self._libc.mallopt(-1, trim_threshold)              # M_TRIM_THRESHOLD
 
     def start(self) -> None:
         """Begin a measurement: reset the peak and remember the current level."""
@@ -59,6 +68,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
         elif self.method == RSS_METHOD:
+            self._allocator(strict=True)
             self._libc.malloc_trim(0)
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
@@ -73,6 +83,7 @@ class PeakMemory:
             peak = torch.cuda.max_memory_allocated(self.device)
         elif self.method == RSS_METHOD:
             peak = _status_bytes("VmHWM:")
+            self._allocator(strict=False)
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return max(0.0, (peak - self._base) / 2**20)

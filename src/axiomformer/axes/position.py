@@ -39,19 +39,47 @@ def sinusoidal_table(positions: Tensor, dim: int) -> Tensor:
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, base: float = ROPE_BASE) -> tuple[Tensor, Tensor]:
-    """cos and sin tables (len(positions), head_dim) for rotate-half RoPE."""
+    """cos and sin of the RoPE angles p * base^(-2i/head_dim), each (len(positions), head_dim / 2), float32."""
     inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     angle = positions.float().unsqueeze(-1) * inv_freq                # (L, head_dim / 2)
-    angle = torch.cat([angle, angle], dim=-1)
     return angle.cos(), angle.sin()
 
 
-def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
-    """Rotate x (batch, heads, seq, head_dim) by its positions (seq,): x cos + rotate_half(x) sin."""
-    cos, sin = rope_cos_sin(positions, x.shape[-1], base)
+def _rotate_(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """out = x cos + rotate_half(x) sin, with rotate_half(x) = [-x2, x1] (x = [x1, x2] split in halves)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    torch.mul(x1, cos, out=out[..., :half]).addcmul_(x2, sin, value=-1.0)
+    torch.mul(x2, cos, out=out[..., half:]).addcmul_(x1, sin)
+    return out
+
+
+class _Rope(torch.autograd.Function):
+    """RoPE as one rotation per pair (x1_i, x2_i); the backward is the inverse rotation (angle -theta)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        ctx.save_for_backward(cos, sin)
+        return _rotate_(torch.empty_like(x), x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        cos, sin = ctx.saved_tensors
+        return _rotate_(torch.empty_like(grad), grad, cos, -sin), None, None
+
+
+def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
+    """Rotate x (batch, heads, seq, head_dim) by its positions (seq,), rotate-half convention (Su et al. 2021,
+    eq. 34): x cos + rotate_half(x) sin, computed in float32 (or float64) and returned in x's dtype.
+
+    Raises:
+        ValueError: odd head_dim (RoPE rotates pairs of coordinates).
+    """
+    if x.shape[-1] % 2:
+        raise ValueError(f"RoPE needs an even head_dim, got {x.shape[-1]}")
+    cos, sin = rope_cos_sin(positions, x.shape[-1], base)
+    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    return _Rope.apply(work, cos.to(work.dtype), sin.to(work.dtype)).to(x.dtype)
 
 
 def alibi_slopes(num_heads: int) -> Tensor:

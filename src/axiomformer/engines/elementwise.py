@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from axiomformer.engines.problem import AttentionProblem, causal_mask
+from axiomformer.engines.problem import AttentionProblem
 
 KINDS = ("sigmoid", "relu")
 
@@ -42,61 +42,85 @@ def _counts(rows: int, start: int, offset: int, causal: bool, k_len: int, like: 
     return n.view(-1, 1)
 
 
-def _chunk_weights(q_c: Tensor, k_c: Tensor, kind: str, start: int, offset: int, causal: bool, k_len: int) -> Tensor:
-    """u for queries start.. (absolute rows start + offset ..) against keys k_c, computed in place."""
-    rows = q_c.shape[-2]
-    w = torch.matmul(q_c, k_c.transpose(-2, -1))
-    n = _counts(rows, start, offset, causal, k_len, w)
-    if kind == "sigmoid":
-        w.sub_(n.log()).sigmoid_()
-    else:
-        w.relu_().div_(n)
-    if causal:
-        w.masked_fill_(~causal_mask(rows, k_c.shape[-2], offset + start, q_c.device), 0.0)
-    return w
-
-
 def _k_end(start: int, stop: int, offset: int, causal: bool, k_len: int) -> int:
     return min(k_len, max(1, offset + stop)) if causal else k_len
 
 
+class _Chunk:
+    """One chunk of queries: rows ``start:stop`` (absolute positions ``offset + start ..``) and their visible keys."""
+
+    def __init__(self, start: int, stop: int, offset: int, causal: bool, k_len: int, like: Tensor):
+        self.rows = slice(start, stop)
+        self.end = _k_end(start, stop, offset, causal, k_len)
+        self.n = _counts(stop - start, start, offset, causal, k_len, like)
+        # Keys before ``first`` are visible to every query of the chunk; only columns first..end need the mask.
+        self.first = max(0, min(self.end, offset + start + 1)) if causal else self.end
+        self.hidden = None
+        if self.first < self.end:
+            i = torch.arange(start, stop, device=like.device).view(-1, 1) + offset
+            j = torch.arange(self.first, self.end, device=like.device).view(1, -1)
+            self.hidden = j > i                                                    # (rows, end - first)
+
+    def mask_(self, w: Tensor) -> Tensor:
+        """Zero the weights of keys after each query's diagonal, in place (only the diagonal block is touched)."""
+        if self.hidden is not None:
+            w[..., self.first:self.end].masked_fill_(self.hidden, 0.0)
+        return w
+
+
+def _chunk_weights(q_c: Tensor, k_c: Tensor, kind: str, chunk: _Chunk) -> Tensor:
+    """u (batch*heads, rows, end) for the queries q_c (already scaled) against the keys k_c, computed in place.
+
+    relu: relu(s) / n = relu(s / n) for n > 0, so the rows of q are divided by n_i before the matmul.
+    """
+    if kind == "sigmoid":
+        w = torch.bmm(q_c, k_c.transpose(-2, -1)).sub_(chunk.n.log()).sigmoid_()
+    else:
+        w = torch.bmm(q_c / chunk.n, k_c.transpose(-2, -1)).relu_()
+    return chunk.mask_(w)
+
+
+def _chunks(q_len: int, size: int, offset: int, causal: bool, k_len: int, like: Tensor):
+    for start in range(0, q_len, size):
+        yield _Chunk(start, min(start + size, q_len), offset, causal, k_len, like)
+
+
 class ElementwiseAttention(torch.autograd.Function):
-    """y = u(q k^T) v for an elementwise normalizer, chunked over queries, with a recomputing closed-form backward."""
+    """y = u(q k^T) v for an elementwise normalizer, chunked over queries, with a recomputing closed-form backward.
+
+    Inputs are (batch*heads, seq, head_dim) (3-d, so that the chunk products are single ``bmm``/``baddbmm`` calls).
+    """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, kind: str, causal: bool, offset: int, chunk: int) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, kind: str, causal: bool, offset: int, size: int) -> Tensor:
         k_len = k.shape[-2]
-        out = q.new_zeros(q.shape[:-1] + (v.shape[-1],))
-        for start in range(0, q.shape[-2], chunk):
-            stop = min(start + chunk, q.shape[-2])
-            end = _k_end(start, stop, offset, causal, k_len)
-            w = _chunk_weights(q[..., start:stop, :], k[..., :end, :], kind, start, offset, causal, k_len)
-            out[..., start:stop, :] = torch.matmul(w, v[..., :end, :])
+        out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+        for c in _chunks(q.shape[-2], size, offset, causal, k_len, q):
+            w = _chunk_weights(q[:, c.rows], k[:, :c.end], kind, c)
+            out[:, c.rows] = torch.bmm(w, v[:, :c.end])
         ctx.save_for_backward(q, k, v)
-        ctx.kind, ctx.causal, ctx.offset, ctx.chunk = kind, causal, offset, chunk
+        ctx.kind, ctx.causal, ctx.offset, ctx.size = kind, causal, offset, size
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         q, k, v = ctx.saved_tensors
-        kind, causal, offset, chunk = ctx.kind, ctx.causal, ctx.offset, ctx.chunk
-        k_len = k.shape[-2]
-        grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for start in range(0, q.shape[-2], chunk):
-            stop = min(start + chunk, q.shape[-2])
-            end = _k_end(start, stop, offset, causal, k_len)
-            q_c, k_c, v_c, g = q[..., start:stop, :], k[..., :end, :], v[..., :end, :], grad_out[..., start:stop, :]
-            w = _chunk_weights(q_c, k_c, kind, start, offset, causal, k_len)
-            grad_v[..., :end, :] += torch.matmul(w.transpose(-2, -1), g)
-            grad_s = torch.matmul(g, v_c.transpose(-2, -1))                       # dL/du
+        kind = ctx.kind
+        grad_out = grad_out.contiguous()
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for c in _chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q):
+            q_c, k_c, v_c, g = q[:, c.rows], k[:, :c.end], v[:, :c.end], grad_out[:, c.rows]
+            w = _chunk_weights(q_c, k_c, kind, c)
+            grad_v[:, :c.end].baddbmm_(w.transpose(-2, -1), g)
             if kind == "sigmoid":
-                grad_s.mul_(w)
-                grad_s = torch.addcmul(grad_s, grad_s, w, value=-1.0)             # dL/du * u (1 - u)
+                grad_s = torch.bmm(g, v_c.transpose(-2, -1))                      # dL/du
+                grad_s.mul_(w.addcmul_(w, w, value=-1.0))                         # dL/du * u (1 - u)
             else:
-                # relu: u = relu(s) / n, so du/ds = [u > 0] / n (0 at masked keys, where u = 0).
-                grad_s.mul_(w > 0).div_(_counts(stop - start, start, offset, causal, k_len, w))
-            grad_q[..., start:stop, :] = torch.matmul(grad_s, k_c)
-            grad_k[..., :end, :] += torch.matmul(grad_s.transpose(-2, -1), q_c)
+                # relu: u = relu(s / n), du/ds = [u > 0] / n; the 1/n_i is applied to the rows of dL/dy first.
+                grad_s = torch.bmm(g / c.n, v_c.transpose(-2, -1))
+                grad_s.mul_(w.sign_())                              # [u > 0] (u >= 0); also 0 at masked keys
+            grad_q[:, c.rows] = torch.bmm(grad_s, k_c)
+            grad_k[:, :c.end].baddbmm_(grad_s.transpose(-2, -1), q_c)
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
@@ -104,4 +128,8 @@ def elementwise_attention(module, problem: AttentionProblem, k: Tensor, v: Tenso
     """Output (batch, heads, q_len, head_dim_v) of a problem for which :func:`applies` holds."""
     scale = module.scale()
     q = problem.q * (scale.to(problem.q.dtype) if isinstance(scale, Tensor) else scale)
-    return ElementwiseAttention.apply(q, k, v, module.spec.normalizer, problem.causal, problem.q_offset, chunk)
+    batch, heads = q.shape[0], q.shape[1]
+    q3, k3, v3 = (torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
+                  for t in (q, k, v))
+    out = ElementwiseAttention.apply(q3, k3, v3, module.spec.normalizer, problem.causal, problem.q_offset, chunk)
+    return out.view(batch, heads, *out.shape[1:])

@@ -18,10 +18,14 @@ float mask when it is small, and to the flex or chunked engine when it is not.
 
 from __future__ import annotations
 
+import math
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from axiomformer.axes.score import unit_rows
 from axiomformer.engines.chunked import DEFAULT_BUDGET
 from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows
 from axiomformer.engines.reference import attention_weights
@@ -50,8 +54,8 @@ def dot_form(module, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float | Tens
     if spec.score == "bilinear":
         q = torch.matmul(q, score.weight.to(q.dtype))
     elif spec.score == "cosine":
-        q = score.normalize(q) * score.temperature().to(q.dtype)
-        k = score.normalize(k)
+        q = unit_rows(q, score.temperature().to(q.dtype), score.eps)
+        k = unit_rows(k, None, score.eps)
     elif spec.score == "neg_l2":
         # Extra columns add to the final logits, so the query column carries the scale.
         extras.append((torch.ones_like(q[..., :1]) * scale, -k.pow(2).sum(-1, keepdim=True)))
@@ -84,35 +88,72 @@ def _augment(q: Tensor, k: Tensor, v: Tensor, scale, extras) -> tuple[Tensor, Te
     return q, k, v, 1.0
 
 
-class _FlushDenormals(torch.autograd.Function):
-    """Identity whose backward sets the CPU flush-denormal flag to ``mode`` (brackets SDPA's backward, see below)."""
+_FTZ_EXECUTOR: ThreadPoolExecutor | None = None
+
+
+def _in_flush_to_zero_thread(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on a dedicated thread that flushes denormal floats to zero, with its own OpenMP team.
+
+    ``torch.set_flush_denormal`` sets the floating-point control register of the calling thread only; OpenMP's
+    worker threads keep the state they were created with. A thread that sets the flag before its first parallel
+    region gets a team created under it (new threads inherit the creator's floating-point environment), so the
+    whole computation flushes, and the rest of the process is left as it was. Runs with the caller's number of
+    intra-op threads.
+    """
+    global _FTZ_EXECUTOR
+    if _FTZ_EXECUTOR is None:
+        _FTZ_EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="axiomformer-ftz",
+                                           initializer=torch.set_flush_denormal, initargs=(True,))
+    threads = torch.get_num_threads()
+
+    def job():
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        return fn(*args, **kwargs)
+
+    return _FTZ_EXECUTOR.submit(job).result()
+
+
+class _FlushedFlashSDPA(torch.autograd.Function):
+    """PyTorch's CPU flash-attention kernels (forward and backward) run by :func:`_in_flush_to_zero_thread`."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, mode: bool) -> Tensor:
-        ctx.mode = mode
-        return x.view_as(x)
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool,
+                scale: float) -> Tensor:
+        out, lse = _in_flush_to_zero_thread(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, q, k, v,
+                                            0.0, is_causal, attn_mask=attn_mask, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.attn_mask, ctx.is_causal, ctx.scale = attn_mask, is_causal, scale
+        return out
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
-        torch.set_flush_denormal(ctx.mode)
-        return grad, None
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, out, lse = ctx.saved_tensors
+        grads = _in_flush_to_zero_thread(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward,
+                                         grad_out.contiguous(), q, k, v, out, lse, 0.0, ctx.is_causal,
+                                         attn_mask=ctx.attn_mask, scale=ctx.scale)
+        return (*grads, None, None, None)
 
 
-def _sdpa_flushing_denormals(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
-    """SDPA with denormal floats flushed to zero, forward and backward, on CPU.
+def sdpa_flushing_denormals(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                            is_causal: bool = False, scale: float | None = None) -> Tensor:
+    """``F.scaled_dot_product_attention`` with denormal floats flushed to zero, forward and backward, on CPU.
 
     ALiBi makes the logits of far keys very negative (-m_h * distance), so exp() in the CPU kernels yields denormal
-    numbers, which made SDPA's backward 3x slower in our measurements (torch 2.13). Their weights are below 1e-38 of
-    the largest, so flushing them changes nothing at float32 precision **(our choice)**. Assumes the flag is off
-    outside (PyTorch's default).
+    numbers, which made SDPA's forward + backward 3x slower in our measurements (torch 2.13, L = 4096). Their weights
+    are below 2^-126 of the largest, so flushing them changes nothing at float32 precision **(our choice)**. Other
+    cases (dropout, a mask that requires grad, unequal head dims, other devices) call SDPA as it is.
     """
-    q = _FlushDenormals.apply(q, False)                  # its backward runs after SDPA's: flag off again
-    torch.set_flush_denormal(True)
-    try:
-        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
-    finally:
-        torch.set_flush_denormal(False)
-    return _FlushDenormals.apply(out, True)              # its backward runs before SDPA's: flag on
+    flash = (q.device.type == "cpu" and dropout_p == 0.0 and q.shape[-1] == k.shape[-1] == v.shape[-1]
+             and q.dtype in (torch.float32, torch.float64) and q.dtype == k.dtype == v.dtype
+             and (attn_mask is None or not attn_mask.requires_grad))
+    if not flash:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                                              is_causal=is_causal, scale=scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~attn_mask, -math.inf)
+    return _FlushedFlashSDPA.apply(q, k, v, attn_mask, is_causal, float(scale))
 
 
 class SDPAEngine:
@@ -163,8 +204,8 @@ class SDPAEngine:
         if bias is not None:
             attn_mask = bias.to(q.dtype) if mask is None else bias.to(q.dtype).masked_fill(~mask, float("-inf"))
         attend = F.scaled_dot_product_attention
-        if problem.alibi_slopes is not None and q.device.type == "cpu":
-            attend = _sdpa_flushing_denormals
+        if problem.alibi_slopes is not None:
+            attend = sdpa_flushing_denormals
         out = attend(
             q, k_dot, v_in,
             attn_mask=attn_mask,
