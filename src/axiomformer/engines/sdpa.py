@@ -75,17 +75,21 @@ def alibi_column_ok(problem: AttentionProblem) -> bool:
 
 
 def _augment(q: Tensor, k: Tensor, v: Tensor, scale, extras) -> tuple[Tensor, Tensor, Tensor, float]:
-    """Fold the scale and extra columns into q and k, zero-padded with v to a common multiple of 8."""
+    """Fold the scale and extra columns into q and k, zero-padded with v to a common multiple of 8 (one ``cat``
+    per tensor: its backward only slices)."""
     q = q * (scale.to(q.dtype) if isinstance(scale, Tensor) else scale)
-    batch, heads = q.shape[0], q.shape[1]
-    qcols = [torch.broadcast_to(c.to(q.dtype), (batch, heads, q.shape[-2], 1)) for c, _ in extras]
-    kcols = [torch.broadcast_to(c.to(k.dtype), (batch, heads, k.shape[-2], 1)) for _, c in extras]
+    lead = (q.shape[0], q.shape[1])
     width = max(q.shape[-1] + len(extras), v.shape[-1])
     width += (-width) % 8
-    q = F.pad(torch.cat([q, *qcols], dim=-1), (0, width - q.shape[-1] - len(extras)))
-    k = F.pad(torch.cat([k, *kcols], dim=-1), (0, width - k.shape[-1] - len(extras)))
-    v = F.pad(v, (0, width - v.shape[-1]))
-    return q, k, v, 1.0
+
+    def widen(x: Tensor, cols: list[Tensor]) -> Tensor:
+        cols = [torch.broadcast_to(c.to(x.dtype), lead + (x.shape[-2], 1)) for c in cols]
+        x = torch.broadcast_to(x, lead + x.shape[2:])
+        pad = width - x.shape[-1] - len(cols)
+        zeros = [x.new_zeros(lead + (x.shape[-2], pad))] if pad else []
+        return torch.cat([x, *cols, *zeros], dim=-1) if cols or zeros else x
+
+    return (widen(q, [c for c, _ in extras]), widen(k, [c for _, c in extras]), widen(v, []), 1.0)
 
 
 _FTZ_EXECUTOR: ThreadPoolExecutor | None = None

@@ -1,0 +1,5 @@
+"""``python -m axiomformer ...``: the same command-line interface as the ``axiomformer`` script."""
+
+from axiomformer.cli import app
+
+app()
