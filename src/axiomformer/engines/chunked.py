@@ -198,16 +198,19 @@ class ChunkedEngine:
         False when the whole (batch, heads, q_len, k_len[, hidden]) block has at most ``REFERENCE_MAX_ELEMENTS``
         elements: the reference engine then computes the same thing in one pass, without the recomputation that
         chunking costs in the backward (at the sizes of the study's runs that is 2-4x faster) **(our choice)**.
-        Always True where a closed-form path (``engines/elementwise.py``) applies: it was 2-4x faster than the
-        reference at every size we measured (batch 32 x L 64 up to L 4096).
+        Always True where a closed-form path (``engines/elementwise.py``, ``engines/sparse.py``) applies: it was 2-8x
+        faster than the reference at every size we measured (batch 32 x L 64 up to L 4096).
         """
-        if self.query_chunk or self.key_chunk or elementwise.applies(module, problem):
+        if (self.query_chunk or self.key_chunk or elementwise.applies(module, problem)
+                or sparse.applies(module, problem)):
             return True
         rows = problem.q.shape[0] * problem.q.shape[1]
         return rows * problem.q_len * problem.k_len * pair_width(module) > REFERENCE_MAX_ELEMENTS
 
     def chunk_sizes(self, module, problem: AttentionProblem) -> tuple[int, int]:
         """(query chunk, key block) for this problem."""
+        if self.query_chunk is None and sparse.applies(module, problem):
+            return sparse.query_chunk(problem, self.memory_budget), problem.k_len
         rows = problem.q.shape[0] * problem.q.shape[1]
         budget = self.memory_budget // (4 if module.spec.normalizer in SORTING else 1)
         cq = self.query_chunk or max(1, min(problem.q_len, budget // max(1, rows * problem.k_len)))
