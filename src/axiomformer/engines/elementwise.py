@@ -68,15 +68,23 @@ class _Chunk:
         return w
 
 
-def _chunk_weights(q_c: Tensor, k_c: Tensor, kind: str, chunk: _Chunk) -> Tensor:
-    """u (batch*heads, rows, end) for the queries q_c (already scaled) against the keys k_c, computed in place.
+def _operands(q: Tensor, k: Tensor, kind: str, offset: int, causal: bool) -> tuple[Tensor, Tensor]:
+    """Queries and keys whose products are the normalizer's argument, so that one ``bmm`` scores a chunk:
 
-    relu: relu(s) / n = relu(s / n) for n > 0, so the rows of q are divided by n_i before the matmul.
+    sigmoid: [q_i, -log n_i] . [k_j, 1] = s_ij - log n_i      (one pass per block fewer than subtracting after)
+    relu:    (q_i / n_i) . k_j = s_ij / n_i, and relu(s) / n = relu(s / n) for n > 0.
     """
+    n = _counts(q.shape[-2], 0, offset, causal, k.shape[-2], q)                 # (q_len, 1)
     if kind == "sigmoid":
-        w = torch.bmm(q_c, k_c.transpose(-2, -1)).sub_(chunk.n.log()).sigmoid_()
-    else:
-        w = torch.bmm(q_c / chunk.n, k_c.transpose(-2, -1)).relu_()
+        q_col = torch.broadcast_to(-n.log(), q.shape[:-1] + (1,))
+        return torch.cat([q, q_col], dim=-1), torch.cat([k, k.new_ones(k.shape[:-1] + (1,))], dim=-1)
+    return q / n, k
+
+
+def _chunk_weights(q_c: Tensor, k_c: Tensor, kind: str, chunk: _Chunk) -> Tensor:
+    """u (batch*heads, rows, end) for a chunk of :func:`_operands`, computed in place."""
+    w = torch.bmm(q_c, k_c.transpose(-2, -1))
+    w = w.sigmoid_() if kind == "sigmoid" else w.relu_()
     return chunk.mask_(w)
 
 
@@ -95,8 +103,9 @@ class ElementwiseAttention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, kind: str, causal: bool, offset: int, size: int) -> Tensor:
         k_len = k.shape[-2]
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+        q_op, k_op = _operands(q, k, kind, offset, causal)
         for c in _chunks(q.shape[-2], size, offset, causal, k_len, q):
-            w = _chunk_weights(q[:, c.rows], k[:, :c.end], kind, c)
+            w = _chunk_weights(q_op[:, c.rows], k_op[:, :c.end], kind, c)
             out[:, c.rows] = torch.bmm(w, v[:, :c.end])
         ctx.save_for_backward(q, k, v)
         ctx.kind, ctx.causal, ctx.offset, ctx.size = kind, causal, offset, size
@@ -108,10 +117,11 @@ class ElementwiseAttention(torch.autograd.Function):
         kind = ctx.kind
         grad_out = grad_out.contiguous()
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        q_op, k_op = _operands(q, k, kind, ctx.offset, ctx.causal)
         for c in _chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q):
             q_c, k_c, v_c, g = q[:, c.rows], k[:, :c.end], v[:, :c.end], grad_out[:, c.rows]
-            w = _chunk_weights(q_c, k_c, kind, c)
-            grad_v[:, :c.end].baddbmm_(w.transpose(-2, -1), g)
+            w = _chunk_weights(q_op[:, c.rows], k_op[:, :c.end], kind, c)
+            grad_v[:, :c.end] += torch.bmm(w.transpose(-2, -1), g)     # one batched call (a strided baddbmm_ loops)
             if kind == "sigmoid":
                 grad_s = torch.bmm(g, v_c.transpose(-2, -1))                      # dL/du
                 grad_s.mul_(w.addcmul_(w, w, value=-1.0))                         # dL/du * u (1 - u)
@@ -120,7 +130,7 @@ class ElementwiseAttention(torch.autograd.Function):
                 grad_s = torch.bmm(g / c.n, v_c.transpose(-2, -1))
                 grad_s.mul_(w.sign_())                              # [u > 0] (u >= 0); also 0 at masked keys
             grad_q[:, c.rows] = torch.bmm(grad_s, k_c)
-            grad_k[:, :c.end].baddbmm_(grad_s.transpose(-2, -1), q_c)
+            grad_k[:, :c.end] += torch.bmm(grad_s.transpose(-2, -1), q_c)
         return grad_q, grad_k, grad_v, None, None, None, None
 
 

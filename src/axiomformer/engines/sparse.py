@@ -66,10 +66,6 @@ SKETCH_STEPS = 8
 """At most this many Michelot / Newton steps on the sketch (a lower bound after any number of steps); with 4,
 1.5-entmax needed 1.96 passes per row instead of 1.41 (random scores, L = 4096) **(our choice)**."""
 
-QUERY_CHUNK_MAX = 128
-"""Most queries per chunk. At L = 1024 and 4096 (batch 1, 8 heads, causal) 128 was the fastest of 64, 128 and 256,
-and it keeps the peak memory within 2x SDPA's (at L = 1024: 17-18 MiB against 13; 256 took 27-28) **(our choice)**."""
-
 COMPACT_BELOW = 0.75
 """Rows that are done leave the working block when the open ones drop below this fraction of it **(our choice)**."""
 
@@ -85,18 +81,6 @@ def applies(module, problem: AttentionProblem) -> bool:
             and not (problem.training and problem.dropout_p > 0)
             and problem.q.dtype in (torch.float32, torch.float64)
             and (not problem.causal or problem.q_offset >= 0))
-
-
-def query_chunk(problem: AttentionProblem, memory_budget: int) -> int:
-    """Queries per chunk: score blocks of at most 2 ``memory_budget`` elements (over batch and heads) and at most
-    ``QUERY_CHUNK_MAX`` queries.
-
-    The forward holds three such blocks and the backward two. At L = 4096, batch 1, 8 heads, causal, 128 queries (this
-    rule; 16 MiB blocks) ran 10-15% faster than 64 (the plain budget) and peaked at 66-67 MiB against SDPA's 43 MiB
-    **(our choice)**.
-    """
-    rows = problem.q.shape[0] * problem.q.shape[1]
-    return max(1, min(problem.q_len, QUERY_CHUNK_MAX, 2 * memory_budget // max(1, rows * problem.k_len)))
 
 
 # ---------------------------------------------------------------------------------------------- thresholds
