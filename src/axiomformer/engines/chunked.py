@@ -159,6 +159,37 @@ def closed_form_chunk(problem: AttentionProblem, memory_budget: int, blocks: int
     return max(1, min(problem.q_len, CLOSED_FORM_CHUNK_MAX, blocks * memory_budget // max(1, rows * problem.k_len)))
 
 
+def pair_width(module) -> int:
+    """Width of the (query, key, hidden) tensors a spec builds per score pair: 1 for dot-like scores."""
+    spec = module.spec
+    width = 1
+    if spec.score == "additive":
+        width = spec.head_dim
+    elif spec.score == "mlp":
+        width = module.score_fn.w_q.out_features
+    if spec.contribution == "joint":
+        width = max(width, module.contribution.w_v.out_features, spec.head_dim)
+    return width
+
+
+def chunked_attention(module, problem: AttentionProblem, k: Tensor, v: Tensor, query_chunk: int,
+                      key_chunk: int) -> Tensor:
+    """Attention output (batch, heads, q_len, head_dim_v), ``query_chunk`` queries at a time, each checkpointed."""
+    q = problem.q
+    needs_grad = torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad or any(p.requires_grad for p in module.parameters())
+    )
+    outs = []
+    for qs in _blocks(problem.q_len, query_chunk):
+        k_end = problem.k_len
+        if problem.causal:
+            k_end = min(problem.k_len, max(1, problem.q_offset + qs.stop))
+        fn = partial(attend_chunk, module, problem, qs=qs, key_chunk=key_chunk)
+        args = (q[..., qs, :], k[..., :k_end, :], v[..., :k_end, :])
+        outs.append(checkpoint(fn, *args, use_reentrant=False) if needs_grad else fn(*args))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
 class ChunkedEngine:
     """Any spec, in blocks of queries (and keys) small enough for ``memory_budget``.
 
