@@ -317,8 +317,13 @@ def test_sdpa_flushing_denormals_matches_torch_sdpa(dtype, masking):
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
 
 
-def test_flush_to_zero_thread_flushes_in_its_whole_openmp_team_and_nowhere_else():
-    from axiomformer.engines.sdpa import _in_flush_to_zero_thread
+@pytest.mark.parametrize("route", ["openmp_team", "new_thread"])
+def test_flush_to_zero_covers_every_computing_thread_and_nothing_after(route):
+    from axiomformer.engines import sdpa
+
+    if route == "openmp_team" and sdpa._openmp_team_flush() is None:
+        pytest.skip("PyTorch does not run on libgomp here")
+    run = sdpa._in_flush_to_zero_thread if route == "openmp_team" else sdpa._in_new_thread_flushing
 
     def denormals() -> int:
         # 1e-30 * 1e-10 = 1e-40 is a float32 denormal; a big tensor is split across the OpenMP team.
@@ -327,7 +332,8 @@ def test_flush_to_zero_thread_flushes_in_its_whole_openmp_team_and_nowhere_else(
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert _in_flush_to_zero_thread(denormals) == 0
-        assert denormals() == 1 << 21                          # the calling thread is left as it was
+        assert denormals() == 1 << 21                          # every thread keeps denormals before ...
+        assert run(denormals) == 0                             # ... none survives on any thread during ...
+        assert denormals() == 1 << 21                          # ... and the process is left as it was
     finally:
         torch.set_num_threads(threads)
