@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         heads: int = typer.Option(8, help="attention heads"),
         head_dim: int = typer.Option(64, help="head dimension"),
         batch: int = typer.Option(1, help="batch size"),
-        repeats: int = typer.Option(0, help="timed repeats per pair (default 1 with --quick, else 5)"),
+        repeats: int = typer.Option(0, help="timed repeats per pair (default 3 with --quick, else 5)"),
         device: str = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
         threads: int = typer.Option(0, help="torch CPU threads (default: torch's choice)"),
     ) -> None:
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         log = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
         rows, method = bench.run_bench(
             chosen, _lengths(lengths, quick), (True,) if quick else (True, False),
-            batch=batch, heads=heads, head_dim=head_dim, repeats=repeats or (1 if quick else 5),
+            batch=batch, heads=heads, head_dim=head_dim, repeats=repeats or (3 if quick else 5),
             reference_max_len=1024, device=device, log=log,
         )
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
