@@ -331,6 +331,7 @@ def test_rope_backward_is_the_inverse_rotation():
     x = torch.randn(2, 3, 7, 8, dtype=torch.float64, requires_grad=True)
     pos = torch.arange(7) + 2
     assert torch.autograd.gradcheck(lambda t: apply_rope(t, pos), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: apply_rope(t, pos), (x,))
     # A rotation preserves norms: |rope(x)| = |x| for every (batch, head, position).
     torch.testing.assert_close(apply_rope(x, pos).norm(dim=-1), x.norm(dim=-1))
 
@@ -342,6 +343,7 @@ def test_unit_rows_matches_f_normalize_with_its_gradients():
     tau = torch.rand(1, 3, 1, 1, dtype=torch.float64) + 0.5
     assert torch.autograd.gradcheck(unit_rows, (x.clone().requires_grad_(), tau.clone().requires_grad_(), 1e-6))
     assert torch.autograd.gradcheck(unit_rows, (x.clone().requires_grad_(), None, 1e-6))
+    assert torch.autograd.gradgradcheck(unit_rows, (x.clone().requires_grad_(), tau.clone().requires_grad_(), 1e-6))
     # Against autograd through F.normalize, including a row below eps (there y = tau x / eps).
     x[0, 0, 1] = 1e-9
     results = []

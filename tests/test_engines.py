@@ -337,3 +337,17 @@ def test_flush_to_zero_covers_every_computing_thread_and_nothing_after(route):
         assert denormals() == 1 << 21                          # ... and the process is left as it was
     finally:
         torch.set_num_threads(threads)
+
+
+def test_flush_to_zero_puts_back_the_callers_setting_and_grad_mode():
+    from axiomformer.engines import sdpa
+
+    torch.set_flush_denormal(True)
+    try:
+        sdpa._in_flush_to_zero_thread(lambda: None)
+        assert sdpa._flushing_now()                            # a user's own flush-to-zero survives the call
+    finally:
+        torch.set_flush_denormal(False)
+    assert not sdpa._flushing_now()
+    with torch.no_grad():
+        assert sdpa._in_new_thread_flushing(torch.is_grad_enabled) is False

@@ -175,3 +175,16 @@ def test_applies_only_where_the_closed_form_is_exact():
     for relax in ("normalizer=softmax", "normalizer=entmax15,A4=additive", "normalizer=sparsemax,A2=joint"):
         other = Attention(AttentionSpec.standard(DIM, HEADS).relax(relax))
         assert not sparse.applies(other, AttentionProblem(q=q, k=k, v=k))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_weights_sum_to_one_when_every_score_is_large(kind):
+    # Scores 3000 + N(0, 0.01): without shifting each row by its maximum, ulp(3000) = 2.4e-4 swamps the weights.
+    g = torch.Generator().manual_seed(9)
+    n, d = 300, 8
+    q, k = torch.randn(1, n, d, generator=g) * 0.01, torch.randn(1, n, d, generator=g) * 0.01
+    q[..., 0], k[..., 0] = 60.0, 50.0
+    ones = torch.ones(1, n, 1)
+    for causal in (False, True):
+        total = sparse.SparseAttention.apply(q, k, ones, 1.0, kind, causal, 0, 64)       # sum_j p_ij per query
+        torch.testing.assert_close(total, torch.ones_like(total), atol=1e-4, rtol=0)

@@ -198,7 +198,7 @@ def _route(module, q, k, v) -> str:
     (``auto`` leaves problems small enough for one chunk to the reference engine; the bench measures the memory-lean
     engine at every length so that its rows are comparable across lengths.)
     """
-    problem = AttentionProblem(q=q, k=k, v=v, causal=module.spec.causal,
+    problem = AttentionProblem(q=q, k=k, v=v, causal=module.spec.causal, training=module.training,
                                alibi_slopes=module.position.slopes if module.spec.position == "alibi" else None)
     for name in ENGINE_ORDER:
         if ENGINES[name].accepts(module, problem):

@@ -55,7 +55,8 @@ def _rotate_(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class _Rope(torch.autograd.Function):
-    """RoPE as one rotation per pair (x1_i, x2_i); the backward is the inverse rotation (angle -theta)."""
+    """RoPE as one rotation per pair (x1_i, x2_i); the backward is the inverse rotation (angle -theta), itself a
+    ``_Rope``, so every order of derivative works."""
 
     @staticmethod
     def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -65,12 +66,12 @@ class _Rope(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         cos, sin = ctx.saved_tensors
-        return _rotate_(torch.empty_like(grad), grad, cos, -sin), None, None
+        return _Rope.apply(grad, cos, -sin), None, None          # differentiable again (double backward)
 
 
 def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
     """Rotate x (batch, heads, seq, head_dim) by its positions (seq,), rotate-half convention (Su et al. 2021,
-    eq. 34): x cos + rotate_half(x) sin, computed in float32 (or float64) and returned in x's dtype.
+    eq. 34): x cos + rotate_half(x) sin. Angles in float32; the rotation in x's dtype (float32 for half types).
 
     Raises:
         ValueError: odd head_dim (RoPE rotates pairs of coordinates).

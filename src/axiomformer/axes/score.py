@@ -64,24 +64,26 @@ class AdditiveScore(nn.Module):
 class _UnitRows(torch.autograd.Function):
     """y = scale * x / max(|x|, eps) along the last dimension, with a closed-form backward.
 
-    For |x| > eps: dy/dx applied to g is scale (g / |x| - x (x . g) / |x|^3); dy/dscale = (x . g) / |x|.
+    For |x| > eps: dy/dx applied to g is scale (g / |x| - x (x . g) / |x|^3); dy/dscale = (x . g) / |x|. The backward
+    recomputes |x| from x with out-of-place operations, so it is itself differentiable (double backward).
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, scale: Tensor | None, eps: float) -> Tensor:
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-        inv = norm.clamp_min(eps).reciprocal_()
-        ctx.save_for_backward(x, inv, scale)
-        ctx.above_eps = norm > eps
+        inv = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min_(eps).reciprocal_()
+        ctx.save_for_backward(x, scale)
+        ctx.eps = eps
         return x * (inv if scale is None else inv * scale)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        x, inv, scale = ctx.saved_tensors
+        x, scale = ctx.saved_tensors
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        inv = norm.clamp_min(ctx.eps).reciprocal()
         rate = inv if scale is None else inv * scale
         dot = (grad * x).sum(-1, keepdim=True)                                   # x . g per row
-        coeff = (rate * inv * inv * dot).masked_fill_(~ctx.above_eps, 0.0)
-        grad_x = torch.mul(grad, rate).sub_(x * coeff)
+        coeff = rate * inv * inv * dot * (norm > ctx.eps)
+        grad_x = grad * rate - x * coeff
         grad_scale = None
         if scale is not None and ctx.needs_input_grad[1]:
             grad_scale = (dot * inv).sum_to_size(scale.shape)
@@ -89,7 +91,7 @@ class _UnitRows(torch.autograd.Function):
 
 
 def unit_rows(x: Tensor, scale: Tensor | None = None, eps: float = 1e-6) -> Tensor:
-    """``scale * F.normalize(x, dim=-1, eps=eps)`` in two passes forward and four backward (fused for the sdpa
+    """``scale * F.normalize(x, dim=-1, eps=eps)`` in two passes forward and five backward (fused for the sdpa
     engine's cosine scores; the reference engine keeps ``F.normalize``).
 
     Args:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from axiomformer.engines.problem import AttentionProblem
 
@@ -105,6 +106,7 @@ class ElementwiseAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out: Tensor):
         q, k, v = ctx.saved_tensors
         kind = ctx.kind

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import threading
 
 import torch
@@ -101,17 +102,17 @@ def _openmp_team_flush():
     """A function ``set(on)`` that sets flush-to-zero on every thread of the calling thread's OpenMP team (the one
     PyTorch's CPU kernels run on), or None where PyTorch does not run on libgomp (then a new thread is used).
 
-    It runs a parallel region of the libgomp that PyTorch loaded (found in ``/proc/self/maps``) whose body, on each
-    team thread, calls ``torch.set_flush_denormal`` (a ctypes callback; it takes the GIL, which the calling thread
-    releases while in the region). About 0.15 ms per call.
+    It runs a parallel region of the libgomp that ``libtorch_cpu`` links (``GOMP_parallel`` looked up through it)
+    whose body, on each team thread, calls ``torch.set_flush_denormal`` (a ctypes callback; it takes the GIL, which
+    the calling thread releases while in the region). PyTorch's OpenMP ``parallel_for`` uses the whole team of
+    ``torch.get_num_threads()`` threads. About 0.15 ms per call.
     """
     if "set" not in _team_flush_state:
         _team_flush_state["set"] = None
+        library = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
         try:
-            with open("/proc/self/maps") as maps:
-                paths = {line.split()[-1] for line in maps if "libgomp" in line and line.rstrip().endswith(".so.1")}
-            if len(paths) == 1:
-                parallel = ctypes.CDLL(paths.pop()).GOMP_parallel
+            if "parallel backend: OpenMP" in torch.__config__.parallel_info() and os.path.exists(library):
+                parallel = ctypes.CDLL(library).GOMP_parallel
                 parallel.argtypes = [_TEAM_CALLBACK, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
                 bodies = {on: _TEAM_CALLBACK(lambda _, on=on: torch.set_flush_denormal(on)) for on in (True, False)}
                 _team_flush_state["bodies"] = bodies                     # keep the callbacks alive
@@ -125,6 +126,11 @@ def _openmp_team_flush():
     return _team_flush_state["set"]
 
 
+def _flushing_now() -> bool:
+    """Whether the calling thread flushes denormals (1e-30 * 1e-10 = 1e-40 is a float32 denormal)."""
+    return float(torch.tensor(1e-30) * 1e-10) == 0.0
+
+
 def _in_new_thread_flushing(fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` on a new thread that flushes denormals, with the OpenMP team it creates (the fallback).
 
@@ -133,7 +139,7 @@ def _in_new_thread_flushing(fn, *args, **kwargs):
     libgomp throttle the spinning of every team (more threads than cores), which made later many-small-op work on
     the main thread 2x slower in our measurements.
     """
-    threads = torch.get_num_threads()
+    threads, grad_mode = torch.get_num_threads(), torch.is_grad_enabled()
     result: dict = {}
 
     def job():
@@ -141,7 +147,8 @@ def _in_new_thread_flushing(fn, *args, **kwargs):
             torch.set_flush_denormal(True)
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
-            result["value"] = fn(*args, **kwargs)
+            with torch.set_grad_enabled(grad_mode):                  # grad mode is per thread
+                result["value"] = fn(*args, **kwargs)
         except BaseException as error:                      # re-raised on the calling thread
             result["error"] = error
 
@@ -158,17 +165,21 @@ def _in_flush_to_zero_thread(fn, *args, **kwargs):
 
     ``torch.set_flush_denormal`` sets the floating-point control register of the calling thread only, not that of
     OpenMP's worker threads. Where PyTorch runs on libgomp the whole team is switched on for the call and off after
-    (:func:`_openmp_team_flush`; assumes it was off, PyTorch's default); elsewhere the call runs on a new thread
+    (:func:`_openmp_team_flush`; worker threads are assumed off before, PyTorch's default, and the calling thread
+    gets its own setting back); elsewhere the call runs on a new thread
     (:func:`_in_new_thread_flushing`).
     """
     set_team = _openmp_team_flush()
     if set_team is None:
         return _in_new_thread_flushing(fn, *args, **kwargs)
+    caller_flushed = _flushing_now()
     set_team(True)
     try:
         return fn(*args, **kwargs)
     finally:
         set_team(False)
+        if caller_flushed:                                   # the caller's own setting is put back
+            torch.set_flush_denormal(True)
 
 
 class _FlushedFlashSDPA(torch.autograd.Function):
@@ -198,12 +209,16 @@ def sdpa_flushing_denormals(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor |
 
     ALiBi makes the logits of far keys very negative (-m_h * distance), so exp() in the CPU kernels yields denormal
     numbers, which made SDPA's forward + backward 3x slower in our measurements (torch 2.13, L = 4096). Their weights
-    are below 2^-126 of the largest, so flushing them changes nothing at float32 precision **(our choice)**. Other
-    cases (dropout, a mask that requires grad, unequal head dims, other devices) call SDPA as it is.
+    are below 2^-126 of the largest, so flushing them changes nothing at float32 precision **(our choice)**. The
+    flash kernels are called directly, so only inputs they take as they are go there: 4-d (batch, heads, seq, dim)
+    with equal batch and heads, equal head dims, contiguous last dims, non-empty sequences, a 2-d or 4-d mask
+    without grad, float32/64, no dropout, CPU; anything else calls SDPA as it is.
     """
-    flash = (q.device.type == "cpu" and dropout_p == 0.0 and q.shape[-1] == k.shape[-1] == v.shape[-1]
+    flash = (q.device.type == "cpu" and dropout_p == 0.0 and q.dim() == k.dim() == v.dim() == 4
+             and q.shape[:2] == k.shape[:2] == v.shape[:2] and q.shape[-1] == k.shape[-1] == v.shape[-1]
+             and q.shape[-2] > 0 and k.shape[-2] > 0 and all(t.stride(-1) == 1 for t in (q, k, v))
              and q.dtype in (torch.float32, torch.float64) and q.dtype == k.dtype == v.dtype
-             and (attn_mask is None or not attn_mask.requires_grad))
+             and (attn_mask is None or (attn_mask.dim() in (2, 4) and not attn_mask.requires_grad)))
     if not flash:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=scale)

@@ -31,7 +31,9 @@ share a block. With it, random scores (L = 4096, std 1) needed 1.4 passes per ro
 after ``MAX_ITERATIONS`` passes (none in our tests) get the ``entmax`` package's sort-based threshold, so the result
 is exact either way.
 
-The forward keeps q, k, v and tau per row (and, with a learned scale, the output), never the weights. The backward
+Each block is first shifted by its row maximum (as the ``entmax`` package does), so that z - tau keeps its relative
+precision however large the scores. The forward keeps q, k, v, the row maxima and tau per row (and, with a learned
+scale, the output), never the weights; the backward is first-order only (``once_differentiable``). The backward
 recomputes one chunk of weights at a time (flash-attention's recomputation strategy, Dao et al. 2022, sec. 3.1,
 without the fused kernel) and applies the closed-form Jacobian-vector products, with G = dO V^T:
 
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from axiomformer.engines.problem import AttentionProblem
 
@@ -267,7 +270,7 @@ class SparseAttention(torch.autograd.Function):
             factor = factor * 0.5                                # entmax thresholds y = z / 2
         bh, q_len, k_len = q3.shape[0], q3.shape[1], k3.shape[1]
         out = q3.new_empty(bh, q_len, v3.shape[-1])
-        tau = q3.new_empty(bh, q_len, 1)
+        tau, shift = q3.new_empty(bh, q_len, 1), q3.new_empty(bh, q_len, 1)
         size = bh * min(chunk, q_len) * k_len
         block, work, work2 = q3.new_empty(size), q3.new_empty(size), q3.new_empty(size)
         for start in range(0, q_len, chunk):
@@ -278,24 +281,30 @@ class SparseAttention(torch.autograd.Function):
             diag = _diagonal(rows, start, end, offset, causal, q3.device)
             if diag is not None:
                 z[..., diag[0]:].masked_fill_(diag[1], float("-inf"))
+            # Scores relative to the row maximum, as the entmax package works: z - tau then keeps its relative
+            # precision when every score is large (|z| >> 1, where ulp(|z|) would otherwise swamp the weights).
+            top = z.amax(-1, keepdim=True)
+            z.sub_(top)
             t = _threshold(z.view(-1, end), kind, work, work2)
             t = t.view(bh, rows, 1)
             tau[:, start:stop] = t
+            shift[:, start:stop] = top
             p = z.sub_(t).relu_()
             if kind == "entmax15":
                 p.square_()
             out[:, start:stop].baddbmm_(p, v3[:, :end], beta=0.0)
         # The learned scale's gradient reads the output (see ``backward``).
         keep_out = isinstance(scale, Tensor) and ctx.needs_input_grad[3]
-        ctx.save_for_backward(q, k, v, tau, scale if isinstance(scale, Tensor) else None,
+        ctx.save_for_backward(q, k, v, tau, shift, scale if isinstance(scale, Tensor) else None,
                               out if keep_out else None)
         ctx.scale = None if isinstance(scale, Tensor) else scale
         ctx.kind, ctx.causal, ctx.offset, ctx.chunk = kind, causal, offset, chunk
         return out.view(q.shape[:-1] + (v.shape[-1],))
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        q, k, v, tau, scale_t, out = ctx.saved_tensors
+        q, k, v, tau, shift, scale_t, out = ctx.saved_tensors
         kind, causal, offset, chunk = ctx.kind, ctx.causal, ctx.offset, ctx.chunk
         need_q, need_k, need_v, need_scale = ctx.needs_input_grad[:4]
         need_scale = need_scale and out is not None
@@ -318,7 +327,7 @@ class SparseAttention(torch.autograd.Function):
             q_c = q3[:, start:stop] * factor                                    # scaled queries of the chunk
             h = torch.bmm(q_c * half if half != 1.0 else q_c, k_c.transpose(1, 2),
                           out=block_h[: bh * rows * end].view(bh, rows, end))
-            h.sub_(tau[:, start:stop]).relu_()                                  # relu(z - tau) or relu(y - tau)
+            h.sub_(shift[:, start:stop]).sub_(tau[:, start:stop]).relu_()      # relu(z - tau) or relu(y - tau)
             diag = _diagonal(rows, start, end, offset, causal, q3.device)
             if diag is not None:
                 h[..., diag[0]:].masked_fill_(diag[1], 0.0)
