@@ -323,7 +323,7 @@ def test_flush_to_zero_covers_every_computing_thread_and_nothing_after(route):
 
     if route == "openmp_team" and sdpa._openmp_team_flush() is None:
         pytest.skip("PyTorch does not run on libgomp here")
-    run = sdpa._in_flush_to_zero_thread if route == "openmp_team" else sdpa._in_new_thread_flushing
+    run = sdpa._run_flushing_denormals if route == "openmp_team" else sdpa._in_new_thread_flushing
 
     def denormals() -> int:
         # 1e-30 * 1e-10 = 1e-40 is a float32 denormal; a big tensor is split across the OpenMP team.
@@ -344,7 +344,7 @@ def test_flush_to_zero_puts_back_the_callers_setting_and_grad_mode():
 
     torch.set_flush_denormal(True)
     try:
-        sdpa._in_flush_to_zero_thread(lambda: None)
+        sdpa._run_flushing_denormals(lambda: None)
         assert sdpa._flushing_now()                            # a user's own flush-to-zero survives the call
     finally:
         torch.set_flush_denormal(False)

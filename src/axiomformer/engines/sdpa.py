@@ -14,7 +14,8 @@ zero-padded to the same width (the kernels need one head size); no further paddi
 dims 65 and 66 ran as fast as 72 and hold 10% less **(our choice)**. In
 float32 this column adds a rounding error of about 2^-24 m_h |p_j - c| to each logit, so it is used only while
 that stays below 2^-14 (for float64 always); other ALiBi problems, and any float ``attn_mask``, go to SDPA as a
-float mask when it is small, and to the flex or chunked engine when it is not.
+float mask when it is small, and to the flex or chunked engine when it is not. On CPU, ALiBi's SDPA runs with denormal
+floats flushed to zero on every thread of PyTorch's OpenMP team (:func:`sdpa_flushing_denormals`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import threading
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from axiomformer.axes.score import unit_rows
 from axiomformer.engines.chunked import DEFAULT_BUDGET
@@ -160,7 +162,7 @@ def _in_new_thread_flushing(fn, *args, **kwargs):
     return result["value"]
 
 
-def _in_flush_to_zero_thread(fn, *args, **kwargs):
+def _run_flushing_denormals(fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` with denormal floats flushed to zero on every thread that computes it.
 
     ``torch.set_flush_denormal`` sets the floating-point control register of the calling thread only, not that of
@@ -183,21 +185,22 @@ def _in_flush_to_zero_thread(fn, *args, **kwargs):
 
 
 class _FlushedFlashSDPA(torch.autograd.Function):
-    """PyTorch's CPU flash-attention kernels (forward and backward) run by :func:`_in_flush_to_zero_thread`."""
+    """PyTorch's CPU flash-attention kernels (forward and backward) run by :func:`_run_flushing_denormals`."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool,
                 scale: float) -> Tensor:
-        out, lse = _in_flush_to_zero_thread(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, q, k, v,
+        out, lse = _run_flushing_denormals(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, q, k, v,
                                             0.0, is_causal, attn_mask=attn_mask, scale=scale)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.attn_mask, ctx.is_causal, ctx.scale = attn_mask, is_causal, scale
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out: Tensor):
         q, k, v, out, lse = ctx.saved_tensors
-        grads = _in_flush_to_zero_thread(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward,
+        grads = _run_flushing_denormals(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward,
                                          grad_out.contiguous(), q, k, v, out, lse, 0.0, ctx.is_causal,
                                          attn_mask=ctx.attn_mask, scale=ctx.scale)
         return (*grads, None, None, None)
