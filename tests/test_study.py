@@ -19,11 +19,15 @@ from axiomformer.study import (
 from axiomformer.study.report import assumption_of
 from axiomformer.study.sweep import match_width, match_widths
 
-TINY = textwrap.dedent("""
-    name = "tiny study"
-    seeds = 2
-    variants = ["standard", "A5=sigmoid"]
-    baselines = ["rnn"]
+
+def tiny_study_toml(name: str = "tiny study", seeds: int = 2, variants: tuple = ("standard", "A5=sigmoid"),
+                    baselines: tuple = ("rnn",), steps: int = 8) -> str:
+    """A study config small enough for a unit test (1-layer width-16 models, needle at lengths 8 and 12)."""
+    return textwrap.dedent("""
+    name = "{name}"
+    seeds = {seeds}
+    variants = {variants}
+    baselines = {baselines}
     threads = 1
     workers = 1
 
@@ -33,7 +37,7 @@ TINY = textwrap.dedent("""
     layers = 1
 
     [budget]
-    steps = 8
+    steps = {steps}
     batch_size = 8
     eval_batches = 1
     warmup = 2
@@ -46,7 +50,12 @@ TINY = textwrap.dedent("""
     [[tasks]]
     name = "needle"
     seq_lens = [8, 12]
-""")
+""").format(name=name, seeds=seeds, steps=steps, variants=json.dumps(list(variants)),
+               baselines=json.dumps(list(baselines)))
+
+
+TINY = tiny_study_toml()
+
 
 
 @pytest.fixture()

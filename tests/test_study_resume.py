@@ -13,40 +13,13 @@ import pytest
 from rich.console import Console
 
 from axiomformer.study import load_config, plan, run_study
-
-CONFIG = """
-name = "resume test"
-seeds = {seeds}
-variants = ["standard", "A4=cosine"]
-baselines = ["gru"]
-threads = 1
-workers = 1
-
-[model]
-dim = 16
-heads = 2
-layers = 1
-
-[budget]
-steps = {steps}
-batch_size = 8
-eval_batches = 1
-warmup = 2
-
-[sections]
-audit = false
-derive = false
-flow = false
-
-[[tasks]]
-name = "needle"
-seq_lens = [8, 12]
-"""
+from test_study import tiny_study_toml
 
 
 def _config(tmp_path, steps: int, seeds: int):
     path = tmp_path / "study.toml"
-    path.write_text(CONFIG.format(steps=steps, seeds=seeds))
+    path.write_text(tiny_study_toml(name="resume test", seeds=seeds, variants=("standard", "A4=cosine"),
+                                    baselines=("gru",), steps=steps))
     return path
 
 
