@@ -54,13 +54,15 @@ class Row:
 def attention_core(module: Attention, q: Tensor, k: Tensor, v: Tensor, engine: str = "auto") -> tuple[Tensor, str]:
     """What ``Attention.forward`` does between the projections and the output projection (self-attention)."""
     positions = torch.arange(q.shape[-2], device=q.device)
-    q, k = module.position.rotate(q, positions), module.position.rotate(k, positions)
-    problem = AttentionProblem(
-        q=q, k=k, v=v, causal=module.spec.causal, q_offset=0, training=module.training,
-        alibi_slopes=module.position.slopes if module.spec.position == "alibi" else None,
-    )
+    problem = _problem(module, module.position.rotate(q, positions), module.position.rotate(k, positions), v)
     chosen = select_engine(module, problem, engine)
     return chosen.run(module, problem)[0], chosen.name
+
+
+def _problem(module: Attention, q: Tensor, k: Tensor, v: Tensor) -> AttentionProblem:
+    """The self-attention problem ``Attention.forward`` hands its engine (q and k already rotated)."""
+    return AttentionProblem(q=q, k=k, v=v, causal=module.spec.causal, q_offset=0, training=module.training,
+                            alibi_slopes=module.position.slopes if module.spec.position == "alibi" else None)
 
 
 def _sync(device: torch.device) -> None:
@@ -147,7 +149,8 @@ def run_bench(
     """Benchmark rows (one per variant, engine, length and mask) and the memory method used.
 
     The engine of each variant's row is the first that accepts it (what ``auto`` routing picks for long sequences,
-    see :func:`_route`), forced at every length; rows with ``engine="reference"`` time the reference engine (lengths <= ``reference_max_len``), ``engine="x-transformers"`` its ``Attend`` (standard only).
+    see :func:`_route`), forced at every length; rows with ``engine="reference"`` time the reference engine
+    (lengths <= ``reference_max_len``), ``engine="x-transformers"`` its ``Attend`` (standard only).
 
     Two passes: first every peak-memory measurement (each after one measured warm-up call), then every timing. On
     CPU the meter puts glibc in a strict allocation mode while it measures; a timed run between two measurements
@@ -198,8 +201,7 @@ def _route(module, q, k, v) -> str:
     (``auto`` leaves problems small enough for one chunk to the reference engine; the bench measures the memory-lean
     engine at every length so that its rows are comparable across lengths.)
     """
-    problem = AttentionProblem(q=q, k=k, v=v, causal=module.spec.causal, training=module.training,
-                               alibi_slopes=module.position.slopes if module.spec.position == "alibi" else None)
+    problem = _problem(module, q, k, v)
     for name in ENGINE_ORDER:
         if ENGINES[name].accepts(module, problem):
             return name

@@ -35,7 +35,8 @@ from torch.utils.checkpoint import checkpoint
 from axiomformer.axes.normalizer import feature_map, normalize
 from axiomformer.axes.position import alibi_bias
 from axiomformer.engines import elementwise, sparse
-from axiomformer.engines.problem import AttentionProblem, block_mask, clean_nonfinite, poison_rows, slice_block
+from axiomformer.engines.problem import (AttentionProblem, block_mask, causal_key_end, clean_nonfinite, poison_rows,
+                                         slice_block)
 from axiomformer.engines.reference import attention_weights
 
 ELEMENTWISE = ("sigmoid", "relu")
@@ -181,9 +182,7 @@ def chunked_attention(module, problem: AttentionProblem, k: Tensor, v: Tensor, q
     )
     outs = []
     for qs in _blocks(problem.q_len, query_chunk):
-        k_end = problem.k_len
-        if problem.causal:
-            k_end = min(problem.k_len, max(1, problem.q_offset + qs.stop))
+        k_end = causal_key_end(qs.start, qs.stop, problem.q_offset, problem.causal, problem.k_len)
         fn = partial(attend_chunk, module, problem, qs=qs, key_chunk=key_chunk)
         args = (q[..., qs, :], k[..., :k_end, :], v[..., :k_end, :])
         outs.append(checkpoint(fn, *args, use_reentrant=False) if needs_grad else fn(*args))

@@ -20,18 +20,14 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from axiomformer.engines.problem import AttentionProblem
+from axiomformer.engines.problem import AttentionProblem, causal_diagonal, causal_key_end, plain_dot_problem
 
 KINDS = ("sigmoid", "relu")
 
 
 def applies(module, problem: AttentionProblem) -> bool:
     """Whether the closed-form path computes this problem exactly (else the generic chunked path runs)."""
-    spec = module.spec
-    return (spec.normalizer in KINDS and spec.score == "dot" and spec.contribution == "proportional"
-            and problem.mask is None and problem.bias is None and problem.alibi_slopes is None
-            and not (problem.training and problem.dropout_p > 0)
-            and problem.q.dtype in (torch.float32, torch.float64))
+    return module.spec.normalizer in KINDS and plain_dot_problem(module, problem)
 
 
 def _counts(rows: int, start: int, offset: int, causal: bool, k_len: int, like: Tensor) -> Tensor:
@@ -43,29 +39,20 @@ def _counts(rows: int, start: int, offset: int, causal: bool, k_len: int, like: 
     return n.view(-1, 1)
 
 
-def _k_end(start: int, stop: int, offset: int, causal: bool, k_len: int) -> int:
-    return min(k_len, max(1, offset + stop)) if causal else k_len
-
-
 class _Chunk:
     """One chunk of queries: rows ``start:stop`` (absolute positions ``offset + start ..``) and their visible keys."""
 
     def __init__(self, start: int, stop: int, offset: int, causal: bool, k_len: int, like: Tensor):
         self.rows = slice(start, stop)
-        self.end = _k_end(start, stop, offset, causal, k_len)
+        self.end = causal_key_end(start, stop, offset, causal, k_len)
         self.n = _counts(stop - start, start, offset, causal, k_len, like)
-        # Keys before ``first`` are visible to every query of the chunk; only columns first..end need the mask.
-        self.first = max(0, min(self.end, offset + start + 1)) if causal else self.end
-        self.hidden = None
-        if self.first < self.end:
-            i = torch.arange(start, stop, device=like.device).view(-1, 1) + offset
-            j = torch.arange(self.first, self.end, device=like.device).view(1, -1)
-            self.hidden = j > i                                                    # (rows, end - first)
+        self.diagonal = causal_diagonal(start, stop, self.end, offset, causal, like.device)
 
     def mask_(self, w: Tensor) -> Tensor:
         """Zero the weights of keys after each query's diagonal, in place (only the diagonal block is touched)."""
-        if self.hidden is not None:
-            w[..., self.first:self.end].masked_fill_(self.hidden, 0.0)
+        if self.diagonal is not None:
+            first, hidden = self.diagonal
+            w[..., first:self.end].masked_fill_(hidden, 0.0)
         return w
 
 

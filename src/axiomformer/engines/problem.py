@@ -115,6 +115,37 @@ class AttentionProblem:
         return ~(torch.isfinite(self.k).all(-1) & torch.isfinite(self.v).all(-1))
 
 
+# ---------------------------------------------------------------------------------------------- query chunks
+def plain_dot_problem(module, problem: AttentionProblem) -> bool:
+    """Dot scores, proportional contributions, no mask but the causal one, no bias or ALiBi, no dropout, float32/64:
+    the problems whose weights are a function of one row of q k^T alone (the closed-form engines' condition)."""
+    spec = module.spec
+    return (spec.score == "dot" and spec.contribution == "proportional"
+            and problem.mask is None and problem.bias is None and problem.alibi_slopes is None
+            and not (problem.training and problem.dropout_p > 0)
+            and problem.q.dtype in (torch.float32, torch.float64))
+
+
+def causal_key_end(start: int, stop: int, offset: int, causal: bool, k_len: int) -> int:
+    """Keys read by the queries start..stop - 1: with a causal mask, up to the last one visible to query stop - 1."""
+    return min(k_len, max(1, offset + stop)) if causal else k_len
+
+
+def causal_diagonal(start: int, stop: int, end: int, offset: int, causal: bool,
+                    device: torch.device | None = None) -> tuple[int, Tensor] | None:
+    """(first, hidden) for the queries start..stop - 1 against the keys 0..end - 1, or None when none is hidden.
+
+    Query start + r (absolute position offset + start + r) sees the keys j <= offset + start + r, so keys before
+    ``first = offset + start + 1`` are visible to the whole chunk; ``hidden`` (stop - start, end - first) bool is True
+    where key first + c lies after query r (only that diagonal block needs masking).
+    """
+    first = max(0, min(end, offset + start + 1)) if causal else end
+    if first >= end:
+        return None
+    i = torch.arange(start, stop, device=device).view(-1, 1) + offset
+    return first, torch.arange(first, end, device=device).view(1, -1) > i
+
+
 # ---------------------------------------------------------------------------------------------- blocks and NaN
 def slice_block(t: Tensor | None, qs: slice, ks: slice) -> Tensor | None:
     """Rows ``qs`` and columns ``ks`` of a tensor broadcastable to (batch, heads, q_len, k_len)."""

@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from axiomformer.engines.problem import AttentionProblem
+from axiomformer.engines.problem import AttentionProblem, causal_diagonal, causal_key_end, plain_dot_problem
 
 KINDS = ("sparsemax", "entmax15")
 
@@ -78,11 +78,7 @@ def applies(module, problem: AttentionProblem) -> bool:
 
     With causal masking, ``q_offset >= 0`` guarantees every query sees at least one key (key 0).
     """
-    spec = module.spec
-    return (spec.normalizer in KINDS and spec.score == "dot" and spec.contribution == "proportional"
-            and problem.mask is None and problem.bias is None and problem.alibi_slopes is None
-            and not (problem.training and problem.dropout_p > 0)
-            and problem.q.dtype in (torch.float32, torch.float64)
+    return (module.spec.normalizer in KINDS and plain_dot_problem(module, problem)
             and (not problem.causal or problem.q_offset >= 0))
 
 
@@ -236,24 +232,6 @@ def entmax15_threshold(y: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- the autograd function
-def _k_end(start: int, stop: int, offset: int, causal: bool, k_len: int) -> int:
-    """Keys read by the queries start..stop - 1: with a causal mask, up to the last one visible to query stop - 1."""
-    return min(k_len, max(1, offset + stop)) if causal else k_len
-
-
-def _diagonal(rows: int, start: int, end: int, offset: int, causal: bool, device) -> tuple[int, Tensor] | None:
-    """(first masked key, bool (rows, end - first) True where masked) of a causal chunk's diagonal block, or None.
-
-    Query start + r (absolute position offset + start + r) sees the keys j <= offset + start + r; keys before
-    ``first = offset + start + 1`` are visible to every query of the chunk and need no mask.
-    """
-    first = offset + start + 1
-    if not causal or first >= end:
-        return None
-    width = end - first
-    return first, torch.ones(rows, width, dtype=torch.bool, device=device).triu_()
-
-
 class SparseAttention(torch.autograd.Function):
     """y = p(scale q k^T) v for sparsemax / 1.5-entmax weights p, chunked over queries, recomputed in the backward.
 
@@ -275,10 +253,10 @@ class SparseAttention(torch.autograd.Function):
         block, work, work2 = q3.new_empty(size), q3.new_empty(size), q3.new_empty(size)
         for start in range(0, q_len, chunk):
             stop = min(start + chunk, q_len)
-            rows, end = stop - start, _k_end(start, stop, offset, causal, k_len)
+            rows, end = stop - start, causal_key_end(start, stop, offset, causal, k_len)
             z = torch.bmm(q3[:, start:stop] * factor, k3[:, :end].transpose(1, 2),
                           out=block[: bh * rows * end].view(bh, rows, end))
-            diag = _diagonal(rows, start, end, offset, causal, q3.device)
+            diag = causal_diagonal(start, stop, end, offset, causal, q3.device)
             if diag is not None:
                 z[..., diag[0]:].masked_fill_(diag[1], float("-inf"))
             # Scores relative to the row maximum, as the entmax package works: z - tau then keeps its relative
@@ -322,13 +300,13 @@ class SparseAttention(torch.autograd.Function):
         block_h, block_g = q3.new_empty(size), q3.new_empty(size) if need_dz else None
         for start in range(0, q_len, chunk):
             stop = min(start + chunk, q_len)
-            rows, end = stop - start, _k_end(start, stop, offset, causal, k_len)
+            rows, end = stop - start, causal_key_end(start, stop, offset, causal, k_len)
             k_c, v_c, do = k3[:, :end], v3[:, :end], d_out[:, start:stop]
             q_c = q3[:, start:stop] * factor                                    # scaled queries of the chunk
             h = torch.bmm(q_c * half if half != 1.0 else q_c, k_c.transpose(1, 2),
                           out=block_h[: bh * rows * end].view(bh, rows, end))
             h.sub_(shift[:, start:stop]).sub_(tau[:, start:stop]).relu_()      # relu(z - tau) or relu(y - tau)
-            diag = _diagonal(rows, start, end, offset, causal, q3.device)
+            diag = causal_diagonal(start, stop, end, offset, causal, q3.device)
             if diag is not None:
                 h[..., diag[0]:].masked_fill_(diag[1], 0.0)
             if kind == "sparsemax":                                             # p = h
