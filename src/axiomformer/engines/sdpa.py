@@ -21,6 +21,7 @@ floats flushed to zero on every thread of PyTorch's OpenMP team (:func:`sdpa_flu
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import threading
@@ -97,9 +98,9 @@ def _augment(q: Tensor, k: Tensor, v: Tensor, scale, extras) -> tuple[Tensor, Te
 
 
 _TEAM_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_team_flush_state: dict = {}
 
 
+@functools.cache
 def _openmp_team_flush():
     """A function ``set(on)`` that sets flush-to-zero on every thread of the calling thread's OpenMP team (the one
     PyTorch's CPU kernels run on), or None where PyTorch does not run on libgomp (then a new thread is used).
@@ -109,23 +110,20 @@ def _openmp_team_flush():
     the calling thread releases while in the region). PyTorch's OpenMP ``parallel_for`` uses the whole team of
     ``torch.get_num_threads()`` threads. About 0.15 ms per call.
     """
-    if "set" not in _team_flush_state:
-        _team_flush_state["set"] = None
-        library = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
-        try:
-            if "parallel backend: OpenMP" in torch.__config__.parallel_info() and os.path.exists(library):
-                parallel = ctypes.CDLL(library).GOMP_parallel
-                parallel.argtypes = [_TEAM_CALLBACK, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
-                bodies = {on: _TEAM_CALLBACK(lambda _, on=on: torch.set_flush_denormal(on)) for on in (True, False)}
-                _team_flush_state["bodies"] = bodies                     # keep the callbacks alive
+    library = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    try:
+        if "parallel backend: OpenMP" not in torch.__config__.parallel_info() or not os.path.exists(library):
+            return None
+        parallel = ctypes.CDLL(library).GOMP_parallel
+    except (OSError, AttributeError):
+        return None
+    parallel.argtypes = [_TEAM_CALLBACK, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+    bodies = {on: _TEAM_CALLBACK(lambda _, on=on: torch.set_flush_denormal(on)) for on in (True, False)}
 
-                def set_team(on: bool) -> None:
-                    parallel(bodies[on], None, max(1, torch.get_num_threads()), 0)
+    def set_team(on: bool) -> None:
+        parallel(bodies[on], None, max(1, torch.get_num_threads()), 0)      # ``bodies`` stays alive with it
 
-                _team_flush_state["set"] = set_team
-        except (OSError, AttributeError):
-            pass
-    return _team_flush_state["set"]
+    return set_team
 
 
 def _flushing_now() -> bool:
