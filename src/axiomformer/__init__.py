@@ -10,10 +10,10 @@ from axiomformer.spec import ALIASES, ASSUMPTIONS, AXES, AttentionSpec
 
 __version__ = "0.1.0"
 
-# The theory made executable. Imported eagerly: the functions share their names with their submodules, and an eager
-# binding here is what keeps ``axiomformer.derive`` / ``axiomformer.audit`` the functions once the submodules load.
-from axiomformer.audit import AuditReport, audit  # noqa: E402
-from axiomformer.derive import derive  # noqa: E402
+# The theory made executable: ``axiomformer.derive`` and ``axiomformer.audit`` are packages, their entry points are
+# ``run_derivation`` and ``run_audit``.
+from axiomformer.audit import AuditReport, run_audit  # noqa: E402
+from axiomformer.derive import run_derivation  # noqa: E402
 
 __all__ = ["Attention", "AttentionSpec", "KVCache", "AXES", "ALIASES", "ASSUMPTIONS", "__version__",
-           "AuditReport", "audit", "derive"]
+           "AuditReport", "run_audit", "run_derivation"]

@@ -1,9 +1,9 @@
-"""``audit(target)``: which assumptions of the derivation does an attention implementation satisfy?
+"""``run_audit(target)``: which assumptions of the derivation does an attention implementation satisfy?
 
 Each check probes the map (queries, keys, values) -> outputs on seeded inputs (see :mod:`axiomformer.audit.checks`
 and ``docs/audit.md``); targets become such maps through adapters (:mod:`axiomformer.audit.adapters`).
 
->>> report = audit("spec:score=cosine")
+>>> report = run_audit("spec:score=cosine")
 >>> [c.name for c in report.checks if c.passed is False]
 ['bilinear_scores', 'scale_entropy']
 """
@@ -62,7 +62,7 @@ class AuditReport:
         return "\n".join(lines)
 
 
-def audit(target: Any, *, causal: bool | None = None, dim: int | None = None, num_heads: int | None = None,
+def run_audit(target: Any, *, causal: bool | None = None, dim: int | None = None, num_heads: int | None = None,
           seed: int = 0) -> AuditReport:
     """Run every check on ``target``.
 
@@ -101,4 +101,4 @@ def relaxation_matrix(**kwargs: Any):
 
 
 __all__ = ["Adapter", "AttentionAdapter", "AuditCheck", "AuditReport", "FunctionAdapter",
-           "MultiheadAttentionAdapter", "audit", "make_adapter", "register_adapter", "relaxation_matrix"]
+           "MultiheadAttentionAdapter", "run_audit", "make_adapter", "register_adapter", "relaxation_matrix"]

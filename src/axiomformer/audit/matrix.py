@@ -70,7 +70,7 @@ def single_axis_relaxations() -> list[tuple[str, str]]:
 
 def relaxation_matrix(dim: int = 16, num_heads: int = 2, seed: int = 0, references: bool = True) -> list[MatrixRow]:
     """Audit ``spec:standard``, every single-axis relaxation and (optionally) the reference targets."""
-    from axiomformer.audit import audit
+    from axiomformer.audit import run_audit as audit
 
     rows = [MatrixRow("standard", None, None, audit("spec:standard", dim=dim, num_heads=num_heads, seed=seed))]
     for axis, relax in single_axis_relaxations():

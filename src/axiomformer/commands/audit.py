@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(None, "--out", help="with --matrix: write the Markdown table here"),
     ) -> None:
         """Run the property checks (A0..A5, causality, parallel) on one target, or build the relaxation matrix."""
-        from axiomformer.audit import audit
+        from axiomformer.audit import run_audit
 
         if matrix:
             from axiomformer.audit.matrix import matrix_markdown, relaxation_matrix
@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         if target is None:
             raise typer.BadParameter("give a TARGET (e.g. spec:standard) or --matrix", param_hint="TARGET")
         try:
-            report = audit(target, causal=causal or None, dim=dim, num_heads=heads, seed=seed)
+            report = run_audit(target, causal=causal or None, dim=dim, num_heads=heads, seed=seed)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="TARGET") from None
         typer.echo(json.dumps(report.to_dict()) if as_json else report.to_text())

@@ -223,15 +223,17 @@ def _derive(d: StudyData) -> list:
     if payload is None:
         return out
     steps = payload.get("steps", []) if isinstance(payload, dict) else []
-    table = Table(["step", "assumption imposed", "max abs error", "passed"])
+    table = Table(["step", "label", "assumption", "violation before", "error after", "passed"])
+    num = lambda v: f"{v:.2e}" if isinstance(v, (int, float)) else str(v)  # noqa: E731
     for step in steps:
-        check = step.get("check") or {}
-        err = check.get("max_abs_err")
-        table.rows.append([str(step.get("id")), str(step.get("assumption", "")).split(":")[0],
-                           f"{err:.2e}" if isinstance(err, (int, float)) else str(err), str(check.get("passed"))])
+        verdict = "vacuous" if step.get("vacuous") else str(step.get("passed"))
+        table.rows.append([str(step.get("id")), str(step.get("label", "")),
+                           str(step.get("assumption", "")).split(":")[0], num(step.get("violation_before")),
+                           num(step.get("error_after")), verdict])
     final = payload.get("final_vs_sdpa_max_abs_err") if isinstance(payload, dict) else None
-    table.note = ("`axiomformer derive`: each step's check imposes its assumption on the previous general form and "
-                  "compares with the next one. Final step against `torch.nn.functional.scaled_dot_product_attention`: "
+    table.note = ("`axiomformer derive`: each step measures its assumption's property on the module before the step "
+                  "(violated) and after it (holds). Final step against "
+                  "`torch.nn.functional.scaled_dot_product_attention`: "
                   f"max abs error {final:.2e}." if isinstance(final, (int, float)) else "")
     return out + [table]
 

@@ -23,10 +23,10 @@ def _audit_payload(report: Any) -> dict[str, Any]:
 
 
 def audit_spec(spec: str) -> dict[str, Any]:
-    """Run ``axiomformer.audit.audit("spec:<relax string>")`` and return its checks as JSON-ready dicts."""
-    from axiomformer.audit import audit
+    """Run ``axiomformer.audit.run_audit("spec:<relax string>")`` and return its checks as JSON-ready dicts."""
+    from axiomformer.audit import run_audit
 
-    return _audit_payload(audit(f"spec:{spec}"))
+    return _audit_payload(run_audit(f"spec:{spec}"))
 
 
 def _jsonable(value: Any) -> Any:
@@ -38,11 +38,11 @@ def _jsonable(value: Any) -> Any:
 
 
 def derive_section() -> Any:
-    """The derivation chain check ``axiomformer.derive.derive()`` as JSON: ``{"steps": [...],
-    "final_vs_sdpa_max_abs_err": float, ...}``."""
-    from axiomformer.derive import derive
+    """The derivation chain check ``axiomformer.derive.run_derivation()`` as JSON (``axiomformer derive --json``):
+    ``{"passed", "first_failed_step", "final_vs_sdpa_max_abs_err", "scale_argument", "steps": [...]}``."""
+    from axiomformer.derive import run_derivation
 
-    return _jsonable(derive())
+    return _jsonable(run_derivation())
 
 
 def flow_section() -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from axiomformer.audit import AttentionAdapter, audit, register_adapter
+from axiomformer.audit import AttentionAdapter, register_adapter, run_audit
 from axiomformer.audit.adapters import Adapter
 from axiomformer.surgery.replace import AxiomSelfAttention
 
@@ -155,7 +155,7 @@ def audit_layer0(model: nn.Module) -> dict:
     blocks = [m for m in model.modules() if is_hf_self_attention(m)]
     if not blocks:
         return {"error": f"{type(model).__name__} has no Hugging Face BERT self-attention to audit"}
-    report = audit(blocks[0])
+    report = run_audit(blocks[0])
     report.target = f"layer 0 {report.target}"
     out = report.to_dict()
     out["text"] = report.to_text()

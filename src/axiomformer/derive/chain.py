@@ -1,0 +1,219 @@
+"""The chain A0 -> A5 as data: one step per assumption, each with the property it states and the check of it.
+
+Source: Somani, "A Minimal Route to Transformer Attention" (``docs/SOURCES.md``). A step narrows the module before it
+(:mod:`axiomformer.derive.modules`) to the module after it. Its check measures the assumption's *property*
+(:mod:`axiomformer.derive.properties`) on both: the module before must violate it clearly (otherwise the step is
+**vacuous**: nothing was derived), the module after must satisfy it within the tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from axiomformer.derive import properties as prop
+from axiomformer.derive.modules import DTYPE, PLANTS, GeneralForm, StandardForm, sdpa_reference
+
+TOLERANCE = 1e-9
+"""Largest relative violation of a property that counts as holding (float64 round-off is near 1e-15)."""
+VACUOUS_BELOW = 1e-6
+"""A step whose module before it violates the property by less than this is vacuous."""
+SDPA_TOL = 1e-5
+"""Tolerance of the final comparison: axiomformer's reference engine normalizes in float32."""
+SCALE_DIMS = (16, 64, 256)
+
+
+@dataclass(frozen=True)
+class StepDef:
+    """One step of the derivation: the assumption, the property it states, how the module narrows, and the check.
+
+    ``label`` is ``"forced"`` when the source calls the step forced by the constraints (permutation symmetry,
+    separability, linear projections), ``"choice"`` when it calls it a choice (identity rho, dot product, softmax).
+    """
+
+    id: str
+    assumption: str
+    property: str
+    label: str
+    formula: str
+    latex: str
+    narrow: Callable[[GeneralForm], GeneralForm]
+    measure: Callable[[GeneralForm, Tensor, int], float]
+
+
+STEPS: tuple[StepDef, ...] = (
+    StepDef("A0", "symmetry: once relevances are known, the output does not depend on the order of the visible "
+                  "tokens (Deep Sets, Zaheer et al. 2017, Thm 2)",
+            "set symmetry: permuting the visible tokens (keys and values together) leaves every y_i unchanged, "
+            "causal and not", "forced",
+            "y_i = rho( sum_j phi(x_j, u_ij) ), j over the visible tokens",
+            r"y_i = \rho\Big(\sum_{j} \phi(x_j, u_{ij})\Big)",
+            lambda m: m.without("order"), prop.set_symmetry),
+    StepDef("A1", "simplicity: the aggregator rho is the identity",
+            "additivity: with the weights fixed, the output for a token set is the sum of the outputs for two "
+            "disjoint parts of it (any linear rho passes: it folds into W_v)", "choice",
+            "y_i = sum_j phi(x_j, u_ij)", r"y_i = \sum_j \phi(x_j, u_{ij})",
+            lambda m: m.without("p"), prop.additivity),
+    StepDef("A2", "relevance-contribution proportionality: scaling u_ij by k scales token j's contribution by k",
+            "homogeneity of the contribution map: phi(x, k u) = k phi(x, u) for k in {2, 1/2, -1, 3}", "forced",
+            "y_i = sum_j u_ij v(x_j)", r"y_i = \sum_j u_{ij}\, v(x_j)",
+            lambda m: m.without("g"), prop.homogeneity),
+    StepDef("A3", "linear change of coordinates: v(x) = W_v x",
+            "linearity of the value map: second differences v(a+b) - v(a) - v(b) + v(0) and v(2a) - 2v(a) + v(0) "
+            "vanish", "forced",
+            "y_i = sum_j u_ij W_v x_j", r"y_i = \sum_j u_{ij}\, W_v x_j",
+            lambda m: m.without("n"), prop.value_linearity),
+    StepDef("A4", "efficient parallel scoring: relevance from the score s_ij = q_i . k_j, q = W_q x, k = W_k x "
+                  "(parallel scoring is forced; the dot product among parallel scores is a choice)",
+            "bilinear score: s(x_i, x_j) = x_i^T M x_j with rank(M) <= head_dim; M fitted by least squares, "
+            "relative residual (plus 1 if the rank is too high)", "choice",
+            "y_i = sum_j r(s_i)_j W_v x_j, s_ij = (W_q x_i) . (W_k x_j)",
+            r"y_i = \sum_j r(s_{i\cdot})_j\, W_v x_j,\quad s_{ij} = (W_q x_i)^\top (W_k x_j)",
+            lambda m: m.without("m"), prop.bilinear_violation),
+    StepDef("A5", "normalization: relevance is relative (shift-invariant), sums to one, is differentiable, and the "
+                  "1/sqrt(d) keeps the logits O(1)",
+            "normalizer: shift invariance r(s + c) = r(s), ratio independence, rows sum to one, non-negative, and "
+            "the attention entropy stays put as head_dim grows with Var(q.k) = d (the 1/sqrt(d) argument)",
+            "choice",
+            "y_i = sum_j softmax_j(q_i . k_j / sqrt(d)) W_v x_j",
+            r"y_i = \sum_j \mathrm{softmax}_j\!\Big(\frac{q_i^\top k_j}{\sqrt{d}}\Big)\, W_v x_j",
+            lambda m: m.with_softmax(), prop.normalizer_violation),
+)
+
+
+@dataclass
+class Step:
+    """A step as run: its definition, the modules before and after it, and the measured property."""
+
+    spec: StepDef
+    before: GeneralForm
+    after: GeneralForm
+    violation_before: float
+    error_after: float
+    tolerance: float = TOLERANCE
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def vacuous(self) -> bool:
+        """The module before the step already has the property: the step derives nothing."""
+        return not self.violation_before > VACUOUS_BELOW
+
+    @property
+    def passed(self) -> bool:
+        """The property holds after the step and the step is not vacuous."""
+        return self.error_after <= self.tolerance and not self.vacuous
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"id", "assumption", "property", "violation_before", "error_after", "tolerance", "passed", "vacuous",
+        "label"}``; a non-finite measurement is reported as 1e30."""
+        finite = lambda v: v if math.isfinite(v) else 1e30  # noqa: E731
+        return {"id": self.id, "assumption": self.spec.assumption, "property": self.spec.property,
+                "violation_before": finite(self.violation_before), "error_after": finite(self.error_after),
+                "tolerance": self.tolerance, "passed": self.passed, "vacuous": self.vacuous,
+                "label": self.spec.label}
+
+
+@dataclass
+class Chain:
+    """The derivation as run: ``steps`` A0..A5, the final comparison with PyTorch's SDPA, the 1/sqrt(d) argument."""
+
+    steps: list[Step]
+    final_vs_sdpa_max_abs_err: float
+    scale_argument: dict[str, Any] = field(default_factory=dict)
+    plant: str | None = None
+
+    @property
+    def first_failed_step(self) -> str | None:
+        """Id of the first step that did not pass (vacuous counts as not passed), or None."""
+        return next((s.id for s in self.steps if not s.passed), None)
+
+    @property
+    def passed(self) -> bool:
+        return self.first_failed_step is None and self.final_vs_sdpa_max_abs_err <= SDPA_TOL
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"passed", "first_failed_step", "final_vs_sdpa_max_abs_err", "scale_argument", "steps": [...]}``
+        (plus ``"plant"`` when a wrong step was planted)."""
+        out = {"passed": self.passed, "first_failed_step": self.first_failed_step,
+               "final_vs_sdpa_max_abs_err": self.final_vs_sdpa_max_abs_err, "scale_argument": self.scale_argument,
+               "steps": [s.to_dict() for s in self.steps]}
+        if self.plant is not None:
+            out["plant"] = self.plant
+        return out
+
+
+def scale_argument(dims: tuple[int, ...] = SCALE_DIMS, n_keys: int = 64, samples: int = 4096,
+                   seed: int = 0) -> dict[str, Any]:
+    """The 1/sqrt(d) argument on random vectors (Somani A5; Vaswani et al. 2017, footnote 4).
+
+    For q, k with i.i.d. unit-variance entries, Var(q.k) = d. With ``n_keys`` keys per query, the mean attention
+    entropy (nats) of softmax(q.k / sqrt(d)) stays put as d grows, while that of softmax(q.k) collapses toward 0.
+
+    Returns:
+        ``{"dims", "var_qk", "entropy_scaled", "entropy_unscaled", "max_entropy", "n_keys", "samples"}``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, Any] = {"dims": list(dims), "var_qk": [], "entropy_scaled": [], "entropy_unscaled": [],
+                           "max_entropy": math.log(n_keys), "n_keys": n_keys, "samples": samples}
+
+    def entropy(logits: Tensor) -> float:
+        p = torch.softmax(logits, dim=-1)
+        return float(-(p * torch.log_softmax(logits, dim=-1)).sum(-1).mean())
+
+    for d in dims:
+        q = torch.randn(samples, d, generator=g, dtype=DTYPE)
+        k = torch.randn(samples, d, generator=g, dtype=DTYPE)
+        out["var_qk"].append(float((q * k).sum(-1).var()))
+        s = q[: samples // n_keys] @ k[:n_keys].T
+        out["entropy_scaled"].append(entropy(s / math.sqrt(d)))
+        out["entropy_unscaled"].append(entropy(s))
+    return out
+
+
+def run_chain(general: GeneralForm, x: Tensor, seed: int = 0, plant: str | None = None) -> Chain:
+    """Run :data:`STEPS` from ``general`` (the module before A0) on tokens ``x`` (batch, seq, d), float64."""
+    steps: list[Step] = []
+    module = general
+    for i, spec in enumerate(STEPS):
+        after = spec.narrow(module)
+        steps.append(Step(spec, module, after, spec.measure(module, x, seed + i), spec.measure(after, x, seed + i)))
+        module = after
+    errs = []
+    standard = StandardForm(module)
+    with torch.no_grad():
+        for causal in (False, True):
+            ref = sdpa_reference(module, x, causal)
+            errs.append(float((module(x, causal=causal) - ref).abs().max()))
+            errs.append(float((standard(x, causal=causal) - ref).abs().max()))
+    final = max(errs) if all(math.isfinite(e) for e in errs) else 1e30
+    return Chain(steps, final, scale_argument(seed=seed), plant)
+
+
+def run_derivation(seed: int = 0, plant: str | None = None, d: int = 8, hidden: int = 16, batch: int = 2,
+                   seq: int = 6) -> Chain:
+    """Build the chain A0 -> A5 and check every step's property on seeded float64 tokens x (batch, seq, d).
+
+    Args:
+        seed: seed of the modules, the tokens and each check's random draws.
+        plant: ``"A0"`` .. ``"A5"`` puts the standard wrong version of that step into every module
+            (:data:`~axiomformer.derive.modules.PLANTS`); the chain must then fail first at that step.
+
+    Returns:
+        A :class:`Chain`: ``passed`` iff every step passes (not vacuous, property within tolerance after it) and the
+        A5 module and axiomformer's standard ``Attention`` with its weights both match
+        ``torch.nn.functional.scaled_dot_product_attention`` within 1e-5, causal and not.
+
+    Raises:
+        ValueError: unknown ``plant``, naming the valid ones.
+    """
+    if plant is not None and plant not in PLANTS:
+        raise ValueError(f"unknown plant {plant!r}; choose one of: {', '.join(PLANTS)}")
+    x = torch.randn(batch, seq, d, generator=torch.Generator().manual_seed(seed), dtype=DTYPE)
+    return run_chain(GeneralForm.general(d, hidden, seed, plant), x, seed, plant)
