@@ -71,6 +71,12 @@ class Adapter:
         projection); None for a plain function of (q, k, v), whose values arrive already mapped."""
         return None
 
+    def contribution_map(self) -> Callable[[Tensor, Tensor], Tensor] | None:
+        """The target's own contribution map, ``phi(weights (batch, heads, q_len, k_len), v (batch, heads, k_len,
+        head_dim)) -> (batch, heads, q_len, head_dim)`` = sum_j phi(v_j, u_ij), when it exposes one; None when only
+        (q, k, v) -> out is visible."""
+        return None
+
     def set_training(self, flag: bool) -> bool:
         """Switch training mode; return False if the target has no such mode."""
         return False
@@ -143,6 +149,9 @@ class AttentionAdapter(Adapter):
 
     def value_map(self):
         return self.module.v_proj
+
+    def contribution_map(self):
+        return self.module.contribution
 
 
 class MultiheadAttentionAdapter(Adapter):
@@ -290,15 +299,12 @@ def make_adapter(target: Any, **options: Any) -> Adapter:
     """
     if isinstance(target, Adapter):
         return target
-    if isinstance(target, str) and target.startswith("hf"):
-        # Hugging Face adapters live with the surgery code (optional extra) and register themselves on import.
-        try:
-            importlib.import_module("axiomformer.surgery.audit_adapter")
-        except ImportError as err:
-            raise ValueError(f"auditing {target!r} needs the optional 'hf' extra: {err}") from None
     for match, factory in _ADAPTERS:
         if _matches(match, target):
             return factory(target, **options)
+    if isinstance(target, str) and target.startswith("hf:"):
+        raise ValueError(f"cannot audit {target!r} yet: hf: targets are registered by importing "
+                         "axiomformer.surgery.audit_adapter (the optional 'hf' extra); the command line does that")
     raise ValueError(f"cannot audit {target!r}; give spec:standard, spec:<relax string>, torch.nn.MultiheadAttention, "
                      "torch.nn.functional.scaled_dot_product_attention, module:<import.path>:<attr>, an Attention, "
                      "an AttentionSpec, an nn.MultiheadAttention or a callable (q, k, v) -> out")

@@ -25,7 +25,8 @@ def register(app: typer.Typer) -> None:
                                                             "relaxation-by-check matrix as Markdown"),
         out: Path = typer.Option(None, "--out", help="with --matrix: write the Markdown table here"),
     ) -> None:
-        """Run the property checks (A0..A5, causality, parallel) on one target, or build the relaxation matrix."""
+        """Run the property checks (A0..A5, causality, and the design/numerics checks) on one target, or build the
+        relaxation matrix."""
         from axiomformer.audit import run_audit
 
         if matrix:
@@ -41,6 +42,12 @@ def register(app: typer.Typer) -> None:
             return
         if target is None:
             raise typer.BadParameter("give a TARGET (e.g. spec:standard) or --matrix", param_hint="TARGET")
+        if target.startswith("hf:"):
+            try:
+                import axiomformer.surgery.audit_adapter  # noqa: F401  (registers the hf: targets)
+            except ImportError as err:
+                raise typer.BadParameter(f"auditing {target!r} needs the optional 'hf' extra: {err}",
+                                         param_hint="TARGET") from None
         try:
             report = run_audit(target, causal=causal or None, dim=dim, num_heads=heads, seed=seed)
         except ValueError as err:
