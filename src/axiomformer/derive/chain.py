@@ -43,6 +43,8 @@ class StepDef:
     latex: str
     narrow: Callable[[GeneralForm], GeneralForm]
     measure: Callable[[GeneralForm, Tensor, int], float]
+    limits: str = ""
+    """What the check cannot tell apart."""
 
 
 STEPS: tuple[StepDef, ...] = (
@@ -52,28 +54,36 @@ STEPS: tuple[StepDef, ...] = (
             "causal and not", "forced",
             "y_i = rho( sum_j phi(x_j, u_ij) ), j over the visible tokens",
             r"y_i = \rho\Big(\sum_{j} \phi(x_j, u_{ij})\Big)",
-            lambda m: m.without("order"), prop.set_symmetry),
+            lambda m: m.without("order"), prop.set_symmetry,
+            "an order dependence that the probe's random tokens and permutations do not excite"),
     StepDef("A1", "simplicity: the aggregator rho is the identity",
             "additivity: with the weights fixed, the output for a token set is the sum of the outputs for two "
             "disjoint parts of it (any linear rho passes: it folds into W_v)", "choice",
             "y_i = sum_j phi(x_j, u_ij)", r"y_i = \sum_j \phi(x_j, u_{ij})",
-            lambda m: m.without("p"), prop.additivity),
+            lambda m: m.without("p"), prop.additivity,
+            "a linear rho from the identity: a linear rho folds into W_v, so it lies inside A1's class (a chain whose "
+            "rho is already linear reports A1 vacuous)"),
     StepDef("A2", "relevance-contribution proportionality: scaling u_ij by k scales token j's contribution by k",
             "homogeneity of the contribution map: phi(x, k u) = k phi(x, u) for k in {2, 1/2, -1, 3}", "forced",
             "y_i = sum_j u_ij v(x_j)", r"y_i = \sum_j u_{ij}\, v(x_j)",
-            lambda m: m.without("g"), prop.homogeneity),
+            lambda m: m.without("g"), prop.homogeneity,
+            "u v(x) from u h(x) for any other h: homogeneity says nothing about how the contribution depends on the "
+            "token (that is A3)"),
     StepDef("A3", "linear change of coordinates: v(x) = W_v x",
             "linearity of the value map: second differences v(a+b) - v(a) - v(b) + v(0) and v(2a) - 2v(a) + v(0) "
             "vanish", "forced",
             "y_i = sum_j u_ij W_v x_j", r"y_i = \sum_j u_{ij}\, W_v x_j",
-            lambda m: m.without("n"), prop.value_linearity),
+            lambda m: m.without("n"), prop.value_linearity,
+            "an affine value map W_v x + b from a linear one (second differences vanish for both)"),
     StepDef("A4", "efficient parallel scoring: relevance from the score s_ij = q_i . k_j, q = W_q x, k = W_k x "
                   "(parallel scoring is forced; the dot product among parallel scores is a choice)",
             "bilinear score: s(x_i, x_j) = x_i^T M x_j with rank(M) <= head_dim; M fitted by least squares, "
             "relative residual (plus 1 if the rank is too high)", "choice",
             "y_i = sum_j r(s_i)_j W_v x_j, s_ij = (W_q x_i) . (W_k x_j)",
             r"y_i = \sum_j r(s_{i\cdot})_j\, W_v x_j,\quad s_{ij} = (W_q x_i)^\top (W_k x_j)",
-            lambda m: m.without("m"), prop.bilinear_violation),
+            lambda m: m.without("m"), prop.bilinear_violation,
+            "the dot product from any other bilinear form x^T M x' (q^T W k is a reparametrization: W folds into "
+            "W_k); with one head, head_dim = d and the rank bound cannot bind"),
     StepDef("A5", "normalization: relevance is relative (shift-invariant), sums to one, is differentiable, and the "
                   "1/sqrt(d) keeps the logits O(1)",
             "normalizer: shift invariance r(s + c) = r(s), ratio independence, rows sum to one, non-negative, and "
@@ -81,7 +91,8 @@ STEPS: tuple[StepDef, ...] = (
             "choice",
             "y_i = sum_j softmax_j(q_i . k_j / sqrt(d)) W_v x_j",
             r"y_i = \sum_j \mathrm{softmax}_j\!\Big(\frac{q_i^\top k_j}{\sqrt{d}}\Big)\, W_v x_j",
-            lambda m: m.with_softmax(), prop.normalizer_violation),
+            lambda m: m.with_softmax(), prop.normalizer_violation,
+            "a temperature c / sqrt(d) from 1 / sqrt(d): the entropy stays put for any constant c"),
 )
 
 

@@ -55,6 +55,7 @@ def to_markdown(chain: Chain) -> str:
     for s in chain.steps:
         out += [f"## {s.id} ({s.spec.label}): {s.spec.assumption}", "", f"$$ {s.spec.latex} $$", "",
                 f"- property checked: {s.spec.property}",
+                f"- cannot tell apart: {s.spec.limits}",
                 f"- module before: violation `{s.violation_before:.3g}`; module after: `{s.error_after:.3g}` "
                 f"(tolerance `{s.tolerance:g}`): **{_verdict(s).lower()}**", ""]
     sa = chain.scale_argument
