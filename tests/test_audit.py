@@ -275,3 +275,23 @@ def test_audit_cli_value_identity_passes_every_a3_check():
     result = CliRunner().invoke(app, ["audit", "spec:value=identity", "--json"])
     a3 = [c for c in json.loads(result.output.strip().splitlines()[-1])["checks"] if c["assumption"] == "A3"]
     assert a3 and all(c["passed"] is True for c in a3)
+
+
+def test_audit_and_derive_are_packages_that_import_no_layer_above_them():
+    import ast
+    import inspect
+    from pathlib import Path
+
+    import axiomformer
+
+    assert inspect.ismodule(axiomformer.audit) and inspect.ismodule(axiomformer.derive)
+    assert axiomformer.run_audit is run_audit and callable(axiomformer.run_derivation)
+    root = Path(axiomformer.__file__).parent
+    above = ("axiomformer.surgery", "axiomformer.study", "axiomformer.commands", "axiomformer.cli")
+    for path in [*(root / "audit").glob("*.py"), *(root / "derive").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            strings = [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) else []
+            for name in names + [s for s in strings if s.startswith("axiomformer.")]:
+                assert not name.startswith(above), f"{path.name} imports {name}"
