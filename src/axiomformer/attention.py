@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from axiomformer.axes import (
     Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value,
 )
+from axiomformer.axes.position import TokenPositions, token_positions
 from axiomformer.engines import AttentionProblem, select_engine
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
@@ -26,10 +27,13 @@ class KVCache:
     Attributes:
         k: (batch, heads, past_len, head_dim) keys after projection and RoPE, or None when empty.
         v: (batch, heads, past_len, head_dim) values, or None when empty.
+        positions: (batch, past_len) int64 token positions of the cached keys, or None while they are the indices
+            0..past_len-1 (see ``axiomformer.axes.position``); new tokens continue from the last one.
     """
 
     k: Tensor | None = None
     v: Tensor | None = None
+    positions: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -42,8 +46,20 @@ class KVCache:
         self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
         return self.k, self.v
 
+    def key_positions(self, new: TokenPositions) -> Tensor:
+        """Record the positions of the keys this call adds; return the positions of every key, (k_len,) while
+        they are the indices, else (batch, k_len)."""
+        past = self.length
+        if new.default and self.positions is None:
+            return torch.arange(past + new.k.shape[-1], device=new.k.device)
+        k = new.k if new.k.dim() == 2 else new.k.unsqueeze(0)
+        old = self.positions if self.positions is not None else torch.arange(past, device=k.device).unsqueeze(0)
+        rows = max(k.shape[0], old.shape[0])
+        self.positions = torch.cat([old.expand(rows, -1), k.expand(rows, -1)], dim=-1)
+        return self.positions
+
     def reset(self) -> None:
-        self.k = self.v = None
+        self.k = self.v = self.positions = None
 
 
 class Attention(nn.Module):
@@ -121,6 +137,8 @@ class Attention(nn.Module):
         key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
         cache: KVCache | None = None,
+        position_ids: Tensor | None = None,
+        key_position_ids: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from ``query`` to ``key``/``value``.
 
@@ -133,7 +151,12 @@ class Attention(nn.Module):
             key_padding_mask: (batch, k_len) bool, True = real token (k_len includes cached tokens).
             need_weights: also return the attention weights (batch, heads, q_len, k_len), before dropout.
             cache: a :class:`KVCache`; the new keys/values are appended and attention runs over all cached ones.
-                The new queries take positions ``cache.length ...`` (bottom-right alignment).
+                The new queries continue the cached positions (bottom-right alignment).
+            position_ids: (q_len,) or (batch, q_len) int positions of the queries (and, in self-attention, of the
+                new keys). Without them a self-attention call derives positions from ``key_padding_mask`` (a real
+                token sits at the number of real tokens before it, so left padding changes nothing), else continues
+                the cache, else uses the indices (``axiomformer.axes.position.token_positions``).
+            key_position_ids: (new_k_len,) or (batch, new_k_len) positions of the keys of a cross-attention call.
 
         Returns:
             out (batch, q_len, dim), or ``(out, weights)`` when ``need_weights``. A query with no visible key gets
@@ -151,21 +174,27 @@ class Attention(nn.Module):
         new_k_len = key.shape[1]
         k_len = past + new_k_len
         q_offset = k_len - q_len
-        k_pos = torch.arange(past, k_len, device=query.device)
-        q_pos = torch.arange(q_offset, k_len, device=query.device)
+        pos = token_positions(q_len, new_k_len, past, query.device, position_ids=position_ids,
+                              key_position_ids=key_position_ids, key_padding_mask=key_padding_mask,
+                              cached=cache.positions if cache is not None else None, self_attention=key is query)
 
         # Position enters through the query/key inputs (sinusoidal, learned) or by rotating q and k (RoPE).
-        q = self._split_heads(self.q_proj(self.position.encode_inputs(query, q_pos)))
-        k = self._split_heads(self.k_proj(self.position.encode_inputs(key, k_pos)))
+        q = self._split_heads(self.q_proj(self.position.encode_inputs(query, pos.q)))
+        k = self._split_heads(self.k_proj(self.position.encode_inputs(key, pos.k)))
         v = self._split_heads(self.v_proj(value))                                       # A3
-        q, k = self.position.rotate(q, q_pos), self.position.rotate(k, k_pos)
+        q, k = self.position.rotate(q, pos.q), self.position.rotate(k, pos.k)
+        all_k_pos = pos.k
         if cache is not None:
+            all_k_pos = cache.key_positions(pos)
             k, v = cache.append(k, v)
 
         mask, bias = prepare_masks(attn_mask, key_padding_mask, batch, self.num_heads, q_len, k_len)
+        alibi = self.position.score_bias(pos, all_k_pos, self.spec.causal)
+        if alibi is not None:                                  # ALiBi from token positions, as a score bias
+            bias = alibi if bias is None else bias + alibi
         problem = AttentionProblem(
             q=q, k=k, v=v, causal=self.spec.causal, mask=mask, bias=bias,
-            alibi_slopes=self.position.slopes if self.spec.position == "alibi" else None,
+            alibi_slopes=self.position.slopes if self.spec.position == "alibi" and alibi is None else None,
             q_offset=q_offset, dropout_p=self.spec.dropout, training=self.training,
         )
         engine = select_engine(self, problem, self.engine)

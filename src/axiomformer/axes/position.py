@@ -1,16 +1,32 @@
 """Position — how token order re-enters a map that A0 made permutation invariant.
 
-Positions are absolute indices. Keys sit at 0..k_len-1; queries are aligned bottom-right, at
-q_offset..q_offset+q_len-1 with q_offset = k_len - q_len (the last query sits with the last key, as a KV cache needs).
+Positions are absolute token positions, resolved by :func:`token_positions` in this order:
+
+1. ``position_ids`` given by the caller ((q_len,) or (batch, q_len); the new keys of self-attention share them);
+2. derived from the key padding mask of a self-attention call: each real token's position is the number of real
+   tokens before it (``cumsum(mask) - 1``, the convention of transformers' generation utilities), so left padding
+   does not move the real tokens;
+3. continued from the positions a :class:`~axiomformer.attention.KVCache` stored;
+4. by default the indices: keys at 0..k_len-1, queries aligned bottom-right at q_offset..q_offset+q_len-1 with
+   q_offset = k_len - q_len (the last query sits with the last key, as a KV cache needs). A query longer than its
+   keys (q_len > k_len) therefore starts at a negative position.
+
+The causal mask stays index-based (bottom-right); padding is excluded by the key padding mask.
 
 Choices:
     none        no position information: without a causal mask the layer is permutation equivariant.
     sinusoidal  PE(p, 2i) = sin(p / 10000^(2i/dim)), PE(p, 2i+1) = cos(...) (Vaswani et al. 2017, sec. 3.5), added to
                 the query and key *inputs* before their projections, not to the values **(our choice: position enters
                 only through the scores)**.
-    learned     a learned (max_len, dim) table, added like ``sinusoidal``.
+    learned     a learned (max_len, dim) table, added like ``sinusoidal``. Negative positions (queries before the first
+                key, q_len > k_len) take row 0 **(our choice: the table has no rows before position 0; clipping to
+                the table's edge is what learned relative tables do, Shaw et al. 2018, sec. 3.2)**.
     rope        rotary embedding (Su et al. 2021, eq. 34) on q and k per head, "rotate-half" pairing (i, i + head_dim/2),
-                theta_i = 10000^(-2i/head_dim).
+                theta_i = 10000^(-2i/head_dim). Rotated *before* the score and normalizer: with the dot score and a
+                shift-invariant use of scores the result depends on p_i - p_j only; with the ``linear`` normalizer
+                (kernel feature map applied to the rotated q, k) or a non-dot score it also depends on the absolute
+                positions **(our choice; see docs/positions.md)**. Absolute positions are therefore always the
+                token positions above, never raw indices of a padded row.
     alibi       score bias -m_h (p_i - p_j) (Press et al. 2022, sec. 3) with their head slopes m_h; without a causal
                 mask the bias is -m_h |p_i - p_j| **(our choice)**.
 """
@@ -18,6 +34,7 @@ Choices:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -28,13 +45,14 @@ ROPE_BASE = 10000.0
 
 
 def sinusoidal_table(positions: Tensor, dim: int) -> Tensor:
-    """Sinusoidal encodings (len(positions), dim) in float32 for integer ``positions`` (Vaswani et al. 2017, 3.5)."""
+    """Sinusoidal encodings (*positions.shape, dim) in float32 for integer ``positions`` of any shape, e.g. (seq,)
+    or (batch, seq) (Vaswani et al. 2017, sec. 3.5)."""
     pos = positions.float().unsqueeze(-1)
     i = torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32)
     angle = pos * torch.exp(-math.log(10000.0) * i / dim)
-    table = torch.zeros(positions.shape[0], dim, device=positions.device)
-    table[:, 0::2] = torch.sin(angle)
-    table[:, 1::2] = torch.cos(angle[:, : dim // 2])
+    table = torch.zeros(*positions.shape, dim, device=positions.device)
+    table[..., 0::2] = torch.sin(angle)
+    table[..., 1::2] = torch.cos(angle[..., : dim // 2])
     return table
 
 
@@ -70,8 +88,9 @@ class _Rope(torch.autograd.Function):
 
 
 def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
-    """Rotate x (batch, heads, seq, head_dim) by its positions (seq,), rotate-half convention (Su et al. 2021,
-    eq. 34): x cos + rotate_half(x) sin. Angles in float32; the rotation in x's dtype (float32 for half types).
+    """Rotate x (batch, heads, seq, head_dim) by its positions, (seq,) or per row (batch, seq), rotate-half
+    convention (Su et al. 2021, eq. 34): x cos + rotate_half(x) sin. Angles in float32; the rotation in x's dtype
+    (float32 for half types).
 
     Raises:
         ValueError: odd head_dim (RoPE rotates pairs of coordinates).
@@ -79,6 +98,8 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
     if x.shape[-1] % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {x.shape[-1]}")
     cos, sin = rope_cos_sin(positions, x.shape[-1], base)
+    if positions.dim() == 2:                                       # (batch, seq, hd/2) -> (batch, 1, seq, hd/2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     work = x if x.dtype in (torch.float32, torch.float64) else x.float()
     return _Rope.apply(work, cos.to(work.dtype), sin.to(work.dtype)).to(x.dtype)
 
@@ -98,10 +119,11 @@ def alibi_slopes(num_heads: int) -> Tensor:
 
 
 def alibi_bias(slopes: Tensor, q_positions: Tensor, k_positions: Tensor, causal: bool) -> Tensor:
-    """ALiBi score bias (1, heads, q_len, k_len): -m_h (p_i - p_j), or -m_h |p_i - p_j| when not causal."""
+    """ALiBi score bias (1 or batch, heads, q_len, k_len): -m_h (p_i - p_j), or -m_h |p_i - p_j| when not causal.
+    Positions are (q_len,) and (k_len,), or per row (batch, q_len) and (batch, k_len)."""
     distance = q_positions.float().unsqueeze(-1) - k_positions.float().unsqueeze(-2)
     distance = distance if causal else distance.abs()
-    return -slopes.float().view(1, -1, 1, 1) * distance.unsqueeze(0)
+    return -slopes.float().view(1, -1, 1, 1) * distance.unsqueeze(-3)
 
 
 class Position(nn.Module):
@@ -119,7 +141,11 @@ class Position(nn.Module):
             self.register_buffer("slopes", alibi_slopes(spec.num_heads), persistent=False)
 
     def encode_inputs(self, x: Tensor, positions: Tensor) -> Tensor:
-        """x (batch, seq, dim) plus the absolute encodings of ``positions`` (seq,) for sinusoidal/learned."""
+        """x (batch, seq, dim) plus the encodings of ``positions`` ((seq,) or (batch, seq)) for sinusoidal/learned.
+
+        Raises:
+            ValueError: a learned position at or beyond ``max_len``.
+        """
         if self.kind == "sinusoidal":
             return x + sinusoidal_table(positions, self.dim).to(x.dtype)
         if self.kind == "learned":
@@ -128,9 +154,90 @@ class Position(nn.Module):
                     f"position {int(positions.max())} is beyond the learned table of max_len={self.max_len}; "
                     f"raise AttentionSpec.max_len"
                 )
-            return x + self.table(positions).to(x.dtype)
+            return x + self.table(positions.clamp(min=0)).to(x.dtype)
         return x
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
-        """RoPE on q or k (batch, heads, seq, head_dim); identity for the other choices."""
+        """RoPE on q or k (batch, heads, seq, head_dim), positions (seq,) or (batch, seq); identity otherwise."""
         return apply_rope(x, positions) if self.kind == "rope" else x
+
+    def score_bias(self, positions: "TokenPositions", k_positions: Tensor, causal: bool) -> Tensor | None:
+        """The ALiBi bias (batch|1, heads, q_len, k_len) for positions other than the indices, else None (the
+        engines then apply ALiBi from the index positions themselves, with their fast paths).
+
+        ``k_positions`` are the positions of every key (cached ones included), (k_len,) or (batch, k_len).
+        """
+        if self.kind != "alibi" or positions.default:
+            return None
+        return alibi_bias(self.slopes, positions.q, k_positions, causal)
+
+
+def positions_from_padding(key_padding_mask: Tensor) -> Tensor:
+    """Token positions (batch, k_len) int64 from a key padding mask (batch, k_len), True = real token: a real token
+    sits at the number of real tokens before it (``cumsum - 1``); a padding token keeps its index (it is never
+    attended, so its position only has to be valid)."""
+    index = torch.arange(key_padding_mask.shape[-1], device=key_padding_mask.device)
+    return torch.where(key_padding_mask, key_padding_mask.long().cumsum(-1) - 1, index)
+
+
+@dataclass
+class TokenPositions:
+    """Positions of the queries and of the new keys of one attention call.
+
+    Attributes:
+        q: (q_len,) or (batch, q_len) int64.
+        k: (new_k_len,) or (batch, new_k_len) int64: the keys added by this call (a cache holds the earlier ones).
+        default: True when these are the index positions (see the module docstring, rule 4).
+    """
+
+    q: Tensor
+    k: Tensor
+    default: bool
+
+
+def _as_positions(ids: Tensor, length: int, name: str) -> Tensor:
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dim() not in (1, 2) or ids.shape[-1] != length:
+        raise ValueError(f"{name} must be integer positions shaped (seq,) or (batch, seq) with seq={length}; got "
+                         f"dtype {ids.dtype}, shape {tuple(ids.shape)}")
+    return ids.long()
+
+
+def token_positions(q_len: int, new_k_len: int, past: int, device: torch.device, *,
+                    position_ids: Tensor | None = None, key_position_ids: Tensor | None = None,
+                    key_padding_mask: Tensor | None = None, cached: Tensor | None = None,
+                    self_attention: bool = True) -> TokenPositions:
+    """Resolve the positions of one call (rules 1-4 of the module docstring).
+
+    Args:
+        q_len, new_k_len, past: query length, number of new keys, number of cached keys.
+        position_ids: positions of the queries, (q_len,) or (batch, q_len).
+        key_position_ids: positions of the new keys (cross-attention); self-attention keys share ``position_ids``.
+        key_padding_mask: (batch, past + new_k_len) bool, True = real token (used for self-attention only).
+        cached: positions (batch, past) a KV cache stored, or None when they are the indices.
+        self_attention: the keys are the queries' tokens (``key`` not given).
+
+    Raises:
+        ValueError: position ids that are not integers of the right length, naming the shapes.
+    """
+    k_len = past + new_k_len
+    if position_ids is not None or key_position_ids is not None:
+        q = (_as_positions(position_ids, q_len, "position_ids") if position_ids is not None
+             else torch.arange(k_len - q_len, k_len, device=device))
+        if key_position_ids is not None:
+            k = _as_positions(key_position_ids, new_k_len, "key_position_ids")
+        elif self_attention and position_ids is not None and new_k_len == q_len:
+            k = q
+        else:
+            k = torch.arange(past, k_len, device=device)
+        return TokenPositions(q, k, default=False)
+    usable_mask = (key_padding_mask is not None and key_padding_mask.dtype == torch.bool
+                   and key_padding_mask.dim() == 2 and key_padding_mask.shape[-1] == k_len)   # else the mask check raises
+    if usable_mask and self_attention and new_k_len == q_len:
+        full = positions_from_padding(key_padding_mask)
+        if not torch.equal(full, torch.arange(k_len, device=device).expand_as(full)) or cached is not None:
+            return TokenPositions(full[:, k_len - q_len:], full[:, past:], default=False)
+    if cached is not None and self_attention and new_k_len == q_len:
+        new = cached[:, -1:] + 1 + torch.arange(new_k_len, device=device)
+        return TokenPositions(new, new, default=False)
+    return TokenPositions(torch.arange(k_len - q_len, k_len, device=device), torch.arange(past, k_len, device=device),
+                          default=True)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from axiomformer.attention import Attention, KVCache
 from axiomformer.axes.mlp import two_layer_mlp
-from axiomformer.axes.position import sinusoidal_table
+from axiomformer.axes.position import sinusoidal_table, token_positions
 from axiomformer.spec import AttentionSpec
 
 INPUT_POSITIONS = ("auto", "none", "sinusoidal", "learned")
@@ -34,8 +34,9 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(spec.dim)
         self.mlp = two_layer_mlp(spec.dim, mlp_ratio * spec.dim, spec.dim)
 
-    def forward(self, x: Tensor, cache: KVCache | None = None) -> Tensor:
-        x = x + self.attn(self.norm1(x), cache=cache)
+    def forward(self, x: Tensor, cache: KVCache | None = None, *, key_padding_mask: Tensor | None = None,
+                position_ids: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.norm1(x), cache=cache, key_padding_mask=key_padding_mask, position_ids=position_ids)
         return x + self.mlp(self.norm2(x))
 
 
@@ -95,30 +96,48 @@ class TransformerLM(nn.Module):
         """Names of the attention engines that ran in the last forward, one per layer."""
         return [block.attn.last_engine or "" for block in self.blocks]
 
-    def embed_tokens(self, ids: Tensor, offset: int = 0) -> Tensor:
-        """(batch, seq, dim): scaled token embeddings plus the input position encoding of positions offset.."""
+    def embed_tokens(self, ids: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """(batch, seq, dim): scaled token embeddings plus the input position encoding of ``positions``
+        ((seq,) or (batch, seq); default offset, offset + 1, ...)."""
         x = self.embed(ids) * math.sqrt(self.dim)
         if self.input_position != "none":
-            positions = torch.arange(offset, offset + ids.shape[1], device=ids.device)
+            if positions is None:
+                positions = torch.arange(offset, offset + ids.shape[1], device=ids.device)
             table = sinusoidal_table(positions, self.dim) if self.pos_embed is None else self.pos_embed(positions)
             x = x + table.to(x.dtype)
         return x
 
-    def forward(self, ids: Tensor, caches: list[KVCache] | None = None) -> Tensor:
+    def forward(self, ids: Tensor, caches: list[KVCache] | None = None, *, key_padding_mask: Tensor | None = None,
+                position_ids: Tensor | None = None) -> Tensor:
         """Logits (batch, seq, vocab_size) for token ids (batch, seq) int64.
 
         Args:
             caches: ``new_caches()`` output, carried across calls: the new tokens continue the cached ones
-                (their positions start at the cache length) and their keys/values are appended.
+                (their positions continue the cached positions) and their keys/values are appended.
+            key_padding_mask: (batch, cached + seq) bool, True = real token: padding is never attended, and
+                without ``position_ids`` the real tokens' positions are counted from it (left padding changes
+                nothing).
+            position_ids: (seq,) or (batch, seq) int positions of the tokens, for the input encoding and every
+                layer (see ``axiomformer.axes.position``).
+
+        Raises:
+            ValueError: wrong shapes, a cache list of the wrong length, or a position at or beyond ``max_len``.
         """
         if ids.dim() != 2:
             raise ValueError(f"ids must be (batch, seq) int64, got shape {tuple(ids.shape)}")
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"need one cache per layer ({len(self.blocks)}), got {len(caches)}")
         offset = caches[0].length if caches is not None else 0
-        if offset + ids.shape[1] > self.max_len:
-            raise ValueError(f"sequence of {offset + ids.shape[1]} tokens exceeds max_len={self.max_len}")
-        x = self.embed_tokens(ids, offset)
+        pos = token_positions(ids.shape[1], ids.shape[1], offset, ids.device, position_ids=position_ids,
+                              key_padding_mask=key_padding_mask,
+                              cached=caches[0].positions if caches is not None else None)
+        last = int(pos.q.max()) if pos.q.numel() else -1
+        if offset + ids.shape[1] > self.max_len or last >= self.max_len:
+            raise ValueError(f"sequence of {offset + ids.shape[1]} tokens (last position {last}) exceeds "
+                             f"max_len={self.max_len}")
+        x = self.embed_tokens(ids, offset, pos.q)
+        layer_positions = None if pos.default else pos.q
         for i, block in enumerate(self.blocks):
-            x = block(x, cache=None if caches is None else caches[i])
+            x = block(x, cache=None if caches is None else caches[i], key_padding_mask=key_padding_mask,
+                      position_ids=layer_positions)
         return self.norm(x) @ self.embed.weight.t()
