@@ -20,111 +20,31 @@ map (A3), the aggregator (A1) or input position encodings could not act through 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from axiomformer.attention import Attention
-from axiomformer.engines import AttentionProblem, select_engine
-from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
+from axiomformer.surgery.hf_attention import (  # noqa: F401 - re-exported
+    IMPLEMENTATION, INFORMATIONAL, axiomformer_attention_forward, hf_attention_mask, register_with_transformers,
+)
 from axiomformer.surgery.load import SurgeryError
-
-IMPLEMENTATION = "axiomformer"
-"""The name under which axiomformer registers itself with transformers (``config._attn_implementation``)."""
-
-
-# ---------------------------------------------------------------------------------------------- masks and registry
-def hf_attention_mask(mask: Tensor | None) -> Tensor | None:
-    """Convert a transformers attention mask to axiomformer's convention.
-
-    Args:
-        mask: ``None``; bool (batch, 1, q_len, k_len) with True = may attend (transformers' ``sdpa_mask``, and ours);
-            or float of the same shape added to the scores, where ``torch.finfo(dtype).min`` (or ``-inf``) blocks a
-            key (transformers' ``eager_mask`` and the "extended attention mask" of older versions).
-
-    Returns:
-        ``None``, a bool mask (True = may attend), or a float mask whose ``-inf`` entries block and whose finite
-        entries are a score bias (only when the input carried a non-zero bias besides the blocking values).
-    """
-    if mask is None or mask.dtype == torch.bool:
-        return mask
-    if not mask.is_floating_point():
-        raise ValueError(f"attention mask must be bool or float, got dtype {mask.dtype}")
-    blocked = mask <= torch.finfo(mask.dtype).min / 2            # -inf included
-    bias = mask.masked_fill(blocked, 0.0)
-    if not bool(bias.any()):
-        return ~blocked
-    return bias.masked_fill(blocked, float("-inf"))
-
-
-_STANDARD_CORES: dict[tuple[int, int], Attention] = {}
-
-
-def _standard_core(num_heads: int, head_dim: int) -> Attention:
-    key = (num_heads, head_dim)
-    if key not in _STANDARD_CORES:
-        # Only the score, scale, normalizer and contribution of this module are used (q, k, v arrive projected).
-        _STANDARD_CORES[key] = Attention(AttentionSpec.standard(num_heads * head_dim, num_heads)).eval()
-    return _STANDARD_CORES[key]
-
-
-def axiomformer_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                                  attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                                  **kwargs) -> tuple[Tensor, None]:
-    """transformers ``AttentionInterface`` function: standard attention computed by axiomformer's engines.
-
-    Args:
-        module: the calling transformers attention module (its ``training`` and ``is_causal`` are read).
-        query: (batch, heads, q_len, head_dim); key, value: (batch, heads, k_len, head_dim).
-        attention_mask: see :func:`hf_attention_mask`.
-        scaling: the score temperature (default ``head_dim ** -0.5``, Vaswani et al. 2017, eq. 1).
-        dropout: dropout on the attention weights (used only in training).
-
-    Returns:
-        ``(out, None)`` with out (batch, q_len, heads, head_dim), the layout transformers expects.
-    """
-    batch, heads, q_len, head_dim = query.shape
-    k_len = key.shape[-2]
-    core = _standard_core(heads, head_dim)
-    if scaling is not None and not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-6):
-        query = query * (scaling * math.sqrt(head_dim))          # the core applies head_dim ** -0.5
-    mask, bias = prepare_masks(hf_attention_mask(attention_mask), None, batch, heads, q_len, k_len)
-    # As transformers' sdpa_attention_forward: a causal module with no mask relies on is_causal.
-    causal = attention_mask is None and q_len > 1 and bool(getattr(module, "is_causal", False))
-    problem = AttentionProblem(q=query, k=key, v=value, causal=causal, mask=mask, bias=bias, q_offset=k_len - q_len,
-                               dropout_p=dropout, training=module.training)
-    out, _ = select_engine(core, problem).run(core, problem, False)
-    return out.transpose(1, 2).contiguous(), None
-
-
-def register_with_transformers() -> str:
-    """Register ``"axiomformer"`` in transformers' attention and attention-mask registries; return the name.
-
-    Idempotent. Needs transformers >= 4.48 (``AttentionInterface``); the mask registration needs the
-    ``masking_utils.AttentionMaskInterface`` of later versions and is skipped when absent (masks then arrive as
-    float masks, which :func:`hf_attention_mask` converts).
-    """
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(IMPLEMENTATION, axiomformer_attention_forward)
-    try:
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    except ImportError:  # pragma: no cover - older transformers
-        return IMPLEMENTATION
-    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
-    return IMPLEMENTATION
-
 
 # ---------------------------------------------------------------------------------------------- the replacement
 class AxiomSelfAttention(nn.Module):
     """BERT's ``attention.self`` slot, filled by an axiomformer :class:`Attention` (all four projections inside).
 
-    ``forward(hidden_states (batch, seq, dim), attention_mask=None, **kwargs) -> (out (batch, seq, dim), None)``,
-    the calling convention of transformers' ``BertSelfAttention``. Set ``record_weights = True`` to keep the
-    attention weights (batch, heads, seq, seq) of the last call in ``last_weights``.
+    ``forward(hidden_states (batch, seq, dim), attention_mask=None, **kwargs) -> (out (batch, seq, dim), weights)``,
+    the calling convention of transformers' ``BertSelfAttention``; ``weights`` (batch, heads, seq, seq) when
+    ``output_attentions`` is asked (argument or ``config.output_attentions``), else None. ``head_mask``, a KV cache
+    and cross-attention raise ``NotImplementedError``. Set ``record_weights = True`` to keep the attention weights of
+    the last call in ``last_weights``.
+
+    :func:`replace_attention` turns transformers' module into this class *in place* (:meth:`adopt`), so the model
+    keeps the module object: hooks transformers installed on it (its ``output_attentions`` capture) stay, and it is
+    still an instance of the original class.
 
     Attributes:
         attention: the axiomformer module; :func:`relax_model` swaps it for a relaxed one.
@@ -134,31 +54,66 @@ class AxiomSelfAttention(nn.Module):
     """
 
     def __init__(self, attention: Attention, layer_idx: int | None = None):
-        super().__init__()
+        nn.Module.__init__(self)
+        self._setup(attention, layer_idx)
+
+    def _setup(self, attention: Attention, layer_idx: int | None) -> None:
         self.attention = attention
         self.layer_idx = layer_idx
         self.fresh_parameters: list[str] = []
         self.record_weights = False
         self.last_weights: Tensor | None = None
 
+    @classmethod
+    def adopt(cls, module: nn.Module, attention: Attention, layer_idx: int | None = None) -> "AxiomSelfAttention":
+        """Turn ``module`` (a transformers self-attention) into an AxiomSelfAttention running ``attention``, in
+        place: its submodules (the old projections) are removed, its class becomes a subclass of both."""
+        for name, _ in list(module.named_children()):
+            delattr(module, name)
+        module.__class__ = _adopting_class(type(module))
+        module._setup(attention, layer_idx)
+        return module
+
     @property
     def spec(self) -> AttentionSpec:
         return self.attention.spec
 
     def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None, cache=None,
-                encoder_hidden_states: Tensor | None = None, **kwargs) -> tuple[Tensor, None]:
+                encoder_hidden_states: Tensor | None = None, head_mask: Tensor | None = None,
+                output_attentions: bool | None = None, **kwargs) -> tuple[Tensor, Tensor | None]:
         if cache is not None or encoder_hidden_states is not None:
             raise NotImplementedError("surgery replaces encoder self-attention only (no KV cache, no cross-attention)")
+        if head_mask is not None:
+            raise NotImplementedError("head_mask is not supported after surgery: relax or remove heads instead "
+                                      "(transformers 5 no longer passes it to BERT's attention either)")
+        unknown = sorted(k for k, v in kwargs.items() if k not in INFORMATIONAL and v is not None and v is not False)
+        if unknown:
+            raise NotImplementedError(f"surgery's BERT self-attention does not support {', '.join(unknown)}")
+        if output_attentions is None:
+            output_attentions = getattr(getattr(self, "config", None), "output_attentions", False)
         mask = hf_attention_mask(attention_mask)
-        if self.record_weights:
+        if self.record_weights or output_attentions:
             out, weights = self.attention(hidden_states, attn_mask=mask, need_weights=True)
-            self.last_weights = weights.detach()
-        else:
-            out = self.attention(hidden_states, attn_mask=mask)
-        return out, None
+            weights = weights.to(hidden_states.dtype)
+            if self.record_weights:
+                self.last_weights = weights.detach()
+            return out, (weights if output_attentions else None)
+        return self.attention(hidden_states, attn_mask=mask), None
 
     def extra_repr(self) -> str:
         return f"layer_idx={self.layer_idx}"
+
+
+_ADOPTING: dict[type, type] = {}
+
+
+def _adopting_class(base: type) -> type:
+    """The class ``Axiom<Base>(AxiomSelfAttention, base)``: our behaviour, and still an instance of ``base``."""
+    if issubclass(base, AxiomSelfAttention):
+        return base
+    if base not in _ADOPTING:
+        _ADOPTING[base] = type(f"Axiom{base.__name__}", (AxiomSelfAttention, base), {"__module__": __name__})
+    return _ADOPTING[base]
 
 
 def _is_bert_attention_block(module: nn.Module) -> bool:
@@ -227,7 +182,7 @@ def replace_attention(model: nn.Module) -> nn.Module:
             continue
         attention = attention_from_bert(block.self, block.output.dense)
         attention.train(block.self.training)
-        block.self = AxiomSelfAttention(attention, layer_idx=idx)
+        AxiomSelfAttention.adopt(block.self, attention, layer_idx=idx)
         block.output.dense = nn.Identity()
     return model
 
