@@ -3,11 +3,47 @@
 from __future__ import annotations
 
 import importlib
+import sqlite3
 
 import typer
+from typer.core import TyperGroup
+
+from axiomformer.errors import UserInputError
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+class _Commands(TyperGroup):
+    """Every command's bad input ends the same way: one line on stderr naming the input and what was expected,
+    exit code 2, no traceback. Bad input is a :class:`UserInputError`, a click usage error, or an ``OSError`` on a
+    named path (a file where a folder was expected, a missing or unreadable file)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except typer.TyperException as err:          # typer's usage errors (BadParameter, NoSuchOption, ...)
+            if type(err).__name__ == "NoArgsIsHelpError" or not hasattr(err, "format_message"):
+                raise                                   # help on a bare command is not an error line
+            message = err.format_message()
+        except UserInputError as err:
+            message = str(err)
+        except OSError as err:
+            if err.filename is None:
+                raise
+            message = f"cannot use {err.filename}: {err.strerror or err}"
+        except sqlite3.DatabaseError as err:
+            if isinstance(err, sqlite3.OperationalError):
+                raise
+            message = f"not an SQLite database: {err}"
+        typer.echo(f"error: {_one_line(message)}", err=True)
+        raise typer.Exit(2)
+
 
 app = typer.Typer(
     name="axiomformer",
+    cls=_Commands,
     help="Transformer attention derived from its assumptions: flip, check and measure each one.",
     no_args_is_help=True,
     add_completion=False,

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from axiomformer.attention import Attention
 from axiomformer.engines.problem import causal_mask
+from axiomformer.errors import UserInputError
 from axiomformer.spec import AttentionSpec
 
 DEFAULT_DIM, DEFAULT_HEADS, DEFAULT_SEED = 16, 2, 0
@@ -235,15 +236,21 @@ class FunctionAdapter(Adapter):
         self.dtype = self._working_dtype()
 
     def _working_dtype(self) -> torch.dtype:
+        failure: Exception | None = None
         for dtype in (torch.float64, torch.float32):
             x = torch.zeros(1, 2, self.dim, dtype=dtype)
             try:
                 with torch.no_grad():
-                    self.fn(x, x, x)
-                return dtype
-            except (RuntimeError, TypeError):
+                    out = self.fn(x, x, x)
+            except (RuntimeError, TypeError, ValueError) as err:
+                failure = err
                 continue
-        return torch.float64
+            if isinstance(out, Tensor) and out.shape[:2] == (1, 2):
+                return dtype
+            failure = TypeError(f"it returned {type(out).__name__}"
+                                f"{tuple(out.shape) if isinstance(out, Tensor) else ''}")
+        raise UserInputError(f"cannot audit {self.name!r}: expected a callable (q, k, v) -> out on (batch, seq, "
+                             f"dim={self.dim}) tensors; calling it failed: {type(failure).__name__}: {failure}")
 
     def __call__(self, q, k, v, *, causal=False):
         if causal and self._causal_kw is not None:
@@ -337,7 +344,10 @@ def _module_string(target: str, **options: Any) -> Adapter:
         obj = getattr(importlib.import_module(path), attr)
     except (ValueError, ImportError, AttributeError) as err:
         raise ValueError(f"cannot load {target!r} (expected module:<import.path>:<attr>): {err}") from None
-    adapter = make_adapter(obj, **options)
+    try:
+        adapter = make_adapter(obj, **options)
+    except UserInputError as err:
+        raise UserInputError(f"{target}: {err}") from None
     adapter.name = target
     return adapter
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from axiomformer.errors import expect_file_path
+
 
 def register(app: typer.Typer) -> None:
     @app.command("audit")
@@ -29,6 +31,7 @@ def register(app: typer.Typer) -> None:
         relaxation matrix."""
         from axiomformer.audit import run_audit
 
+        expect_file_path(out, "--out")
         if matrix:
             from axiomformer.audit.matrix import matrix_markdown, relaxation_matrix
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from axiomformer.errors import expect_folder
+
 
 def _lengths(text: str | None, quick: bool) -> tuple[int, ...]:
     if not text:
@@ -43,6 +45,7 @@ def register(app: typer.Typer) -> None:
         from axiomformer import bench
         from axiomformer.spec import AttentionSpec
 
+        expect_folder(out)
         chosen = tuple(v.strip() for v in variants.split(";") if v.strip()) if variants else (
             bench.QUICK_VARIANTS if quick else bench.FULL_VARIANTS)
         for relax in chosen:

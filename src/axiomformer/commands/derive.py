@@ -8,6 +8,8 @@ from pathlib import Path
 
 import typer
 
+from axiomformer.errors import expect_file_path
+
 
 def register(app: typer.Typer) -> None:
     @app.command("derive")
@@ -23,6 +25,7 @@ def register(app: typer.Typer) -> None:
         last module with PyTorch's SDPA. Exit code 1 when the chain does not pass."""
         from axiomformer.derive import PLANTS, run_derivation, to_markdown, to_text
 
+        expect_file_path(out, "--out")
         if fmt not in ("text", "md"):
             raise typer.BadParameter(f"unknown format {fmt!r}; choose one of: text, md", param_hint="--format")
         if plant is not None and plant not in PLANTS:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from axiomformer.errors import expect_folder
+
 
 def _numbers(text: str, name: str, kind: type, example: str) -> list:
     """Comma-separated non-negative numbers of ``kind`` (float or int); a clear error otherwise."""
@@ -45,6 +47,7 @@ def register(app: typer.Typer) -> None:
         from axiomformer.flows.data import DATASETS, DataError
         from axiomformer.flows.experiment import run_flow_experiment
 
+        expect_folder(out)
         if data not in DATASETS:
             raise typer.BadParameter(f"unknown dataset {data!r}; choose one of: {', '.join(DATASETS)}",
                                      param_hint="--data")

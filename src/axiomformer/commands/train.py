@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import typer
 
+from axiomformer.errors import expect_folder
+
 
 def parse_task_options(items: list[str]) -> dict:
     """``["num_pairs=4", "path=a.txt"]`` -> ``{"num_pairs": 4, "path": "a.txt"}`` (values parsed as JSON if they can be).
@@ -72,6 +74,7 @@ def register(app: typer.Typer) -> None:
                  "warmup": warmup, "target_accuracy": target_accuracy, "eval_every": eval_every,
                  "eval_batches": eval_batches}
         fields = {k: v for k, v in given.items() if v is not None}
+        expect_folder(checkpoint, "--checkpoint")
         if no_early_stop:
             fields["target_accuracy"] = None
         try:

