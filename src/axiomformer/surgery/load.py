@@ -58,7 +58,8 @@ def check_model_dir(model_dir: str | Path | None) -> Path:
     """
     folder = bundled_model_dir() if model_dir is None else Path(model_dir).expanduser()
     if not folder.is_dir():
-        raise SurgeryError(f"model directory {str(folder)!r} does not exist")
+        raise SurgeryError(f"model directory {str(folder)!r} " + ("is a file; expected a Hugging Face model folder"
+                                                                  if folder.exists() else "does not exist"))
     if not (folder / "config.json").is_file():
         raise SurgeryError(f"model directory {str(folder)!r} has no config.json; expected a Hugging Face model folder "
                            "saved with save_pretrained")
@@ -135,7 +136,8 @@ def read_sentences(path: str | Path) -> list[str]:
     """
     file = Path(path).expanduser()
     if not file.is_file():
-        raise SurgeryError(f"sentence file {str(file)!r} does not exist")
+        raise SurgeryError(f"sentence file {str(file)!r} " + ("is a folder; expected a text file, one sentence a line"
+                                                              if file.exists() else "does not exist"))
     sentences = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
     if len(sentences) < 2:
         raise SurgeryError(f"sentence file {str(file)!r} holds {len(sentences)} sentence(s); need at least 2")
