@@ -147,12 +147,10 @@ def test_unknown_command_and_option():
 
 def test_a_bug_is_not_disguised_as_bad_input(monkeypatch):
     """The check can fail: an unexpected exception still surfaces as itself (exit 1), not as a user error line."""
-    import importlib
+    from axiomformer.spec import AttentionSpec
 
-    derive_module = importlib.import_module("axiomformer.derive")
-
-    def broken(**_):
+    def broken(self, *args, **kwargs):
         raise RuntimeError("a bug")
-    monkeypatch.setattr(derive_module, "derive", broken)
-    result, _ = _invoke(["derive"])
+    monkeypatch.setattr(AttentionSpec, "describe", broken)
+    result, _ = _invoke(["spec", "A4=cosine"])
     assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)
