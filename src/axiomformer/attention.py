@@ -163,8 +163,8 @@ class Attention(nn.Module):
             an all-zero output row.
 
         Raises:
-            ValueError: wrong ranks, widths, batch sizes or key/value lengths, or masks that do not fit (the error
-                names the shapes).
+            ValueError: wrong ranks, widths, batch sizes or key/value lengths, masks or position ids that do not fit
+                (the error names the shapes), or a learned position at or beyond ``spec.max_len``.
         """
         key = query if key is None else key
         value = key if value is None else value
