@@ -67,3 +67,20 @@ def test_head_mask_and_unknown_arguments_are_refused():
     with pytest.raises(NotImplementedError, match="cu_seq_lens_q"):
         layer(x, cu_seq_lens_q=torch.tensor([0, 3]))
     assert isinstance(layer, transformers.models.bert.modeling_bert.BertSelfAttention)
+
+
+def test_replaced_model_copies_and_pickles():
+    import copy
+    import io
+
+    model, batch = _bert()
+    replace_attention(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for other in (copy.deepcopy(model), torch.load(buffer, weights_only=False)):
+        layer = attention_layers(other)[0]
+        assert isinstance(layer, transformers.models.bert.modeling_bert.BertSelfAttention)
+        with torch.no_grad():
+            torch.testing.assert_close(other(**batch).last_hidden_state, model(**batch).last_hidden_state)
+        assert len(_maps(other, batch)) == 2

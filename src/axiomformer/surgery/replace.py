@@ -103,8 +103,20 @@ class AxiomSelfAttention(nn.Module):
     def extra_repr(self) -> str:
         return f"layer_idx={self.layer_idx}"
 
+    def __reduce_ex__(self, protocol):
+        base = getattr(type(self), "_adopted_base", None)
+        if base is None:
+            return super().__reduce_ex__(protocol)
+        # The adopting class is made at run time; copies and pickles name its transformers base instead.
+        return _new_adopted, (base,), self.__dict__
+
 
 _ADOPTING: dict[type, type] = {}
+
+
+def _new_adopted(base: type) -> AxiomSelfAttention:
+    cls = _adopting_class(base)
+    return cls.__new__(cls)
 
 
 def _adopting_class(base: type) -> type:
@@ -112,7 +124,8 @@ def _adopting_class(base: type) -> type:
     if issubclass(base, AxiomSelfAttention):
         return base
     if base not in _ADOPTING:
-        _ADOPTING[base] = type(f"Axiom{base.__name__}", (AxiomSelfAttention, base), {"__module__": __name__})
+        _ADOPTING[base] = type(f"Axiom{base.__name__}", (AxiomSelfAttention, base),
+                               {"__module__": __name__, "_adopted_base": base})
     return _ADOPTING[base]
 
 
