@@ -131,6 +131,16 @@ def test_sliding_window_without_mask():
     torch.testing.assert_close(weights, ref_w, atol=1e-5, rtol=1e-5)
 
 
+def test_bidirectional_sliding_window_without_mask():
+    q, k, v = _qkv()
+    out, weights = axiomformer_attention_forward(_Module(is_causal=False), q, k, v, None, sliding_window=1,
+                                                 output_attentions=True)
+    i = torch.arange(6)
+    ref_out, ref_w = _eager(q, k, v, (i.view(-1, 1) - i).abs() <= 1, 8 ** -0.5)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights, ref_w, atol=1e-5, rtol=1e-5)
+
+
 def test_attention_sinks():
     q, k, v = _qkv()
     sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])

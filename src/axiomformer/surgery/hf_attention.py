@@ -21,6 +21,7 @@ key/value head groups  key/value heads fewer than query heads (GQA, Ainslie et a
 ``is_causal``          (or ``module.is_causal``) used as transformers' SDPA path uses it: only without a mask and
                        with more than one query; keys beyond the queries (a static cache's empty slots) hidden
 ``sliding_window``     carried by the mask transformers builds for the layer; without a mask, applied here
+                       (causal: i - j < window; bidirectional: |i - j| <= window, as transformers' overlays)
 ``softcap``            logit soft-capping ``c tanh(s / c)`` before the mask (Gemma 2), on the reference engine
 ``s_aux`` (sinks)      one learned logit per head in the softmax denominator (GPT-OSS): a virtual key with
                        value 0
@@ -128,13 +129,17 @@ def _check_arguments(kwargs: dict) -> None:
 
 def _visibility(q_len: int, k_len: int, causal: bool, sliding_window: int | None, device) -> Tensor | None:
     """Bool (q_len, k_len) of the causal and sliding-window rules when there is no mask, or None when all visible.
-    Causal is aligned as transformers' SDPA path aligns it: query i sees keys j <= i."""
-    if not causal:
+
+    As transformers: causal aligned as its SDPA path aligns it (query i sees keys j <= i) with the window
+    i - j < sliding_window; bidirectional windows keep |i - j| <= sliding_window.
+    """
+    if not causal and sliding_window is None:
         return None
-    visible = causal_mask(q_len, k_len, 0, device)
+    i = torch.arange(q_len, device=device).view(-1, 1) + (0 if causal else k_len - q_len)
+    j = torch.arange(k_len, device=device).view(1, -1)
+    visible = j <= i if causal else torch.ones(q_len, k_len, dtype=torch.bool, device=device)
     if sliding_window is not None:
-        distance = torch.arange(q_len, device=device).view(-1, 1) - torch.arange(k_len, device=device).view(1, -1)
-        visible = visible & (distance < sliding_window)
+        visible = visible & ((i - j < sliding_window) if causal else ((i - j).abs() <= sliding_window))
     return visible
 
 
