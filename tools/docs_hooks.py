@@ -3,7 +3,8 @@
 ``<!-- generated: design-space -->`` becomes every axis of ``axiomformer.spec.AXES`` with its choices and its axis
 module's docstring (formula and source of every choice); the build fails when a choice is missing from its module's
 docstring. ``<!-- generated: routing -->`` becomes the engine that automatic routing picks for the standard spec and
-every single-axis relaxation, measured by running each one.
+every single-axis relaxation, measured by running each one. ``<!-- generated: engines -->`` becomes the API entry of
+every registered engine in routing order.
 """
 
 from __future__ import annotations
@@ -69,7 +70,18 @@ def routing() -> str:
     return "\n".join(rows) + "\n"
 
 
-GENERATORS = {"design-space": design_space, "routing": routing}
+def engines() -> str:
+    """One API entry per registered engine, in routing order (``ENGINE_ORDER``), rendered by mkdocstrings."""
+    from axiomformer.engines import ENGINE_ORDER, ENGINES
+
+    blocks = []
+    for name in ENGINE_ORDER:
+        cls = type(ENGINES[name])
+        blocks.append(f"::: {cls.__module__}.{cls.__qualname__}\n    options:\n      heading_level: 3\n")
+    return "\n".join(blocks)
+
+
+GENERATORS = {"design-space": design_space, "routing": routing, "engines": engines}
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
