@@ -15,7 +15,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,9 @@ from axiomformer.memory import PeakMemory
 from axiomformer.models import MODEL_KINDS, build_model, count_parameters, default_heads
 from axiomformer.spec import AttentionSpec
 from axiomformer.tasks import IGNORE, TASKS, make_task
+
+if TYPE_CHECKING:
+    from axiomformer.distributed import DataParallel
 
 GENERIC_DEFAULTS: dict[str, Any] = {
     "steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup": 50, "eval_every": 100, "eval_batches": 4,
@@ -202,8 +205,9 @@ def masked_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "m
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
-    """(accuracy, mean loss) over the scored positions of ``batches``."""
+def eval_counts(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int, float]:
+    """(correct predictions, scored positions, summed cross-entropy in nats) over the scored positions of
+    ``batches``: the sums that distributed evaluation adds up across ranks."""
     was_training = model.training
     model.eval()
     correct = total = 0
@@ -215,6 +219,17 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
         total += int(scored.sum())
         loss_sum += float(masked_loss(logits, targets, reduction="sum"))
     model.train(was_training)
+    return correct, total, loss_sum
+
+
+def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+             parallel: "DataParallel | None" = None) -> tuple[float, float]:
+    """(accuracy, mean loss) over the scored positions of ``batches``; with ``parallel`` (a
+    :class:`axiomformer.distributed.DataParallel`), ``batches`` is this rank's share and the counts are summed over
+    every rank first, so all ranks get the figures of the whole eval set."""
+    correct, total, loss_sum = eval_counts(model, batches)
+    if parallel is not None:
+        correct, total, loss_sum = parallel.reduce_counts(correct, total, loss_sum)
     return correct / max(1, total), loss_sum / max(1, total)
 
 
@@ -225,15 +240,25 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
     Evaluates every ``eval_every`` steps and after the last one; stops early once the eval accuracy reaches
     ``target_accuracy``, or when the training loss is not finite. CPU threads are the caller's business.
 
+    Inside an initialized ``torch.distributed`` process group (``torchrun``), trains data parallel: ``batch_size`` is
+    the global batch, each rank takes its slice, and only rank 0 logs and writes the checkpoint
+    (:mod:`axiomformer.distributed`). Every rank returns the same losses and eval figures.
+
     Args:
         progress: show a rich progress bar (on stderr).
         checkpoint_dir: if given, save the final model there (safetensors + config.json with config and result).
         log: called with one line per evaluation.
 
     Raises:
-        ValueError: task options the task rejects.
+        ValueError: task options the task rejects; a global batch that does not split evenly over the ranks.
     """
-    device = resolve_device(config.device)
+    from axiomformer.distributed import DataParallel
+
+    parallel = DataParallel.current(config.device)
+    parallel.check_batch(config.batch_size)
+    device = parallel.device
+    progress = progress and parallel.main
+    log = log if parallel.main else None
     task = make_task(config.task, seq_len=config.seq_len, **config.task_options)
     torch.manual_seed(config.seed)
     spec = config.attention_spec() if config.model == "transformer" else None
@@ -241,11 +266,12 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
                         max_len=config.seq_len, spec=spec,
                         **({"input_position": config.input_position} if spec is not None else {})).to(device)
     model.train()
+    net = parallel.wrap(model)
     optimizer = make_optimizer(model, config)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup, config.steps))
     eval_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="eval"))
-                for i in range(config.eval_batches)]
+                for i in parallel.eval_indices(config.eval_batches)]
 
     meter = PeakMemory(device)
     meter.start()
@@ -259,10 +285,11 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
     with bar:
         for step in range(config.steps):
             tick = time.perf_counter()
-            inputs, targets = (t.to(device) for t in task.batch(config.batch_size, seed=(config.seed << 32) + step))
-            loss = masked_loss(model(inputs), targets)
+            inputs, targets, scored = parallel.shard(*task.batch(config.batch_size, seed=(config.seed << 32) + step))
+            loss = parallel.loss(net(inputs), targets, scored)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            loss = parallel.global_loss(loss)
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             schedule.step()
@@ -274,7 +301,7 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
             train_seconds += time.perf_counter() - tick
             bar.update(job, advance=1)
             if steps_done % config.eval_every == 0 or steps_done == config.steps or not finite:
-                accuracy, eval_loss = evaluate(model, eval_set)
+                accuracy, eval_loss = evaluate(model, eval_set, parallel)
                 history.append({"step": steps_done, "accuracy": accuracy, "loss": eval_loss})
                 line = f"step {steps_done}: loss {float(loss.detach()):.4f} eval accuracy {accuracy:.3f} eval loss {eval_loss:.4f}"
                 bar.update(job, info=f"loss {float(loss.detach()):.3f} acc {accuracy:.3f}")
@@ -287,7 +314,7 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
                 if config.target_accuracy is not None and accuracy >= config.target_accuracy:
                     break
     if steps_done == 0:
-        accuracy, eval_loss = evaluate(model, eval_set)
+        accuracy, eval_loss = evaluate(model, eval_set, parallel)
         engines = list(model.engines)
     seconds = time.perf_counter() - start
     peak = meter.stop()
@@ -300,7 +327,7 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         losses=torch.stack(losses).cpu().tolist() if losses else [], history=history, chance=task.chance,
         config=config.model_dump(),
     )
-    if checkpoint_dir is not None:
+    if checkpoint_dir is not None and parallel.main:
         from axiomformer.checkpoint import save_checkpoint
 
         save_checkpoint(checkpoint_dir, model, train=config.model_dump(), result=_finite(
@@ -317,5 +344,5 @@ def _progress_bar(enabled: bool):
                     transient=False)
 
 
-__all__ = ["GENERIC_DEFAULTS", "TASK_DEFAULTS", "TrainConfig", "TrainResult", "evaluate", "lr_factor",
+__all__ = ["GENERIC_DEFAULTS", "TASK_DEFAULTS", "TrainConfig", "TrainResult", "eval_counts", "evaluate", "lr_factor",
            "masked_loss", "resolve_device", "train"]

@@ -63,10 +63,15 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or eval log"),
         as_json: bool = typer.Option(False, "--json", help="last stdout line: the result as JSON"),
     ) -> None:
-        """Train a Transformer (any attention spec) or a recurrent baseline on a long-range task."""
+        """Train a Transformer (any attention spec) or a recurrent baseline on a long-range task.
+
+        Under torchrun (``torchrun --nproc-per-node N -m axiomformer train ...``) it trains data parallel;
+        ``--batch-size`` is the global batch and only rank 0 prints and writes the checkpoint.
+        """
         import torch
         from pydantic import ValidationError
 
+        from axiomformer.distributed import DataParallel, process_group
         from axiomformer.tasks import make_task
         from axiomformer.train import TrainConfig, train
 
@@ -90,7 +95,14 @@ def register(app: typer.Typer) -> None:
         if threads is not None:
             torch.set_num_threads(threads)
         log = None if quiet or as_json else (lambda line: typer.echo(line, err=True))
-        result = train(config, progress=not quiet, checkpoint_dir=checkpoint, log=log)
+        with process_group(config.device):
+            try:
+                result = train(config, progress=not quiet, checkpoint_dir=checkpoint, log=log)
+            except ValueError as err:
+                _fail(str(err))
+            main = DataParallel.current(config.device).main
+        if not main:
+            return
         if as_json:
             typer.echo(json.dumps(result.summary()))
             return

@@ -1,0 +1,92 @@
+"""Data-parallel training under torchrun (2 CPU processes, gloo) against one process with the same global batch."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from axiomformer.checkpoint import load_checkpoint
+from axiomformer.distributed import DataParallel
+from axiomformer.tasks import IGNORE, make_task
+from axiomformer.train import TrainConfig, evaluate, masked_loss, train
+
+TESTS = Path(__file__).parent
+SRC = TESTS.parent / "src"
+CONFIG = dict(task="needle", seq_len=16, steps=8, dim=32, layers=1, batch_size=8, eval_every=4, eval_batches=3,
+              target_accuracy=None, device="cpu")
+
+
+def _torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        [str(SRC), str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_shards_and_scaled_losses_rebuild_the_global_batch_loss():
+    task = make_task("needle", seq_len=16)
+    inputs, targets = task.batch(8, seed=3)
+    targets[0, :] = IGNORE  # rank 0's shard then has fewer scored positions than rank 1's
+    logits = torch.randn(*targets.shape, task.vocab_size)
+    ranks = [DataParallel(r, 2, torch.device("cpu")) for r in range(2)]
+    shards = [rank.shard(inputs, targets) for rank in ranks]
+    assert torch.equal(torch.cat([s[0] for s in shards]), inputs)
+    assert torch.equal(torch.cat([s[1] for s in shards]), targets)
+    assert shards[0][2] == shards[1][2] == int((targets != IGNORE).sum())
+    halves = logits.chunk(2)
+    scaled = [rank.loss(half, shard[1], shard[2]) for rank, half, shard in zip(ranks, halves, shards)]
+    whole = masked_loss(logits, targets)
+    assert torch.allclose(sum(scaled) / 2, whole, rtol=1e-6)
+    # the planted wrong version, the mean of the per-shard means, differs when shards score unequal counts
+    naive = sum(masked_loss(half, shard[1]) for half, shard in zip(halves, shards)) / 2
+    assert not torch.allclose(naive, whole, rtol=1e-3)
+
+
+def test_global_batch_must_split_over_ranks():
+    with pytest.raises(ValueError, match="divisible by the number of processes 3"):
+        DataParallel(0, 3, torch.device("cpu")).check_batch(8)
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(tmp_path):
+    _torchrun(str(TESTS / "ddp_worker.py"), str(tmp_path), json.dumps(CONFIG))
+    two = json.loads((tmp_path / "result.json").read_text())
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0] == ranks[1]  # every rank reports the reduced figures
+    one = train(TrainConfig(**CONFIG), progress=False)
+    assert len(two["losses"]) == len(one.losses) == CONFIG["steps"]
+    assert two["losses"] == pytest.approx(one.losses, rel=1e-5)
+    assert two["loss"] == pytest.approx(one.loss, rel=1e-5)
+    assert two["accuracy"] == pytest.approx(one.accuracy)
+    assert [h["step"] for h in two["history"]] == [4, 8]
+
+    # the 2-process checkpoint loads in one process and scores the whole eval set as the 2-process run reported
+    model, meta = load_checkpoint(tmp_path / "checkpoint")
+    assert meta["train"]["batch_size"] == CONFIG["batch_size"]
+    task = make_task("needle", seq_len=CONFIG["seq_len"])
+    eval_set = [task.batch(CONFIG["batch_size"], seed=i, split="eval") for i in range(CONFIG["eval_batches"])]
+    accuracy, loss = evaluate(model, eval_set)
+    assert (accuracy, loss) == pytest.approx((two["accuracy"], two["loss"]), rel=1e-6)
+    # rank 0's share alone (eval batches 0 and 2) is not what was reported: the reduction covered rank 1's batch
+    _, share_loss = evaluate(model, eval_set[0::2])
+    assert share_loss != pytest.approx(two["loss"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_torchrun_command_line_prints_once_and_matches(tmp_path):
+    args = ["--task", "needle", "--seq-len", "16", "--steps", "6", "--dim", "32", "--layers", "1",
+            "--batch-size", "8", "--device", "cpu", "--json"]
+    done = _torchrun("-m", "axiomformer", "train", *args, "--checkpoint", str(tmp_path / "ckpt"))
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1  # rank 0 alone prints
+    two = json.loads(lines[0])
+    one = train(TrainConfig(task="needle", seq_len=16, steps=6, dim=32, layers=1, batch_size=8, device="cpu"),
+                progress=False)
+    assert two["loss"] == pytest.approx(one.loss, rel=1e-4)
+    assert load_checkpoint(tmp_path / "ckpt")[1]["result"]["steps"] == 6
