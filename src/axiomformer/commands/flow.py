@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
         seeds: int = typer.Option(None, "--seeds", min=1, help="number of seeds (default 5; --quick 2)"),
         out: Path = typer.Option(None, "--out", help="folder for the figures and flow_results.json"),
         seed: int = typer.Option(0, "--seed", help="base seed"),
-        quick: bool = typer.Option(False, "--quick", help="2 seeds, 1,500 training images, 5 + 5 epochs"),
+        quick: bool = typer.Option(False, "--quick", help="2 seeds, 1,000 training images, 4 + 4 epochs"),
         quiet: bool = typer.Option(False, "--quiet", help="no progress lines"),
         as_json: bool = typer.Option(False, "--json", help="print the result dict as JSON on the last line"),
     ) -> None:

@@ -48,14 +48,14 @@ class FlowConfig:
     thetas: tuple[str, ...] = THETAS
     mixings: tuple[str, ...] = MIXINGS
     values: tuple[str, ...] = VALUES
-    dim: int = 32
-    hidden: int = 64
+    dim: int = 16
+    hidden: int = 32
     step_size: float = 0.5
     share_steps: bool = True
     transposed_term: str = "drop"
-    fit_epochs: int = 8
-    epochs: int = 16
-    batch_size: int = 256
+    fit_epochs: int = 10
+    epochs: int = 15
+    batch_size: int = 128
     lr: float = 3e-3
     lr_grid: tuple[float, ...] = ()
     weight_decay: float = 0.0
@@ -68,12 +68,12 @@ class FlowConfig:
 
 
 def default_config(quick: bool = False, **overrides) -> FlowConfig:
-    """The default run: 5 seeds, 8 fit + 16 arm epochs of batch 256, lr chosen per arm from {3e-3, 1e-2} on a
-    validation split. ``quick``: 2 seeds (so intervals exist), 1,500 / 500 images, 5 + 5 epochs of batch 128, the
+    """The default run: 5 seeds, 2,000 training / 1,000 test images, 10 fit + 15 arm epochs of batch 128, lr chosen
+    per arm from {3e-3, 1e-2} on a validation split. ``quick``: 2 seeds (so intervals exist), 1,000 / 500 images, 4 + 4 epochs of batch 128, the
     fixed lr 3e-3 for every arm."""
-    cfg = FlowConfig(lr_grid=(3e-3, 1e-2))
+    cfg = FlowConfig(lr_grid=(3e-3, 1e-2), max_train=2000, max_test=1000)
     if quick:
-        cfg = FlowConfig(seeds=2, max_train=1500, max_test=500, fit_epochs=5, epochs=5, batch_size=128,
+        cfg = FlowConfig(seeds=2, max_train=1000, max_test=500, fit_epochs=4, epochs=4, batch_size=128,
                          oracle_steps=50)
     for key, value in overrides.items():
         setattr(cfg, key, value)
