@@ -18,7 +18,8 @@ from axiomformer.flows.net import FlowNet
 from axiomformer.flows.operators import cross_attention, quadratic_weights, reverse_attention, self_attention
 
 __all__ = [
-    "DataError", "Dataset", "FlowConfig", "FlowNet", "default_config", "label_free_flow", "oracle_flow", "INTEGRATORS", "MODELS", "TRANSPOSED_TERMS", "cross_attention",
+    "DataError", "Dataset", "FlowConfig", "FlowNet", "default_config", "label_free_flow", "oracle_flow",
+    "INTEGRATORS", "MODELS", "TRANSPOSED_TERMS", "cross_attention",
     "euler", "feature_gradient", "flow_rhs", "flow_terms", "integrate", "lie_trotter", "load_dataset", "logits",
     "multinomial_loss", "project_to_sphere", "quadratic_weights", "read_idx", "reverse_attention", "rk4",
     "run_flow_experiment", "self_attention", "strang", "theta_from_phi", "vector_fields",

@@ -161,7 +161,8 @@ def patchify(x: np.ndarray, side: int, patch: int) -> np.ndarray:
         ValueError: ``patch`` is not a positive divisor of ``side``.
     """
     if patch < 1 or side % patch:
-        raise ValueError(f"patch size {patch} does not divide the image side {side}; choose a divisor of {side} (--patch)")
+        raise ValueError(f"patch size {patch} does not divide the image side {side}; "
+                         f"choose a divisor of {side} (--patch)")
     g = side // patch
     x = x.reshape(-1, g, patch, g, patch).transpose(0, 1, 3, 2, 4)
     return x.reshape(x.shape[0], g * g, patch * patch)

@@ -69,8 +69,8 @@ class FlowConfig:
 
 def default_config(quick: bool = False, **overrides) -> FlowConfig:
     """The default run: 5 seeds, 2,000 training / 1,000 test images, 10 fit + 15 arm epochs of batch 128, lr chosen
-    per arm from {3e-3, 1e-2} on a validation split. ``quick``: 2 seeds (so intervals exist), 1,000 / 500 images, 4 + 4 epochs of batch 128, the
-    fixed lr 3e-3 for every arm."""
+    per arm from {3e-3, 1e-2} on a validation split. ``quick``: 2 seeds (so intervals exist), 1,000 / 500 images,
+    4 + 4 epochs of batch 128, the fixed lr 3e-3 for every arm."""
     cfg = FlowConfig(lr_grid=(3e-3, 1e-2), max_train=2000, max_test=1000)
     if quick:
         cfg = FlowConfig(seeds=2, max_train=1000, max_test=500, fit_epochs=4, epochs=4, batch_size=128,
@@ -237,9 +237,10 @@ def fit_classifiers(cfg: FlowConfig, x, y, sigmas: list[float], seeds: list[int]
 
 
 def choose_lrs(cfg: FlowConfig, x, y, noise: list[float], steps: list[int], seed: int, say) -> dict[str, float]:
-    """One learning rate per (theta setting, arm), the same rule for all: the best validation accuracy over
-    ``cfg.lr_grid`` at K = 2 (``neither``: the K = 0 network) (or the largest K in the list below it), the median noise level, seed ``seed``, on the
-    last ``val_fraction`` of the training split (the test set is never used)."""
+    """One learning rate per (theta setting, arm), the same rule for all: the best mean validation accuracy over
+    ``cfg.lr_grid`` at K = 2 (or the largest K in the list below it; ``neither``: the K = 0 network), the median noise
+    level, ``cfg.lr_seeds`` seeds of its own, on the last ``val_fraction`` of the training split (the test set is
+    never used). Ties go to the smaller learning rate."""
     names = list(dict.fromkeys([*(a for a, _, _ in arm_names(cfg)), "neither"]))
     if len(cfg.lr_grid) < 2:
         lr = cfg.lr_grid[0] if cfg.lr_grid else cfg.lr
