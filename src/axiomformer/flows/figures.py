@@ -1,70 +1,55 @@
-"""Figures of ``axiomformer flow`` (matplotlib, Agg backend): oracle loss, accuracy against K, PCA of trajectories."""
+"""Figures of ``axiomformer flow`` (``matplotlib.figure.Figure``; no backend switch): accuracy against K per arm and
+noise level, with the 95% intervals, for each theta setting; and the test-time flows."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import torch
+
+def _panel(ax, rows: list[dict], key: str, title: str) -> None:
+    for name in dict.fromkeys(r[key] for r in rows):
+        pts = sorted((r for r in rows if r[key] == name), key=lambda r: r["K"])
+        ks = [r["K"] for r in pts]
+        mean = [r["acc_mean"] for r in pts]
+        low = [r["acc_mean"] - r["ci_low"] if r["ci_low"] is not None else 0.0 for r in pts]
+        high = [r["ci_high"] - r["acc_mean"] if r["ci_high"] is not None else 0.0 for r in pts]
+        ax.errorbar(ks, mean, yerr=[low, high], marker="o", ms=3, capsize=2, label=name)
+    ax.set_title(title, fontsize=8)
+    ax.set_xlabel("flow steps K")
+    ax.set_xscale("symlog", base=2, linthresh=1)
 
 
-def write_figures(out: Path, result: dict, oracle: dict, noisy: dict, theta: torch.Tensor) -> list[str]:
-    """Write ``flow_loss.png``, ``flow_accuracy.png``, ``flow_pca.png`` into ``out``; return their paths.
+def write_figures(out: Path, result: dict) -> list[str]:
+    """Write ``flow_accuracy.png`` (rows: theta settings; columns: noise levels; one line per arm) and
+    ``flow_test_time.png`` into ``out``; return their paths."""
+    from matplotlib.figure import Figure
 
-    ``oracle`` is the clean oracle flow (loss figure); ``noisy`` the oracle flow from noisy features (PCA figure).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from sklearn.decomposition import PCA
-
-    paths = []
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(result["oracle_loss"], marker=".")
-    ax.set_xlabel("flow step (Lie-Trotter, h = 1/||theta||^2)")
-    ax.set_ylabel("mean cross-entropy")
-    ax.set_title(f"oracle flow on {result['dataset']} training features")
+    noise = result["noise"]
+    thetas = list(dict.fromkeys(r["theta"] for r in result["arms"]))
+    tag = (f"{result['data']}, {result['model']}" + (f", patch {result['patch']}" if result["patch"] else "")
+           + f", readout {result['readout']}, {len(result['seeds'])} seeds, 95% t-intervals")
+    fig = Figure(figsize=(3.6 * len(noise), 3.0 * len(thetas) + 0.6))
+    axes = fig.subplots(len(thetas), len(noise), squeeze=False, sharey=True)
+    for i, theta in enumerate(thetas):
+        for j, sigma in enumerate(noise):
+            rows = [r for r in result["arms"] if r["theta"] == theta and r["noise"] == sigma]
+            _panel(axes[i][j], rows, "arm", f"theta {theta}, noise {sigma:g}")
+        axes[i][0].set_ylabel("test accuracy")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("accuracy against flow steps per arm: " + tag, fontsize=9)
     fig.tight_layout()
-    paths.append(out / "flow_loss.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths = [out / "flow_accuracy.png"]
+    fig.savefig(paths[-1], dpi=110)
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for noise, row in result["accuracy"].items():
-        ks = sorted(row, key=int)
-        ax.plot([int(k) for k in ks], [row[k] for k in ks], marker="o", label=f"noise {float(noise):g}")
-    ax.set_xlabel("flow steps K (0 = multinomial regression)")
-    ax.set_ylabel("test accuracy")
-    ax.set_title(f"FlowNet on {result['dataset']} (mean of {len(result['seeds'])} seed(s))")
-    ax.legend()
+    fig = Figure(figsize=(3.6 * len(noise), 3.2))
+    axes = fig.subplots(1, len(noise), squeeze=False, sharey=True)
+    for j, sigma in enumerate(noise):
+        _panel(axes[0][j], [r for r in result["test_time_flow"] if r["noise"] == sigma], "method",
+               f"test-time flow, noise {sigma:g}")
+    axes[0][0].set_ylabel("test accuracy")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("test-time flow of the fitted network's test features (theta fixed, no labels): " + tag, fontsize=8)
     fig.tight_layout()
-    paths.append(out / "flow_accuracy.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-
-    # PCA of the oracle trajectories: a few points per class and their class embeddings (drawn as directions).
-    traj = noisy["sample"].numpy()                                   # (steps + 1, m, d)
-    yy = noisy["sample_labels"].numpy()
-    pca = PCA(n_components=2).fit(np.concatenate([traj[0], traj[-1]]))
-    fig, ax = plt.subplots(figsize=(5.5, 5))
-    cmap = plt.get_cmap("tab10")
-    for i in range(traj.shape[1]):
-        path = pca.transform(traj[:, i])
-        ax.plot(path[:, 0], path[:, 1], color=cmap(yy[i] % 10), lw=0.7, alpha=0.7)
-        ax.scatter(path[-1, 0], path[-1, 1], color=cmap(yy[i] % 10), s=8)
-    th = theta.numpy() @ pca.components_.T                           # class embedding directions in the PCA plane
-    radius = np.abs(pca.transform(traj[-1])).max()
-    for c, v in enumerate(th):
-        v = v / max(np.linalg.norm(v), 1e-12) * radius
-        ax.scatter(v[0], v[1], marker="*", s=160, color=cmap(c % 10), edgecolor="k", zorder=3)
-        ax.annotate(str(c), (v[0], v[1]), fontsize=8)
-    ax.set_title(f"oracle flow from noisy features (noise {result['oracle_noisy']['noise']:g}), 2-D PCA:\n"
-                 "features move toward their class embedding (* = direction of theta_c)")
-    ax.title.set_fontsize(9)
-    fig.tight_layout()
-    paths.append(out / "flow_pca.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(out / "flow_test_time.png")
+    fig.savefig(paths[-1], dpi=110)
     return [str(p) for p in paths]

@@ -4,7 +4,8 @@ Source 2 of ``docs/SOURCES.md`` (Actor, Gruber & Cyr, arXiv:2509.04653). The cla
 features ``Z`` move down the gradient of the cross-entropy; the negative gradient splits into an attention term and a
 label term, which is what makes a splitting step a Transformer block (see ``integrators.py``).
 
-Models (rows of ``C`` are probability distributions: one-hot or soft targets):
+Models (rows of ``C`` are usually distributions, one-hot or soft; targets with other row sums s = C 1 use the
+general dL/dN = diag(s) sigma(N) - C, see :func:`feature_gradient`):
 
     linear     N = Z theta^T, theta (K, d), C (..., n, K)
                dL/dZ = (sigma(N) - C) theta
@@ -34,7 +35,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from axiomformer.flows.operators import cross_attention, quadratic_weights, reverse_attention, self_attention
+from axiomformer.flows.operators import cross_attention, quadratic_weights, self_attention
 
 MODELS = ("linear", "quadratic")
 TRANSPOSED_TERMS = ("keep", "drop", "symmetrize")
@@ -88,18 +89,38 @@ def multinomial_loss(Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear")
     return -(C * torch.log_softmax(logits(Z, theta, model), dim=-1)).sum()
 
 
+def _row_sums(C: Tensor) -> Tensor:
+    """s = C 1, the row sums of the targets, kept as a column (..., n, 1)."""
+    return C.sum(-1, keepdim=True)
+
+
+def _check_rows_for(transposed_term: str, C: Tensor) -> None:
+    if transposed_term == "symmetrize" and not torch.allclose(_row_sums(C), torch.ones((), dtype=C.dtype)):
+        raise ValueError("transposed_term='symmetrize' is defined for targets whose rows sum to 1 (it replaces "
+                         "sigma(N)^T by sigma(N), which needs normalized rows); use 'keep' or 'drop', or normalize C")
+
+
 def feature_gradient(Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear",
                      transposed_term: str = "keep") -> Tensor:
     """Closed-form dL/dZ (Source 2); for ``transposed_term`` other than ``keep`` the direction defined in the module doc.
 
+    General targets: with row sums s = C 1, dL/dN = diag(s) sigma(N) - C, so the gradient is
+    (diag(s) sigma(N) - C) theta (linear) and (G + G^T) Z theta with G = diag(s) sigma(N) - C (quadratic). For one-hot
+    or soft targets s = 1 and this is the source's sigma(N) - C.
+
     Returns:
         (..., n, d), same dtype as ``Z``.
+
+    Raises:
+        ValueError: unknown model / transposed_term, shapes that do not fit, or ``symmetrize`` with rows of C that do
+            not sum to 1.
     """
     _check(model, transposed_term, Z, theta, C)
+    _check_rows_for(transposed_term, C)
     P = torch.softmax(logits(Z, theta, model), dim=-1)
+    G = _row_sums(C) * P - C
     if model == "linear":
-        return (P - C) @ theta
-    G = P - C
+        return G @ theta
     ZT = Z @ theta
     if transposed_term == "keep":
         return (G + G.transpose(-1, -2)) @ ZT
@@ -108,22 +129,41 @@ def feature_gradient(Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear",
     return (2 * P - C - C.transpose(-1, -2)) @ ZT
 
 
+def _attention_term(Z: Tensor, theta: Tensor, s: Tensor, model: str, transposed_term: str) -> Tensor:
+    if model == "linear":
+        return -s * cross_attention(Z, theta)
+    if transposed_term == "keep":
+        P = quadratic_weights(Z, theta)
+        ZT = Z @ theta
+        return -(s * (P @ ZT) + P.transpose(-1, -2) @ (s * ZT))
+    if transposed_term == "drop":
+        return -s * self_attention(Z, theta)
+    return -2 * self_attention(Z, theta)
+
+
+def _label_term(Z: Tensor, theta: Tensor, C: Tensor, model: str, transposed_term: str) -> Tensor:
+    if model == "linear":
+        return (C @ theta).expand_as(Z)
+    if transposed_term == "drop":
+        return C @ (Z @ theta)
+    return (C + C.transpose(-1, -2)) @ (Z @ theta)
+
+
 def flow_terms(Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear",
                transposed_term: str = "keep") -> tuple[Tensor, Tensor]:
     """The flow right-hand side -dL/dZ split as (attention term, label term); their sum is ``flow_rhs``.
 
-    linear: (-CA(Z, theta), C theta). quadratic: keep (-(SA + RA), (C + C^T) Z theta); drop (-SA, C Z theta);
-    symmetrize (-2 SA, (C + C^T) Z theta).
+    linear: (-diag(s) CA(Z, theta), C theta). quadratic: keep (-(diag(s) SA + sigma(N)^T diag(s) Z theta),
+    (C + C^T) Z theta); drop (-diag(s) SA, C Z theta); symmetrize (-2 SA, (C + C^T) Z theta). s = C 1 are the row
+    sums of the targets (1 for one-hot or soft targets, which gives the source's CA, SA and RA).
+
+    Raises:
+        ValueError: as :func:`feature_gradient`.
     """
     _check(model, transposed_term, Z, theta, C)
-    if model == "linear":
-        return -cross_attention(Z, theta), (C @ theta).expand_as(Z)
-    ZT = Z @ theta
-    if transposed_term == "keep":
-        return -(self_attention(Z, theta) + reverse_attention(Z, theta)), (C + C.transpose(-1, -2)) @ ZT
-    if transposed_term == "drop":
-        return -self_attention(Z, theta), C @ ZT
-    return -2 * self_attention(Z, theta), (C + C.transpose(-1, -2)) @ ZT
+    _check_rows_for(transposed_term, C)
+    s = _row_sums(C)
+    return _attention_term(Z, theta, s, model, transposed_term), _label_term(Z, theta, C, model, transposed_term)
 
 
 def flow_rhs(Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear", transposed_term: str = "keep") -> Tensor:
@@ -137,22 +177,21 @@ def vector_fields(theta: Tensor, C: Tensor, model: str = "linear",
     """The two halves of the flow as callables ``Z -> dZ/dt``: (attention field, label field), for the splittings.
 
     The label field is constant (C theta) in the linear model and linear in Z in the quadratic one; the attention
-    field holds all the non-linearity.
+    field holds all the non-linearity. Targets with any row sums are handled as in :func:`flow_terms`.
+
+    Raises:
+        ValueError: unknown model / transposed_term, or ``symmetrize`` with rows of C that do not sum to 1.
     """
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; choose one of: {', '.join(MODELS)}")
-    if model == "linear":
-        if transposed_term != "keep":
-            raise ValueError("transposed_term applies to model='quadratic' only")
-        return (lambda Z: -cross_attention(Z, theta)), (lambda Z: (C @ theta).expand_as(Z))
-    if transposed_term == "keep":
-        return ((lambda Z: -(self_attention(Z, theta) + reverse_attention(Z, theta))),
-                (lambda Z: (C + C.transpose(-1, -2)) @ (Z @ theta)))
-    if transposed_term == "drop":
-        return (lambda Z: -self_attention(Z, theta)), (lambda Z: C @ (Z @ theta))
-    if transposed_term == "symmetrize":
-        return (lambda Z: -2 * self_attention(Z, theta)), (lambda Z: (C + C.transpose(-1, -2)) @ (Z @ theta))
-    raise ValueError(f"unknown transposed_term {transposed_term!r}; choose one of: {', '.join(TRANSPOSED_TERMS)}")
+    if transposed_term not in TRANSPOSED_TERMS:
+        raise ValueError(f"unknown transposed_term {transposed_term!r}; choose one of: {', '.join(TRANSPOSED_TERMS)}")
+    if model == "linear" and transposed_term != "keep":
+        raise ValueError("transposed_term applies to model='quadratic' only")
+    _check_rows_for(transposed_term, C)
+    s = _row_sums(C)
+    return ((lambda Z: _attention_term(Z, theta, s, model, transposed_term)),
+            (lambda Z: _label_term(Z, theta, C, model, transposed_term)))
 
 
 __all__ = [

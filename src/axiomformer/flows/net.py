@@ -1,22 +1,22 @@
-"""``FlowNet``: K unrolled steps of the feature flow, with a learned token-wise MLP in place of the label term.
+"""``FlowNet``: K unrolled steps of the feature flow between an embedding and a multinomial-regression classifier.
 
-Source 2 of ``docs/SOURCES.md``. At inference the labels C are unknown, so the label term of the flow (C theta in the
-linear model, (C + C^T) Z theta in the quadratic one) is replaced by a learned token-wise MLP, trained end to end
-(option (b) of SOURCES.md, **our choice**). Each step is one Lie-Trotter step with explicit-Euler sub-steps, i.e. one
-Transformer block:
+Source 2 of ``docs/SOURCES.md``. Each step is one Lie-Trotter step with explicit-Euler sub-steps, i.e. one Transformer
+block, and the arm (``mixing``) says which sub-steps are present:
 
-    Z <- Z + h * attention(Z)        linear model:    -CA(Z, theta_k)      (cross-attention to the class embeddings)
-                                     quadratic model: -SA(Z) [- RA(Z)]     (self-attention across tokens)
-    Z <- Z + h * MLP_k(Z)            the learned stand-in for the label term
+    Z <- Z + h * attention(Z)        linear model:    cross-attention to the class embeddings theta (K, d)
+                                     quadratic model: self-attention across tokens, theta_k = phi_k phi_k^T
+    Z <- Z + h * MLP_k(Z)            token-wise MLP: the learned stand-in for the label term (option (b) of
+                                     SOURCES.md, **our choice**: at inference the labels C are unknown)
     Z <- r * Z / |Z|                 optional sphere projection (LayerNorm analogue, our choice)
 
-followed by the multinomial-regression classifier on top. With ``steps=0`` the network is the embedding followed by
-the classifier: plain multinomial regression on the (linearly embedded) inputs.
+``value``: ``tied`` is the flow's own value map with its own sign (-CA(Z, theta) = -sigma(Z theta^T) theta, or
+-SA(Z) = -sigma(Z theta_k Z^T) Z theta_k: repulsive); ``free`` keeps the attention weights of the flow and replaces
+the values by a learned map (sigma(Z theta^T) V with V (K, d), or sigma(Z theta_k Z^T) Z W_v with W_v (d, d)).
 
-Linear model: one feature vector per sample, Z (batch, dim); the attention keys/values are the classifier's own class
-embeddings ``theta`` (K, dim) — the fixed-classifier reading of the source — and the logits are Z theta^T + b.
-Quadratic model: tokens Z (batch, tokens, dim) from a linear patch embedding plus a learned position embedding;
-theta_k = phi_k phi_k^T; the classifier reads the flattened tokens.
+Classifier: logits = readout(Z) theta^T (no intercept, the source's N = Z theta^T), theta (K, r). ``readout`` (quadratic
+model): ``mean`` (mean over tokens, r = d) and ``cls`` (a learned class token prepended to the image tokens, r = d) do
+not mix tokens, so any token mixing comes from attention; ``flatten`` (all tokens concatenated, r = n d) mixes tokens
+itself. ``freeze_classifier()`` holds theta fixed (the source's setting: the features move, the classifier does not).
 """
 
 from __future__ import annotations
@@ -26,100 +26,170 @@ from torch import Tensor, nn
 
 from axiomformer.flows.integrators import project_to_sphere
 from axiomformer.flows.loss import MODELS, TRANSPOSED_TERMS
-from axiomformer.flows.operators import cross_attention, reverse_attention, self_attention
+from axiomformer.flows.operators import cross_attention, quadratic_weights, reverse_attention, self_attention
+
+MIXINGS = ("attention", "mlp", "both", "neither")
+VALUES = ("tied", "free")
+READOUTS = ("mean", "cls", "flatten")
+#: Readouts that combine tokens themselves, so accuracy differences cannot be attributed to attention alone.
+MIXING_READOUTS = ("flatten",)
 
 
 def _mlp(dim: int, hidden: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
 
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of: {', '.join(choices)}")
+
+
 class FlowNet(nn.Module):
-    """K flow steps between a linear embedding and a multinomial-regression classifier.
+    """K flow steps between a linear embedding and a multinomial-regression classifier theta.
 
     Args:
         in_features: input width (per sample for ``linear``; per token for ``quadratic``).
         num_classes: number of classes K.
         dim: feature width d.
-        steps: number of unrolled flow steps (layers); 0 gives multinomial regression.
-        model: ``"linear"`` (cross-attention to class embeddings) or ``"quadratic"`` (self-attention over tokens).
-        tied: share the MLP (and, quadratic, phi) across steps (a time-invariant flow) or not.
+        steps: number of unrolled flow steps (layers); 0 gives multinomial regression on the embedded (read-out) input.
+        model: ``"linear"`` (one feature per sample, cross-attention to the class embeddings) or ``"quadratic"``
+            (patch tokens, self-attention across tokens).
+        mixing: ``attention`` | ``mlp`` | ``both`` | ``neither``: which sub-steps each flow step has.
+        value: ``tied`` (the flow's own value map and sign) or ``free`` (a learned value map).
+        readout: ``mean`` | ``cls`` | ``flatten`` (quadratic only; the linear model has one feature per sample).
+        share_steps: share the step weights (MLP, phi, W_v) across steps (a time-invariant flow) or not.
         step_size: h, the residual scale.
         hidden: hidden width of the token-wise MLP (default 2 * dim).
         project: sphere radius for the projection after each step, or None (no projection).
-        num_tokens: tokens per sample (``quadratic`` only; inputs are (batch, num_tokens, in_features)).
-        transposed_term: ``keep`` | ``drop`` | ``symmetrize`` for the quadratic attention (see ``loss.py``).
-        attention: ``False`` removes the attention sublayer (an MLP-only residual network: the ablation that tells
-            whether the attention term itself helps).
+        num_tokens: image tokens per sample (``quadratic`` only; inputs are (batch, num_tokens, in_features)).
+        transposed_term: ``keep`` | ``drop`` | ``symmetrize`` for the tied quadratic attention (see ``loss.py``).
 
     Shapes:
-        forward(x): x (batch, in_features) for ``linear``, (batch, num_tokens, in_features) for ``quadratic``;
-        returns logits (batch, num_classes). ``forward(x, return_features=True)`` returns the list of the
-        ``steps + 1`` feature tensors too.
+        forward(x): x (batch, in_features) for ``linear``, (batch, num_tokens, in_features) for ``quadratic``,
+        float32; returns logits (batch, num_classes). ``forward(x, return_features=True)`` also returns the list of
+        the ``steps + 1`` feature tensors ((batch, d) or (batch, tokens, d), class token first when ``cls``).
 
     Raises:
-        ValueError: unknown model / transposed_term, negative steps, or ``quadratic`` without ``num_tokens``.
+        ValueError: an unknown choice (naming the valid ones), negative steps, or ``quadratic`` without ``num_tokens``.
     """
 
     def __init__(self, in_features: int, num_classes: int, dim: int = 64, steps: int = 2, *, model: str = "linear",
-                 tied: bool = True, step_size: float = 0.5, hidden: int | None = None, project: float | None = None,
-                 num_tokens: int | None = None, transposed_term: str = "drop", attention: bool = True):
+                 mixing: str = "both", value: str = "tied", readout: str = "mean", share_steps: bool = True,
+                 step_size: float = 0.5, hidden: int | None = None, project: float | None = None,
+                 num_tokens: int | None = None, transposed_term: str = "drop"):
         super().__init__()
-        if model not in MODELS:
-            raise ValueError(f"unknown model {model!r}; choose one of: {', '.join(MODELS)}")
-        if transposed_term not in TRANSPOSED_TERMS:
-            raise ValueError(f"unknown transposed_term {transposed_term!r}; choose one of: {', '.join(TRANSPOSED_TERMS)}")
+        _choice("model", model, MODELS)
+        _choice("mixing", mixing, MIXINGS)
+        _choice("value", value, VALUES)
+        _choice("readout", readout, READOUTS)
+        _choice("transposed_term", transposed_term, TRANSPOSED_TERMS)
         if steps < 0:
             raise ValueError(f"steps must be >= 0, got {steps}")
         if model == "quadratic" and not num_tokens:
             raise ValueError("model='quadratic' needs num_tokens (inputs are (batch, num_tokens, in_features))")
-        self.model, self.steps, self.tied, self.step_size = model, steps, tied, step_size
-        self.project, self.transposed_term, self.attention = project, transposed_term, attention
+        if value == "free" and transposed_term != "drop" and model == "quadratic":
+            raise ValueError("value='free' replaces the values of the row-normalized self-attention; "
+                             "it needs transposed_term='drop'")
+        self.model, self.steps, self.share_steps, self.step_size = model, steps, share_steps, step_size
+        self.mixing, self.value, self.readout = mixing, value, readout
+        self.project, self.transposed_term = project, transposed_term
+        self.use_attention = mixing in ("attention", "both")
+        self.use_mlp = mixing in ("mlp", "both")
         hidden = hidden or 2 * dim
-        n_blocks = 0 if steps == 0 else (1 if tied else steps)
+        n_blocks = 0 if steps == 0 else (1 if share_steps else steps)
         self.embed = nn.Linear(in_features, dim)
-        self.mlps = nn.ModuleList(_mlp(dim, hidden) for _ in range(n_blocks))
+        self.mlps = nn.ModuleList(_mlp(dim, hidden) for _ in range(n_blocks if self.use_mlp else 0))
+        attn_blocks = n_blocks if self.use_attention else 0
+        width = dim
         if model == "linear":
-            self.theta = nn.Parameter(torch.randn(num_classes, dim) / dim ** 0.5)
-            self.bias = nn.Parameter(torch.zeros(num_classes))
+            if value == "free":
+                self.values = nn.ParameterList(nn.Parameter(torch.randn(num_classes, dim) / dim ** 0.5)
+                                               for _ in range(attn_blocks))
         else:
-            self.position = nn.Parameter(torch.zeros(num_tokens, dim))
-            self.phis = nn.ParameterList(nn.Parameter(torch.randn(dim, dim) / dim) for _ in range(n_blocks))
-            self.classifier = nn.Linear(num_tokens * dim, num_classes)
+            tokens = num_tokens + (1 if readout == "cls" else 0)
+            self.position = nn.Parameter(torch.zeros(tokens, dim))
+            if readout == "cls":
+                self.cls_token = nn.Parameter(torch.zeros(dim))
+            self.phis = nn.ParameterList(nn.Parameter(torch.randn(dim, dim) / dim) for _ in range(attn_blocks))
+            if value == "free":
+                self.values = nn.ParameterList(nn.Parameter(torch.randn(dim, dim) / dim ** 0.5)
+                                               for _ in range(attn_blocks))
+            if readout == "flatten":
+                width = tokens * dim
+        self.theta = nn.Parameter(torch.randn(num_classes, width) / width ** 0.5)
+
+    @property
+    def classifier_parameters(self) -> list[nn.Parameter]:
+        """The multinomial-regression classifier: [theta] (K, r)."""
+        return [self.theta]
+
+    def freeze_classifier(self) -> "FlowNet":
+        """Hold theta fixed (``requires_grad = False``): the source's setting, where only the features move."""
+        for p in self.classifier_parameters:
+            p.requires_grad_(False)
+        return self
+
+    def _block(self, k: int) -> int:
+        return 0 if self.share_steps else k
 
     def _attention(self, Z: Tensor, k: int) -> Tensor:
+        b = self._block(k)
         if self.model == "linear":
+            if self.value == "free":
+                return torch.softmax(Z @ self.theta.T, dim=-1) @ self.values[b]
             return -cross_attention(Z, self.theta)
-        phi = self.phis[0 if self.tied else k]
+        phi = self.phis[b]
         theta = phi @ phi.T
+        if self.value == "free":
+            return quadratic_weights(Z, theta) @ (Z @ self.values[b])
         if self.transposed_term == "drop":
             return -self_attention(Z, theta)
         if self.transposed_term == "symmetrize":
             return -2 * self_attention(Z, theta)
         return -(self_attention(Z, theta) + reverse_attention(Z, theta))
 
-    def features(self, x: Tensor) -> list[Tensor]:
-        """The features after 0, 1, ..., steps flow steps (a list of ``steps + 1`` tensors)."""
+    def embed_inputs(self, x: Tensor) -> Tensor:
+        """Z_0: the embedded inputs ((batch, d), or (batch, tokens, d) with positions and the class token)."""
         Z = self.embed(x)
         if self.model == "quadratic":
+            if self.readout == "cls":
+                Z = torch.cat([self.cls_token.expand(Z.shape[0], 1, -1), Z], dim=1)
             Z = Z + self.position
         if self.project is not None:
             Z = project_to_sphere(Z, self.project)
-        out = [Z]
+        return Z
+
+    def step(self, Z: Tensor, k: int) -> Tensor:
+        """One flow step k: attention sub-step + residual, then MLP sub-step + residual (those the arm has)."""
         h = self.step_size
+        if self.use_attention:
+            Z = Z + h * self._attention(Z, k)
+        if self.use_mlp:
+            Z = Z + h * self.mlps[self._block(k)](Z)
+        if self.project is not None:
+            Z = project_to_sphere(Z, self.project)
+        return Z
+
+    def features(self, x: Tensor) -> list[Tensor]:
+        """The features after 0, 1, ..., steps flow steps (a list of ``steps + 1`` tensors)."""
+        out = [self.embed_inputs(x)]
         for k in range(self.steps):
-            if self.attention:
-                Z = Z + h * self._attention(Z, k)                       # attention sublayer + residual
-            Z = Z + h * self.mlps[0 if self.tied else k](Z)             # label-term stand-in + residual
-            if self.project is not None:
-                Z = project_to_sphere(Z, self.project)
-            out.append(Z)
+            out.append(self.step(out[-1], k))
         return out
 
-    def classify(self, Z: Tensor) -> Tensor:
-        """Logits (batch, num_classes) of the classifier on top."""
+    def read_out(self, Z: Tensor) -> Tensor:
+        """(batch, r) classifier input: Z itself (linear), the token mean, the class token, or the flattened tokens."""
         if self.model == "linear":
-            return Z @ self.theta.T + self.bias
-        return self.classifier(Z.flatten(1))
+            return Z
+        if self.readout == "mean":
+            return Z.mean(dim=-2)
+        if self.readout == "cls":
+            return Z[..., 0, :]
+        return Z.flatten(-2)
+
+    def classify(self, Z: Tensor) -> Tensor:
+        """Logits (batch, num_classes) = readout(Z) theta^T."""
+        return self.read_out(Z) @ self.theta.T
 
     def forward(self, x: Tensor, return_features: bool = False):
         feats = self.features(x)

@@ -242,12 +242,15 @@ def _flow(d: StudyData) -> list:
     out, payload = _cached_section(d, "flow", "Flow experiment (quick)")
     if payload is None:
         return out
-    acc = payload.get("accuracy") or {}
-    ks = list(dict.fromkeys(k for per in acc.values() for k in per))
-    table = Table(["noise sigma", *(f"K={k}" for k in ks)],
-                  [[str(noise), *(f"{per[k]:.3f}" if k in per else "—" for k in ks)] for noise, per in acc.items()])
-    table.note = (f"Dataset {payload.get('dataset')}: test accuracy after K attention updates (rows: input noise). "
-                  f"Oracle flow loss monotone: {payload.get('oracle_loss_monotone')}.")
+    arms = payload.get("arms") or []
+    ks = sorted({r["K"] for r in arms})
+    cells = {(r["theta"], r["arm"], r["noise"], r["K"]): r["acc_mean"] for r in arms}
+    keys = list(dict.fromkeys((r["theta"], r["arm"], r["noise"]) for r in arms))
+    table = Table(["theta", "arm", "noise sigma", *(f"K={k}" for k in ks)],
+                  [[t, a, f"{n:g}", *(f"{cells[(t, a, n, k)]:.3f}" if (t, a, n, k) in cells else "—" for k in ks)]
+                   for t, a, n in keys])
+    table.note = (f"Dataset {payload.get('data')}: mean test accuracy over {len(payload.get('seeds') or [])} seeds "
+                  "after K flow steps per arm (quick protocol; intervals and the full run: axiomformer flow).")
     return out + [table]
 
 

@@ -46,10 +46,13 @@ def derive_section() -> Any:
 
 
 def flow_section() -> Any:
-    """The flow experiment on the digits data, quick protocol (``axiomformer.flows.run_flow_experiment``)."""
+    """The flow experiment on the 8x8 digits as 4 tokens of 4x4, quick protocol, K in {0, 2}
+    (``axiomformer.flows.run_flow_experiment``; the full experiment is ``axiomformer flow``)."""
     from axiomformer.flows import run_flow_experiment
+    from axiomformer.flows.experiment import default_config
 
-    return _jsonable(run_flow_experiment(dataset="digits", quick=True))
+    return _jsonable(run_flow_experiment(dataset="digits", quick=True, steps=(0, 2), noise=(0.0, 1.0),
+                                         config=default_config(True, patch=4)))
 
 
 def missing_module(err: ImportError) -> bool:
