@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from axiomformer import Attention, AttentionSpec
-from axiomformer.engines import ENGINES, AttentionProblem
-from axiomformer.engines import reference as ref
+from axiomformer.engines import ENGINES, AttentionProblem, Parts
+from axiomformer.engines.reference import ReferenceEngine
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.flex import FlexEngine
 from axiomformer.engines.linear import LinearEngine
@@ -197,7 +197,7 @@ def test_nan_in_a_masked_key_never_reaches_the_outputs_in_every_engine(engine, r
 
 
 @pytest.mark.parametrize("engine, relax", ENGINE_SPECS)
-def test_need_weights_returns_the_reference_weights_whatever_engine_ran(engine, relax):
+def test_need_weights_routes_to_the_engine_that_computes_with_them_whatever_engine_is_asked(engine, relax):
     spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax(relax)
     x, kv, kwargs = _inputs(Q_LEN, K_LEN, "key_padding", True)
     torch.manual_seed(3)
@@ -206,7 +206,7 @@ def test_need_weights_returns_the_reference_weights_whatever_engine_ran(engine, 
     torch.manual_seed(3)
     ref_att = Attention(spec, engine="reference").eval()
     ref_out, ref_weights = ref_att(x, kv, need_weights=True, **kwargs)
-    assert att.last_engine == engine and weights.shape == (BATCH, HEADS, Q_LEN, K_LEN)
+    assert att.last_engine == "reference" and weights.shape == (BATCH, HEADS, Q_LEN, K_LEN)
     torch.testing.assert_close(weights, ref_weights)
     torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-5)
 
@@ -246,15 +246,16 @@ def test_flex_score_and_mask_mods_reproduce_the_reference():
         keep = torch.ones(BATCH, 1, 1, K_LEN, dtype=torch.bool)
         keep[1, ..., 2:] = False
         problem = AttentionProblem(q=q, k=k, v=v, causal=causal, mask=keep, alibi_slopes=att.position.slopes,
-                                   q_offset=K_LEN - Q_LEN)
-        assert engine.accepts(att, problem)
+                                   q_offset=K_LEN - Q_LEN, scale=att.scale())
+        parts = Parts(att.spec, att.score_fn, att.contribution)
+        assert engine.accepts(parts, problem)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*without torch.compile")
-            out, _ = engine.run(att, problem)
-            expected, _ = ref.run(att, problem)
+            out, _ = engine.run(parts, problem)
+            expected, _ = ReferenceEngine().run(parts, problem)
         assert not engine.failed
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
-    assert not FlexEngine().accepts(att, problem)                     # on CPU the default flex engine stands aside
+    assert not FlexEngine().accepts(parts, problem)                   # on CPU the default flex engine stands aside
 
 
 def test_flex_failure_is_logged_once_and_falls_back(caplog, monkeypatch):
@@ -272,7 +273,7 @@ def test_flex_failure_is_logged_once_and_falls_back(caplog, monkeypatch):
         second = _run(spec, "auto", x, kv)
     assert "cpu" in engine.failed
     assert sum("flex_attention failed" in r.message for r in caplog.records) == 1
-    assert first[2] == "flex" and second[2] == "sdpa"                 # the failing call fell back inside flex
+    assert first[2] == second[2] == "sdpa"                           # the router fell back on the failing call
     _assert_close(first, _run(spec, "reference", x, kv))
 
 
@@ -293,61 +294,3 @@ def test_elementwise_closed_form_backward_matches_reference(monkeypatch, kind, c
     fast = _run(spec, "chunked", x, kv)
     assert calls, "the closed-form path did not run"
     _assert_close(fast, _run(spec, "reference", x, kv))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("masking", ["causal", "bool", "float"])
-def test_sdpa_flushing_denormals_matches_torch_sdpa(dtype, masking):
-    from axiomformer.engines.sdpa import sdpa_flushing_denormals
-
-    g = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(2, 3, 45, 8, generator=g, dtype=dtype) for _ in range(3))
-    k[..., 0] = torch.arange(45, dtype=dtype) * 3.0          # ALiBi-like: far keys get logits down to -1000
-    q[..., 0] = 1.0
-    kwargs = {"is_causal": True} if masking == "causal" else {
-        "attn_mask": torch.rand(45, 45, generator=g) > 0.4 if masking == "bool" else
-        torch.randn(2, 1, 45, 45, generator=g, dtype=dtype)}
-    grads = []
-    for attend in (sdpa_flushing_denormals, torch.nn.functional.scaled_dot_product_attention):
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        out = attend(*leaves, **kwargs)
-        out.backward(torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out))
-        grads.append([out.detach()] + [t.grad for t in leaves])
-    for mine, theirs in zip(*grads):
-        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("route", ["openmp_team", "new_thread"])
-def test_flush_to_zero_covers_every_computing_thread_and_nothing_after(route):
-    from axiomformer.engines import sdpa
-
-    if route == "openmp_team" and sdpa._openmp_team_flush() is None:
-        pytest.skip("PyTorch does not run on libgomp here")
-    run = sdpa._run_flushing_denormals if route == "openmp_team" else sdpa._in_new_thread_flushing
-
-    def denormals() -> int:
-        # 1e-30 * 1e-10 = 1e-40 is a float32 denormal; a big tensor is split across the OpenMP team.
-        return int((torch.full((1 << 21,), 1e-30) * 1e-10).count_nonzero())
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        assert denormals() == 1 << 21                          # every thread keeps denormals before ...
-        assert run(denormals) == 0                             # ... none survives on any thread during ...
-        assert denormals() == 1 << 21                          # ... and the process is left as it was
-    finally:
-        torch.set_num_threads(threads)
-
-
-def test_flush_to_zero_puts_back_the_callers_setting_and_grad_mode():
-    from axiomformer.engines import sdpa
-
-    torch.set_flush_denormal(True)
-    try:
-        sdpa._run_flushing_denormals(lambda: None)
-        assert sdpa._flushing_now()                            # a user's own flush-to-zero survives the call
-    finally:
-        torch.set_flush_denormal(False)
-    assert not sdpa._flushing_now()
-    with torch.no_grad():
-        assert sdpa._in_new_thread_flushing(torch.is_grad_enabled) is False

@@ -15,7 +15,8 @@ from axiomformer.axes import (
     Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value,
 )
 from axiomformer.axes.position import TokenPositions, token_positions
-from axiomformer.engines import AttentionProblem, select_engine
+from axiomformer.engines import Parts, attend
+from axiomformer.engines.problem import rows_without_keys
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
 
@@ -71,17 +72,21 @@ class Attention(nn.Module):
         spec: the point of the design space.
         engine: ``"auto"`` routes to the fastest engine that runs the spec exactly (see ``axiomformer.engines``);
             an engine name forces it.
+        double_backward: route only to engines that are differentiable to every order (second-order gradients:
+            gradient penalties, ``create_graph=True``). The default CPU engines are already; this excludes flex
+            (CUDA) and is needed for SDPA with dropout in training, whose error names this switch.
 
     Attributes:
         last_engine: name of the engine that ran the last forward (``None`` before the first call).
     """
 
-    def __init__(self, spec: AttentionSpec, *, engine: str = "auto"):
+    def __init__(self, spec: AttentionSpec, *, engine: str = "auto", double_backward: bool = False):
         super().__init__()
         if not isinstance(spec, AttentionSpec):
             raise TypeError(f"Attention expects an AttentionSpec, got {type(spec).__name__}")
         self.spec = spec
         self.engine = engine
+        self.double_backward = double_backward
         self.num_heads, self.head_dim = spec.num_heads, spec.head_dim
         self.q_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
         self.k_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
@@ -192,25 +197,20 @@ class Attention(nn.Module):
         alibi = self.position.score_bias(pos, all_k_pos, self.spec.causal)
         if alibi is not None:                                  # ALiBi from token positions, as a score bias
             bias = alibi if bias is None else bias + alibi
-        problem = AttentionProblem(
-            q=q, k=k, v=v, causal=self.spec.causal, mask=mask, bias=bias,
+        result = attend(                                                                 # A2, A4, A5
+            q, k, v, parts=Parts(self.spec, self.score_fn, self.contribution), mask=mask, bias=bias,
+            scale=self.scale(), causal=self.spec.causal, q_offset=q_offset,
             alibi_slopes=self.position.slopes if self.spec.position == "alibi" and alibi is None else None,
-            q_offset=q_offset, dropout_p=self.spec.dropout, training=self.training,
+            dropout_p=self.spec.dropout, training=self.training, need_weights=need_weights, engine=self.engine,
+            double_backward=self.double_backward,
         )
-        engine = select_engine(self, problem, self.engine)
-        self.last_engine = engine.name
-        heads_out, weights = engine.run(self, problem, need_weights)                     # A2, A4, A5
-        out = self.out_proj(self.aggregator(self._merge_heads(heads_out)))               # A1
-        out = self._zero_rows_without_keys(out, problem)
-        return (out, weights) if need_weights else out
-
-    @staticmethod
-    def _zero_rows_without_keys(out: Tensor, problem: AttentionProblem) -> Tensor:
-        empty = problem.rows_without_keys()
-        if empty is None:
-            return out
-        empty = empty.all(1)                                   # (batch|1, q_len): no key in any head
-        return out.masked_fill(empty.unsqueeze(-1), 0.0) if bool(empty.any()) else out
+        self.last_engine = result.engine
+        out = self.out_proj(self.aggregator(self._merge_heads(result.out)))             # A1
+        if mask is not None or (self.spec.causal and q_offset < 0):
+            # The heads' rows are zero already; rho and W_o's bias would make the output row non-zero.
+            empty = rows_without_keys(mask, self.spec.causal, q_len, k_len, q_offset, query.device)
+            out = out.masked_fill(empty.all(1).unsqueeze(-1), 0.0)
+        return (out, result.weights) if need_weights else out
 
     # ------------------------------------------------------------------ interop
     @classmethod

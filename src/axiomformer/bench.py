@@ -23,7 +23,7 @@ from torch import Tensor
 
 from axiomformer.attention import Attention
 from axiomformer.memory import PeakMemory
-from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, select_engine
+from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, Parts, attend
 from axiomformer.spec import AttentionSpec
 
 QUICK_VARIANTS = ("standard", "score=cosine", "score=neg_l2", "position=rope", "position=alibi", "normalizer=sigmoid",
@@ -51,18 +51,19 @@ class Row:
 
 
 # ---------------------------------------------------------------------------------------------- the timed calls
+def _core_args(module: Attention) -> dict:
+    """The keyword arguments ``Attention.forward`` gives :func:`axiomformer.engines.attend` (self-attention, no mask)."""
+    return dict(parts=Parts(module.spec, module.score_fn, module.contribution), scale=module.scale(),
+                causal=module.spec.causal, q_offset=0, training=module.training, dropout_p=module.spec.dropout,
+                alibi_slopes=module.position.slopes if module.spec.position == "alibi" else None)
+
+
 def attention_core(module: Attention, q: Tensor, k: Tensor, v: Tensor, engine: str = "auto") -> tuple[Tensor, str]:
     """What ``Attention.forward`` does between the projections and the output projection (self-attention)."""
     positions = torch.arange(q.shape[-2], device=q.device)
-    problem = _problem(module, module.position.rotate(q, positions), module.position.rotate(k, positions), v)
-    chosen = select_engine(module, problem, engine)
-    return chosen.run(module, problem)[0], chosen.name
-
-
-def _problem(module: Attention, q: Tensor, k: Tensor, v: Tensor) -> AttentionProblem:
-    """The self-attention problem ``Attention.forward`` hands its engine (q and k already rotated)."""
-    return AttentionProblem(q=q, k=k, v=v, causal=module.spec.causal, q_offset=0, training=module.training,
-                            alibi_slopes=module.position.slopes if module.spec.position == "alibi" else None)
+    q, k = module.position.rotate(q, positions), module.position.rotate(k, positions)
+    result = attend(q, k, v, engine=engine, **_core_args(module))
+    return result.out, result.engine
 
 
 def _sync(device: torch.device) -> None:
@@ -201,9 +202,10 @@ def _route(module, q, k, v) -> str:
     (``auto`` leaves problems small enough for one chunk to the reference engine; the bench measures the memory-lean
     engine at every length so that its rows are comparable across lengths.)
     """
-    problem = _problem(module, q, k, v)
+    args = _core_args(module)
+    problem = AttentionProblem(q=q, k=k, v=v, **{key: args[key] for key in args if key != "parts"})
     for name in ENGINE_ORDER:
-        if ENGINES[name].accepts(module, problem):
+        if ENGINES[name].accepts(args["parts"], problem):
             return name
     return "reference"
 

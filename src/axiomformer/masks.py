@@ -1,8 +1,14 @@
 """Validation and conversion of the user-facing masks into the engines' (bool mask, float bias) pair.
 
 Conventions (as ``torch.nn.functional.scaled_dot_product_attention``): a bool mask means True = may attend; a float
-mask is added to the scores, and its ``-inf`` entries mean "may not attend". ``key_padding_mask`` is (batch, k_len)
-with True = real token — the *opposite* of ``nn.MultiheadAttention``'s polarity (adapters convert).
+mask is added to the scores. A float entry at or below its dtype's minimum (``-inf``, or ``torch.finfo(dtype).min``,
+the additive-mask convention of transformers) *blocks* the key: it becomes False in the bool mask and 0 in the bias,
+so "blocked" means the same for every normalizer and engine (a sigmoid or relu normalizer does not count the key in
+n_i, and no low-precision addition can overflow). ``key_padding_mask`` is (batch, k_len) with True = real token — the
+*opposite* of ``nn.MultiheadAttention``'s polarity (adapters convert).
+
+Everything here is shape logic and elementwise tensor ops: no value is read back to the host (no graph break under
+``torch.compile``).
 """
 
 from __future__ import annotations
@@ -61,10 +67,9 @@ def prepare_masks(
         if am.dtype == torch.bool:
             mask = am if mask is None else mask & am
         elif am.is_floating_point():
-            blocked = torch.isneginf(am)
-            if bool(blocked.any()):
-                mask = ~blocked if mask is None else mask & ~blocked
-            bias = am.masked_fill(blocked, 0.0)
+            allowed = am > torch.finfo(am.dtype).min               # also False for -inf and NaN
+            mask = allowed if mask is None else mask & allowed
+            bias = am.masked_fill(~allowed, 0.0)
         else:
             raise ValueError(f"attn_mask must be bool or floating point, got dtype {am.dtype}")
     return mask, bias

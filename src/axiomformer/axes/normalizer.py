@@ -109,17 +109,12 @@ def normalize(
     if kind in ("softmax", "gumbel_softmax", "sparsemax", "entmax15"):
         if mask is not None:
             s = s.masked_fill(~visible, float("-inf"))
-        nan_rows = None
         if kind in ("sparsemax", "entmax15"):
             # The entmax sort-based threshold fails on NaN; such rows are computed on zeros and reported as NaN.
             nan_rows = torch.isnan(s).any(dim=-1, keepdim=True)
-            if bool(nan_rows.any()):
-                s = s.masked_fill(nan_rows, 0.0)
-            else:
-                nan_rows = None
-        weights = _row_normalize(s, kind, training)
-        if nan_rows is not None:
-            weights = weights.masked_fill(nan_rows, float("nan"))
+            weights = _row_normalize(s.masked_fill(nan_rows, 0.0), kind, training).masked_fill(nan_rows, float("nan"))
+        else:
+            weights = _row_normalize(s, kind, training)
     elif kind == "sigmoid":
         weights = torch.sigmoid(s - n_visible.log())
     elif kind == "relu":

@@ -104,18 +104,23 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
     return _Rope.apply(work, cos.to(work.dtype), sin.to(work.dtype)).to(x.dtype)
 
 
-def alibi_slopes(num_heads: int) -> Tensor:
-    """ALiBi head slopes m_h (Press et al. 2022): geometric 2^(-8/n) for n a power of two, else interleaved."""
+def alibi_slope_list(num_heads: int) -> list[float]:
+    """ALiBi head slopes m_h (Press et al. 2022) as Python floats: geometric 2^(-8/n) for n a power of two, else
+    interleaved."""
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
         return [start * start**i for i in range(n)]
 
     if math.log2(num_heads).is_integer():
-        return torch.tensor(power_of_two(num_heads))
+        return power_of_two(num_heads)
     closest = 2 ** math.floor(math.log2(num_heads))
-    extra = alibi_slopes(2 * closest).tolist()[0::2][: num_heads - closest]
-    return torch.tensor(power_of_two(closest) + extra)
+    return power_of_two(closest) + alibi_slope_list(2 * closest)[0::2][: num_heads - closest]
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """ALiBi head slopes m_h (num_heads,) float32 (see :func:`alibi_slope_list`)."""
+    return torch.tensor(alibi_slope_list(num_heads))
 
 
 def alibi_bias(slopes: Tensor, q_positions: Tensor, k_positions: Tensor, causal: bool) -> Tensor:

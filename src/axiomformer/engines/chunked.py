@@ -32,12 +32,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from axiomformer.axes.normalizer import feature_map, normalize
+from axiomformer.axes.normalizer import normalize
 from axiomformer.axes.position import alibi_bias
 from axiomformer.engines import elementwise, sparse
-from axiomformer.engines.problem import (AttentionProblem, block_mask, causal_key_end, clean_nonfinite, poison_rows,
-                                         slice_block)
-from axiomformer.engines.reference import attention_weights
+from axiomformer.engines.base import EngineBase, Parts
+from axiomformer.engines.problem import AttentionProblem, block_mask, causal_key_end, slice_block
+from axiomformer.engines.reference import scaled_scores
 
 ELEMENTWISE = ("sigmoid", "relu")
 """Normalizers whose weight u_ij depends on s_ij and the row's count n_i only: their keys can be split freely."""
@@ -77,16 +77,9 @@ def _key_blocks(problem: AttentionProblem, qs: slice, k_end: int, size: int) -> 
 
 
 # ---------------------------------------------------------------------------------------------- one query chunk
-def _scores(module, problem: AttentionProblem, q: Tensor, k: Tensor, qs: slice, ks: slice) -> Tensor:
+def _scores(parts: Parts, problem: AttentionProblem, q: Tensor, k: Tensor, qs: slice, ks: slice) -> Tensor:
     """Scaled and biased scores (or, for ``normalizer="linear"``, the kernel) of one block, as the reference."""
-    spec = module.spec
-    bias = block_bias(problem, qs, ks)
-    if spec.normalizer == "linear":
-        scores = torch.matmul(feature_map(q.float(), spec.feature_map),
-                              feature_map(k.float(), spec.feature_map).transpose(-2, -1))
-        return scores if bias is None else scores * bias.float().exp()
-    scores = module.score_fn(q, k) * module.scale()
-    return scores if bias is None else scores + bias
+    return scaled_scores(parts, q, k, problem.scale, block_bias(problem, qs, ks))
 
 
 def _visible_count(problem: AttentionProblem, qs: slice, k_end: int, key_chunk: int) -> Tensor | None:
@@ -109,10 +102,10 @@ def _dropout(weights: Tensor, problem: AttentionProblem) -> Tensor:
     return weights
 
 
-def attend_chunk(module, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tensor, *, qs: slice,
+def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tensor, *, qs: slice,
                  key_chunk: int) -> Tensor:
     """Output rows ``qs`` (batch, heads, len(qs), head_dim_v) from the keys ``k``/``v`` (the first k_end ones)."""
-    kind = module.spec.normalizer
+    kind = parts.spec.normalizer
     k_end = k.shape[-2]
     blocks = _blocks(k_end, key_chunk)
     if kind in ELEMENTWISE:
@@ -122,22 +115,22 @@ def attend_chunk(module, problem: AttentionProblem, q: Tensor, k: Tensor, v: Ten
             n_visible = torch.full((1, 1, 1, 1), float(problem.k_len), device=q.device)
         out = None
         for ks in blocks:
-            weights = normalize(_scores(module, problem, q, k[..., ks, :], qs, ks), block_mask(problem, qs, ks),
+            weights = normalize(_scores(parts, problem, q, k[..., ks, :], qs, ks), block_mask(problem, qs, ks),
                                 kind, training=problem.training, n_visible=n_visible)
-            part = module.contribution(_dropout(weights, problem).to(v.dtype), v[..., ks, :])
+            part = parts.contribution(_dropout(weights, problem).to(v.dtype), v[..., ks, :])
             out = part if out is None else out + part
         return out
     if len(blocks) == 1:
-        scores = _scores(module, problem, q, k, qs, blocks[0])
+        scores = _scores(parts, problem, q, k, qs, blocks[0])
     else:
-        scores = torch.cat([_scores(module, problem, q, k[..., ks, :], qs, ks) for ks in blocks], dim=-1)
+        scores = torch.cat([_scores(parts, problem, q, k[..., ks, :], qs, ks) for ks in blocks], dim=-1)
     weights = normalize(scores, block_mask(problem, qs, slice(0, k_end)), kind, training=problem.training)
     weights = _dropout(weights, problem).to(v.dtype)
-    if module.spec.contribution == "proportional" or len(blocks) == 1:
-        return module.contribution(weights, v)
+    if parts.spec.contribution == "proportional" or len(blocks) == 1:
+        return parts.contribution(weights, v)
     out = None
     for ks in blocks:
-        part = module.contribution(weights[..., ks], v[..., ks, :])
+        part = parts.contribution(weights[..., ks], v[..., ks, :])
         out = part if out is None else out + part
     return out
 
@@ -160,36 +153,37 @@ def closed_form_chunk(problem: AttentionProblem, memory_budget: int, blocks: int
     return max(1, min(problem.q_len, CLOSED_FORM_CHUNK_MAX, blocks * memory_budget // max(1, rows * problem.k_len)))
 
 
-def pair_width(module) -> int:
+def pair_width(parts) -> int:
     """Width of the (query, key, hidden) tensors a spec builds per score pair: 1 for dot-like scores."""
-    spec = module.spec
+    spec = parts.spec
     width = 1
     if spec.score == "additive":
         width = spec.head_dim
     elif spec.score == "mlp":
-        width = module.score_fn.w_q.out_features
+        width = parts.score_fn.w_q.out_features
     if spec.contribution == "joint":
-        width = max(width, module.contribution.w_v.out_features, spec.head_dim)
+        width = max(width, parts.contribution.w_v.out_features, spec.head_dim)
     return width
 
 
-def chunked_attention(module, problem: AttentionProblem, k: Tensor, v: Tensor, query_chunk: int,
+def chunked_attention(parts, problem: AttentionProblem, k: Tensor, v: Tensor, query_chunk: int,
                       key_chunk: int) -> Tensor:
     """Attention output (batch, heads, q_len, head_dim_v), ``query_chunk`` queries at a time, each checkpointed."""
     q = problem.q
     needs_grad = torch.is_grad_enabled() and (
-        q.requires_grad or k.requires_grad or v.requires_grad or any(p.requires_grad for p in module.parameters())
+        q.requires_grad or k.requires_grad or v.requires_grad or any(p.requires_grad for p in parts.parameters())
+        or (isinstance(problem.scale, Tensor) and problem.scale.requires_grad)
     )
     outs = []
     for qs in _blocks(problem.q_len, query_chunk):
         k_end = causal_key_end(qs.start, qs.stop, problem.q_offset, problem.causal, problem.k_len)
-        fn = partial(attend_chunk, module, problem, qs=qs, key_chunk=key_chunk)
+        fn = partial(attend_chunk, parts, problem, qs=qs, key_chunk=key_chunk)
         args = (q[..., qs, :], k[..., :k_end, :], v[..., :k_end, :])
         outs.append(checkpoint(fn, *args, use_reentrant=False) if needs_grad else fn(*args))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
 
 
-class ChunkedEngine:
+class ChunkedEngine(EngineBase):
     """Any spec, in blocks of queries (and keys) small enough for ``memory_budget``.
 
     Args:
@@ -205,10 +199,7 @@ class ChunkedEngine:
         self.query_chunk = query_chunk
         self.key_chunk = key_chunk
 
-    def accepts(self, module, problem: AttentionProblem) -> bool:
-        return True
-
-    def worthwhile(self, module, problem: AttentionProblem) -> bool:
+    def worthwhile(self, parts, problem: AttentionProblem) -> bool:
         """Whether automatic routing should chunk this problem.
 
         False when the whole (batch, heads, q_len, k_len[, hidden]) block has at most ``REFERENCE_MAX_ELEMENTS``
@@ -217,32 +208,31 @@ class ChunkedEngine:
         Always True where a closed-form path (``engines/elementwise.py``, ``engines/sparse.py``) applies: it was 2-8x
         faster than the reference at every size we measured (batch 32 x L 64 up to L 4096).
         """
-        if (self.query_chunk or self.key_chunk or elementwise.applies(module, problem)
-                or sparse.applies(module, problem)):
+        if (self.query_chunk or self.key_chunk or elementwise.applies(parts, problem)
+                or sparse.applies(parts, problem)):
             return True
         rows = problem.q.shape[0] * problem.q.shape[1]
-        return rows * problem.q_len * problem.k_len * pair_width(module) > REFERENCE_MAX_ELEMENTS
+        return rows * problem.q_len * problem.k_len * pair_width(parts) > REFERENCE_MAX_ELEMENTS
 
-    def chunk_sizes(self, module, problem: AttentionProblem) -> tuple[int, int]:
+    def chunk_sizes(self, parts, problem: AttentionProblem) -> tuple[int, int]:
         """(query chunk, key block) for this problem."""
-        if self.query_chunk is None and elementwise.applies(module, problem):
+        if self.query_chunk is None and elementwise.applies(parts, problem):
             return closed_form_chunk(problem, self.memory_budget, blocks=1), problem.k_len
-        if self.query_chunk is None and sparse.applies(module, problem):
+        if self.query_chunk is None and sparse.applies(parts, problem):
             return closed_form_chunk(problem, self.memory_budget, blocks=2), problem.k_len
         rows = problem.q.shape[0] * problem.q.shape[1]
-        budget = self.memory_budget // (4 if module.spec.normalizer in SORTING else 1)
+        budget = self.memory_budget // (4 if parts.spec.normalizer in SORTING else 1)
         cq = self.query_chunk or max(1, min(problem.q_len, budget // max(1, rows * problem.k_len)))
-        ck = self.key_chunk or max(1, min(problem.k_len, self.memory_budget // (rows * cq * pair_width(module))))
+        ck = self.key_chunk or max(1, min(problem.k_len, self.memory_budget // (rows * cq * pair_width(parts))))
         return cq, ck
 
-    def run(self, module, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        k, v = clean_nonfinite(problem)
-        cq, ck = self.chunk_sizes(module, problem)
-        if elementwise.applies(module, problem):
-            out = elementwise.elementwise_attention(module, problem, k, v, cq)
-        elif sparse.applies(module, problem):
-            out = sparse.sparse_attention(module, problem, k, v, cq)
+    def run(self, parts, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
+        k, v = problem.k, problem.v
+        cq, ck = self.chunk_sizes(parts, problem)
+        if elementwise.applies(parts, problem):
+            out = elementwise.elementwise_attention(parts, problem, k, v, cq)
+        elif sparse.applies(parts, problem):
+            out = sparse.sparse_attention(parts, problem, k, v, cq)
         else:
-            out = chunked_attention(module, problem, k, v, cq, ck)
-        out = poison_rows(out, problem)
-        return out, (attention_weights(module, problem, k) if need_weights else None)
+            out = chunked_attention(parts, problem, k, v, cq, ck)
+        return out, None

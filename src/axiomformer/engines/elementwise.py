@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from axiomformer.engines.problem import AttentionProblem, causal_diagonal, causal_key_end, plain_dot_problem
+from axiomformer.engines.autograd import differentiable_backward
+from axiomformer.engines.problem import (AttentionProblem, causal_diagonal, causal_key_end, causal_mask,
+                                         plain_dot_problem)
 
 KINDS = ("sigmoid", "relu")
 
 
-def applies(module, problem: AttentionProblem) -> bool:
+def applies(parts, problem: AttentionProblem) -> bool:
     """Whether the closed-form path computes this problem exactly (else the generic chunked path runs)."""
-    return module.spec.normalizer in KINDS and plain_dot_problem(module, problem)
+    return parts.spec.normalizer in KINDS and plain_dot_problem(parts, problem)
 
 
 def _counts(rows: int, start: int, offset: int, causal: bool, k_len: int, like: Tensor) -> Tensor:
@@ -70,6 +71,17 @@ def _chunk_weights(q_c: Tensor, k_c: Tensor, kind: str, chunk: _Chunk) -> Tensor
     return chunk.mask_(w)
 
 
+def exact_elementwise(q: Tensor, k: Tensor, v: Tensor, kind: str, causal: bool, offset: int) -> Tensor:
+    """The same output in plain tensor ops (the formula the second-order gradients differentiate)."""
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    n = _counts(q_len, 0, offset, causal, k_len, q)
+    s = torch.bmm(q, k.transpose(-2, -1))
+    w = torch.sigmoid(s - n.log()) if kind == "sigmoid" else torch.relu(s) / n
+    if causal:
+        w = w.masked_fill(~causal_mask(q_len, k_len, offset, q.device), 0.0)
+    return torch.bmm(w, v)
+
+
 def _chunks(q_len: int, size: int, offset: int, causal: bool, k_len: int, like: Tensor):
     for start in range(0, q_len, size):
         yield _Chunk(start, min(start + size, q_len), offset, causal, k_len, like)
@@ -93,10 +105,14 @@ class ElementwiseAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out: Tensor):
         q, k, v = ctx.saved_tensors
         kind = ctx.kind
+        if torch.is_grad_enabled():                      # create_graph=True: a differentiable backward
+            grads = differentiable_backward(
+                lambda q, k, v: exact_elementwise(q, k, v, kind, ctx.causal, ctx.offset), (q, k, v), grad_out,
+                ctx.needs_input_grad[:3])
+            return (*grads, None, None, None, None)
         grad_out = grad_out.contiguous()
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for c in _chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q):
@@ -115,12 +131,12 @@ class ElementwiseAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
-def elementwise_attention(module, problem: AttentionProblem, k: Tensor, v: Tensor, chunk: int) -> Tensor:
+def elementwise_attention(parts, problem: AttentionProblem, k: Tensor, v: Tensor, chunk: int) -> Tensor:
     """Output (batch, heads, q_len, head_dim_v) of a problem for which :func:`applies` holds."""
-    scale = module.scale()
+    scale = problem.scale
     q = problem.q * (scale.to(problem.q.dtype) if isinstance(scale, Tensor) else scale)
     batch, heads = q.shape[0], q.shape[1]
     q3, k3, v3 = (torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
                   for t in (q, k, v))
-    out = ElementwiseAttention.apply(q3, k3, v3, module.spec.normalizer, problem.causal, problem.q_offset, chunk)
+    out = ElementwiseAttention.apply(q3, k3, v3, parts.spec.normalizer, problem.causal, problem.q_offset, chunk)
     return out.view(batch, heads, *out.shape[1:])

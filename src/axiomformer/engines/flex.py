@@ -8,8 +8,8 @@ padding), so neither the bias nor the mask is ever materialized. Scores reducibl
 Routing **(our choice, measured with torch 2.13)**: only on CUDA. On CPU the compiled kernel has no backward
 ("FlexAttention does not support backward on CPU"), took 25 s to compile and ran 2.5x slower than SDPA forward-only at
 L = 2048, so CPU problems go to the sdpa (causal ALiBi folded into a key column) or chunked engines instead.
-The first compile failure on a device type is logged once and that device falls back to the sdpa engine (or the
-chunked engine when sdpa cannot run the problem).
+The first compile failure on a device type is logged once and raised as :class:`EngineUnavailable`; the router then
+routes that device's problems to the next engine that accepts them.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import logging
 import torch
 from torch import Tensor
 
-from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows
-from axiomformer.engines.reference import attention_weights
+from axiomformer.engines.base import EngineBase
+from axiomformer.engines.problem import AttentionProblem
 from axiomformer.engines.sdpa import REDUCIBLE_SCORES, _augment, dot_form, softmax_like
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,10 @@ def flex_mods(problem: AttentionProblem):
     return score_mod, mask_mod
 
 
+class EngineUnavailable(RuntimeError):
+    """An engine cannot run on this device after all (e.g. a kernel failed to compile); the router falls back."""
+
+
 def _rows_with_keys(problem: AttentionProblem) -> Tensor | None:
     """(batch|1, 1, q_len, 1) bool: queries with a visible key, from the key padding mask and the causal horizon."""
     horizon = problem.q_positions                                          # last visible key of each query
@@ -66,10 +70,11 @@ def _rows_with_keys(problem: AttentionProblem) -> Tensor | None:
     return (seen & (horizon >= 0)).view(keep.shape[0], 1, -1, 1)
 
 
-class FlexEngine:
+class FlexEngine(EngineBase):
     """FlexAttention for softmax with ALiBi (and causal/key-padding masks), on devices where it compiles."""
 
     name = "flex"
+    double_backward = False
 
     def __init__(self, compile: bool = True, devices: tuple[str, ...] = ("cuda",)):
         self.compile = compile
@@ -77,8 +82,8 @@ class FlexEngine:
         self.failed: dict[str, str] = {}
         self._compiled = None
 
-    def accepts(self, module, problem: AttentionProblem) -> bool:
-        spec = module.spec
+    def accepts(self, parts, problem: AttentionProblem) -> bool:
+        spec = parts.spec
         device = problem.q.device.type
         return (
             device in self.devices
@@ -101,11 +106,11 @@ class FlexEngine:
             self._compiled = torch.compile(flex_attention, dynamic=False)
         return self._compiled
 
-    def attend(self, module, problem: AttentionProblem, k: Tensor, v: Tensor) -> Tensor:
+    def attend(self, parts, problem: AttentionProblem, k: Tensor, v: Tensor) -> Tensor:
         """flex_attention output (batch, heads, q_len, head_dim_v) with rows without a visible key set to zero."""
         from torch.nn.attention.flex_attention import create_block_mask
 
-        q, k_dot, scale, extras = dot_form(module, problem.q, k)
+        q, k_dot, scale, extras = dot_form(parts, problem.q, k, problem.scale)
         head_dim_v = v.shape[-1]
         if extras or isinstance(scale, Tensor):
             q, k_dot, v, scale = _augment(q, k_dot, v, scale, extras)
@@ -120,18 +125,12 @@ class FlexEngine:
         has_key = _rows_with_keys(problem)
         return out if has_key is None else out.masked_fill(~has_key, 0.0)
 
-    def run(self, module, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        from axiomformer.engines import ENGINES
-
-        k, v = clean_nonfinite(problem)
+    def run(self, parts, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
         try:
-            out = self.attend(module, problem, k, v)
+            return self.attend(parts, problem, problem.k, problem.v), None
         except Exception as err:  # noqa: BLE001 - any compile/lowering failure means: use another engine
             device = problem.q.device.type
             self.failed[device] = f"{type(err).__name__}: {err}"
-            logger.warning("flex_attention failed on %s (%s); falling back to the sdpa/chunked engines",
-                           device, self.failed[device].splitlines()[0][:200])
-            fallback = ENGINES["sdpa"] if ENGINES["sdpa"].accepts(module, problem) else ENGINES["chunked"]
-            return fallback.run(module, problem, need_weights)
-        out = poison_rows(out, problem)
-        return out, (attention_weights(module, problem, k) if need_weights else None)
+            logger.warning("flex_attention failed on %s (%s); falling back to the next engine", device,
+                           self.failed[device].splitlines()[0][:200])
+            raise EngineUnavailable(self.failed[device]) from err

@@ -11,7 +11,9 @@ Causal (bottom-right aligned, query i sees keys j <= q_offset + i): the keys bef
 are summed into the initial state; the other ``q_len`` keys are cut into chunks of ``chunk`` positions. Each chunk
 reads the prefix sum of the states of the chunks before it (their eq. 9-10, in chunks instead of one step at a time)
 plus a masked (chunk x chunk) kernel within itself **(our choice: the chunked prefix-sum form, which keeps the
-backward O(L) without a custom autograd function)**.
+backward O(L) without a custom autograd function)**. The prefix sums are exclusive by shifting an inclusive
+``cumsum`` one chunk, never by subtracting the current chunk's state from it: a subtraction would cancel a large
+future state against itself in floating point and leak it into earlier outputs.
 
 Accepted: the linear normalizer with proportional contributions, no float bias or ALiBi (they multiply the kernel
 entrywise and break the factorization), and masks that depend on the key only (key padding). Other masks route to
@@ -25,13 +27,20 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from axiomformer.axes.normalizer import LINEAR_EPS, feature_map
-from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows
-from axiomformer.engines.reference import attention_weights
+from axiomformer.engines.base import EngineBase
+from axiomformer.engines.problem import AttentionProblem
 
 
 def key_only_mask(mask: Tensor | None) -> bool:
     """Whether a bool mask broadcastable to (batch, heads, q_len, k_len) depends on the key only (or is None)."""
     return mask is None or mask.shape[-2] == 1
+
+
+def exclusive_cumsum(x: Tensor, start: Tensor) -> Tensor:
+    """Along dim 2: out[:, :, i] = start + sum_{c < i} x[:, :, c], without subtraction (each prefix is a sum of
+    earlier terms only, so a later term cannot change it)."""
+    start = torch.broadcast_to(start.unsqueeze(2), x.shape[:2] + (1,) + x.shape[3:])
+    return torch.cumsum(torch.cat([start, x[:, :, :-1]], dim=2), dim=2)
 
 
 def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, q_offset: int, chunk: int) -> tuple[Tensor, Tensor]:
@@ -50,8 +59,8 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, q_offset: int, chunk
     # State of each chunk (B, H, n, d, dv) and its key sum (B, H, n, d); exclusive prefix sums over the chunks.
     state = torch.matmul(ck.transpose(-2, -1), cv)
     ksum = ck.sum(-2)
-    state = torch.cumsum(state, dim=2) - state + torch.matmul(past_k.transpose(-2, -1), past_v).unsqueeze(2)
-    ksum = torch.cumsum(ksum, dim=2) - ksum + past_k.sum(-2).unsqueeze(2)
+    state = exclusive_cumsum(state, torch.matmul(past_k.transpose(-2, -1), past_v))
+    ksum = exclusive_cumsum(ksum, past_k.sum(-2))
     within = torch.matmul(cq, ck.transpose(-2, -1))                       # (B, H, n, chunk, chunk)
     tril = torch.ones(chunk, chunk, dtype=torch.bool, device=phi_q.device).tril()
     within = within.masked_fill(~tril, 0.0)
@@ -86,7 +95,7 @@ def linear_attention(problem: AttentionProblem, k: Tensor, v: Tensor, kind: str,
     return (num / (den + LINEAR_EPS)).to(v.dtype)
 
 
-class LinearEngine:
+class LinearEngine(EngineBase):
     """O(q_len + k_len) linear attention; causal by chunked prefix sums of (phi(k) v^T) states."""
 
     name = "linear"
@@ -94,8 +103,8 @@ class LinearEngine:
     def __init__(self, chunk: int = 64):
         self.chunk = chunk
 
-    def accepts(self, module, problem: AttentionProblem) -> bool:
-        spec = module.spec
+    def accepts(self, parts, problem: AttentionProblem) -> bool:
+        spec = parts.spec
         return (
             spec.normalizer == "linear"
             and spec.contribution == "proportional"
@@ -106,7 +115,5 @@ class LinearEngine:
             and not (problem.training and problem.dropout_p > 0)
         )
 
-    def run(self, module, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        k, v = clean_nonfinite(problem)
-        out = poison_rows(linear_attention(problem, k, v, module.spec.feature_map, self.chunk), problem)
-        return out, (attention_weights(module, problem, k) if need_weights else None)
+    def run(self, parts, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
+        return linear_attention(problem, problem.k, problem.v, parts.spec.feature_map, self.chunk), None

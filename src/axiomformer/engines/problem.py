@@ -1,9 +1,22 @@
-"""What every engine receives: one attention problem in (batch, heads, seq, head_dim) layout."""
+"""What every engine receives: one attention problem in (batch, heads, seq, head_dim) layout, and the one policy for
+blocked keys, empty rows and non-finite keys.
+
+Policy (applied by :func:`axiomformer.engines.attend`, so every engine sees the same problem):
+
+- a key is *blocked* for a query when the bool mask says False, the causal rule hides it, or a float mask holds a value
+  at or below its dtype's minimum (``masks.prepare_masks`` turns those into False);
+- a query with no visible key gets an all-zero output row (finite gradients everywhere);
+- a key whose key or value holds NaN/inf is computed as zeros, and exactly the outputs that may see it are set to NaN,
+  so a NaN in a blocked token never reaches another token's output or, through ``0 * NaN``, its gradient.
+
+None of it reads a value back to the host: the checks are tensor ops whose result is applied with ``torch.where``
+(no graph break under ``torch.compile``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -19,6 +32,26 @@ def causal_mask(q_len: int, k_len: int, q_offset: int, device: torch.device | No
     i = torch.arange(q_len, device=device).unsqueeze(-1) + q_offset
     j = torch.arange(k_len, device=device).unsqueeze(0)
     return j <= i
+
+
+def rows_without_keys(mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int,
+                      device: torch.device | None = None) -> Tensor | None:
+    """(batch|1, heads|1, q_len) bool marking queries with no visible key, or None when every query has one.
+
+    Reads ``mask`` (bool, True = may attend, at most (batch, heads, q_len, k_len)) and the causal rule
+    j <= q_offset + i without building their combination: a row is empty when its first unmasked key lies after its
+    causal limit.
+    """
+    q_positions = torch.arange(q_len, device=device) + q_offset
+    if mask is None:
+        if not causal or q_offset >= 0:
+            return None
+        return (q_positions < 0).view(1, 1, -1)
+    mask = mask if mask.dim() == 4 else mask.view((1,) * (4 - mask.dim()) + mask.shape)
+    if not causal:
+        return ~mask.any(-1)
+    first = torch.where(mask.any(-1), mask.to(torch.uint8).argmax(-1), k_len)          # first unmasked key
+    return first > q_positions
 
 
 @dataclass
@@ -37,6 +70,7 @@ class AttentionProblem:
         q_offset: absolute position of query 0 among the key positions (``k_len - q_len`` unless a cache says else).
         dropout_p: dropout on the attention weights, applied only when ``training``.
         training: module mode (dropout, Gumbel noise).
+        scale: the temperature multiplying the scores: a float or a tensor broadcastable to (batch, heads, 1, 1).
     """
 
     q: Tensor
@@ -49,6 +83,7 @@ class AttentionProblem:
     q_offset: int = 0
     dropout_p: float = 0.0
     training: bool = False
+    scale: Any = 1.0
 
     @property
     def q_len(self) -> int:
@@ -83,43 +118,14 @@ class AttentionProblem:
         return bias
 
     def rows_without_keys(self) -> Tensor | None:
-        """(batch|1, heads|1, q_len) bool marking queries with no visible key, or None when every query has one.
-
-        Reads ``mask`` (at most (batch, heads, q_len, k_len)) and the causal rule j <= q_offset + i without building
-        their combination: a row is empty when its first unmasked key lies after its causal limit.
-        """
-        if self.mask is None:
-            if not self.causal or self.q_offset >= 0:
-                return None
-            return (self.q_positions < 0).view(1, 1, -1)
-        mask = self.mask if self.mask.dim() == 4 else self.mask.view((1,) * (4 - self.mask.dim()) + self.mask.shape)
-        if not self.causal:
-            return ~mask.any(-1)
-        first = torch.where(mask.any(-1), mask.to(torch.uint8).argmax(-1), self.k_len)     # first unmasked key
-        return first > self.q_positions
-
-    @cached_property
-    def nonfinite_keys(self) -> Tensor | None:
-        """(batch, heads, k_len) bool marking keys whose key or value holds NaN/inf, or None if all are finite.
-
-        Engines compute with those keys zeroed and then poison exactly the outputs that may see them, so a NaN in
-        a masked-out key never reaches the output (nor, through ``0 * NaN``, the gradients of other tokens).
-        """
-        # Fast path: one reduction per tensor. A NaN or inf anywhere makes the sum non-finite (inf - inf is NaN);
-        # a non-finite sum of finite values (overflow) only sends us to the exact check below.
-        with torch.no_grad():
-            if bool(torch.isfinite(self.k.sum() + self.v.sum())):
-                return None
-        if bool(torch.isfinite(self.k).all()) and bool(torch.isfinite(self.v).all()):
-            return None
-        return ~(torch.isfinite(self.k).all(-1) & torch.isfinite(self.v).all(-1))
-
+        """(batch|1, heads|1, q_len) bool marking queries with no visible key (see :func:`rows_without_keys`)."""
+        return rows_without_keys(self.mask, self.causal, self.q_len, self.k_len, self.q_offset, self.q.device)
 
 # ---------------------------------------------------------------------------------------------- query chunks
-def plain_dot_problem(module, problem: AttentionProblem) -> bool:
+def plain_dot_problem(parts, problem: AttentionProblem) -> bool:
     """Dot scores, proportional contributions, no mask but the causal one, no bias or ALiBi, no dropout, float32/64:
     the problems whose weights are a function of one row of q k^T alone (the closed-form engines' condition)."""
-    spec = module.spec
+    spec = parts.spec
     return (spec.score == "dot" and spec.contribution == "proportional"
             and problem.mask is None and problem.bias is None and problem.alibi_slopes is None
             and not (problem.training and problem.dropout_p > 0)
@@ -168,35 +174,50 @@ def block_mask(problem: AttentionProblem, qs: slice, ks: slice) -> Tensor | None
     return mask
 
 
-def nonfinite_hits(problem: AttentionProblem, chunk: int = 256) -> Tensor | None:
-    """(batch, heads, q_len, 1) bool: queries that may attend to a non-finite key (None if every key is finite).
+def nonfinite_keys(k: Tensor, v: Tensor) -> Tensor:
+    """(batch, heads, k_len) bool marking keys whose key or value holds NaN/inf (a tensor op, no host sync)."""
+    return ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))
 
-    The visibility mask is built ``chunk`` queries at a time, so no (q_len x k_len) mask is ever held.
+
+def nonfinite_hits(problem: AttentionProblem, bad: Tensor, chunk: int = 256) -> Tensor:
+    """(batch, heads, q_len, 1) bool: queries that may attend to a non-finite key.
+
+    Key-only masks need one (batch, heads, k_len) scan: with a causal rule a query sees a bad key iff the first
+    visible bad key lies at or before its position. Masks that depend on the query are scanned ``chunk`` queries at
+    a time, so no (q_len x k_len) mask is ever held.
     """
-    bad = problem.nonfinite_keys
-    if bad is None:
-        return None
-    batch, heads = bad.shape[:2]
+    batch, heads = max(bad.shape[0], problem.q.shape[0]), max(bad.shape[1], problem.q.shape[1])
+    mask = problem.mask
+    if mask is None or mask.shape[-2] == 1:
+        seen = bad if mask is None else bad & mask.reshape(mask.shape[:-2] + (mask.shape[-1],))
+        seen = torch.broadcast_to(seen, (batch, heads, problem.k_len))
+        if not problem.causal:
+            return seen.any(-1)[..., None, None].expand(batch, heads, problem.q_len, 1)
+        first = torch.where(seen.any(-1), seen.to(torch.uint8).argmax(-1), problem.k_len)      # (batch, heads)
+        return (first.unsqueeze(-1) <= problem.q_positions).unsqueeze(-1)
     hits = []
     for start in range(0, problem.q_len, chunk):
         qs = slice(start, min(start + chunk, problem.q_len))
-        mask = block_mask(problem, qs, slice(0, problem.k_len))
-        seen = bad.unsqueeze(-2) if mask is None else mask & bad.unsqueeze(-2)
+        block = block_mask(problem, qs, slice(0, problem.k_len))
+        seen = bad.unsqueeze(-2) if block is None else block & bad.unsqueeze(-2)
         seen = torch.broadcast_to(seen, (batch, heads, qs.stop - qs.start, problem.k_len))
         hits.append(seen.any(-1, keepdim=True))
     return torch.cat(hits, dim=-2)
 
 
-def clean_nonfinite(problem: AttentionProblem) -> tuple[Tensor, Tensor]:
-    """k and v with non-finite keys zeroed (see ``AttentionProblem.nonfinite_keys``)."""
-    bad = problem.nonfinite_keys
-    if bad is None:
-        return problem.k, problem.v
+def clean_nonfinite(problem: AttentionProblem) -> tuple[Tensor, Tensor, Tensor]:
+    """k and v with non-finite keys zeroed, and the (batch, heads, k_len) bool marking those keys."""
+    bad = nonfinite_keys(problem.k, problem.v)
     keep = ~bad.unsqueeze(-1)
-    return torch.where(keep, problem.k, 0.0), torch.where(keep, problem.v, 0.0)
+    return torch.where(keep, problem.k, 0.0), torch.where(keep, problem.v, 0.0), bad
 
 
-def poison_rows(out: Tensor, problem: AttentionProblem) -> Tensor:
-    """NaN in the output rows (batch, heads, q_len, head_dim) of queries that may see a non-finite key."""
-    hits = nonfinite_hits(problem)
-    return out if hits is None else out.masked_fill(hits, float("nan"))
+def poison_rows(out: Tensor, problem: AttentionProblem, bad: Tensor) -> Tensor:
+    """NaN in the output rows (batch, heads, q_len, head_dim) of queries that may see a non-finite key ``bad``."""
+    return out.masked_fill(nonfinite_hits(problem, bad), float("nan"))
+
+
+def zero_rows_without_keys(out: Tensor, problem: AttentionProblem) -> Tensor:
+    """Zeros in the output rows (batch, heads, q_len, head_dim) of queries with no visible key."""
+    empty = problem.rows_without_keys()
+    return out if empty is None else out.masked_fill(empty.unsqueeze(-1), 0.0)

@@ -1,7 +1,9 @@
 """The reference engine: the full (q_len x k_len) score matrix in plain tensor ops.
 
-It runs every spec and is the ground truth every other engine is tested against, forward and backward.
+It runs every spec, is the ground truth every other engine is tested against (forward and backward), returns the
+weights that produced its output, and is differentiable to every order.
 Formula: y_i = sum_j phi(v_j, u_ij), u_ij = normalize_j(scale * score(q_i, k_j) + bias_ij), masked j dropped.
+Scores, scale and bias are added in float32 (a float16 score plus a float16 bias may overflow).
 """
 
 from __future__ import annotations
@@ -11,49 +13,40 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from axiomformer.axes.normalizer import feature_map, normalize
-from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows
+from axiomformer.engines.base import EngineBase, Parts
+from axiomformer.engines.problem import AttentionProblem
 
 
-def attention_weights(module, problem: AttentionProblem, k: Tensor | None = None) -> Tensor:
-    """Attention weights (batch, heads, q_len, k_len), float32, before dropout.
-
-    ``module`` is an :class:`axiomformer.Attention` (its score, scale and normalizer are used).
-    """
-    spec = module.spec
-    k = problem.k if k is None else k
-    mask = problem.full_mask()
-    bias = problem.full_bias()
+def scaled_scores(parts: Parts, q: Tensor, k: Tensor, scale, bias: Tensor | None) -> Tensor:
+    """float32 ``scale * score(q, k) + bias`` (or, for the linear normalizer, the kernel phi(q).phi(k) exp(bias))."""
+    spec = parts.spec
     if spec.normalizer == "linear":
         # Katharopoulos et al. 2020, eq. 6: the kernel phi(q).phi(k) takes the place of exp(scaled score); a float
         # bias b multiplies it by exp(b), as it would multiply exp(s) inside a softmax.
-        scores = torch.matmul(feature_map(problem.q.float(), spec.feature_map),
+        scores = torch.matmul(feature_map(q.float(), spec.feature_map),
                               feature_map(k.float(), spec.feature_map).transpose(-2, -1))
-        if bias is not None:
-            scores = scores * bias.float().exp()
-    else:
-        scores = module.score_fn(problem.q, k) * module.scale()
-        if bias is not None:
-            scores = scores + bias
-    return normalize(scores, mask, spec.normalizer, training=problem.training)
+        return scores if bias is None else scores * bias.float().exp()
+    scale = scale.float() if isinstance(scale, Tensor) else scale
+    scores = parts.score_fn(q, k).float() * scale
+    return scores if bias is None else scores + bias.float()
 
 
-def run(module, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-    """Attention output (batch, heads, q_len, head_dim_v) and, if asked, the weights before dropout."""
-    k, v = clean_nonfinite(problem)
-    weights = attention_weights(module, problem, k)
-    dropped = F.dropout(weights, p=problem.dropout_p) if problem.training and problem.dropout_p > 0 else weights
-    out = module.contribution(dropped.to(v.dtype), v)
-    out = poison_rows(out, problem)
-    return out, (weights if need_weights else None)
+def attention_weights(parts: Parts, problem: AttentionProblem, k: Tensor | None = None) -> Tensor:
+    """Attention weights (batch, heads, q_len, k_len), float32, before dropout."""
+    k = problem.k if k is None else k
+    scores = scaled_scores(parts, problem.q, k, problem.scale, problem.full_bias())
+    return normalize(scores, problem.full_mask(), parts.spec.normalizer, training=problem.training)
 
 
-class ReferenceEngine:
+class ReferenceEngine(EngineBase):
     """Runs every spec by materializing the scores; the ground truth."""
 
     name = "reference"
+    returns_weights = True
+    double_backward = True
 
-    def accepts(self, module, problem: AttentionProblem) -> bool:
-        return True
-
-    def run(self, module, problem: AttentionProblem, need_weights: bool = False):
-        return run(module, problem, need_weights)
+    def run(self, parts: Parts, problem: AttentionProblem, need_weights: bool = False):
+        weights = attention_weights(parts, problem)
+        dropped = F.dropout(weights, p=problem.dropout_p) if problem.training and problem.dropout_p > 0 else weights
+        out = parts.contribution(dropped.to(problem.v.dtype), problem.v)
+        return out, (weights if need_weights else None)

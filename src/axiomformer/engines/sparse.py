@@ -52,10 +52,12 @@ and the thresholds against the ``entmax`` package.
 from __future__ import annotations
 
 import torch
+from entmax import entmax15, sparsemax
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from axiomformer.engines.problem import AttentionProblem, causal_diagonal, causal_key_end, plain_dot_problem
+from axiomformer.engines.autograd import differentiable_backward
+from axiomformer.engines.problem import (AttentionProblem, causal_diagonal, causal_key_end, causal_mask,
+                                         plain_dot_problem)
 
 KINDS = ("sparsemax", "entmax15")
 
@@ -73,12 +75,12 @@ COMPACT_BELOW = 0.75
 """Rows that are done leave the working block when the open ones drop below this fraction of it **(our choice)**."""
 
 
-def applies(module, problem: AttentionProblem) -> bool:
+def applies(parts, problem: AttentionProblem) -> bool:
     """Whether the sort-free closed-form path computes this problem exactly (else the generic chunked path runs).
 
     With causal masking, ``q_offset >= 0`` guarantees every query sees at least one key (key 0).
     """
-    return (module.spec.normalizer in KINDS and plain_dot_problem(module, problem)
+    return (parts.spec.normalizer in KINDS and plain_dot_problem(parts, problem)
             and (not problem.causal or problem.q_offset >= 0))
 
 
@@ -280,10 +282,15 @@ class SparseAttention(torch.autograd.Function):
         return out.view(q.shape[:-1] + (v.shape[-1],))
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out: Tensor):
         q, k, v, tau, shift, scale_t, out = ctx.saved_tensors
         kind, causal, offset, chunk = ctx.kind, ctx.causal, ctx.offset, ctx.chunk
+        if torch.is_grad_enabled():                      # create_graph=True: a differentiable backward
+            scale = ctx.scale if scale_t is None else scale_t
+            grads = differentiable_backward(
+                lambda q, k, v, scale: exact_sparse(q, k, v, scale, kind, causal, offset), (q, k, v, scale),
+                grad_out, ctx.needs_input_grad[:4])
+            return (*grads, None, None, None, None)
         need_q, need_k, need_v, need_scale = ctx.needs_input_grad[:4]
         need_scale = need_scale and out is not None
         scale = ctx.scale if scale_t is None else scale_t
@@ -339,6 +346,15 @@ class SparseAttention(torch.autograd.Function):
                 grad_v.view(v.shape) if need_v else None, grad_scale, None, None, None, None)
 
 
+def exact_sparse(q: Tensor, k: Tensor, v: Tensor, scale: float | Tensor, kind: str, causal: bool,
+                 offset: int) -> Tensor:
+    """The same output through the ``entmax`` package (the formula the second-order gradients differentiate)."""
+    z = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if causal:
+        z = z.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], offset, q.device), float("-inf"))
+    return torch.matmul(sparsemax(z, dim=-1) if kind == "sparsemax" else entmax15(z, dim=-1), v)
+
+
 def _flat(q: Tensor, k: Tensor, v: Tensor, scale: float | Tensor) -> tuple[Tensor, Tensor, Tensor, float | Tensor]:
     """(batch * heads, seq, dim) views of q, k, v and the scale as a float or a (batch * heads, 1, 1) tensor."""
     lead = q.shape[:-2]
@@ -349,10 +365,10 @@ def _flat(q: Tensor, k: Tensor, v: Tensor, scale: float | Tensor) -> tuple[Tenso
     return q3, k3, v3, scale
 
 
-def sparse_attention(module, problem: AttentionProblem, k: Tensor, v: Tensor, chunk: int) -> Tensor:
+def sparse_attention(parts, problem: AttentionProblem, k: Tensor, v: Tensor, chunk: int) -> Tensor:
     """Output (batch, heads, q_len, head_dim_v) of a problem for which :func:`applies` holds."""
-    scale = module.scale()
+    scale = problem.scale
     if isinstance(scale, Tensor):
         scale = scale.to(problem.q.dtype)
-    return SparseAttention.apply(problem.q, k, v, scale, module.spec.normalizer, problem.causal, problem.q_offset,
+    return SparseAttention.apply(problem.q, k, v, scale, parts.spec.normalizer, problem.causal, problem.q_offset,
                                  chunk)

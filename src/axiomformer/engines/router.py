@@ -1,0 +1,231 @@
+"""``attend``: the one entry to the engines, and the router that picks one.
+
+``Attention``, ``bench``, ``surgery`` and the transformers integration all call :func:`attend`. The router decides
+once per kind of problem — (spec, device, dtype, mask kind, bias, ALiBi fold, causal alignment, mode, size class,
+need_weights, double_backward, requested engine) — and caches the decision; every fallback lives here:
+
+- ``need_weights=True`` goes to an engine that returns the weights its output was computed from (``returns_weights``:
+  the reference engine), whatever engine is requested, so ``out == contribution(weights, v)`` holds on every route,
+  Gumbel noise and dropout included (the weights are a (q_len x k_len) matrix then anyway);
+- ``double_backward=True`` goes to an engine whose every kernel is differentiable to every order
+  (``double_backward``); the default engines are too on CPU (see ``engines/autograd.py``), flex is not;
+- an engine that turns out unavailable at run time (``EngineUnavailable``, e.g. a kernel that fails to compile)
+  is skipped for that kind from then on;
+- otherwise the first engine in ``ENGINE_ORDER`` that accepts the problem and finds it worthwhile.
+
+It also applies the policy of ``engines/problem.py`` (non-finite keys, empty rows) around the engine, so engines see
+clean keys and values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+from typing import Any, NamedTuple
+
+from torch import Tensor
+
+from axiomformer.engines.base import Parts
+from axiomformer.engines.chunked import REFERENCE_MAX_ELEMENTS, ChunkedEngine, pair_width
+from axiomformer.engines.flex import EngineUnavailable, FlexEngine
+from axiomformer.engines.linear import LinearEngine
+from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows, zero_rows_without_keys
+from axiomformer.engines.reference import ReferenceEngine
+from axiomformer.engines.sdpa import SDPAEngine, alibi_column_ok
+from axiomformer.spec import AttentionSpec
+
+ENGINES: dict[str, Any] = {}
+ENGINE_ORDER: list[str] = []
+_ROUTES: dict[tuple, str] = {}
+_PREFERRED: list[str] = []
+"""The stack of :func:`prefer_engine` blocks (a plain list: ``torch.compile`` traces it, not a ``ContextVar``)."""
+
+
+def register_engine(engine, *, before: str | None = "reference") -> None:
+    """Add an engine to the registry, tried before ``before`` (default: just before the reference)."""
+    ENGINES[engine.name] = engine
+    if engine.name in ENGINE_ORDER:
+        ENGINE_ORDER.remove(engine.name)
+    if before in ENGINE_ORDER:
+        ENGINE_ORDER.insert(ENGINE_ORDER.index(before), engine.name)
+    else:
+        ENGINE_ORDER.append(engine.name)
+    _ROUTES.clear()
+
+
+register_engine(ReferenceEngine(), before=None)
+register_engine(SDPAEngine())
+register_engine(FlexEngine(), before="sdpa")
+register_engine(LinearEngine())
+register_engine(ChunkedEngine())
+
+
+@contextlib.contextmanager
+def prefer_engine(name: str):
+    """Within the block, every layer that ``name`` can run uses it (``"reference"`` runs all); like the environment
+    variable ``AXIOMFORMER_ENGINE=<name>``, scoped and without touching the environment."""
+    if name != "auto" and name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; choose one of: auto, {', '.join(ENGINE_ORDER)}")
+    _PREFERRED.append(name)
+    try:
+        yield
+    finally:
+        _PREFERRED.pop()
+
+
+def _mask_kind(mask: Tensor | None) -> str:
+    if mask is None:
+        return "none"
+    return "key" if mask.shape[-2] == 1 else "full"
+
+
+def _kind(parts: Parts, problem: AttentionProblem, requested: str, need_weights: bool, double_backward: bool):
+    """Everything about a problem that an engine's ``accepts`` or ``worthwhile`` reads, as a hashable key."""
+    q = problem.q
+    rows = q.shape[0] * q.shape[1]
+    large = rows * problem.q_len * problem.k_len * pair_width(parts) > REFERENCE_MAX_ELEMENTS
+    alibi = None
+    if problem.alibi_slopes is not None:
+        alibi = (alibi_column_ok(problem), problem.alibi_slopes.numel() * problem.q_len * problem.k_len)
+    offset = "aligned" if problem.q_offset == problem.k_len - problem.q_len else (
+        "ahead" if problem.q_offset >= 0 else "negative")
+    return (requested, need_weights, double_backward, parts.spec, q.device.type, q.dtype,
+            _mask_kind(problem.mask), problem.mask is not None and problem.mask.shape[1] != 1,
+            problem.bias is not None, alibi, problem.causal, offset, problem.training, problem.dropout_p > 0, large,
+            problem.mask is not None and problem.mask.shape[0], tuple(map(id, ENGINES.values())))
+
+
+def _usable(engine, problem: AttentionProblem, need_weights: bool, double_backward: bool) -> bool:
+    return ((engine.returns_weights or not need_weights)
+            and (not double_backward or engine.twice_differentiable(problem)))
+
+
+def route(parts: Parts, problem: AttentionProblem, engine: str = "auto", *, need_weights: bool = False,
+          double_backward: bool = False) -> str:
+    """The name of the engine that runs ``problem`` (cached per kind of problem).
+
+    Args:
+        engine: an engine name to force, or ``"auto"``; with ``"auto"``, :func:`prefer_engine` or the environment
+            variable ``AXIOMFORMER_ENGINE`` state a preference that layers the engine cannot run ignore.
+
+    Raises:
+        ValueError: unknown engine name (naming the registered ones), or a forced engine that cannot run this problem
+            (with the reason: the spec, ``need_weights`` or ``double_backward``).
+    """
+    if need_weights:
+        engine = "auto"
+    explicit = engine not in (None, "auto")
+    requested = engine if explicit else (_PREFERRED[-1] if _PREFERRED else os.environ.get("AXIOMFORMER_ENGINE", "auto"))
+    if requested != "auto" and requested not in ENGINES:
+        raise ValueError(f"unknown engine {requested!r}; choose one of: auto, {', '.join(ENGINE_ORDER)}")
+    key = _kind(parts, problem, requested, need_weights, double_backward)
+    name = _ROUTES.get(key)
+    if name is None:
+        name = _decide(parts, problem, requested, explicit, need_weights, double_backward)
+        _ROUTES[key] = name
+    return name
+
+
+def _decide(parts, problem, requested, explicit, need_weights, double_backward) -> str:
+    if requested != "auto":
+        chosen = ENGINES[requested]
+        if chosen.accepts(parts, problem) and _usable(chosen, problem, need_weights, double_backward):
+            return requested
+        if explicit:
+            if not chosen.accepts(parts, problem):
+                raise ValueError(f"engine {requested!r} cannot run {parts.spec.variant}; use 'auto' or 'reference'")
+            raise ValueError(f"engine {requested!r} is not differentiable twice (double_backward=True); "
+                             f"use 'auto' or 'reference'")
+    for name in ENGINE_ORDER:
+        candidate = ENGINES[name]
+        worthwhile = getattr(candidate, "worthwhile", None)
+        if (_usable(candidate, problem, need_weights, double_backward) and candidate.accepts(parts, problem)
+                and (worthwhile is None or worthwhile(parts, problem))):
+            return name
+    return "reference"
+
+
+class Attended(NamedTuple):
+    """What :func:`attend` returns."""
+
+    out: Tensor
+    """(batch, heads, q_len, head_dim_v) in the value dtype."""
+    weights: Tensor | None
+    """(batch, heads, q_len, k_len) float32, the weights ``out`` was computed from, before dropout; or None."""
+    engine: str
+    """The name of the engine that ran."""
+
+
+def default_parts(spec: AttentionSpec) -> Parts:
+    """Parts of a spec whose score and contribution have no learned parameters (e.g. the standard spec).
+
+    Raises:
+        ValueError: the spec's score or contribution is learned (pass the trained modules as ``parts``).
+    """
+    from axiomformer.axes import build_contribution, build_score
+
+    score, contribution = build_score(spec), build_contribution(spec)
+    if any(True for _ in score.parameters()) or any(True for _ in contribution.parameters()):
+        raise ValueError(f"{spec.variant} has learned score or contribution parameters; pass parts=Parts(...)")
+    return Parts(spec, score, contribution)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None, parts: Parts | None = None,
+           mask: Tensor | None = None, bias: Tensor | None = None, scale: float | Tensor | None = None,
+           causal: bool | None = None, q_offset: int | None = None, alibi_slopes: Tensor | None = None,
+           dropout_p: float | None = None, training: bool = False, need_weights: bool = False,
+           engine: str = "auto", double_backward: bool = False) -> Attended:
+    """Attention of queries to keys and values, on the engine the router picks.
+
+    Args:
+        q: (batch, heads, q_len, head_dim); k: (batch, heads, k_len, head_dim); v: (batch, heads, k_len, head_dim_v)
+            (batch and heads may broadcast).
+        spec: the point of the design space (default: the standard spec of this width, ``causal`` as given).
+        parts: the spec's score and contribution modules (default: built from ``spec`` when they have no parameters).
+        mask: bool, True = may attend, broadcastable to (batch, heads, q_len, k_len) (``masks.prepare_masks`` turns
+            user masks into this pair).
+        bias: float added to the scores, broadcastable likewise (finite).
+        scale: temperature; default 1/sqrt(head_dim) for ``scale="inv_sqrt_d"``, 1 for ``"none"``.
+        causal: bottom-right aligned causal mask (default ``spec.causal``).
+        q_offset: position of query 0 among the keys (default ``k_len - q_len``).
+        alibi_slopes: (heads,) ALiBi slopes, or None.
+        dropout_p: dropout on the weights in training (default ``spec.dropout``).
+        need_weights: also return the weights that produced ``out``.
+        engine: ``"auto"`` or an engine name to force.
+        double_backward: route to an engine differentiable to every order.
+
+    Returns:
+        :class:`Attended` ``(out, weights, engine)``. A query with no visible key gets a zero row; a query that may
+        see a key whose key or value is non-finite gets a NaN row (engines/problem.py).
+
+    Raises:
+        ValueError: see :func:`route` and :func:`default_parts`.
+    """
+    if parts is None:
+        if spec is None:
+            heads = q.shape[1]
+            spec = AttentionSpec.standard(heads * q.shape[-1], heads, causal=bool(causal))
+        parts = default_parts(spec)
+    spec = parts.spec
+    if scale is None:
+        if spec.scale == "learned":
+            raise ValueError("scale='learned' needs the learned temperature as scale=")
+        scale = 1.0 / math.sqrt(q.shape[-1]) if spec.scale == "inv_sqrt_d" else 1.0
+    problem = AttentionProblem(
+        q=q, k=k, v=v, causal=spec.causal if causal is None else causal, mask=mask, bias=bias,
+        alibi_slopes=alibi_slopes, q_offset=k.shape[-2] - q.shape[-2] if q_offset is None else q_offset,
+        dropout_p=spec.dropout if dropout_p is None else dropout_p, training=training, scale=scale,
+    )
+    k_clean, v_clean, bad = clean_nonfinite(problem)
+    clean = dataclasses.replace(problem, k=k_clean, v=v_clean)
+    while True:
+        name = route(parts, clean, engine, need_weights=need_weights, double_backward=double_backward)
+        try:
+            out, weights = ENGINES[name].run(parts, clean, need_weights)
+            break
+        except EngineUnavailable:
+            _ROUTES.clear()                      # the engine's accepts() now says no on this device
+    out = poison_rows(zero_rows_without_keys(out, problem), problem, bad)
+    return Attended(out, weights if need_weights else None, name)
