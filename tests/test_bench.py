@@ -57,7 +57,7 @@ def test_timings_are_interleaved_a_b_a_b():
 
 
 def test_peak_memory_meter_sees_a_torch_allocation_of_known_size():
-    meter = bench.PeakMemory(torch.device("cpu"))
+    meter = bench.PeakMemory(torch.device("cpu"), allocator_modes=True)
     n = 16 * 2**20 // 4                                               # 16 MiB of float32
 
     def allocate_and_touch():

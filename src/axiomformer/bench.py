@@ -52,7 +52,7 @@ class Row:
 
 # ---------------------------------------------------------------------------------------------- the timed calls
 def _core_args(module: Attention) -> dict:
-    """The keyword arguments ``Attention.forward`` gives :func:`axiomformer.engines.attend` (self-attention, no mask)."""
+    """The keyword arguments ``Attention.forward`` gives :func:`axiomformer.engines.attend` (self-attention)."""
     return dict(parts=Parts(module.spec, module.score_fn, module.contribution), scale=module.scale(),
                 causal=module.spec.causal, q_offset=0, training=module.training, dropout_p=module.spec.dropout,
                 alibi_slopes=module.position.slopes if module.spec.position == "alibi" else None)
@@ -158,7 +158,7 @@ def run_bench(
     would leave a heap behind that inflates the next one (by up to 5x in our runs), so the passes are kept apart.
     """
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    meter = PeakMemory(dev)
+    meter = PeakMemory(dev, allocator_modes=True)
     settings = [(is_causal, length) for is_causal in causal for length in lengths]
     xt_attend = {is_causal: _x_transformers_attend(is_causal) for is_causal in causal}
 
@@ -257,12 +257,10 @@ def markdown(rows: list[Row], device: str, method: str) -> str:
 
 def plot(rows: list[Row], path) -> None:
     """Time and peak memory against sequence length, one line per variant, SDPA dashed (PNG)."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 5))
+    fig = Figure(figsize=(12, 5))
+    ax_t, ax_m = fig.subplots(1, 2)
     auto = [r for r in rows if r.engine not in ("reference",)]
     for key in sorted({(r.variant, r.engine, r.causal) for r in auto}):
         mine = sorted((r for r in auto if (r.variant, r.engine, r.causal) == key), key=lambda r: r.seq_len)
@@ -284,7 +282,6 @@ def plot(rows: list[Row], path) -> None:
     ax_m.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def rows_as_dicts(rows: list[Row]) -> list[dict]:

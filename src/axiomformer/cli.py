@@ -55,6 +55,9 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """Transformer attention derived from its assumptions: flip, check and measure each one."""
+    from axiomformer.runtime import command_line_defaults
+
+    command_line_defaults()
 
 
 COMMANDS = ("spec", "derive", "audit", "train", "study", "flow", "bench", "surgery")

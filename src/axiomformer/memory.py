@@ -3,12 +3,14 @@
 Methods (our choice; the chosen one is reported as ``PeakMemory.method``):
     CUDA  ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the memory allocated before.
     CPU   Linux's peak resident set size: ``/proc/self/clear_refs`` resets VmHWM, and the peak is VmHWM minus the
-          resident size at the start. While measuring, glibc is told (``mallopt``) to serve every block over 64 KiB
-          by mmap and to return freed memory at once, so that an earlier, larger peak of the same process does not
-          hide this one and freed blocks are not kept in its heap. That strict mode makes every large allocation a
-          fresh, zero-filled mapping (2x slower chunked engines in our measurements), so :meth:`PeakMemory.stop`
-          puts glibc back in a fast mode (blocks below 32 MiB, glibc's own dynamic ceiling, from the heap) and
-          timed work outside a measurement is not slowed down.
+          resident size at the start. Memory that glibc keeps in its heap from earlier work is reused without
+          raising the resident size, so this can under-count a call that follows a larger one.
+          With ``allocator_modes=True`` (the bench's choice, never the trainer's: it changes the allocator of the
+          whole process) glibc is told (``mallopt``) while measuring to serve every block over 64 KiB by mmap and
+          to return freed memory at once, so that an earlier, larger peak does not hide this one. That strict mode
+          makes every large allocation a fresh, zero-filled mapping (2x slower chunked engines in our
+          measurements), so :meth:`PeakMemory.stop` puts glibc back in a fast mode (blocks below 32 MiB, glibc's
+          own dynamic ceiling, from the heap) and timed work outside a measurement is not slowed down.
     else  growth of ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` (0 when an earlier peak was higher); for a single
           call, :meth:`PeakMemory.measure` replays ``torch.profiler`` allocation events instead.
 Each counts everything allocated in between: outputs, saved activations, workspace, gradients.
@@ -21,8 +23,9 @@ import resource
 
 import torch
 
-RSS_METHOD = ("peak resident set size (Linux VmHWM reset by /proc/self/clear_refs; glibc mmap threshold 64 KiB while "
-              "measuring)")
+RSS_METHOD = "peak resident set size (Linux VmHWM reset by /proc/self/clear_refs)"
+RSS_STRICT_METHOD = ("peak resident set size (Linux VmHWM reset by /proc/self/clear_refs; glibc mmap threshold 64 KiB "
+                     "while measuring)")
 CUDA_METHOD = "torch.cuda.max_memory_allocated (allocator peak minus memory allocated before)"
 FALLBACK_METHOD = "ru_maxrss growth (torch.profiler allocation replay for single calls)"
 
@@ -36,10 +39,16 @@ def _status_bytes(key: str) -> int:
 
 
 class PeakMemory:
-    """``start()`` ... ``stop() -> MiB``, or ``measure(fn) -> MiB`` for one call, on ``device``."""
+    """``start()`` ... ``stop() -> MiB``, or ``measure(fn) -> MiB`` for one call, on ``device``.
 
-    def __init__(self, device: torch.device | str):
+    Args:
+        allocator_modes: on CPU, switch glibc's allocator to a strict mode while measuring (process-wide; see the
+            module docstring). Only for a process that does nothing else, such as the bench.
+    """
+
+    def __init__(self, device: torch.device | str, *, allocator_modes: bool = False):
         self.device = torch.device(device)
+        self.allocator_modes = allocator_modes
         self.method = self._choose()
         self._base = 0
 
@@ -49,9 +58,11 @@ class PeakMemory:
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
+            if not self.allocator_modes:
+                return RSS_METHOD
             self._libc = ctypes.CDLL("libc.so.6")
             self._libc.mallopt                              # AttributeError where there is no glibc
-            return RSS_METHOD
+            return RSS_STRICT_METHOD
         except (OSError, AttributeError):
             return FALLBACK_METHOD
 
@@ -67,9 +78,10 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
-        elif self.method == RSS_METHOD:
-            self._allocator(strict=True)
-            self._libc.malloc_trim(0)
+        elif self.method in (RSS_METHOD, RSS_STRICT_METHOD):
+            if self.method == RSS_STRICT_METHOD:
+                self._allocator(strict=True)
+                self._libc.malloc_trim(0)
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
             self._base = _status_bytes("VmRSS:")
@@ -81,9 +93,10 @@ class PeakMemory:
         if self.method == CUDA_METHOD:
             torch.cuda.synchronize(self.device)
             peak = torch.cuda.max_memory_allocated(self.device)
-        elif self.method == RSS_METHOD:
+        elif self.method in (RSS_METHOD, RSS_STRICT_METHOD):
             peak = _status_bytes("VmHWM:")
-            self._allocator(strict=False)
+            if self.method == RSS_STRICT_METHOD:
+                self._allocator(strict=False)
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return max(0.0, (peak - self._base) / 2**20)

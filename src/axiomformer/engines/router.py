@@ -117,7 +117,8 @@ def route(parts: Parts, problem: AttentionProblem, engine: str = "auto", *, need
     if need_weights:
         engine = "auto"
     explicit = engine not in (None, "auto")
-    requested = engine if explicit else (_PREFERRED[-1] if _PREFERRED else os.environ.get("AXIOMFORMER_ENGINE", "auto"))
+    preferred = _PREFERRED[-1] if _PREFERRED else os.environ.get("AXIOMFORMER_ENGINE", "auto")
+    requested = engine if explicit else preferred
     if requested != "auto" and requested not in ENGINES:
         raise ValueError(f"unknown engine {requested!r}; choose one of: auto, {', '.join(ENGINE_ORDER)}")
     key = _kind(parts, problem, requested, need_weights, double_backward)

@@ -18,7 +18,7 @@ float mask when it is small, and to the flex or chunked engine when it is not.
 
 ALiBi makes the logits of far keys very negative, so exp() in the CPU kernels yields denormal numbers, which made
 SDPA's forward + backward about 3x slower (torch 2.13, L = 4096). Flushing them is a process-wide floating-point mode,
-which a library must not set: the command-line entry points call ``torch.set_flush_denormal(True)`` at start, and
+which a library must not set: the command-line entry points turn ``torch.set_flush_denormal`` on at start, and
 library users who want the speed do the same in their program (see docs/ARCHITECTURE.md).
 
 Half-precision problems with a float bias are declined (the router sends them to an engine that adds the bias in

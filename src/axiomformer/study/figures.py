@@ -1,4 +1,4 @@
-"""The study's PNG figures (matplotlib, Agg backend): accuracy against sequence length, and impact bars."""
+"""The study's PNG figures (matplotlib ``Figure``s): accuracy against sequence length, and impact bars."""
 
 from __future__ import annotations
 
@@ -17,9 +17,6 @@ def draw_figures(d: "StudyData", folder: Path) -> dict[str, Path]:
         ``{"length:<task>": path}`` for ``needle`` (always, when it was run) and any other task run at two or more
         lengths, and ``{"impact": path}`` when there are relaxations to compare with the standard spec.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
     folder.mkdir(parents=True, exist_ok=True)
     out: dict[str, Path] = {}
     for task in dict.fromkeys(t for t, _ in d.tasks):
@@ -37,10 +34,12 @@ def draw_figures(d: "StudyData", folder: Path) -> dict[str, Path]:
 
 
 def _accuracy_vs_length(d: "StudyData", task: str, lengths: list[int], path: Path) -> Path:
-    import matplotlib.pyplot as plt
+    import matplotlib
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    cmap = plt.get_cmap("tab20")
+    fig = Figure(figsize=(8, 5))
+    ax = fig.subplots()
+    cmap = matplotlib.colormaps.get_cmap("tab20")
     for i, m in enumerate(d.models):
         xs, ys, errs = [], [], []
         for n in lengths:
@@ -65,18 +64,19 @@ def _accuracy_vs_length(d: "StudyData", task: str, lengths: list[int], path: Pat
     ax.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
     return path
 
 
 def _impact_bars(bars: list[tuple[str, str, float]], path: Path) -> Path:
-    import matplotlib.pyplot as plt
+    import matplotlib
+    from matplotlib.figure import Figure
 
     bars = sorted(bars, key=lambda b: (b[1], b[0]))
     groups = list(dict.fromkeys(b[1] for b in bars))
-    cmap = plt.get_cmap("tab10")
+    cmap = matplotlib.colormaps.get_cmap("tab10")
     colors = {g: cmap(i % 10) for i, g in enumerate(groups)}
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(bars) + 1.5))
+    fig = Figure(figsize=(8, 0.35 * len(bars) + 1.5))
+    ax = fig.subplots()
     ys = range(len(bars))
     ax.barh(list(ys), [b[2] for b in bars], color=[colors[b[1]] for b in bars])
     ax.set_yticks(list(ys), [b[0] if b[0].startswith(b[1].split()[0]) else f"{b[1]}: {b[0]}" for b in bars],
@@ -88,5 +88,4 @@ def _impact_bars(bars: list[tuple[str, str, float]], path: Path) -> Path:
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
     return path

@@ -70,23 +70,17 @@ def execute(train_config: dict[str, Any], threads: int | None = None) -> dict[st
         train_config: keyword arguments of :class:`axiomformer.train.TrainConfig`.
         threads: torch CPU threads for this run (restored afterwards); ``None`` keeps the current setting.
     """
-    import torch
-
     from axiomformer import train as trainer
+    from axiomformer.runtime import torch_threads
 
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
     config = trainer.TrainConfig(**train_config)
-    try:
+    with torch_threads(threads):
         warm = (config.task, config.model)
         if warm not in _WARM:
             _WARM.add(warm)
             trainer.train(config.model_copy(update={"steps": 2, "eval_batches": 1, "eval_every": 2}), progress=False)
         cpu = time.process_time()
         result = trainer.train(config, progress=False)
-    finally:
-        torch.set_num_threads(previous)
     out = result.to_dict() if hasattr(result, "to_dict") else dict(result)
     out["cpu_seconds"] = time.process_time() - cpu
     out["memory_source"] = out.get("memory_method") or "trainer"

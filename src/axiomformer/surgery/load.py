@@ -9,7 +9,6 @@ Nothing is downloaded: loading uses ``local_files_only=True``.
 from __future__ import annotations
 
 import importlib
-import os
 from importlib import resources
 from pathlib import Path
 
@@ -97,7 +96,6 @@ def load_model(model_dir: str | Path | None = None, *, attn_implementation: str 
         SurgeryError: see :func:`check_model_dir`; also when weights or tokenizer files cannot be loaded.
     """
     folder = check_model_dir(model_dir)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
