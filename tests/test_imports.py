@@ -1,4 +1,5 @@
-"""The package's import graph has no cycle (every import counts, including those inside functions)."""
+"""The package's import graph has no cycle (every import that runs counts, including those inside functions;
+imports under ``if TYPE_CHECKING:`` do not)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,18 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1]) if parts[-1] == "__init__" else ".".join(parts)
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node except those under ``if TYPE_CHECKING:`` (imports for annotations only, never run)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Module -> the package modules it imports anywhere in its file (relative imports resolved)."""
     files = {_module_name(p, root): p for p in root.rglob("*.py")}
@@ -28,7 +41,7 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     for name, path in files.items():
         deps: set[str] = set()
         package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _runtime_nodes(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):

@@ -3,19 +3,20 @@
 Each field of :class:`AttentionSpec` that is an *axis* corresponds to one assumption of the derivation in
 Somani, "A Minimal Route to Transformer Attention" (see ``docs/SOURCES.md``):
 
-=============  =====  ============================  =====================================================
-field          alias  assumption                    choices (the first is the standard one)
-=============  =====  ============================  =====================================================
-aggregator     A1     rho = identity                identity | mlp
-contribution   A2     contribution = u_ij * v_j     proportional | joint
-value          A3     v(x) = W_v x                  linear | identity | mlp
-score          A4     s_ij = q_i . k_j              dot | bilinear | additive | cosine | neg_l2 | mlp
-normalizer     A5     u_ij = softmax_j(s_ij/sqrt d) softmax | sigmoid | relu | sparsemax | entmax15 |
-                                                    gumbel_softmax | linear
-scale          (A5)   the 1/sqrt(d_k) temperature   inv_sqrt_d | none | learned
-position       (A0)   order re-injected             none | sinusoidal | learned | rope | alibi
-=============  =====  ============================  =====================================================
+=============  =====  ============================  ======================================
+field          alias  assumption                    choices
+=============  =====  ============================  ======================================
+aggregator     A1     rho = identity                ``axes/aggregator.py``: AGGREGATORS
+contribution   A2     contribution = u_ij * v_j     ``axes/contribution.py``: CONTRIBUTIONS
+value          A3     v(x) = W_v x                  ``axes/value.py``: VALUES
+score          A4     s_ij = q_i . k_j              ``axes/score.py``: SCORES
+normalizer     A5     u_ij = softmax_j(s_ij/sqrt d) ``axes/normalizer.py``: NORMALIZERS
+scale          (A5)   the 1/sqrt(d_k) temperature   ``axes/normalizer.py``: SCALES
+position       (A0)   order re-injected             ``axes/position.py``: POSITIONS
+feature_map    (A5)   linear attention's kernel     ``axes/normalizer.py``: FEATURE_MAPS
+=============  =====  ============================  ======================================
 
+The choice lists (:data:`AXES`) are read from those registries; the first choice of each is the standard one.
 All axes at their first choice is standard scaled dot-product attention (Vaswani et al. 2017, eq. 1).
 """
 
@@ -25,17 +26,22 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
-AXES: dict[str, tuple[str, ...]] = {
-    "aggregator": ("identity", "mlp"),
-    "contribution": ("proportional", "joint"),
-    "value": ("linear", "identity", "mlp"),
-    "score": ("dot", "bilinear", "additive", "cosine", "neg_l2", "mlp"),
-    "normalizer": ("softmax", "sigmoid", "relu", "sparsemax", "entmax15", "gumbel_softmax", "linear"),
-    "scale": ("inv_sqrt_d", "none", "learned"),
-    "position": ("none", "sinusoidal", "learned", "rope", "alibi"),
-    "feature_map": ("elu", "relu", "identity"),
+from axiomformer.axes.aggregator import AGGREGATORS
+from axiomformer.axes.contribution import CONTRIBUTIONS
+from axiomformer.axes.normalizer import FEATURE_MAPS, NORMALIZERS, SCALES
+from axiomformer.axes.position import POSITIONS
+from axiomformer.axes.registry import Registry
+from axiomformer.axes.score import SCORES
+from axiomformer.axes.value import VALUES
+
+REGISTRIES: dict[str, Registry] = {
+    "aggregator": AGGREGATORS, "contribution": CONTRIBUTIONS, "value": VALUES, "score": SCORES,
+    "normalizer": NORMALIZERS, "scale": SCALES, "position": POSITIONS, "feature_map": FEATURE_MAPS,
 }
-"""Every axis and its choices; the first choice of each axis is the standard one."""
+"""The registry of every axis (``axes/<axis>.py``): each choice with its formula, source, implementation, traits."""
+
+AXES: dict[str, tuple[str, ...]] = {axis: registry.names() for axis, registry in REGISTRIES.items()}
+"""Every axis and its choices, read from :data:`REGISTRIES`; the first choice of each axis is the standard one."""
 
 ALIASES: dict[str, str] = {"A1": "aggregator", "A2": "contribution", "A3": "value", "A4": "score", "A5": "normalizer"}
 """Assumption names accepted by :meth:`AttentionSpec.relax` in place of field names."""
@@ -51,10 +57,6 @@ ASSUMPTIONS: dict[str, str] = {
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-
-
-def _choices(name: str) -> str:
-    return ", ".join(AXES[name])
 
 
 @dataclass(frozen=True)
@@ -93,10 +95,9 @@ class AttentionSpec:
     max_len: int = 2048
 
     def __post_init__(self) -> None:
-        for name, choices in AXES.items():
-            value = getattr(self, name)
-            if value not in choices:
-                raise ValueError(f"unknown {name} {value!r}; choose one of: {_choices(name)}")
+        for name, registry in REGISTRIES.items():
+            registry[getattr(self, name)]                          # ValueError naming the choices
+
         if not isinstance(self.dim, int) or self.dim <= 0:
             raise ValueError(f"dim must be a positive int, got {self.dim!r}")
         if not isinstance(self.num_heads, int) or self.num_heads <= 0:
@@ -109,9 +110,9 @@ class AttentionSpec:
             raise ValueError(f"max_len must be positive, got {self.max_len!r}")
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"position='rope' needs an even head_dim, got head_dim={self.head_dim}")
-        if self.normalizer == "linear" and self.score != "dot":
+        if NORMALIZERS.has(self.normalizer, "kernel") and self.score != "dot":
             raise ValueError(
-                f"normalizer='linear' replaces the score by a kernel phi(q).phi(k) and needs score='dot', "
+                f"normalizer={self.normalizer!r} replaces the score by a kernel phi(q).phi(k) and needs score='dot', "
                 f"got score={self.score!r}"
             )
 
@@ -209,7 +210,7 @@ class AttentionSpec:
     def relaxed_axes(self) -> dict[str, str]:
         """The axes that differ from the standard choice, e.g. ``{"score": "cosine"}``."""
         out = {name: getattr(self, name) for name, choices in AXES.items() if getattr(self, name) != choices[0]}
-        if self.normalizer != "linear":
+        if not NORMALIZERS.has(self.normalizer, "kernel"):
             out.pop("feature_map", None)
         return out
 

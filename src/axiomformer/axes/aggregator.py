@@ -12,10 +12,15 @@ rho acts on the concatenated heads, (batch, seq, dim), before the output project
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import Tensor, nn
 
 from axiomformer.axes.mlp import two_layer_mlp
-from axiomformer.spec import AttentionSpec
+from axiomformer.axes.registry import Choice, Registry
+
+if TYPE_CHECKING:
+    from axiomformer.spec import AttentionSpec
 
 
 class IdentityAggregator(nn.Identity):
@@ -33,8 +38,14 @@ class MLPAggregator(nn.Module):
         return s + self.mlp(s)
 
 
+AGGREGATORS = Registry("aggregator", [
+    Choice("identity", "rho(s) = s", "Somani, A1; Zaheer et al. 2017, Theorem 2", lambda spec: IdentityAggregator()),
+    Choice("mlp", "rho(s) = s + W_2 GELU(W_1 s)", "our choice (see the module docstring)",
+           lambda spec: MLPAggregator(spec.dim)),
+])
+"""Every aggregator (A1)."""
+
+
 def build_aggregator(spec: AttentionSpec) -> nn.Module:
     """The rho module for ``spec.aggregator``."""
-    if spec.aggregator == "identity":
-        return IdentityAggregator()
-    return MLPAggregator(spec.dim)
+    return AGGREGATORS[spec.aggregator].impl(spec)

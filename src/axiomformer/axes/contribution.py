@@ -13,10 +13,15 @@ Choices, with v_j (batch, heads, k_len, head_dim) and weights u (batch, heads, q
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
-from axiomformer.spec import AttentionSpec
+from axiomformer.axes.registry import Choice, Registry
+
+if TYPE_CHECKING:
+    from axiomformer.spec import AttentionSpec
 
 
 class ProportionalContribution(nn.Module):
@@ -47,8 +52,17 @@ class JointContribution(nn.Module):
         return self.pair_contribution(weights, v).sum(dim=-2)
 
 
+CONTRIBUTIONS = Registry("contribution", [
+    Choice("proportional", "out_i = sum_j u_ij v_j", "Somani, A2 (phi(v, u) = u v)", lambda spec: ProportionalContribution(),
+           frozenset({"proportional"})),
+    Choice("joint", "out_i = sum_j u_ij (v_j + g([v_j, u_ij]))", "our choice (see the module docstring)",
+           lambda spec: JointContribution(spec.head_dim), frozenset({"pairwise"}),
+           {"pair_width": lambda module: max(module.w_v.out_features, module.out.out_features)}),
+], {"proportional": "out = weights @ v (linear in the weights: engines may fuse it)",
+    "pairwise": "builds a (q_len, k_len, hidden) tensor; extra['pair_width'](module) is hidden"})
+"""Every contribution (A2)."""
+
+
 def build_contribution(spec: AttentionSpec) -> nn.Module:
     """The contribution module for ``spec.contribution``."""
-    if spec.contribution == "proportional":
-        return ProportionalContribution()
-    return JointContribution(spec.head_dim)
+    return CONTRIBUTIONS[spec.contribution].impl(spec)

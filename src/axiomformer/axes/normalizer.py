@@ -7,43 +7,111 @@ Every normalizer maps scores (batch, heads, q_len, k_len) and an optional boolea
 broadcastable to the scores) to weights of the same shape, computed in float32. Masked keys get weight 0; a query row
 with no visible key gets all-zero weights with finite gradients.
 
-Choices (n_i is the number of keys visible to query i, so appending masked keys changes nothing):
-    softmax         u = exp(s) / sum_j exp(s)                         (A5 holds with scale inv_sqrt_d)
-    sigmoid         u = sigmoid(s - log n_i)                          (Ramapuram et al. 2024, sigmoid attention with
-                                                                       their b = -log n bias)
-    relu            u = relu(s) / n_i                                 (Wortsman et al. 2023, ReLU attention)
-    sparsemax       u = sparsemax(s)                                  (Martins & Astudillo 2016, via the entmax package)
-    entmax15        u = 1.5-entmax(s)                                 (Peters et al. 2019, via the entmax package)
-    gumbel_softmax  u = softmax(s + g), g ~ Gumbel(0, 1) in training; plain softmax in eval (Jang et al. 2017)
-    linear          u = K_ij / sum_j K_ij with kernel K_ij = phi(q_i).phi(k_j) taking the place of the scores
-                    (Katharopoulos et al. 2020, eq. 6-7); phi(x) = elu(x) + 1 by default
-Scale choices (A5's temperature): inv_sqrt_d (1/sqrt(head_dim)), none (1), learned (per head, init 1/sqrt(head_dim)).
+Choices: :data:`NORMALIZERS` below, one entry per choice with its formula, source, implementation and traits
+(n_i is the number of keys visible to query i, so appending masked keys changes nothing); the scale choices
+(A5's temperature) are :data:`SCALES`, the linear normalizer's feature maps :data:`FEATURE_MAPS`.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from entmax import entmax15, sparsemax
 from torch import Tensor, nn
 
-from axiomformer.spec import AttentionSpec
+from axiomformer.axes.registry import Choice, Registry
+
+if TYPE_CHECKING:
+    from axiomformer.spec import AttentionSpec
 
 LINEAR_EPS = 1e-6
 """Added to the row sum of the linear-attention kernel (Katharopoulos et al. 2020 use the same 1e-6)."""
 
+NORMALIZER_TRAITS = {
+    "row": "impl(s, training) -> weights, from a whole row of scores whose blocked entries are -inf",
+    "elementwise": "impl(s, n) -> weights, u_ij from s_ij and the row's count n_i of visible keys alone",
+    "kernel": "impl(kernel) -> weights; the scores are the kernel phi(q).phi(k) of the feature map (linear attention)",
+    "softmax": "equals softmax(s) (in every mode)",
+    "softmax_in_eval": "equals softmax(s) outside training",
+    "sink": "equals softmax over the row plus one extra logit 0 whose value is 0 (softmax with +1 in the denominator)",
+    "random": "draws random numbers in training",
+    "sorting": "its implementation sorts each row (several row-sized temporaries)",
+}
+
+
+def _softmax(s: Tensor, training: bool) -> Tensor:
+    return torch.softmax(s, dim=-1)
+
+
+def _gumbel_softmax(s: Tensor, training: bool) -> Tensor:
+    return F.gumbel_softmax(s, tau=1.0, hard=False, dim=-1) if training else torch.softmax(s, dim=-1)
+
+
+def _sparsemax(s: Tensor, training: bool) -> Tensor:
+    return sparsemax(s, dim=-1)
+
+
+def _entmax15(s: Tensor, training: bool) -> Tensor:
+    return entmax15(s, dim=-1)
+
+
+def _sigmoid(s: Tensor, n: Tensor) -> Tensor:
+    return torch.sigmoid(s - n.log())
+
+
+def _relu(s: Tensor, n: Tensor) -> Tensor:
+    return F.relu(s) / n
+
+
+def _linear(kernel: Tensor) -> Tensor:
+    return kernel / (kernel.sum(dim=-1, keepdim=True) + LINEAR_EPS)
+
+
+NORMALIZERS = Registry("normalizer", [
+    Choice("softmax", "u = exp(s) / sum_j exp(s_j)", "Vaswani et al. 2017, eq. 1 (A5 holds with scale inv_sqrt_d)",
+           _softmax, frozenset({"row", "softmax", "softmax_in_eval"})),
+    Choice("sigmoid", "u = sigmoid(s - log n_i)", "Ramapuram et al. 2024, sigmoid attention with b = -log n",
+           _sigmoid, frozenset({"elementwise"})),
+    Choice("relu", "u = relu(s) / n_i", "Wortsman et al. 2023, ReLU attention", _relu, frozenset({"elementwise"})),
+    Choice("sparsemax", "u = argmin_{p in simplex} |p - s|^2 = relu(s - tau)", "Martins & Astudillo 2016, eq. 2",
+           _sparsemax, frozenset({"row", "sorting"})),
+    Choice("entmax15", "u = relu(s / 2 - tau)^2 (1.5-entmax)", "Peters et al. 2019, eq. 10 (alpha = 1.5)",
+           _entmax15, frozenset({"row", "sorting"})),
+    Choice("gumbel_softmax", "u = softmax(s + g), g ~ Gumbel(0, 1), in training; softmax(s) in eval",
+           "Jang et al. 2017, eq. 1", _gumbel_softmax, frozenset({"row", "softmax_in_eval", "random"})),
+    Choice("linear", "u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)", "Katharopoulos et al. 2020, eq. 6-7",
+           _linear, frozenset({"kernel"})),
+], NORMALIZER_TRAITS)
+"""Every normalizer (A5): see the module docstring and :data:`NORMALIZER_TRAITS`."""
+
+
+def _elu_plus_one(x: Tensor) -> Tensor:
+    return F.elu(x) + 1
+
+
+FEATURE_MAPS = Registry("feature_map", [
+    Choice("elu", "phi(x) = elu(x) + 1", "Katharopoulos et al. 2020, eq. 7", _elu_plus_one),
+    Choice("relu", "phi(x) = relu(x)", "Choromanski et al. 2021 (ReLU kernel of the Performer paper)", F.relu),
+    Choice("identity", "phi(x) = x (not positive: rows may sum to about 0)", "our choice: the plain bilinear kernel",
+           lambda x: x),
+])
+"""Kernel feature maps of the ``linear`` normalizer."""
+
+SCALES = Registry("scale", [
+    Choice("inv_sqrt_d", "scale = 1 / sqrt(head_dim)", "Vaswani et al. 2017, eq. 1 and footnote 4"),
+    Choice("none", "scale = 1", "Luong et al. 2015 (unscaled dot score)"),
+    Choice("learned", "scale_h = exp(theta_h), theta_h initialised to -log(head_dim) / 2", "our choice: a per-head "
+           "temperature, as in QK-norm attention (Henry et al. 2020)"),
+])
+"""A5's temperature."""
+
 
 def feature_map(x: Tensor, kind: str = "elu") -> Tensor:
-    """Kernel feature map of linear attention: ``elu(x) + 1`` (default), ``relu(x)`` or ``x`` (identity)."""
-    if kind == "elu":
-        return F.elu(x) + 1
-    if kind == "relu":
-        return F.relu(x)
-    if kind == "identity":
-        return x
-    raise ValueError(f"unknown feature_map {kind!r}; choose one of: elu, relu, identity")
+    """Kernel feature map of linear attention (:data:`FEATURE_MAPS`): ``elu(x) + 1`` by default."""
+    return FEATURE_MAPS[kind].impl(x)
 
 
 class Scale(nn.Module):
@@ -64,37 +132,28 @@ class Scale(nn.Module):
         return self.log_scale.exp().view(1, -1, 1, 1)
 
 
-def _row_normalize(scores: Tensor, kind: str, training: bool) -> Tensor:
-    """Apply the normalizer along the last dimension of scores whose masked entries are already -inf."""
-    if kind == "softmax" or (kind == "gumbel_softmax" and not training):
-        return torch.softmax(scores, dim=-1)
-    if kind == "gumbel_softmax":
-        return F.gumbel_softmax(scores, tau=1.0, hard=False, dim=-1)
-    if kind == "sparsemax":
-        return sparsemax(scores, dim=-1)
-    if kind == "entmax15":
-        return entmax15(scores, dim=-1)
-    raise ValueError(kind)
-
-
 def normalize(
     scores: Tensor, mask: Tensor | None, kind: str, *, training: bool = False, n_visible: Tensor | None = None
 ) -> Tensor:
     """Attention weights from scores.
 
     Args:
-        scores: (batch, heads, q_len, k_len) float scores, already scaled and biased. For ``kind="linear"`` these
-            are the non-negative kernel values phi(q).phi(k).
+        scores: (batch, heads, q_len, k_len) float scores, already scaled and biased. For a ``kernel`` normalizer
+            these are the non-negative kernel values phi(q).phi(k).
         mask: bool, True = may attend, broadcastable to ``scores``; ``None`` means every key is visible.
-        kind: one of the normalizer choices of :data:`axiomformer.spec.AXES`.
-        training: enables the Gumbel noise of ``gumbel_softmax``.
-        n_visible: float (..., q_len, 1), the n_i of ``sigmoid`` and ``relu`` (keys visible to each query, the
+        kind: a name of :data:`NORMALIZERS`.
+        training: enables the randomness of ``random`` normalizers (Gumbel noise).
+        n_visible: float (..., q_len, 1), the n_i of ``elementwise`` normalizers (keys visible to each query, the
             key length for a row with none); computed from ``mask`` when None. Engines that score one block of
             keys at a time pass the count over the whole row.
 
     Returns:
         float32 weights shaped like ``scores``; masked entries and rows without a visible key are exactly 0.
+
+    Raises:
+        ValueError: unknown ``kind`` (naming the choices).
     """
+    choice = NORMALIZERS[kind]
     s = scores.float()
     if mask is not None:
         mask = torch.broadcast_to(mask, s.shape)
@@ -103,27 +162,19 @@ def normalize(
         # the weights are 0 and every gradient stays finite.
         s = s.masked_fill(~has_key, 0.0)
         visible = mask | ~has_key
-    if n_visible is None:
-        n_visible = (torch.full_like(s[..., :1], float(s.shape[-1])) if mask is None
-                     else visible.sum(dim=-1, keepdim=True).float())
-    if kind in ("softmax", "gumbel_softmax", "sparsemax", "entmax15"):
+    if choice.has("kernel"):
+        return choice.impl(s if mask is None else s.masked_fill(~mask, 0.0))
+    if choice.has("elementwise"):
+        if n_visible is None:
+            n_visible = (torch.full_like(s[..., :1], float(s.shape[-1])) if mask is None
+                         else visible.sum(dim=-1, keepdim=True).float())
+        weights = choice.impl(s, n_visible)
+    else:
         if mask is not None:
             s = s.masked_fill(~visible, float("-inf"))
-        if kind in ("sparsemax", "entmax15"):
-            # The entmax sort-based threshold fails on NaN; such rows are computed on zeros and reported as NaN.
-            nan_rows = torch.isnan(s).any(dim=-1, keepdim=True)
-            weights = _row_normalize(s.masked_fill(nan_rows, 0.0), kind, training).masked_fill(nan_rows, float("nan"))
-        else:
-            weights = _row_normalize(s, kind, training)
-    elif kind == "sigmoid":
-        weights = torch.sigmoid(s - n_visible.log())
-    elif kind == "relu":
-        weights = F.relu(s) / n_visible
-    elif kind == "linear":
-        kernel = s if mask is None else s.masked_fill(~mask, 0.0)
-        return kernel / (kernel.sum(dim=-1, keepdim=True) + LINEAR_EPS)
-    else:
-        raise ValueError(f"unknown normalizer {kind!r}")
+        # A sort-based threshold fails on NaN; such rows are computed on zeros and reported as NaN.
+        nan_rows = torch.isnan(s).any(dim=-1, keepdim=True)
+        weights = choice.impl(s.masked_fill(nan_rows, 0.0), training).masked_fill(nan_rows, float("nan"))
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
     return weights

@@ -33,13 +33,18 @@ Choices:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from axiomformer.spec import AttentionSpec
+from axiomformer.axes.registry import Choice, Registry
+
+if TYPE_CHECKING:
+    from axiomformer.spec import AttentionSpec
 
 ROPE_BASE = 10000.0
 
@@ -246,3 +251,16 @@ def token_positions(q_len: int, new_k_len: int, past: int, device: torch.device,
         return TokenPositions(new, new, default=False)
     return TokenPositions(torch.arange(k_len - q_len, k_len, device=device), torch.arange(past, k_len, device=device),
                           default=True)
+
+POSITIONS = Registry("position", [
+    Choice("none", "no position information", "Somani, A0 (permutation invariance)"),
+    Choice("sinusoidal", "PE(p, 2i) = sin(p / 10000^(2i/dim)), PE(p, 2i+1) = cos(...)", "Vaswani et al. 2017, sec. 3.5",
+           traits=frozenset({"input"})),
+    Choice("learned", "a learned (max_len, dim) table added to the inputs", "Gehring et al. 2017; Devlin et al. 2019",
+           traits=frozenset({"input"})),
+    Choice("rope", "q, k rotated by angles p * 10000^(-2i/head_dim)", "Su et al. 2021, eq. 34",
+           traits=frozenset({"rotary"})),
+    Choice("alibi", "score bias -m_h (p_i - p_j)", "Press et al. 2022, sec. 3", traits=frozenset({"bias"})),
+], {"input": "added to the query and key inputs before their projections", "rotary": "rotates q and k",
+    "bias": "a score bias from the heads' slopes (alibi_slopes)"})
+"""Every position choice."""

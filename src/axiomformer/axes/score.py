@@ -20,12 +20,16 @@ Choices:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from axiomformer.spec import AttentionSpec
+from axiomformer.axes.registry import Choice, Registry
+
+if TYPE_CHECKING:
+    from axiomformer.spec import AttentionSpec
 
 
 class DotScore(nn.Module):
@@ -144,14 +148,57 @@ class MLPScore(nn.Module):
         return self.out(hidden).squeeze(-1)
 
 
+# ---------------------------------------------------------------------------------------------- dot forms
+# softmax_j(scale * score(q_i, k_j)) = softmax_j(scale * q'_i . k'_j + sum_c qcol_c[i] kcol_c[j] + r_i) for the scores
+# with a dot form: ``dot_form(module, q, k, scale) -> (q', k', scale, [(qcol, kcol), ...])``, columns (..., seq, 1).
+# ``dot_form_exact`` promises r_i = 0 (the logits themselves, not only their softmax, are kept).
+def _dot_form_dot(module, q, k, scale):
+    return q, k, scale, []
+
+
+def _dot_form_bilinear(module, q, k, scale):
+    return torch.matmul(q, module.weight.to(q.dtype)), k, scale, []
+
+
+def _dot_form_cosine(module, q, k, scale):
+    return unit_rows(q, module.temperature().to(q.dtype), module.eps), unit_rows(k, None, module.eps), scale, []
+
+
+def _dot_form_neg_l2(module, q, k, scale):
+    # -|q - k|^2 = [2q, 1] . [k, -|k|^2] - |q|^2; the -|q|^2 (r_i) is constant in j and cancels in a softmax. Extra
+    # columns add to the final logits, so the query column carries the scale.
+    return 2 * q, k, scale, [(torch.ones_like(q[..., :1]) * scale, -k.pow(2).sum(-1, keepdim=True))]
+
+
+SCORE_TRAITS = {
+    "dot_form": "extra['dot_form'] gives the scores as a dot product of transformed queries and keys, up to a "
+                "per-query constant (see above)",
+    "dot_form_exact": "the dot form keeps the logits exactly (no per-query constant)",
+    "plain_dot": "s = q . k exactly, with no learned part",
+    "pairwise": "builds a (q_len, k_len, hidden) tensor per pair; extra['pair_width'](module) is hidden",
+}
+
+SCORES = Registry("score", [
+    Choice("dot", "s = q . k", "Vaswani et al. 2017, eq. 1 (A4 holds)", lambda spec: DotScore(),
+           frozenset({"dot_form", "dot_form_exact", "plain_dot"}), {"dot_form": _dot_form_dot}),
+    Choice("bilinear", "s = q^T W_h k", "Luong et al. 2015, 'general' score",
+           lambda spec: BilinearScore(spec.num_heads, spec.head_dim), frozenset({"dot_form", "dot_form_exact"}),
+           {"dot_form": _dot_form_bilinear}),
+    Choice("additive", "s = w_h . tanh(q + k)", "Bahdanau et al. 2015, eq. 6",
+           lambda spec: AdditiveScore(spec.num_heads, spec.head_dim), frozenset({"pairwise"}),
+           {"pair_width": lambda module: module.weight.shape[-1]}),
+    Choice("cosine", "s = tau_h cos(q, k)", "Henry et al. 2020, QK-norm",
+           lambda spec: CosineScore(spec.num_heads, spec.head_dim), frozenset({"dot_form", "dot_form_exact"}),
+           {"dot_form": _dot_form_cosine}),
+    Choice("neg_l2", "s = -|q - k|^2", "Kim et al. 2021, L2 attention", lambda spec: NegL2Score(),
+           frozenset({"dot_form"}), {"dot_form": _dot_form_neg_l2}),
+    Choice("mlp", "s = w_2 . GELU(W_q' q + W_k' k + b) + c", "our choice: an MLP on [q; k]",
+           lambda spec: MLPScore(spec.head_dim), frozenset({"pairwise"}),
+           {"pair_width": lambda module: module.w_q.out_features}),
+], SCORE_TRAITS)
+"""Every score (A4): formula, source, module factory ``impl(spec)`` and traits."""
+
+
 def build_score(spec: AttentionSpec) -> nn.Module:
     """The score module for ``spec.score``."""
-    h, d = spec.num_heads, spec.head_dim
-    return {
-        "dot": lambda: DotScore(),
-        "bilinear": lambda: BilinearScore(h, d),
-        "additive": lambda: AdditiveScore(h, d),
-        "cosine": lambda: CosineScore(h, d),
-        "neg_l2": lambda: NegL2Score(),
-        "mlp": lambda: MLPScore(d),
-    }[spec.score]()
+    return SCORES[spec.score].impl(spec)

@@ -10,16 +10,26 @@ Choices (all map (batch, seq, dim) -> (batch, seq, dim); heads are split afterwa
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from axiomformer.axes.mlp import two_layer_mlp
-from axiomformer.spec import AttentionSpec
+from axiomformer.axes.registry import Choice, Registry
+
+if TYPE_CHECKING:
+    from axiomformer.spec import AttentionSpec
+
+
+VALUES = Registry("value", [
+    Choice("linear", "v(x) = W_v x + b_v", "Somani, A3", lambda spec: nn.Linear(spec.dim, spec.dim, bias=spec.bias)),
+    Choice("identity", "v(x) = x", "our choice: A3's simplest special case", lambda spec: nn.Identity()),
+    Choice("mlp", "v(x) = W_2 GELU(W_1 x)", "our choice: a non-linear value map",
+           lambda spec: two_layer_mlp(spec.dim, 2 * spec.dim, spec.dim, bias=spec.bias)),
+])
+"""Every value map (A3)."""
 
 
 def build_value(spec: AttentionSpec) -> nn.Module:
     """The value map for ``spec.value``."""
-    if spec.value == "linear":
-        return nn.Linear(spec.dim, spec.dim, bias=spec.bias)
-    if spec.value == "identity":
-        return nn.Identity()
-    return two_layer_mlp(spec.dim, 2 * spec.dim, spec.dim, bias=spec.bias)
+    return VALUES[spec.value].impl(spec)

@@ -32,15 +32,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from axiomformer.axes.normalizer import normalize
+from axiomformer.axes.contribution import CONTRIBUTIONS
+from axiomformer.axes.normalizer import NORMALIZERS, normalize
+from axiomformer.axes.score import SCORES
 from axiomformer.axes.position import alibi_bias
 from axiomformer.engines import elementwise, sparse
 from axiomformer.engines.base import EngineBase, Parts
 from axiomformer.engines.problem import AttentionProblem, block_mask, causal_key_end, slice_block
 from axiomformer.engines.reference import scaled_scores
-
-ELEMENTWISE = ("sigmoid", "relu")
-"""Normalizers whose weight u_ij depends on s_ij and the row's count n_i only: their keys can be split freely."""
 
 DEFAULT_BUDGET = 2**21
 """Elements of one score block (8 MiB in float32), summed over batch and heads **(our choice)**."""
@@ -48,9 +47,9 @@ DEFAULT_BUDGET = 2**21
 REFERENCE_MAX_ELEMENTS = 2**24
 """Problems up to this many score elements (64 MiB in float32) are left to the reference engine by auto-routing."""
 
-SORTING = ("sparsemax", "entmax15")
-"""Normalizers whose entmax implementation sorts each row (values and int64 indices, several temporaries): their
-query chunks get a quarter of the budget."""
+SORTING_SHARE = 4
+"""Normalizers that sort each row (trait ``sorting``: values and int64 indices, several temporaries) get 1 / 4 of the
+budget per query chunk."""
 
 
 # ---------------------------------------------------------------------------------------------- blocks of a problem
@@ -108,7 +107,7 @@ def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tens
     kind = parts.spec.normalizer
     k_end = k.shape[-2]
     blocks = _blocks(k_end, key_chunk)
-    if kind in ELEMENTWISE:
+    if NORMALIZERS.has(kind, "elementwise"):
         blocks = _key_blocks(problem, qs, k_end, key_chunk)
         n_visible = _visible_count(problem, qs, k_end, key_chunk)
         if n_visible is None:
@@ -126,7 +125,7 @@ def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tens
         scores = torch.cat([_scores(parts, problem, q, k[..., ks, :], qs, ks) for ks in blocks], dim=-1)
     weights = normalize(scores, block_mask(problem, qs, slice(0, k_end)), kind, training=problem.training)
     weights = _dropout(weights, problem).to(v.dtype)
-    if parts.spec.contribution == "proportional" or len(blocks) == 1:
+    if CONTRIBUTIONS.has(parts.spec.contribution, "proportional") or len(blocks) == 1:
         return parts.contribution(weights, v)
     out = None
     for ks in blocks:
@@ -154,15 +153,14 @@ def closed_form_chunk(problem: AttentionProblem, memory_budget: int, blocks: int
 
 
 def pair_width(parts) -> int:
-    """Width of the (query, key, hidden) tensors a spec builds per score pair: 1 for dot-like scores."""
+    """Width of the (query, key, hidden) tensors a spec builds per score pair: 1 unless a part is ``pairwise``."""
     spec = parts.spec
     width = 1
-    if spec.score == "additive":
-        width = spec.head_dim
-    elif spec.score == "mlp":
-        width = parts.score_fn.w_q.out_features
-    if spec.contribution == "joint":
-        width = max(width, parts.contribution.w_v.out_features, spec.head_dim)
+    score, contribution = SCORES[spec.score], CONTRIBUTIONS[spec.contribution]
+    if score.has("pairwise"):
+        width = score.extra["pair_width"](parts.score_fn)
+    if contribution.has("pairwise"):
+        width = max(width, contribution.extra["pair_width"](parts.contribution), spec.head_dim)
     return width
 
 
@@ -221,7 +219,7 @@ class ChunkedEngine(EngineBase):
         if self.query_chunk is None and sparse.applies(parts, problem):
             return closed_form_chunk(problem, self.memory_budget, blocks=2), problem.k_len
         rows = problem.q.shape[0] * problem.q.shape[1]
-        budget = self.memory_budget // (4 if parts.spec.normalizer in SORTING else 1)
+        budget = self.memory_budget // (SORTING_SHARE if NORMALIZERS.has(parts.spec.normalizer, "sorting") else 1)
         cq = self.query_chunk or max(1, min(problem.q_len, budget // max(1, rows * problem.k_len)))
         ck = self.key_chunk or max(1, min(problem.k_len, self.memory_budget // (rows * cq * pair_width(parts))))
         return cq, ck

@@ -21,7 +21,9 @@ from torch import Tensor
 
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.problem import AttentionProblem
-from axiomformer.engines.sdpa import REDUCIBLE_SCORES, _augment, dot_form, softmax_like
+from axiomformer.axes.contribution import CONTRIBUTIONS
+from axiomformer.axes.score import SCORES
+from axiomformer.engines.sdpa import _augment, dot_form, softmax_like
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +91,8 @@ class FlexEngine(EngineBase):
             device in self.devices
             and device not in self.failed
             and problem.alibi_slopes is not None
-            and spec.score in REDUCIBLE_SCORES
-            and spec.contribution == "proportional"
+            and SCORES.has(spec.score, "dot_form")
+            and CONTRIBUTIONS.has(spec.contribution, "proportional")
             and softmax_like(spec, problem.training)
             and problem.bias is None
             and (problem.mask is None or problem.mask.shape[1] == problem.mask.shape[2] == 1)

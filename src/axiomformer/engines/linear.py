@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from axiomformer.axes.normalizer import LINEAR_EPS, feature_map
+from axiomformer.axes.contribution import CONTRIBUTIONS
+from axiomformer.axes.normalizer import LINEAR_EPS, NORMALIZERS, feature_map
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.problem import AttentionProblem
 
@@ -106,8 +107,8 @@ class LinearEngine(EngineBase):
     def accepts(self, parts, problem: AttentionProblem) -> bool:
         spec = parts.spec
         return (
-            spec.normalizer == "linear"
-            and spec.contribution == "proportional"
+            NORMALIZERS.has(spec.normalizer, "kernel")
+            and CONTRIBUTIONS.has(spec.contribution, "proportional")
             and problem.bias is None
             and problem.alibi_slopes is None
             and key_only_mask(problem.mask)

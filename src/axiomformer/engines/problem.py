@@ -21,7 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from axiomformer.axes.contribution import CONTRIBUTIONS
 from axiomformer.axes.position import alibi_bias
+from axiomformer.axes.score import SCORES
 
 
 def causal_mask(q_len: int, k_len: int, q_offset: int, device: torch.device | None = None) -> Tensor:
@@ -126,7 +128,7 @@ def plain_dot_problem(parts, problem: AttentionProblem) -> bool:
     """Dot scores, proportional contributions, no mask but the causal one, no bias or ALiBi, no dropout, float32/64:
     the problems whose weights are a function of one row of q k^T alone (the closed-form engines' condition)."""
     spec = parts.spec
-    return (spec.score == "dot" and spec.contribution == "proportional"
+    return (SCORES.has(spec.score, "plain_dot") and CONTRIBUTIONS.has(spec.contribution, "proportional")
             and problem.mask is None and problem.bias is None and problem.alibi_slopes is None
             and not (problem.training and problem.dropout_p > 0)
             and problem.q.dtype in (torch.float32, torch.float64))

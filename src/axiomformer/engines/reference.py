@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from axiomformer.axes.normalizer import feature_map, normalize
+from axiomformer.axes.normalizer import NORMALIZERS, feature_map, normalize
 from axiomformer.engines.base import EngineBase, Parts
 from axiomformer.engines.problem import AttentionProblem
 
@@ -20,7 +20,7 @@ from axiomformer.engines.problem import AttentionProblem
 def scaled_scores(parts: Parts, q: Tensor, k: Tensor, scale, bias: Tensor | None) -> Tensor:
     """float32 ``scale * score(q, k) + bias`` (or, for the linear normalizer, the kernel phi(q).phi(k) exp(bias))."""
     spec = parts.spec
-    if spec.normalizer == "linear":
+    if NORMALIZERS.has(spec.normalizer, "kernel"):
         # Katharopoulos et al. 2020, eq. 6: the kernel phi(q).phi(k) takes the place of exp(scaled score); a float
         # bias b multiplies it by exp(b), as it would multiply exp(s) inside a softmax.
         scores = torch.matmul(feature_map(q.float(), spec.feature_map),

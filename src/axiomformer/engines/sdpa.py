@@ -30,42 +30,52 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from axiomformer.axes.score import unit_rows
+from axiomformer.axes.contribution import CONTRIBUTIONS
+from axiomformer.axes.normalizer import NORMALIZERS
+from axiomformer.axes.score import SCORES
 from axiomformer.engines.autograd import sdpa
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.chunked import DEFAULT_BUDGET
 from axiomformer.engines.problem import AttentionProblem
-
-REDUCIBLE_SCORES = ("dot", "bilinear", "cosine", "neg_l2")
-"""Scores with softmax(score) = softmax(q' . k') for transformed q', k' (up to a per-row constant)."""
 
 ALIBI_F32_MAX_SPAN = 2.0**10
 """Largest m_h |p_j - c| folded into a float32 key column (rounding error <= 2^-24 * 2^10 = 2^-14 per logit)."""
 
 
 def softmax_like(spec, training: bool) -> bool:
-    """The normalizer is a plain softmax (Gumbel-softmax is one outside training)."""
-    return spec.normalizer == "softmax" or (spec.normalizer == "gumbel_softmax" and not training)
+    """The normalizer is a plain softmax in this mode (traits ``softmax``, ``softmax_in_eval``)."""
+    choice = NORMALIZERS[spec.normalizer]
+    return choice.has("softmax") or (choice.has("softmax_in_eval") and not training)
+
+
+def has_sink(spec) -> bool:
+    """The normalizer is a softmax with one extra zero logit of zero value (trait ``sink``)."""
+    return NORMALIZERS.has(spec.normalizer, "sink")
 
 
 def dot_form(parts, q: Tensor, k: Tensor, scale) -> tuple[Tensor, Tensor, float | Tensor, list[tuple]]:
     """Queries, keys, scale and extra (query column, key column) pairs of a dot-product form of the scores.
 
     softmax_j(scale * score(q_i, k_j)) = softmax_j(scale * q'_i . k'_j + sum_c qcol_c[i] kcol_c[j]) for every
-    score in :data:`REDUCIBLE_SCORES` (see the module docstring). Columns are (..., seq, 1) tensors.
+    score with the ``dot_form`` trait; the form itself lives with the score in ``axes/score.py``.
     """
-    spec, score = parts.spec, parts.score_fn
-    extras: list[tuple] = []
-    if spec.score == "bilinear":
-        q = torch.matmul(q, score.weight.to(q.dtype))
-    elif spec.score == "cosine":
-        q = unit_rows(q, score.temperature().to(q.dtype), score.eps)
-        k = unit_rows(k, None, score.eps)
-    elif spec.score == "neg_l2":
-        # Extra columns add to the final logits, so the query column carries the scale.
-        extras.append((torch.ones_like(q[..., :1]) * scale, -k.pow(2).sum(-1, keepdim=True)))
-        q = 2 * q
-    return q, k, scale, extras
+    return SCORES[parts.spec.score].extra["dot_form"](parts.score_fn, q, k, scale)
+
+
+def _with_sink(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool):
+    """Prepend the sink: a zero key (logit exactly 0) with a zero value, visible to every query. With SDPA's
+    top-left ``is_causal`` a zero query is prepended too, so query i + 1 sees the sink and keys 0..i (its row is
+    dropped by the caller)."""
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    k = torch.cat([k.new_zeros(lead + (1, k.shape[-1])), torch.broadcast_to(k, lead + k.shape[-2:])], dim=-2)
+    v = torch.cat([v.new_zeros(lead + (1, v.shape[-1])), torch.broadcast_to(v, lead + v.shape[-2:])], dim=-2)
+    if is_causal:
+        q = torch.cat([q.new_zeros(q.shape[:-2] + (1, q.shape[-1])), q], dim=-2)
+    if attn_mask is not None:
+        column = (torch.ones if attn_mask.dtype == torch.bool else torch.zeros)(
+            attn_mask.shape[:-1] + (1,), dtype=attn_mask.dtype, device=attn_mask.device)
+        attn_mask = torch.cat([column, attn_mask], dim=-1)
+    return q, k, v, attn_mask
 
 
 def alibi_column_ok(problem: AttentionProblem) -> bool:
@@ -104,12 +114,14 @@ class SDPAEngine(EngineBase):
 
     def accepts(self, parts, problem: AttentionProblem) -> bool:
         spec = parts.spec
-        if not (spec.score in REDUCIBLE_SCORES and spec.contribution == "proportional"
-                and softmax_like(spec, problem.training)):
+        score = SCORES[spec.score]
+        sink = has_sink(spec)
+        if not (score.has("dot_form") and CONTRIBUTIONS.has(spec.contribution, "proportional")
+                and (softmax_like(spec, problem.training) or (sink and score.has("dot_form_exact")))):
             return False
         if problem.bias is not None and problem.q.dtype not in (torch.float32, torch.float64):
             return False
-        if problem.alibi_slopes is not None and not alibi_column_ok(problem):
+        if problem.alibi_slopes is not None and (sink or not alibi_column_ok(problem)):
             # Non-causal ALiBi only as a materialized float mask, and only while it is small.
             heads, rows = problem.alibi_slopes.numel(), problem.q_len * problem.k_len
             return heads * rows <= DEFAULT_BUDGET
@@ -121,10 +133,11 @@ class SDPAEngine(EngineBase):
 
     def run(self, parts, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
         v = problem.v
+        sink = has_sink(parts.spec)
         q, k_dot, scale, extras = dot_form(parts, problem.q, problem.k, problem.scale)
         bias = problem.bias
         if problem.alibi_slopes is not None:
-            if alibi_column_ok(problem):
+            if alibi_column_ok(problem) and not sink:        # the column drops a per-query constant
                 center = (problem.k_len - 1) // 2
                 slopes = problem.alibi_slopes.to(q.dtype).view(1, -1, 1, 1)
                 positions = (problem.k_positions - center).to(q.dtype).view(1, 1, -1, 1)
@@ -147,8 +160,12 @@ class SDPAEngine(EngineBase):
         attn_mask = mask
         if bias is not None:
             attn_mask = bias.to(q.dtype) if mask is None else bias.to(q.dtype).masked_fill(~mask, float("-inf"))
+        if sink:
+            q, k_dot, v_in, attn_mask = _with_sink(q, k_dot, v_in, attn_mask, use_is_causal)
         out = sdpa(q, k_dot, v_in, attn_mask=attn_mask, dropout_p=problem.dropout_p if problem.training else 0.0,
                    is_causal=use_is_causal, scale=float(scale))
+        if sink and use_is_causal:
+            out = out[..., 1:, :]
         if out.shape[-1] != head_dim_v:
             out = out[..., :head_dim_v]
         return out, None

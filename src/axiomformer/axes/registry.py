@@ -1,0 +1,71 @@
+"""One registry per axis: each choice with its formula, its source, its implementation and its traits.
+
+Engines and the spec read registries; they never compare choice names. Adding a choice to an axis is one
+:class:`Choice` in that axis's file (plus its tests and docs): ``AttentionSpec``'s choice lists, error messages, the
+audit matrix and the engines' routing all follow from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One choice of one axis.
+
+    Attributes:
+        name: the value of the spec field, e.g. ``"softmax"``.
+        formula: the formula in plain text, e.g. ``"u = exp(s) / sum_j exp(s_j)"``.
+        source: paper and equation (or ``"our choice"`` with the reason in the axis file).
+        impl: the implementation (a function or a module factory; its signature is the axis's own).
+        traits: what engines may rely on (each axis file lists its traits and what they promise).
+        extra: further implementation pieces some traits need (e.g. a score's ``dot_form``).
+    """
+
+    name: str
+    formula: str
+    source: str
+    impl: Callable[..., Any] | None = None
+    traits: frozenset[str] = frozenset()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def has(self, trait: str) -> bool:
+        return trait in self.traits
+
+
+class Registry:
+    """The ordered choices of one axis; the first is the standard one."""
+
+    def __init__(self, axis: str, choices: list[Choice], traits: dict[str, str] | None = None):
+        self.axis = axis
+        self._choices = {c.name: c for c in choices}
+        self.traits = dict(traits or {})
+        unknown = {t for c in choices for t in c.traits} - set(self.traits)
+        if unknown:
+            raise ValueError(f"{axis}: traits {sorted(unknown)} are not declared; declared: {sorted(self.traits)}")
+
+    def register(self, choice: Choice) -> Choice:
+        """Add a choice (at the end); returns it."""
+        self._choices[choice.name] = choice
+        return choice
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._choices)
+
+    def __iter__(self) -> Iterator[Choice]:
+        return iter(self._choices.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._choices
+
+    def __getitem__(self, name: str) -> Choice:
+        try:
+            return self._choices[name]
+        except KeyError:
+            raise ValueError(f"unknown {self.axis} {name!r}; choose one of: {', '.join(self._choices)}") from None
+
+    def has(self, name: str, trait: str) -> bool:
+        """Whether choice ``name`` has ``trait``."""
+        return self[name].has(trait)

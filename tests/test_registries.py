@@ -1,0 +1,157 @@
+"""Properties of the axis registries: every choice has a formula and a source, keeps the promises of its traits,
+matches an independent implementation of its formula, and runs the same on every engine as on the reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from axiomformer import Attention, AttentionSpec
+from axiomformer.axes.normalizer import NORMALIZERS, normalize
+from axiomformer.axes.registry import Choice, Registry
+from axiomformer.axes.score import SCORES, build_score
+from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, Parts
+from axiomformer.spec import AXES, REGISTRIES
+
+DIM, HEADS = 16, 2
+
+
+def _independent_normalizers():
+    """The formulas of the normalizers written out here, independently of ``axes/normalizer.py``, for rows of
+    scores s (..., n) with every key visible."""
+    from entmax import entmax15, sparsemax
+
+    def softmax(s):
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    return {
+        "softmax": softmax,
+        "sigmoid": lambda s: 1 / (1 + torch.exp(-(s - math.log(s.shape[-1])))),
+        "relu": lambda s: s.clamp(min=0) / s.shape[-1],
+        "sparsemax": lambda s: sparsemax(s, dim=-1),              # the entmax package's sort-based reference
+        "entmax15": lambda s: entmax15(s, dim=-1),
+        "gumbel_softmax": softmax,                                 # outside training
+        "linear": lambda k: k / (k.sum(-1, keepdim=True) + 1e-6),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- every choice
+def test_every_choice_of_every_axis_has_a_formula_and_a_source_and_the_spec_lists_it():
+    for axis, registry in REGISTRIES.items():
+        assert AXES[axis] == registry.names()
+        for choice in registry:
+            assert choice.formula.strip() and choice.source.strip(), (axis, choice.name)
+            assert choice.traits <= set(registry.traits), (axis, choice.name)
+            AttentionSpec.standard(DIM, HEADS).relax({axis: choice.name})
+
+
+def test_a_registry_rejects_undeclared_traits_and_names_its_choices():
+    with pytest.raises(ValueError, match="not declared"):
+        Registry("x", [Choice("a", "f", "s", traits=frozenset({"fast"}))])
+    with pytest.raises(ValueError, match="choose one of: a"):
+        Registry("x", [Choice("a", "f", "s")])["b"]
+
+
+@pytest.mark.parametrize("name", NORMALIZERS.names())
+def test_every_normalizer_matches_an_independent_implementation_of_its_formula(name):
+    formulas = _independent_normalizers()
+    assert name in formulas, f"normalizer {name!r} has no independent formula in this test"
+    s = torch.randn(2, 3, 4, 7, generator=torch.Generator().manual_seed(0))
+    scores = s.abs() if NORMALIZERS.has(name, "kernel") else s
+    torch.testing.assert_close(normalize(scores, None, name), formulas[name](scores))
+
+
+# ---------------------------------------------------------------------------------------------- traits keep promises
+def trait_violations(choice: Choice) -> list[str]:
+    """The normalizer traits ``choice`` claims but does not keep, on random rows."""
+    s = torch.randn(2, 3, 5, 9, generator=torch.Generator().manual_seed(1))
+    wrong = []
+    if choice.has("softmax") and not torch.allclose(choice.impl(s, True), torch.softmax(s, -1)):
+        wrong.append("softmax")
+    if choice.has("softmax_in_eval") and not torch.allclose(choice.impl(s, False), torch.softmax(s, -1)):
+        wrong.append("softmax_in_eval")
+    if choice.has("sink"):
+        with_sink = torch.softmax(torch.cat([s, torch.zeros_like(s[..., :1])], -1), -1)[..., :-1]
+        if not torch.allclose(choice.impl(s, False), with_sink):
+            wrong.append("sink")
+    if choice.has("elementwise"):
+        n = torch.full_like(s[..., :1], 20.0)
+        whole = choice.impl(s, n)
+        if not torch.allclose(torch.cat([choice.impl(s[..., :4], n), choice.impl(s[..., 4:], n)], -1), whole):
+            wrong.append("elementwise")
+    return wrong
+
+
+@pytest.mark.parametrize("name", NORMALIZERS.names())
+def test_every_normalizer_keeps_the_promises_of_its_traits(name):
+    assert trait_violations(NORMALIZERS[name]) == []
+
+
+def test_the_trait_check_catches_a_choice_that_claims_a_trait_it_does_not_have():
+    liar = Choice("liar", "u = sigmoid(s)", "planted", lambda s, training: torch.sigmoid(s), frozenset({"softmax"}))
+    assert trait_violations(liar) == ["softmax"]
+    sinkless = Choice("sinkless", "u = softmax(s)", "planted", lambda s, training: torch.softmax(s, -1),
+                      frozenset({"sink"}))
+    assert trait_violations(sinkless) == ["sink"]
+
+
+@pytest.mark.parametrize("name", [c.name for c in SCORES if c.has("dot_form")])
+def test_every_dot_form_reproduces_its_score_up_to_a_per_query_constant(name):
+    spec = AttentionSpec.standard(DIM, HEADS).relax(score=name)
+    torch.manual_seed(0)
+    module = build_score(spec)
+    q, k = torch.randn(2, HEADS, 5, DIM // HEADS), torch.randn(2, HEADS, 7, DIM // HEADS)
+    scale = 0.3
+    q2, k2, scale2, extras = SCORES[name].extra["dot_form"](module, q, k, scale)
+    logits = scale2 * q2 @ k2.transpose(-2, -1) + sum((qc * kc.transpose(-2, -1) for qc, kc in extras), 0.0)
+    gap = logits - scale * module(q, k)
+    torch.testing.assert_close(gap, gap[..., :1].expand_as(gap), rtol=1e-5, atol=1e-5)     # constant in j
+    if SCORES.has(name, "dot_form_exact"):
+        torch.testing.assert_close(gap, torch.zeros_like(gap), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- engines
+@pytest.mark.parametrize("axis, name", [(axis, c.name) for axis in ("normalizer", "score", "position", "contribution")
+                                        for c in REGISTRIES[axis]])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_choice_runs_the_same_on_every_engine_that_accepts_it_as_on_the_reference(axis, name, causal):
+    spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax({axis: name})
+    g = torch.Generator().manual_seed(2)
+    x, kv = torch.randn(2, 6, DIM, generator=g), torch.randn(2, 9, DIM, generator=g)
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[1, 6:] = False
+
+    def run(engine):
+        torch.manual_seed(3)
+        att = Attention(spec, engine=engine).eval()
+        xx, kk = x.clone().requires_grad_(), kv.clone().requires_grad_()
+        out = att(xx, kk, key_padding_mask=keep)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        return [out.detach(), xx.grad, kk.grad] + [p.grad for p in att.parameters() if p.grad is not None]
+
+    expected = run("reference")
+    for engine in ENGINE_ORDER:
+        if engine == "reference":
+            continue
+        att = Attention(spec).eval()
+        q = torch.zeros(2, HEADS, 6, DIM // HEADS)
+        k = torch.zeros(2, HEADS, 9, DIM // HEADS)
+        problem = AttentionProblem(q=q, k=k, v=k, causal=causal, mask=keep[:, None, None], q_offset=3,
+                                   alibi_slopes=att.position.slopes if name == "alibi" else None)
+        if not ENGINES[engine].accepts(Parts(spec, att.score_fn, att.contribution), problem):
+            continue
+        got = run(engine)
+        floor = 1e-3 * max(float(t.norm()) for t in expected[1:])
+        for i, (a, b) in enumerate(zip(got, expected)):
+            assert float((a - b).norm()) <= 1e-4 * max(float(b.norm()), floor), (engine, i)
+
+
+def test_the_standard_normalizer_is_what_pytorch_sdpa_computes():
+    # The standard point of the normalizer axis is what PyTorch's own kernel computes.
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    w = normalize(q @ k.transpose(-2, -1) / 2, None, AXES["normalizer"][0])
+    torch.testing.assert_close(w @ v, F.scaled_dot_product_attention(q, k, v))
