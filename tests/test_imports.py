@@ -11,7 +11,8 @@ import axiomformer
 ROOT = Path(axiomformer.__file__).parent
 
 KNOWN_CYCLES = {
-    # Being cut by the derive/audit rework (i12) and the study rework (i13); delete each line when its cut lands.
+    # Function-level imports inside the audit (package <-> its matrix module) and the study report (report <->
+    # figures), whose owners are reworking them; listed so that any new cycle fails. Delete a line when its cut lands.
     frozenset({"axiomformer.audit", "axiomformer.audit.matrix"}),
     frozenset({"axiomformer.study.figures", "axiomformer.study.report"}),
 }
