@@ -220,6 +220,25 @@ def test_causal_linear_attention_is_prefix_invariant_with_a_huge_future_token(en
     assert bool(torch.isfinite(cache_past).all())
 
 
+@pytest.mark.parametrize("causal, q_len", [(False, 7), (True, 7), (True, 3)])
+def test_softmax1_runs_on_sdpa_as_a_zero_key_and_equals_the_reference(causal, q_len):
+    spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(normalizer="softmax1")
+    x, kv = torch.randn(2, q_len, DIM), torch.randn(2, 7, DIM)
+    keep = torch.ones(2, 7, dtype=torch.bool)
+    keep[0, 5:] = False
+    outs = []
+    for engine in ("auto", "reference"):
+        torch.manual_seed(0)
+        att = Attention(spec, engine=engine)
+        xx = x.clone().requires_grad_()
+        out = att(xx, kv, key_padding_mask=keep)
+        out.square().sum().backward()
+        outs.append((att.last_engine, out.detach(), xx.grad))
+    assert outs[0][0] == "sdpa"
+    torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(outs[0][2], outs[1][2], rtol=1e-4, atol=1e-6)
+
+
 def test_attend_runs_on_bare_tensors_and_names_the_engine():
     q, k, v = (torch.randn(2, HEADS, 5, 8) for _ in range(3))
     result = attend(q, k, v, causal=True)

@@ -36,6 +36,7 @@ def _independent_normalizers():
         "entmax15": lambda s: entmax15(s, dim=-1),
         "gumbel_softmax": softmax,                                 # outside training
         "linear": lambda k: k / (k.sum(-1, keepdim=True) + 1e-6),
+        "softmax1": lambda s: torch.exp(s.double()) / (1 + torch.exp(s.double()).sum(-1, keepdim=True)),
     }
 
 
@@ -62,7 +63,7 @@ def test_every_normalizer_matches_an_independent_implementation_of_its_formula(n
     assert name in formulas, f"normalizer {name!r} has no independent formula in this test"
     s = torch.randn(2, 3, 4, 7, generator=torch.Generator().manual_seed(0))
     scores = s.abs() if NORMALIZERS.has(name, "kernel") else s
-    torch.testing.assert_close(normalize(scores, None, name), formulas[name](scores))
+    torch.testing.assert_close(normalize(scores, None, name), formulas[name](scores).float())
 
 
 # ---------------------------------------------------------------------------------------------- traits keep promises

@@ -58,6 +58,11 @@ def _entmax15(s: Tensor, training: bool) -> Tensor:
     return entmax15(s, dim=-1)
 
 
+def _softmax1(s: Tensor, training: bool) -> Tensor:
+    # A softmax over the row and one extra logit 0 whose column is dropped: exp(s_j) / (1 + sum_k exp(s_k)), stable.
+    return torch.softmax(torch.cat([s, torch.zeros_like(s[..., :1])], dim=-1), dim=-1)[..., :-1]
+
+
 def _sigmoid(s: Tensor, n: Tensor) -> Tensor:
     return torch.sigmoid(s - n.log())
 
@@ -84,6 +89,9 @@ NORMALIZERS = Registry("normalizer", [
            "Jang et al. 2017, eq. 1", _gumbel_softmax, frozenset({"row", "softmax_in_eval", "random"})),
     Choice("linear", "u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)", "Katharopoulos et al. 2020, eq. 6-7",
            _linear, frozenset({"kernel"})),
+    Choice("softmax1", "u = exp(s) / (1 + sum_j exp(s_j)): softmax with a zero-logit, zero-value sink",
+           "Miller 2023, 'Attention Is Off By One' (softmax_1); the sink of Xiao et al. 2024, sec. 3.3",
+           _softmax1, frozenset({"row", "sink"})),
 ], NORMALIZER_TRAITS)
 """Every normalizer (A5): see the module docstring and :data:`NORMALIZER_TRAITS`."""
 
