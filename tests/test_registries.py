@@ -115,12 +115,24 @@ def test_every_dot_form_reproduces_its_score_up_to_a_per_query_constant(name):
         torch.testing.assert_close(gap, torch.zeros_like(gap), rtol=1e-5, atol=1e-5)
 
 
+def test_the_taylor_feature_map_is_the_second_order_expansion_of_exp_of_the_scaled_score():
+    from axiomformer.axes.normalizer import feature_map
+
+    q, k = torch.randn(3, 8, dtype=torch.float64), torch.randn(5, 8, dtype=torch.float64)
+    t = q @ k.T / math.sqrt(8)
+    kernel = feature_map(q, "taylor") @ feature_map(k, "taylor").T
+    torch.testing.assert_close(kernel, 1 + t + t**2 / 2)
+    assert bool((kernel > 0).all())
+
+
 # ---------------------------------------------------------------------------------------------- engines
-@pytest.mark.parametrize("axis, name", [(axis, c.name) for axis in ("normalizer", "score", "position", "contribution")
-                                        for c in REGISTRIES[axis]])
+@pytest.mark.parametrize("axis, name", [(axis, c.name) for axis in ("normalizer", "score", "position", "contribution",
+                                                                     "feature_map") for c in REGISTRIES[axis]])
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_choice_runs_the_same_on_every_engine_that_accepts_it_as_on_the_reference(axis, name, causal):
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax({axis: name})
+    if axis == "feature_map":
+        spec = spec.relax(normalizer="linear")
     g = torch.Generator().manual_seed(2)
     x, kv = torch.randn(2, 6, DIM, generator=g), torch.randn(2, 9, DIM, generator=g)
     keep = torch.ones(2, 9, dtype=torch.bool)

@@ -100,11 +100,22 @@ def _elu_plus_one(x: Tensor) -> Tensor:
     return F.elu(x) + 1
 
 
+def _taylor(x: Tensor) -> Tensor:
+    # [1, y, vec(y y^T) / sqrt(2)] with y = x / d^(1/4): phi(q).phi(k) = 1 + t + t^2 / 2, t = q.k / sqrt(d), which is
+    # positive for every t (its discriminant is negative), so every row sum is positive.
+    y = x * x.shape[-1] ** -0.25
+    outer = (y.unsqueeze(-1) * y.unsqueeze(-2)).flatten(-2) / math.sqrt(2.0)
+    return torch.cat([torch.ones_like(y[..., :1]), y, outer], dim=-1)
+
+
 FEATURE_MAPS = Registry("feature_map", [
     Choice("elu", "phi(x) = elu(x) + 1", "Katharopoulos et al. 2020, eq. 7", _elu_plus_one),
     Choice("relu", "phi(x) = relu(x)", "Choromanski et al. 2021 (ReLU kernel of the Performer paper)", F.relu),
     Choice("identity", "phi(x) = x (not positive: rows may sum to about 0)", "our choice: the plain bilinear kernel",
            lambda x: x),
+    Choice("taylor", "phi(x) = [1, y, vec(y y^T) / sqrt 2], y = x / d^(1/4): phi(q).phi(k) = 1 + t + t^2 / 2 with "
+           "t = q.k / sqrt(d), the second-order Taylor expansion of exp(t); width 1 + d + d^2",
+           "Arora et al. 2024 (Based), sec. 3.1; Zhang et al. 2024 (Hedgehog), sec. 3", _taylor),
 ])
 """Kernel feature maps of the ``linear`` normalizer."""
 
