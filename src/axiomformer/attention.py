@@ -26,8 +26,8 @@ class KVCache:
     """Keys and values of the tokens decoded so far, for incremental (token-by-token) decoding.
 
     Attributes:
-        k: (batch, heads, past_len, head_dim) keys after projection and RoPE, or None when empty.
-        v: (batch, heads, past_len, head_dim) values, or None when empty.
+        k: (batch, kv_heads, past_len, head_dim) keys after projection and RoPE, or None when empty.
+        v: (batch, kv_heads, past_len, head_dim) values, or None when empty.
         positions: (batch, past_len) int64 token positions of the cached keys, or None while they are the indices
             0..past_len-1 (see ``axiomformer.axes.position``); new tokens continue from the last one.
     """
@@ -89,7 +89,7 @@ class Attention(nn.Module):
         self.double_backward = double_backward
         self.num_heads, self.head_dim = spec.num_heads, spec.head_dim
         self.q_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
-        self.k_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
+        self.k_proj = nn.Linear(spec.dim, spec.kv_dim, bias=spec.bias)
         self.v_proj = build_value(spec)                       # A3
         self.score_fn = build_score(spec)                     # A4
         self.scale = Scale(spec)                              # A5 temperature
@@ -112,9 +112,9 @@ class Attention(nn.Module):
             nn.init.zeros_(self.out_proj.bias)
 
     # ------------------------------------------------------------------ helpers
-    def _split_heads(self, x: Tensor) -> Tensor:
+    def _split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
         b, n, _ = x.shape
-        return x.view(b, n, self.num_heads, -1).transpose(1, 2)
+        return x.view(b, n, heads or self.num_heads, -1).transpose(1, 2)
 
     def _merge_heads(self, x: Tensor) -> Tensor:
         b, _, n, _ = x.shape
@@ -185,13 +185,16 @@ class Attention(nn.Module):
 
         # Position enters through the query/key inputs (sinusoidal, learned) or by rotating q and k (RoPE).
         q = self._split_heads(self.q_proj(self.position.encode_inputs(query, pos.q)))
-        k = self._split_heads(self.k_proj(self.position.encode_inputs(key, pos.k)))
-        v = self._split_heads(self.v_proj(value))                                       # A3
+        k = self._split_heads(self.k_proj(self.position.encode_inputs(key, pos.k)), self.spec.kv_heads)
+        v = self._split_heads(self.v_proj(value), self.spec.kv_heads)                   # A3
         q, k = self.position.rotate(q, pos.q), self.position.rotate(k, pos.k)
         all_k_pos = pos.k
         if cache is not None:
             all_k_pos = cache.key_positions(pos)
-            k, v = cache.append(k, v)
+            k, v = cache.append(k, v)                    # the cache holds kv_heads heads (GQA's memory saving)
+        groups = self.num_heads // self.spec.kv_heads
+        if groups > 1:                                   # key/value head g serves query heads g * groups ...
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
         mask, bias = prepare_masks(attn_mask, key_padding_mask, batch, self.num_heads, q_len, k_len)
         alibi = self.position.score_bias(pos, all_k_pos, self.spec.causal)

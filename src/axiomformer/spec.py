@@ -73,6 +73,9 @@ class AttentionSpec:
         feature_map: kernel feature map of the ``linear`` normalizer, phi(x) = elu(x) + 1 by default
             (Katharopoulos et al. 2020, eq. 7); ignored by the other normalizers.
         max_len: largest position index for ``position="learned"`` (size of the position table).
+        num_kv_heads: key/value heads for grouped-query attention (Ainslie et al. 2023): each key/value head is
+            shared by ``num_heads // num_kv_heads`` consecutive query heads; 1 is multi-query attention (Shazeer
+            2019); 0 (the default) means ``num_heads``, plain multi-head attention.
 
     Raises:
         ValueError: on an unknown choice (naming the valid ones), non-positive sizes, ``dim`` not divisible by
@@ -93,6 +96,7 @@ class AttentionSpec:
     position: str = "none"
     feature_map: str = "elu"
     max_len: int = 2048
+    num_kv_heads: int = 0
 
     def __post_init__(self) -> None:
         for name, registry in REGISTRIES.items():
@@ -108,6 +112,13 @@ class AttentionSpec:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.max_len <= 0:
             raise ValueError(f"max_len must be positive, got {self.max_len!r}")
+        if not isinstance(self.num_kv_heads, int) or self.num_kv_heads < 0 or (
+                self.num_kv_heads and self.num_heads % self.num_kv_heads):
+            raise ValueError(f"num_kv_heads must be 0 (= num_heads) or divide num_heads={self.num_heads}, "
+                             f"got {self.num_kv_heads!r}")
+        if self.kv_heads != self.num_heads and self.value == "identity":
+            raise ValueError(f"value='identity' keeps the width dim={self.dim} and cannot give "
+                             f"num_kv_heads={self.num_kv_heads} value heads; use value='linear' or 'mlp'")
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"position='rope' needs an even head_dim, got head_dim={self.head_dim}")
         if NORMALIZERS.has(self.normalizer, "kernel") and self.score != "dot":
@@ -197,6 +208,16 @@ class AttentionSpec:
         """Width of one head: ``dim // num_heads``."""
         return self.dim // self.num_heads
 
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``num_kv_heads``, or ``num_heads`` when it is 0."""
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key and value projections: ``kv_heads * head_dim``."""
+        return self.kv_heads * self.head_dim
+
     def assumptions(self) -> dict[str, bool]:
         """Which of the assumptions A1..A5 this spec satisfies (A5 needs softmax *and* the 1/sqrt(d) scale)."""
         return {
@@ -228,7 +249,9 @@ class AttentionSpec:
         """One readable line, e.g. ``standard attention: dim=64 heads=4 head_dim=16 causal; A1-A5 hold``."""
         held = self.assumptions()
         broken = [a for a, ok in held.items() if not ok]
-        shape = f"dim={self.dim} heads={self.num_heads} head_dim={self.head_dim}" + (" causal" if self.causal else "")
+        shape = f"dim={self.dim} heads={self.num_heads} head_dim={self.head_dim}"
+        shape += (f" kv_heads={self.kv_heads}" if self.kv_heads != self.num_heads else "") + (
+            " causal" if self.causal else "")
         if self.is_standard:
             return f"standard attention: {shape}; A1-A5 hold"
         axes = ", ".join(f"{k}={v}" for k, v in self.relaxed_axes().items())

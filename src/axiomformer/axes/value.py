@@ -2,7 +2,8 @@
 
 Source: Somani, assumption A3 (linear change of coordinates, v(x) = W_v x).
 
-Choices (all map (batch, seq, dim) -> (batch, seq, dim); heads are split afterwards):
+Choices (all map (batch, seq, dim) -> (batch, seq, kv_dim), kv_dim = dim unless the spec groups key/value heads;
+heads are split afterwards):
     linear    v(x) = W_v x + b_v          (A3 holds; the standard value projection)
     identity  v(x) = x                    (A3 relaxed to its simplest special case: no learned coordinates)
     mlp       v(x) = W_2 GELU(W_1 x)      (A3 relaxed: a non-linear value map, hidden width 2*dim)
@@ -22,10 +23,11 @@ if TYPE_CHECKING:
 
 
 VALUES = Registry("value", [
-    Choice("linear", "v(x) = W_v x + b_v", "Somani, A3", lambda spec: nn.Linear(spec.dim, spec.dim, bias=spec.bias)),
+    Choice("linear", "v(x) = W_v x + b_v", "Somani, A3",
+           lambda spec: nn.Linear(spec.dim, spec.kv_dim, bias=spec.bias)),
     Choice("identity", "v(x) = x", "our choice: A3's simplest special case", lambda spec: nn.Identity()),
     Choice("mlp", "v(x) = W_2 GELU(W_1 x)", "our choice: a non-linear value map",
-           lambda spec: two_layer_mlp(spec.dim, 2 * spec.dim, spec.dim, bias=spec.bias)),
+           lambda spec: two_layer_mlp(spec.dim, 2 * spec.dim, spec.kv_dim, bias=spec.bias)),
 ])
 """Every value map (A3)."""
 

@@ -177,8 +177,11 @@ def block_mask(problem: AttentionProblem, qs: slice, ks: slice) -> Tensor | None
 
 
 def nonfinite_keys(k: Tensor, v: Tensor) -> Tensor:
-    """(batch, heads, k_len) bool marking keys whose key or value holds NaN/inf (a tensor op, no host sync)."""
-    return ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))
+    """(batch, heads, k_len) bool marking keys whose key or value holds NaN/inf (a tensor op, no host sync).
+
+    One reduction per tensor: a NaN or inf in a row makes its sum non-finite. Finite entries so large that their sum
+    overflows (|x| near 1e38 in float32) are marked too; such keys give non-finite scores anyway."""
+    return ~torch.isfinite(k.sum(-1) + v.sum(-1))
 
 
 def nonfinite_hits(problem: AttentionProblem, bad: Tensor, chunk: int = 256) -> Tensor:
@@ -208,10 +211,12 @@ def nonfinite_hits(problem: AttentionProblem, bad: Tensor, chunk: int = 256) -> 
 
 
 def clean_nonfinite(problem: AttentionProblem) -> tuple[Tensor, Tensor, Tensor]:
-    """k and v with non-finite keys zeroed, and the (batch, heads, k_len) bool marking those keys."""
+    """k and v with every non-finite entry zeroed, and the (batch, heads, k_len) bool marking the keys that held one.
+
+    Zeroing the entries (not whole keys) is enough: a blocked key then contributes 0 * finite = 0, and the outputs that
+    may see a marked key are set to NaN by :func:`poison_rows` whatever the rest of it holds."""
     bad = nonfinite_keys(problem.k, problem.v)
-    keep = ~bad.unsqueeze(-1)
-    return torch.where(keep, problem.k, 0.0), torch.where(keep, problem.v, 0.0), bad
+    return torch.nan_to_num(problem.k, 0.0, 0.0, 0.0), torch.nan_to_num(problem.v, 0.0, 0.0, 0.0), bad
 
 
 def poison_rows(out: Tensor, problem: AttentionProblem, bad: Tensor) -> Tensor:
