@@ -209,10 +209,11 @@ class Attention(nn.Module):
         )
         self.last_engine = result.engine
         out = self.out_proj(self.aggregator(self._merge_heads(result.out)))             # A1
-        if mask is not None or (self.spec.causal and q_offset < 0):
+        if mask is not None or (self.spec.causal and q_offset < 0) or self.spec.window:
             # The heads' rows are zero already; rho and W_o's bias would make the output row non-zero.
-            empty = rows_without_keys(mask, self.spec.causal, q_len, k_len, q_offset, query.device)
-            out = out.masked_fill(empty.all(1).unsqueeze(-1), 0.0)
+            empty = rows_without_keys(mask, self.spec.causal, q_len, k_len, q_offset, query.device, self.spec.window)
+            if empty is not None:
+                out = out.masked_fill(empty.all(1).unsqueeze(-1), 0.0)
         return (out, result.weights) if need_weights else out
 
     # ------------------------------------------------------------------ interop

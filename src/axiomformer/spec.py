@@ -76,6 +76,10 @@ class AttentionSpec:
         num_kv_heads: key/value heads for grouped-query attention (Ainslie et al. 2023): each key/value head is
             shared by ``num_heads // num_kv_heads`` consecutive query heads; 1 is multi-query attention (Shazeer
             2019); 0 (the default) means ``num_heads``, plain multi-head attention.
+        window: sliding-window (local) attention over ``window`` keys (Beltagy et al. 2020; Child et al. 2019):
+            causal, key j is visible from the query at position i iff i - window < j <= i (the ``window`` most
+            recent keys, its own included); not causal, iff |i - j| < window. Positions are absolute, as in the KV
+            cache. 0 (the default): every key.
 
     Raises:
         ValueError: on an unknown choice (naming the valid ones), non-positive sizes, ``dim`` not divisible by
@@ -97,6 +101,7 @@ class AttentionSpec:
     feature_map: str = "elu"
     max_len: int = 2048
     num_kv_heads: int = 0
+    window: int = 0
 
     def __post_init__(self) -> None:
         for name, registry in REGISTRIES.items():
@@ -116,6 +121,8 @@ class AttentionSpec:
                 self.num_kv_heads and self.num_heads % self.num_kv_heads):
             raise ValueError(f"num_kv_heads must be 0 (= num_heads) or divide num_heads={self.num_heads}, "
                              f"got {self.num_kv_heads!r}")
+        if not isinstance(self.window, int) or self.window < 0:
+            raise ValueError(f"window must be a non-negative int (0 = every key), got {self.window!r}")
         if self.kv_heads != self.num_heads and self.value == "identity":
             raise ValueError(f"value='identity' keeps the width dim={self.dim} and cannot give "
                              f"num_kv_heads={self.num_kv_heads} value heads; use value='linear' or 'mlp'")
@@ -251,7 +258,7 @@ class AttentionSpec:
         broken = [a for a, ok in held.items() if not ok]
         shape = f"dim={self.dim} heads={self.num_heads} head_dim={self.head_dim}"
         shape += (f" kv_heads={self.kv_heads}" if self.kv_heads != self.num_heads else "") + (
-            " causal" if self.causal else "")
+            f" window={self.window}" if self.window else "") + (" causal" if self.causal else "")
         if self.is_standard:
             return f"standard attention: {shape}; A1-A5 hold"
         axes = ", ".join(f"{k}={v}" for k, v in self.relaxed_axes().items())

@@ -83,7 +83,7 @@ def _scores(parts: Parts, problem: AttentionProblem, q: Tensor, k: Tensor, qs: s
 
 def _visible_count(problem: AttentionProblem, qs: slice, k_end: int, key_chunk: int) -> Tensor | None:
     """n_i, the number of keys query i may attend to, (batch|1, heads|1, len(qs), 1) float; None without a mask."""
-    if problem.mask is None and not problem.causal:
+    if problem.mask is None and not problem.causal and not problem.window:
         return None
     total: Tensor | int = 0
     for ks in _blocks(k_end, key_chunk):

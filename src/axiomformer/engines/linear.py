@@ -111,6 +111,7 @@ class LinearEngine(EngineBase):
             and CONTRIBUTIONS.has(spec.contribution, "proportional")
             and problem.bias is None
             and problem.alibi_slopes is None
+            and not problem.window
             and key_only_mask(problem.mask)
             and (not problem.causal or 0 <= problem.q_offset == problem.k_len - problem.q_len)
             and not (problem.training and problem.dropout_p > 0)

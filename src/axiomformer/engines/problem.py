@@ -36,8 +36,21 @@ def causal_mask(q_len: int, k_len: int, q_offset: int, device: torch.device | No
     return j <= i
 
 
+def window_mask(q_len: int, k_len: int, q_offset: int, window: int, causal: bool,
+                device: torch.device | None = None) -> Tensor:
+    """Bool (q_len, k_len), True = inside the sliding window of ``window`` keys.
+
+    Query i sits at position p_i = q_offset + i. Causal: key j is inside iff p_i - window < j (with the causal rule
+    j <= p_i that makes the ``window`` most recent keys, the query's own included); not causal: iff |p_i - j| < window.
+    The same absolute positions as the KV cache, so decoding step by step gives the rows of the full computation.
+    """
+    i = torch.arange(q_len, device=device).unsqueeze(-1) + q_offset
+    j = torch.arange(k_len, device=device).unsqueeze(0)
+    return (j > i - window) if causal else ((j - i).abs() < window)
+
+
 def rows_without_keys(mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int,
-                      device: torch.device | None = None) -> Tensor | None:
+                      device: torch.device | None = None, window: int = 0) -> Tensor | None:
     """(batch|1, heads|1, q_len) bool marking queries with no visible key, or None when every query has one.
 
     Reads ``mask`` (bool, True = may attend, at most (batch, heads, q_len, k_len)) and the causal rule
@@ -45,6 +58,16 @@ def rows_without_keys(mask: Tensor | None, causal: bool, q_len: int, k_len: int,
     causal limit.
     """
     q_positions = torch.arange(q_len, device=device) + q_offset
+    if window and mask is None and causal and 0 <= q_offset <= k_len - q_len:
+        return None                                      # every query sees at least its own key
+    if window:
+        visible = window_mask(q_len, k_len, q_offset, window, causal, device)
+        if causal:
+            visible = visible & causal_mask(q_len, k_len, q_offset, device)
+        if mask is not None:
+            visible = mask & visible
+        visible = visible if visible.dim() == 4 else visible.view((1,) * (4 - visible.dim()) + visible.shape)
+        return ~visible.any(-1)
     if mask is None:
         if not causal or q_offset >= 0:
             return None
@@ -73,6 +96,7 @@ class AttentionProblem:
         dropout_p: dropout on the attention weights, applied only when ``training``.
         training: module mode (dropout, Gumbel noise).
         scale: the temperature multiplying the scores: a float or a tensor broadcastable to (batch, heads, 1, 1).
+        window: sliding window of keys (see :func:`window_mask`), not folded into ``mask``; 0 = every key.
     """
 
     q: Tensor
@@ -86,6 +110,7 @@ class AttentionProblem:
     dropout_p: float = 0.0
     training: bool = False
     scale: Any = 1.0
+    window: int = 0
 
     @property
     def q_len(self) -> int:
@@ -109,6 +134,9 @@ class AttentionProblem:
         if self.causal:
             c = causal_mask(self.q_len, self.k_len, self.q_offset, self.q.device)
             mask = c if mask is None else mask & c
+        if self.window:
+            w = window_mask(self.q_len, self.k_len, self.q_offset, self.window, self.causal, self.q.device)
+            mask = w if mask is None else mask & w
         return mask
 
     def full_bias(self) -> Tensor | None:
@@ -121,7 +149,8 @@ class AttentionProblem:
 
     def rows_without_keys(self) -> Tensor | None:
         """(batch|1, heads|1, q_len) bool marking queries with no visible key (see :func:`rows_without_keys`)."""
-        return rows_without_keys(self.mask, self.causal, self.q_len, self.k_len, self.q_offset, self.q.device)
+        return rows_without_keys(self.mask, self.causal, self.q_len, self.k_len, self.q_offset, self.q.device,
+                                 self.window)
 
 # ---------------------------------------------------------------------------------------------- query chunks
 def plain_dot_problem(parts, problem: AttentionProblem) -> bool:
@@ -130,7 +159,7 @@ def plain_dot_problem(parts, problem: AttentionProblem) -> bool:
     spec = parts.spec
     return (SCORES.has(spec.score, "plain_dot") and CONTRIBUTIONS.has(spec.contribution, "proportional")
             and problem.mask is None and problem.bias is None and problem.alibi_slopes is None
-            and not (problem.training and problem.dropout_p > 0)
+            and not (problem.training and problem.dropout_p > 0) and not problem.window
             and problem.q.dtype in (torch.float32, torch.float64))
 
 
@@ -173,6 +202,11 @@ def block_mask(problem: AttentionProblem, qs: slice, ks: slice) -> Tensor | None
         causal = causal_mask(qs.stop - qs.start, ks.stop - ks.start, problem.q_offset + qs.start - ks.start,
                              problem.q.device)
         mask = causal if mask is None else mask & causal
+    if problem.window:
+        offset = problem.q_offset + qs.start - ks.start
+        band = window_mask(qs.stop - qs.start, ks.stop - ks.start, offset, problem.window, problem.causal,
+                           problem.q.device)
+        mask = band if mask is None else mask & band
     return mask
 
 
@@ -193,7 +227,7 @@ def nonfinite_hits(problem: AttentionProblem, bad: Tensor, chunk: int = 256) -> 
     """
     batch, heads = max(bad.shape[0], problem.q.shape[0]), max(bad.shape[1], problem.q.shape[1])
     mask = problem.mask
-    if mask is None or mask.shape[-2] == 1:
+    if not problem.window and (mask is None or mask.shape[-2] == 1):
         seen = bad if mask is None else bad & mask.reshape(mask.shape[:-2] + (mask.shape[-1],))
         seen = torch.broadcast_to(seen, (batch, heads, problem.k_len))
         if not problem.causal:

@@ -94,7 +94,7 @@ def _kind(parts: Parts, problem: AttentionProblem, requested: str, need_weights:
     return (requested, need_weights, double_backward, parts.spec, q.device.type, q.dtype,
             _mask_kind(problem.mask), problem.mask is not None and problem.mask.shape[1] != 1,
             problem.bias is not None, alibi, problem.causal, offset, problem.training, problem.dropout_p > 0, large,
-            problem.mask is not None and problem.mask.shape[0], tuple(map(id, ENGINES.values())))
+            problem.mask is not None and problem.mask.shape[0], problem.window, tuple(map(id, ENGINES.values())))
 
 
 def _usable(engine, problem: AttentionProblem, need_weights: bool, double_backward: bool) -> bool:
@@ -177,7 +177,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
            mask: Tensor | None = None, bias: Tensor | None = None, scale: float | Tensor | None = None,
            causal: bool | None = None, q_offset: int | None = None, alibi_slopes: Tensor | None = None,
            dropout_p: float | None = None, training: bool = False, need_weights: bool = False,
-           engine: str = "auto", double_backward: bool = False) -> Attended:
+           engine: str = "auto", double_backward: bool = False, window: int | None = None) -> Attended:
     """Attention of queries to keys and values, on the engine the router picks.
 
     Args:
@@ -196,6 +196,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
         need_weights: also return the weights that produced ``out``.
         engine: ``"auto"`` or an engine name to force.
         double_backward: route to an engine differentiable to every order.
+        window: sliding window of keys (default ``spec.window``; see ``engines.problem.window_mask``).
 
     Returns:
         :class:`Attended` ``(out, weights, engine)``. A query with no visible key gets a zero row; a query that may
@@ -218,6 +219,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
         q=q, k=k, v=v, causal=spec.causal if causal is None else causal, mask=mask, bias=bias,
         alibi_slopes=alibi_slopes, q_offset=k.shape[-2] - q.shape[-2] if q_offset is None else q_offset,
         dropout_p=spec.dropout if dropout_p is None else dropout_p, training=training, scale=scale,
+        window=spec.window if window is None else window,
     )
     k_clean, v_clean, bad = clean_nonfinite(problem)
     clean = dataclasses.replace(problem, k=k_clean, v=v_clean)

@@ -36,7 +36,7 @@ from axiomformer.axes.score import SCORES
 from axiomformer.engines.autograd import sdpa
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.chunked import DEFAULT_BUDGET
-from axiomformer.engines.problem import AttentionProblem
+from axiomformer.engines.problem import AttentionProblem, causal_mask, window_mask
 
 ALIBI_F32_MAX_SPAN = 2.0**10
 """Largest m_h |p_j - c| folded into a float32 key column (rounding error <= 2^-24 * 2^10 = 2^-14 per logit)."""
@@ -107,6 +107,34 @@ def _augment(q: Tensor, k: Tensor, v: Tensor, scale, extras) -> tuple[Tensor, Te
     return (widen(q, [c for c, _ in extras]), widen(k, [c for _, c in extras]), widen(v, []), 1.0)
 
 
+WINDOW_CHUNK_MIN = 64
+"""Fewest queries per block of the sliding-window path (blocks hold max(window, this) queries) **(our choice)**."""
+
+
+def _windowed_sdpa(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem, scale: float,
+                   dropout_p: float) -> Tensor:
+    """Sliding-window attention in query blocks: each block reads only the keys some query of it may see, so the
+    work is O(q_len (window + block)) instead of O(q_len k_len). Rows without a key are left for the router to zero."""
+    window, offset, causal = problem.window, problem.q_offset, problem.causal
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    size = max(window, WINDOW_CHUNK_MIN)
+    outs = []
+    for start in range(0, q_len, size):
+        stop = min(start + size, q_len)
+        lo = max(0, offset + start - window + 1)
+        hi = min(k_len, offset + stop if causal else offset + stop - 1 + window)
+        if hi <= lo:
+            outs.append(q.new_zeros(torch.broadcast_shapes(q.shape[:-2], v.shape[:-2]) + (stop - start, v.shape[-1])))
+            continue
+        band = window_mask(stop - start, hi - lo, offset + start - lo, window, causal, q.device)
+        if causal:
+            band = band & causal_mask(stop - start, hi - lo, offset + start - lo, q.device)
+        band = band | ~band.any(-1, keepdim=True)
+        outs.append(sdpa(q[..., start:stop, :], k[..., lo:hi, :], v[..., lo:hi, :], attn_mask=band,
+                         dropout_p=dropout_p, scale=scale))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
 class SDPAEngine(EngineBase):
     """PyTorch's fused scaled dot-product attention for the standard point and the scores that reduce to it."""
 
@@ -120,6 +148,8 @@ class SDPAEngine(EngineBase):
                 and (softmax_like(spec, problem.training) or (sink and score.has("dot_form_exact")))):
             return False
         if problem.bias is not None and problem.q.dtype not in (torch.float32, torch.float64):
+            return False
+        if problem.window and sink:
             return False
         if problem.alibi_slopes is not None and (sink or not alibi_column_ok(problem)):
             # Non-causal ALiBi only as a materialized float mask, and only while it is small.
@@ -150,8 +180,12 @@ class SDPAEngine(EngineBase):
             q, k_dot, v_in, scale = _augment(q, k_dot, v, scale, extras)
         elif isinstance(scale, Tensor):
             q, scale = q * scale.to(q.dtype), 1.0
+        dropout_p = problem.dropout_p if problem.training else 0.0
+        if problem.window and problem.mask is None and bias is None:
+            return _windowed_sdpa(q, k_dot, v_in, problem, float(scale), dropout_p)[..., :head_dim_v], None
         # SDPA's is_causal is aligned top-left; ours is bottom-right, which coincides only when q_len == k_len.
-        use_is_causal = problem.causal and problem.mask is None and bias is None and problem.q_len == problem.k_len
+        use_is_causal = (problem.causal and problem.mask is None and bias is None and problem.q_len == problem.k_len
+                         and not problem.window)
         mask = None if use_is_causal else problem.full_mask()
         if mask is not None:
             # SDPA returns NaN for a row with no visible key; such rows see every key here and are zeroed by the

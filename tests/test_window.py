@@ -1,0 +1,84 @@
+"""Sliding-window attention (``window=W``): causal, key j is visible from position i iff i - W < j <= i."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from axiomformer import Attention, AttentionSpec
+from axiomformer.attention import KVCache
+
+DIM, HEADS = 16, 2
+
+
+def band(q_len: int, k_len: int, window: int, causal: bool) -> torch.Tensor:
+    """The convention written out position by position (queries aligned bottom-right, as the KV cache)."""
+    offset = k_len - q_len
+    allowed = torch.zeros(q_len, k_len, dtype=torch.bool)
+    for i in range(q_len):
+        p = offset + i
+        for j in range(k_len):
+            allowed[i, j] = (p - window < j <= p) if causal else abs(p - j) < window
+    return allowed
+
+
+def _pair(spec_window: AttentionSpec, engine: str):
+    torch.manual_seed(0)
+    windowed = Attention(spec_window, engine=engine)
+    plain = Attention(AttentionSpec(**{**spec_window.to_dict(), "window": 0, "causal": False}), engine="reference")
+    plain.load_state_dict(windowed.state_dict())
+    return windowed, plain
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("relax", ["standard", "normalizer=sigmoid", "normalizer=sparsemax", "position=alibi"])
+@pytest.mark.parametrize("engine", ["auto", "sdpa", "chunked", "reference"])
+def test_window_equals_full_attention_with_the_band_mask_written_out(causal, relax, engine):
+    spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(relax).relax(window=5)
+    windowed, plain = _pair(spec, engine)
+    x = torch.randn(2, 150, DIM, generator=torch.Generator().manual_seed(1))      # longer than one 64-query block
+    try:
+        out = windowed(x)
+    except ValueError:                                                 # the engine does not run this spec
+        return
+    if relax == "position=alibi":                                     # ALiBi's bias depends on causal too
+        plain = Attention(AttentionSpec(**{**spec.to_dict(), "window": 0}), engine="reference")
+        plain.load_state_dict(windowed.state_dict())
+    expected = plain(x, attn_mask=band(150, 150, 5, causal))
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("engine", ["sdpa", "chunked"])
+def test_window_engines_match_the_reference_backward_with_key_padding(engine):
+    spec = AttentionSpec.standard(DIM, HEADS, causal=True, window=7)
+    keep = torch.ones(2, 90, dtype=torch.bool)
+    keep[0, 40:50] = False                                             # queries 46..49 of sample 0 see nothing
+    x = torch.randn(2, 90, DIM)
+    grads = []
+    for name in (engine, "reference"):
+        torch.manual_seed(2)
+        att = Attention(spec, engine=name)
+        xx = x.clone().requires_grad_()
+        for kwargs in ({}, {"key_padding_mask": keep}):
+            out = att(xx, **kwargs)
+            out.square().sum().backward()
+        assert att.last_engine == name
+        grads.append([out.detach(), xx.grad] + [p.grad for p in att.parameters()])
+    assert torch.equal(grads[0][0][0, 46:50], torch.zeros_like(grads[0][0][0, 46:50]))
+    assert not bool((grads[0][0][0, 45] == 0).all())
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_window_decoding_with_the_kv_cache_gives_the_rows_of_the_full_computation():
+    spec = AttentionSpec.standard(DIM, HEADS, causal=True, window=4, position="rope")
+    att = Attention(spec).eval()
+    x = torch.randn(1, 12, DIM)
+    cache = KVCache()
+    steps = torch.cat([att(x[:, i:i + 1], cache=cache) for i in range(12)], dim=1)
+    torch.testing.assert_close(steps, att(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_negative_window_is_refused():
+    with pytest.raises(ValueError, match="window must be a non-negative int"):
+        AttentionSpec.standard(DIM, HEADS, window=-1)
