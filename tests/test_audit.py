@@ -44,6 +44,7 @@ EXPECTED = {
     "normalizer=entmax15": ({"ratio_independence"}, NA_WEIGHTS),
     "normalizer=gumbel_softmax": ({"deterministic"}, NA),               # a softmax in eval; samples in training
     "normalizer=linear": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
+    "normalizer=entmax_alpha": ({"ratio_independence"}, NA_WEIGHTS),   # like entmax15, where its alpha starts
     "normalizer=softmax1": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),   # the sink takes 1 - sum u
     "scale=none": ({"scale_entropy"}, NA),
     "scale=learned": ({"scale_entropy"}, NA),

@@ -36,6 +36,7 @@ def _independent_normalizers():
         "entmax15": lambda s: entmax15(s, dim=-1),
         "gumbel_softmax": softmax,                                 # outside training
         "linear": lambda k: k / (k.sum(-1, keepdim=True) + 1e-6),
+        "entmax_alpha": lambda s: entmax15(s, dim=-1),              # its alpha starts at 1.5 (params default)
         "softmax1": lambda s: torch.exp(s.double()) / (1 + torch.exp(s.double()).sum(-1, keepdim=True)),
     }
 
@@ -123,6 +124,23 @@ def test_the_taylor_feature_map_is_the_second_order_expansion_of_exp_of_the_scal
     kernel = feature_map(q, "taylor") @ feature_map(k, "taylor").T
     torch.testing.assert_close(kernel, 1 + t + t**2 / 2)
     assert bool((kernel > 0).all())
+
+
+@pytest.mark.parametrize("alpha, reference", [(1.5, "entmax15"), (2.0, "sparsemax")])
+def test_entmax_alpha_at_1_5_and_2_is_the_sort_based_entmax_and_sparsemax_and_alpha_learns(alpha, reference):
+    from entmax import entmax15, sparsemax
+
+    from axiomformer.axes.normalizer import Normalizer
+
+    module = Normalizer(AttentionSpec.standard(DIM, HEADS).relax(normalizer="entmax_alpha"))
+    with torch.no_grad():
+        module.alpha_raw.fill_(math.log(math.expm1(alpha - 1.0)))
+    s = torch.randn(2, HEADS, 4, 9, generator=torch.Generator().manual_seed(3))
+    expected = (entmax15 if reference == "entmax15" else sparsemax)(s, dim=-1)
+    weights = module(s)
+    torch.testing.assert_close(weights, expected, rtol=1e-4, atol=1e-5)
+    (weights * torch.randn_like(weights)).sum().backward()
+    assert module.alpha_raw.grad is not None and bool(module.alpha_raw.grad.abs().sum() > 0)
 
 
 # ---------------------------------------------------------------------------------------------- engines

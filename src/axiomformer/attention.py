@@ -201,7 +201,7 @@ class Attention(nn.Module):
         if alibi is not None:                                  # ALiBi from token positions, as a score bias
             bias = alibi if bias is None else bias + alibi
         result = attend(                                                                 # A2, A4, A5
-            q, k, v, parts=Parts(self.spec, self.score_fn, self.contribution), mask=mask, bias=bias,
+            q, k, v, parts=Parts(self.spec, self.score_fn, self.contribution, self.normalizer), mask=mask, bias=bias,
             scale=self.scale(), causal=self.spec.causal, q_offset=q_offset,
             alibi_slopes=self.position.slopes if self.spec.position == "alibi" and alibi is None else None,
             dropout_p=self.spec.dropout, training=self.training, need_weights=need_weights, engine=self.engine,

@@ -28,7 +28,8 @@ from axiomformer.spec import AttentionSpec
 
 QUICK_VARIANTS = ("standard", "score=cosine", "score=neg_l2", "position=rope", "position=alibi", "normalizer=sigmoid",
                   "normalizer=relu", "normalizer=sparsemax", "normalizer=entmax15", "normalizer=linear",
-                  "normalizer=softmax1", "normalizer=linear,feature_map=taylor", "window=256")
+                  "normalizer=softmax1", "normalizer=linear,feature_map=taylor", "window=256",
+                  "normalizer=entmax_alpha")
 """The variants with a speed goal (see benchmarks/RESULTS.md)."""
 
 FULL_VARIANTS = QUICK_VARIANTS + ("score=bilinear", "score=additive", "score=mlp", "contribution=joint")
@@ -55,7 +56,7 @@ class Row:
 # ---------------------------------------------------------------------------------------------- the timed calls
 def _core_args(module: Attention) -> dict:
     """The keyword arguments ``Attention.forward`` gives :func:`axiomformer.engines.attend` (self-attention)."""
-    return dict(parts=Parts(module.spec, module.score_fn, module.contribution), scale=module.scale(),
+    return dict(parts=Parts(module.spec, module.score_fn, module.contribution, module.normalizer), scale=module.scale(),
                 causal=module.spec.causal, q_offset=0, training=module.training, dropout_p=module.spec.dropout,
                 window=module.spec.window,
                 alibi_slopes=module.position.slopes if module.spec.position == "alibi" else None)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from entmax import entmax15, sparsemax
+from entmax import entmax15, entmax_bisect, sparsemax
 from torch import Tensor, nn
 
 from axiomformer.axes.registry import Choice, Registry
@@ -39,28 +39,46 @@ NORMALIZER_TRAITS = {
     "sink": "equals softmax over the row plus one extra logit 0 whose value is 0 (softmax with +1 in the denominator)",
     "random": "draws random numbers in training",
     "sorting": "its implementation sorts each row (several row-sized temporaries)",
+    "parametric": "has learned parameters: extra['parameters'](spec) creates them, extra['params'](module) gives the "
+                  "keyword arguments of impl",
 }
 
 
-def _softmax(s: Tensor, training: bool) -> Tensor:
+def _softmax(s: Tensor, training: bool, **params: Tensor) -> Tensor:
     return torch.softmax(s, dim=-1)
 
 
-def _gumbel_softmax(s: Tensor, training: bool) -> Tensor:
+def _gumbel_softmax(s: Tensor, training: bool, **params: Tensor) -> Tensor:
     return F.gumbel_softmax(s, tau=1.0, hard=False, dim=-1) if training else torch.softmax(s, dim=-1)
 
 
-def _sparsemax(s: Tensor, training: bool) -> Tensor:
+def _sparsemax(s: Tensor, training: bool, **params: Tensor) -> Tensor:
     return sparsemax(s, dim=-1)
 
 
-def _entmax15(s: Tensor, training: bool) -> Tensor:
+def _entmax15(s: Tensor, training: bool, **params: Tensor) -> Tensor:
     return entmax15(s, dim=-1)
 
 
-def _softmax1(s: Tensor, training: bool) -> Tensor:
+def _softmax1(s: Tensor, training: bool, **params: Tensor) -> Tensor:
     # A softmax over the row and one extra logit 0 whose column is dropped: exp(s_j) / (1 + sum_k exp(s_k)), stable.
     return torch.softmax(torch.cat([s, torch.zeros_like(s[..., :1])], dim=-1), dim=-1)[..., :-1]
+
+
+def _entmax_alpha(s: Tensor, training: bool, alpha: Tensor | float = 1.5, **params: Tensor) -> Tensor:
+    # alpha (1, heads, 1, 1) or a float; the package's bisection differentiates through alpha as well.
+    if isinstance(alpha, Tensor):
+        alpha = torch.broadcast_to(alpha.float(), s.shape[:-1] + (1,))
+    return entmax_bisect(s, alpha, dim=-1)
+
+
+def _alpha_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
+    # alpha = 1 + softplus(theta) > 1, initialised to 1.5 (1.5-entmax) in every head.
+    return {"alpha_raw": nn.Parameter(torch.full((spec.num_heads,), math.log(math.expm1(0.5))))}
+
+
+def _alpha_from(raw: Tensor) -> Tensor:
+    return (1.0 + F.softplus(raw)).view(1, -1, 1, 1)
 
 
 def _sigmoid(s: Tensor, n: Tensor) -> Tensor:
@@ -89,6 +107,11 @@ NORMALIZERS = Registry("normalizer", [
            "Jang et al. 2017, eq. 1", _gumbel_softmax, frozenset({"row", "softmax_in_eval", "random"})),
     Choice("linear", "u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)", "Katharopoulos et al. 2020, eq. 6-7",
            _linear, frozenset({"kernel"})),
+    Choice("entmax_alpha", "u = alpha-entmax(s) = relu((alpha - 1) s - tau)^(1 / (alpha - 1)), alpha_h > 1 learned "
+           "per head (initialised to 1.5)", "Peters et al. 2019, eq. 8; Correia et al. 2019 (adaptively sparse "
+           "transformers, learned alpha), bisection of the entmax package", _entmax_alpha,
+           frozenset({"row", "parametric"}),
+           {"parameters": _alpha_parameters, "params": lambda module: {"alpha": _alpha_from(module.alpha_raw)}}),
     Choice("softmax1", "u = exp(s) / (1 + sum_j exp(s_j)): softmax with a zero-logit, zero-value sink",
            "Miller 2023, 'Attention Is Off By One' (softmax_1); the sink of Xiao et al. 2024, sec. 3.3",
            _softmax1, frozenset({"row", "sink"})),
@@ -152,7 +175,8 @@ class Scale(nn.Module):
 
 
 def normalize(
-    scores: Tensor, mask: Tensor | None, kind: str, *, training: bool = False, n_visible: Tensor | None = None
+    scores: Tensor, mask: Tensor | None, kind: str, *, training: bool = False, n_visible: Tensor | None = None,
+    params: dict[str, Tensor] | None = None,
 ) -> Tensor:
     """Attention weights from scores.
 
@@ -165,6 +189,7 @@ def normalize(
         n_visible: float (..., q_len, 1), the n_i of ``elementwise`` normalizers (keys visible to each query, the
             key length for a row with none); computed from ``mask`` when None. Engines that score one block of
             keys at a time pass the count over the whole row.
+        params: the learned parameters of a ``parametric`` normalizer (``Normalizer.params()``); defaults otherwise.
 
     Returns:
         float32 weights shaped like ``scores``; masked entries and rows without a visible key are exactly 0.
@@ -193,19 +218,30 @@ def normalize(
             s = s.masked_fill(~visible, float("-inf"))
         # A sort-based threshold fails on NaN; such rows are computed on zeros and reported as NaN.
         nan_rows = torch.isnan(s).any(dim=-1, keepdim=True)
-        weights = choice.impl(s.masked_fill(nan_rows, 0.0), training).masked_fill(nan_rows, float("nan"))
+        weights = choice.impl(s.masked_fill(nan_rows, 0.0), training, **(params or {}))
+        weights = weights.masked_fill(nan_rows, float("nan"))
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
     return weights
 
 
 class Normalizer(nn.Module):
-    """Module form of :func:`normalize` for ``spec.normalizer`` (Gumbel noise follows ``self.training``)."""
+    """Module form of :func:`normalize` for ``spec.normalizer`` (Gumbel noise follows ``self.training``); it owns the
+    learned parameters of a ``parametric`` normalizer."""
 
     def __init__(self, spec: AttentionSpec):
         super().__init__()
         self.kind = spec.normalizer
         self.feature_map = spec.feature_map
+        choice = NORMALIZERS[spec.normalizer]
+        if choice.has("parametric"):
+            for name, parameter in choice.extra["parameters"](spec).items():
+                self.register_parameter(name, parameter)
+
+    def params(self) -> dict[str, Tensor]:
+        """Keyword arguments of the normalizer's implementation (empty unless ``parametric``)."""
+        choice = NORMALIZERS[self.kind]
+        return choice.extra["params"](self) if choice.has("parametric") else {}
 
     def forward(self, scores: Tensor, mask: Tensor | None = None) -> Tensor:
-        return normalize(scores, mask, self.kind, training=self.training)
+        return normalize(scores, mask, self.kind, training=self.training, params=self.params())

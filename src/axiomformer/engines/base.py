@@ -32,15 +32,23 @@ class Parts:
             (batch, heads, q_len, k_len) (``axes/score.py``).
         contribution: maps weights (batch, heads, q_len, k_len) and v (batch, heads, k_len, head_dim_v) to the
             output (batch, heads, q_len, head_dim_v) (``axes/contribution.py``).
+        normalizer: the ``Normalizer`` module when its choice has learned parameters (``parametric``), else None.
     """
 
     spec: AttentionSpec
     score_fn: nn.Module
     contribution: nn.Module
+    normalizer: nn.Module | None = None
 
     def parameters(self) -> Iterator[nn.Parameter]:
         yield from self.score_fn.parameters()
         yield from self.contribution.parameters()
+        if self.normalizer is not None:
+            yield from self.normalizer.parameters()
+
+    def normalizer_params(self) -> dict:
+        """Keyword arguments of a ``parametric`` normalizer (``axes/normalizer.py``), else empty."""
+        return {} if self.normalizer is None else self.normalizer.params()
 
 
 class Engine(Protocol):

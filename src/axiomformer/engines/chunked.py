@@ -123,7 +123,8 @@ def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tens
         scores = _scores(parts, problem, q, k, qs, blocks[0])
     else:
         scores = torch.cat([_scores(parts, problem, q, k[..., ks, :], qs, ks) for ks in blocks], dim=-1)
-    weights = normalize(scores, block_mask(problem, qs, slice(0, k_end)), kind, training=problem.training)
+    weights = normalize(scores, block_mask(problem, qs, slice(0, k_end)), kind, training=problem.training,
+                        params=parts.normalizer_params())
     weights = _dropout(weights, problem).to(v.dtype)
     if CONTRIBUTIONS.has(parts.spec.contribution, "proportional") or len(blocks) == 1:
         return parts.contribution(weights, v)

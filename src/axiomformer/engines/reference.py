@@ -35,7 +35,8 @@ def attention_weights(parts: Parts, problem: AttentionProblem, k: Tensor | None 
     """Attention weights (batch, heads, q_len, k_len), float32, before dropout."""
     k = problem.k if k is None else k
     scores = scaled_scores(parts, problem.q, k, problem.scale, problem.full_bias())
-    return normalize(scores, problem.full_mask(), parts.spec.normalizer, training=problem.training)
+    return normalize(scores, problem.full_mask(), parts.spec.normalizer, training=problem.training,
+                     params=parts.normalizer_params())
 
 
 class ReferenceEngine(EngineBase):
