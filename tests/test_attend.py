@@ -248,3 +248,21 @@ def test_attend_runs_on_bare_tensors_and_names_the_engine():
     out, weights, engine = attend(q, k, v, causal=True, need_weights=True)
     torch.testing.assert_close(out, weights @ v)
     assert engine == "reference"
+
+
+def test_the_cached_route_is_the_decision_for_every_problem_of_a_mixed_sequence():
+    import axiomformer.engines.router as router
+    from axiomformer.engines import AttentionProblem, Parts
+
+    att = Attention(AttentionSpec.standard(8, 2, causal=True).relax(normalizer="linear"))
+    parts = Parts(att.spec, att.score_fn, att.contribution)
+    problems = []
+    for q_len, k_len in ((4, 4), (6, 4), (4, 6), (4, 4)):           # q_offset = k_len - q_len: 0, -2, 2, 0
+        q, k = torch.randn(1, 2, q_len, 4), torch.randn(1, 2, k_len, 4)
+        key_only, full = torch.ones(1, 1, 1, k_len, dtype=torch.bool), torch.ones(1, 1, q_len, k_len, dtype=torch.bool)
+        for mask in (None, key_only, full):
+            problems.append(AttentionProblem(q=q, k=k, v=k, causal=True, mask=mask, q_offset=k_len - q_len))
+    router._ROUTES.clear()
+    cached = [router.route(parts, p) for p in problems]
+    fresh = [router._decide(parts, p, "auto", False, False, False) for p in problems]
+    assert cached == fresh and "linear" in cached and len(set(cached)) > 1

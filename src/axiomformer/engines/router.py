@@ -89,8 +89,7 @@ def _kind(parts: Parts, problem: AttentionProblem, requested: str, need_weights:
     alibi = None
     if problem.alibi_slopes is not None:
         alibi = (alibi_column_ok(problem), problem.alibi_slopes.numel() * problem.q_len * problem.k_len)
-    offset = "aligned" if problem.q_offset == problem.k_len - problem.q_len else (
-        "ahead" if problem.q_offset >= 0 else "negative")
+    offset = (problem.q_offset == problem.k_len - problem.q_len, problem.q_offset >= 0)
     return (requested, need_weights, double_backward, parts.spec, q.device.type, q.dtype,
             _mask_kind(problem.mask), problem.mask is not None and problem.mask.shape[1] != 1,
             problem.bias is not None, alibi, problem.causal, offset, problem.training, problem.dropout_p > 0, large,
@@ -112,7 +111,7 @@ def route(parts: Parts, problem: AttentionProblem, engine: str = "auto", *, need
 
     Raises:
         ValueError: unknown engine name (naming the registered ones), or a forced engine that cannot run this problem
-            (with the reason: the spec, ``need_weights`` or ``double_backward``).
+            (with the reason: the spec or ``double_backward``). ``need_weights=True`` overrides a forced engine.
     """
     if need_weights:
         engine = "auto"
