@@ -55,6 +55,9 @@ ASSUMPTIONS: dict[str, str] = {
 }
 """The five assumptions of the derivation, in words."""
 
+ECONOMIES = ("num_kv_heads", "window")
+"""Fields that are not assumptions but the field's usual economies (0 = off); :attr:`AttentionSpec.variant` names them."""
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -244,8 +247,9 @@ class AttentionSpec:
 
     @property
     def variant(self) -> str:
-        """``"standard"`` or the relax string of the non-standard axes, e.g. ``"score=cosine,normalizer=sigmoid"``."""
-        relaxed = self.relaxed_axes()
+        """``"standard"`` or the relax string of the non-standard axes, e.g. ``"score=cosine,normalizer=sigmoid"``,
+        followed by the economies in use (``num_kv_heads``, ``window``), e.g. ``"window=256"``."""
+        relaxed = {**self.relaxed_axes(), **{k: getattr(self, k) for k in ECONOMIES if getattr(self, k)}}
         return ",".join(f"{k}={v}" for k, v in relaxed.items()) if relaxed else "standard"
 
     @property

@@ -245,12 +245,16 @@ def nonfinite_hits(problem: AttentionProblem, bad: Tensor, chunk: int = 256) -> 
 
 
 def clean_nonfinite(problem: AttentionProblem) -> tuple[Tensor, Tensor, Tensor]:
-    """k and v with every non-finite entry zeroed, and the (batch, heads, k_len) bool marking the keys that held one.
+    """k and v with the keys that hold a non-finite entry zeroed, and the (batch, heads, k_len) bool marking them.
 
-    Zeroing the entries (not whole keys) is enough: a blocked key then contributes 0 * finite = 0, and the outputs that
-    may see a marked key are set to NaN by :func:`poison_rows` whatever the rest of it holds."""
+    A blocked key must contribute exactly 0 forward and backward, and 0 * NaN is NaN (weights times values, and the
+    score gradient times the keys in dL/dq). ``torch.where`` keeps only the bool condition for the backward, so in a
+    model, where nothing else holds the uncleaned tensors, this costs no memory (the bench, whose inputs are leaves,
+    holds both).
+    """
     bad = nonfinite_keys(problem.k, problem.v)
-    return torch.nan_to_num(problem.k, 0.0, 0.0, 0.0), torch.nan_to_num(problem.v, 0.0, 0.0, 0.0), bad
+    keep = ~bad.unsqueeze(-1)
+    return torch.where(keep, problem.k, 0.0), torch.where(keep, problem.v, 0.0), bad
 
 
 def poison_rows(out: Tensor, problem: AttentionProblem, bad: Tensor) -> Tensor:
