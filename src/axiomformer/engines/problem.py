@@ -58,8 +58,11 @@ def rows_without_keys(mask: Tensor | None, causal: bool, q_len: int, k_len: int,
     causal limit.
     """
     q_positions = torch.arange(q_len, device=device) + q_offset
-    if window and mask is None and causal and 0 <= q_offset <= k_len - q_len:
-        return None                                      # every query sees at least its own key
+    if window and mask is None:
+        # The window's keys of the query at p: max(0, p - W + 1) .. min(k_len - 1, p (causal) or p + W - 1).
+        first = (q_positions - window + 1).clamp_min(0)
+        last = (q_positions if causal else q_positions + window - 1).clamp_max(k_len - 1)
+        return (first > last).view(1, 1, -1)
     if window:
         visible = window_mask(q_len, k_len, q_offset, window, causal, device)
         if causal:
