@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from axiomformer.axes import (
     Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value,
 )
-from axiomformer.axes.position import TokenPositions, token_positions
+from axiomformer.axes.position import POSITIONS, TokenPositions, token_positions
 from axiomformer.engines import Parts, attend
 from axiomformer.engines.problem import rows_without_keys
 from axiomformer.masks import prepare_masks
@@ -179,9 +179,14 @@ class Attention(nn.Module):
         new_k_len = key.shape[1]
         k_len = past + new_k_len
         q_offset = k_len - q_len
-        pos = token_positions(q_len, new_k_len, past, query.device, position_ids=position_ids,
-                              key_position_ids=key_position_ids, key_padding_mask=key_padding_mask,
-                              cached=cache.positions if cache is not None else None, self_attention=key is query)
+        if POSITIONS[self.spec.position].traits or cache is not None:   # positions are read, or kept by the cache
+            pos = token_positions(q_len, new_k_len, past, query.device, position_ids=position_ids,
+                                  key_position_ids=key_position_ids, key_padding_mask=key_padding_mask,
+                                  cached=cache.positions if cache is not None else None,
+                                  self_attention=key is query)
+        else:                                            # no value of the positions is read: no need to derive them
+            pos = TokenPositions(torch.arange(q_offset, k_len, device=query.device),
+                                 torch.arange(past, k_len, device=query.device), default=True)
 
         # Position enters through the query/key inputs (sinusoidal, learned) or by rotating q and k (RoPE).
         q = self._split_heads(self.q_proj(self.position.encode_inputs(query, pos.q)))

@@ -7,9 +7,20 @@ Every normalizer maps scores (batch, heads, q_len, k_len) and an optional boolea
 broadcastable to the scores) to weights of the same shape, computed in float32. Masked keys get weight 0; a query row
 with no visible key gets all-zero weights with finite gradients.
 
-Choices: :data:`NORMALIZERS` below, one entry per choice with its formula, source, implementation and traits
-(n_i is the number of keys visible to query i, so appending masked keys changes nothing); the scale choices
-(A5's temperature) are :data:`SCALES`, the linear normalizer's feature maps :data:`FEATURE_MAPS`.
+Choices (n_i is the number of keys visible to query i, so appending masked keys changes nothing); each is one entry
+of :data:`NORMALIZERS` below with its formula, source, implementation and traits:
+    softmax         u = exp(s) / sum_j exp(s_j)                       (A5 holds with scale inv_sqrt_d)
+    sigmoid         u = sigmoid(s - log n_i)                          (Ramapuram et al. 2024)
+    relu            u = relu(s) / n_i                                 (Wortsman et al. 2023)
+    sparsemax       u = relu(s - tau)                                 (Martins & Astudillo 2016, entmax package)
+    entmax15        u = relu(s / 2 - tau)^2                           (Peters et al. 2019, entmax package)
+    gumbel_softmax  u = softmax(s + g), g ~ Gumbel(0, 1) in training  (Jang et al. 2017)
+    linear          u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)   (Katharopoulos et al. 2020, eq. 6-7)
+    entmax_alpha    u = alpha-entmax(s), alpha_h > 1 learned per head (Peters et al. 2019; Correia et al. 2019)
+    softmax1        u = exp(s) / (1 + sum_j exp(s_j)), a zero-logit sink (Miller 2023)
+Scale choices (A5's temperature, :data:`SCALES`): inv_sqrt_d (1/sqrt(head_dim)), none (1), learned (per head).
+Feature maps of the linear normalizer (:data:`FEATURE_MAPS`): elu (elu(x) + 1), relu, identity, taylor
+([1, y, vec(y y^T) / sqrt 2], y = x / d^(1/4)).
 """
 
 from __future__ import annotations

@@ -252,6 +252,7 @@ def token_positions(q_len: int, new_k_len: int, past: int, device: torch.device,
     return TokenPositions(torch.arange(k_len - q_len, k_len, device=device), torch.arange(past, k_len, device=device),
                           default=True)
 
+
 POSITIONS = Registry("position", [
     Choice("none", "no position information", "Somani, A0 (permutation invariance)"),
     Choice("sinusoidal", "PE(p, 2i) = sin(p / 10000^(2i/dim)), PE(p, 2i+1) = cos(...)", "Vaswani et al. 2017, sec. 3.5",
