@@ -4,9 +4,8 @@ Runs, with every tunable left at its task default (``axiomformer.train.TASK_DEFA
 
     mqar   seq_len 64   transformer (standard spec)   -> accuracy >= 0.95
     needle seq_len 256  transformer (standard spec)   -> accuracy >= 0.9
-    needle seq_len 256  rnn (tanh Elman)              -> accuracy <= 0.3 (chance 1/16)
 
-and, for context, the LSTM and GRU on needle. Prints a table (wall seconds and process CPU seconds; on a shared
+and, for context (no acceptance line: nothing may require a model to fail), the tanh RNN, LSTM and GRU on needle. Prints a table (wall seconds and process CPU seconds; on a shared
 machine the CPU seconds are the better estimate of an unshared run) and exits 1 if an acceptance line fails.
 
     python experiments/long_range.py [--threads 2] [--seed 0] [--only mqar,needle] [--json]
@@ -27,7 +26,7 @@ RUNS = [
     # (task, seq_len, model, check, threshold)
     ("mqar", 64, "transformer", ">=", 0.95),
     ("needle", 256, "transformer", ">=", 0.9),
-    ("needle", 256, "rnn", "<=", 0.3),
+    ("needle", 256, "rnn", None, None),
     ("needle", 256, "lstm", None, None),
     ("needle", 256, "gru", None, None),
 ]

@@ -17,6 +17,8 @@ from axiomformer.study import (
     run_study, validate_config,
 )
 from axiomformer.study.report import assumption_of
+from axiomformer.study.stages import plan_all
+from axiomformer.study.statistics import mean_interval
 from axiomformer.study.sweep import match_width, match_widths
 
 
@@ -41,6 +43,7 @@ def tiny_study_toml(name: str = "tiny study", seeds: int = 2, variants: tuple = 
     batch_size = 8
     eval_batches = 1
     warmup = 2
+    lr_grid = [3e-3, 1e-2]
 
     [sections]
     audit = false
@@ -124,11 +127,11 @@ def test_default_sweep_has_every_variant_and_baseline_of_the_issue():
     assert nope.spec == "standard" and nope.input_position == "none"
     assert next(m for m in models(default_config()) if m.label == "standard").input_position == "auto"
     tasks = {t.name: t.seq_lens for t in default_config().tasks}
-    assert {"mqar", "needle", "digits"} <= set(tasks) and len(tasks["needle"]) >= 3
+    assert {"mqar", "needle", "digits"} <= set(tasks) and default_config().seeds >= 3
+    assert len(default_config().budget.lr_grid) == 3
     quick = default_config(quick=True)
-    assert [m.label for m in models(quick)] == expected
-    quick_needle = [n for t in quick.tasks if t.name == "needle" for n in t.seq_lens]
-    assert len(quick_needle) >= 2 and quick.seeds == 1
+    assert set(m.label for m in models(quick)) <= set(expected) and "standard" in [m.label for m in models(quick)]
+    assert quick.seeds >= 2 and len(quick.budget.lr_grid) == 3
 
 
 def test_model_labels_name_the_relaxed_assumption():
@@ -180,22 +183,26 @@ def test_default_sweep_parameter_counts_are_matched_within_ten_percent():
         assert abs(n - reference[(task, seq_len)]) <= 0.10 * reference[(task, seq_len)], (label, task, seq_len)
 
 
-def test_every_model_gets_the_same_training_budget():
+def test_every_model_gets_the_same_training_budget_and_learning_rate_grid():
     cfg = default_config()
-    runs = plan(cfg)
-    budget_keys = ("steps", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "eval_batches",
-                   "target_accuracy", "layers")
+    runs = plan(cfg)  # the selection stage: every cell at every learning rate of the grid
+    budget_keys = ("steps", "batch_size", "warmup", "weight_decay", "grad_clip", "eval_batches", "eval_every",
+                   "target_accuracy", "patience", "layers")
     for task in {(r.task, r.seq_len) for r in runs}:
         budgets = {json.dumps({k: r.train_config[k] for k in budget_keys}) for r in runs
                    if (r.task, r.seq_len) == task}
         assert len(budgets) == 1, task
-    assert all(r.train_config["target_accuracy"] is None for r in runs)  # no early stop: equal steps for all
+        grids = {m.label: sorted(r.lr for r in runs if (r.task, r.seq_len) == task and r.model.label == m.label)
+                 for m in models(cfg)}
+        assert all(g == sorted(cfg.budget.lr_grid) for g in grids.values()), task
+    assert {r.seed for r in runs} == {cfg.selection_seed}
 
 
 def test_run_keys_are_unique_stable_and_change_with_the_budget():
     cfg = validate_config({}, base=default_sweep(quick=True))
     keys = [r.key for r in plan(cfg)]
-    assert len(keys) == len(set(keys)) == len(models(cfg)) * cfg.seeds * sum(len(t.seq_lens) for t in cfg.tasks)
+    assert len(keys) == len(set(keys)) == len(models(cfg)) * len(cfg.budget.lr_grid) * sum(
+        len(t.seq_lens) for t in cfg.tasks)
     assert keys == [r.key for r in plan(cfg)]
     other = validate_config({"budget": {"steps": cfg.budget.steps + 1}}, base=cfg.model_dump())
     assert not set(keys) & {r.key for r in plan(other)}
@@ -231,8 +238,9 @@ def test_study_writes_store_report_and_figures_and_a_rerun_trains_nothing(tiny_t
     pngs = sorted(p.name for p in (out / "figures").glob("*.png"))
     assert "needle_accuracy_vs_length.png" in pngs and "assumption_impact.png" in pngs
 
-    cfg = load_config(tiny_toml)
-    planned = plan(cfg)
+    cfg = load_config(tiny_toml, base=default_sweep())
+    with ResultsStore(out) as store:
+        planned = plan_all(cfg, {r["key"]: r for r in store.runs()})
     db = sqlite3.connect(out / "results.sqlite")
     rows = db.execute("SELECT key, label, seed, accuracy, params, git_commit, package_version, assumptions "
                       "FROM runs").fetchall()
@@ -242,11 +250,18 @@ def test_study_writes_store_report_and_figures_and_a_rerun_trains_nothing(tiny_t
     html = (out / "report.html").read_text()
     for label in ("standard", "A5=sigmoid", "rnn"):
         assert f"| {label} |" in report and f"<td>{label}</td>" in html
-    # headline cell: mean ± sample std over the two seeds, recomputed from the store
-    accs = [r[3] for r in rows if r[1] == "standard"]
-    first = db.execute("SELECT accuracy FROM runs WHERE label='standard' AND seq_len=8").fetchall()
-    mean, std = statistics.fmean(a for (a,) in first), statistics.stdev(a for (a,) in first)
-    assert f"{mean:.3f} ± {std:.3f}" in report and len(accs) == 4  # 2 lengths x 2 seeds
+    # the headline cell of standard@8, recomputed from the store: the lr with the best validation accuracy at seed 0
+    # (ties: lower validation loss, then the smaller lr), then the mean over seeds 0 and 1 at that lr
+    seed0 = [(json.loads(o)["val_accuracy"], -json.loads(o)["val_loss"], -json.loads(t)["lr"], json.loads(t)["lr"])
+             for o, t in db.execute("SELECT outcome, train_config FROM runs WHERE label='standard' AND seq_len=8 "
+                                    "AND seed=0")]
+    lr = max(seed0)[3]
+    first = [a for a, t in db.execute("SELECT accuracy, train_config FROM runs WHERE label='standard' AND seq_len=8")
+             if json.loads(t)["lr"] == lr]
+    mean, low, high = mean_interval(first)
+    assert len(first) == 2 and f"{mean:.3f} [{low:.3f}, {high:.3f}] lr {lr:g}" in report
+    assert "Failed or missing runs" not in report  # selection-only runs are stored, not missing
+    assert min(first) <= low <= mean <= high <= max(first)
     assert json.loads(next(r[7] for r in rows if r[1] == "rnn")) == {"A0": False}
     assert json.loads(next(r[7] for r in rows if r[1] == "A5=sigmoid"))["A5"] is False
     db.close()
@@ -259,7 +274,7 @@ def test_study_writes_store_report_and_figures_and_a_rerun_trains_nothing(tiny_t
     monkeypatch.setattr(axiomformer.train, "train", no_training)
     again = runner.invoke(app, ["study", "--config", str(tiny_toml), "--out", str(out), "--no-progress"])
     assert again.exit_code == 0, again.output
-    assert "trained 0 run(s) (12 already stored)" in again.output
+    assert "trained 0 run(s) (18 already stored)" in again.output  # 3 models x 2 lengths x (2 lrs + 1 more seed)
 
 
 def test_report_command_rebuilds_the_report_from_the_store(tiny_toml, tmp_path):
@@ -272,7 +287,15 @@ def test_report_command_rebuilds_the_report_from_the_store(tiny_toml, tmp_path):
     assert result.exit_code == 0, result.output
     assert (out / "report.md").read_text() == before
     assert (out / "report.html").is_file() and len(list((out / "figures").glob("*.png"))) == 2
-    assert summary.trained == 12 and not summary.failed
+    assert summary.trained == 18 and not summary.failed
+    verdicts = json.loads(CliRunner().invoke(app, ["report", str(out), "--json"]).output)
+    assert len(verdicts["cells"]) == 3 * 2 and len(verdicts["comparisons"]) == 2 * 2  # 2 non-standard models x 2
+    for cell in verdicts["cells"]:
+        assert {"model", "task", "mean", "ci_low", "ci_high", "n_seeds", "lr", "converged"} <= set(cell)
+        assert cell["n_seeds"] == 2 and cell["ci_low"] <= cell["mean"] <= cell["ci_high"]
+    for comp in verdicts["comparisons"]:
+        assert {"model", "task", "diff", "ci_low", "ci_high", "p_holm", "significant"} <= set(comp)
+        assert comp["p_holm"] >= comp["p"] and comp["significant"] == (comp["p_holm"] < 0.05)
 
 
 def test_cli_rejects_bad_input_without_a_traceback(tmp_path):

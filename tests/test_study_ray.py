@@ -12,13 +12,13 @@ ray = pytest.importorskip("ray")
 TWO_RUNS = {
     "name": "ray test", "seeds": 1, "variants": ["standard"], "baselines": ["gru"], "threads": 1, "workers": 1,
     "model": {"dim": 16, "heads": 2, "layers": 1},
-    "budget": {"steps": 6, "batch_size": 8, "eval_batches": 1, "warmup": 2},
+    "budget": {"steps": 6, "batch_size": 8, "eval_batches": 1, "warmup": 2, "lr_grid": [3e-3]},
     "sections": {"audit": False, "derive": False, "flow": False},
     "tasks": [{"name": "needle", "seq_lens": [8]}],
 }
 
 COMPARED = ("label", "task", "seq_len", "seed", "dim", "params", "accuracy", "loss", "steps", "losses", "engine",
-            "train_config", "assumptions")
+            "train_config", "assumptions", "outcome")
 
 
 def _runs(out) -> dict[str, dict]:

@@ -12,7 +12,7 @@ import time
 import pytest
 from rich.console import Console
 
-from axiomformer.study import load_config, plan, run_study
+from axiomformer.study import default_sweep, load_config, plan, run_study
 from test_study import tiny_study_toml
 
 
@@ -43,7 +43,7 @@ def test_interrupt_in_the_kth_run_then_resume_loses_and_duplicates_nothing(tmp_p
 
     path = _config(tmp_path, steps=4, seeds=1)
     config = load_config(path)
-    total = len(plan(config))
+    total = len(plan(config))  # one seed: the selection stage (3 models x 2 lengths x 2 lrs) is the whole study
     out = tmp_path / "study"
     real_train, calls = axiomformer.train.train, []
 
@@ -94,7 +94,8 @@ def _wait_for(out, n: int, proc, timeout: float = 90.0) -> None:
 @pytest.mark.slow
 def test_killed_then_ctrl_c_study_resumes_without_losing_or_duplicating_runs(tmp_path):
     path = _config(tmp_path, steps=40, seeds=2)
-    total = len(plan(load_config(path)))  # 3 models x 2 lengths x 2 seeds
+    config = load_config(path, base=default_sweep())  # what the CLI runs: the file over the default preset
+    total = len(plan(config)) + 3 * 2 * 1  # selection (3 models x 2 lengths x 2 lrs) + seed 1 per cell
     out = tmp_path / "study"
 
     first = _start(path, out)
@@ -113,7 +114,7 @@ def test_killed_then_ctrl_c_study_resumes_without_losing_or_duplicating_runs(tmp
     interrupted = _rows(out)
     assert set(killed) <= set(interrupted) and len(interrupted) < total
 
-    summary = run_study(load_config(path), out, progress=False, console=Console(quiet=True))
+    summary = run_study(config, out, progress=False, console=Console(quiet=True))
     final = _rows(out)
     assert summary.trained == total - len(interrupted)
     assert len(final) == len({r[0] for r in final}) == total

@@ -76,7 +76,7 @@ def test_selective_copy_targets_are_the_scattered_tokens_in_order():
 
 
 def test_needle_asks_at_the_end_for_the_value_stored_near_the_start():
-    task = make_task("needle", seq_len=200, num_keys=4, num_filler=7, window=5)
+    task = make_task("needle", seq_len=200, num_keys=4, num_filler=7, window=5, shared=False)
     x, y = rows(task, n=64)
     k = task.num_keys
     for xi, yi in zip(x, y):
@@ -158,7 +158,7 @@ SMALL = {
     "copy": dict(seq_len=8, vocab=3),
     "mqar": dict(seq_len=6, vocab=4, num_pairs=2, num_queries=1),
     "selective_copy": dict(seq_len=6, vocab=3, num_tokens=2),
-    "needle": dict(seq_len=5, num_keys=3, num_filler=2, window=2),
+    "needle": dict(seq_len=5, num_keys=3, num_filler=2, window=2, shared=False),
     "induction": dict(seq_len=5, vocab=3),
 }
 
@@ -186,5 +186,50 @@ def test_unknown_task_option_or_split_names_the_choices():
         make_task("mqr", seq_len=64)
     with pytest.raises(ValueError, match="num_pairs"):
         make_task("mqar", seq_len=64, pairs=3)
-    with pytest.raises(ValueError, match="train, eval"):
-        make_task("copy", seq_len=8).batch(2, seed=0, split="test")
+    with pytest.raises(ValueError, match="train, eval, val, test"):
+        make_task("copy", seq_len=8).batch(2, seed=0, split="tst")
+
+
+
+
+def test_shared_needle_key_occurs_once_before_the_query_and_the_pair_is_anywhere():
+    task = make_task("needle", seq_len=40, num_keys=6, shared=True)
+    x, y = rows(task, n=512)
+    starts = []
+    for xi, yi in zip(x, y):
+        key, value = xi[-1], yi[-1]
+        where = np.flatnonzero(xi[:-1] == key)
+        assert len(where) == 1 and xi[where[0] + 1] == value and value != key  # the only lookup that answers
+        starts.append(where[0])
+    assert task.vocab_size == 6 and task.chance == pytest.approx(1 / 5)
+    # the pair's start is uniform over 0 .. T-3: both ends are reached and the mean is near the middle (19)
+    assert min(starts) == 0 and max(starts) == 37 and abs(np.mean(starts) - 18.5) < 2.0
+
+
+def test_uniform_needle_with_disjoint_vocabularies_reaches_the_whole_sequence():
+    task = make_task("needle", seq_len=300, shared=False)
+    x, _ = rows(task, n=256)
+    starts = [int(np.flatnonzero(xi[:-1] < task.num_keys)[0]) for xi in x]
+    assert max(starts) > 250 and min(starts) < 50
+
+
+def test_mqar_pairs_scale_with_the_length():
+    counts = {n: make_task("mqar", seq_len=n, vocab=32, pairs_per_token=1 / 640).num_pairs
+              for n in (64, 1024, 4096, 10_000)}
+    assert counts == {64: 4, 1024: 4, 4096: 6, 10_000: 15}
+    x, y = rows(make_task("mqar", seq_len=4096, vocab=32, pairs_per_token=1 / 640), n=2)
+    assert int((y != IGNORE).sum()) == 2 * 6
+    with pytest.raises(ValueError, match="pairs_per_token"):
+        make_task("mqar", seq_len=64, pairs_per_token=0.01, num_pairs=3)
+
+
+def test_val_and_test_splits_are_disjoint_and_make_up_eval():
+    from axiomformer.tasks.base import held_out_part, in_eval_split
+
+    task = make_task("copy", seq_len=6, vocab=3)
+    val, _ = task.batch(256, seed=0, split="val")
+    test, _ = task.batch(256, seed=0, split="test")
+    assert not {tuple(r) for r in val.tolist()} & {tuple(r) for r in test.tolist()}
+    for batch, name in ((val, "val"), (test, "test")):
+        parts = held_out_part(batch.numpy())
+        assert (parts == name).all() and in_eval_split(batch.numpy()).all()

@@ -100,7 +100,7 @@ def test_train_checkpoint_reloads_to_the_same_eval_accuracy(tmp_path):
     model, meta = load_checkpoint(tmp_path)
     assert meta["train"]["spec"] == "position=rope" and meta["result"]["accuracy"] == result.accuracy
     task = make_task("copy", seq_len=12, vocab=4)
-    acc, _ = evaluate(model, [task.batch(4, seed=0, split="eval")])
+    acc, _ = evaluate(model, [task.batch(config.batch_size, seed=i, split="test") for i in range(config.eval_batches)])
     assert acc == result.accuracy
 
 
@@ -124,3 +124,30 @@ def test_cli_bad_names_exit_2_naming_the_choices(args, choices):
     out = CliRunner().invoke(app, ["train", *args, "--steps", "1", "--quiet"])
     assert out.exit_code == 2
     assert choices in out.output and "Traceback" not in out.output
+
+
+def test_patience_stops_after_that_many_evaluations_without_a_better_validation_score(monkeypatch):
+    import axiomformer.train as trainer
+
+    script = iter([(0.5, 1.0), (0.6, 0.9), (0.6, 0.95), (0.55, 1.0), (0.9, 0.1), (0.42, 2.0)])
+    monkeypatch.setattr(trainer, "evaluate", lambda *args: next(script))
+    config = TrainConfig(**{**TINY, "steps": 60, "eval_every": 2}, target_accuracy=None, patience=2)
+    result = train(config, progress=False)
+    # evaluations at steps 2, 4, 6, 8: the best is step 4 (0.6, loss 0.9); 6 and 8 do not beat it -> stop at 8
+    assert result.stop_reason == "patience" and result.steps == 8 and result.converged
+    assert (result.best_step, result.val_accuracy, result.val_loss) == (4, 0.6, 0.9)
+    assert result.accuracy == 0.9  # the next scripted evaluation is the test one, after the stop
+    script = iter([(0.5, 1.0), (0.6, 0.9), (0.6, 0.95), (0.55, 1.0), (0.9, 0.1), *[(0.5, 1.0)] * 3, (0.42, 2.0)])
+    monkeypatch.setattr(trainer, "evaluate", lambda *args: next(script))
+    longer = train(config.model_copy(update={"patience": 3}), progress=False)
+    # one more evaluation of patience finds the better one at step 10, then three more without improvement
+    assert (longer.steps, longer.best_step, longer.val_accuracy, longer.accuracy) == (16, 10, 0.9, 0.42)
+
+
+def test_a_run_still_improving_when_its_steps_run_out_is_not_converged():
+    # two evaluations, no patience: the best is necessarily among the last three, so the run cannot be called done
+    result = train(TrainConfig(**{**TINY, "steps": 4, "eval_every": 2}, target_accuracy=None), progress=False)
+    assert result.stop_reason == "steps" and not result.converged
+    # reaching the target counts as converged whatever the step count
+    done = train(TrainConfig(**TINY, target_accuracy=0.0), progress=False)
+    assert done.stop_reason == "target" and done.converged

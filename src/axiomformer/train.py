@@ -4,9 +4,10 @@
 >>> result.accuracy, result.steps, result.tokens_per_second
 
 Determinism: ``torch.manual_seed(config.seed)`` before the model is built, and every batch is a pure function of
-(seed, step): training batch ``s`` is ``task.batch(batch_size, seed=(config.seed << 32) + s, split="train")``, eval
-batch ``i`` is ``task.batch(batch_size, seed=i, split="eval")`` — the same eval set for every training seed, and
-disjoint from every training example (see ``axiomformer.tasks.base``). Same config, same threads -> same losses.
+(seed, step): training batch ``s`` is ``task.batch(batch_size, seed=(config.seed << 32) + s, split="train")``,
+validation batch ``i`` is ``task.batch(batch_size, seed=i, split="val")`` and test batch ``i`` the same with
+``split="test"`` — the same validation and test sets for every training seed, disjoint from each other and from every
+training example (see ``axiomformer.tasks.base``). Same config, same threads -> same losses.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from axiomformer.budget import Budget
 
 from axiomformer.memory import PeakMemory
 from axiomformer.models import MODEL_KINDS, build_model, count_parameters, default_heads
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
 
 GENERIC_DEFAULTS: dict[str, Any] = {
     "steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup": 50, "eval_every": 100, "eval_batches": 4,
-    "target_accuracy": None,
+    "target_accuracy": None, "patience": None,
 }
 """Defaults of the tunable fields for a task without its own entry in ``TASK_DEFAULTS``."""
 
@@ -54,11 +57,14 @@ MIN_LR_RATIO = 0.1
 """Cosine decay ends at this fraction of the peak learning rate **(our choice)**."""
 
 
-class TrainConfig(BaseModel):
-    """One training run, validated at the door (unknown keys rejected).
+class TrainConfig(Budget):
+    """One training run, validated at the door (unknown keys rejected): the budget (:class:`axiomformer.budget.Budget`)
+    plus what is trained on what.
 
     Fields left unset among ``steps, batch_size, lr, warmup, eval_every, eval_batches, target_accuracy`` take the
-    task's defaults (``TASK_DEFAULTS``); ``target_accuracy=None`` given explicitly disables early stopping.
+    task's defaults (``TASK_DEFAULTS``); ``target_accuracy=None`` given explicitly disables early stopping on it.
+    ``init_from``: a safetensors state dict (saved by an earlier run, same model and width) to start from instead of
+    a fresh initialization (the long-range suite's curriculum warm start).
 
     Raises:
         pydantic.ValidationError (a ValueError): unknown task/model (naming the choices), a bad spec string, or
@@ -74,19 +80,11 @@ class TrainConfig(BaseModel):
     layers: int = Field(2, ge=1)
     dim: int = Field(64, ge=1)
     heads: int | None = Field(None, ge=1)
-    steps: int | None = Field(None, ge=0)
-    batch_size: int | None = Field(None, ge=1)
-    lr: float | None = Field(None, gt=0)
-    weight_decay: float = Field(0.1, ge=0)
-    warmup: int | None = Field(None, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
     seed: int = Field(0, ge=0)
-    eval_batches: int | None = Field(None, ge=1)
-    target_accuracy: float | None = None
-    eval_every: int | None = Field(None, ge=1)
     device: str = "auto"
     input_position: str = "auto"
     task_options: dict[str, Any] = Field(default_factory=dict)
+    init_from: str | None = None
 
     @model_validator(mode="after")
     def _fill_and_check(self) -> "TrainConfig":
@@ -97,7 +95,7 @@ class TrainConfig(BaseModel):
         defaults = {**GENERIC_DEFAULTS, **TASK_DEFAULTS.get(self.task, {})}
         explicit = set(self.model_fields_set)
         for name, value in defaults.items():
-            if getattr(self, name) is None and (name != "target_accuracy" or name not in explicit):
+            if getattr(self, name) is None and (name not in ("target_accuracy", "patience") or name not in explicit):
                 if name == "batch_size":
                     value = max(1, min(value, MAX_BATCH_TOKENS // self.seq_len))
                 object.__setattr__(self, name, value)
@@ -117,8 +115,14 @@ class TrainResult:
     """The outcome of :func:`train`.
 
     Attributes:
-        accuracy: eval accuracy over scored positions (targets != -100) of the eval split.
-        loss: mean eval cross-entropy over those positions (nats).
+        accuracy: **test** accuracy over scored positions (targets != -100) of the test split, with the weights of
+            the best validation evaluation.
+        loss: mean test cross-entropy over those positions (nats).
+        val_accuracy, val_loss: the best validation evaluation (the one whose weights were tested).
+        best_step: the step of that evaluation.
+        converged: False when the run used all ``steps`` while its validation score was still improving (its best
+            evaluation among the last ``patience`` ones, 3 when ``patience`` is None).
+        stop_reason: ``"target"``, ``"patience"``, ``"steps"`` or ``"nonfinite"``.
         steps: optimizer steps taken (early stop may cut them short).
         seconds: wall time of training plus evaluation.
         params: trainable parameters.
@@ -150,6 +154,11 @@ class TrainResult:
     chance: float = 0.0
     config: dict = field(default_factory=dict)
     memory_method: str = ""
+    val_accuracy: float = 0.0
+    val_loss: float = float("nan")
+    best_step: int = 0
+    converged: bool = True
+    stop_reason: str = "steps"
 
     SUMMARY_KEYS = ("task", "model", "spec", "seq_len", "accuracy", "loss", "steps", "seconds", "params",
                     "tokens_per_second")
@@ -234,11 +243,13 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
 
 
 def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | Path | None = None,
-          log: Callable[[str], None] | None = None) -> TrainResult:
-    """Train ``config.model`` on ``config.task`` and evaluate it.
+          log: Callable[[str], None] | None = None, save_state: str | Path | None = None) -> TrainResult:
+    """Train ``config.model`` on ``config.task``, select on validation, report test.
 
-    Evaluates every ``eval_every`` steps and after the last one; stops early once the eval accuracy reaches
-    ``target_accuracy``, or when the training loss is not finite. CPU threads are the caller's business.
+    Evaluates on the validation split every ``eval_every`` steps and after the last one, keeps the weights of the
+    best evaluation (higher accuracy, ties broken by lower loss), stops early once the validation accuracy reaches
+    ``target_accuracy``, after ``patience`` evaluations without improvement, or when the training loss is not
+    finite; then evaluates those weights once on the test split. CPU threads are the caller's business.
 
     Inside an initialized ``torch.distributed`` process group (``torchrun``), trains data parallel: ``batch_size`` is
     the global batch, each rank takes its slice, and only rank 0 logs and writes the checkpoint
@@ -246,11 +257,14 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
 
     Args:
         progress: show a rich progress bar (on stderr).
-        checkpoint_dir: if given, save the final model there (safetensors + config.json with config and result).
+        checkpoint_dir: if given, save the tested model there (safetensors + config.json with config and result).
         log: called with one line per evaluation.
+        save_state: if given, write the tested model's state dict there (safetensors; ``init_from`` reads it).
 
     Raises:
-        ValueError: task options the task rejects; a global batch that does not split evenly over the ranks.
+        ValueError: task options the task rejects; a global batch that does not split evenly over the ranks; an
+            ``init_from`` that does not fit the model.
+        FileNotFoundError: a missing ``init_from`` file.
     """
     from axiomformer.distributed import DataParallel
 
@@ -265,13 +279,15 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
     model = build_model(config.model, vocab_size=task.vocab_size, dim=config.dim, num_layers=config.layers,
                         max_len=config.seq_len, spec=spec,
                         **({"input_position": config.input_position} if spec is not None else {})).to(device)
+    if config.init_from is not None:
+        _load_state(model, config.init_from)
     model.train()
     net = parallel.wrap(model)
     optimizer = make_optimizer(model, config)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup, config.steps))
-    eval_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="eval"))
-                for i in parallel.eval_indices(config.eval_batches)]
+    val_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="val"))
+               for i in parallel.eval_indices(config.eval_batches)]
 
     meter = PeakMemory(device)
     meter.start()
@@ -279,7 +295,8 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
     train_seconds = 0.0
     losses: list[torch.Tensor] = []
     history: list[dict] = []
-    accuracy, eval_loss, steps_done, engines = 0.0, float("nan"), 0, []
+    steps_done, engines, stop_reason = 0, [], "steps"
+    best = _Best()
     bar = _progress_bar(progress)
     job = bar.add_task(f"{config.task} {config.model}", total=config.steps, info="")
     with bar:
@@ -301,38 +318,89 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
             train_seconds += time.perf_counter() - tick
             bar.update(job, advance=1)
             if steps_done % config.eval_every == 0 or steps_done == config.steps or not finite:
-                accuracy, eval_loss = evaluate(model, eval_set, parallel)
+                accuracy, eval_loss = evaluate(model, val_set, parallel)
                 history.append({"step": steps_done, "accuracy": accuracy, "loss": eval_loss})
-                line = f"step {steps_done}: loss {float(loss.detach()):.4f} eval accuracy {accuracy:.3f} eval loss {eval_loss:.4f}"
+                best.offer(model, steps_done, accuracy, eval_loss, len(history))
+                line = (f"step {steps_done}: loss {float(loss.detach()):.4f} val accuracy {accuracy:.3f} "
+                        f"val loss {eval_loss:.4f}")
                 bar.update(job, info=f"loss {float(loss.detach()):.3f} acc {accuracy:.3f}")
                 if log is not None:
                     log(line)
                 if not finite:
                     if log is not None:
                         log(f"step {steps_done}: training loss is not finite; stopping")
+                    stop_reason = "nonfinite"
                     break
                 if config.target_accuracy is not None and accuracy >= config.target_accuracy:
+                    stop_reason = "target"
+                    break
+                if config.patience is not None and len(history) - best.index >= config.patience:
+                    stop_reason = "patience"
                     break
     if steps_done == 0:
-        accuracy, eval_loss = evaluate(model, eval_set, parallel)
+        accuracy, eval_loss = evaluate(model, val_set, parallel)
+        best.offer(model, 0, accuracy, eval_loss, 1)
         engines = list(model.engines)
+    best.restore(model)
+    test_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="test"))
+                for i in parallel.eval_indices(config.eval_batches)]
+    test_accuracy, test_loss = evaluate(model, test_set, parallel)
+    window = config.patience or 3
+    converged = stop_reason in ("target", "patience") or (
+        stop_reason == "steps" and len(history) - best.index >= window)
     seconds = time.perf_counter() - start
     peak = meter.stop()
     result = TrainResult(
         task=config.task, model=config.model, spec=spec.variant if spec is not None else config.spec,
-        seq_len=config.seq_len, accuracy=accuracy, loss=eval_loss, steps=steps_done, seconds=seconds,
+        seq_len=config.seq_len, accuracy=test_accuracy, loss=test_loss, steps=steps_done, seconds=seconds,
         params=count_parameters(model),
         tokens_per_second=steps_done * config.batch_size * config.seq_len / max(train_seconds, 1e-9),
         peak_mem_mb=peak, memory_method=meter.method, engine=",".join(dict.fromkeys(engines)),
         losses=torch.stack(losses).cpu().tolist() if losses else [], history=history, chance=task.chance,
-        config=config.model_dump(),
+        config=config.model_dump(), val_accuracy=best.accuracy, val_loss=best.loss, best_step=best.step,
+        converged=converged, stop_reason=stop_reason,
     )
+    if save_state is not None and parallel.main:
+        from safetensors.torch import save_file
+
+        Path(save_state).parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(save_state))
     if checkpoint_dir is not None and parallel.main:
         from axiomformer.checkpoint import save_checkpoint
 
         save_checkpoint(checkpoint_dir, model, train=config.model_dump(), result=_finite(
             {k: v for k, v in result.to_dict().items() if k not in ("losses",)}))
     return result
+
+
+class _Best:
+    """The best validation evaluation so far and a CPU copy of its weights."""
+
+    def __init__(self):
+        self.accuracy, self.loss, self.step, self.index, self.state = -1.0, float("inf"), 0, 0, None
+
+    def offer(self, model: torch.nn.Module, step: int, accuracy: float, loss: float, index: int) -> None:
+        better = accuracy > self.accuracy or (accuracy == self.accuracy and loss < self.loss)
+        if better or self.state is None:
+            self.accuracy, self.loss, self.step, self.index = accuracy, loss, step, index
+            self.state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    def restore(self, model: torch.nn.Module) -> None:
+        if self.state is not None:
+            model.load_state_dict(self.state)
+
+
+def _load_state(model: torch.nn.Module, path: str | Path) -> None:
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"init_from: no such state file {str(path)!r}")
+    state = load_file(str(path))
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise ValueError(f"init_from {str(path)!r} does not fit this model: {err}") from None
 
 
 def _progress_bar(enabled: bool):

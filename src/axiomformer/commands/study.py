@@ -12,7 +12,10 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("study")
     def study_command(
-        quick: bool = typer.Option(False, "--quick", help="the quick built-in sweep (about 3 minutes on 2 cores)"),
+        suite: str = typer.Option("main", "--suite", help="which study: main | long-range (see docs/study.md)"),
+        quick: bool = typer.Option(False, "--quick", help="the quick preset (about 3 minutes on 2 cores)"),
+        preset: Optional[str] = typer.Option(None, "--preset", help="quick | default | full (full: the complete "
+                                                                    "protocol, for Ray or a GPU)"),
         config: Optional[Path] = typer.Option(None, "--config", help="TOML study file, merged over the built-in sweep"),
         out: Optional[Path] = typer.Option(None, "--out", help="out dir (default runs/study-<timestamp>/); "
                                                                 "an existing one is resumed"),
@@ -21,8 +24,9 @@ def register(app: typer.Typer) -> None:
         address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (with --backend ray)"),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="show the overall progress bar"),
     ) -> None:
-        """Relax each assumption of the derivation, train every model under one matched budget, and write
-        results.sqlite, report.md, report.html and figures/ to the out dir. Rerun with the same --out to resume."""
+        """Run a study suite (default: relax each assumption of the derivation), every model under one matched budget
+        with its own learning rate chosen on validation, and write results.sqlite, report.md, report.html and
+        figures/ to the out dir. Rerun with the same --out to resume."""
         from axiomformer.study.config import StudyConfigError, load_config, validate_config
         from axiomformer.study.runner import BACKENDS, StudyError, run_study
         from axiomformer.study.sweep import default_sweep
@@ -32,7 +36,12 @@ def register(app: typer.Typer) -> None:
                                      param_hint="--backend")
         if address and backend != "ray":
             raise typer.BadParameter("--address is only used with --backend ray", param_hint="--address")
-        base = default_sweep(quick=quick)
+        if quick and preset not in (None, "quick"):
+            raise typer.BadParameter(f"--quick contradicts --preset {preset}", param_hint="--preset")
+        try:
+            base = default_sweep(quick=quick, suite=suite, preset=preset)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--suite/--preset") from None
         try:
             cfg = load_config(config, base=base) if config else validate_config(base, source="built-in sweep")
             if seeds is not None:
@@ -58,12 +67,20 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     def report_command(
         directory: Path = typer.Argument(..., help="a study out dir (holds results.sqlite)"),
+        as_json: bool = typer.Option(False, "--json", help="print the verdicts as JSON on stdout: cells (mean, "
+                                                           "95% CI, seeds, lr, converged) and comparisons with the "
+                                                           "standard model (paired difference, CI, Holm p)"),
     ) -> None:
         """Rebuild report.md, report.html and figures/ of a study from its results.sqlite alone."""
-        from axiomformer.study.report import build_report
+        import json
+
+        from axiomformer.study.report import build_report, study_json
 
         try:
             paths = build_report(directory)
         except FileNotFoundError as err:
             raise typer.BadParameter(str(err), param_hint="DIRECTORY") from None
-        typer.echo(f"wrote {paths['markdown']}, {paths['html']} and {len(paths['figures'])} figure(s)")
+        if as_json:
+            typer.echo(json.dumps(study_json(directory), indent=1))
+        else:
+            typer.echo(f"wrote {paths['markdown']}, {paths['html']} and {len(paths['figures'])} figure(s)")

@@ -54,7 +54,12 @@ def register(app: typer.Typer) -> None:
                                                         help="stop once eval accuracy reaches it (default: the task's)"),
         no_early_stop: bool = typer.Option(False, "--no-early-stop", help="train all steps"),
         eval_every: Optional[int] = typer.Option(None, "--eval-every", help="steps between evaluations"),
-        eval_batches: Optional[int] = typer.Option(None, "--eval-batches", help="eval batches per evaluation"),
+        eval_batches: Optional[int] = typer.Option(None, "--eval-batches",
+                                                   help="batches in the validation set and in the test set"),
+        grad_clip: Optional[float] = typer.Option(None, "--grad-clip", help="global gradient-norm clip (1.0)"),
+        patience: Optional[int] = typer.Option(None, "--patience",
+                                               help="stop after this many evaluations without a better validation "
+                                                    "score (default: never)"),
         device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda | cuda:N"),
         task_option: List[str] = typer.Option([], "--task-option", "-o",
                                               help="task option key=value, repeatable (e.g. -o path=book.txt)"),
@@ -71,13 +76,13 @@ def register(app: typer.Typer) -> None:
         import torch
         from pydantic import ValidationError
 
+        from axiomformer.budget import BUDGET_FIELDS
         from axiomformer.distributed import DataParallel, process_group
         from axiomformer.tasks import make_task
         from axiomformer.train import TrainConfig, train
 
-        given = {"heads": heads, "steps": steps, "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay,
-                 "warmup": warmup, "target_accuracy": target_accuracy, "eval_every": eval_every,
-                 "eval_batches": eval_batches}
+        options = locals()
+        given = {"heads": heads, **{name: options[name] for name in BUDGET_FIELDS}}  # the Budget model's fields
         fields = {k: v for k, v in given.items() if v is not None}
         expect_folder(checkpoint, "--checkpoint")
         if no_early_stop:
@@ -108,7 +113,8 @@ def register(app: typer.Typer) -> None:
             return
         typer.echo(f"{result.task} seq_len={result.seq_len} {result.model} spec={result.spec} "
                    f"engine={result.engine} params={result.params}")
-        typer.echo(f"accuracy {result.accuracy:.4f} (chance {result.chance:.4f})  eval loss {result.loss:.4f}  "
+        typer.echo(f"test accuracy {result.accuracy:.4f} (chance {result.chance:.4f}; validation "
+                   f"{result.val_accuracy:.4f} at step {result.best_step})  test loss {result.loss:.4f}  "
                    f"steps {result.steps}  {result.seconds:.1f}s  {result.tokens_per_second:,.0f} tokens/s")
         if checkpoint is not None:
             typer.echo(f"checkpoint: {checkpoint}")

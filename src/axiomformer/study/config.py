@@ -14,6 +14,7 @@ Example (``study.toml``)::
 
     [budget]
     steps = 200
+    lr_grid = [1e-3, 3e-3, 1e-2]
 
     [[tasks]]
     name = "needle"
@@ -28,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from axiomformer.budget import Budget
 from axiomformer.errors import UserInputError
 
 if sys.version_info >= (3, 11):
@@ -59,37 +61,31 @@ class _Strict(BaseModel):
         return data
 
 
-class Budget(_Strict):
-    """The training budget, identical for every model of the sweep (same steps, batch size and lr schedule).
+class StudyBudget(_Strict, Budget):
+    """The training budget of a study: :class:`axiomformer.budget.Budget` plus the learning-rate grid.
 
-    Fields map one to one onto :class:`axiomformer.train.TrainConfig`. ``target_accuracy`` stays ``None`` by default:
-    early stopping would give models different budgets **(our choice)**. ``eval_every = None`` evaluates once, after
-    the last step (evaluation does not change training, only costs time).
+    Every model gets the same budget on a task. ``lr_grid``: each (model, task) cell trains once per learning rate
+    at the selection seed, keeps the one with the best validation accuracy (ties: lower validation loss), and
+    reports its test accuracy over the seeds at that rate (as MAD and Zoology do). ``lr`` is used only when
+    ``lr_grid`` is empty. ``None`` fields take the trainer's task defaults. A task's ``budget`` table overrides
+    these fields for that task (``None`` there: keep the study's value).
     """
 
-    steps: int = Field(300, gt=0)
-    batch_size: int = Field(32, gt=0)
-    lr: float = Field(3e-3, gt=0)
-    warmup: int = Field(20, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    eval_batches: int = Field(4, gt=0)
-    eval_every: int | None = Field(None, gt=0)
-    target_accuracy: float | None = Field(None, gt=0, le=1)
+    lr_grid: list[float] | None = None
 
+    @field_validator("steps")
+    @classmethod
+    def _some_steps(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"steps must be >= 1 in a study, got {value}")
+        return value
 
-class BudgetOverride(_Strict):
-    """Per-task changes to :class:`Budget` (still the same for every model on that task)."""
-
-    steps: int | None = Field(None, gt=0)
-    batch_size: int | None = Field(None, gt=0)
-    lr: float | None = Field(None, gt=0)
-    warmup: int | None = Field(None, ge=0)
-    weight_decay: float | None = Field(None, ge=0)
-    grad_clip: float | None = Field(None, gt=0)
-    eval_batches: int | None = Field(None, gt=0)
-    eval_every: int | None = Field(None, gt=0)
-    target_accuracy: float | None = Field(None, gt=0, le=1)
+    @field_validator("lr_grid")
+    @classmethod
+    def _positive_lrs(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None and any(not lr > 0 for lr in value):
+            raise ValueError(f"lr_grid values must be positive, got {value}")
+        return value
 
 
 class ModelSettings(_Strict):
@@ -111,13 +107,15 @@ class TaskSettings(_Strict):
     """One task of the sweep at one or more sequence lengths.
 
     ``options`` are passed to ``axiomformer.tasks.make_task`` (as ``TrainConfig.task_options``); ``budget`` overrides
-    the study budget for this task only.
+    the study budget for this task only (its ``None`` fields keep the study's value); ``length_budgets`` overrides
+    it further at given lengths (keys: the length as a string, e.g. ``"10000"``).
     """
 
     name: str
     seq_lens: list[int] = Field(min_length=1)
     options: dict[str, Any] = Field(default_factory=dict)
-    budget: BudgetOverride = Field(default_factory=BudgetOverride)
+    budget: StudyBudget = Field(default_factory=StudyBudget)
+    length_budgets: dict[str, StudyBudget] = Field(default_factory=dict)
 
     @field_validator("seq_lens")
     @classmethod
@@ -139,8 +137,14 @@ class StudyConfig(_Strict):
     """A whole study: which models, which tasks, how many seeds, which budget.
 
     Attributes:
+        suite: which study suite plans the runs and writes the report (``axiomformer.study.suites``; ``main``: the
+            assumption sweep).
         name: a title for the report.
-        seeds: seeds 0..seeds-1 are run for every (model, task, length).
+        seeds: seeds 0..seeds-1 are reported for every (model, task, length).
+        selection_seed: the seed whose validation accuracy picks each cell's learning rate from ``budget.lr_grid``
+            (when it is one of the reported seeds, that run is reused, not retrained).
+        curriculum: train the lengths of a task in increasing order, each run starting from the weights of the same
+            model and seed at the previous length; the learning rate is chosen once, at the shortest length.
         base_spec: relax string applied to the standard spec before each variant (``"standard"``: none).
         variants: relax strings (``"A4=cosine"``, ``"position=rope"``, ``"standard"``), one Transformer each.
         baselines: recurrent baselines among ``rnn``, ``lstm``, ``gru``.
@@ -154,13 +158,16 @@ class StudyConfig(_Strict):
         device: passed to ``TrainConfig.device`` (``auto``: CUDA when available).
     """
 
+    suite: str = "main"
     name: str = "axiomformer study"
     seeds: int = Field(1, gt=0)
+    selection_seed: int = Field(0, ge=0)
+    curriculum: bool = False
     base_spec: str = "standard"
     variants: list[str] = Field(default_factory=lambda: ["standard"], min_length=1)
     baselines: list[str] = Field(default_factory=list)
     tasks: list[TaskSettings] = Field(min_length=1)
-    budget: Budget = Field(default_factory=Budget)
+    budget: StudyBudget = Field(default_factory=StudyBudget)
     model: ModelSettings = Field(default_factory=ModelSettings)
     sections: Sections = Field(default_factory=Sections)
     threads: int | None = Field(None, gt=0)
@@ -182,6 +189,14 @@ class StudyConfig(_Strict):
 
         for text in value:
             AttentionSpec.standard(64, 4, causal=True).relax(text)  # raises ValueError naming the valid choices
+        return value
+
+    @field_validator("suite")
+    @classmethod
+    def _known_suite(cls, value: str) -> str:
+        from axiomformer.study.suites import get_suite
+
+        get_suite(value)  # raises ValueError naming the registered suites
         return value
 
     @field_validator("workers")

@@ -14,38 +14,9 @@ from typing import Any
 
 from axiomformer.study.render import Heading, Image, Paragraph, Table, to_html, to_markdown
 from axiomformer.study.store import ResultsStore
+from axiomformer.study.sweep import assumption_of  # noqa: F401 - part of this module's API
 
 NOT_AVAILABLE = "not available"
-
-
-def assumption_of(label: str, kind: str = "transformer") -> str:
-    """The assumption a model relaxes, from its label: ``A4=cosine`` -> ``A4``, ``scale=none`` -> ``A5 (scale)``,
-    ``position=rope`` -> ``position``, a recurrent baseline -> ``A0``, ``standard`` -> ``none``."""
-    if kind != "transformer":
-        return "A0"
-    if label == "standard":
-        return "none"
-    groups = []
-    for item in label.split(","):
-        key = item.split("=", 1)[0]
-        groups.append({"scale": "A5 (scale)", "feature_map": "A5"}.get(key, key))
-    return "+".join(dict.fromkeys(groups))
-
-
-def _stats(values: list[float]) -> tuple[float, float | None, int]:
-    mean = statistics.fmean(values)
-    return mean, (statistics.stdev(values) if len(values) > 1 else None), len(values)
-
-
-def _fmt(values: list[float] | None, digits: int = 3) -> str:
-    if not values:
-        return "—"
-    mean, std, _ = _stats(values)
-    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
-def _signed(x: float | None) -> str:
-    return "—" if x is None else f"{x:+.3f}"
 
 
 class StudyData:
@@ -56,15 +27,19 @@ class StudyData:
         planned = store.get_meta("planned") or []
         rows = store.runs()
         keys = {p["key"] for p in planned}
-        self.rows = [r for r in rows if not keys or r["key"] in keys]
-        self.extra_rows = len(rows) - len(self.rows)
+        self.all_rows = [r for r in rows if not keys or r["key"] in keys]
+        self.extra_rows = len(rows) - len(self.all_rows)
+        from axiomformer.study.stages import reported_rows
+
+        self.rows, self.lrs = reported_rows(self.config, self.all_rows)
+        self.suite = str(self.config.get("suite", "main"))
         self.models: list[dict[str, Any]] = store.get_meta("models") or [
             {"label": r["label"], "kind": r["model"], "spec": r["spec"]} for r in {r["label"]: r for r in rows}.values()]
         self.kind = {m["label"]: m["kind"] for m in self.models}
         self.spec = {m["label"]: m["spec"] for m in self.models}
         source = planned or self.rows
         self.tasks: list[tuple[str, int]] = list(dict.fromkeys((p["task"], p["seq_len"]) for p in source))
-        self.missing = len([p for p in planned if p["key"] not in {r["key"] for r in self.rows}])
+        self.missing = len([p for p in planned if p["key"] not in {r["key"] for r in self.all_rows}])
         self.acc: dict[tuple[str, str, int], list[float]] = defaultdict(list)
         self.by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in self.rows:
@@ -79,37 +54,49 @@ class StudyData:
         values = self.acc.get((label, task, seq_len))
         return statistics.fmean(values) if values else None
 
-    def delta(self, label: str, task: str, seq_len: int) -> float | None:
-        a, b = self.mean(label, task, seq_len), self.mean("standard", task, seq_len)
-        return None if a is None or b is None else a - b
-
-    def mean_delta(self, label: str) -> float | None:
-        deltas = [d for t in self.tasks if (d := self.delta(label, *t)) is not None]
-        return statistics.fmean(deltas) if deltas else None
-
 
 def _task_name(task: tuple[str, int]) -> str:
     return f"{task[0]}@{task[1]}"
 
 
 # ---------------------------------------------------------------------------------------------------- sections
+def _ci(low: float | None, high: float | None) -> str:
+    return "" if low is None else f" [{low:.3f}, {high:.3f}]"
+
+
 def _headline(d: StudyData) -> list:
-    table = Table(["model", "relaxes", *map(_task_name, d.tasks), "mean"])
+    from axiomformer.study.summary import cell_stats
+
+    stats = {(c.model, c.task): c for c in cell_stats(d)}
+    table = Table(["model", "relaxes", *map(_task_name, d.tasks)])
+    flagged = 0
     for m in d.models:
-        label = m["label"]
-        means = [x for t in d.tasks if (x := d.mean(label, *t)) is not None]
-        table.rows.append([label, assumption_of(label, m["kind"]),
-                           *(_fmt(d.acc.get((label, *t))) for t in d.tasks),
-                           f"{statistics.fmean(means):.3f}" if means else "—"])
+        cells = []
+        for t in d.tasks:
+            c = stats.get((m["label"], _task_name(t)))
+            if c is None:
+                cells.append("—")
+                continue
+            flagged += not c.converged
+            lr = "" if c.lr is None else f" lr {c.lr:g}"
+            cells.append(f"{c.mean:.3f}{_ci(c.ci_low, c.ci_high)}{lr}" + ("" if c.converged else " (not converged)"))
+        table.rows.append([m["label"], assumption_of(m["label"], m["kind"]), *cells])
     chance = {}
     for r in d.rows:
         chance.setdefault((r["task"], r["seq_len"]), (r.get("task_config") or {}).get("chance"))
     if any(v is not None for v in chance.values()):
         table.rows.append(["(chance)", "", *(f"{chance[t]:.3f}" if chance.get(t) is not None else "—"
-                                             for t in d.tasks), ""])
-    seeds = d.config.get("seeds", "?")
-    table.note = (f"Eval accuracy on scored positions, mean ± sample std over {seeds} seed(s); `—`: no finished run. "
-                  "Task columns are `task@sequence length`.")
+                                             for t in d.tasks)])
+    cfg = d.config
+    seeds = int(cfg.get("seeds", 1))
+    grid = (cfg.get("budget") or {}).get("lr_grid")
+    table.note = (f"Test accuracy on scored positions: mean over the reported seeds 0..{seeds - 1} with its 95 % "
+                  f"bootstrap interval, at the learning rate chosen for the cell (`lr`) from {grid or 'one value'} by "
+                  f"validation accuracy at selection seed {cfg.get('selection_seed', 0)}"
+                  + (" (that seed's selection run is also its reported run)"
+                     if int(cfg.get("selection_seed", 0)) < seeds else "")
+                  + f". `not converged`: a reported run used all its steps while its validation score was still "
+                  f"improving ({flagged} cell(s)). `—`: no finished run. Columns are `task@sequence length`.")
     return [Heading("Accuracy: model x task"), table]
 
 
@@ -137,27 +124,32 @@ def _params(d: StudyData) -> list:
 
 
 def _impact(d: StudyData, figures: dict[str, Path]) -> list:
+    from axiomformer.study.statistics import ALPHA, NO_DIFFERENCE, verdict
+    from axiomformer.study.summary import comparisons
+
     if not any(m["label"] == "standard" for m in d.models):
         return [Heading("Assumption impact"), Paragraph("No `standard` model in this sweep: nothing to compare to.")]
-    table = Table(["relaxes", "model", *map(_task_name, d.tasks), "mean change"])
-    groups: dict[str, list[float]] = defaultdict(list)
-    ordered = sorted((m for m in d.models if m["label"] != "standard"),
-                     key=lambda m: assumption_of(m["label"], m["kind"]))
-    for m in ordered:
-        group = assumption_of(m["label"], m["kind"])
-        mean = d.mean_delta(m["label"])
-        if mean is not None:
-            groups[group].append(mean)
-        table.rows.append([group, m["label"], *(_signed(d.delta(m["label"], *t)) for t in d.tasks), _signed(mean)])
-    table.note = "Accuracy of the model minus accuracy of the standard spec (means over seeds), per task."
-    summary = Table(["assumption", "models", "mean change", "worst change"])
-    for group, values in sorted(groups.items()):
-        summary.rows.append([group, str(len(values)), _signed(statistics.fmean(values)), _signed(min(values))])
-    summary.note = ("Per assumption: the mean over its relaxations of their mean accuracy change, and the worst one. "
-                    "A0 = the recurrent baselines (order-dependent aggregation instead of attention).")
-    out = [Heading("Assumption impact"), table, Heading("Per assumption", 3), summary]
+    comps = comparisons(d)
+    kinds = {m["label"]: m["kind"] for m in d.models}
+    table = Table(["relaxes", "model", "task", "difference [95 % CI]", "p (paired t)", "p (Holm)", "verdict"])
+    for c, _ in sorted(comps, key=lambda item: (assumption_of(item[0].model, kinds.get(item[0].model, "")),
+                                                item[0].model)):
+        table.rows.append([assumption_of(c.model, kinds.get(c.model, "transformer")), c.model, c.task,
+                           f"{c.diff:+.3f}{_ci(c.ci_low, c.ci_high)}", f"{c.p:.3g}", f"{c.p_holm:.3g}", verdict(c)])
+    table.note = (f"Test accuracy of the model minus the standard model's, paired by seed (same seeds, same data, same "
+                  f"test set); interval: 95 % bootstrap of the mean paired difference; test: paired t-test on the "
+                  f"per-seed differences, Holm-corrected over the {len(comps)} comparisons of this table; significant "
+                  f"at Holm p < {ALPHA}. With few seeds the bootstrap interval is too narrow (with 2 seeds it is the "
+                  f"range of the two values), so the verdicts rest on the corrected test, not on the interval.")
+    significant = [c for c, _ in comps if c.significant]
+    if significant:
+        prose = "Significant differences at this budget: " + "; ".join(
+            f"{c.model} on {c.task}: {verdict(c)}" for c in significant) + f". Every other comparison: {NO_DIFFERENCE}."
+    else:
+        prose = f"Every comparison: {NO_DIFFERENCE} (Holm-corrected, {len(comps)} comparisons)."
+    out = [Heading("Assumption impact"), Paragraph(prose), table]
     if "impact" in figures:
-        out.append(Image(f"figures/{figures['impact'].name}", "mean accuracy change per relaxation"))
+        out.append(Image(f"figures/{figures['impact'].name}", "paired accuracy difference per relaxation"))
     return out
 
 
@@ -266,13 +258,14 @@ def _failures(d: StudyData) -> list:
 
 
 def _provenance(d: StudyData) -> list:
-    rows = d.rows
+    rows = d.all_rows
     last = d.last_invocation or {}
     versions = sorted({str(r["package_version"]) for r in rows})
     commits = sorted({str(r["git_commit"]) for r in rows})
     budget = d.config.get("budget", {})
     return [Heading("Provenance"), Table(["item", "value"], [
-        ["runs", f"{len(rows)} stored" + (f" (+{d.extra_rows} from other sweeps, not shown)" if d.extra_rows else "")],
+        ["runs", f"{len(rows)} stored, {len(d.rows)} reported (the rest: learning-rate selection)"
+         + (f" (+{d.extra_rows} from other sweeps, not shown)" if d.extra_rows else "")],
         ["budget (every model)", ", ".join(f"{k}={v}" for k, v in budget.items() if v is not None)],
         ["model", ", ".join(f"{k}={v}" for k, v in (d.config.get("model") or {}).items())],
         ["base spec", str(d.config.get("base_spec", "standard"))],
@@ -288,6 +281,43 @@ def _provenance(d: StudyData) -> list:
     ])]
 
 
+def main_sections(d: StudyData, figures_dir: Path) -> list:
+    """The main suite's report body: headline, length curves, impact, parameters, audits, throughput, derive, flow,
+    failures, provenance."""
+    from axiomformer.study.figures import draw_figures
+
+    figures = draw_figures(d, figures_dir)
+    curves = [Image(f"figures/{path.name}", f"accuracy against sequence length on {name.split(':')[1]}")
+              for name, path in figures.items() if name.startswith("length:")]
+    return [*_headline(d), *curves, *_impact(d, figures), *_params(d), *_audits(d), *_throughput(d), *_derive(d),
+            *_flow(d), *_failures(d), *_provenance(d)]
+
+
+def failures_block(d: StudyData) -> list:
+    """Failed or missing runs (empty when none)."""
+    return _failures(d)
+
+
+def provenance_block(d: StudyData) -> list:
+    """Runs, budget, model, versions, commits, backends, hosts, times."""
+    return _provenance(d)
+
+
+def study_json(out_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """The verdicts of a study out dir as a JSON-ready dict (``axiomformer.study.summary.to_json``).
+
+    Raises:
+        FileNotFoundError: ``out_dir`` has no ``results.sqlite``.
+    """
+    from axiomformer.study.summary import to_json
+
+    out_dir = Path(out_dir)
+    if not (out_dir / "results.sqlite").is_file():
+        raise FileNotFoundError(f"no results.sqlite in {out_dir}: not a study out dir")
+    with ResultsStore(out_dir) as store:
+        return to_json(StudyData(store))
+
+
 def build_report(out_dir: str | Path) -> dict[str, Path]:
     """Write ``report.md``, ``report.html`` and ``figures/*.png`` in ``out_dir`` from its ``results.sqlite``.
 
@@ -297,22 +327,21 @@ def build_report(out_dir: str | Path) -> dict[str, Path]:
     Raises:
         FileNotFoundError: ``out_dir`` has no ``results.sqlite``.
     """
-    from axiomformer.study.figures import draw_figures
-
     out_dir = Path(out_dir)
     if not (out_dir / "results.sqlite").is_file():
         raise FileNotFoundError(f"no results.sqlite in {out_dir}: not a study out dir")
     with ResultsStore(out_dir) as store:
         d = StudyData(store)
-    figures = draw_figures(d, out_dir / "figures")
-    curves = [Image(f"figures/{path.name}", f"accuracy against sequence length on {name.split(':')[1]}")
-              for name, path in figures.items() if name.startswith("length:")]
+    from axiomformer.study.suites import get_suite
+
+    figures_dir = out_dir / "figures"
     title = str(d.config.get("name", "axiomformer study"))
     blocks = [Heading(title, 1),
-              Paragraph(f"{len(d.rows)} finished runs, {len(d.models)} models, {len(d.tasks)} task settings. "
+              Paragraph(f"{len(d.all_rows)} finished runs ({len(d.rows)} reported, the rest learning-rate selection), "
+                        f"{len(d.models)} models, {len(d.tasks)} task settings; suite `{d.suite}`. "
                         "Rebuild with `axiomformer report <dir>`."),
-              *_headline(d), *curves, *_impact(d, figures), *_params(d), *_audits(d), *_throughput(d), *_derive(d),
-              *_flow(d), *_failures(d), *_provenance(d)]
+              *get_suite(d.suite).sections(d, figures_dir)]
+    figures = {p.stem: p for p in sorted(figures_dir.glob("*.png"))} if figures_dir.is_dir() else {}
     md, page = out_dir / "report.md", out_dir / "report.html"
     md.write_text(to_markdown(blocks), encoding="utf-8")
     page.write_text(to_html(blocks, title), encoding="utf-8")

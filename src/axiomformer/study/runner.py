@@ -29,7 +29,7 @@ from rich.console import Console
 from axiomformer.study.config import StudyConfig
 from axiomformer.study.sections import audit_spec, derive_section, flow_section, missing_module
 from axiomformer.study.store import ResultsStore
-from axiomformer.study.sweep import Run, models, plan
+from axiomformer.study.sweep import Run, models
 
 BACKENDS = ("local", "ray")
 
@@ -59,7 +59,8 @@ def provenance() -> dict[str, str | None]:
 _WARM: set[tuple[str, str]] = set()
 
 
-def execute(train_config: dict[str, Any], threads: int | None = None) -> dict[str, Any]:
+def execute(train_config: dict[str, Any], threads: int | None = None, workdir: str | None = None,
+            save_state: str | None = None) -> dict[str, Any]:
     """Train one run and return ``TrainResult.to_dict()`` (the function every backend calls, in any process).
 
     The trainer measures ``peak_mem_mb`` itself (:class:`axiomformer.memory.PeakMemory`). The first run of a
@@ -69,18 +70,25 @@ def execute(train_config: dict[str, Any], threads: int | None = None) -> dict[st
     Args:
         train_config: keyword arguments of :class:`axiomformer.train.TrainConfig`.
         threads: torch CPU threads for this run (restored afterwards); ``None`` keeps the current setting.
+        workdir: the study's out dir; a relative ``init_from`` and ``save_state`` are resolved against it.
+        save_state: where to keep the trained weights (a later run's ``init_from``).
     """
     from axiomformer import train as trainer
     from axiomformer.runtime import torch_threads
 
+    root = Path(workdir) if workdir else Path(".")
+    if train_config.get("init_from"):
+        train_config = train_config | {"init_from": str(root / train_config["init_from"])}
     config = trainer.TrainConfig(**train_config)
     with torch_threads(threads):
         warm = (config.task, config.model)
         if warm not in _WARM:
             _WARM.add(warm)
-            trainer.train(config.model_copy(update={"steps": 2, "eval_batches": 1, "eval_every": 2}), progress=False)
+            trainer.train(config.model_copy(update={"steps": 2, "eval_batches": 1, "eval_every": 2,
+                                                    "init_from": None, "seq_len": min(config.seq_len, 64)}),
+                          progress=False)
         cpu = time.process_time()
-        result = trainer.train(config, progress=False)
+        result = trainer.train(config, progress=False, save_state=root / save_state if save_state else None)
     out = result.to_dict() if hasattr(result, "to_dict") else dict(result)
     out["cpu_seconds"] = time.process_time() - cpu
     out["memory_source"] = out.get("memory_method") or "trainer"
@@ -107,7 +115,10 @@ def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
         "params": result.get("params"), "accuracy": result.get("accuracy"), "loss": result.get("loss"),
         "steps": result.get("steps"), "seconds": result.get("seconds"), "cpu_seconds": result.get("cpu_seconds"),
         "tokens_per_second": result.get("tokens_per_second"), "peak_mem_mb": result.get("peak_mem_mb"),
-        "memory_source": result.get("memory_source"), "engine": result.get("engine"), "losses": result.get("losses"), "train_config": run.train_config,
+        "memory_source": result.get("memory_source"), "engine": result.get("engine"), "losses": result.get("losses"),
+        "train_config": run.train_config,
+        "outcome": {"lr": run.train_config.get("lr"), **{k: result.get(k) for k in (
+            "val_accuracy", "val_loss", "best_step", "converged", "stop_reason", "history")}},
         **provenance(), "backend": backend, "host": platform.node(),
     }
 
@@ -116,22 +127,26 @@ def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
 Outcome = tuple[Run, "dict[str, Any] | BaseException"]
 
 
-def _serial(runs: list[Run], threads: int | None) -> Iterator[Outcome]:
+def _args(run: Run, workdir: str) -> tuple[str, str | None]:
+    return workdir, run.state_path if run.save_state else None
+
+
+def _serial(runs: list[Run], threads: int | None, workdir: str) -> Iterator[Outcome]:
     for run in runs:
         try:
-            yield run, execute(run.train_config, threads)
+            yield run, execute(run.train_config, threads, *_args(run, workdir))
         except Exception as err:  # noqa: BLE001 - recorded as a failed run; Ctrl-C still propagates
             err.__traceback_text__ = traceback.format_exc()  # type: ignore[attr-defined]
             yield run, err
 
 
-def _pool(runs: list[Run], threads: int | None, workers: int) -> Iterator[Outcome]:
+def _pool(runs: list[Run], threads: int | None, workers: int, workdir: str) -> Iterator[Outcome]:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
     try:
-        pending = {executor.submit(execute, run.train_config, threads or 1): run for run in runs}
+        pending = {executor.submit(execute, run.train_config, threads or 1, *_args(run, workdir)): run for run in runs}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
@@ -150,7 +165,7 @@ def _import_ray():
     return ray
 
 
-def _ray(runs: list[Run], threads: int | None, address: str | None) -> Iterator[Outcome]:
+def _ray(runs: list[Run], threads: int | None, address: str | None, workdir: str) -> Iterator[Outcome]:
     ray = _import_ray()
     started = False
     if not ray.is_initialized():
@@ -158,7 +173,7 @@ def _ray(runs: list[Run], threads: int | None, address: str | None) -> Iterator[
         ray.init(address=address, **kwargs) if address else ray.init(**kwargs)
         started = True
     task = ray.remote(num_cpus=1)(execute)
-    refs = {task.remote(run.train_config, threads or 1): run for run in runs}
+    refs = {task.remote(run.train_config, threads or 1, *_args(run, workdir)): run for run in runs}
     try:
         while refs:
             done, _ = ray.wait(list(refs), num_returns=1)
@@ -191,7 +206,9 @@ class StudySummary:
 
 def _status(run: Run, result: dict[str, Any]) -> str:
     tps = result.get("tokens_per_second") or 0.0
-    return (f"{run.model.label:<22} {run.task_label:<12} seed {run.seed}: acc {result.get('accuracy', float('nan')):.3f}"
+    return (f"{run.model.label:<22} {run.task_label:<12} seed {run.seed} lr {run.train_config.get('lr')}: "
+            f"test acc {result.get('accuracy', float('nan')):.3f} (val {result.get('val_accuracy') or 0.0:.3f}, "
+            f"{result.get('steps')} steps, {result.get('stop_reason')})"
             f"  loss {result.get('loss', float('nan')):.3f}  {result.get('seconds', 0.0):5.1f} s"
             f"  {tps / 1e3:6.1f}k tok/s  params {result.get('params')}  [{result.get('engine')}]")
 
@@ -220,32 +237,44 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local
     console = console or Console()
     out_dir = Path(out_dir)
     start, load_start = time.perf_counter(), _load()
+    from axiomformer.study.suites import get_suite
+
     try:
-        runs = plan(config)
+        stages = get_suite(config.suite).stages(config)
+        first = stages[0](None)
     except ValueError as err:
         raise StudyError(str(err)) from None
     with ResultsStore(out_dir) as store:
         store.set_meta("config", config.model_dump())
         store.set_meta("models", [{"label": m.label, "kind": m.kind, "spec": m.spec} for m in models(config)])
-        store.set_meta("planned", [{"key": r.key, "label": r.model.label, "task": r.task, "seq_len": r.seq_len,
-                                    "seed": r.seed, "dim": r.train_config["dim"], "expected_params": r.expected_params}
-                                   for r in runs])
         done = store.finished_keys()
-        todo = [r for r in runs if r.key not in done]
-        summary = StudySummary(out_dir=out_dir, planned=len(runs), already_stored=len(runs) - len(todo))
+        summary = StudySummary(out_dir=out_dir, planned=0, already_stored=0)
         specs = [m.spec for m in models(config) if m.kind == "transformer"] if config.sections.audit else []
         audits_todo = [s for s in dict.fromkeys(specs) if s not in store.audits()]
         stored_sections = store.sections()
         sections_todo = [(name, fn) for name, fn, on in (("derive", derive_section, config.sections.derive),
                                                          ("flow", flow_section, config.sections.flow))
                          if on and name not in stored_sections]
-        console.print(f"study: {len(runs)} runs planned, {summary.already_stored} already in {store.path}, "
-                      f"{len(todo)} to train ({backend} backend)", markup=False, soft_wrap=True)
+        console.print(f"study ({config.suite} suite): {len(stages)} stage(s), {len(first)} run(s) in the first, "
+                      f"results in {store.path} ({backend} backend)", markup=False, soft_wrap=True)
         bar = _progress(console, progress)
+        planned: dict[str, Run] = {}
         with bar:
-            task_id = bar.add_task("study", total=len(todo) + len(audits_todo) + len(sections_todo))
+            task_id = bar.add_task("study", total=len(audits_todo) + len(sections_todo))
             _audits(store, audits_todo, console, bar, task_id)
-            _train(store, config, todo, backend, address, summary, console, bar, task_id)
+            for index, stage in enumerate(stages):
+                runs = first if index == 0 else stage({r["key"]: r for r in store.runs()})
+                new = [r for r in runs if r.key not in planned]
+                planned.update((r.key, r) for r in new)
+                _set_planned(store, planned)
+                done = store.finished_keys()
+                todo = [r for r in new if r.key not in done]
+                summary.planned += len(new)
+                summary.already_stored += len(new) - len(todo)
+                bar.update(task_id, total=(bar.tasks[0].total or 0) + len(todo))
+                console.print(f"stage {index + 1}/{len(stages)}: {len(new)} run(s), {len(new) - len(todo)} already "
+                              f"stored, {len(todo)} to train", markup=False, soft_wrap=True)
+                _train(store, config, todo, backend, address, summary, console, bar, task_id)
             _sections(store, sections_todo, console, bar, task_id)
             bar.update(task_id, description="done")
         summary.seconds = time.perf_counter() - start
@@ -258,6 +287,12 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local
 
         summary.report = build_report(out_dir)
     return summary
+
+
+def _set_planned(store: ResultsStore, planned: dict[str, Run]) -> None:
+    store.set_meta("planned", [{"key": r.key, "label": r.model.label, "task": r.task, "seq_len": r.seq_len,
+                                "seed": r.seed, "lr": r.train_config.get("lr"), "dim": r.train_config["dim"],
+                                "expected_params": r.expected_params} for r in planned.values()])
 
 
 def _load() -> list[float] | None:
@@ -311,13 +346,14 @@ def _train(store: ResultsStore, config: StudyConfig, todo: list[Run], backend: s
            summary: StudySummary, console: Console, bar, task_id) -> None:
     if not todo:
         return
+    workdir = str(Path(store.path).parent.resolve())
     if backend == "ray":
-        outcomes = _ray(todo, config.threads, address)
+        outcomes = _ray(todo, config.threads, address, workdir)
     elif config.resolved_workers() > 1 and len(todo) > 1:
-        outcomes = _pool(todo, config.threads, min(config.resolved_workers(), len(todo)))
+        outcomes = _pool(todo, config.threads, min(config.resolved_workers(), len(todo)), workdir)
     else:
-        outcomes = _serial(todo, config.threads)
-    n = summary.already_stored
+        outcomes = _serial(todo, config.threads, workdir)
+    n = summary.already_stored + summary.trained + len(summary.failed)
     bar.update(task_id, description="training")
     for run, result in outcomes:
         n += 1

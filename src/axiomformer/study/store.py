@@ -11,7 +11,8 @@ Tables:
   params, accuracy, loss, steps, seconds (wall time of training + eval), cpu_seconds (CPU time of the process during
   the run, all threads), tokens_per_second, peak_mem_mb (MB),
   memory_source (how the peak was measured), engine,
-  losses (JSON), train_config (JSON), package_version, git_commit, backend, host, finished_at (UTC ISO 8601).
+  losses (JSON), train_config (JSON), outcome (JSON: lr, val_accuracy, val_loss, best_step, converged, stop_reason,
+  history), package_version, git_commit, backend, host, finished_at (UTC ISO 8601).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ CREATE TABLE IF NOT EXISTS runs (
     engine TEXT,
     losses TEXT,
     train_config TEXT NOT NULL,
+    outcome TEXT,
     package_version TEXT,
     git_commit TEXT,
     backend TEXT,
@@ -68,7 +70,7 @@ CREATE TABLE IF NOT EXISTS sections (name TEXT PRIMARY KEY, payload TEXT NOT NUL
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
-_JSON_COLUMNS = ("assumptions", "task_config", "losses", "train_config")
+_JSON_COLUMNS = ("assumptions", "task_config", "losses", "train_config", "outcome")
 
 
 def _now() -> str:
@@ -108,6 +110,8 @@ class ResultsStore:
             self._journal_wal()
             self.conn.execute("PRAGMA synchronous=FULL")
             self.conn.executescript(_SCHEMA)
+            if "outcome" not in {row[1] for row in self.conn.execute("PRAGMA table_info(runs)")}:
+                self.conn.execute("ALTER TABLE runs ADD COLUMN outcome TEXT")  # a store written before the column
         except sqlite3.OperationalError:
             self.conn.close()
             raise

@@ -16,57 +16,26 @@ from typing import Any, Callable
 
 from axiomformer.spec import ALIASES, AXES, AttentionSpec
 from axiomformer.study.config import StudyConfig, validate_config
-
-DEFAULT_VARIANTS: tuple[str, ...] = (
-    "standard",
-    "A1=mlp",
-    "A2=joint",
-    "A3=mlp",
-    "A4=cosine", "A4=neg_l2", "A4=additive",
-    "A5=sigmoid", "A5=sparsemax", "A5=gumbel_softmax", "A5=linear",
-    "scale=none",
-    "position=none", "position=sinusoidal", "position=rope", "position=alibi",
-)
-"""The built-in variants. The standard model adds Vaswani's sinusoidal encoding to its token embeddings (the trainer's
-``input_position="auto"``); the variant ``position=none`` removes every position
-signal, input encoding included, so that only the causal mask tells order (NoPE, Kazemnejad et al. 2023)
-**(our choice)**."""
+from axiomformer.study.suites.main import DEFAULT_BASELINES, DEFAULT_VARIANTS  # noqa: F401 - re-exported
 
 NO_POSITION_LABELS = ("position=none",)
 
-DEFAULT_BASELINES: tuple[str, ...] = ("rnn", "lstm", "gru")
 
-_FULL: dict[str, Any] = {
-    "name": "axiomformer study (default sweep)",
-    "seeds": 2,
-    "variants": list(DEFAULT_VARIANTS),
-    "baselines": list(DEFAULT_BASELINES),
-    "tasks": [
-        # 250 steps: at 150 the standard model solved needle@64 for only 2 of 3 seeds (measured); at 250, 3 of 3.
-        {"name": "needle", "seq_lens": [16, 32, 64], "budget": {"steps": 250}},
-        {"name": "mqar", "seq_lens": [32], "options": {"vocab": 16}},
-        {"name": "digits", "seq_lens": [64], "budget": {"steps": 200, "lr": 2e-3}},
-    ],
-    "budget": {"steps": 150, "batch_size": 32, "lr": 3e-3, "warmup": 10},
-    "model": {"dim": 32, "layers": 2, "heads": 2},
-}
+def default_sweep(quick: bool = False, *, suite: str = "main", preset: str | None = None) -> dict[str, Any]:
+    """A suite's built-in config as a plain dict (the base a TOML study file is merged onto): ``preset`` (``quick``,
+    ``default``, ``full``), or ``quick``/``default`` from the flag.
 
-_QUICK: dict[str, Any] = _FULL | {
-    "name": "axiomformer study (quick sweep)",
-    "seeds": 1,
-    "tasks": [{"name": "needle", "seq_lens": [8, 48]}],
-    "budget": {"steps": 150, "batch_size": 32, "lr": 3e-3, "warmup": 10},
-}
+    Raises:
+        ValueError: an unknown suite or preset, naming the choices.
+    """
+    from axiomformer.study.suites import get_suite
+
+    return get_suite(suite).preset(preset or ("quick" if quick else "default"))
 
 
-def default_sweep(quick: bool = False) -> dict[str, Any]:
-    """The built-in sweep as a plain dict (the base a TOML study file is merged onto)."""
-    return json.loads(json.dumps(_QUICK if quick else _FULL))
-
-
-def default_config(quick: bool = False) -> StudyConfig:
-    """The built-in sweep, validated."""
-    return validate_config(default_sweep(quick), source="built-in sweep")
+def default_config(quick: bool = False, *, suite: str = "main", preset: str | None = None) -> StudyConfig:
+    """The built-in config, validated."""
+    return validate_config(default_sweep(quick, suite=suite, preset=preset), source="built-in sweep")
 
 
 # ---------------------------------------------------------------------------------------------------- models
@@ -118,6 +87,21 @@ def models(config: StudyConfig) -> list[ModelChoice]:
                                    input_position="none" if no_position else "auto"))
     out += [ModelChoice(label=name, kind=name) for name in config.baselines]
     return out
+
+
+def assumption_of(label: str, kind: str = "transformer") -> str:
+    """The assumption a model relaxes, from its label: ``A4=cosine`` -> ``A4``, ``scale=none`` -> ``A5 (scale)``,
+    ``position=rope`` -> ``position``, a recurrent baseline -> ``A0``, ``standard`` -> ``none``."""
+    if kind != "transformer":
+        return "A0"
+    if label == "standard":
+        return "none"
+    groups = []
+    for item in label.split(","):
+        key = item.split("=", 1)[0]
+        groups.append({"scale": "A5 (scale)", "feature_map": "A5"}.get(key, key))
+    return "+".join(dict.fromkeys(groups))
+
 
 
 # ---------------------------------------------------------------------------------------------------- matching
@@ -273,16 +257,35 @@ def match_widths(config: StudyConfig, choices: list[ModelChoice], count: CountFn
 
 # ---------------------------------------------------------------------------------------------------- runs
 @dataclass(frozen=True)
+class Cell:
+    """One (model, task, length) of the sweep with its matched width and its budget (every field filled)."""
+
+    model: ModelChoice
+    task: str
+    seq_len: int
+    options: dict[str, Any]
+    width: int
+    budget: dict[str, Any]
+    expected_params: int | None = None
+
+    @property
+    def ident(self) -> tuple[str, str, int]:
+        return (self.model.label, self.task, self.seq_len)
+
+
+@dataclass(frozen=True)
 class Run:
     """One training run of the sweep.
 
     Attributes:
         key: unique and stable: the model label, task, length, seed and a hash of the full training config, so a
-            changed budget or width never reuses an old result.
+            changed budget, learning rate, width or warm start never reuses an old result.
         model: the :class:`ModelChoice`.
         task, seq_len, seed: what it trains on.
-        train_config: the keyword arguments of ``axiomformer.train.TrainConfig``.
+        train_config: the keyword arguments of ``axiomformer.train.TrainConfig`` (``init_from`` relative to the out
+            dir).
         expected_params: the matched parameter count (``None`` when matching was skipped).
+        save_state: keep the trained weights in the out dir (``state_path``) for a later run's ``init_from``.
     """
 
     key: str
@@ -292,10 +295,25 @@ class Run:
     seed: int
     train_config: dict[str, Any]
     expected_params: int | None = None
+    save_state: bool = False
 
     @property
     def task_label(self) -> str:
         return f"{self.task}@{self.seq_len}"
+
+    @property
+    def lr(self) -> float:
+        return self.train_config["lr"]
+
+    @property
+    def state_path(self) -> str:
+        """Where this run's weights go, relative to the out dir."""
+        return state_path(self.key)
+
+
+def state_path(key: str) -> str:
+    """``states/<hash of the run key>.safetensors`` (relative to the out dir)."""
+    return f"states/{hashlib.sha256(key.encode()).hexdigest()[:20]}.safetensors"
 
 
 def run_key(label: str, task: str, seq_len: int, seed: int, train_config: dict[str, Any]) -> str:
@@ -303,32 +321,65 @@ def run_key(label: str, task: str, seq_len: int, seed: int, train_config: dict[s
     return f"{label}|{task}@{seq_len}|seed={seed}|{digest}"
 
 
-def plan(config: StudyConfig, *, count: CountFn | None = None) -> list[Run]:
-    """Every run of the sweep, in a deterministic order (task, length, seed, model).
+def cell_budget(config: StudyConfig, task, seq_len: int) -> dict[str, Any]:
+    """The study budget, overridden by the task's ``budget`` and then its ``length_budgets[str(seq_len)]``."""
+    budget = config.budget.model_dump()
+    for override in (task.budget, task.length_budgets.get(str(seq_len))):
+        if override is not None:
+            budget |= {k: v for k, v in override.model_dump(exclude_unset=True).items() if v is not None}
+    grid = budget.pop("lr_grid", None)
+    budget["lr_grid"] = sorted(set(grid)) if grid else [budget["lr"]] if budget.get("lr") else [None]
+    return budget
+
+
+def cells(config: StudyConfig, *, count: CountFn | None = None) -> list[Cell]:
+    """Every (model, task, length) of the sweep in report order (task, length, model).
 
     Raises:
         ValueError: parameter matching fails (see :func:`match_widths`).
     """
     choices = models(config)
     widths = match_widths(config, choices, count) if config.model.match_params else None
-    runs: list[Run] = []
+    out = []
     for task in config.tasks:
-        budget = config.budget.model_dump() | {k: v for k, v in task.budget.model_dump().items() if v is not None}
-        if budget.get("eval_every") is None:
-            budget["eval_every"] = budget["steps"]
         for seq_len in task.seq_lens:
-            for seed in range(config.seeds):
-                for choice in choices:
-                    key3 = (choice.label, task.name, seq_len)
-                    width = widths.width[key3] if widths else config.model.dim
-                    tc = {
-                        "task": task.name, "seq_len": seq_len, "model": choice.kind, "spec": choice.spec,
-                        "layers": config.model.layers, "dim": width, "heads": config.model.heads, "seed": seed,
-                        "device": config.device, "task_options": dict(task.options), **budget,
-                    }
-                    if choice.input_position != "auto":
-                        tc["input_position"] = choice.input_position
-                    runs.append(Run(key=run_key(choice.label, task.name, seq_len, seed, tc), model=choice,
-                                    task=task.name, seq_len=seq_len, seed=seed, train_config=tc,
-                                    expected_params=widths.params[key3] if widths else None))
-    return runs
+            budget = cell_budget(config, task, seq_len)
+            for choice in choices:
+                key3 = (choice.label, task.name, seq_len)
+                out.append(Cell(model=choice, task=task.name, seq_len=seq_len, options=dict(task.options),
+                                width=widths.width[key3] if widths else config.model.dim, budget=budget,
+                                expected_params=widths.params[key3] if widths else None))
+    return out
+
+
+def make_run(config: StudyConfig, cell: Cell, seed: int, lr: float | None, *, init_from: str | None = None,
+             save_state: bool = False) -> Run:
+    """The run of ``cell`` at ``seed`` and learning rate ``lr`` (``None``: the trainer's task default)."""
+    budget = {k: v for k, v in cell.budget.items() if k != "lr_grid"} | {"lr": lr}
+    budget = {k: v for k, v in budget.items() if v is not None or k in ("target_accuracy", "patience")}
+    tc = {
+        "task": cell.task, "seq_len": cell.seq_len, "model": cell.model.kind, "spec": cell.model.spec,
+        "layers": config.model.layers, "dim": cell.width, "heads": config.model.heads, "seed": seed,
+        "device": config.device, "task_options": dict(cell.options), **budget,
+    }
+    if cell.model.input_position != "auto":
+        tc["input_position"] = cell.model.input_position
+    if init_from is not None:
+        tc["init_from"] = init_from
+    return Run(key=run_key(cell.model.label, cell.task, cell.seq_len, seed, tc), model=cell.model, task=cell.task,
+               seq_len=cell.seq_len, seed=seed, train_config=tc, expected_params=cell.expected_params,
+               save_state=save_state)
+
+
+def plan(config: StudyConfig, *, count: CountFn | None = None) -> list[Run]:
+    """The first stage of the sweep: every run that needs no earlier result (lr selection at the selection seed;
+    with a single learning rate, every seed), in a deterministic order (task, length, model, lr).
+
+    The whole sweep is staged (:mod:`axiomformer.study.stages`): later runs depend on the learning rate chosen.
+
+    Raises:
+        ValueError: parameter matching fails (see :func:`match_widths`).
+    """
+    from axiomformer.study.stages import stages_for
+
+    return stages_for(config, count=count)[0](None)

@@ -4,9 +4,12 @@ A batch is ``inputs`` int64 (batch, seq_len) of token ids and ``targets`` int64 
 ``targets[b, t]`` is the token the model must predict *at* position t (after reading ``inputs[b, :t+1]``) and
 ``IGNORE = -100`` marks positions that are not scored (the ``ignore_index`` of ``torch.nn.functional.cross_entropy``).
 
-Train and eval examples never coincide. Synthetic tasks split by a hash of the example **(our choice)**: an input
-row belongs to the eval split iff ``row_hash(row) % EVAL_BUCKETS == 0``; each split keeps only its own rows, so an
-example is in exactly one split whatever the seeds. Real-data tasks (digits, text) split their data once.
+Train and held-out examples never coincide. Synthetic tasks split by a hash of the example **(our choice)**: an input
+row is held out iff ``row_hash(row) % EVAL_BUCKETS == 0``; a held-out row belongs to ``val`` when bit 32 of its hash
+is 0 and to ``test`` otherwise; ``eval`` is all held-out rows (``val`` and ``test`` together). Each split keeps only
+its own rows, so an example is in exactly one of train / val / test whatever the seeds. Real-data tasks (digits, text)
+split their data once into train and eval; their ``val`` and ``test`` draw from the eval data with different streams
+(not disjoint).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from torch import Tensor
 IGNORE = -100
 """Target value of unscored positions."""
 
-SPLITS = ("train", "eval")
+SPLITS = ("train", "eval", "val", "test")
 EVAL_BUCKETS = 4
 """One example in ``EVAL_BUCKETS`` (by hash) belongs to the eval split."""
 
@@ -48,6 +51,22 @@ def row_hash(rows: np.ndarray) -> np.ndarray:
 def in_eval_split(rows: np.ndarray) -> np.ndarray:
     """bool (n,): which rows (n, seq_len) belong to the eval split of a synthetic task."""
     return row_hash(rows) % np.uint64(EVAL_BUCKETS) == 0
+
+
+def held_out_part(rows: np.ndarray) -> np.ndarray:
+    """str array (n,): ``"train"``, ``"val"`` or ``"test"`` for each row (n, seq_len) of a synthetic task."""
+    h = row_hash(rows)
+    held = h % np.uint64(EVAL_BUCKETS) == 0
+    test = ((h >> np.uint64(32)) & np.uint64(1)) == 1
+    return np.where(held, np.where(test, "test", "val"), "train")
+
+
+def in_split(rows: np.ndarray, split: str) -> np.ndarray:
+    """bool (n,): which rows belong to ``split`` (``eval`` = ``val`` or ``test``)."""
+    split_code(split)
+    if split == "eval":
+        return in_eval_split(rows)
+    return held_out_part(rows) == split
 
 
 def split_code(split: str) -> int:
@@ -107,13 +126,12 @@ class SyntheticTask(Task):
     def batch(self, batch_size: int, seed: int, split: str = "train") -> tuple[Tensor, Tensor]:
         positive("batch_size", batch_size)
         rng = make_rng(seed, split)
-        want_eval = split == "eval"
-        # Over-draw so that one round usually suffices: a row lands in eval with probability 1/EVAL_BUCKETS.
-        factor = EVAL_BUCKETS + 1 if want_eval else 2
+        # Over-draw so that one round usually suffices: a row is held out with probability 1/EVAL_BUCKETS.
+        factor = {"train": 2, "eval": EVAL_BUCKETS + 1}.get(split, 2 * EVAL_BUCKETS + 2)
         got_x, got_y, have = [], [], 0
         for _ in range(self.max_rounds):
             x, y = self.sample(rng, factor * (batch_size - have) + 4)
-            keep = in_eval_split(x) == want_eval
+            keep = in_split(x, split)
             got_x.append(x[keep])
             got_y.append(y[keep])
             have += int(keep.sum())

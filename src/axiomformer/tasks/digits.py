@@ -66,7 +66,7 @@ class DigitsTask(Task):
     def examples(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """The split's (pixels (n, 64), labels (n,))."""
         make_rng(0, split)  # validates the split name
-        return load_split(self.eval_fraction)[split]
+        return load_split(self.eval_fraction)["train" if split == "train" else "eval"]
 
     def batch(self, batch_size: int, seed: int, split: str = "train") -> tuple[Tensor, Tensor]:
         positive("batch_size", batch_size)

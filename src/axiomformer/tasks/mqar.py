@@ -23,6 +23,9 @@ class MQARTask(SyntheticTask):
         seq_len: sequence length T.
         vocab: keys plus values (even; default 16: 8 keys, 8 values).
         num_pairs: key-value pairs in the context (default ``min(T // 16, vocab // 4)``: 4 at T = 64).
+        pairs_per_token: instead of ``num_pairs``, scale the pairs with the length as in Zoology's capacity sweep:
+            ``max(4, floor(T * pairs_per_token))`` pairs (e.g. 1/80: 4 at T = 64, 12 at 1,024, 125 at 10,000), so
+            that a fixed-size recurrent state must eventually run out of room.
         num_queries: keys asked again (default ``num_pairs``, at most the free slots).
 
     Raises:
@@ -31,12 +34,18 @@ class MQARTask(SyntheticTask):
 
     name = "mqar"
 
-    def __init__(self, seq_len: int, vocab: int = 16, num_pairs: int | None = None, num_queries: int | None = None):
+    def __init__(self, seq_len: int, vocab: int = 16, num_pairs: int | None = None, num_queries: int | None = None,
+                 pairs_per_token: float | None = None):
         self.seq_len = positive("seq_len", seq_len, 4)
         self.vocab = positive("vocab", vocab, 4)
         if self.vocab % 2:
             raise ValueError(f"vocab must be even (keys and values are its two halves), got {vocab}")
         self.num_keys = self.vocab // 2
+        if pairs_per_token is not None:
+            if num_pairs is not None or not 0 < pairs_per_token <= 0.5:
+                raise ValueError(f"pairs_per_token must be in (0, 0.5] and exclusive with num_pairs, got "
+                                 f"pairs_per_token={pairs_per_token}, num_pairs={num_pairs}")
+            num_pairs = max(4, int(self.seq_len * pairs_per_token))
         pairs = num_pairs if num_pairs is not None else max(1, min(self.seq_len // 16, self.num_keys // 2))
         self.num_pairs = positive("num_pairs", pairs)
         if self.num_pairs > self.num_keys:

@@ -58,7 +58,7 @@ class TextTask(Task):
     def batch(self, batch_size: int, seed: int, split: str = "train") -> tuple[Tensor, Tensor]:
         positive("batch_size", batch_size)
         rng = make_rng(seed, split)
-        region = self.regions[split]
+        region = self.regions["train" if split == "train" else "eval"]
         starts = rng.integers(0, len(region) - self.seq_len, size=batch_size)
         index = starts[:, None] + np.arange(self.seq_len + 1)
         windows = region[index]
