@@ -66,11 +66,11 @@ def test_two_processes_match_one_process(tmp_path):
     assert two["accuracy"] == pytest.approx(one.accuracy)
     assert [h["step"] for h in two["history"]] == [4, 8]
 
-    # the 2-process checkpoint loads in one process and scores the whole eval set as the 2-process run reported
+    # the 2-process checkpoint loads in one process and scores the whole test set as the 2-process run reported
     model, meta = load_checkpoint(tmp_path / "checkpoint")
     assert meta["train"]["batch_size"] == CONFIG["batch_size"]
     task = make_task("needle", seq_len=CONFIG["seq_len"])
-    eval_set = [task.batch(CONFIG["batch_size"], seed=i, split="eval") for i in range(CONFIG["eval_batches"])]
+    eval_set = [task.batch(CONFIG["batch_size"], seed=i, split="test") for i in range(CONFIG["eval_batches"])]
     accuracy, loss = evaluate(model, eval_set)
     assert (accuracy, loss) == pytest.approx((two["accuracy"], two["loss"]), rel=1e-6)
     # rank 0's share alone (eval batches 0 and 2) is not what was reported: the reduction covered rank 1's batch

@@ -14,9 +14,9 @@ from axiomformer.study.config import StudyConfig, StudyConfigError, load_config,
 from axiomformer.study.report import build_report
 from axiomformer.study.runner import StudyError, StudySummary, run_study
 from axiomformer.study.store import ResultsStore
-from axiomformer.study.stages import plan_all
+from axiomformer.study.stages import plan, plan_all
 from axiomformer.study.suites import get_suite
-from axiomformer.study.sweep import DEFAULT_VARIANTS, default_config, default_sweep, models, plan
+from axiomformer.study.sweep import DEFAULT_VARIANTS, default_config, default_sweep, models
 
 __all__ = [
     "StudyConfig", "StudyConfigError", "load_config", "validate_config", "build_report", "StudyError",

@@ -240,7 +240,9 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local
     from axiomformer.study.suites import get_suite
 
     try:
-        stages = get_suite(config.suite).stages(config)
+        from axiomformer.study.stages import stages_for
+
+        stages = (get_suite(config.suite).stages or stages_for)(config)
         first = stages[0](None)
     except ValueError as err:
         raise StudyError(str(err)) from None

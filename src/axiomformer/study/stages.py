@@ -131,6 +131,16 @@ def stages_for(config: StudyConfig, *, count: CountFn | None = None) -> list[Sta
     return (curriculum_stages if config.curriculum else selection_stages)(config, all_cells)
 
 
+def plan(config: StudyConfig, *, count: CountFn | None = None) -> list[Run]:
+    """The first stage of the study: every run that needs no earlier result (lr selection at the selection seed;
+    with a single learning rate, every seed), in a deterministic order (task, length, model, lr).
+
+    Raises:
+        ValueError: parameter matching fails (see ``sweep.match_widths``).
+    """
+    return stages_for(config, count=count)[0](None)
+
+
 def plan_all(config: StudyConfig, stored: dict[str, dict[str, Any]]) -> list[Run]:
     """Every run the stages plan given ``stored`` (run key -> row), duplicates merged, in stage order."""
     out: dict[str, Run] = {}

@@ -16,7 +16,22 @@ from typing import Any, Callable
 
 from axiomformer.spec import ALIASES, AXES, AttentionSpec
 from axiomformer.study.config import StudyConfig, validate_config
-from axiomformer.study.suites.main import DEFAULT_BASELINES, DEFAULT_VARIANTS  # noqa: F401 - re-exported
+
+DEFAULT_VARIANTS: tuple[str, ...] = (
+    "standard",
+    "A1=mlp",
+    "A2=joint",
+    "A3=mlp",
+    "A4=cosine", "A4=neg_l2", "A4=additive",
+    "A5=sigmoid", "A5=sparsemax", "A5=gumbel_softmax", "A5=linear",
+    "scale=none",
+    "position=none", "position=sinusoidal", "position=rope", "position=alibi",
+)
+"""The built-in variants. The standard model adds Vaswani's sinusoidal encoding to its token embeddings (the trainer's
+``input_position="auto"``); the variant ``position=none`` removes every position signal, input encoding included, so
+that only the causal mask tells order (NoPE, Kazemnejad et al. 2023) **(our choice)**."""
+
+DEFAULT_BASELINES: tuple[str, ...] = ("rnn", "lstm", "gru")
 
 NO_POSITION_LABELS = ("position=none",)
 
@@ -369,17 +384,3 @@ def make_run(config: StudyConfig, cell: Cell, seed: int, lr: float | None, *, in
     return Run(key=run_key(cell.model.label, cell.task, cell.seq_len, seed, tc), model=cell.model, task=cell.task,
                seq_len=cell.seq_len, seed=seed, train_config=tc, expected_params=cell.expected_params,
                save_state=save_state)
-
-
-def plan(config: StudyConfig, *, count: CountFn | None = None) -> list[Run]:
-    """The first stage of the sweep: every run that needs no earlier result (lr selection at the selection seed;
-    with a single learning rate, every seed), in a deterministic order (task, length, model, lr).
-
-    The whole sweep is staged (:mod:`axiomformer.study.stages`): later runs depend on the learning rate chosen.
-
-    Raises:
-        ValueError: parameter matching fails (see :func:`match_widths`).
-    """
-    from axiomformer.study.stages import stages_for
-
-    return stages_for(config, count=count)[0](None)

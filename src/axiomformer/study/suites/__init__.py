@@ -37,7 +37,7 @@ Adding a suite (e.g. ``positions``):
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -53,12 +53,6 @@ BUILTIN: tuple[str, ...] = ("main", "long-range")
 """The suites shipped with axiomformer; the module of suite ``a-b`` is ``axiomformer.study.suites.a_b``."""
 
 
-def _default_stages(config: "StudyConfig") -> list["Stage"]:
-    from axiomformer.study.stages import stages_for
-
-    return stages_for(config)
-
-
 @dataclass(frozen=True)
 class Suite:
     """One study suite.
@@ -68,14 +62,15 @@ class Suite:
         summary: one line for ``--help`` and the report.
         presets: ``{"quick" | "default" | "full": config dict}``.
         sections: ``(StudyData, figures_dir) -> list of render blocks`` (the report body).
-        stages: ``(StudyConfig) -> list of stages`` (default: lr selection, or a curriculum when configured).
+        stages: ``(StudyConfig) -> list of stages``; ``None`` (default): ``study.stages.stages_for`` (lr selection,
+            or a curriculum when configured).
     """
 
     name: str
     summary: str
     presets: dict[str, dict[str, Any]]
     sections: Callable[["StudyData", Path], list]
-    stages: Callable[["StudyConfig"], list["Stage"]] = field(default=_default_stages)
+    stages: Callable[["StudyConfig"], list["Stage"]] | None = None
 
     def preset(self, name: str) -> dict[str, Any]:
         """A deep copy of preset ``name`` as a plain dict.

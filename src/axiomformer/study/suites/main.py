@@ -11,22 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from axiomformer.study.suites import Suite
-
-DEFAULT_VARIANTS: tuple[str, ...] = (
-    "standard",
-    "A1=mlp",
-    "A2=joint",
-    "A3=mlp",
-    "A4=cosine", "A4=neg_l2", "A4=additive",
-    "A5=sigmoid", "A5=sparsemax", "A5=gumbel_softmax", "A5=linear",
-    "scale=none",
-    "position=none", "position=sinusoidal", "position=rope", "position=alibi",
-)
-"""The built-in variants. The standard model adds Vaswani's sinusoidal encoding to its token embeddings (the trainer's
-``input_position="auto"``); the variant ``position=none`` removes every position signal, input encoding included, so
-that only the causal mask tells order (NoPE, Kazemnejad et al. 2023) **(our choice)**."""
-
-DEFAULT_BASELINES: tuple[str, ...] = ("rnn", "lstm", "gru")
+from axiomformer.study.sweep import DEFAULT_BASELINES, DEFAULT_VARIANTS  # noqa: F401 - part of this module's API
 
 LR_GRID = [1e-3, 3e-3, 1e-2]
 
