@@ -18,6 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from axiomformer.audit.adapters import FunctionAdapter
+from axiomformer.audit.report import NOT_ASSUMPTIONS
+from axiomformer.audit.report import run_audit as audit
 from axiomformer.spec import AXES
 
 AXIS_TAG = {"aggregator": "A1", "contribution": "A2", "value": "A3", "score": "A4", "normalizer": "A5",
@@ -77,8 +79,6 @@ def single_axis_relaxations() -> list[tuple[str, str]]:
 
 def relaxation_matrix(dim: int = 16, num_heads: int = 2, seed: int = 0, references: bool = True) -> list[MatrixRow]:
     """Audit ``spec:standard``, every single-axis relaxation and (optionally) the reference targets."""
-    from axiomformer.audit import run_audit as audit
-
     rows = [MatrixRow("standard", None, None, audit("spec:standard", dim=dim, num_heads=num_heads, seed=seed))]
     for axis, relax in single_axis_relaxations():
         rows.append(MatrixRow(relax, axis, AXIS_TAG[axis],
@@ -97,8 +97,6 @@ def relaxation_matrix(dim: int = 16, num_heads: int = 2, seed: int = 0, referenc
 
 def matrix_markdown(rows: list[MatrixRow]) -> str:
     """The matrix as a Markdown table: pass, **FAIL** or n/a per check, and whether the row's own axis failed."""
-    from axiomformer.audit import NOT_ASSUMPTIONS
-
     every = [(c.name, c.assumption) for c in rows[0].report.checks]
     checks = [c for c in every if c[1] not in NOT_ASSUMPTIONS]
     others = [c for c in every if c[1] in NOT_ASSUMPTIONS]
