@@ -67,6 +67,9 @@ def process_group(device: str = "auto") -> Iterator[bool]:
     try:
         yield True
     finally:
+        # Without a barrier a rank that finishes first (rank 0 still writing the checkpoint) can tear gloo's
+        # connections down under its peer, which then aborts ("terminate called without an active exception").
+        dist.barrier()
         dist.destroy_process_group()
 
 
