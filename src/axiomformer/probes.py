@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from axiomformer.evaluation import MAX_BATCH_TOKENS, evaluate_as_is
+
 PROBES = ("init_entropy", "sampled_eval")
 """Probe names accepted by ``TrainConfig.probes``."""
 
@@ -92,8 +94,6 @@ def sampled_accuracy(model: nn.Module, batches: list[tuple[torch.Tensor, torch.T
                      draws: int = SAMPLED_DRAWS) -> dict[str, Any]:
     """Accuracy with the normalizer's training-time sampling on (the model's forward in training mode, gradients
     off), one value per draw. Refuses a model with attention dropout, which training mode would also switch on."""
-    from axiomformer.train import evaluate_as_is
-
     if any(layer.spec.dropout > 0 for layer in _attention_layers(model)):
         raise ValueError("sampled evaluation needs attention dropout 0 (training mode would apply dropout)")
     was_training = model.training
@@ -110,7 +110,6 @@ def length_accuracy(model: nn.Module, task_name: str, options: dict, lengths: li
     """Eval accuracy and loss at each of ``lengths`` (the task rebuilt at that length, test split, the same batch
     seeds as the trainer's evaluation), the model as it is: no parameter changes, no gradient."""
     from axiomformer.tasks import make_task
-    from axiomformer.train import MAX_BATCH_TOKENS, evaluate_as_is
 
     device = next(model.parameters()).device
     out = {}

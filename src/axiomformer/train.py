@@ -20,15 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
-import torch.nn.functional as F
 from pydantic import ConfigDict, Field, model_validator
 
 from axiomformer.budget import Budget
+from axiomformer.evaluation import (MAX_BATCH_TOKENS, eval_counts, eval_counts_as_is, evaluate_as_is,
+                                    masked_loss)
 
 from axiomformer.memory import PeakMemory
 from axiomformer.models import MODEL_KINDS, build_model, count_parameters, default_heads
 from axiomformer.spec import AttentionSpec
-from axiomformer.tasks import IGNORE, TASKS, make_task
+from axiomformer.tasks import TASKS, make_task
 
 if TYPE_CHECKING:
     from axiomformer.distributed import DataParallel
@@ -51,8 +52,6 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 """Per-task defaults, tuned so that ``experiments/long_range.py`` meets issue 4's acceptance; a field of
 ``TrainConfig`` left unset takes its task's value here, else ``GENERIC_DEFAULTS``."""
 
-MAX_BATCH_TOKENS = 16384
-"""A defaulted batch size shrinks so that batch_size * seq_len stays within this (long sequences, small batches)."""
 
 MIN_LR_RATIO = 0.1
 """Cosine decay ends at this fraction of the peak learning rate **(our choice)**."""
@@ -260,38 +259,6 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.A
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.98))
 
 
-def masked_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy over scored positions; logits (B, T, V), targets (B, T) with -100 = unscored."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction=reduction)
-
-
-@torch.no_grad()
-def eval_counts(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int, float]:
-    """(correct predictions, scored positions, summed cross-entropy in nats) over the scored positions of
-    ``batches``, the model in eval mode: the sums that distributed evaluation adds up across ranks."""
-    was_training = model.training
-    model.eval()
-    try:
-        return eval_counts_as_is(model, batches)
-    finally:
-        model.train(was_training)
-
-
-@torch.no_grad()
-def eval_counts_as_is(model: torch.nn.Module,
-                      batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int, float]:
-    """:func:`eval_counts` in whatever mode the model is (e.g. training mode: Gumbel noise on)."""
-    correct = total = 0
-    loss_sum = 0.0
-    for inputs, targets in batches:
-        logits = model(inputs)
-        scored = targets != IGNORE
-        correct += int((logits.argmax(-1) == targets)[scored].sum())
-        total += int(scored.sum())
-        loss_sum += float(masked_loss(logits, targets, reduction="sum"))
-    return correct, total, loss_sum
-
-
 def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
              parallel: "DataParallel | None" = None) -> tuple[float, float]:
     """(accuracy, mean loss) over the scored positions of ``batches``, the model in eval mode; with ``parallel`` (a
@@ -300,12 +267,6 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
     correct, total, loss_sum = eval_counts(model, batches)
     if parallel is not None:
         correct, total, loss_sum = parallel.reduce_counts(correct, total, loss_sum)
-    return correct / max(1, total), loss_sum / max(1, total)
-
-
-def evaluate_as_is(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
-    """(accuracy, mean loss) over the scored positions of ``batches``, in whatever mode the model is."""
-    correct, total, loss_sum = eval_counts_as_is(model, batches)
     return correct / max(1, total), loss_sum / max(1, total)
 
 
