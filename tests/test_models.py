@@ -58,12 +58,13 @@ def test_recurrent_state_carries_decoding_exactly(kind):
     assert (torch.cat([first, rest], dim=1) - full).abs().max().item() <= 1e-5
 
 
-def test_transformer_rejects_sequences_beyond_max_len_and_non_causal_specs():
+def test_transformer_rejects_sequences_beyond_max_len_and_a_cache_without_causal_mask():
     model = tiny("transformer")
     with pytest.raises(ValueError, match="max_len=24"):
         model(torch.zeros(1, 25, dtype=torch.long))
+    encoder = TransformerLM(AttentionSpec.standard(16, 4), VOCAB, 1, 24)
     with pytest.raises(ValueError, match="causal"):
-        TransformerLM(AttentionSpec.standard(16, 4), VOCAB, 1, 24)
+        encoder(torch.zeros(1, 3, dtype=torch.long), caches=encoder.new_caches())
 
 
 def test_build_model_overrides_spec_width_and_causality():

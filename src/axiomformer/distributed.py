@@ -125,7 +125,7 @@ class DataParallel:
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, global_scored: int) -> torch.Tensor:
         """The loss to backpropagate on this rank: ``world_size * sum(shard cross-entropy) / global_scored``, whose
         gradient averaged over ranks is the gradient of the mean cross-entropy over the global batch."""
-        from axiomformer.train import masked_loss
+        from axiomformer.evaluation import masked_loss
 
         if self.world_size == 1:
             return masked_loss(logits, targets)

@@ -23,12 +23,13 @@ All axes at their first choice is standard scaled dot-product attention (Vaswani
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
 from axiomformer.axes.aggregator import AGGREGATORS
 from axiomformer.axes.contribution import CONTRIBUTIONS
-from axiomformer.axes.normalizer import FEATURE_MAPS, NORMALIZERS, SCALES
+from axiomformer.axes.normalizer import FEATURE_MAPS, NORMALIZERS, SCALES, changed_options
 from axiomformer.axes.position import POSITIONS
 from axiomformer.axes.registry import Registry
 from axiomformer.axes.score import SCORES
@@ -83,10 +84,15 @@ class AttentionSpec:
             causal, key j is visible from the query at position i iff i - window < j <= i (the ``window`` most
             recent keys, its own included); not causal, iff |i - j| < window. Positions are absolute, as in the KV
             cache. 0 (the default): every key.
+        gumbel_tau: temperature tau > 0 of ``normalizer="gumbel_softmax"``: u = softmax((s + g) / tau) in training
+            (Jang et al. 2017, eq. 1); ignored by the other normalizers.
+        gumbel_hard: ``gumbel_softmax`` returns one-hot rows in the forward (the argmax of s + g) with the soft
+            sample's gradient (straight-through, Jang et al. 2017, sec. 2.2); ignored by the other normalizers.
 
     Raises:
         ValueError: on an unknown choice (naming the valid ones), non-positive sizes, ``dim`` not divisible by
-            ``num_heads``, an odd ``head_dim`` with RoPE, or a ``linear`` normalizer with a score other than ``dot``.
+            ``num_heads``, an odd ``head_dim`` with RoPE, a ``linear`` normalizer with a score other than ``dot``, or
+            ``gumbel_tau <= 0`` (the message names ``gumbel_tau``).
     """
 
     dim: int = 64
@@ -105,6 +111,8 @@ class AttentionSpec:
     max_len: int = 2048
     num_kv_heads: int = 0
     window: int = 0
+    gumbel_tau: float = 1.0
+    gumbel_hard: bool = False
 
     def __post_init__(self) -> None:
         for name, registry in REGISTRIES.items():
@@ -129,6 +137,11 @@ class AttentionSpec:
         if self.kv_heads != self.num_heads and self.value == "identity":
             raise ValueError(f"value='identity' keeps the width dim={self.dim} and cannot give "
                              f"num_kv_heads={self.num_kv_heads} value heads; use value='linear' or 'mlp'")
+        tau = self.gumbel_tau
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau <= 0:
+            raise ValueError(f"gumbel_tau must be a finite float > 0, got {self.gumbel_tau!r}")
+        if not isinstance(self.gumbel_hard, bool):
+            raise ValueError(f"gumbel_hard must be a bool, got {self.gumbel_hard!r}")
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"position='rope' needs an even head_dim, got head_dim={self.head_dim}")
         if NORMALIZERS.has(self.normalizer, "kernel") and self.score != "dot":
@@ -248,8 +261,10 @@ class AttentionSpec:
     @property
     def variant(self) -> str:
         """``"standard"`` or the relax string of the non-standard axes, e.g. ``"score=cosine,normalizer=sigmoid"``,
-        followed by the economies in use (``num_kv_heads``, ``window``), e.g. ``"window=256"``."""
-        relaxed = {**self.relaxed_axes(), **{k: getattr(self, k) for k in ECONOMIES if getattr(self, k)}}
+        followed by the economies in use (``num_kv_heads``, ``window``), e.g. ``"window=256"``, and the normalizer's
+        options that differ from their defaults (``gumbel_tau``, ``gumbel_hard``), e.g. ``"gumbel_tau=0.5"``."""
+        relaxed = {**self.relaxed_axes(), **{k: getattr(self, k) for k in ECONOMIES if getattr(self, k)},
+                   **changed_options(self)}
         return ",".join(f"{k}={v}" for k, v in relaxed.items()) if relaxed else "standard"
 
     @property

@@ -12,6 +12,7 @@ training example (see ``axiomformer.tasks.base``). Same config, same threads -> 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,15 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
-import torch.nn.functional as F
 from pydantic import ConfigDict, Field, model_validator
 
 from axiomformer.budget import Budget
+from axiomformer.evaluation import (MAX_BATCH_TOKENS, eval_counts, eval_counts_as_is, evaluate_as_is,
+                                    masked_loss)
 
 from axiomformer.memory import PeakMemory
 from axiomformer.models import MODEL_KINDS, build_model, count_parameters, default_heads
 from axiomformer.spec import AttentionSpec
-from axiomformer.tasks import IGNORE, TASKS, make_task
+from axiomformer.tasks import TASKS, make_task
 
 if TYPE_CHECKING:
     from axiomformer.distributed import DataParallel
@@ -50,8 +52,6 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 """Per-task defaults, tuned so that ``experiments/long_range.py`` meets issue 4's acceptance; a field of
 ``TrainConfig`` left unset takes its task's value here, else ``GENERIC_DEFAULTS``."""
 
-MAX_BATCH_TOKENS = 16384
-"""A defaulted batch size shrinks so that batch_size * seq_len stays within this (long sequences, small batches)."""
 
 MIN_LR_RATIO = 0.1
 """Cosine decay ends at this fraction of the peak learning rate **(our choice)**."""
@@ -65,6 +65,15 @@ class TrainConfig(Budget):
     task's defaults (``TASK_DEFAULTS``); ``target_accuracy=None`` given explicitly disables early stopping on it.
     ``init_from``: a safetensors state dict (saved by an earlier run, same model and width) to start from instead of
     a fresh initialization (the long-range suite's curriculum warm start).
+
+    Model options (Transformer only): ``causal=False`` builds a bidirectional encoder, ``mlp_ratio=0`` attention-only
+    blocks, ``max_len`` the longest sequence the model accepts (default ``seq_len``; set it to evaluate longer
+    sequences after training). ``gumbel_tau_final`` anneals the Gumbel-softmax temperature of a
+    ``normalizer=gumbel_softmax`` spec from its ``gumbel_tau`` to this value (:func:`gumbel_tau_at`).
+
+    Measurements that never change training (``axiomformer.probes``, stored in ``TrainResult.extra``):
+    ``eval_lengths`` evaluates the trained model at other sequence lengths (the model accepts up to the longest),
+    ``probes`` names others (``init_entropy``, ``sampled_eval``).
 
     Raises:
         pydantic.ValidationError (a ValueError): unknown task/model (naming the choices), a bad spec string, or
@@ -84,6 +93,12 @@ class TrainConfig(Budget):
     device: str = "auto"
     input_position: str = "auto"
     task_options: dict[str, Any] = Field(default_factory=dict)
+    causal: bool = True
+    mlp_ratio: int = Field(4, ge=0)
+    max_len: int | None = Field(None, ge=1)
+    gumbel_tau_final: float | None = Field(None, gt=0)
+    eval_lengths: list[int] = Field(default_factory=list)
+    probes: list[str] = Field(default_factory=list)
     init_from: str | None = None
 
     @model_validator(mode="after")
@@ -101,13 +116,26 @@ class TrainConfig(Budget):
                 object.__setattr__(self, name, value)
         if self.heads is None:
             object.__setattr__(self, "heads", default_heads(self.dim))
+        from axiomformer.probes import PROBES
+
+        unknown = [p for p in self.probes if p not in PROBES]
+        if unknown:
+            raise ValueError(f"unknown probe(s) {unknown}; choose from: {', '.join(PROBES)}")
+        if any(n < 1 for n in self.eval_lengths):
+            raise ValueError(f"eval_lengths must be positive, got {self.eval_lengths}")
         if self.model == "transformer":
             self.attention_spec()  # raises ValueError on a bad spec string or dim/heads mismatch
         return self
 
     def attention_spec(self) -> AttentionSpec:
-        """``AttentionSpec.standard(dim, heads, causal=True, max_len=seq_len).relax(spec)``."""
-        return AttentionSpec.standard(self.dim, self.heads, causal=True, max_len=self.seq_len).relax(self.spec)
+        """``AttentionSpec.standard(dim, heads, causal=causal, max_len=max_len or seq_len).relax(spec)``."""
+        return AttentionSpec.standard(self.dim, self.heads, causal=self.causal,
+                                      max_len=self.model_max_len).relax(self.spec)
+
+    @property
+    def model_max_len(self) -> int:
+        """The longest sequence the model accepts: at least ``seq_len``, ``max_len`` and every ``eval_lengths``."""
+        return max(self.seq_len, self.max_len or self.seq_len, *self.eval_lengths)
 
 
 @dataclass
@@ -133,6 +161,7 @@ class TrainResult:
         engine: attention engine(s) that ran (comma-joined when layers differ); ``"recurrent"`` for rnn/lstm/gru.
         losses: training loss per step.
         history: ``[{"step", "accuracy", "loss"}]`` at every evaluation.
+        extra: what the ``on_init`` / ``on_end`` callbacks of :func:`train` returned, under ``"init"`` / ``"end"``.
         chance: accuracy of uniform guessing among the task's possible answers.
         config: the full (defaults filled) TrainConfig as a dict.
     """
@@ -154,6 +183,7 @@ class TrainResult:
     chance: float = 0.0
     config: dict = field(default_factory=dict)
     memory_method: str = ""
+    extra: dict = field(default_factory=dict)
     val_accuracy: float = 0.0
     val_loss: float = float("nan")
     best_step: int = 0
@@ -200,6 +230,27 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
     return MIN_LR_RATIO + (1.0 - MIN_LR_RATIO) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def gumbel_tau_at(step: int, total: int, start: float, final: float) -> float:
+    """Temperature of step ``step`` of ``total``: exponential decay from ``start`` to ``final``,
+    tau_s = start * (final / start)^(s / (total - 1)) (the exp(-r t) family of Jang et al. 2017, sec. 4)."""
+    if total <= 1:
+        return final
+    return start * (final / start) ** (min(step, total - 1) / (total - 1))
+
+
+def set_gumbel_tau(model: torch.nn.Module, tau: float) -> int:
+    """Set the temperature of every ``gumbel_softmax`` attention layer of ``model``; returns how many were set."""
+    from axiomformer.attention import Attention
+
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, Attention) and module.spec.normalizer == "gumbel_softmax":
+            module.spec = dataclasses.replace(module.spec, gumbel_tau=float(tau))
+            module.normalizer.options["tau"] = float(tau)
+            changed += 1
+    return changed
+
+
 def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     """AdamW (Loshchilov & Hutter 2019); weight decay only on matrices (not biases, norms) **(as nanoGPT)**."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -208,32 +259,9 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.A
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.98))
 
 
-def masked_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy over scored positions; logits (B, T, V), targets (B, T) with -100 = unscored."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction=reduction)
-
-
-@torch.no_grad()
-def eval_counts(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int, float]:
-    """(correct predictions, scored positions, summed cross-entropy in nats) over the scored positions of
-    ``batches``: the sums that distributed evaluation adds up across ranks."""
-    was_training = model.training
-    model.eval()
-    correct = total = 0
-    loss_sum = 0.0
-    for inputs, targets in batches:
-        logits = model(inputs)
-        scored = targets != IGNORE
-        correct += int((logits.argmax(-1) == targets)[scored].sum())
-        total += int(scored.sum())
-        loss_sum += float(masked_loss(logits, targets, reduction="sum"))
-    model.train(was_training)
-    return correct, total, loss_sum
-
-
 def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
              parallel: "DataParallel | None" = None) -> tuple[float, float]:
-    """(accuracy, mean loss) over the scored positions of ``batches``; with ``parallel`` (a
+    """(accuracy, mean loss) over the scored positions of ``batches``, the model in eval mode; with ``parallel`` (a
     :class:`axiomformer.distributed.DataParallel`), ``batches`` is this rank's share and the counts are summed over
     every rank first, so all ranks get the figures of the whole eval set."""
     correct, total, loss_sum = eval_counts(model, batches)
@@ -243,7 +271,9 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
 
 
 def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | Path | None = None,
-          log: Callable[[str], None] | None = None, save_state: str | Path | None = None) -> TrainResult:
+          log: Callable[[str], None] | None = None, save_state: str | Path | None = None,
+          on_init: Callable[[torch.nn.Module, Any], dict] | None = None,
+          on_end: Callable[[torch.nn.Module, Any], dict] | None = None) -> TrainResult:
     """Train ``config.model`` on ``config.task``, select on validation, report test.
 
     Evaluates on the validation split every ``eval_every`` steps and after the last one, keeps the weights of the
@@ -260,6 +290,9 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         checkpoint_dir: if given, save the tested model there (safetensors + config.json with config and result).
         log: called with one line per evaluation.
         save_state: if given, write the tested model's state dict there (safetensors; ``init_from`` reads it).
+        on_init, on_end: called as ``fn(model, task)`` before the first step and after the last evaluation (the model
+            in eval mode, gradients off); what they return is stored in ``result.extra["init"]`` / ``["end"]``.
+            They measure; training never depends on them.
 
     Raises:
         ValueError: task options the task rejects; a global batch that does not split evenly over the ranks; an
@@ -276,18 +309,27 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
     task = make_task(config.task, seq_len=config.seq_len, **config.task_options)
     torch.manual_seed(config.seed)
     spec = config.attention_spec() if config.model == "transformer" else None
+    options = ({"input_position": config.input_position, "causal": config.causal, "mlp_ratio": config.mlp_ratio}
+               if spec is not None else {})
     model = build_model(config.model, vocab_size=task.vocab_size, dim=config.dim, num_layers=config.layers,
-                        max_len=config.seq_len, spec=spec,
-                        **({"input_position": config.input_position} if spec is not None else {})).to(device)
+                        max_len=config.model_max_len, spec=spec, **options).to(device)
     if config.init_from is not None:
         _load_state(model, config.init_from)
+    val_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="val"))
+               for i in parallel.eval_indices(config.eval_batches)]
+    test_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="test"))
+                for i in parallel.eval_indices(config.eval_batches)]
+    extra: dict[str, Any] = {}
+    on_init = _with_probes(config, val_set, on_init, "init")
+    on_end = _with_probes(config, test_set, on_end, "end")
+    if on_init is not None:
+        extra["init"] = _callback(on_init, model, task)
+    anneal = (spec is not None and spec.normalizer == "gumbel_softmax" and config.gumbel_tau_final is not None)
     model.train()
     net = parallel.wrap(model)
     optimizer = make_optimizer(model, config)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup, config.steps))
-    val_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="val"))
-               for i in parallel.eval_indices(config.eval_batches)]
 
     meter = PeakMemory(device)
     meter.start()
@@ -303,6 +345,8 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         for step in range(config.steps):
             tick = time.perf_counter()
             inputs, targets, scored = parallel.shard(*task.batch(config.batch_size, seed=(config.seed << 32) + step))
+            if anneal:
+                set_gumbel_tau(model, gumbel_tau_at(step, config.steps, spec.gumbel_tau, config.gumbel_tau_final))
             loss = parallel.loss(net(inputs), targets, scored)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -342,14 +386,14 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         best.offer(model, 0, accuracy, eval_loss, 1)
         engines = list(model.engines)
     best.restore(model)
-    test_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="test"))
-                for i in parallel.eval_indices(config.eval_batches)]
     test_accuracy, test_loss = evaluate(model, test_set, parallel)
     window = config.patience or 3
     converged = stop_reason in ("target", "patience") or (
         stop_reason == "steps" and len(history) - best.index >= window)
     seconds = time.perf_counter() - start
     peak = meter.stop()
+    if on_end is not None:
+        extra["end"] = _callback(on_end, model, task)
     result = TrainResult(
         task=config.task, model=config.model, spec=spec.variant if spec is not None else config.spec,
         seq_len=config.seq_len, accuracy=test_accuracy, loss=test_loss, steps=steps_done, seconds=seconds,
@@ -358,7 +402,7 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         peak_mem_mb=peak, memory_method=meter.method, engine=",".join(dict.fromkeys(engines)),
         losses=torch.stack(losses).cpu().tolist() if losses else [], history=history, chance=task.chance,
         config=config.model_dump(), val_accuracy=best.accuracy, val_loss=best.loss, best_step=best.step,
-        converged=converged, stop_reason=stop_reason,
+        converged=converged, stop_reason=stop_reason, extra=extra,
     )
     if save_state is not None and parallel.main:
         from safetensors.torch import save_file
@@ -371,6 +415,41 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         save_checkpoint(checkpoint_dir, model, train=config.model_dump(), result=_finite(
             {k: v for k, v in result.to_dict().items() if k not in ("losses",)}))
     return result
+
+
+def _with_probes(config: TrainConfig, eval_set: list, user: Callable | None, phase: str) -> Callable | None:
+    """The callback of ``phase`` that runs the config's probes (``axiomformer.probes``) and then ``user``."""
+    from axiomformer import probes
+
+    wanted = []
+    if phase == "init" and "init_entropy" in config.probes and config.model == "transformer":
+        wanted.append(lambda model, task: probes.init_entropy(model, eval_set))
+    if phase == "end" and config.eval_lengths:
+        wanted.append(lambda model, task: probes.length_accuracy(
+            model, config.task, config.task_options, config.eval_lengths, config.batch_size, config.eval_batches))
+    if phase == "end" and "sampled_eval" in config.probes:
+        wanted.append(lambda model, task: probes.sampled_accuracy(model, eval_set))
+    if user is not None:
+        wanted.append(user)
+    if not wanted:
+        return None
+
+    def run(model, task) -> dict:
+        out: dict[str, Any] = {}
+        for fn in wanted:
+            out.update(fn(model, task))
+        return out
+    return run
+
+
+def _callback(fn: Callable[[torch.nn.Module, Any], dict], model: torch.nn.Module, task) -> dict:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return dict(fn(model, task))
+    finally:
+        model.train(was_training)
 
 
 class _Best:
@@ -412,5 +491,6 @@ def _progress_bar(enabled: bool):
                     transient=False)
 
 
-__all__ = ["GENERIC_DEFAULTS", "TASK_DEFAULTS", "TrainConfig", "TrainResult", "eval_counts", "evaluate", "lr_factor",
-           "masked_loss", "resolve_device", "train"]
+__all__ = ["GENERIC_DEFAULTS", "TASK_DEFAULTS", "TrainConfig", "TrainResult", "eval_counts", "eval_counts_as_is",
+           "evaluate", "evaluate_as_is", "gumbel_tau_at", "lr_factor", "masked_loss", "resolve_device",
+           "set_gumbel_tau", "train"]

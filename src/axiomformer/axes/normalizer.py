@@ -14,7 +14,11 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
     relu            u = relu(s) / n_i                                 (Wortsman et al. 2023)
     sparsemax       u = relu(s - tau)                                 (Martins & Astudillo 2016, entmax package)
     entmax15        u = relu(s / 2 - tau)^2                           (Peters et al. 2019, entmax package)
-    gumbel_softmax  u = softmax(s + g), g ~ Gumbel(0, 1) in training  (Jang et al. 2017)
+    gumbel_softmax  u = softmax((s + g) / tau), g ~ Gumbel(0, 1), in training (Jang et al. 2017, eq. 1); with
+                    ``gumbel_hard`` the forward is the one-hot argmax_j (s + g) and the backward the soft sample's
+                    (straight-through, Jang et al. 2017, sec. 2.2). Outside training the noise-free limit:
+                    softmax(s / tau), or one-hot argmax_j s when hard (the mode of the Gumbel-max sample) **(our
+                    choice)**. tau and hard are the spec fields ``gumbel_tau``, ``gumbel_hard`` (trait ``configured``).
     linear          u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)   (Katharopoulos et al. 2020, eq. 6-7)
     entmax_alpha    u = alpha-entmax(s), alpha_h > 1 learned per head (Peters et al. 2019; Correia et al. 2019)
     softmax1        u = exp(s) / (1 + sum_j exp(s_j)), a zero-logit sink (Miller 2023)
@@ -46,10 +50,13 @@ NORMALIZER_TRAITS = {
     "elementwise": "impl(s, n) -> weights, u_ij from s_ij and the row's count n_i of visible keys alone",
     "kernel": "impl(kernel) -> weights; the scores are the kernel phi(q).phi(k) of the feature map (linear attention)",
     "softmax": "equals softmax(s) (in every mode)",
-    "softmax_in_eval": "equals softmax(s) outside training",
+    "softmax_in_eval": "equals softmax(s) outside training (for a ``configured`` choice: at its default options)",
     "sink": "equals softmax over the row plus one extra logit 0 whose value is 0 (softmax with +1 in the denominator)",
     "random": "draws random numbers in training",
     "sorting": "its implementation sorts each row (several row-sized temporaries)",
+    "configured": "reads spec fields: extra['options'](spec) gives the keyword arguments of impl, extra['defaults'] "
+                  "their values at which every other trait holds; elsewhere only engines that call impl with "
+                  "them (reference, chunked) may run it",
     "parametric": "has learned parameters: extra['parameters'](spec) creates them, extra['params'](module) gives the "
                   "keyword arguments of impl",
 }
@@ -59,8 +66,17 @@ def _softmax(s: Tensor, training: bool, **params: Tensor) -> Tensor:
     return torch.softmax(s, dim=-1)
 
 
-def _gumbel_softmax(s: Tensor, training: bool, **params: Tensor) -> Tensor:
-    return F.gumbel_softmax(s, tau=1.0, hard=False, dim=-1) if training else torch.softmax(s, dim=-1)
+def _gumbel_softmax(s: Tensor, training: bool, tau: float = 1.0, hard: bool = False, **params: Tensor) -> Tensor:
+    if training:
+        return F.gumbel_softmax(s, tau=tau, hard=hard, dim=-1)
+    if hard:
+        # The noise-free limit of the hard sample: the one-hot argmax of the scores (our choice).
+        return torch.zeros_like(s).scatter_(-1, s.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.softmax(s / tau, dim=-1)
+
+
+def _gumbel_options(spec: AttentionSpec) -> dict:
+    return {"tau": float(spec.gumbel_tau), "hard": bool(spec.gumbel_hard)}
 
 
 def _sparsemax(s: Tensor, training: bool, **params: Tensor) -> Tensor:
@@ -114,8 +130,12 @@ NORMALIZERS = Registry("normalizer", [
            _sparsemax, frozenset({"row", "sorting"})),
     Choice("entmax15", "u = relu(s / 2 - tau)^2 (1.5-entmax)", "Peters et al. 2019, eq. 10 (alpha = 1.5)",
            _entmax15, frozenset({"row", "sorting"})),
-    Choice("gumbel_softmax", "u = softmax(s + g), g ~ Gumbel(0, 1), in training; softmax(s) in eval",
-           "Jang et al. 2017, eq. 1", _gumbel_softmax, frozenset({"row", "softmax_in_eval", "random"})),
+    Choice("gumbel_softmax", "u = softmax((s + g) / tau), g ~ Gumbel(0, 1), in training (one-hot argmax_j (s + g) "
+           "forward, soft backward when hard); softmax(s / tau), or one-hot argmax_j s when hard, in eval",
+           "Jang et al. 2017, eq. 1 and sec. 2.2 (straight-through)", _gumbel_softmax,
+           frozenset({"row", "softmax_in_eval", "random", "configured"}),
+           {"options": _gumbel_options, "defaults": {"tau": 1.0, "hard": False},
+            "fields": {"tau": "gumbel_tau", "hard": "gumbel_hard"}}),
     Choice("linear", "u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)", "Katharopoulos et al. 2020, eq. 6-7",
            _linear, frozenset({"kernel"})),
     Choice("entmax_alpha", "u = alpha-entmax(s) = relu((alpha - 1) s - tau)^(1 / (alpha - 1)), alpha_h > 1 learned "
@@ -162,6 +182,32 @@ SCALES = Registry("scale", [
 """A5's temperature."""
 
 
+def spec_options(spec: AttentionSpec) -> dict:
+    """Keyword arguments of the spec's normalizer read from spec fields (trait ``configured``), else empty."""
+    choice = NORMALIZERS[spec.normalizer]
+    return choice.extra["options"](spec) if choice.has("configured") else {}
+
+
+def at_defaults(spec: AttentionSpec) -> bool:
+    """Whether the spec's normalizer options are at their defaults, where every trait of its choice holds."""
+    choice = NORMALIZERS[spec.normalizer]
+    return not choice.has("configured") or spec_options(spec) == choice.extra["defaults"]
+
+
+def changed_options(spec: AttentionSpec) -> dict[str, str]:
+    """The spec fields of the normalizer's options that differ from their defaults, as relax-string values,
+    e.g. ``{"gumbel_tau": "0.5", "gumbel_hard": "true"}``."""
+    choice = NORMALIZERS[spec.normalizer]
+    if not choice.has("configured"):
+        return {}
+    out = {}
+    for key, value in spec_options(spec).items():
+        if value != choice.extra["defaults"][key]:
+            text = ("true" if value else "false") if isinstance(value, bool) else f"{value:g}"
+            out[choice.extra["fields"][key]] = text
+    return out
+
+
 def feature_map(x: Tensor, kind: str = "elu") -> Tensor:
     """Kernel feature map of linear attention (:data:`FEATURE_MAPS`): ``elu(x) + 1`` by default."""
     return FEATURE_MAPS[kind].impl(x)
@@ -200,7 +246,9 @@ def normalize(
         n_visible: float (..., q_len, 1), the n_i of ``elementwise`` normalizers (keys visible to each query, the
             key length for a row with none); computed from ``mask`` when None. Engines that score one block of
             keys at a time pass the count over the whole row.
-        params: the learned parameters of a ``parametric`` normalizer (``Normalizer.params()``); defaults otherwise.
+        params: keyword arguments of the implementation (``Normalizer.params()``): the learned parameters of a
+            ``parametric`` normalizer, the spec's options of a ``configured`` one (``spec_options(spec)``, e.g.
+            Gumbel-softmax's ``tau`` and ``hard``); defaults otherwise.
 
     Returns:
         float32 weights shaped like ``scores``; masked entries and rows without a visible key are exactly 0.
@@ -244,15 +292,17 @@ class Normalizer(nn.Module):
         super().__init__()
         self.kind = spec.normalizer
         self.feature_map = spec.feature_map
+        self.options = spec_options(spec)
         choice = NORMALIZERS[spec.normalizer]
         if choice.has("parametric"):
             for name, parameter in choice.extra["parameters"](spec).items():
                 self.register_parameter(name, parameter)
 
     def params(self) -> dict[str, Tensor]:
-        """Keyword arguments of the normalizer's implementation (empty unless ``parametric``)."""
+        """Keyword arguments of the normalizer's implementation: the spec's options (``configured``) and the learned
+        parameters (``parametric``); empty for the others."""
         choice = NORMALIZERS[self.kind]
-        return choice.extra["params"](self) if choice.has("parametric") else {}
+        return {**self.options, **(choice.extra["params"](self) if choice.has("parametric") else {})}
 
     def forward(self, scores: Tensor, mask: Tensor | None = None) -> Tensor:
         return normalize(scores, mask, self.kind, training=self.training, params=self.params())

@@ -12,7 +12,8 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("study")
     def study_command(
-        suite: str = typer.Option("main", "--suite", help="which study: main | long-range (see docs/study.md)"),
+        suite: str = typer.Option("main", "--suite", help="which study: main | long-range | positions | rho | scale | "
+                                                           "gumbel (docs/study.md, docs/open_questions.md)"),
         quick: bool = typer.Option(False, "--quick", help="the quick preset (about 3 minutes on 2 cores)"),
         preset: Optional[str] = typer.Option(None, "--preset", help="quick | default | full (full: the complete "
                                                                     "protocol, for Ray or a GPU)"),

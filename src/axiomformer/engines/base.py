@@ -18,6 +18,7 @@ from typing import Any, Iterator, Protocol
 
 from torch import Tensor, nn
 
+from axiomformer.axes.normalizer import spec_options
 from axiomformer.engines.problem import AttentionProblem
 from axiomformer.spec import AttentionSpec
 
@@ -47,8 +48,9 @@ class Parts:
             yield from self.normalizer.parameters()
 
     def normalizer_params(self) -> dict:
-        """Keyword arguments of a ``parametric`` normalizer (``axes/normalizer.py``), else empty."""
-        return {} if self.normalizer is None else self.normalizer.params()
+        """Keyword arguments of the normalizer's implementation (``axes/normalizer.py``): a ``parametric`` one's
+        learned parameters, a ``configured`` one's spec options; else empty."""
+        return spec_options(self.spec) if self.normalizer is None else self.normalizer.params()
 
 
 class Engine(Protocol):

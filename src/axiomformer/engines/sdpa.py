@@ -1,6 +1,6 @@
 """The sdpa engine: specs that reduce exactly to ``torch.nn.functional.scaled_dot_product_attention``.
 
-Accepts softmax (and Gumbel-softmax in eval, which is a softmax) with proportional contributions, any value map and
+Accepts softmax (and Gumbel-softmax in eval at gumbel_tau=1, soft, which is a softmax) with proportional contributions, any value map and
 aggregator (they act outside the attention core), RoPE (applied to q and k before), any scale (a learned per-head
 scale is folded into q), and every score that is a dot product of transformed queries and keys:
 
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from axiomformer.axes.contribution import CONTRIBUTIONS
-from axiomformer.axes.normalizer import NORMALIZERS
+from axiomformer.axes.normalizer import NORMALIZERS, at_defaults
 from axiomformer.axes.score import SCORES
 from axiomformer.engines.autograd import sdpa
 from axiomformer.engines.base import EngineBase
@@ -43,9 +43,10 @@ ALIBI_F32_MAX_SPAN = 2.0**10
 
 
 def softmax_like(spec, training: bool) -> bool:
-    """The normalizer is a plain softmax in this mode (traits ``softmax``, ``softmax_in_eval``)."""
+    """The normalizer is a plain softmax in this mode (traits ``softmax``, ``softmax_in_eval``; the latter only at
+    the choice's default options, e.g. Gumbel-softmax at ``gumbel_tau=1``, soft)."""
     choice = NORMALIZERS[spec.normalizer]
-    return choice.has("softmax") or (choice.has("softmax_in_eval") and not training)
+    return choice.has("softmax") or (choice.has("softmax_in_eval") and not training and at_defaults(spec))
 
 
 def has_sink(spec) -> bool:

@@ -27,14 +27,16 @@ def default_heads(dim: int) -> int:
 
 
 def build_model(kind: str, *, vocab_size: int, dim: int, num_layers: int, max_len: int,
-                spec: AttentionSpec | None = None, **options) -> nn.Module:
+                spec: AttentionSpec | None = None, causal: bool = True, **options) -> nn.Module:
     """A model mapping token ids (batch, seq) int64 -> logits (batch, seq, vocab_size).
 
     Args:
         kind: one of ``MODEL_KINDS``.
         dim: model width; the hidden size for rnn/lstm/gru.
         spec: attention of the transformer (default: standard with ``default_heads(dim)`` heads); its ``dim``,
-            ``causal`` and ``max_len`` are replaced by ``dim``, True and ``max_len``. Ignored by recurrent kinds.
+            ``causal`` and ``max_len`` are replaced by ``dim``, ``causal`` and ``max_len``. Ignored by recurrent kinds.
+        causal: a causal language model (default) or, with False, a bidirectional encoder (transformer only;
+            the recurrent kinds read left to right either way).
         **options: passed to the model class (``TransformerLM``: mlp_ratio, input_position, engine).
 
     Raises:
@@ -45,8 +47,8 @@ def build_model(kind: str, *, vocab_size: int, dim: int, num_layers: int, max_le
     if kind in RECURRENT_KINDS:
         return RecurrentLM(kind, vocab_size, dim, num_layers, max_len, **options)
     if spec is None:
-        spec = AttentionSpec.standard(dim, default_heads(dim), causal=True)
-    spec = dataclasses.replace(spec, dim=dim, causal=True, max_len=max_len)
+        spec = AttentionSpec.standard(dim, default_heads(dim), causal=causal)
+    spec = dataclasses.replace(spec, dim=dim, causal=causal, max_len=max_len)
     return TransformerLM(spec, vocab_size, num_layers, max_len, **options)
 
 

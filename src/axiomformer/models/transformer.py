@@ -1,7 +1,9 @@
-"""``TransformerLM``: a causal decoder-only Transformer whose every attention layer is ``Attention(spec)``.
+"""``TransformerLM``: a Transformer over token ids whose every attention layer is ``Attention(spec)``: a causal
+decoder with a causal spec, a bidirectional encoder (every token sees every token) with a non-causal one.
 
     x_0 = sqrt(dim) E[ids] + PE          (token embedding, Vaswani et al. 2017 sec. 3.4; PE see ``input_position``)
     x_l = x_{l-1} + Attn_l(LN(x_{l-1}));  x_l = x_l + MLP_l(LN(x_l))      (pre-norm residual blocks, Xiong et al. 2020)
+                                         (attention-only blocks, ``mlp_ratio=0``: the MLP sublayer is left out)
     logits = LN(x_L) E^T                 (output head tied to the embedding, Press & Wolf 2017)
 
 Incremental decoding: ``model(ids, caches=model.new_caches())`` prefills, then ``model(next_ids, caches=caches)``
@@ -25,30 +27,35 @@ INPUT_POSITIONS = ("auto", "none", "sinusoidal", "learned")
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: ``x + Attn(LN(x))`` then ``x + MLP(LN(x))``; x (batch, seq, dim)."""
+    """Pre-norm residual block: ``x + Attn(LN(x))`` then ``x + MLP(LN(x))``; x (batch, seq, dim).
+
+    ``mlp_ratio=0`` leaves the MLP sublayer out (an attention-only block: after the sum over tokens only the
+    aggregator rho of the spec, A1, and the output projection act on it).
+    """
 
     def __init__(self, spec: AttentionSpec, *, mlp_ratio: int = 4, engine: str = "auto"):
         super().__init__()
         self.norm1 = nn.LayerNorm(spec.dim)
         self.attn = Attention(spec, engine=engine)
-        self.norm2 = nn.LayerNorm(spec.dim)
-        self.mlp = two_layer_mlp(spec.dim, mlp_ratio * spec.dim, spec.dim)
+        self.norm2 = nn.LayerNorm(spec.dim) if mlp_ratio > 0 else None
+        self.mlp = two_layer_mlp(spec.dim, mlp_ratio * spec.dim, spec.dim) if mlp_ratio > 0 else None
 
     def forward(self, x: Tensor, cache: KVCache | None = None, *, key_padding_mask: Tensor | None = None,
                 position_ids: Tensor | None = None) -> Tensor:
         x = x + self.attn(self.norm1(x), cache=cache, key_padding_mask=key_padding_mask, position_ids=position_ids)
-        return x + self.mlp(self.norm2(x))
+        return x if self.mlp is None else x + self.mlp(self.norm2(x))
 
 
 class TransformerLM(nn.Module):
-    """Causal Transformer language model: token ids (batch, seq) int64 -> logits (batch, seq, vocab_size).
+    """Transformer over tokens: token ids (batch, seq) int64 -> logits (batch, seq, vocab_size).
 
     Args:
-        spec: the attention of every layer; must be causal. ``spec.dim`` is the model width.
+        spec: the attention of every layer; causal (a language model) or not (a bidirectional encoder, whose
+            logits at position t may use every token). ``spec.dim`` is the model width.
         vocab_size: number of token ids.
         num_layers: number of blocks.
         max_len: longest sequence (cache included) the model accepts.
-        mlp_ratio: MLP hidden width = ``mlp_ratio * dim``.
+        mlp_ratio: MLP hidden width = ``mlp_ratio * dim``; 0 builds attention-only blocks (no MLP sublayer).
         input_position: position encoding added to the token embeddings: ``"sinusoidal"`` (Vaswani et al. 2017,
             sec. 3.5), ``"learned"``, ``"none"``, or ``"auto"``: sinusoidal when ``spec.position == "none"``, else none
             **(our choice: the standard spec is Vaswani's Transformer, with its input encoding; a spec that brings its
@@ -56,15 +63,15 @@ class TransformerLM(nn.Module):
         engine: attention engine for every layer (``"auto"`` routes, see ``axiomformer.engines``).
 
     Raises:
-        ValueError: a non-causal spec, non-positive sizes, an unknown ``input_position``, or (in forward) a sequence
-            longer than ``max_len``.
+        ValueError: non-positive sizes, a negative ``mlp_ratio``, an unknown ``input_position``, or (in forward) a
+            sequence longer than ``max_len`` or a KV cache with a non-causal spec.
     """
 
     def __init__(self, spec: AttentionSpec, vocab_size: int, num_layers: int, max_len: int, *,
                  mlp_ratio: int = 4, input_position: str = "auto", engine: str = "auto"):
         super().__init__()
-        if not spec.causal:
-            raise ValueError("TransformerLM needs a causal spec: AttentionSpec.standard(dim, heads, causal=True)")
+        if mlp_ratio < 0:
+            raise ValueError(f"mlp_ratio must be >= 0 (0: attention-only blocks), got {mlp_ratio}")
         for name, value in (("vocab_size", vocab_size), ("num_layers", num_layers), ("max_len", max_len)):
             if value < 1:
                 raise ValueError(f"{name} must be positive, got {value}")
@@ -84,7 +91,7 @@ class TransformerLM(nn.Module):
         self.blocks = nn.ModuleList(Block(spec, mlp_ratio=mlp_ratio, engine=engine) for _ in range(num_layers))
         self.norm = nn.LayerNorm(spec.dim)
         self.config = {"kind": "transformer", "vocab_size": vocab_size, "dim": spec.dim, "num_layers": num_layers,
-                       "max_len": max_len, "spec": spec.to_dict(), "mlp_ratio": mlp_ratio,
+                       "max_len": max_len, "spec": spec.to_dict(), "causal": spec.causal, "mlp_ratio": mlp_ratio,
                        "input_position": input_position, "engine": engine}
 
     def new_caches(self) -> list[KVCache]:
@@ -125,6 +132,8 @@ class TransformerLM(nn.Module):
         """
         if ids.dim() != 2:
             raise ValueError(f"ids must be (batch, seq) int64, got shape {tuple(ids.shape)}")
+        if caches is not None and not self.spec.causal:
+            raise ValueError("incremental decoding needs a causal spec; a bidirectional encoder has no KV cache")
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"need one cache per layer ({len(self.blocks)}), got {len(caches)}")
         offset = caches[0].length if caches is not None else 0

@@ -64,12 +64,15 @@ class ModelChoice:
         kind: ``transformer``, ``rnn``, ``lstm`` or ``gru``.
         spec: for a Transformer, the full relax string of the trained spec relative to the standard one
             (``TrainConfig.spec``); ``"standard"`` for the baselines (unused by them).
+        options: more ``TrainConfig`` fields of this model, as ``(name, value)`` pairs (a suite's model options,
+            e.g. ``(("causal", False), ("mlp_ratio", 0))``); list values as tuples.
     """
 
     label: str
     kind: str
     spec: str = "standard"
     input_position: str = "auto"
+    options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def is_baseline(self) -> bool:
@@ -379,6 +382,7 @@ def make_run(config: StudyConfig, cell: Cell, seed: int, lr: float | None, *, in
     }
     if cell.model.input_position != "auto":
         tc["input_position"] = cell.model.input_position
+    tc |= {name: list(value) if isinstance(value, tuple) else value for name, value in cell.model.options}
     if init_from is not None:
         tc["init_from"] = init_from
     return Run(key=run_key(cell.model.label, cell.task, cell.seq_len, seed, tc), model=cell.model, task=cell.task,

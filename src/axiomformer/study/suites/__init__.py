@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 PRESETS = ("quick", "default", "full")
 """Preset names every suite provides (``--quick``, the default, ``--preset full``)."""
 
-BUILTIN: tuple[str, ...] = ("main", "long-range")
+BUILTIN: tuple[str, ...] = ("main", "long-range", "positions", "rho", "scale", "gumbel")
 """The suites shipped with axiomformer; the module of suite ``a-b`` is ``axiomformer.study.suites.a_b``."""
 
 

@@ -1,0 +1,200 @@
+"""What the open-question suites (positions, rho, scale, gumbel) share: arms with model options, their stages, the
+reported rows grouped by arm, intervals over seeds, paired differences, and small matplotlib figures.
+
+An *arm* is a :class:`axiomformer.study.sweep.ModelChoice` whose ``options`` carry the ``TrainConfig`` fields the
+suite varies besides the spec (``causal``, ``mlp_ratio``, ``heads``, ``eval_lengths``, ``probes``, ...). A suite lists
+its arms per task; :func:`arm_stages` turns them into the main machinery's cells and stages (learning-rate selection
+on the validation split at the selection seed, then the reported seeds at each arm's chosen rate), so every arm gets
+the same budget and the same lr grid.
+
+Statistics: the main study's (``axiomformer.study.statistics``): per arm the mean over seeds with its 95 % percentile
+bootstrap interval; per comparison of two arms the paired difference over their shared seeds (same data order and
+test batches), its bootstrap interval and a paired t-test, Holm-corrected over every comparison of the report. A
+difference is claimed only when its Holm-corrected p-value is below 0.05; with few seeds that is rare, and the
+conclusions say so rather than read a difference the statistics do not support.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from axiomformer.study.config import StudyConfig
+from axiomformer.study.sweep import Cell, ModelChoice, cell_budget
+
+ArmsFn = Callable[[StudyConfig, Any, int], list[ModelChoice]]
+"""``arms(config, task_settings, seq_len) -> the arms trained on that task and length``."""
+
+
+def arm(label: str, spec: str = "standard", **options: Any) -> ModelChoice:
+    """A Transformer arm: ``spec`` (a relax string) plus ``TrainConfig`` fields (lists become tuples)."""
+    frozen = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
+    return ModelChoice(label=label, kind="transformer", spec=spec,
+                       input_position=str(options.get("input_position", "auto")),
+                       options=tuple((k, v) for k, v in frozen if k != "input_position"))
+
+
+def arm_stages(arms: ArmsFn) -> Callable[[StudyConfig], list]:
+    """The ``stages`` of a suite whose models are ``arms``: the main suite's learning-rate selection stages over the
+    cells (arm, task, length), every cell at the config's model width (no parameter matching: the arms differ in
+    what they are asked to show, and the report lists each arm's parameter count)."""
+
+    def stages(config: StudyConfig) -> list:
+        from axiomformer.study.stages import selection_stages
+
+        cells = []
+        for task in config.tasks:
+            for seq_len in task.seq_lens:
+                budget = cell_budget(config, task, seq_len)
+                for choice in arms(config, task, seq_len):
+                    cells.append(Cell(model=choice, task=task.name, seq_len=seq_len, options=dict(task.options),
+                                      width=config.model.dim, budget=budget))
+        return selection_stages(config, cells)
+
+    return stages
+
+
+# ---------------------------------------------------------------------------------------------------- statistics
+def interval(values: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the bootstrap interval of ``statistics.mean_interval``; NaN where there is none."""
+    from axiomformer.study.statistics import mean_interval
+
+    values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not values:
+        return float("nan"), float("nan"), float("nan")
+    mean, low, high = mean_interval(values)
+    return mean, (float("nan") if low is None else low), (float("nan") if high is None else high)
+
+
+def fmt_interval(values: list[float], digits: int = 3) -> str:
+    """``0.812 [0.790, 0.834] (n=3)``, or the single value with ``(n=1)``, or an em dash."""
+    mean, low, high = interval(values)
+    if math.isnan(mean):
+        return "—"
+    n = len([v for v in values if v is not None])
+    if math.isnan(low):
+        return f"{mean:.{digits}f} (n={n})"
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}] (n={n})"
+
+
+def conclude(items: list[tuple[str, str, str, dict[int, float], dict[int, float]]], what: str = "accuracy") -> str:
+    """One paragraph over paired comparisons ``(context, name_a, name_b, a, b)`` (a, b: seed -> value), tested
+    together (``statistics.compare``: paired t-test, Holm over all ``items``): a sentence for each significant
+    difference, then one list of the others with their mean difference and bootstrap interval."""
+    from axiomformer.study.statistics import compare
+
+    pairs, untested = {}, []
+    for context, name_a, name_b, a, b in items:
+        seeds = sorted(set(a) & set(b))
+        if len(seeds) < 2:
+            untested.append(f"{context}: {name_a} vs {name_b}")
+            continue
+        pairs[(f"{context}: {name_a} vs {name_b}", name_a + "\0" + name_b)] = ([a[s] for s in seeds],
+                                                                              [b[s] for s in seeds])
+    separated, unresolved = [], []
+    for c in compare(pairs):
+        name_a, name_b = c.task.split("\0")
+        ci = "" if c.ci_low is None else f", 95% CI [{c.ci_low:+.3f}, {c.ci_high:+.3f}]"
+        if c.significant:
+            context = c.model.split(": ")[0]
+            separated.append(f"{context}: {name_a} is {'higher' if c.diff > 0 else 'lower'} than {name_b} ({what} "
+                             f"difference {c.diff:+.3f}{ci}, Holm p = {c.p_holm:.3g}, {c.n_pairs} seeds).")
+        else:
+            unresolved.append(f"{c.model} ({c.diff:+.3f}{ci})")
+    out = list(separated)
+    if unresolved:
+        out.append("No detectable difference (Holm-corrected paired t-test, alpha 0.05) for: "
+                   + "; ".join(unresolved) + ".")
+    if untested:
+        out.append("Fewer than two paired seeds, no test and no claim: " + "; ".join(untested) + ".")
+    return " ".join(out) if out else "No comparisons: no paired runs stored."
+
+
+# ---------------------------------------------------------------------------------------------------- rows
+class Rows:
+    """The reported rows of a suite (``StudyData.rows``) by (label, task, seq_len), then by seed."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]]):
+        self.rows = list(rows)
+        self.by: dict[tuple[str, str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
+        for r in self.rows:
+            self.by[(r["label"], r["task"], r["seq_len"])][r["seed"]] = r
+        self.labels = list(dict.fromkeys(r["label"] for r in self.rows))
+        self.tasks = list(dict.fromkeys((r["task"], r["seq_len"]) for r in self.rows))
+
+    def seeds(self, label: str, task: str, seq_len: int) -> dict[int, dict[str, Any]]:
+        return self.by.get((label, task, seq_len), {})
+
+    def metric(self, label: str, task: str, seq_len: int, fn: Callable[[dict[str, Any]], Any]) -> dict[int, float]:
+        """seed -> fn(row), skipping rows where fn gives None."""
+        out = {}
+        for seed, row in self.seeds(label, task, seq_len).items():
+            value = fn(row)
+            if value is not None:
+                out[seed] = float(value)
+        return out
+
+    def accuracy(self, label: str, task: str, seq_len: int) -> dict[int, float]:
+        return self.metric(label, task, seq_len, lambda r: r.get("accuracy"))
+
+    def first(self, label: str, task: str, seq_len: int) -> dict[str, Any] | None:
+        seeds = self.seeds(label, task, seq_len)
+        return seeds[min(seeds)] if seeds else None
+
+
+def extra(row: dict[str, Any], phase: str) -> dict[str, Any]:
+    """``TrainResult.extra[phase]`` of a stored row (``{}`` when absent)."""
+    return ((row.get("outcome") or {}).get("extra") or {}).get(phase) or {}
+
+
+def task_title(task: str, options: dict[str, Any]) -> str:
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
+    return f"{task} ({shown})" if shown else task
+
+
+def budget_note(config: dict[str, Any]) -> str:
+    """What budget and protocol the report's numbers come from."""
+    budget = config.get("budget") or {}
+    grid = budget.get("lr_grid") or [budget.get("lr")]
+    return (f"Budget: at most {budget.get('steps')} steps, batch {budget.get('batch_size')}, AdamW with warmup "
+            f"{budget.get('warmup')} and cosine decay; learning rate chosen per arm and task from {grid} on the "
+            f"validation split at seed {config.get('selection_seed', 0)}; early stopping on validation (patience "
+            f"{budget.get('patience')}); accuracy on the held-out test split; {config.get('seeds')} seed(s) per arm. "
+            f"Model: {config.get('model', {}).get('layers')} layer(s), width {config.get('model', {}).get('dim')}.")
+
+
+def closing_blocks(d) -> list:
+    """The main report's failed-runs and provenance sections (budget, versions, commits, hosts, wall time)."""
+    from axiomformer.study.report import failures_block, provenance_block
+
+    return [*failures_block(d), *provenance_block(d)]
+
+
+# ---------------------------------------------------------------------------------------------------- figures
+def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
+    """A ``matplotlib.figure.Figure`` with ``ncols`` axes (no pyplot state, no backend switch)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def save(fig, folder: Path, name: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def errorbar(ax, xs: list[float], values: list[list[float]], label: str, **style: Any) -> None:
+    """Means with their bootstrap interval as error bars (no bar where the interval is undefined)."""
+    means, lows, highs = [], [], []
+    for v in values:
+        mean, low, high = interval(v)
+        means.append(mean)
+        lows.append(0.0 if math.isnan(low) else mean - low)
+        highs.append(0.0 if math.isnan(high) else high - mean)
+    ax.errorbar(xs, means, yerr=[lows, highs], label=label, capsize=3, marker="o", **style)

@@ -1,0 +1,60 @@
+"""The positions, rho, scale and gumbel suites: presets that plan, and a tiny run that writes a report."""
+
+from __future__ import annotations
+
+import pytest
+
+from axiomformer.study import run_study
+from axiomformer.study.config import validate_config
+from axiomformer.study.suites import get_suite
+from axiomformer.study.suites.common import conclude, interval
+
+SUITES = ("positions", "rho", "scale", "gumbel")
+
+
+@pytest.mark.parametrize("name", SUITES)
+@pytest.mark.parametrize("preset", ["quick", "default", "full"])
+def test_every_preset_validates_and_plans_its_arms(name, preset):
+    suite = get_suite(name)
+    config = validate_config(suite.preset(preset), source=f"{name} {preset}")
+    runs = suite.stages(config)[0](None)
+    labels = {r.model.label for r in runs}
+    assert len(labels) >= 4 and len(runs) == len({r.key for r in runs})
+    if name == "positions":
+        assert all(r.train_config["causal"] is False and r.train_config["input_position"] == "none" for r in runs)
+        assert all(r.train_config["eval_lengths"] == [2 * r.seq_len, 4 * r.seq_len, 8 * r.seq_len] for r in runs)
+    if name == "rho":
+        assert {r.train_config["mlp_ratio"] for r in runs} == {0, 4}
+    if name == "scale":
+        assert {r.train_config["dim"] // r.train_config["heads"] for r in runs} == {8, 32, 128}
+    if name == "gumbel":
+        assert any("gumbel_hard=true" in r.train_config["spec"] for r in runs)
+
+
+def test_interval_is_the_studys_bootstrap_interval():
+    mean, low, high = interval([0.5, 0.7, 0.9, None])
+    assert mean == pytest.approx(0.7) and 0.5 <= low < mean < high <= 0.9
+    assert all(x != x for x in interval([0.4])[1:])                      # one seed: no interval
+
+
+def test_conclusion_claims_only_what_the_paired_test_supports():
+    a = {0: 0.90, 1: 0.91, 2: 0.92, 3: 0.90, 4: 0.93}
+    b = {0: 0.50, 1: 0.50, 2: 0.53, 3: 0.51, 4: 0.52}
+    assert "a is higher than b" in conclude([("t", "a", "b", a, b)])
+    noisy = conclude([("t", "a", "b", {0: 0.9, 1: 0.3, 2: 0.6}, {0: 0.5, 1: 0.5, 2: 0.52})])
+    assert "higher" not in noisy and "No detectable difference" in noisy
+    single = conclude([("t", "a", "b", {0: 0.9, 7: 0.2}, {0: 0.1})])      # one shared seed only
+    assert "higher" not in single and "no claim" in single
+
+
+@pytest.mark.slow
+def test_a_tiny_rho_study_writes_a_report_with_figures(tmp_path):
+    suite = get_suite("rho")
+    data = suite.preset("quick") | {"seeds": 2, "workers": 1, "threads": 1,
+                                    "budget": suite.preset("quick")["budget"] | {"steps": 3, "eval_every": 3},
+                                    "tasks": [{"name": "majority", "seq_lens": [6]}]}
+    summary = run_study(validate_config(data), tmp_path, progress=False)
+    assert summary.failed == [] and summary.trained == 8
+    text = (tmp_path / "report.md").read_text()
+    assert "## Conclusion" in text and "attn-only rho=identity" in text and "[" in text
+    assert (tmp_path / "figures" / "rho_accuracy.png").stat().st_size > 0
