@@ -37,6 +37,13 @@ def _local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def resolve_device(name: str) -> torch.device:
+    """``"auto"`` -> CUDA when available, else CPU; any other name is passed to ``torch.device``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def rank_device(name: str, local_rank: int) -> torch.device:
     """The device of one rank: ``"auto"`` or ``"cuda"`` without an index -> ``cuda:<local_rank>`` when CUDA is present
     (``"auto"`` falls back to CPU); an explicit ``cuda:N`` or ``cpu`` is kept."""
@@ -89,8 +96,6 @@ class DataParallel:
         """The initialized default process group, or a world of one process on ``device``."""
         if dist.is_available() and dist.is_initialized():
             return cls(dist.get_rank(), dist.get_world_size(), rank_device(device, _local_rank()))
-        from axiomformer.train import resolve_device
-
         return cls(0, 1, resolve_device(device))
 
     @property
@@ -155,4 +160,4 @@ class DataParallel:
         return correct, scored, loss_sum
 
 
-__all__ = ["DataParallel", "launched_by_torchrun", "process_group", "rank_device"]
+__all__ = ["DataParallel", "launched_by_torchrun", "process_group", "rank_device", "resolve_device"]

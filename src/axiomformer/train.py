@@ -17,12 +17,13 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from pydantic import ConfigDict, Field, model_validator
 
 from axiomformer.budget import Budget
+from axiomformer.distributed import DataParallel, resolve_device
 from axiomformer.evaluation import (MAX_BATCH_TOKENS, eval_counts, eval_counts_as_is, evaluate_as_is,
                                     masked_loss)
 
@@ -31,8 +32,6 @@ from axiomformer.models import MODEL_KINDS, build_model, count_parameters, defau
 from axiomformer.spec import AttentionSpec
 from axiomformer.tasks import TASKS, make_task
 
-if TYPE_CHECKING:
-    from axiomformer.distributed import DataParallel
 
 GENERIC_DEFAULTS: dict[str, Any] = {
     "steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup": 50, "eval_every": 100, "eval_batches": 4,
@@ -214,13 +213,6 @@ def _finite(value):
     return value
 
 
-def resolve_device(name: str) -> torch.device:
-    """``"auto"`` -> CUDA when available, else CPU; any other name is passed to ``torch.device``."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def lr_factor(step: int, warmup: int, total: int) -> float:
     """Multiplier of the peak lr at ``step``: linear warmup over ``warmup`` steps, then cosine decay to
     ``MIN_LR_RATIO`` at ``total`` (Loshchilov & Hutter 2017, SGDR eq. 5, without restarts)."""
@@ -299,8 +291,6 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
             ``init_from`` that does not fit the model.
         FileNotFoundError: a missing ``init_from`` file.
     """
-    from axiomformer.distributed import DataParallel
-
     parallel = DataParallel.current(config.device)
     parallel.check_batch(config.batch_size)
     device = parallel.device
