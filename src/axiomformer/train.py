@@ -150,6 +150,8 @@ class TrainResult:
         converged: False when the run used all ``steps`` while its validation score was still improving (its best
             evaluation among the last ``patience`` ones, 3 when ``patience`` is None).
         stop_reason: ``"target"``, ``"patience"``, ``"steps"`` or ``"nonfinite"``.
+        n_test: scored test positions behind ``accuracy`` (one per sequence on needle): the n of a binomial
+            interval over the test items.
         steps: optimizer steps taken (early stop may cut them short).
         seconds: wall time of training plus evaluation.
         params: trainable parameters.
@@ -188,6 +190,7 @@ class TrainResult:
     best_step: int = 0
     converged: bool = True
     stop_reason: str = "steps"
+    n_test: int = 0
 
     SUMMARY_KEYS = ("task", "model", "spec", "seq_len", "accuracy", "loss", "steps", "seconds", "params",
                     "tokens_per_second")
@@ -262,6 +265,13 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
     return correct / max(1, total), loss_sum / max(1, total)
 
 
+def _test_counts(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                 parallel: "DataParallel") -> tuple[float, float, int]:
+    """(accuracy, mean loss, scored positions) of the test set, summed over every rank."""
+    correct, total, loss_sum = parallel.reduce_counts(*eval_counts(model, batches))
+    return correct / max(1, total), loss_sum / max(1, total), int(total)
+
+
 def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | Path | None = None,
           log: Callable[[str], None] | None = None, save_state: str | Path | None = None,
           on_init: Callable[[torch.nn.Module, Any], dict] | None = None,
@@ -308,7 +318,7 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
     val_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="val"))
                for i in parallel.eval_indices(config.eval_batches)]
     test_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="test"))
-                for i in parallel.eval_indices(config.eval_batches)]
+                for i in parallel.eval_indices(config.test_batches or config.eval_batches)]
     extra: dict[str, Any] = {}
     on_init = _with_probes(config, val_set, on_init, "init")
     on_end = _with_probes(config, test_set, on_end, "end")
@@ -376,7 +386,7 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         best.offer(model, 0, accuracy, eval_loss, 1)
         engines = list(model.engines)
     best.restore(model)
-    test_accuracy, test_loss = evaluate(model, test_set, parallel)
+    test_accuracy, test_loss, n_test = _test_counts(model, test_set, parallel)
     window = config.patience or 3
     converged = stop_reason in ("target", "patience") or (
         stop_reason == "steps" and len(history) - best.index >= window)
@@ -392,7 +402,7 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         peak_mem_mb=peak, memory_method=meter.method, engine=",".join(dict.fromkeys(engines)),
         losses=torch.stack(losses).cpu().tolist() if losses else [], history=history, chance=task.chance,
         config=config.model_dump(), val_accuracy=best.accuracy, val_loss=best.loss, best_step=best.step,
-        converged=converged, stop_reason=stop_reason, extra=extra,
+        converged=converged, stop_reason=stop_reason, extra=extra, n_test=n_test,
     )
     if save_state is not None and parallel.main:
         from safetensors.torch import save_file

@@ -37,7 +37,7 @@ def _fail(message: str) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_command(
-        task: str = typer.Option("mqar", help="copy | mqar | selective_copy | needle | induction | digits | text"),
+        task: str = typer.Option("mqar", help="copy | mqar | selective_copy | needle | needle_kv | induction | digits | text | ..."),
         seq_len: int = typer.Option(64, "--seq-len", help="sequence length"),
         model: str = typer.Option("transformer", help="transformer | rnn | lstm | gru"),
         spec: str = typer.Option("standard", help="attention relax string, e.g. 'normalizer=sigmoid'"),
@@ -56,6 +56,8 @@ def register(app: typer.Typer) -> None:
         eval_every: Optional[int] = typer.Option(None, "--eval-every", help="steps between evaluations"),
         eval_batches: Optional[int] = typer.Option(None, "--eval-batches",
                                                    help="batches in the validation set and in the test set"),
+        test_batches: Optional[int] = typer.Option(None, "--test-batches",
+                                                   help="batches in the test set (default: --eval-batches)"),
         grad_clip: Optional[float] = typer.Option(None, "--grad-clip", help="global gradient-norm clip (1.0)"),
         patience: Optional[int] = typer.Option(None, "--patience",
                                                help="stop after this many evaluations without a better validation "
