@@ -1,23 +1,25 @@
 """The long-range suite (``axiomformer study --suite long-range``): accuracy against sequence length, 64 to 10,000.
 
-Models: the standard Transformer and the recurrent baselines (tanh RNN, LSTM, GRU via ``torch.nn.RNN/LSTM/GRU``),
-parameter-matched to the Transformer. Tasks:
+Models: the standard Transformer and recurrent baselines (``torch.nn.LSTM`` in the default preset; tanh RNN, LSTM
+and GRU in the full one), parameter-matched to the Transformer. Tasks:
 
 * ``needle``: one key-value pair at a position uniform over the whole sequence, the key asked at the end
   (``axiomformer.tasks.needle`` with ``shared=False``): the model must keep one item for a distance uniform in
-  ``2 .. T``, not just latch the first few tokens. Keys, values and filler use disjoint vocabularies **(our
-  choice)**: with one shared vocabulary the standard Transformer did not learn the task at T = 64 within the CPU
-  budget (measured: chance after 1,000 steps), which would leave the curve uninformative; memory *capacity* is
-  the MQAR task's job.
-* ``mqar``: multi-query associative recall with the number of pairs growing with the length (Zoology's capacity
-  setting, Arora et al. 2023; ``pairs_per_token``): a fixed-size state must eventually run out of room.
+  ``2 .. T``. Keys, values and filler use disjoint vocabularies, so the pair is marked and a *latch* (keep the one
+  value token seen) solves it: it tests retention at length, not associative recall.
+* ``needle_kv``: four such pairs with distinct keys, one key asked at the end (``KeyValueNeedleTask``): a latch
+  scores 1/4 + (3/4)/16 = 0.297; the model must bind keys to values over the whole distance.
+* ``mqar`` (full preset): multi-query associative recall with the pairs growing with the length (Zoology's capacity
+  setting, Arora et al. 2023; ``pairs_per_token``).
 
 Protocol **(our choice, stated in the report)**: a curriculum over lengths. Each (model, task) picks its learning
-rate from ``lr_grid`` on the validation split at the shortest length (selection seed 0); then, length by length, each
-model continues from its own weights at the previous length with that rate. Every model gets the same budget at
-every length (steps, batch, evaluations), so the recurrent models get as much as the Transformer; early stopping on
-validation (target accuracy or patience) may end any run sooner. A length is *solved* when the test accuracy
-reaches ``SOLVED`` (0.9).
+rate from ``lr_grid`` on the validation split at the shortest length at ``selection_seed`` (never a reported seed);
+then, length by length, each reported seed continues from its own weights at the previous length with that rate.
+Every model gets the same budget at every length; early stopping on validation may end a run sooner, and the report
+lists the steps each run took. Beside each curriculum run at a longer length, a *zero-shot* run (:func:`stages`)
+tests the same seed's weights trained at the shortest length only, without training. Every run is tested on
+>= ``MIN_TEST`` held-out sequences; a run *solves* a length when the Clopper-Pearson 95 % interval of its test
+accuracy lies above ``SOLVED`` (0.9).
 """
 
 from __future__ import annotations
