@@ -243,7 +243,7 @@ def test_audit_cli_json_and_bad_target():
     data = json.loads(result.output.strip().splitlines()[-1])
     assert data["target"] == "spec:score=bilinear" and len(data["checks"]) == 16
     for c in data["checks"]:
-        assert set(c) == {"name", "assumption", "passed", "statistic", "tolerance", "detail"}
+        assert set(c) == {"name", "assumption", "passed", "statistic", "tolerance", "detail", "candidates"}
         assert c["passed"] in (True, False, None)
     assert {c["name"] for c in data["checks"] if c["passed"] is False} == set()
     a4 = [c for c in data["checks"] if c["assumption"] == "A4"]

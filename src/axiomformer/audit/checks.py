@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from axiomformer.audit.adapters import Adapter
+from axiomformer.audit.attribution import attribute
 from axiomformer.audit.normalizer_checks import scale_entropy, shift_invariance, weight_checks
 from axiomformer.audit.probe import (
     BIG, TOL, AuditCheck, Probe, cannot_tell, finite, heads, rel, result,
@@ -264,4 +265,4 @@ def run_checks(adapter: Adapter, causal: bool, seed: int = 0) -> list[AuditCheck
     a5 = weight_results[:2] + [shift_invariance(probe(30), a4[:2]), weight_results[2],
                                scale_entropy(probe(32), seed, a4[:2])]
     rest = [causality(probe(40)), nan_isolation(probe(41)), learned_values(probe(42)), deterministic(probe(43))]
-    return head + a4 + a5 + rest
+    return attribute(head + a4 + a5 + rest)

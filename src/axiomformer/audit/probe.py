@@ -7,7 +7,7 @@ Statistics are relative to the size of the quantity compared unless stated; a no
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,6 +26,11 @@ class AuditCheck:
 
     ``assumption`` is ``"A0"`` .. ``"A5"`` for the assumption checks, ``"causal"`` for causality, and ``"design"`` or
     ``"numerics"`` for properties that are no assumption of the derivation (reported in their own section).
+
+    ``candidates``: when the check failed, the assumptions (``"A0"`` .. ``"A5"``, or ``"causal"``) whose violation
+    alone produces this departure at the audited interface, most specific first; more than one means they cannot be
+    told apart from outside (``why`` says why). Empty when the check passed, does not apply, or tests no assumption.
+    Set by :func:`axiomformer.audit.attribution.attribute` from the outcomes of all checks.
     """
 
     name: str
@@ -34,10 +39,15 @@ class AuditCheck:
     statistic: float
     tolerance: float
     detail: str
+    candidates: list[str] = field(default_factory=list)
+    why: str = ""
+    """Why the candidates cannot be told apart (empty when there is one)."""
 
     def to_dict(self) -> dict[str, Any]:
+        """``{"name", "assumption", "passed", "statistic", "tolerance", "detail", "candidates"}``."""
         return {"name": self.name, "assumption": self.assumption, "passed": self.passed,
-                "statistic": self.statistic, "tolerance": self.tolerance, "detail": self.detail}
+                "statistic": self.statistic, "tolerance": self.tolerance, "detail": self.detail,
+                "candidates": list(self.candidates)}
 
 
 def finite(x: float) -> float:

@@ -22,7 +22,8 @@ class AuditReport:
     checks: list[AuditCheck]
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"target": str, "checks": [{"name", "assumption", "passed", "statistic", "tolerance", "detail"}]}``."""
+        """``{"target": str, "checks": [{"name", "assumption", "passed", "statistic", "tolerance", "detail",
+        "candidates"}]}``."""
         return {"target": self.target, "checks": [c.to_dict() for c in self.checks]}
 
     def to_json(self) -> str:
