@@ -35,6 +35,13 @@ SAME_MAP = {
 }
 """Why two candidates cannot be told apart, by (first, second) candidate."""
 
+CONTRIBUTION_CAVEAT = ("the contribution map is not visible (homogeneity n/a): a contribution g(u) v with g not "
+                       "linear after a normalizer r is the same map as u v after the normalizer g(r) (A2)")
+WEIGHT_SHAPE = ("nonnegative_weights", "weights_sum_to_one")
+"""A5 checks that a non-proportional contribution g(u) v can fail while the others pass; rows that still sum to one
+for every distribution force g to be linear, so the other A5 checks implicate A2 only when the sums fail too."""
+OTHER_WEIGHTS = ("ratio_independence", "scale_entropy", "length_scale")
+
 ORDER_CAVEAT = ("set_symmetry failed: the map is not of the form rho(sum_j phi(x_j, u_ij)), so this departure may "
                 "come from the order dependence (A0)")
 
@@ -74,6 +81,9 @@ def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, obje
         "length_scale": ["A5", "A4"],
     }
     found = list(rules.get(c.name, [c.assumption]))
+    hidden_phi = c.name in WEIGHT_SHAPE or (c.name in OTHER_WEIGHTS and failed("weights_sum_to_one"))
+    if hidden_phi and "homogeneity" in out and out["homogeneity"].passed is None:
+        found.append("A2")
     if failed("set_symmetry") and c.name != "set_symmetry" and "A0" not in found:
         found.append("A0")
     return found
@@ -95,6 +105,8 @@ def attribute(checks: list[AuditCheck], facts: dict[str, object] | None = None) 
             continue
         c.candidates = _candidates(c, out, facts)
         reasons = [SAME_MAP[pair] for pair in zip(c.candidates, c.candidates[1:]) if pair in SAME_MAP]
+        if "A2" in c.candidates[1:] and c.assumption == "A5":
+            reasons.append(CONTRIBUTION_CAVEAT)
         if "A0" in c.candidates[1:]:
             reasons.append(ORDER_CAVEAT)
         if len(c.candidates) > 1:
