@@ -129,3 +129,11 @@ IN_CLASS = {
     "own_value_map": own_value_map, "bilinear_score": bilinear_score, "fixed_output_map": fixed_output_map,
     "query_row_bias": query_row_bias, "two_heads_mixed_values": two_heads_mixed_values,
 }
+
+
+def query_norm_temperature(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """softmax(q.k / |q|): a temperature set by each query's norm (a row-dependent temperature)."""
+    return _sdpa(q / q.norm(dim=-1, keepdim=True) * math.sqrt(q.shape[-1]) ** 0.5, k, v, causal)
+
+
+WRONG["query_norm_temperature"] = query_norm_temperature

@@ -36,6 +36,10 @@ EXPECTED = {
     # temperature ~ log n: only a check that varies the number of visible keys sees it.
     "scalable_softmax": {"length_scale": ["A5", "A4"]},
     "key_content_bias": {"bilinear_scores": ["A4"], "bilinear_fit": ["A4"]},
+    # a temperature set by the query's norm: doubling q rescales each row's scores by one factor, the same map as a
+    # score nonlinear in q.
+    "query_norm_temperature": {"bilinear_scores": ["A4", "A5"], "bilinear_fit": ["A4", "A5"],
+                               "scale_entropy": ["A5", "A4"]},
     "per_coordinate_temperature": {"scalar_relevance": ["A2"]},
     "key_gated_values": {"scalar_relevance": ["A2", "A3"]},
     "tanh_after_sum": {"token_additivity": ["A1"], "linearity": ["A1"]},

@@ -20,8 +20,9 @@ SAME_MAP = {
                   "weights (A1) are the same map at this interface",
     ("A5", "A4"): "a temperature that departs from 1/sqrt(d) or depends on the number of visible keys (the A5 scale) "
                   "and a score scaled the same way (A4) are the same map at this interface",
-    ("A4", "A5"): "the scores of each row are bilinear only up to a row-dependent factor and length_scale failed: a "
-                  "row-dependent temperature (A5) and a score that is not one bilinear form (A4) are the same map here",
+    ("A4", "A5"): "the scores are bilinear only up to a factor per row (doubling q rescales each row's scores by one "
+                  "factor, or the factor follows the number of visible keys): a row-dependent temperature (the A5 "
+                  "scale) and a score that is not one bilinear form (A4) are the same map at this interface",
     ("A1", "A2"): "the per-coordinate weights factor through the query (J_ij = c_ij R_i): an output gate, i.e. a "
                   "query-dependent linear rho (A1), and per-coordinate relevances of that form (A2) are the same map "
                   "at this interface",
@@ -69,12 +70,13 @@ def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, obje
     additive = not failed("token_additivity")
     nonlinear = _shape(facts.get("nonlinear"), float(facts.get("fd_tol", 0.0)))   # type: ignore[arg-type]
     linear = _shape(facts.get("linear"), float(facts.get("tol", 0.0)))            # type: ignore[arg-type]
+    row_scale = bool("bilinear_scores" in out and out["bilinear_scores"].facts.get("row_scale"))
     rules: dict[str, list[str]] = {
         "token_additivity": _nonlinear(nonlinear, False) if nonlinear else ["A1"],
         "linearity": _nonlinear(nonlinear, additive),
         "scalar_relevance": {"query": ["A1", "A2"], "key": ["A2", "A3"]}.get(linear or "", ["A2"]),
-        "bilinear_scores": ["A4", "A5"] if failed("length_scale") else ["A4"],
-        "bilinear_fit": ["A4", "A5"] if failed("length_scale") else ["A4"],
+        "bilinear_scores": ["A4", "A5"] if row_scale else ["A4"],
+        "bilinear_fit": ["A4", "A5"] if row_scale or failed("length_scale") else ["A4"],
         "weights_sum_to_one": ["A5", "A1"],
         "ratio_independence": ["A5", "A4"] if failed("bilinear_fit") else ["A5"],
         "scale_entropy": ["A5", "A4"],

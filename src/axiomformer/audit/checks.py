@@ -124,9 +124,16 @@ def bilinear_scores(p: Probe, weights_ok: bool, why: str) -> AuditCheck:
         return cannot_tell(name, "A4", p.tol, "some visible key has weight 0, so its score cannot be recovered")
     s, s2q, sk2, ssum = got
     resid = torch.stack([s2q - 2 * s, ssum - s - sk2])
-    return result(name, "A4", rel(resid, torch.zeros_like(resid), s), p.tol,
-                  "scores recovered as row-centred log-weights (exact for softmax) are linear in q and in k: "
-                  "s(2q, k) = 2 s(q, k) and s(q, k + k') = s(q, k) + s(q, k')")
+    check = result(name, "A4", rel(resid, torch.zeros_like(resid), s), p.tol,
+                   "scores recovered as row-centred log-weights (exact for softmax) are linear in q and in k: "
+                   "s(2q, k) = 2 s(q, k) and s(q, k + k') = s(q, k) + s(q, k')")
+    # Linear in k, and doubling q rescales each row by one factor: a row-dependent temperature, or a score whose
+    # dependence on q is not linear; the two are the same map here.
+    factor = (s2q * s).sum(-1, keepdim=True) / (s * s).sum(-1, keepdim=True).clamp_min(1e-300)
+    zero = torch.zeros_like(s)
+    check.facts["row_scale"] = bool(check.passed is False and rel(ssum - s - sk2, zero, s) <= p.tol
+                                    and rel(s2q - factor * s, zero, s2q) <= p.tol)
+    return check
 
 
 def bilinear_fit(p: Probe, weights_ok: bool, why: str) -> AuditCheck:

@@ -56,6 +56,8 @@ class AuditCheck:
     candidates: list[str] = field(default_factory=list)
     why: str = ""
     """Why the candidates cannot be told apart (empty when there is one)."""
+    facts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """What the check learned beyond pass/fail, for the attribution (not serialized)."""
 
     def to_dict(self) -> dict[str, Any]:
         """``{"name", "assumption", "passed", "statistic", "tolerance", "detail", "candidates"}``."""
