@@ -34,6 +34,7 @@ from axiomformer.engines.linear import LinearEngine
 from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows, zero_rows_without_keys
 from axiomformer.engines.reference import ReferenceEngine
 from axiomformer.engines.sdpa import SDPAEngine, alibi_column_ok
+from axiomformer.engines.validate import as_problem_4d, check_window, empty_output, problem_shape
 from axiomformer.spec import AttentionSpec
 
 ENGINES: dict[str, Any] = {}
@@ -202,8 +203,11 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
         see a key whose key or value is non-finite gets a NaN row (engines/problem.py).
 
     Raises:
-        ValueError: see :func:`route` and :func:`default_parts`.
+        ValueError: q, k, v, mask or bias shapes that do not fit (naming them, see ``engines/validate.py``), a
+            negative window, and see :func:`route` and :func:`default_parts`.
     """
+    target = problem_shape(q, k, v)
+    mask, bias = as_problem_4d("mask", mask, target), as_problem_4d("bias", bias, target)
     if parts is None:
         if spec is None:
             heads = q.shape[1]
@@ -214,11 +218,14 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
         if spec.scale == "learned":
             raise ValueError("scale='learned' needs the learned temperature as scale=")
         scale = 1.0 / math.sqrt(q.shape[-1]) if spec.scale == "inv_sqrt_d" else 1.0
+    window = check_window(spec.window if window is None else window)
+    if 0 in target[2:]:                                  # no query or no key: nothing for an engine to compute
+        out, weights = empty_output(q, k, v, target)
+        return Attended(out, weights if need_weights else None, "reference")
     problem = AttentionProblem(
         q=q, k=k, v=v, causal=spec.causal if causal is None else causal, mask=mask, bias=bias,
         alibi_slopes=alibi_slopes, q_offset=k.shape[-2] - q.shape[-2] if q_offset is None else q_offset,
-        dropout_p=spec.dropout if dropout_p is None else dropout_p, training=training, scale=scale,
-        window=spec.window if window is None else window,
+        dropout_p=spec.dropout if dropout_p is None else dropout_p, training=training, scale=scale, window=window,
     )
     k_clean, v_clean, bad = clean_nonfinite(problem)
     clean = dataclasses.replace(problem, k=k_clean, v=v_clean)
