@@ -4,7 +4,8 @@ Source: Somani, assumption A5 (relevance is relative and differentiable): u_ij =
 1/sqrt(d_k) keeps the logits O(1) because Var(q.k) = d_k for unit-variance entries.
 
 Every normalizer maps scores (batch, heads, q_len, k_len) and an optional boolean mask (True = may attend,
-broadcastable to the scores) to weights of the same shape, computed in float32. Masked keys get weight 0; a query row
+broadcastable to the scores) to weights of the same shape, computed in max(scores dtype, float32) (float16 is upcast,
+float64 kept: ``axiomformer.precision``). Masked keys get weight 0; a query row
 with no visible key gets all-zero weights with finite gradients.
 
 Choices (n_i is the number of keys visible to query i, so appending masked keys changes nothing); each is one entry
@@ -38,6 +39,7 @@ from entmax import entmax15, entmax_bisect, sparsemax
 from torch import Tensor, nn
 
 from axiomformer.axes.registry import Choice, Registry
+from axiomformer.precision import upcast
 
 if TYPE_CHECKING:
     from axiomformer.spec import AttentionSpec
@@ -251,13 +253,14 @@ def normalize(
             Gumbel-softmax's ``tau`` and ``hard``); defaults otherwise.
 
     Returns:
-        float32 weights shaped like ``scores``; masked entries and rows without a visible key are exactly 0.
+        weights shaped like ``scores`` in max(scores dtype, float32) (float64 stays float64); masked entries and rows
+        without a visible key are exactly 0.
 
     Raises:
         ValueError: unknown ``kind`` (naming the choices).
     """
     choice = NORMALIZERS[kind]
-    s = scores.float()
+    s = upcast(scores)
     if mask is not None:
         mask = torch.broadcast_to(mask, s.shape)
         has_key = mask.any(dim=-1, keepdim=True)
@@ -270,7 +273,7 @@ def normalize(
     if choice.has("elementwise"):
         if n_visible is None:
             n_visible = (torch.full_like(s[..., :1], float(s.shape[-1])) if mask is None
-                         else visible.sum(dim=-1, keepdim=True).float())
+                         else visible.sum(dim=-1, keepdim=True).to(s.dtype))
         weights = choice.impl(s, n_visible)
     else:
         if mask is not None:

@@ -17,7 +17,7 @@ future state against itself in floating point and leak it into earlier outputs.
 
 Accepted: the linear normalizer with proportional contributions, no float bias or ALiBi (they multiply the kernel
 entrywise and break the factorization), and masks that depend on the key only (key padding). Other masks route to
-the chunked engine. Computed in float32 (as the reference's kernel), returned in the value dtype.
+the chunked engine. Computed in max(input dtype, float32) (as the reference's kernel), returned in the value dtype.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from axiomformer.axes.contribution import CONTRIBUTIONS
 from axiomformer.axes.normalizer import LINEAR_EPS, NORMALIZERS, feature_map
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.problem import AttentionProblem
+from axiomformer.precision import compute_dtype
 
 
 def key_only_mask(mask: Tensor | None) -> bool:
@@ -81,9 +82,10 @@ def linear_attention(problem: AttentionProblem, k: Tensor, v: Tensor, kind: str,
         kind: the feature map (``elu``, ``relu``, ``identity``).
         chunk: queries per chunk of the causal prefix sum.
     """
-    phi_q = feature_map(problem.q.float(), kind)
-    phi_k = feature_map(k.float(), kind)
-    v32 = v.float()
+    dtype = compute_dtype(problem.q.dtype, k.dtype, v.dtype)
+    phi_q = feature_map(problem.q.to(dtype), kind)
+    phi_k = feature_map(k.to(dtype), kind)
+    v32 = v.to(dtype)
     if problem.mask is not None:
         keep = problem.mask.squeeze(-2).unsqueeze(-1)                    # (B|1, H|1, k_len, 1)
         phi_k = phi_k * keep

@@ -154,7 +154,8 @@ class Attended(NamedTuple):
     out: Tensor
     """(batch, heads, q_len, head_dim_v) in the value dtype."""
     weights: Tensor | None
-    """(batch, heads, q_len, k_len) float32, the weights ``out`` was computed from, before dropout; or None."""
+    """(batch, heads, q_len, k_len) in max(input dtype, float32), the weights ``out`` was computed from, before
+    dropout; or None."""
     engine: str
     """The name of the engine that ran."""
 
