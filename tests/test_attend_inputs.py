@@ -126,7 +126,6 @@ def test_masks_of_every_rank_that_broadcast_to_the_problem_equal_sdpa(engine, ki
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
     out = attend(q, k, v, engine=engine, **{kind: m}).out
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
-    out.sum()                                             # and it is a plain tensor of the problem's shape
     assert out.shape == expected.shape
 
 

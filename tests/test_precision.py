@@ -44,6 +44,7 @@ def truth64(normalizer: str, q, k, v, scale: float, causal: bool):
         visible = visible.tril(k_len - q_len)
     n = visible.sum(-1, keepdim=True).double()
     if normalizer == "linear":
+        # The linear normalizer's default temperature is 1 (axes.normalizer.default_scale).
         kernel = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-2, -1) * visible
         w = kernel / (kernel.sum(-1, keepdim=True) + LINEAR_EPS)
         return w, w @ v
@@ -123,7 +124,7 @@ def test_float64_positions_are_computed_in_float64():
 
 def test_the_float64_check_sees_a_float32_reference(monkeypatch):
     # Plant the old fault: scores computed in float32 whatever the input.
-    import axiomformer.engines.reference as reference
+    from axiomformer.engines import reference
 
     monkeypatch.setattr(reference, "compute_dtype", lambda *dtypes: torch.float32)
     q, k, v = (torch.randn(2, HEADS, n, HEAD_DIM, dtype=torch.float64) for n in (5, 6, 6))
@@ -165,7 +166,7 @@ def test_learned_scores_in_float16_run_and_stay_finite(score):
 
 
 def test_the_float16_check_sees_scores_multiplied_in_float16(monkeypatch):
-    import axiomformer.engines.reference as reference
+    from axiomformer.engines import reference
 
     monkeypatch.setattr(reference, "compute_dtype", lambda *dtypes: dtypes[0])
     q = torch.full((1, 1, 3, 16), 64.0, dtype=torch.float16)

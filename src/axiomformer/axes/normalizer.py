@@ -20,10 +20,14 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
                     (straight-through, Jang et al. 2017, sec. 2.2). Outside training the noise-free limit:
                     softmax(s / tau), or one-hot argmax_j s when hard (the mode of the Gumbel-max sample) **(our
                     choice)**. tau and hard are the spec fields ``gumbel_tau``, ``gumbel_hard`` (trait ``configured``).
-    linear          u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)   (Katharopoulos et al. 2020, eq. 6-7)
+    linear          u = K_ij / sum_j K_ij, K_ij = phi(s q_i).phi(k_j) (Katharopoulos et al. 2020, eq. 6-7; a
+                    temperature s enters through the query, see :func:`default_scale`)
     entmax_alpha    u = alpha-entmax(s), alpha_h > 1 learned per head (Peters et al. 2019; Correia et al. 2019)
     softmax1        u = exp(s) / (1 + sum_j exp(s_j)), a zero-logit sink (Miller 2023)
-Scale choices (A5's temperature, :data:`SCALES`): inv_sqrt_d (1/sqrt(head_dim)), none (1), learned (per head).
+Scale choices (A5's temperature, :data:`SCALES`): inv_sqrt_d (1/sqrt(head_dim); 1 for the kernel normalizer, whose
+kernel is no scaled score: Katharopoulos et al. 2020 apply none, and the taylor map carries its own 1/sqrt(d)),
+none (1), learned (per head). An explicit or learned scale s is honoured by every normalizer; the kernel's enters
+through the query, phi(s q).phi(k), so f(q, scale=s) == f(s q, scale=1).
 Feature maps of the linear normalizer (:data:`FEATURE_MAPS`): elu (elu(x) + 1), relu, identity, taylor
 ([1, y, vec(y y^T) / sqrt 2], y = x / d^(1/4)).
 """
@@ -176,7 +180,8 @@ FEATURE_MAPS = Registry("feature_map", [
 """Kernel feature maps of the ``linear`` normalizer."""
 
 SCALES = Registry("scale", [
-    Choice("inv_sqrt_d", "scale = 1 / sqrt(head_dim)", "Vaswani et al. 2017, eq. 1 and footnote 4"),
+    Choice("inv_sqrt_d", "scale = 1 / sqrt(head_dim) (1 for the kernel normalizer)",
+           "Vaswani et al. 2017, eq. 1 and footnote 4; Katharopoulos et al. 2020 (no temperature in the kernel)"),
     Choice("none", "scale = 1", "Luong et al. 2015 (unscaled dot score)"),
     Choice("learned", "scale_h = exp(theta_h), theta_h initialised to -log(head_dim) / 2", "our choice: a per-head "
            "temperature, as in QK-norm attention (Henry et al. 2020)"),
@@ -215,6 +220,15 @@ def feature_map(x: Tensor, kind: str = "elu") -> Tensor:
     return FEATURE_MAPS[kind].impl(x)
 
 
+def default_scale(spec: AttentionSpec, head_dim: int) -> float:
+    """The fixed temperature of ``spec.scale`` (not ``learned``): 1/sqrt(head_dim) for ``inv_sqrt_d``, except 1 for a
+    ``kernel`` normalizer (its kernel phi(q).phi(k) is no scaled score: Katharopoulos et al. 2020 apply no
+    temperature, and the taylor map carries its own 1/sqrt(d)); 1 for ``none``."""
+    if spec.scale == "inv_sqrt_d" and not NORMALIZERS.has(spec.normalizer, "kernel"):
+        return 1.0 / math.sqrt(head_dim)
+    return 1.0
+
+
 class Scale(nn.Module):
     """The temperature multiplying the scores: a float, or a (1, heads, 1, 1) tensor when learned."""
 
@@ -222,14 +236,13 @@ class Scale(nn.Module):
         super().__init__()
         self.kind = spec.scale
         self.head_dim = spec.head_dim
+        self.fixed = default_scale(spec, spec.head_dim) if spec.scale != "learned" else None
         if self.kind == "learned":
             self.log_scale = nn.Parameter(torch.full((spec.num_heads,), -0.5 * math.log(spec.head_dim)))
 
     def forward(self) -> float | Tensor:
-        if self.kind == "inv_sqrt_d":
-            return 1.0 / math.sqrt(self.head_dim)
-        if self.kind == "none":
-            return 1.0
+        if self.fixed is not None:
+            return self.fixed
         return self.log_scale.exp().view(1, -1, 1, 1)
 
 

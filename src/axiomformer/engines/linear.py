@@ -1,7 +1,8 @@
 """The linear engine: O(L) kernelized attention for ``normalizer="linear"`` (Katharopoulos et al. 2020).
 
 With phi the feature map (``spec.feature_map``; elu(x) + 1 by default, their eq. 7) and keys masked by zeroing
-phi(k_j), the reference's weights u_ij = K_ij / (sum_j K_ij + eps), K_ij = phi(q_i).phi(k_j), give (their eq. 6)
+phi(k_j), the reference's weights u_ij = K_ij / (sum_j K_ij + eps), K_ij = phi(s q_i).phi(k_j) (s the scale, which
+enters through the query: ``reference.scaled_query``), give (their eq. 6, with q_i for s q_i)
 
     out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j) + eps),     eps = 1e-6,
 
@@ -30,6 +31,7 @@ from axiomformer.axes.contribution import CONTRIBUTIONS
 from axiomformer.axes.normalizer import LINEAR_EPS, NORMALIZERS, feature_map
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.problem import AttentionProblem
+from axiomformer.engines.reference import scaled_query
 from axiomformer.precision import compute_dtype
 
 
@@ -83,7 +85,8 @@ def linear_attention(problem: AttentionProblem, k: Tensor, v: Tensor, kind: str,
         chunk: queries per chunk of the causal prefix sum.
     """
     dtype = compute_dtype(problem.q.dtype, k.dtype, v.dtype)
-    phi_q = feature_map(problem.q.to(dtype), kind)
+    scale = problem.scale.to(dtype) if isinstance(problem.scale, Tensor) else problem.scale
+    phi_q = feature_map(scaled_query(problem.q.to(dtype), scale), kind)
     phi_k = feature_map(k.to(dtype), kind)
     v32 = v.to(dtype)
     if problem.mask is not None:

@@ -34,19 +34,26 @@ def contribute(contribution, weights: Tensor, v: Tensor) -> Tensor:
     return call_in(contribution, (weights, v), compute_dtype(weights.dtype, v.dtype))
 
 
+def scaled_query(q: Tensor, scale) -> Tensor:
+    """``scale * q``: the temperature of a kernel normalizer enters through the query, phi(scale q).phi(k), so that
+    f(q, scale=s) == f(s q, scale=1) on every engine and a learned scale gets its gradient (the default scale of a
+    kernel normalizer is 1: ``axes.normalizer.default_scale``)."""
+    return q if not isinstance(scale, Tensor) and scale == 1.0 else q * scale
+
+
 def scaled_scores(parts: Parts, q: Tensor, k: Tensor, scale, bias: Tensor | None) -> Tensor:
-    """``scale * score(q, k) + bias`` (or, for the linear normalizer, the kernel phi(q).phi(k) exp(bias)) in
+    """``scale * score(q, k) + bias`` (or, for the linear normalizer, the kernel phi(scale q).phi(k) exp(bias)) in
     max(input dtype, float32) (``axiomformer.precision``): float16 inputs are upcast before the product, float64 is
     never lowered."""
     spec = parts.spec
     dtype = compute_dtype(q.dtype, k.dtype)
+    scale = scale.to(dtype) if isinstance(scale, Tensor) else scale
     if NORMALIZERS.has(spec.normalizer, "kernel"):
         # Katharopoulos et al. 2020, eq. 6: the kernel phi(q).phi(k) takes the place of exp(scaled score); a float
         # bias b multiplies it by exp(b), as it would multiply exp(s) inside a softmax.
-        scores = torch.matmul(feature_map(q.to(dtype), spec.feature_map),
+        scores = torch.matmul(feature_map(scaled_query(q.to(dtype), scale), spec.feature_map),
                               feature_map(k.to(dtype), spec.feature_map).transpose(-2, -1))
         return scores if bias is None else scores * bias.to(dtype).exp()
-    scale = scale.to(dtype) if isinstance(scale, Tensor) else scale
     scores = call_in(parts.score_fn, (q, k), dtype) * scale
     return scores if bias is None else scores + bias.to(dtype)
 

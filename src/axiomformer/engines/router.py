@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 from typing import Any, NamedTuple
 
 from torch import Tensor
 
+from axiomformer.axes.normalizer import default_scale
 from axiomformer.engines.base import Parts
 from axiomformer.engines.chunked import REFERENCE_MAX_ELEMENTS, ChunkedEngine, pair_width
 from axiomformer.engines.flex import EngineUnavailable, FlexEngine
@@ -189,7 +189,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
         mask: bool, True = may attend, broadcastable to (batch, heads, q_len, k_len) (``masks.prepare_masks`` turns
             user masks into this pair).
         bias: float added to the scores, broadcastable likewise (finite).
-        scale: temperature; default 1/sqrt(head_dim) for ``scale="inv_sqrt_d"``, 1 for ``"none"``.
+        scale: temperature; default 1/sqrt(head_dim) for ``scale="inv_sqrt_d"`` (1 with the linear normalizer), 1 for
+            ``"none"`` (``axes.normalizer.default_scale``). Every normalizer honours it (the linear one as phi(s q)).
         causal: bottom-right aligned causal mask (default ``spec.causal``).
         q_offset: position of query 0 among the keys (default ``k_len - q_len``).
         alibi_slopes: (heads,) ALiBi slopes, or None.
@@ -218,7 +219,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
     if scale is None:
         if spec.scale == "learned":
             raise ValueError("scale='learned' needs the learned temperature as scale=")
-        scale = 1.0 / math.sqrt(q.shape[-1]) if spec.scale == "inv_sqrt_d" else 1.0
+        scale = default_scale(spec, q.shape[-1])
     window = check_window(spec.window if window is None else window)
     if 0 in target[2:]:                                  # no query or no key: nothing for an engine to compute
         out, weights = empty_output(q, k, v, target)
