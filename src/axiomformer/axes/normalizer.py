@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from entmax import entmax15, entmax_bisect, sparsemax
+from entmax import entmax15, sparsemax
 from torch import Tensor, nn
 
 from axiomformer.axes.registry import Choice, Registry
@@ -98,11 +98,95 @@ def _softmax1(s: Tensor, training: bool, **params: Tensor) -> Tensor:
     return torch.softmax(torch.cat([s, torch.zeros_like(s[..., :1])], dim=-1), dim=-1)[..., :-1]
 
 
-def _entmax_alpha(s: Tensor, training: bool, alpha: Tensor | float = 1.5, **params: Tensor) -> Tensor:
-    # alpha (1, heads, 1, 1) or a float; the package's bisection differentiates through alpha as well.
-    if isinstance(alpha, Tensor):
-        alpha = torch.broadcast_to(alpha.float(), s.shape[:-1] + (1,))
-    return entmax_bisect(s, alpha, dim=-1)
+ENTMAX_BISECTIONS = 30
+"""Bisection steps of :func:`entmax_alpha` before its Newton steps (the bracket is log(k_len) wide)."""
+
+_LOG1P_SERIES = 0.1
+"""Below this |t|, log1p(t) / t is summed as its series (16 terms: error < 1e-17) instead of divided."""
+
+
+def _log1p_ratio(t: Tensor) -> Tensor:
+    """log1p(t) / t for t > -1 (1 at t = 0), accurate, with an accurate derivative, also as t -> 0 (the quotient's
+    derivative, (t / (1 + t) - log1p(t)) / t^2, cancels there)."""
+    small = t.abs() < _LOG1P_SERIES
+    ts = torch.where(small, t, 0.0)
+    series = torch.zeros_like(ts)
+    for k in range(15, -1, -1):                                    # Horner: sum_k (-t)^k / (k + 1)
+        series = series * -ts + 1.0 / (k + 1)
+    tb = torch.where(small, 1.0, t)
+    return torch.where(small, series, torch.log1p(tb) / tb)
+
+
+def _entmax_terms(x: Tensor, m: Tensor, beta: Tensor, differentiable: bool = True) -> Tensor:
+    """p_i = [1 + beta (x_i - m)]_+^(1 / beta) = exp(y log1p(beta y) / (beta y)), y = x_i - m: the alpha-entmax
+    weights for the threshold m (beta = alpha - 1 >= 0; beta = 0 is exp(y), the softmax). Without
+    ``differentiable`` the value alone (log1p(beta y) / beta is accurate, only its beta-derivative is not)."""
+    finite = x > float("-inf")
+    y = torch.where(finite, x, m) - m                  # blocked keys: y = 0 here, so no 0 * inf reaches a gradient
+    t = beta * y
+    inside = finite & (t > -1.0)
+    ys, ts = torch.where(inside, y, 0.0), torch.where(inside, t, 0.0)
+    if differentiable:
+        exponent = ys * _log1p_ratio(ts)
+    else:
+        exponent = torch.where(beta > 0, torch.log1p(ts) / torch.where(beta > 0, beta, 1.0), ys)
+    return torch.where(inside, torch.exp(exponent), 0.0)
+
+
+def entmax_alpha(x: Tensor, alpha: Tensor | float, alpha_minus_one: Tensor | None = None) -> Tensor:
+    """alpha-entmax over the last dimension, accurate for every alpha >= 1 (Peters et al. 2019, eq. 8).
+
+    p = [(alpha - 1) x - tau]_+^(1 / (alpha - 1)), written with beta = alpha - 1 and tau = beta m - 1 as
+    p_i = [1 + beta (x_i - m)]_+^(1 / beta) = exp(log1p(beta y_i) / beta), y_i = x_i - m: this form has no
+    1 / beta that cancels, so it is accurate as alpha -> 1 (where it is the softmax, also at alpha = 1 exactly), and
+    its autograd derivative in alpha is too (the entmax package's backward divides by (alpha - 1)^2 and loses it in
+    float32 near 1). m solves sum_i p_i = 1 in [max x, max x + log k_len]: bisection, then Newton steps; the last step
+    carries the implicit-function gradient (dm = dS / sum_i dp_i/dm) **(our implementation; the entmax package's
+    ``entmax_bisect`` is its reference in the tests)**.
+
+    Args:
+        x: (..., k_len) float scores; -inf entries get weight 0 (each row needs one finite entry).
+        alpha: >= 1, a float or a tensor broadcastable to (..., 1) (e.g. (1, heads, 1, 1)).
+        alpha_minus_one: alpha - 1 itself (>= 0), read instead of ``alpha`` when given: 1 + a tiny beta rounds to 1
+            (below 1e-16 even in float64), beta itself does not.
+    """
+    if alpha_minus_one is not None:
+        beta = alpha_minus_one.to(x.dtype)
+    elif isinstance(alpha, Tensor):
+        beta = (alpha - 1.0).to(x.dtype)
+    else:
+        beta = torch.tensor(alpha - 1.0, dtype=x.dtype)
+    beta = beta.to(x.device)
+    top = x.amax(dim=-1, keepdim=True).detach()
+    with torch.no_grad():
+        xd, bd = x.detach(), beta.detach()
+        lo, hi = top, top + math.log(x.shape[-1])                # S(lo) >= 1 >= S(hi) for every beta >= 0
+        for _ in range(ENTMAX_BISECTIONS):
+            mid = (lo + hi) / 2
+            above = _entmax_terms(xd, mid, bd, False).sum(-1, keepdim=True) >= 1.0
+            lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
+        m = (lo + hi) / 2
+        for _ in range(2):
+            m = torch.minimum(torch.maximum(m + _newton(xd, m, bd, False), lo), hi)
+    m = m + _newton(x, m, beta)                                   # carries dm/dx and dm/dbeta
+    p = _entmax_terms(x, m, beta)
+    return p / p.sum(-1, keepdim=True)
+
+
+def _newton(x: Tensor, m: Tensor, beta: Tensor, differentiable: bool = True) -> Tensor:
+    """The Newton step for sum_i p_i(m) = 1: (S(m) - 1) / sum_i g_i, g_i = -dp_i/dm = p_i / (1 + beta y_i) (the
+    denominator detached: differentiating the step gives the implicit-function gradient of m)."""
+    p = _entmax_terms(x, m, beta, differentiable)
+    with torch.no_grad():
+        base = 1.0 + beta * torch.where(x > float("-inf"), x - m, 0.0)
+        g = torch.where(p > 0, p / torch.where(p > 0, base, 1.0), 0.0).sum(-1, keepdim=True)
+    return (p.sum(-1, keepdim=True) - 1.0) / g
+
+
+def _entmax_alpha(s: Tensor, training: bool, alpha: Tensor | float = 1.5, alpha_minus_one: Tensor | None = None,
+                  **params: Tensor) -> Tensor:
+    # alpha (1, heads, 1, 1) or a float, >= 1; alpha_minus_one, when given, is alpha - 1 without the rounding of 1 +.
+    return entmax_alpha(s, alpha, alpha_minus_one)
 
 
 def _alpha_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
@@ -110,8 +194,11 @@ def _alpha_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
     return {"alpha_raw": nn.Parameter(torch.full((spec.num_heads,), math.log(math.expm1(0.5))))}
 
 
-def _alpha_from(raw: Tensor) -> Tensor:
-    return (1.0 + F.softplus(raw)).view(1, -1, 1, 1)
+def _alpha_params(module: nn.Module) -> dict[str, Tensor]:
+    # alpha - 1 = softplus(theta) is handed over as itself: 1 + softplus(theta) rounds to exactly 1 in float32 for
+    # theta below about -17 (in float64 below -37), and entmax_alpha, accurate down to alpha = 1, reads alpha - 1.
+    beta = F.softplus(module.alpha_raw).view(1, -1, 1, 1)
+    return {"alpha": 1.0 + F.softplus(module.alpha_raw.double()).view(1, -1, 1, 1), "alpha_minus_one": beta}
 
 
 def _sigmoid(s: Tensor, n: Tensor) -> Tensor:
@@ -145,10 +232,11 @@ NORMALIZERS = Registry("normalizer", [
     Choice("linear", "u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)", "Katharopoulos et al. 2020, eq. 6-7",
            _linear, frozenset({"kernel"})),
     Choice("entmax_alpha", "u = alpha-entmax(s) = relu((alpha - 1) s - tau)^(1 / (alpha - 1)), alpha_h > 1 learned "
-           "per head (initialised to 1.5)", "Peters et al. 2019, eq. 8; Correia et al. 2019 (adaptively sparse "
-           "transformers, learned alpha), bisection of the entmax package", _entmax_alpha,
+           "per head (initialised to 1.5); the softmax at alpha = 1", "Peters et al. 2019, eq. 8; Correia et al. "
+           "2019 (adaptively sparse transformers, learned alpha); our log1p form of the bisection (accurate for "
+           "every alpha >= 1, see entmax_alpha)", _entmax_alpha,
            frozenset({"row", "parametric"}),
-           {"parameters": _alpha_parameters, "params": lambda module: {"alpha": _alpha_from(module.alpha_raw)}}),
+           {"parameters": _alpha_parameters, "params": _alpha_params}),
     Choice("softmax1", "u = exp(s) / (1 + sum_j exp(s_j)): softmax with a zero-logit, zero-value sink",
            "Miller 2023, 'Attention Is Off By One' (softmax_1); the sink of Xiao et al. 2024, sec. 3.3",
            _softmax1, frozenset({"row", "sink"})),
