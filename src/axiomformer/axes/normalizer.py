@@ -98,7 +98,7 @@ def _softmax1(s: Tensor, training: bool, **params: Tensor) -> Tensor:
     return torch.softmax(torch.cat([s, torch.zeros_like(s[..., :1])], dim=-1), dim=-1)[..., :-1]
 
 
-ENTMAX_BISECTIONS = 30
+ENTMAX_BISECTIONS = 20
 """Bisection steps of :func:`entmax_alpha` before its Newton steps (the bracket is log(k_len) wide)."""
 
 _LOG1P_SERIES = 0.1
