@@ -3,8 +3,9 @@
 >>> result = train(TrainConfig(task="mqar", seq_len=64, steps=150, dim=32), progress=False)
 >>> result.accuracy, result.steps, result.tokens_per_second
 
-Determinism: ``torch.manual_seed(config.seed)`` before the model is built, and every batch is a pure function of
-(seed, step): training batch ``s`` is ``task.batch(batch_size, seed=(config.seed << 32) + s, split="train")``,
+Determinism: ``torch.manual_seed(config.seed)`` before the model is built (under torchrun, ranks > 0 then continue
+from their own seed, ``distributed.rank_seed``, so each draws its own dropout masks), and every batch is a pure
+function of (seed, step): training batch ``s`` is ``task.batch(batch_size, seed=(config.seed << 32) + s, split="train")``,
 validation batch ``i`` is ``task.batch(batch_size, seed=i, split="val")`` and test batch ``i`` the same with
 ``split="test"`` — the same validation and test sets for every training seed, disjoint from each other and from every
 training example (see ``axiomformer.tasks.base``). Same config, same threads -> same losses.
@@ -317,6 +318,7 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
     anneal = (spec is not None and spec.normalizer == "gumbel_softmax" and config.gumbel_tau_final is not None)
     model.train()
     net = parallel.wrap(model)
+    parallel.seed_random_draws(config.seed)           # each rank its own dropout masks and Gumbel noise
     optimizer = make_optimizer(model, config)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, config.warmup, config.steps))
