@@ -6,7 +6,7 @@ import importlib
 import sqlite3
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from axiomformer.errors import UserInputError
 
@@ -41,6 +41,17 @@ class _Commands(TyperGroup):
         raise typer.Exit(2)
 
 
+class _Command(TyperCommand):
+    """A subcommand that sets the command line's process defaults (:func:`axiomformer.runtime.command_line_defaults`)
+    only when it runs: ``--help`` is answered before ``invoke`` and so never imports PyTorch."""
+
+    def invoke(self, ctx):
+        from axiomformer.runtime import command_line_defaults
+
+        command_line_defaults()
+        return super().invoke(ctx)
+
+
 app = typer.Typer(
     name="axiomformer",
     cls=_Commands,
@@ -51,13 +62,9 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def _root() -> None:
     """Transformer attention derived from its assumptions: flip, check and measure each one."""
-    from axiomformer.runtime import command_line_defaults
-
-    command_line_defaults()
 
 
 COMMANDS = ("spec", "derive", "audit", "train", "study", "flow", "bench", "surgery")
@@ -72,6 +79,8 @@ def _register_all() -> None:
                 continue  # command not part of this build
             raise
         module.register(app)
+    for info in app.registered_commands:
+        info.cls = info.cls or _Command
 
 
 _register_all()
