@@ -43,13 +43,16 @@ class _Commands(TyperGroup):
 
 class _Command(TyperCommand):
     """A subcommand that sets the command line's process defaults (:func:`axiomformer.runtime.command_line_defaults`)
-    only when it runs: ``--help`` is answered before ``invoke`` and so never imports PyTorch."""
+    and owns the process's memory readings (:func:`axiomformer.memory.owning_process_memory`) only when it runs:
+    ``--help`` is answered before ``invoke`` and so never imports PyTorch."""
 
     def invoke(self, ctx):
+        from axiomformer.memory import owning_process_memory
         from axiomformer.runtime import command_line_defaults
 
         command_line_defaults()
-        return super().invoke(ctx)
+        with owning_process_memory():
+            return super().invoke(ctx)
 
 
 app = typer.Typer(
@@ -80,7 +83,8 @@ def _register_all() -> None:
             raise
         module.register(app)
     for info in app.registered_commands:
-        info.cls = info.cls or _Command
+        if info.cls in (None, TyperCommand):    # typer's default class: make it ours
+            info.cls = _Command
 
 
 _register_all()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from axiomformer.commands import output_console
 from axiomformer.errors import expect_folder
 
 
@@ -104,10 +105,9 @@ def _ci(row: dict) -> str:
 
 
 def _print_tables(result: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = output_console()
     ks = result["K"]
     head = (f"{result['data']} ({result['n_train']} train / {result['n_test']} test), model {result['model']}"
             + (f", patch {result['patch']}" if result["patch"] else "") + f", readout {result['readout']}"

@@ -9,6 +9,7 @@ from typing import List, Optional
 
 import typer
 
+from axiomformer.commands import output_console
 
 def _parse_layers(text: str | None) -> list[int] | None:
     if text is None or not text.strip():
@@ -56,10 +57,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(report.to_json()))
             return
-        from rich.console import Console
         from rich.table import Table
 
-        console = Console()
+        console = output_console()
         where = "all layers" if report.layers is None else f"layers {report.layers}"
         console.print(f"model: {report.model}; {report.n_sentences} sentences; relaxations applied to {where}")
         console.print(f"standard spec reproduces the original last hidden state: max abs err "

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from axiomformer.errors import expect_folder
+from axiomformer.errors import UserInputError, expect_folder
 
 
 def parse_task_options(items: list[str]) -> dict:
@@ -30,14 +30,14 @@ def parse_task_options(items: list[str]) -> dict:
 
 
 def _fail(message: str) -> None:
-    typer.echo(f"Error: {message}", err=True)
-    raise typer.Exit(2)
+    """Bad input: the command line prints ``error: <message>`` and exits 2 (``axiomformer.cli``)."""
+    raise UserInputError(message)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_command(
-        task: str = typer.Option("mqar", help="copy | mqar | selective_copy | needle | induction | digits | text"),
+        task: str = typer.Option("mqar", help="task name, e.g. mqar, copy, needle, digits; a wrong name lists them all"),
         seq_len: int = typer.Option(64, "--seq-len", help="sequence length"),
         model: str = typer.Option("transformer", help="transformer | rnn | lstm | gru"),
         spec: str = typer.Option("standard", help="attention relax string, e.g. 'normalizer=sigmoid'"),
