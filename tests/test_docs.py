@@ -35,7 +35,8 @@ def test_doctest_lines_become_fenced_code():
     pytest.importorskip("griffe")
     fences = _load("griffe_doctest_fences")
     text = "Intro.\n\n>>> f(1)\n['a']\n\nAfter.\n```python\n>>> kept\n```"
-    assert fences.fence_examples(text) == ("Intro.\n\n```python\n>>> f(1)\n['a']\n```\n\nAfter.\n```python\n>>> kept\n```")
+    assert fences.fence_examples(text) == (
+        "Intro.\n\n```python\n>>> f(1)\n['a']\n```\n\nAfter.\n```python\n>>> kept\n```")
 
 
 def test_rst_simple_tables_become_markdown_tables_with_continuation_rows():

@@ -16,8 +16,8 @@ from axiomformer import Attention, AttentionSpec
 ROOT = Path(axiomformer.__file__).parent
 
 FORBIDDEN = {
-    "environment write": (r"os\.environ\s*\[[^\]]*\]\s*=|os\.environ\.(setdefault|update|pop)\(|os\.putenv\(|"
-                          r"del os\.environ", ()),
+    "environment write": ((r"os\.environ\s*\[[^\]]*\]\s*=|os\.environ\.(setdefault|update|pop)\(|os\.putenv\(|"
+                          r"del os\.environ"), ()),
     "flush-to-zero": (r"set_flush_denormal\(", ("runtime.py",)),
     "thread count": (r"set_num_threads\(", ("runtime.py", "commands/")),
     "pyplot backend switch": (r"matplotlib\.use\(|import matplotlib\.pyplot", ()),
@@ -26,7 +26,8 @@ FORBIDDEN = {
     "private aten op": (r"torch\.ops\.aten\.", ()),
 }
 """Pattern and the files allowed to use it: the command-line entry points, the scoped context manager of
-``runtime.py``, and the meter of ``memory.py`` (whose resets run only inside ``owning_process_memory``, tested below)."""
+``runtime.py``, and the meter of ``memory.py`` (whose resets run only inside ``owning_process_memory``, tested
+below)."""
 
 SEEDING = {("torch", "manual_seed"), ("torch", "seed"), ("cuda", "manual_seed"), ("cuda", "manual_seed_all"),
            ("random", "seed"), ("np.random", "seed"), ("numpy.random", "seed")}

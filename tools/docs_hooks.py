@@ -50,7 +50,7 @@ def _axis_doc(axis: str) -> str:
 
 
 def design_space() -> str:
-    from axiomformer.spec import ALIASES, AXES, ASSUMPTIONS
+    from axiomformer.spec import ALIASES, ASSUMPTIONS, AXES
 
     alias = {axis: name for name, axis in ALIASES.items()}
     parts = []
@@ -125,7 +125,8 @@ def audit_matrix() -> str:
     return matrix_markdown(relaxation_matrix())
 
 
-GENERATORS = {"design-space-table": design_space_table, "design-space": design_space, "routing": routing, "engines": engines, "audit-matrix": audit_matrix}
+GENERATORS = {"design-space-table": design_space_table, "design-space": design_space, "routing": routing,
+              "engines": engines, "audit-matrix": audit_matrix}
 
 _RESULTS_MARKER = re.compile(r"<!-- generated: results ([\w-]+) -->")
 

@@ -20,7 +20,7 @@ def _columns(border: str) -> list[tuple[int, int]]:
 def _split(line: str, spans: list[tuple[int, int]]) -> list[str]:
     """A row's cells; the last column runs to the end of the line."""
     cells = []
-    for i, (start, end) in enumerate(spans):
+    for i, (start, _end) in enumerate(spans):
         stop = spans[i + 1][0] if i + 1 < len(spans) else len(line)
         cells.append(line[start:stop].strip())
     return cells

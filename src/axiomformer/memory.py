@@ -95,7 +95,7 @@ class PeakMemory:
             if not self.allocator_modes:
                 return RSS_METHOD
             self._libc = ctypes.CDLL("libc.so.6")
-            self._libc.mallopt                              # AttributeError where there is no glibc
+            _ = self._libc.mallopt                          # AttributeError where there is no glibc
             return RSS_STRICT_METHOD
         except (OSError, AttributeError):
             return FALLBACK_METHOD

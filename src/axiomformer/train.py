@@ -16,24 +16,22 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from pydantic import ConfigDict, Field, model_validator
 
 from axiomformer.budget import Budget
 from axiomformer.distributed import DataParallel, resolve_device
-from axiomformer.evaluation import (MAX_BATCH_TOKENS, eval_counts, eval_counts_as_is, evaluate_as_is,
-                                    masked_loss)
-
+from axiomformer.evaluation import MAX_BATCH_TOKENS, eval_counts, eval_counts_as_is, evaluate_as_is, masked_loss
 from axiomformer.memory import PeakMemory
 from axiomformer.models import MODEL_KINDS, build_model, count_parameters, default_heads
 from axiomformer.runtime import seeded
 from axiomformer.spec import AttentionSpec
 from axiomformer.tasks import TASKS, make_task
-
 
 GENERIC_DEFAULTS: dict[str, Any] = {
     "steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup": 50, "eval_every": 100, "eval_batches": 4,
@@ -103,7 +101,7 @@ class TrainConfig(Budget):
     init_from: str | None = None
 
     @model_validator(mode="after")
-    def _fill_and_check(self) -> "TrainConfig":
+    def _fill_and_check(self) -> TrainConfig:
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; choose one of: {', '.join(TASKS)}")
         if self.model not in MODEL_KINDS:
@@ -254,7 +252,7 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.A
 
 
 def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
-             parallel: "DataParallel | None" = None) -> tuple[float, float]:
+             parallel: DataParallel | None = None) -> tuple[float, float]:
     """(accuracy, mean loss) over the scored positions of ``batches``, the model in eval mode; with ``parallel`` (a
     :class:`axiomformer.distributed.DataParallel`), ``batches`` is this rank's share and the counts are summed over
     every rank first, so all ranks get the figures of the whole eval set."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -12,7 +11,8 @@ from axiomformer.errors import UserInputError, expect_folder
 
 
 def parse_task_options(items: list[str]) -> dict:
-    """``["num_pairs=4", "path=a.txt"]`` -> ``{"num_pairs": 4, "path": "a.txt"}`` (values parsed as JSON if they can be).
+    """``["num_pairs=4", "path=a.txt"]`` -> ``{"num_pairs": 4, "path": "a.txt"}`` (values parsed as JSON if they
+    can be).
 
     Raises:
         ValueError: an item without ``=``.
@@ -37,34 +37,34 @@ def _fail(message: str) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_command(
-        task: str = typer.Option("mqar", help="task name, e.g. mqar, copy, needle, digits; a wrong name lists them all"),
+        task: str = typer.Option("mqar", help="task name, e.g. mqar, copy, needle, digits; a wrong one lists all"),
         seq_len: int = typer.Option(64, "--seq-len", help="sequence length"),
         model: str = typer.Option("transformer", help="transformer | rnn | lstm | gru"),
         spec: str = typer.Option("standard", help="attention relax string, e.g. 'normalizer=sigmoid'"),
         layers: int = typer.Option(2, help="number of layers"),
         dim: int = typer.Option(64, help="model width (hidden size for rnn/lstm/gru)"),
-        heads: Optional[int] = typer.Option(None, help="attention heads (default: 4 when they divide dim)"),
-        steps: Optional[int] = typer.Option(None, help="optimizer steps (default: the task's)"),
-        batch_size: Optional[int] = typer.Option(None, "--batch-size", help="sequences per step (default: the task's)"),
-        lr: Optional[float] = typer.Option(None, help="peak learning rate (default: the task's)"),
-        weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="AdamW weight decay (0.1)"),
-        warmup: Optional[int] = typer.Option(None, help="linear warmup steps (default: the task's)"),
+        heads: int | None = typer.Option(None, help="attention heads (default: 4 when they divide dim)"),
+        steps: int | None = typer.Option(None, help="optimizer steps (default: the task's)"),
+        batch_size: int | None = typer.Option(None, "--batch-size", help="sequences per step (default: the task's)"),
+        lr: float | None = typer.Option(None, help="peak learning rate (default: the task's)"),
+        weight_decay: float | None = typer.Option(None, "--weight-decay", help="AdamW weight decay (0.1)"),
+        warmup: int | None = typer.Option(None, help="linear warmup steps (default: the task's)"),
         seed: int = typer.Option(0, help="seed of the model and the training data"),
-        target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy",
-                                                        help="stop once eval accuracy reaches it (default: the task's)"),
+        target_accuracy: float | None = typer.Option(
+            None, "--target-accuracy", help="stop once eval accuracy reaches it (default: the task's)"),
         no_early_stop: bool = typer.Option(False, "--no-early-stop", help="train all steps"),
-        eval_every: Optional[int] = typer.Option(None, "--eval-every", help="steps between evaluations"),
-        eval_batches: Optional[int] = typer.Option(None, "--eval-batches",
+        eval_every: int | None = typer.Option(None, "--eval-every", help="steps between evaluations"),
+        eval_batches: int | None = typer.Option(None, "--eval-batches",
                                                    help="batches in the validation set and in the test set"),
-        grad_clip: Optional[float] = typer.Option(None, "--grad-clip", help="global gradient-norm clip (1.0)"),
-        patience: Optional[int] = typer.Option(None, "--patience",
+        grad_clip: float | None = typer.Option(None, "--grad-clip", help="global gradient-norm clip (1.0)"),
+        patience: int | None = typer.Option(None, "--patience",
                                                help="stop after this many evaluations without a better validation "
                                                     "score (default: never)"),
         device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda | cuda:N"),
-        task_option: List[str] = typer.Option([], "--task-option", "-o",
+        task_option: list[str] = typer.Option([], "--task-option", "-o",
                                               help="task option key=value, repeatable (e.g. -o path=book.txt)"),
-        threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's)"),
-        checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="save the model here (safetensors+JSON)"),
+        threads: int | None = typer.Option(None, help="torch CPU threads (default: torch's)"),
+        checkpoint: Path | None = typer.Option(None, "--checkpoint", help="save the model here (safetensors+JSON)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or eval log"),
         as_json: bool = typer.Option(False, "--json", help="last stdout line: the result as JSON"),
     ) -> None:
