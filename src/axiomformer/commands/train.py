@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -29,7 +30,7 @@ def parse_task_options(items: list[str]) -> dict:
     return options
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     """Bad input: the command line prints ``error: <message>`` and exits 2 (``axiomformer.cli``)."""
     raise UserInputError(message)
 
@@ -74,12 +75,10 @@ def register(app: typer.Typer) -> None:
         ``--batch-size`` is the global batch and only rank 0 prints and writes the checkpoint.
         """
         import torch
-        from pydantic import ValidationError
 
         from axiomformer.budget import BUDGET_FIELDS
         from axiomformer.distributed import DataParallel, process_group
-        from axiomformer.tasks import make_task
-        from axiomformer.train import TrainConfig, train
+        from axiomformer.train import train
 
         options = locals()
         given = {"heads": heads, **{name: options[name] for name in BUDGET_FIELDS}}  # the Budget model's fields
@@ -87,16 +86,8 @@ def register(app: typer.Typer) -> None:
         expect_folder(checkpoint, "--checkpoint")
         if no_early_stop:
             fields["target_accuracy"] = None
-        try:
-            config = TrainConfig(task=task, seq_len=seq_len, model=model, spec=spec, layers=layers, dim=dim,
-                                 seed=seed, device=device, task_options=parse_task_options(task_option), **fields)
-            make_task(config.task, seq_len=config.seq_len, **config.task_options)
-        except ValidationError as err:
-            _fail("; ".join(e["msg"].removeprefix("Value error, ") + (f" ({'.'.join(map(str, e['loc']))})"
-                                                                          if e["loc"] else "")
-                            for e in err.errors()))
-        except ValueError as err:
-            _fail(str(err))
+        config = _config(dict(task=task, seq_len=seq_len, model=model, spec=spec, layers=layers, dim=dim, seed=seed,
+                              device=device, task_options=parse_task_options(task_option), **fields))
         if threads is not None:
             torch.set_num_threads(threads)
         log = None if quiet or as_json else (lambda line: typer.echo(line, err=True))
@@ -106,15 +97,38 @@ def register(app: typer.Typer) -> None:
             except ValueError as err:
                 _fail(str(err))
             main = DataParallel.current(config.device).main
-        if not main:
-            return
-        if as_json:
-            typer.echo(json.dumps(result.summary()))
-            return
-        typer.echo(f"{result.task} seq_len={result.seq_len} {result.model} spec={result.spec} "
-                   f"engine={result.engine} params={result.params}")
-        typer.echo(f"test accuracy {result.accuracy:.4f} (chance {result.chance:.4f}; validation "
-                   f"{result.val_accuracy:.4f} at step {result.best_step})  test loss {result.loss:.4f}  "
-                   f"steps {result.steps}  {result.seconds:.1f}s  {result.tokens_per_second:,.0f} tokens/s")
-        if checkpoint is not None:
-            typer.echo(f"checkpoint: {checkpoint}")
+        if main:
+            _print_result(result, as_json, checkpoint)
+
+
+def _config(fields: dict):
+    """The validated ``TrainConfig`` (its task built once to check the task options); bad input is one error line."""
+    from pydantic import ValidationError
+
+    from axiomformer.tasks import make_task
+    from axiomformer.train import TrainConfig
+
+    try:
+        config = TrainConfig(**fields)
+        make_task(config.task, seq_len=config.seq_len, **config.task_options)
+    except ValidationError as err:
+        _fail("; ".join(e["msg"].removeprefix("Value error, ") + (f" ({'.'.join(map(str, e['loc']))})"
+                                                                      if e["loc"] else "")
+                        for e in err.errors()))
+    except ValueError as err:
+        _fail(str(err))
+    return config
+
+
+def _print_result(result, as_json: bool, checkpoint: Path | None) -> None:
+    """The result on stdout: one JSON line, or two readable lines (and where the checkpoint went)."""
+    if as_json:
+        typer.echo(json.dumps(result.summary()))
+        return
+    typer.echo(f"{result.task} seq_len={result.seq_len} {result.model} spec={result.spec} "
+               f"engine={result.engine} params={result.params}")
+    typer.echo(f"test accuracy {result.accuracy:.4f} (chance {result.chance:.4f}; validation "
+               f"{result.val_accuracy:.4f} at step {result.best_step})  test loss {result.loss:.4f}  "
+               f"steps {result.steps}  {result.seconds:.1f}s  {result.tokens_per_second:,.0f} tokens/s")
+    if checkpoint is not None:
+        typer.echo(f"checkpoint: {checkpoint}")
