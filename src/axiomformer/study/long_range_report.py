@@ -164,12 +164,14 @@ def _figure(d, tasks: dict[str, list[int]], solved: float, path: Path) -> Path:
 def _protocol(d, solved: float) -> Paragraph:
     cfg = d.config
     seeds = int(cfg.get("seeds", 1))
-    selection = int(cfg.get("selection_seed", 0))
-    overlap = selection < seeds
+    from axiomformer.study.stages import selection_seeds_of
+
+    selection = selection_seeds_of(cfg)
+    overlap = any(s < seeds for s in selection)
     return Paragraph(
         f"Protocol: curriculum over lengths — each (model, task) picks its learning rate from "
-        f"{(cfg.get('budget') or {}).get('lr_grid')} on the validation split at the shortest length (selection seed "
-        f"{selection}, " + ("also a reported seed" if overlap else "never reported") + "), then trains length by "
+        f"{(cfg.get('budget') or {}).get('lr_grid')} on the validation split at the shortest length (selection seed(s) "
+        f"{', '.join(map(str, selection))}, " + ("also reported" if overlap else "never reported") + "), then trains length by "
         f"length from its own weights at the previous length; reported seeds: "
         + ", ".join(str(s) for s in range(seeds)) + ". Every model gets the same steps, batch and evaluations at "
         "every length; early stopping on validation (target accuracy or patience), so the steps a run actually "
