@@ -3,7 +3,7 @@
 An engine is a function of tensors on the (batch, heads, seq, head_dim) layout,
 
     engine(q, k, v, *, parts, mask, bias, scale, causal, q_offset, alibi_slopes, dropout_p, training, need_weights)
-        -> (out (batch, heads, q_len, head_dim_v), weights (batch, heads, q_len, k_len) float32 or None)
+        -> (out (batch, heads, q_len, head_dim_v), weights (batch, heads, q_len, k_len) in max(dtype, float32) or None)
 
 plus ``accepts(parts, problem) -> bool``, the traits the router reads (``returns_weights``, ``double_backward``) and a
 ``name``. ``parts`` (:class:`Parts`) holds what the axes contribute to the core beyond tensors: the spec, the score

@@ -78,8 +78,10 @@ def rows_without_keys(mask: Tensor | None, causal: bool, q_len: int, k_len: int,
     mask = mask if mask.dim() == 4 else mask.view((1,) * (4 - mask.dim()) + mask.shape)
     if not causal:
         return ~mask.any(-1)
-    first = torch.where(mask.any(-1), mask.to(torch.uint8).argmax(-1), k_len)          # first unmasked key
-    return first > q_positions
+    # A row is empty when it has no unmasked key at all, or when its first one lies after its causal limit (queries
+    # past the last key, q_offset + i >= k_len, see every key: no sentinel position can stand for "none").
+    has_key = mask.any(-1)
+    return ~has_key | (mask.to(torch.uint8).argmax(-1) > q_positions)
 
 
 @dataclass
@@ -235,8 +237,10 @@ def nonfinite_hits(problem: AttentionProblem, bad: Tensor, chunk: int = 256) -> 
         seen = torch.broadcast_to(seen, (batch, heads, problem.k_len))
         if not problem.causal:
             return seen.any(-1)[..., None, None].expand(batch, heads, problem.q_len, 1)
-        first = torch.where(seen.any(-1), seen.to(torch.uint8).argmax(-1), problem.k_len)      # (batch, heads)
-        return (first.unsqueeze(-1) <= problem.q_positions).unsqueeze(-1)
+        # A bad key is seen when there is one and the first lies at or before the query (no sentinel position: a
+        # query past the last key would count as seeing it).
+        first = seen.to(torch.uint8).argmax(-1)                                                # (batch, heads)
+        return (seen.any(-1).unsqueeze(-1) & (first.unsqueeze(-1) <= problem.q_positions)).unsqueeze(-1)
     hits = []
     for start in range(0, problem.q_len, chunk):
         qs = slice(start, min(start + chunk, problem.q_len))
