@@ -235,7 +235,8 @@ def test_audit_accepts_objects_and_strings():
         make_adapter("nonsense")
     with pytest.raises(ValueError, match="causal"):
         run_audit(lambda q, k, v: v, causal=True)
-    with pytest.raises(ValueError, match="surgery.audit_adapter"):
+    # before axiomformer.surgery.audit_adapter is imported (by an earlier test, perhaps) hf: targets are unknown
+    with pytest.raises(ValueError, match="surgery.audit_adapter|does not exist"):
         make_adapter("hf:nowhere")
 
 
