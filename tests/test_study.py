@@ -318,3 +318,33 @@ def _quiet():
     from rich.console import Console
 
     return Console(quiet=True)
+
+
+def test_report_tables_align_text_left_and_numbers_right():
+    from axiomformer.study.render import Table, numeric_columns, to_html, to_markdown
+
+    table = Table(["model", "needle@32", "verdict", "p (Holm)"],
+                  [["standard", "1.000 [1.000, 1.000]", "free", "1"], ["rnn", "0.057 [0.039, 0.070]*", "forced", "–"]])
+    assert numeric_columns(table) == [False, True, False, True]
+    assert "|:---|---:|:---|---:|" in to_markdown([table])
+    page = to_html([table], "t")
+    assert '<td>standard</td><td class="num">1.000 [1.000, 1.000]</td><td>free</td>' in page
+    assert "th, td { border: 1px solid #ccc; padding: 0.25rem 0.6rem; text-align: left; }" in page
+
+
+def test_no_accuracy_against_length_figure_for_a_single_length(tmp_path, monkeypatch):
+    """A line over one length carries no information: only tasks run at two or more lengths get the figure."""
+    import axiomformer.study.summary as summary
+    from axiomformer.study import figures
+
+    class Data:
+        tasks = [("needle", 32), ("mqar", 32), ("mqar", 64)]
+        models: list = []
+
+    drawn = []
+    monkeypatch.setattr(figures, "_accuracy_vs_length",
+                        lambda d, stats, task, lengths, path: drawn.append((task, lengths)) or path)
+    monkeypatch.setattr(summary, "cell_stats", lambda d: [])
+    monkeypatch.setattr(summary, "comparisons", lambda d: [])
+    out = figures.draw_figures(Data(), tmp_path)
+    assert drawn == [("mqar", [32, 64])] and list(out) == ["length:mqar"]

@@ -20,7 +20,8 @@ def draw_figures(d: "StudyData", folder: Path) -> dict[str, Path]:
     """Draw every figure the data allows into ``folder``.
 
     Returns:
-        ``{"length:<task>": path}`` for every task run at two or more lengths (and ``needle``), and
+        ``{"length:<task>": path}`` for every task run at two or more lengths (a line over one length carries no
+        information: one length is in the tables only), and
         ``{"impact": path}`` when there are models to compare with the standard one.
     """
     from axiomformer.study.summary import cell_stats, comparisons
@@ -30,7 +31,7 @@ def draw_figures(d: "StudyData", folder: Path) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for task in dict.fromkeys(t for t, _ in d.tasks):
         lengths = sorted(n for t, n in d.tasks if t == task)
-        if task == "needle" or len(lengths) > 1:
+        if len(lengths) > 1:
             out[f"length:{task}"] = _accuracy_vs_length(d, stats, task, lengths,
                                                         folder / f"{task}_accuracy_vs_length.png")
     comps = [c for c, _ in comparisons(d)]
