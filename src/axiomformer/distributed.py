@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from axiomformer.tasks import IGNORE
+from axiomformer.runtime import reseed_within_scope
 
 
 def launched_by_torchrun() -> bool:
@@ -126,11 +127,11 @@ class DataParallel:
         Every rank seeds ``seed`` before building the model (and DDP broadcasts rank 0's weights anyway); without
         this every rank would then draw the same dropout mask and noise on its shard. Rank 0 keeps the stream of a
         single process with ``seed``; rank r > 0 continues from :func:`rank_seed`, so a run with the same seed and world
-        size is reproducible. Call from the training entry only: it
-        sets the global torch seed.
+        size is reproducible. Call inside the training entry's :func:`~axiomformer.runtime.seeded`
+        scope only.
         """
         if self.rank > 0:
-            torch.manual_seed(rank_seed(seed, self.rank))
+            reseed_within_scope(rank_seed(seed, self.rank))
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """``DistributedDataParallel(model)`` across the ranks (rank 0's initial weights are broadcast); the model

@@ -44,6 +44,13 @@ def seeded(seed: int, devices: Sequence[torch.device | str | int] = ()) -> Itera
         yield
 
 
+def reseed_within_scope(seed: int) -> None:
+    """Re-seed PyTorch's global generators with ``seed`` inside a :func:`seeded` block (whose exit restores the
+    caller's stream), e.g. to give each torchrun rank its own dropout masks after the shared model initialization.
+    Calling it outside such a block changes the process's random stream: do not."""
+    torch.manual_seed(seed)
+
+
 @contextlib.contextmanager
 def torch_threads(count: int | None) -> Iterator[None]:
     """Run the block with ``count`` intra-op threads (``None`` or 0: unchanged), then restore the previous count."""
