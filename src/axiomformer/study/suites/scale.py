@@ -30,31 +30,44 @@ def _label(head_dim: int, scale: str) -> str:
     return f"d={head_dim} scale={scale}"
 
 
+def scales_of(config) -> list[str]:
+    """``inv_sqrt_d`` and every ``scale=...`` among the config's ``variants`` (e.g. ``["standard", "scale=none"]``)."""
+    wanted = [v.split("=", 1)[1] for v in config.variants if v.replace(" ", "").startswith("scale=")]
+    return ["inv_sqrt_d", *[s for s in SCALES if s in wanted and s != "inv_sqrt_d"]]
+
+
 def arms(config, task, seq_len: int):
     dim = config.model.dim
     out = []
     for head_dim in HEAD_DIMS:
         if dim % head_dim:
             raise ValueError(f"the scale suite needs model.dim divisible by every head_dim {HEAD_DIMS}, got {dim}")
-        for scale in SCALES:
+        for scale in scales_of(config):
             spec = "standard" if scale == "inv_sqrt_d" else f"scale={scale}"
             out.append(arm(_label(head_dim, scale), spec, heads=dim // head_dim, probes=["init_entropy"],
                            mlp_ratio=MLP_RATIO))
     return out
 
 
-_BUDGET = {"steps": 1000, "batch_size": 32, "warmup": 20, "eval_every": 50, "eval_batches": 4, "patience": 5,
-           "target_accuracy": None, "lr_grid": [1e-3, 3e-3, 1e-2]}
-_TASKS = [{"name": "mqar", "seq_lens": [16], "options": {"vocab": 16}}]
-_BASE = {"variants": ["standard"], "baselines": [],
+_BUDGET = {"steps": 800, "batch_size": 32, "warmup": 20, "eval_every": 50, "eval_batches": 4, "patience": 5,
+           "target_accuracy": None, "lr_grid": [3e-3, 1e-2]}
+_MQAR = {"vocab": 32, "num_pairs": 4}
+"""16 keys, 4 pairs at 32 tokens: off the ceiling at this budget (pilot: 0.45 test accuracy after 600 steps at
+head_dim 32, 0.28 at head_dim 128; docs/open_questions.md). At 16 tokens with 16 tokens of vocabulary (one pair) 16 of
+18 quick runs reached 1.000, so no cost could show."""
+_TASKS = [{"name": "mqar", "seq_lens": [32], "options": _MQAR}]
+_BASE = {"variants": ["standard", "scale=none"], "baselines": [],
          "model": {"dim": 128, "layers": 1, "heads": 1, "match_params": False},
-         "sections": {"audit": False, "derive": False, "flow": False}, "tasks": _TASKS}
-DEFAULT = _BASE | {"name": "scale suite (default preset)", "seeds": 3, "budget": _BUDGET,
-                   "tasks": [{"name": "mqar", "seq_lens": [32], "options": {"vocab": 16}}]}
+         "sections": {"audit": False, "derive": False, "flow": False}, "tasks": _TASKS,
+         "selection_seeds": [1000], "min_seeds": 5, "lr_widen": 0}
+DEFAULT = _BASE | {"name": "scale suite (default preset)", "seeds": 5, "budget": _BUDGET}
+"""head_dim 8, 32, 128 x scale inv_sqrt_d, none (the learned scale is in the full preset): 6 arms, 5 reported seeds,
+about 12 CPU-minutes."""
 QUICK = _BASE | {"name": "scale suite (quick preset)", "seeds": 2,
                  "budget": _BUDGET | {"steps": 200, "lr_grid": [3e-3], "patience": None}}
-FULL = _BASE | {"name": "scale suite (full preset)", "seeds": 5, "budget": _BUDGET | {"steps": 3000},
-                "tasks": [{"name": "mqar", "seq_lens": [64], "options": {"vocab": 16}}],
+FULL = _BASE | {"name": "scale suite (full preset)", "seeds": 10, "budget": _BUDGET | {"steps": 3000},
+                "variants": ["standard", "scale=none", "scale=learned"], "lr_widen": 2,
+                "tasks": [{"name": "mqar", "seq_lens": [64], "options": {"vocab": 32, "num_pairs": 8}}],
                 "model": {"dim": 128, "layers": 2, "heads": 1, "match_params": False}}
 
 
