@@ -49,7 +49,7 @@ def arms(config, task, seq_len: int):
     return out
 
 
-_BUDGET = {"steps": 800, "batch_size": 32, "warmup": 20, "eval_every": 50, "eval_batches": 4, "patience": 5,
+_BUDGET = {"steps": 600, "batch_size": 32, "warmup": 20, "eval_every": 50, "eval_batches": 4, "patience": 5,
            "target_accuracy": None, "lr_grid": [3e-3, 1e-2]}
 _MQAR = {"vocab": 32, "num_pairs": 4}
 """16 keys, 4 pairs at 32 tokens: off the ceiling at this budget (pilot: 0.45 test accuracy after 600 steps at
@@ -62,7 +62,7 @@ _BASE = {"variants": ["standard", "scale=none"], "baselines": [],
          "selection_seeds": [1000], "min_seeds": 5, "lr_widen": 0}
 DEFAULT = _BASE | {"name": "scale suite (default preset)", "seeds": 5, "budget": _BUDGET}
 """head_dim 8, 32, 128 x scale inv_sqrt_d, none (the learned scale is in the full preset): 6 arms, 5 reported seeds,
-about 12 CPU-minutes."""
+600 steps (the pilot's budget), about 8 CPU-minutes."""
 QUICK = _BASE | {"name": "scale suite (quick preset)", "seeds": 2,
                  "budget": _BUDGET | {"steps": 200, "lr_grid": [3e-3], "patience": None}}
 FULL = _BASE | {"name": "scale suite (full preset)", "seeds": 10, "budget": _BUDGET | {"steps": 3000},
