@@ -70,7 +70,7 @@ def _noise(seed: int) -> float:
 
 
 TARGET = {"positions": ("position=sinusoidal", "position=rope"), "rho": ("attn-only rho=mlp", "attn-only rho=identity"),
-          "scale": ("d=32 scale=none", "d=32 scale=inv_sqrt_d"), "gumbel": ("gumbel hard", "softmax")}
+          "scale": ("d=16 scale=none", "d=16 scale=inv_sqrt_d"), "gumbel": ("gumbel hard", "softmax")}
 """Per suite, one comparison ``a vs b`` of its own, planted with a - b = -0.2."""
 
 

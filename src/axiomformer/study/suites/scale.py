@@ -2,7 +2,7 @@
 
 The source's argument: for q, k with unit-variance entries Var(q.k) = d, so without the scale the softmax logits
 grow with head_dim and the attention saturates (nearly one-hot rows, small gradients). This suite measures it:
-head_dim in {8, 32, 128} at one model width (``model.dim``, 128: 16, 4 and 1 heads, so every arm has the same
+head_dim in {8, 16, 64} at one model width (``model.dim``, 64: 8, 4 and 1 heads, so every arm has the same
 parameter count up to the learned scale's one number per head) **(our choice of matching)**, and
 scale = ``inv_sqrt_d``, ``none`` and ``learned`` (per head, initialized at 1/sqrt(d)). Per arm: the attention entropy
 at initialization of the last query row (it sees all n keys) next to its closed form
@@ -22,10 +22,10 @@ from axiomformer.study.suites.common import (
     new_figure, save, seed_values, verdict_blocks,
 )
 
-HEAD_DIMS = (8, 32, 128)
+HEAD_DIMS = (8, 16, 64)
 SCALES = ("inv_sqrt_d", "none", "learned")
 MLP_RATIO = 2
-"""MLP hidden width = 2 x width in this suite, so the width-128 blocks stay cheap on a CPU **(our choice)**."""
+"""MLP hidden width = 2 x width in this suite, so the blocks stay cheap on a CPU **(our choice)**."""
 
 
 def _label(head_dim: int, scale: str) -> str:
@@ -54,23 +54,23 @@ def arms(config, task, seq_len: int):
 _BUDGET = {"steps": 600, "batch_size": 32, "warmup": 20, "eval_every": 50, "eval_batches": 4, "patience": 5,
            "target_accuracy": None, "lr_grid": [3e-3, 1e-2]}
 _MQAR = {"vocab": 32, "num_pairs": 4}
-"""16 keys, 4 pairs at 32 tokens: off the ceiling at this budget (pilot: 0.45 test accuracy after 600 steps at
-head_dim 32, 0.28 at head_dim 128; docs/open_questions.md). At 16 tokens with 16 tokens of vocabulary (one pair) 16 of
+"""16 keys, 4 pairs at 32 tokens: off the ceiling at this budget (pilot at width 128: 0.45 test accuracy after 600
+steps at head_dim 32, 0.28 at head_dim 128; docs/open_questions.md). At 16 tokens with 16 tokens of vocabulary (one pair) 16 of
 18 quick runs reached 1.000, so no cost could show."""
 _TASKS = [{"name": "mqar", "seq_lens": [32], "options": _MQAR}]
 _BASE = {"variants": ["standard", "scale=none"], "baselines": [],
-         "model": {"dim": 128, "layers": 1, "heads": 1, "match_params": False},
+         "model": {"dim": 64, "layers": 1, "heads": 1, "match_params": False},
          "sections": {"audit": False, "derive": False, "flow": False}, "tasks": _TASKS,
          "selection_seeds": [1000], "min_seeds": 5, "lr_widen": 0}
 DEFAULT = _BASE | {"name": "scale suite (default preset)", "seeds": 5, "budget": _BUDGET}
-"""head_dim 8, 32, 128 x scale inv_sqrt_d, none (the learned scale is in the full preset): 6 arms, 5 reported seeds,
-600 steps (the pilot's budget), about 8 CPU-minutes."""
+"""head_dim 8, 16, 64 at width 64 (8, 4, 1 heads) x scale inv_sqrt_d, none (the learned scale is in the full preset):
+6 arms, 5 reported seeds, 600 steps (the pilot's budget), about 4 CPU-minutes."""
 QUICK = _BASE | {"name": "scale suite (quick preset)", "seeds": 2,
                  "budget": _BUDGET | {"steps": 200, "lr_grid": [3e-3], "patience": None}}
 FULL = _BASE | {"name": "scale suite (full preset)", "seeds": 10, "budget": _BUDGET | {"steps": 3000},
                 "variants": ["standard", "scale=none", "scale=learned"], "lr_widen": 2,
                 "tasks": [{"name": "mqar", "seq_lens": [64], "options": {"vocab": 32, "num_pairs": 8}}],
-                "model": {"dim": 128, "layers": 2, "heads": 1, "match_params": False}}
+                "model": {"dim": 64, "layers": 2, "heads": 1, "match_params": False}}
 
 
 def _entropy(row: dict, key: str) -> float | None:
@@ -117,7 +117,7 @@ def sections(d, figures_dir: Path) -> list:
     rows = Rows(d.rows)
     tasks = [(t["name"], n) for t in d.config.get("tasks", []) for n in t["seq_lens"]]
     blocks = verdict_blocks(d, figures_dir, question=(
-        "does dropping the 1/sqrt(d) of A5 cost test accuracy in training, at head_dim 8, 32 and 128, on a task off "
+        "does dropping the 1/sqrt(d) of A5 cost test accuracy in training, at head_dim 8, 16 and 64, on a task off "
         "the ceiling? (a - b: scale = none minus scale = 1/sqrt(d), same head_dim)"))
     blocks += [Heading("What was measured", 2), Paragraph(
         f"Causal Transformers of width {d.config.get('model', {}).get('dim')} with head_dim in {list(HEAD_DIMS)} "
@@ -170,6 +170,6 @@ def sections(d, figures_dir: Path) -> list:
     return blocks + diverged_blocks(d) + closing_blocks(d)
 
 
-SUITE = register(Suite(name="scale", summary="1/sqrt(d) in training: head_dim 8/32/128 x scale inv_sqrt_d/none/learned",
+SUITE = register(Suite(name="scale", summary="1/sqrt(d) in training: head_dim 8/16/64 x scale inv_sqrt_d/none (learned)",
               presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections, stages=arm_stages(arms),
               comparisons=comparisons))
