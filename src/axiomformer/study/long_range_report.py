@@ -76,6 +76,32 @@ def seed_results(rows: list[dict[str, Any]], label: str, task: str, n: int, thre
     return [SeedResult.of(r, threshold) for r in sorted(picked, key=lambda r: r["seed"])]
 
 
+def runs_json(d, *, solved: float) -> dict[str, Any]:
+    """The ``long_range`` block of ``report --json``: per (model, task, length) every reported seed's test accuracy
+    with its Clopper-Pearson interval, ``n_test``, the steps it trained and whether it solves the length, the same for
+    its zero-shot run (trained at the shortest length only), and the longest length every seed solves."""
+    tasks = _task_lengths(d)
+    cells = []
+    for m in d.models:
+        for task, lengths in tasks.items():
+            zero = zero_shot_label(m["label"], lengths[0])
+            for n in lengths:
+                def pack(results: list[SeedResult]) -> list[dict[str, Any]]:
+                    return [{"seed": r.seed, "accuracy": r.accuracy, "n_test": r.n_test,
+                             "ci_low": None if r.ci is None else r.ci[0], "ci_high": None if r.ci is None else r.ci[1],
+                             "steps": r.steps, "converged": r.converged, "diverged": r.diverged, "solved": r.solved}
+                            for r in results]
+                runs = pack(seed_results(d.rows, m["label"], task, n, solved))
+                shot = pack(seed_results(d.all_rows, zero, task, n, solved)) if n != lengths[0] else []
+                if runs or shot:
+                    cells.append({"model": m["label"], "task": task, "seq_len": n, "runs": runs, "zero_shot": shot,
+                                  "seeds_solving": sum(r["solved"] for r in runs)})
+    longest = {m["label"]: {t: longest_solved(d, m["label"], t, ls, solved) for t, ls in tasks.items()}
+               for m in d.models}
+    return {"long_range": {"solved": solved, "ci_method": CI_METHOD, "ci_level": 0.95, "cells": cells,
+                           "longest_solved": longest}}
+
+
 def longest_solved(d, label: str, task: str, lengths: list[int], solved: float) -> int | None:
     """The longest length at which every reported seed of ``label`` solves ``task`` (the lower bound of its exact
     95 % interval >= ``solved``), and at least one seed ran there (``None``: no such length)."""

@@ -34,6 +34,8 @@ class Suite:
         comparisons: ``(StudyData) -> list of study.contrasts.Contrast``: what the suite compares, turned into its
             verdicts (``report --json``); ``None`` (default): every model against the standard one
             (``study.summary``).
+        extra_json: ``(StudyData) -> dict``: more top-level keys for ``report --json`` (e.g. the long-range suite's
+            per-run exact intervals); ``None`` (default): none.
     """
 
     name: str
@@ -42,6 +44,7 @@ class Suite:
     sections: Callable[["StudyData", Path], list]
     stages: Callable[["StudyConfig"], list["Stage"]] | None = None
     comparisons: Callable[["StudyData"], list] | None = None
+    extra_json: Callable[["StudyData"], dict] | None = None
 
     def preset(self, name: str) -> dict[str, Any]:
         """A deep copy of preset ``name`` as a plain dict (``pilot = true`` added to ``quick``).

@@ -227,8 +227,15 @@ def to_json(d: "StudyData") -> dict[str, Any]:
     comps = [{"model": v.model, "task": v.task, "seq_len": n, "family": family, "diff": v.diff, "ci_low": v.ci_low,
               "ci_high": v.ci_high, "ci_method": v.ci_method, "ci_level": v.ci_level, "p_adjusted": v.p_difference, "significant": v.p_difference < info["alpha"], "n_pairs": v.n_seeds}
              for v, n, family in found]
-    return {"design": info, "cells": [asdict(c) for c in cell_stats(d)], "comparisons": comps,
-            "verdicts": [v.to_dict() for v, _, _ in found]}
+    out = {"design": info, "cells": [asdict(c) for c in cell_stats(d)], "comparisons": comps,
+           "verdicts": [v.to_dict() for v, _, _ in found]}
+    from axiomformer.study.registry import get_suite
+
+    try:
+        extra = get_suite(d.suite).extra_json
+    except ValueError:
+        extra = None
+    return out | ({k: v for k, v in extra(d).items() if k not in out} if extra is not None else {})
 
 
 __all__ = ["CellStat", "REFERENCE", "cell_stats", "comparisons", "design", "families", "n_test_items", "suite_contrasts", "to_json",

@@ -166,6 +166,13 @@ def stages(config) -> list:
     return base[:2] + [with_zero_shot(stage, i) for i, stage in enumerate(base[2:], start=1)]
 
 
+def runs_json(d) -> dict:
+    """The ``long_range`` block of ``report --json`` (``long_range_report.runs_json``)."""
+    from axiomformer.study import long_range_report
+
+    return long_range_report.runs_json(d, solved=SOLVED)
+
+
 def sections(d, figures_dir: Path) -> list:
     from axiomformer.study import long_range_report
 
@@ -175,4 +182,5 @@ def sections(d, figures_dir: Path) -> list:
 SUITE = register(Suite(
     name="long-range", summary="accuracy against sequence length, 64 to 10,000 tokens: Transformer vs LSTM (GRU, RNN "
                                "in the full preset) on needle and needle_kv, zero-shot beside the curriculum",
-    presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections, stages=stages))
+    presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections, stages=stages,
+    extra_json=runs_json))
