@@ -79,8 +79,8 @@ FACTS = [
     "A bidirectional encoder with no position signal (NoPE: `position=none` and no input encoding) is "
     "permutation-equivariant: permuting its input permutes its outputs, so each output is a function of the token "
     "at that position and the multiset of all tokens. It cannot sort or reverse beyond what that allows (its "
-    "accuracy there is shown, not tested), and on a set task such as majority it is exact at every length by the "
-    "same symmetry, given that it learned the task."]
+    "accuracy there is shown, not tested); on a set task such as majority its output depends on the input only "
+    "through the multiset, as the target does."]
 
 
 def _extrapolated(rows: Rows, label: str, task: str, seq_len: int) -> dict[int, float]:
