@@ -321,7 +321,8 @@ def build_report(out_dir: str | Path) -> dict[str, Path]:
     title = str(d.config.get("name", "axiomformer study"))
     blocks = [Heading(title, 1),
               Paragraph(f"{len(d.all_rows)} finished runs ({len(d.rows)} reported, the rest learning-rate selection), "
-                        f"{len({r['label'] for r in d.rows}) or len(d.models)} models or arms, {len(d.tasks)} task settings; suite `{d.suite}`. "
+                        f"{len({r['label'] for r in d.rows}) or len(d.models)} models or arms, {len(d.tasks)} task "
+                        f"settings; suite `{d.suite}`. "
                         "Rebuild with `axiomformer report <dir>`."),
               *get_suite(d.suite).sections(d, figures_dir)]
     figures = {p.stem: p for p in sorted(figures_dir.glob("*.png"))} if figures_dir.is_dir() else {}
