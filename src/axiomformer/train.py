@@ -359,9 +359,13 @@ def _eval_set(task: Any, config: TrainConfig, parallel: DataParallel, split: str
 
 def _test_counts(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
                  parallel: DataParallel) -> tuple[float, float, int]:
-    """(accuracy, mean loss, scored positions) of the test set, summed over every rank."""
-    correct, total, loss_sum = parallel.reduce_counts(*eval_counts(model, batches))
-    return correct / max(1, total), loss_sum / max(1, total), int(total)
+    """(accuracy, mean loss, scored positions) of the test set (:func:`evaluate`), the positions summed over every
+    rank."""
+    from axiomformer.tasks import IGNORE
+
+    accuracy, loss = evaluate(model, batches, parallel)
+    _, scored, _ = parallel.reduce_counts(0, sum(int((t != IGNORE).sum()) for _, t in batches), 0.0)
+    return accuracy, loss, int(scored)
 
 
 @dataclass

@@ -21,8 +21,8 @@ from axiomformer.tasks.text import TextTask
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls
-    for cls in (CopyTask, MQARTask, SelectiveCopyTask, NeedleTask, KeyValueNeedleTask, InductionTask, DigitsTask,
-                TextTask, MajorityTask, DistinctTask, SortTask, ReverseTask)
+    for cls in (CopyTask, MQARTask, SelectiveCopyTask, NeedleTask, InductionTask, DigitsTask, TextTask,
+                MajorityTask, DistinctTask, SortTask, ReverseTask, KeyValueNeedleTask)
 }
 """Every task by name."""
 
