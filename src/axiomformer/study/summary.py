@@ -129,7 +129,7 @@ def design(d: "StudyData") -> dict[str, Any]:
             "alpha": float(cfg.get("alpha", ALPHA)), "correction": CORRECTION,
             "margin": float(cfg.get("margin", MARGIN)), "power": POWER, "min_seeds": int(cfg.get("min_seeds", 10)),
             "pilot": reason is not None, "pilot_reason": reason,
-            "primary_task": f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks else None,
+            "primary_task": f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks and cfg.get("primary") else None,
             "primary": sorted({m for m, _ in primary}, key=_model_order(d)),
             "secondary": sorted({m for m, _ in secondary}, key=_model_order(d))}
 
