@@ -297,7 +297,7 @@ def study_json(out_dir: str | Path) -> dict[str, Any]:
     out_dir = Path(out_dir)
     if not (out_dir / "results.sqlite").is_file():
         raise FileNotFoundError(f"no results.sqlite in {out_dir}: not a study out dir")
-    with ResultsStore(out_dir) as store:
+    with ResultsStore(out_dir, readonly=True) as store:
         return to_json(StudyData(store))
 
 
@@ -313,7 +313,7 @@ def build_report(out_dir: str | Path) -> dict[str, Path]:
     out_dir = Path(out_dir)
     if not (out_dir / "results.sqlite").is_file():
         raise FileNotFoundError(f"no results.sqlite in {out_dir}: not a study out dir")
-    with ResultsStore(out_dir) as store:
+    with ResultsStore(out_dir, readonly=True) as store:
         d = StudyData(store)
     from axiomformer.study.registry import get_suite
 
