@@ -101,6 +101,14 @@ def test_fewer_seeds_than_the_preset_minimum_or_a_pilot_claims_nothing(tmp_path)
         assert all(v["ci_low"] is not None for v in answer["verdicts"])   # the interval is still printed
 
 
+def test_a_partial_store_says_so_and_claims_nothing(tmp_path):
+    values = {"standard": [0.8, 0.81, 0.79, 0.8], "A4=cosine": [0.1, 0.12, 0.11, 0.1],
+              "A5=sigmoid": [0.8, 0.8, 0.81, 0.8]}
+    answer = _answer(planted_store(tmp_path / "partial", values, _config(10)))
+    assert "partial store: 4 of 10" in answer["design"]["pilot_reason"]
+    assert {v["verdict"] for v in answer["verdicts"]} == {"pilot"} and answer["verdicts"][0]["n_seeds"] == 4
+
+
 def test_a_store_of_the_previous_version_renders_with_pilot_verdicts_and_stays_unchanged(tmp_path):
     old = {k: v for k, v in _config(3).items() if k not in ("selection_seeds", "margin", "min_seeds", "primary")}
     old["selection_seed"] = 0     # the previous version: the selection seed was also a reported seed
@@ -139,3 +147,20 @@ def test_presets_keep_selection_and_reported_seeds_apart_and_quick_is_a_pilot():
     assert default.seeds >= default.min_seeds >= 10 and len(default.primary) == 8
     with pytest.raises(ValueError, match="overlap"):
         validate_config({"selection_seeds": [0]}, base=default.model_dump())
+
+
+@pytest.mark.slow
+def test_quick_study_then_report_json_gives_pilot_verdicts_on_disjoint_seeds(tmp_path):
+    # the acceptance flow, on the quick preset shrunk to a few steps (the preset's pilot flag and seeds unchanged)
+    shrink = tmp_path / "shrink.toml"
+    shrink.write_text("workers = 1\nthreads = 1\n[budget]\nsteps = 6\neval_every = 3\neval_batches = 1\nbatch_size = 8\n")
+    out = tmp_path / "quick"
+    result = CliRunner().invoke(app, ["study", "--quick", "--config", str(shrink), "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    answer = _answer(out)
+    design = answer["design"]
+    assert design["pilot"] and not set(design["selection_seeds"]) & set(design["reported_seeds"])
+    assert answer["verdicts"] and all(v["verdict"] == "pilot" and agrees(v) for v in answer["verdicts"])
+    with ResultsStore(out) as store:
+        seeds = {r["seed"] for r in store.runs()}
+    assert seeds == set(design["selection_seeds"]) | set(design["reported_seeds"])

@@ -124,6 +124,11 @@ def design(d: "StudyData") -> dict[str, Any]:
         reason = "a pilot run (quick preset): it claims nothing"
     elif seeds < int(cfg.get("min_seeds", 10)):
         reason = f"{seeds} reported seeds, fewer than the preset's minimum of {cfg.get('min_seeds', 10)}"
+    else:
+        finished = max((len(runs) for (label, _, _), runs in _by_cell(d).items() if label == REFERENCE), default=0)
+        if finished < int(cfg.get("min_seeds", 10)):
+            reason = (f"a partial store: {finished} of {seeds} reported seeds finished, fewer than the preset's "
+                      f"minimum of {cfg.get('min_seeds', 10)}; rerun the same command with the same --out to resume")
     primary, secondary = families(d)
     return {"selection_seeds": selection, "reported_seeds": list(range(seeds)),
             "alpha": float(cfg.get("alpha", ALPHA)), "correction": CORRECTION,
