@@ -96,8 +96,10 @@ def answer_blocks(d: "StudyData", figures_dir: Path, pilot_note: list | None = N
     info = design(d)
     found = verdicts(d)
     if not found:
-        return [Heading("The answer"), Paragraph("No `standard` model with paired runs in this study: nothing to "
-                                                 "compare to.")]
+        text = "No `standard` model with paired reported runs in this store yet: nothing to compare to."
+        if info["pilot_reason"]:
+            text += f" Every verdict would be `pilot`: {info['pilot_reason']}."
+        return [Heading("The answer"), Paragraph(text), *(pilot_note or [])]
     out: list = [Heading("The answer")]
     seeds = info["reported_seeds"]
     where = f"on {info['primary_task']}" if info["primary_task"] else "(every comparison of this study)"
