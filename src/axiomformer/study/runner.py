@@ -214,13 +214,19 @@ class StudySummary:
     report: dict[str, Path] = field(default_factory=dict)
 
 
+def _num(value: Any, fmt: str) -> str:
+    """``value`` formatted, or "n/a" for a missing or non-numeric one (a diverged run has no loss)."""
+    return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else "n/a"
+
+
 def _status(run: Run, result: dict[str, Any]) -> str:
-    tps = result.get("tokens_per_second") or 0.0
+    tps = result.get("tokens_per_second")
     return (f"{run.model.label:<22} {run.task_label:<12} seed {run.seed} lr {run.train_config.get('lr')}: "
-            f"test acc {result.get('accuracy', float('nan')):.3f} (val {result.get('val_accuracy') or 0.0:.3f}, "
+            f"test acc {_num(result.get('accuracy'), '.3f')} (val {_num(result.get('val_accuracy'), '.3f')}, "
             f"{result.get('steps')} steps, {result.get('stop_reason')})"
-            f"  loss {result.get('loss', float('nan')):.3f}  {result.get('seconds', 0.0):5.1f} s"
-            f"  {tps / 1e3:6.1f}k tok/s  params {result.get('params')}  [{result.get('engine')}]")
+            f"  loss {_num(result.get('loss'), '.3f')}  {_num(result.get('seconds'), '5.1f')} s"
+            f"  {_num(tps / 1e3 if isinstance(tps, (int, float)) else None, '6.1f')}k tok/s"
+            f"  params {result.get('params')}  [{result.get('engine')}]")
 
 
 def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local", address: str | None = None,

@@ -97,7 +97,7 @@ def sections(d, figures_dir: Path) -> list:
                                    fmt_interval(closed) if closed else "— (frozen phase)", f"{math.log(n):.3f}",
                                    fmt_interval(list(rows.accuracy(label, task, n).values())),
                                    str(next(iter(seeds.values())).get("params"))])
-                curves = [r.get("losses") or [] for r in seeds.values()]
+                curves = [finite_prefix(r.get("losses") or []) for r in seeds.values()]
                 length = min(len(c) for c in curves) if curves else 0
                 if length:
                     mean = [sum(c[s] for c in curves) / len(curves) for s in range(length)]
