@@ -253,7 +253,7 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local
     console = console or Console()
     out_dir = Path(out_dir)
     start, load_start = time.perf_counter(), _load()
-    from axiomformer.study.suites import get_suite
+    from axiomformer.study.registry import get_suite
 
     try:
         from axiomformer.study.stages import stages_for
