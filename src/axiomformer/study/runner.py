@@ -149,11 +149,66 @@ def _serial(runs: list[Run], threads: int | None, workdir: str) -> Iterator[Outc
             yield run, err
 
 
+def _die_with_parent(parent: int) -> None:
+    """Make this worker exit when the study process that started it dies, even by ``kill -9``: Linux's
+    parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), else a watchdog thread that polls the parent."""
+    import ctypes
+    import signal
+    import threading
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0:           # PR_SET_PDEATHSIG = 1
+            if os.getppid() != parent:                              # the parent died before the prctl
+                os._exit(1)
+            return
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def worker_init(parent: int, started=None) -> None:
+    """Initializer of a study worker process: the study process alone answers Ctrl-C (a terminal's Ctrl-C reaches
+    the whole process group; the workers ignore it and are stopped by the study), the worker exits when the study
+    process dies (:func:`_die_with_parent`), and it reports its pid on ``started`` (so the study can stop it)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
+    if started is not None:
+        started.put(os.getpid())
+
+
+def _stop_workers(started) -> None:
+    """SIGKILL every worker that reported its pid: their runs are dropped (a rerun trains them). They are this
+    process's unreaped children, so no pid can have been reused."""
+    import signal
+
+    while not started.empty():
+        try:
+            os.kill(started.get(), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _pool(runs: list[Run], threads: int | None, workers: int, workdir: str) -> Iterator[Outcome]:
+    """Runs on ``workers`` spawned processes, yielded as they finish. On Ctrl-C (or any early exit of the caller)
+    the queued runs are cancelled and the runs in progress stopped at once: none of them is stored, and a rerun
+    trains them. A worker that dies (e.g. out of memory) fails its run (``BrokenProcessPool``)."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    context = multiprocessing.get_context("spawn")
+    started = context.SimpleQueue()
+    executor = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=worker_init,
+                                   initargs=(os.getpid(), started))
+    finished = False
     try:
         pending = {executor.submit(execute_in_worker, run.train_config, threads or 1, *_args(run, workdir)): run
                    for run in runs}
@@ -163,8 +218,12 @@ def _pool(runs: list[Run], threads: int | None, workers: int, workdir: str) -> I
                 run = pending.pop(future)
                 err = future.exception()
                 yield run, (err if err is not None else future.result())
+        finished = True
     finally:
-        executor.shutdown(wait=False, cancel_futures=True)
+        if not finished:
+            _stop_workers(started)
+        executor.shutdown(wait=finished, cancel_futures=True)
+        started.close()
 
 
 def _import_ray():
