@@ -355,7 +355,7 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local
             _sections(store, sections_todo, console, bar, task_id)
             bar.update(task_id, description="done")
         summary.seconds = time.perf_counter() - start
-        store.set_meta("last_invocation", {
+        _record_invocation(store, {
             "seconds": round(summary.seconds, 2), "trained": summary.trained, "backend": backend,
             "workers": config.resolved_workers() if backend == "local" else None,
             "load_average_start": load_start, "load_average_end": _load(), "cpu_count": os.cpu_count()})
@@ -364,6 +364,18 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local
 
         summary.report = build_report(out_dir)
     return summary
+
+
+def _record_invocation(store: ResultsStore, record: dict[str, Any]) -> None:
+    """Keep the provenance of every call (meta ``invocations``, oldest first, each with its UTC time) and, as
+    ``last_invocation`` (what the report shows), the last call that trained something: a rerun of a finished study
+    trains nothing and must not replace the record of the real run."""
+    from datetime import datetime, timezone
+
+    record = {**record, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    store.set_meta("invocations", [*store.get_meta("invocations", []), record])
+    if record["trained"] or store.get_meta("last_invocation") is None:
+        store.set_meta("last_invocation", record)
 
 
 def _set_planned(store: ResultsStore, planned: dict[str, Run]) -> None:

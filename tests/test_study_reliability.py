@@ -1,5 +1,5 @@
 """A diverged run (NaN loss) is recorded as diverged, and the study, every suite's report, the JSON verdicts and the
-figures go on."""
+figures go on; a rerun that trains nothing keeps the record of the call that did."""
 
 from __future__ import annotations
 
@@ -100,3 +100,24 @@ def test_a_log_scaled_figure_with_nothing_positive_still_saves(tmp_path):
     ax.plot([1, 2], [0.0, 0.0])
     ax.set_yscale("log")
     assert save(fig, tmp_path, "empty").is_file()
+
+
+@pytest.mark.slow
+def test_a_rerun_that_trains_nothing_keeps_the_record_of_the_real_run(diverged_study, tmp_path):
+    out, _ = diverged_study
+    copy = tmp_path / "rerun"
+    shutil.copytree(out, copy)
+    with ResultsStore(copy, readonly=True) as store:
+        real, calls = store.get_meta("last_invocation"), store.get_meta("invocations")
+    assert real["trained"] > 0 and len(calls) == 1
+    with ResultsStore(copy, readonly=True) as store:
+        config = store.get_meta("config")
+    from axiomformer.study.config import validate_config
+
+    summary = run_study(validate_config(config, source="stored config"), copy, progress=False,
+                        console=Console(quiet=True), write_report=False)
+    assert summary.trained == 0
+    with ResultsStore(copy, readonly=True) as store:
+        assert store.get_meta("last_invocation") == real
+        calls = store.get_meta("invocations")
+    assert len(calls) == 2 and calls[0] == real and calls[1]["trained"] == 0
