@@ -63,7 +63,8 @@ def execute(train_config: dict[str, Any], threads: int | None = None, workdir: s
             save_state: str | None = None) -> dict[str, Any]:
     """Train one run and return ``TrainResult.to_dict()`` (the function every backend calls, in any process).
 
-    The trainer measures ``peak_mem_mb`` itself (:class:`axiomformer.memory.PeakMemory`). The first run of a
+    The trainer measures ``peak_mem_mb`` itself (:class:`axiomformer.memory.PeakMemory`); a reading of 0 (no growth
+    seen) is stored as None with ``memory_source`` saying it was unavailable. The first run of a
     (task, model kind) in a process is preceded by a 2-step warm-up, so that one-time initialization (library loading,
     first allocations) is not counted as the model's memory **(our choice)**.
 
@@ -92,6 +93,11 @@ def execute(train_config: dict[str, Any], threads: int | None = None, workdir: s
     out = result.to_dict() if hasattr(result, "to_dict") else dict(result)
     out["cpu_seconds"] = time.process_time() - cpu
     out["memory_source"] = out.get("memory_method") or "trainer"
+    if not out.get("peak_mem_mb"):
+        # Training allocates (activations, gradients): no growth over the level at the start means the method could
+        # not see this run's peak, not that it had none.
+        out["peak_mem_mb"] = None
+        out["memory_source"] = f"unavailable: no growth measured ({out['memory_source']})"
     return out
 
 
