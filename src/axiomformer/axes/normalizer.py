@@ -232,7 +232,7 @@ class Scale(nn.Module):
 
 
 def normalize(
-    scores: Tensor, mask: Tensor | None, kind: str, *, training: bool = False, n_visible: Tensor | None = None,
+    scores: Tensor, mask: Tensor | None, kind: str | Choice, *, training: bool = False, n_visible: Tensor | None = None,
     params: dict[str, Tensor] | None = None,
 ) -> Tensor:
     """Attention weights from scores.
@@ -241,7 +241,8 @@ def normalize(
         scores: (batch, heads, q_len, k_len) float scores, already scaled and biased. For a ``kernel`` normalizer
             these are the non-negative kernel values phi(q).phi(k).
         mask: bool, True = may attend, broadcastable to ``scores``; ``None`` means every key is visible.
-        kind: a name of :data:`NORMALIZERS`.
+        kind: a name of :data:`NORMALIZERS`, or its resolved :class:`Choice` (engines pass the one their plan
+            resolved, so that no name is looked up per call).
         training: enables the randomness of ``random`` normalizers (Gumbel noise).
         n_visible: float (..., q_len, 1), the n_i of ``elementwise`` normalizers (keys visible to each query, the
             key length for a row with none); computed from ``mask`` when None. Engines that score one block of
@@ -256,7 +257,7 @@ def normalize(
     Raises:
         ValueError: unknown ``kind`` (naming the choices).
     """
-    choice = NORMALIZERS[kind]
+    choice = kind if isinstance(kind, Choice) else NORMALIZERS[kind]
     s = scores.float()
     if mask is not None:
         mask = torch.broadcast_to(mask, s.shape)
