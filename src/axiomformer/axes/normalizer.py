@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from entmax import entmax15, entmax_bisect, sparsemax
 from torch import Tensor, nn
 
+from axiomformer.axes import traceable
 from axiomformer.axes.registry import Choice, Registry
 
 if TYPE_CHECKING:
@@ -80,10 +81,14 @@ def _gumbel_options(spec: AttentionSpec) -> dict:
 
 
 def _sparsemax(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+    if torch.compiler.is_compiling():              # the package's autograd.Function breaks the graph
+        return traceable.sparsemax(s)
     return sparsemax(s, dim=-1)
 
 
 def _entmax15(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+    if torch.compiler.is_compiling():
+        return traceable.entmax15(s)
     return entmax15(s, dim=-1)
 
 
@@ -96,6 +101,8 @@ def _entmax_alpha(s: Tensor, training: bool, alpha: Tensor | float = 1.5, **para
     # alpha (1, heads, 1, 1) or a float; the package's bisection differentiates through alpha as well.
     if isinstance(alpha, Tensor):
         alpha = torch.broadcast_to(alpha.float(), s.shape[:-1] + (1,))
+    if torch.compiler.is_compiling():
+        return traceable.entmax_bisect(s, alpha)
     return entmax_bisect(s, alpha, dim=-1)
 
 
