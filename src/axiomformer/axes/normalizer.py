@@ -157,8 +157,24 @@ NORMALIZERS = Registry("normalizer", [
 """Every normalizer (A5): see the module docstring and :data:`NORMALIZER_TRAITS`."""
 
 
+class _EluPlusOne(torch.autograd.Function):
+    """phi(x) = elu(x) + 1 keeping only phi for the backward: phi'(x) = 1 for x > 0 and exp(x) = phi(x) for x <= 0,
+    i.e. min(phi, 1) (``F.elu(x) + 1`` keeps elu's output besides phi: one more (L x head_dim) tensor per input)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        phi = torch.where(x > 0, x + 1, torch.exp(torch.clamp(x, max=0.0)))
+        ctx.save_for_backward(phi)
+        return phi
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        phi, = ctx.saved_tensors
+        return grad * torch.clamp(phi, max=1.0)        # differentiable again through phi (double backward)
+
+
 def _elu_plus_one(x: Tensor) -> Tensor:
-    return F.elu(x) + 1
+    return _EluPlusOne.apply(x)
 
 
 def _taylor(x: Tensor) -> Tensor:
