@@ -112,7 +112,7 @@ def test_a_window_cache_keeps_only_the_window_and_decodes_the_full_forward(posit
         outs = []
         for t in range(steps):
             outs.append(layer(tokens[:, t:t + 1], cache=cache, key_padding_mask=keep[:, :t + 1]))
-            assert cache.length <= window and cache.seen == t + 1
+            assert cache.length == min(t + 1, window - 1) and cache.seen == t + 1
         full = layer(tokens, key_padding_mask=keep)
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-6)
 
@@ -127,7 +127,7 @@ def test_a_cache_without_a_window_keeps_every_position():
 
 
 def test_the_decode_check_catches_a_cache_that_drops_a_visible_key(monkeypatch):
-    # Plant an off-by-one: keep one position fewer than the window; the decoded rows then differ from the full ones.
+    # Plant an off-by-one: keep one position fewer than the window needs; the decoded rows then differ from the full ones.
     real = KVCache.keep_last
     monkeypatch.setattr(KVCache, "keep_last", lambda self, n: real(self, n - 1))
     torch.manual_seed(0)

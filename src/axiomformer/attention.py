@@ -25,7 +25,7 @@ from axiomformer.spec import AttentionSpec
 class KVCache:
     """Keys and values of the tokens decoded so far, for incremental (token-by-token) decoding.
 
-    A layer with a sliding window keeps only the last ``window`` tokens (older ones are invisible to every later
+    A layer with a sliding window keeps only the last ``window - 1`` tokens (older ones are invisible to every later
     query), so memory and the cost of a decode step stay flat in the length (a ring of the window's size, as
     apple/axlearn PR#995 and Mistral's rolling buffer cache).
 
@@ -241,7 +241,8 @@ class Attention(nn.Module):
             bias = alibi if bias is None else bias + alibi
         result = self._attend_heads(q, k, v, mask, bias, q_offset, alibi is None, need_weights, self.engine)
         if cache is not None and self.spec.window:
-            cache.keep_last(self.spec.window)            # older keys are outside every later query's window
+            # The next query, at position p, sees p - window + 1 .. p: the last window - 1 stored keys and its own.
+            cache.keep_last(self.spec.window - 1)
         out = self.out_proj(self.aggregator(self._merge_heads(result.out)))             # A1
         if mask is not None or (self.spec.causal and q_offset < 0) or self.spec.window:
             # The heads' rows are zero already; rho and W_o's bias would make the output row non-zero.
