@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from axiomformer.axes import (
     Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value,
 )
-from axiomformer.axes.position import POSITIONS, TokenPositions, alibi_slope_list, token_positions
+from axiomformer.axes.position import TokenPositions, alibi_slope_list, token_positions
 from axiomformer.engines import Attended, Plan, attend
 from axiomformer.engines.problem import rows_without_keys
 from axiomformer.masks import prepare_masks
@@ -256,7 +256,7 @@ class Attention(nn.Module):
         """Token positions of the queries and new keys (absolute: a cache's dropped tokens count)."""
         new_k_len = key.shape[1]
         k_len = past + new_k_len
-        if POSITIONS[self.spec.position].traits or cache is not None:   # positions are read, or kept by the cache
+        if self.plan.position_traits or cache is not None:   # positions are read, or kept by the cache
             return token_positions(q_len, new_k_len, past, query.device, position_ids=position_ids,
                                    key_position_ids=key_position_ids, key_padding_mask=key_padding_mask,
                                    cached=cache.positions if cache is not None else None,
