@@ -121,13 +121,14 @@ def test_a_cache_without_a_window_keeps_every_position():
     layer = Attention(AttentionSpec.standard(16, 2, causal=True)).eval()
     cache = KVCache()
     with torch.no_grad():
-        for t in range(7):
+        for _ in range(7):
             layer(torch.randn(1, 1, 16), cache=cache)
     assert cache.length == 7 and cache.start == 0
 
 
 def test_the_decode_check_catches_a_cache_that_drops_a_visible_key(monkeypatch):
-    # Plant an off-by-one: keep one position fewer than the window needs; the decoded rows then differ from the full ones.
+    # Plant an off-by-one: keep one position fewer than the window needs; the decoded rows then differ from the full
+    # ones.
     real = KVCache.keep_last
     monkeypatch.setattr(KVCache, "keep_last", lambda self, n: real(self, n - 1))
     torch.manual_seed(0)

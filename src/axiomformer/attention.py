@@ -156,12 +156,13 @@ class Attention(nn.Module):
 
     # ------------------------------------------------------------------ helpers
     def _split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
-        b, n, _ = x.shape
-        return x.view(b, n, heads or self.num_heads, -1).transpose(1, 2)
+        b, n, width = x.shape
+        heads = heads or self.num_heads
+        return x.view(b, n, heads, width // heads).transpose(1, 2)      # explicit head_dim: n may be 0
 
     def _merge_heads(self, x: Tensor) -> Tensor:
-        b, _, n, _ = x.shape
-        return x.transpose(1, 2).reshape(b, n, -1)
+        b, heads, n, head_dim = x.shape
+        return x.transpose(1, 2).reshape(b, n, heads * head_dim)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         dim = self.spec.dim
@@ -195,7 +196,8 @@ class Attention(nn.Module):
             key: (batch, k_len, dim); defaults to ``query``.
             value: (batch, k_len, dim); defaults to ``key``.
             attn_mask: bool (True = may attend) or float (added to the scores; ``-inf`` blocks), broadcastable to
-                (batch, heads, q_len, k_len); 2-D (q_len, k_len) and 3-D (batch, q_len, k_len) are accepted.
+                (batch, heads, q_len, k_len) (each dimension 1 or the full size); 1-D (k_len,), 2-D (q_len, k_len)
+                and 3-D (batch, q_len, k_len) are accepted (an MHA-style (batch * heads, q_len, k_len) is refused).
             key_padding_mask: (batch, k_len) bool, True = real token (k_len includes cached tokens).
             need_weights: also return the attention weights (batch, heads, q_len, k_len), before dropout.
             cache: a :class:`KVCache`; the new keys/values are appended and attention runs over all cached ones.

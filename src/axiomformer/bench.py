@@ -24,6 +24,7 @@ from torch import Tensor
 from axiomformer.attention import Attention
 from axiomformer.memory import PeakMemory
 from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, problem_kind
+from axiomformer.runtime import seeded
 from axiomformer.spec import AttentionSpec
 
 QUICK_VARIANTS = ("standard", "score=cosine", "score=neg_l2", "position=rope", "position=alibi", "normalizer=sigmoid",
@@ -129,8 +130,8 @@ def _cases(variants, length: int, is_causal: bool, heads: int, head_dim: int, re
     """(spec, module, engine) for each variant: ``auto`` and, up to ``reference_max_len``, ``reference``."""
     for relax in variants:
         spec = AttentionSpec.standard(heads * head_dim, heads, causal=is_causal).relax(relax)
-        torch.manual_seed(0)
-        module = Attention(spec).to(dev)
+        with seeded(0):
+            module = Attention(spec).to(dev)
         for engine in ["auto"] + (["reference"] if length <= reference_max_len else []):
             yield spec, module, engine
 
@@ -184,6 +185,9 @@ def run_bench(
             meter.measure(step)                                 # warm-up (lazy initialization, first-call caches)
             step.clear()
             memory[(is_causal, length, key)] = meter.measure(step)
+            name = "baseline F.scaled_dot_product_attention" if key is None else "/".join(key)
+            log(f"memory  L={length} {'causal' if is_causal else 'full'}  {name}: "
+                f"{memory[(is_causal, length, key)]:.1f} MiB")
 
     rows: list[Row] = []
     for is_causal, length in settings:

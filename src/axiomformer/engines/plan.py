@@ -15,7 +15,8 @@ annealed temperature reuses one routing decision.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -62,8 +63,8 @@ class Plan:
             tensor back to the host), or None.
 
     Attributes (resolved once): ``normalizer_choice`` (the registry :class:`~axiomformer.axes.registry.Choice`),
-    ``normalizer_traits``, ``score_traits``, ``contribution_traits``, ``position_traits``, ``dot_form`` (the score's dot-form function or
-    None), ``feature_map`` (the linear normalizer's phi), ``options`` (a ``configured`` normalizer's keyword
+    ``normalizer_traits``, ``score_traits``, ``contribution_traits``, ``position_traits``, ``dot_form`` (the score's
+    dot-form function or None), ``feature_map`` (the linear normalizer's phi), ``options`` (a ``configured`` normalizer's keyword
     arguments), ``at_defaults``, ``pair_width`` and ``key``, the hashable part of the router's key: choice names and
     trait-bearing flags only, never a value such as ``gumbel_tau``.
     """
