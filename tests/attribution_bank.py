@@ -187,3 +187,15 @@ WRONG.update({"gated_two_heads": gated_two_heads, "head_scalar_gates": head_scal
 IN_CLASS_MIXED_HEADS = {"two_heads_with_projections": two_heads_with_projections}
 HEADS = {"two_heads_mixed_values": 2, "gated_two_heads": 2, "head_scalar_gates": 2, "two_heads_with_projections": 2}
 """Heads of the functions that have more than one."""
+
+
+def softmax_in_float32(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """SDPA on float64 tensors whose softmax runs in float32 (for stability): in class, at float32 precision."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        L, S = q.shape[1], k.shape[1]
+        s = s.masked_fill(torch.ones(L, S, dtype=torch.bool).triu(S - L + 1), float("-inf"))
+    return torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+
+
+IN_CLASS["softmax_in_float32"] = softmax_in_float32

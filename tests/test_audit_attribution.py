@@ -160,6 +160,8 @@ def test_tolerances_follow_the_targets_dtype():
     assert report64["linearity"].tolerance == 1e-9
     assert run_audit("spec:standard")["weights_sum_to_one"].tolerance == 1e-4   # float32 normalizers
     assert run_audit(bank.faint_output_gate)["scalar_relevance"].statistic < 1e-5   # caught only by a tight tol
+    rounding = run_audit(bank.softmax_in_float32)                 # float64 in and out, a float32 softmax inside
+    assert rounding["weights_sum_to_one"].tolerance == 1e-4 and rounding.passed
 
 
 def test_rank1_residual_is_exact_for_rank_one_and_positive_otherwise():
