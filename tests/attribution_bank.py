@@ -113,7 +113,9 @@ def query_row_bias(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Ten
 def two_heads_mixed_values(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
     """Two heads (head_dim 8) whose values are v W_v^T before the split: W_v mixes the heads' inputs."""
     b, n, d = q.shape
-    split = lambda t: t.view(b, t.shape[1], 2, d // 2).transpose(1, 2)  # noqa: E731
+    def split(t: Tensor) -> Tensor:
+        return t.view(b, t.shape[1], 2, d // 2).transpose(1, 2)
+
     vv = v @ _mat(W_VALUE, v).T
     out = F.scaled_dot_product_attention(split(q), split(k), split(vv), is_causal=causal and q.shape[1] == k.shape[1])
     return out.transpose(1, 2).reshape(b, n, d)
@@ -151,7 +153,8 @@ def _merge(t: Tensor) -> Tensor:
 
 
 def _two_heads(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
-    return F.scaled_dot_product_attention(_heads(q), _heads(k), _heads(v), is_causal=causal and q.shape[1] == k.shape[1])
+    causal = causal and q.shape[1] == k.shape[1]
+    return F.scaled_dot_product_attention(_heads(q), _heads(k), _heads(v), is_causal=causal)
 
 
 def gated_two_heads(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:

@@ -11,12 +11,11 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
+import attribution_bank as bank
 from axiomformer.audit import run_audit
 from axiomformer.audit.attribution import CONTRIBUTION_CAVEAT, SAME_MAP
 from axiomformer.audit.probe import leading_direction, rank1_residual, tolerance
 from axiomformer.cli import app
-
-import attribution_bank as bank  # noqa: E402  (tests/attribution_bank.py)
 
 NOT_CAUSAL = {"causality", "nan_isolation"}
 NO_WEIGHTS = {"bilinear_scores", "bilinear_fit", "nonnegative_weights", "weights_sum_to_one", "ratio_independence",

@@ -21,7 +21,8 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -71,7 +72,7 @@ class Adapter:
         """Attention weights (batch, heads, q_len, k_len) if the target exposes them, else None."""
         return None
 
-    def with_head_dim(self, head_dim: int) -> "Adapter | None":
+    def with_head_dim(self, head_dim: int) -> Adapter | None:
         """The same kind of target with ``head_dim`` (same heads, learned scalars carried over), or None if fixed."""
         return None
 
@@ -157,7 +158,8 @@ class AttentionAdapter(Adapter):
         self.seed = seed
         m = copy.deepcopy(module).to(torch.float64).eval()
         biases = [getattr(getattr(m, n), "bias", None) for n in ("q_proj", "k_proj", "out_proj")]
-        m.q_proj, m.k_proj, m.out_proj = (AddBias(b) for b in biases)
+        for proj, b in zip(("q_proj", "k_proj", "out_proj"), biases):
+            setattr(m, proj, AddBias(b))
         self.notes = bias_notes(biases[0], biases[1], getattr(m.v_proj, "bias", None), biases[2])
         if any(_size(b) > 0 for b in biases):
             self.notes += ("scale_entropy rebuilds the target at other head dims without these biases (their shape "
@@ -226,7 +228,8 @@ class MultiheadAttentionAdapter(Adapter):
             m.in_proj_weight[: 2 * e].copy_(torch.eye(e, dtype=torch.float64).repeat(2, 1))
         _identity_linear(m.out_proj)
         b = m.in_proj_bias
-        self.notes = bias_notes(*(None if b is None else b[i * e:(i + 1) * e] for i in range(3)), m.out_proj.bias)
+        q_b, k_b, v_b = (None, None, None) if b is None else (b[:e], b[e:2 * e], b[2 * e:])
+        self.notes = bias_notes(q_b, k_b, v_b, m.out_proj.bias)
         if any(_size(x) > 0 for x in (b, m.out_proj.bias)):
             self.notes += ("scale_entropy rebuilds the target at other head dims with PyTorch's initial (zero) "
                            "biases",)

@@ -167,17 +167,18 @@ class Probe:
         h = 1.0 if v is None else float(torch.finfo(self.a.dtype).eps) ** (1 / 3)
         base = self.f(q, k, at)
         chunk = max(1, PROBE_ELEMENTS // max(1, b * s * max(d, base.shape[-1] * q.shape[1] // s)))
+        def moved(idx: Tensor, step: Tensor) -> Tensor:
+            """Outputs (t, b, L, dim) with value idx // m moved by step (t, 1, d), one probe per row of idx."""
+            n = len(idx)
+            vv = at.unsqueeze(0).repeat(n, 1, 1, 1)
+            vv[torch.arange(n), :, idx // m] += step
+            return self.f(q.repeat(n, 1, 1), k.repeat(n, 1, 1), vv.reshape(n * b, s, d)).view(n, b, *base.shape[1:])
+
         cols = []
         for start in range(0, s * m, chunk):
             idx = torch.arange(start, min(start + chunk, s * m))
             step = (h * rdirs[:, idx % m].T).to(k.dtype).unsqueeze(1)                     # (t, 1, d)
-
-            def moved(sign: float) -> Tensor:
-                vv = at.unsqueeze(0).repeat(len(idx), 1, 1, 1)
-                vv[torch.arange(len(idx)), :, idx // m] += sign * step
-                n = len(idx)
-                return self.f(q.repeat(n, 1, 1), k.repeat(n, 1, 1), vv.reshape(n * b, s, d)).view(n, b, *base.shape[1:])
-            cols.append(moved(1.0) - base if v is None else (moved(1.0) - moved(-1.0)) / (2 * h))
+            cols.append(moved(idx, step) - base if v is None else (moved(idx, step) - moved(idx, -step)) / (2 * h))
         jac = torch.cat(cols).view(s, m, *base.shape).permute(2, 3, 0, 4, 1)
         return base, jac, rdirs
 
