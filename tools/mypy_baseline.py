@@ -40,7 +40,8 @@ def block(modules: list[str]) -> str:
     if not modules:
         return f"{BEGIN}\n{END}"
     listed = "".join(f'    "{m}",\n' for m in modules)
-    return (f"{BEGIN}\n# Modules that do not pass yet ({len(modules)}); python tools/mypy_baseline.py rewrites this list.\n"
+    note = f"# Modules that do not pass yet ({len(modules)}); python tools/mypy_baseline.py rewrites this list."
+    return (f"{BEGIN}\n{note}\n"
             f"[[tool.mypy.overrides]]\nmodule = [\n{listed}]\nignore_errors = true\n{END}")
 
 
