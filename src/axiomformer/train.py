@@ -166,6 +166,8 @@ class TrainResult:
         converged: False when the run used all ``steps`` while its validation score was still improving (its best
             evaluation among the last ``patience`` ones, 3 when ``patience`` is None).
         stop_reason: ``"target"``, ``"patience"``, ``"steps"`` or ``"nonfinite"``.
+        n_test: scored test positions behind ``accuracy`` (one per sequence on needle): the n of a binomial
+            interval over the test items.
         steps: optimizer steps taken (early stop may cut them short).
         seconds: wall time of training plus evaluation.
         params: trainable parameters.
@@ -204,6 +206,7 @@ class TrainResult:
     best_step: int = 0
     converged: bool = True
     stop_reason: str = "steps"
+    n_test: int = 0
 
     SUMMARY_KEYS = ("task", "model", "spec", "seq_len", "accuracy", "loss", "steps", "seconds", "params",
                     "tokens_per_second")
@@ -328,7 +331,7 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         _loop(run, config, task, spec, model, parallel, val_set, progress=progress and parallel.main,
               log=log if parallel.main else None)
         run.best.restore(model)
-        test_accuracy, test_loss = evaluate(model, test_set, parallel)
+        test_accuracy, test_loss, n_test = _test_counts(model, test_set, parallel)
         seconds = time.perf_counter() - start
         peak = meter.stop()
         if on_end is not None:
@@ -344,7 +347,7 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         peak_mem_mb=peak, memory_method=meter.method, engine=",".join(dict.fromkeys(run.engines)),
         losses=torch.stack(run.losses).cpu().tolist() if run.losses else [], history=run.history,
         chance=task.chance, config=config.model_dump(), val_accuracy=run.best.accuracy, val_loss=run.best.loss,
-        best_step=run.best.step, converged=converged, stop_reason=run.stop_reason, extra=extra,
+        best_step=run.best.step, converged=converged, stop_reason=run.stop_reason, extra=extra, n_test=n_test,
     )
     if parallel.main:
         _save(model, config, result, save_state, checkpoint_dir)
@@ -367,9 +370,18 @@ def _build(config: TrainConfig, device: torch.device) -> tuple[Any, AttentionSpe
 
 
 def _eval_set(task: Any, config: TrainConfig, parallel: DataParallel, split: str) -> list[tuple[torch.Tensor, ...]]:
-    """This rank's share of the ``split`` set: batches ``task.batch(batch_size, seed=i, split=split)``."""
+    """This rank's share of the ``split`` set: batches ``task.batch(batch_size, seed=i, split=split)``, ``i`` below
+    ``eval_batches`` (validation) or ``test_batches`` (test; ``eval_batches`` when unset)."""
+    count = (config.test_batches or config.eval_batches) if split == "test" else config.eval_batches
     return [tuple(t.to(parallel.device) for t in task.batch(config.batch_size, seed=i, split=split))
-            for i in parallel.eval_indices(config.eval_batches)]
+            for i in parallel.eval_indices(count)]
+
+
+def _test_counts(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                 parallel: DataParallel) -> tuple[float, float, int]:
+    """(accuracy, mean loss, scored positions) of the test set, summed over every rank."""
+    correct, total, loss_sum = parallel.reduce_counts(*eval_counts(model, batches))
+    return correct / max(1, total), loss_sum / max(1, total), int(total)
 
 
 @dataclass

@@ -60,6 +60,8 @@ def register(app: typer.Typer) -> None:
         eval_every: int | None = typer.Option(None, "--eval-every", help="steps between evaluations"),
         eval_batches: int | None = typer.Option(None, "--eval-batches",
                                                    help="batches in the validation set and in the test set"),
+        test_batches: int | None = typer.Option(None, "--test-batches",
+                                                help="batches in the test set (default: --eval-batches)"),
         grad_clip: float | None = typer.Option(None, "--grad-clip", help="global gradient-norm clip (1.0)"),
         patience: int | None = typer.Option(None, "--patience",
                                                help="stop after this many evaluations without a better validation "

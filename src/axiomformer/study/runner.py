@@ -127,7 +127,7 @@ def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
         "memory_source": result.get("memory_source"), "engine": result.get("engine"), "losses": result.get("losses"),
         "train_config": run.train_config,
         "outcome": {"lr": run.train_config.get("lr"), **{k: result.get(k) for k in (
-            "val_accuracy", "val_loss", "best_step", "converged", "stop_reason", "history", "extra")}},
+            "val_accuracy", "val_loss", "best_step", "converged", "stop_reason", "history", "extra", "n_test")}},
         **provenance(), "backend": backend, "host": platform.node(),
     }
 
