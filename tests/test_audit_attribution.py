@@ -11,12 +11,11 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
+import attribution_bank as bank
 from axiomformer.audit import run_audit
 from axiomformer.audit.attribution import CONTRIBUTION_CAVEAT, SAME_MAP
 from axiomformer.audit.probe import leading_direction, rank1_residual, tolerance
 from axiomformer.cli import app
-
-import attribution_bank as bank  # noqa: E402  (tests/attribution_bank.py)
 
 NOT_CAUSAL = {"causality", "nan_isolation"}
 NO_WEIGHTS = {"bilinear_scores", "bilinear_fit", "nonnegative_weights", "weights_sum_to_one", "ratio_independence",
@@ -160,6 +159,8 @@ def test_tolerances_follow_the_targets_dtype():
     assert report64["linearity"].tolerance == 1e-9
     assert run_audit("spec:standard")["weights_sum_to_one"].tolerance == 1e-4   # float32 normalizers
     assert run_audit(bank.faint_output_gate)["scalar_relevance"].statistic < 1e-5   # caught only by a tight tol
+    rounding = run_audit(bank.softmax_in_float32)                 # float64 in and out, a float32 softmax inside
+    assert rounding["weights_sum_to_one"].tolerance == 1e-4 and rounding.passed
 
 
 def test_rank1_residual_is_exact_for_rank_one_and_positive_otherwise():

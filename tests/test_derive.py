@@ -13,8 +13,18 @@ from typer.testing import CliRunner
 
 from axiomformer.cli import app
 from axiomformer.derive import (
-    FINAL_TOL, PLANTS, SDPA_TOL, VACUOUS_FACTOR, GeneralForm, RowRelevance, run_chain, run_derivation,
-    scale_argument, to_markdown, to_text, visible,
+    FINAL_TOL,
+    PLANTS,
+    SDPA_TOL,
+    VACUOUS_FACTOR,
+    GeneralForm,
+    RowRelevance,
+    run_chain,
+    run_derivation,
+    scale_argument,
+    to_markdown,
+    to_text,
+    visible,
 )
 from axiomformer.derive import properties as prop
 

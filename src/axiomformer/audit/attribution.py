@@ -66,7 +66,9 @@ def _nonlinear(shape: str | None, additive: bool) -> list[str]:
 
 
 def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, object]) -> list[str]:
-    failed = lambda name: name in out and out[name].passed is False  # noqa: E731
+    def failed(name: str) -> bool:
+        return name in out and out[name].passed is False
+
     additive = not failed("token_additivity")
     nonlinear = _shape(facts.get("nonlinear"), float(facts.get("fd_tol", 0.0)))   # type: ignore[arg-type]
     linear = _shape(facts.get("linear"), float(facts.get("tol", 0.0)))            # type: ignore[arg-type]
