@@ -165,7 +165,9 @@ def entmax_alpha(x: Tensor, alpha: Tensor | float, alpha_minus_one: Tensor | Non
     top = x.amax(dim=-1, keepdim=True).detach()
     with torch.no_grad():
         xd, bd = x.detach(), beta.detach()
-        lo, hi = top, top + math.log(x.shape[-1])                # S(lo) >= 1 >= S(hi) for every beta >= 0
+        # S(lo) >= 1 >= S(hi) for every beta >= 0; log(k_len) as a tensor op (a Python log of the length would
+        # specialize torch.compile to each length).
+        lo, hi = top, top + torch.full_like(top, x.shape[-1]).log()
         for _ in range(ENTMAX_BISECTIONS):
             mid = (lo + hi) / 2
             above = _entmax_terms(xd, mid, bd, False).sum(-1, keepdim=True) >= 1.0
