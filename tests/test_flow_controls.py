@@ -14,10 +14,23 @@ from scipy import stats
 
 from axiomformer.flows import FlowNet
 from axiomformer.flows.comparisons import (
-    COMPARISON_KEYS, compare_arms, holm, minimal_detectable, paired, tost, verdict,
+    COMPARISON_KEYS,
+    compare_arms,
+    holm,
+    minimal_detectable,
+    paired,
+    tost,
+    verdict,
 )
 from axiomformer.flows.experiment import (
-    FlowConfig, _check_disjoint, build_arm, choose_lrs, lr_key, run_flow_experiment, selection_seeds, train_group,
+    FlowConfig,
+    _check_disjoint,
+    build_arm,
+    choose_lrs,
+    lr_key,
+    run_flow_experiment,
+    selection_seeds,
+    train_group,
 )
 from axiomformer.flows.net import matched_hidden
 from axiomformer.flows.report import markdown

@@ -448,16 +448,20 @@ def run_flow_experiment(dataset: str = "mnist5k", noise=(0.0, 1.0), steps=(0, 1,
     result["runtime_s"] = round(time.perf_counter() - t0, 2)
     result["cpu_s"] = round(time.process_time() - c0, 2)
     if out_dir is not None:
-        from axiomformer.flows.figures import write_figures
-        from axiomformer.flows.report import markdown
-
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        result["figures"] = write_figures(out, result)
-        _write_json(out / "flow_results.json", result)
-        (out / "flow_results.md").write_text(markdown(result))
-        (out / "flow_results.partial.json").unlink(missing_ok=True)
+        _write_outputs(Path(out_dir), result)
     return result
+
+
+def _write_outputs(out: Path, result: dict) -> None:
+    """The figures, ``flow_results.json`` and ``flow_results.md``; then the partial store is removed."""
+    from axiomformer.flows.figures import write_figures
+    from axiomformer.flows.report import markdown
+
+    out.mkdir(parents=True, exist_ok=True)
+    result["figures"] = write_figures(out, result)
+    _write_json(out / "flow_results.json", result)
+    (out / "flow_results.md").write_text(markdown(result))
+    (out / "flow_results.partial.json").unlink(missing_ok=True)
 
 
 __all__ = ["FlowConfig", "INTERVAL", "THETAS", "arm_names", "build_arm", "choose_lrs", "default_config",

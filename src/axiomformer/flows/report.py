@@ -22,8 +22,8 @@ def _accuracy_tables(result: dict) -> list[str]:
     cell = {(r["theta"], r["arm"], r["noise"], r["K"]): r for r in result["arms"]}
     lines = []
     for theta in dict.fromkeys(r["theta"] for r in result["arms"]):
-        lines += [f"**Test accuracy, theta {theta}** (mean [95% t-interval] over seeds; flow_params = parameters "
-                  "of the flow step at K >= 1)", "",
+        lines += [(f"**Test accuracy, theta {theta}** (mean [95% t-interval] over seeds; flow_params = parameters "
+                   "of the flow step at K >= 1)"), "",
                   "| arm | flow_params | noise | " + " | ".join(f"K={k}" for k in ks) + " |",
                   "|---|---|---|" + "---|" * len(ks)]
         for arm in dict.fromkeys(r["arm"] for r in result["arms"] if r["theta"] == theta):
@@ -43,12 +43,12 @@ def _comparison_table(result: dict) -> list[str]:
     verdicts = [e["verdict"] for e in eq["rows"]]
     effects = sum(c["p_holm"] < eq["alpha"] for c in comps)
     same = sum(v.startswith("no difference") for v in verdicts)
-    lines = [f"**Paired comparisons** (arm a minus arm b, same seeds; {len(comps)} comparisons, Holm over all of "
-             f"them). diff [95% t-interval, unadjusted]; p: paired t-test; p_holm: Holm-adjusted; p_eq: "
-             f"Holm-adjusted equivalence test (TOST) at +-{eq['margin']:g}. An effect is stated only where p_holm < "
-             f"{eq['alpha']:g}; \"no difference\" only where p_eq < {eq['alpha']:g}; otherwise the difference a "
-             f"paired t-test of these seeds detects with power {eq['power']:g} at level {eq['alpha']:g}/"
-             f"{len(comps)}.", "",
+    lines = [(f"**Paired comparisons** (arm a minus arm b, same seeds; {len(comps)} comparisons, Holm over all of "
+              f"them). diff [95% t-interval, unadjusted]; p: paired t-test; p_holm: Holm-adjusted; p_eq: "
+              f"Holm-adjusted equivalence test (TOST) at +-{eq['margin']:g}. An effect is stated only where p_holm < "
+              f"{eq['alpha']:g}; \"no difference\" only where p_eq < {eq['alpha']:g}; otherwise the difference a "
+              f"paired t-test of these seeds detects with power {eq['power']:g} at level {eq['alpha']:g}/"
+              f"{len(comps)}."), "",
              f"Summary: {effects} effects, {same} equivalences, {len(comps) - effects - same} inconclusive.", "",
              "| a - b | theta | K | noise | diff [95% CI] | p | p_holm | p_eq | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -64,13 +64,14 @@ def _comparison_table(result: dict) -> list[str]:
 def markdown(result: dict) -> str:
     """The whole report as Markdown text (one string ending in a newline)."""
     ks, noise = result["K"], result["noise"]
-    lines = [f"Data: {result['data']} ({result['n_train']} train / {result['n_test']} test), model {result['model']}, "
-             f"patch {result['patch']}, readout {result['readout']}; seeds {result['seeds']}; {result['interval']}."]
+    lines = [(f"Data: {result['data']} ({result['n_train']} train / {result['n_test']} test), model "
+              f"{result['model']}, patch {result['patch']}, readout {result['readout']}; seeds {result['seeds']}; "
+              f"{result['interval']}.")]
     if result.get("quick"):
         lines.append("**Quick run: a pilot, it claims nothing.**")
     lines += ["", *_accuracy_tables(result), *_comparison_table(result)]
-    lines += [f"**Learning rates** (best mean validation accuracy per theta, arm and K; selection seeds "
-              f"{result.get('lr_selection_seeds', [])}, never reported)", "", "| theta:arm:K | lr |", "|---|---|"]
+    lines += [(f"**Learning rates** (best mean validation accuracy per theta, arm and K; selection seeds "
+               f"{result.get('lr_selection_seeds', [])}, never reported)"), "", "| theta:arm:K | lr |", "|---|---|"]
     lines += [f"| {k} | {v:g} |" for k, v in result["lr"].items()]
     lines += ["", "**Test-time flow (theta fixed, test features flowed without labels)**", "",
               "| method | noise | " + " | ".join(f"K={k}" for k in ks) + " |", "|---|---|" + "---|" * len(ks)]
