@@ -173,9 +173,17 @@ def test_classifier_arm_with_theta_fixed_trains_only_the_embedding():
     assert _trainable(tied) - {"embed.weight", "embed.bias", "position"} == {"phis.0"}
 
 
-def test_classifier_value_is_refused_for_the_linear_model():
-    with pytest.raises(ValueError, match="needs model='quadratic'"):
-        FlowNet(3, 3, dim=8, steps=1, model="linear", value="classifier")
+def test_classifier_value_of_the_linear_model_is_the_tied_cross_attention():
+    torch.manual_seed(0)
+    net = FlowNet(3, 3, dim=8, steps=1, model="linear", mixing="attention", value="classifier")
+    Z = torch.randn(5, 8)
+    theta = net.theta.detach().numpy().astype(np.float64)
+    z = Z.numpy().astype(np.float64)
+    s = z @ theta.T
+    w = np.exp(s - s.max(1, keepdims=True))
+    w /= w.sum(1, keepdims=True)
+    np.testing.assert_allclose(net.step(Z, 0).detach().numpy(), z - net.step_size * w @ theta, atol=1e-5)
+    assert net.flow_parameter_count() == 0
 
 
 # ---- statistics: paired t-intervals, Holm over the whole family, equivalence, detectable difference -------------

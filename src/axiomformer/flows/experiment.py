@@ -82,7 +82,7 @@ def default_config(quick: bool = False, **overrides) -> FlowConfig:
                          oracle_steps=50)
     for key, value in overrides.items():
         setattr(cfg, key, value)
-    if cfg.model == "linear":     # token_mlp and the classifier form belong to the quadratic model
+    if cfg.model == "linear":     # no token_mlp; the classifier value is the tied one there
         if "mixings" not in overrides:
             cfg.mixings = tuple(m for m in cfg.mixings if m != "token_mlp")
         if "values" not in overrides:
@@ -100,9 +100,9 @@ def _validate(cfg: FlowConfig, noise: list[float], steps: list[int]) -> None:
     check("theta setting", list(cfg.thetas), THETAS)
     check("mixing", list(cfg.mixings), MIXINGS)
     check("value map", list(cfg.values), VALUES)
-    if cfg.model == "linear" and ("token_mlp" in cfg.mixings or "classifier" in cfg.values):
-        raise ValueError("mixing token_mlp and value classifier need --model quadratic (the linear model's tied "
-                         "attention step has no parameters to match and already uses the classifier)")
+    if cfg.model == "linear" and "token_mlp" in cfg.mixings:
+        raise ValueError("mixing token_mlp needs --model quadratic (the linear model's tied attention step has no "
+                         "parameters to match)")
     if any(s < 0 for s in noise) or any(k < 0 for k in steps) or not noise or not steps:
         raise ValueError(f"noise levels and steps must be non-empty and >= 0; got noise={noise}, steps={steps}")
     if cfg.seeds < 1 or cfg.epochs < 0 or cfg.fit_epochs < 0:

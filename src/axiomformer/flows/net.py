@@ -12,9 +12,10 @@ block, and the arm (``mixing``) says which sub-steps are present:
 ``value``: ``tied`` is the flow's own value map with its own sign (-CA(Z, theta) = -sigma(Z theta^T) theta, or
 -SA(Z) = -sigma(Z theta_k Z^T) Z theta_k: repulsive); ``free`` keeps the attention weights of the flow and replaces
 the values by a learned map (sigma(Z theta^T) V with V (K, d), or sigma(Z theta_k Z^T) Z W_v with W_v (d, d));
-``classifier`` (quadratic model) is ``tied`` with the form derived from the classifier instead of learned:
+``classifier`` is ``tied`` with the form derived from the classifier instead of learned: quadratic model
 theta_k = theta^T theta / ||theta||_2^2, i.e. phi = theta^T / ||theta||_2, so the token-to-token logits are the inner
-products of the tokens' class-logit vectors Z theta^T (derivation: ``docs/flows.md``). It has no parameters of its own.
+products of the tokens' class-logit vectors Z theta^T (derivation: ``docs/flows.md``); in the linear model it is the
+tied -CA(Z, theta) itself, whose keys and values already are theta. It has no parameters of its own.
 
 Controls (``docs/flows.md``): ``token_mlp`` is a token-wise MLP step whose hidden width is chosen so that its
 parameter count is that of the tied attention step (d^2, within 15 %): no token mixing, the same capacity.
@@ -77,7 +78,8 @@ class FlowNet(nn.Module):
             flow step has (``token_mlp``: an MLP with the tied attention step's parameter count; ``shuffled``: the
             attention step with weights from another image of the batch).
         value: ``tied`` (the flow's own value map and sign), ``free`` (a learned value map) or ``classifier`` (tied,
-            with the form theta^T theta / ||theta||_2^2 derived from the classifier; quadratic model only).
+            with the form theta^T theta / ||theta||_2^2 derived from the classifier; in the linear model the same as
+            ``tied``, whose cross-attention already takes its keys and values from theta).
         readout: ``mean`` | ``cls`` | ``flatten`` (quadratic only; the linear model has one feature per sample).
         share_steps: share the step weights (MLP, phi, W_v) across steps (a time-invariant flow) or not.
         step_size: h, the residual scale.
@@ -93,7 +95,7 @@ class FlowNet(nn.Module):
 
     Raises:
         ValueError: an unknown choice (naming the valid ones), negative steps, ``quadratic`` without ``num_tokens``,
-            ``token_mlp`` or ``classifier`` with the linear model, a ``token_mlp`` whose parameter count cannot come
+            ``token_mlp`` with the linear model, a ``token_mlp`` whose parameter count cannot come
             within 15 % of d^2 at this ``dim``, or (at forward time) ``shuffled`` on a batch of one image.
     """
 
@@ -114,10 +116,9 @@ class FlowNet(nn.Module):
         if value == "free" and transposed_term != "drop" and model == "quadratic":
             raise ValueError("value='free' replaces the values of the row-normalized self-attention; "
                              "it needs transposed_term='drop'")
-        if model == "linear" and (mixing == "token_mlp" or value == "classifier"):
-            raise ValueError(f"{'mixing=token_mlp' if mixing == 'token_mlp' else 'value=classifier'} needs "
-                             "model='quadratic': the linear model's tied attention step has no parameters to match "
-                             "and already takes its keys and values from the classifier")
+        if model == "linear" and mixing == "token_mlp":
+            raise ValueError("mixing=token_mlp needs model='quadratic': the linear model's tied attention step has "
+                             "no parameters to match (its keys and values are the classifier's theta)")
         self.model, self.steps, self.share_steps, self.step_size = model, steps, share_steps, step_size
         self.mixing, self.value, self.readout = mixing, value, readout
         self.project, self.transposed_term = project, transposed_term
