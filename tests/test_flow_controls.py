@@ -331,7 +331,9 @@ def test_run_writes_comparisons_flow_params_and_a_report_and_resumes(tmp_path, m
     ds, cfg = _tiny_run(tmp_path)
     monkeypatch.setattr(experiment, "load_dataset", lambda *a, **k: ds)
     out = tmp_path / "out"
+    rng = torch.random.get_rng_state()
     result = run_flow_experiment("tiny", noise=(0.0,), steps=(0, 1), out_dir=out, config=cfg)
+    assert torch.equal(torch.random.get_rng_state(), rng)                          # the caller's stream is untouched
     params = {(r["arm"], r["K"]): r["flow_params"] for r in result["arms"]}
     assert params[("attention/tied", 1)] == 36 and params[("attention/classifier", 1)] == 0
     assert params[("token_mlp", 1)] == 2 * 6 * 2 + 2 + 6 and params[("attention/tied", 0)] == 0

@@ -35,13 +35,13 @@ def test_every_preset_of_every_suite_validates_and_plans(name):
         assert first and len({r.key for r in first}) == len(first)
 
 
-def test_long_range_default_covers_64_to_10000_for_the_transformer_and_the_three_rnns():
+def test_long_range_default_covers_64_to_10000_for_the_transformer_and_a_recurrent_model():
     cfg = validate_config(get_suite("long-range").preset("default"))
-    assert cfg.curriculum and {t.name for t in cfg.tasks} == {"needle", "mqar"}
+    assert cfg.curriculum and {t.name for t in cfg.tasks} == {"needle", "needle_kv"}
     for task in cfg.tasks:
         assert min(task.seq_lens) == 64 and max(task.seq_lens) == 10000
     all_cells = cells(cfg)
-    assert {c.model.kind for c in all_cells} == {"transformer", "rnn", "lstm", "gru"}
+    assert {c.model.kind for c in all_cells} >= {"transformer", "lstm"}
     for task in cfg.tasks:  # the recurrent models get the same budget as the Transformer at every length
         for n in task.seq_lens:
             budgets = {json.dumps(c.budget, sort_keys=True) for c in all_cells if (c.task, c.seq_len) == (task.name, n)}
@@ -73,7 +73,7 @@ def test_curriculum_reports_longer_lengths_at_the_rate_chosen_at_the_shortest():
 
 
 CURRICULUM = textwrap.dedent("""
-    seeds = 1
+    seeds = 2
     curriculum = true
     variants = ["standard"]
     baselines = ["gru"]
@@ -107,12 +107,14 @@ def test_curriculum_warm_starts_each_length_from_the_previous_one_and_resumes(tm
     cfg = load_config(path, base=get_suite("long-range").preset("default"))
     out = tmp_path / "lr"
     summary = run_study(cfg, out, progress=False, console=Console(quiet=True))
-    assert not summary.failed and summary.trained == 2 * 2 + 2 * 2  # 2 models x 2 lrs at 8, then 2 x (12, 16)
+    # 2 models x 2 lrs at 8 (selection seed), 2 x 2 seeds at 8, then 2 x 2 seeds x (12, 16) warm-started and as
+    # many zero-shot runs (trained at 8 only)
+    assert not summary.failed and summary.trained == 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 * 2
     with ResultsStore(out) as store:
         rows = store.runs()
     reported, lrs = reported_rows(cfg.model_dump(), rows)
     for label in ("standard", "gru"):
-        chain = sorted((r for r in reported if r["label"] == label), key=lambda r: r["seq_len"])
+        chain = sorted((r for r in reported if r["label"] == label and r["seed"] == 0), key=lambda r: r["seq_len"])
         assert [r["seq_len"] for r in chain] == [8, 12, 16]
         for prev, run in zip(chain, chain[1:]):
             assert run["train_config"]["init_from"] == state_path(prev["key"])
@@ -121,7 +123,7 @@ def test_curriculum_warm_starts_each_length_from_the_previous_one_and_resumes(tm
     # the warm start really loads the weights: zero steps from the 16-token state reproduce its test accuracy
     from axiomformer.train import TrainConfig, train
 
-    last = next(r for r in reported if (r["label"], r["seq_len"]) == ("standard", 16))
+    last = next(r for r in reported if (r["label"], r["seq_len"], r["seed"]) == ("standard", 16, 0))
     tc = dict(last["train_config"], steps=0, init_from=str(out / state_path(last["key"])))
     assert train(TrainConfig(**tc), progress=False).accuracy == last["accuracy"]
     with pytest.raises(FileNotFoundError, match="no such state file"):
@@ -131,6 +133,6 @@ def test_curriculum_warm_starts_each_length_from_the_previous_one_and_resumes(tm
 
     monkeypatch.setattr(axiomformer.train, "train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("rerun")))
     again = run_study(cfg, out, progress=False, console=Console(quiet=True), write_report=False)
-    assert again.trained == 0 and again.already_stored == 8
+    assert again.trained == 0 and again.already_stored == 24
     report = Path(out / "report.md").read_text()
     assert "Longest length solved" in report and "| gru |" in report

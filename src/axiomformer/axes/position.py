@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from axiomformer.axes.registry import Choice, Registry
+from axiomformer.precision import compute_dtype, upcast
 
 if TYPE_CHECKING:
     from axiomformer.spec import AttentionSpec
@@ -49,22 +50,24 @@ if TYPE_CHECKING:
 ROPE_BASE = 10000.0
 
 
-def sinusoidal_table(positions: Tensor, dim: int) -> Tensor:
-    """Sinusoidal encodings (*positions.shape, dim) in float32 for integer ``positions`` of any shape, e.g. (seq,)
-    or (batch, seq) (Vaswani et al. 2017, sec. 3.5)."""
-    pos = positions.float().unsqueeze(-1)
-    i = torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32)
+def sinusoidal_table(positions: Tensor, dim: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Sinusoidal encodings (*positions.shape, dim) in ``dtype`` (float32 or float64) for integer ``positions`` of any
+    shape, e.g. (seq,) or (batch, seq) (Vaswani et al. 2017, sec. 3.5)."""
+    pos = positions.to(dtype).unsqueeze(-1)
+    i = torch.arange(0, dim, 2, device=positions.device, dtype=dtype)
     angle = pos * torch.exp(-math.log(10000.0) * i / dim)
-    table = torch.zeros(*positions.shape, dim, device=positions.device)
+    table = torch.zeros(*positions.shape, dim, device=positions.device, dtype=dtype)
     table[..., 0::2] = torch.sin(angle)
     table[..., 1::2] = torch.cos(angle[..., : dim // 2])
     return table
 
 
-def rope_cos_sin(positions: Tensor, head_dim: int, base: float = ROPE_BASE) -> tuple[Tensor, Tensor]:
-    """cos and sin of the RoPE angles p * base^(-2i/head_dim), each (len(positions), head_dim / 2), float32."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angle = positions.float().unsqueeze(-1) * inv_freq                # (L, head_dim / 2)
+def rope_cos_sin(positions: Tensor, head_dim: int, base: float = ROPE_BASE,
+                 dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """cos and sin of the RoPE angles p * base^(-2i/head_dim), each (len(positions), head_dim / 2), in ``dtype``
+    (float32 or float64)."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=dtype) / head_dim)
+    angle = positions.to(dtype).unsqueeze(-1) * inv_freq                # (L, head_dim / 2)
     return angle.cos(), angle.sin()
 
 
@@ -102,11 +105,17 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
     """
     if x.shape[-1] % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {x.shape[-1]}")
-    cos, sin = rope_cos_sin(positions, x.shape[-1], base)
+    work = upcast(x)
+    cos, sin = rope_cos_sin(positions, x.shape[-1], base, work.dtype)
     if positions.dim() == 2:                                       # (batch, seq, hd/2) -> (batch, 1, seq, hd/2)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    return _Rope.apply(work, cos.to(work.dtype), sin.to(work.dtype)).to(x.dtype)
+    cos, sin = cos.to(work.dtype), sin.to(work.dtype)
+    if torch.compiler.is_compiling():
+        # The same rotation in plain ops: Dynamo cannot trace the in-place ``out=`` halves of ``_Rope``.
+        half = work.shape[-1] // 2
+        x1, x2 = work[..., :half], work[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return _Rope.apply(work, cos, sin).to(x.dtype)
 
 
 def alibi_slope_list(num_heads: int) -> list[float]:
@@ -131,9 +140,10 @@ def alibi_slopes(num_heads: int) -> Tensor:
 def alibi_bias(slopes: Tensor, q_positions: Tensor, k_positions: Tensor, causal: bool) -> Tensor:
     """ALiBi score bias (1 or batch, heads, q_len, k_len): -m_h (p_i - p_j), or -m_h |p_i - p_j| when not causal.
     Positions are (q_len,) and (k_len,), or per row (batch, q_len) and (batch, k_len)."""
-    distance = q_positions.float().unsqueeze(-1) - k_positions.float().unsqueeze(-2)
+    slopes = upcast(slopes)                    # float64 slopes (a module in float64) keep their precision
+    distance = q_positions.to(slopes.dtype).unsqueeze(-1) - k_positions.to(slopes.dtype).unsqueeze(-2)
     distance = distance if causal else distance.abs()
-    return -slopes.float().view(1, -1, 1, 1) * distance.unsqueeze(-3)
+    return -slopes.view(1, -1, 1, 1) * distance.unsqueeze(-3)
 
 
 class Position(nn.Module):
@@ -157,9 +167,10 @@ class Position(nn.Module):
             ValueError: a learned position at or beyond ``max_len``.
         """
         if self.kind == "sinusoidal":
-            return x + sinusoidal_table(positions, self.dim).to(x.dtype)
+            return x + sinusoidal_table(positions, self.dim, compute_dtype(x.dtype)).to(x.dtype)
         if self.kind == "learned":
-            if positions.numel() and int(positions.max()) >= self.max_len:
+            # The check reads a value back to the host; while torch.compile traces it is left to the eager calls.
+            if not torch.compiler.is_compiling() and positions.numel() and int(positions.max()) >= self.max_len:
                 raise ValueError(
                     f"position {int(positions.max())} is beyond the learned table of max_len={self.max_len}; "
                     f"raise AttentionSpec.max_len"
@@ -244,7 +255,10 @@ def token_positions(q_len: int, new_k_len: int, past: int, device: torch.device,
                    and key_padding_mask.dim() == 2 and key_padding_mask.shape[-1] == k_len)   # else the mask check raises
     if usable_mask and self_attention and new_k_len == q_len:
         full = positions_from_padding(key_padding_mask)
-        if not torch.equal(full, torch.arange(k_len, device=device).expand_as(full)) or cached is not None:
+        # Whether the mask pads on the left is read back to the host; while torch.compile traces, the positions from
+        # the mask are used either way (the same values when nothing pads on the left).
+        if (cached is not None or torch.compiler.is_compiling()
+                or not torch.equal(full, torch.arange(k_len, device=device).expand_as(full))):
             return TokenPositions(full[:, k_len - q_len:], full[:, past:], default=False)
     if cached is not None and self_attention and new_k_len == q_len:
         new = cached[:, -1:] + 1 + torch.arange(new_k_len, device=device)

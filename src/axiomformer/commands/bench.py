@@ -62,6 +62,8 @@ def register(app: typer.Typer) -> None:
         if threads:
             torch.set_num_threads(threads)
         log = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
+        log(f"bench: {len(chosen)} variant(s) against SDPA, L = {', '.join(map(str, _lengths(lengths, quick)))}; "
+            "first the peak memory of each (one line each), then the timings (one line per row)")
         rows, method = bench.run_bench(
             chosen, _lengths(lengths, quick), (True,) if quick else (True, False),
             batch=batch, heads=heads, head_dim=head_dim, repeats=repeats or (3 if quick else 5),

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from axiomformer.attention import Attention
-from axiomformer.engines import Parts, attend
+from axiomformer.engines import attend
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
 
@@ -164,9 +164,14 @@ def axiomformer_attention_forward(module: nn.Module, query: Tensor, key: Tensor,
 
     Raises:
         NotImplementedError: an argument outside the contract above, naming it.
-        ValueError: ``heads`` not a multiple of ``kv_heads``, or masks that do not fit (naming the shapes).
+        ValueError: ``heads`` not a multiple of ``kv_heads``, masks that do not fit (naming the shapes), or a
+            ``sliding_window`` that is not a positive number of keys.
     """
     _check_arguments(kwargs)
+    if sliding_window is not None and (isinstance(sliding_window, bool) or sliding_window <= 0):
+        # transformers means "no window" by None; 0 or -1 read literally would be an empty band (all-zero output).
+        raise ValueError(f"sliding_window must be a positive number of keys, or None for no window; "
+                         f"got {sliding_window!r}")
     batch, heads, q_len, head_dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[-2]
     if heads % kv_heads or value.shape[1] != kv_heads:
@@ -205,7 +210,7 @@ def axiomformer_attention_forward(module: nn.Module, query: Tensor, key: Tensor,
         if mask is not None:
             mask = torch.broadcast_to(mask, (mask.shape[0], heads, q_len, k_len))
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], heads, q_len, 1)], dim=-1)
-    out, weights, _ = attend(query, key, value, parts=Parts(core.spec, core.score_fn, core.contribution), mask=mask,
+    out, weights, _ = attend(query, key, value, parts=core.plan, mask=mask,
                              bias=bias, scale=core.scale(), causal=flag, q_offset=key.shape[-2] - q_len,
                              dropout_p=dropout, training=module.training, need_weights=need_weights,
                              engine=core.engine)
