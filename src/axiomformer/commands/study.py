@@ -110,6 +110,11 @@ def register(app: typer.Typer) -> None:
             paths = build_report(directory)
         except FileNotFoundError as err:
             raise typer.BadParameter(str(err), param_hint="DIRECTORY") from None
+        except PermissionError as err:
+            if not as_json:
+                raise
+            # The verdicts need only reading: a read-only study folder still answers --json.
+            typer.echo(f"note: report files not rewritten ({err.filename}: {err.strerror})", err=True)
         if as_json:
             typer.echo(json.dumps(study_json(directory), indent=1))
         else:
