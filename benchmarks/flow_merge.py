@@ -1,7 +1,5 @@
-"""Merge ``axiomformer flow`` results run per theta setting into one result and redraw its figures.
-
-The default flow experiment was run as two processes on the shared machine, ``--theta fixed`` and ``--theta learned``
-(same seeds, same data, same fitted classifiers), to use both cores:
+"""Merge ``axiomformer flow`` results run in parts (e.g. ``--theta fixed`` and ``--theta learned`` as two processes,
+same seeds, same data, same fitted classifiers) into one result and redraw its figures:
 
     python benchmarks/flow_merge.py OUT_DIR RUN_DIR [RUN_DIR ...]
 

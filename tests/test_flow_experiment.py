@@ -215,8 +215,8 @@ def test_cli_flow_json_on_tiny_fashion_mnist(tmp_path):
     _fake_fashion(tmp_path)
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["flow", "--data", "fashion-mnist", "--data-dir", str(tmp_path), "--patch", "4",
-                                      "--noise", "0,0.5", "--steps", "0,1", "--theta", "fixed,learned", "--quick", "--json",
-                                      "--out", str(out)])
+                                      "--noise", "0,0.5", "--steps", "0,1", "--theta", "fixed,learned", "--quick",
+                                      "--json", "--out", str(out)])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output.strip().splitlines()[-1])
     assert payload["data"] == "fashion-mnist" and (payload["n_train"], payload["n_test"]) == (60, 30)

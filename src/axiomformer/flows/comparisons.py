@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -38,7 +39,7 @@ PAIRS = (
 COMPARISON_KEYS = ("a", "b", "theta", "K", "noise", "diff", "ci_low", "ci_high", "p", "p_holm")
 
 
-def holm(pvalues) -> list[float]:
+def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm-adjusted p-values over the whole list (statsmodels ``multipletests(method="holm")``)."""
     if len(pvalues) == 0:
         return []
@@ -47,7 +48,7 @@ def holm(pvalues) -> list[float]:
     return [float(p) for p in multipletests(list(pvalues), alpha=ALPHA, method="holm")[1]]
 
 
-def paired(a, b) -> tuple[float, float | None, float | None, float]:
+def paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float | None, float | None, float]:
     """(mean of a - b, 95 % t-interval low, high, two-sided paired t-test p) over paired seeds.
 
     Fewer than 2 pairs: no interval, p = 1. All differences equal: the interval is that value; p = 1 if it is 0,
@@ -71,7 +72,7 @@ def paired(a, b) -> tuple[float, float | None, float | None, float]:
     return mean, float(low), float(high), float(stats.ttest_rel(x, y).pvalue)
 
 
-def tost(a, b, margin: float) -> float:
+def tost(a: Sequence[float], b: Sequence[float], margin: float) -> float:
     """p-value of the paired equivalence test H0: |mean(a - b)| >= margin (statsmodels ``ttost_paired``); 1 for
     fewer than 2 pairs; for identical differences 0 if inside the margin, else 1."""
     from statsmodels.stats.weightstats import ttost_paired
@@ -87,7 +88,7 @@ def tost(a, b, margin: float) -> float:
     return 1.0 if math.isnan(p) else p
 
 
-def minimal_detectable(diffs, family: int, power: float = POWER) -> float | None:
+def minimal_detectable(diffs: Sequence[float], family: int, power: float = POWER) -> float | None:
     """The paired difference detected with ``power`` at the two-sided level ALPHA / family by a paired t-test of
     len(diffs) seeds, with the observed standard deviation of ``diffs``; None for fewer than 2 seeds."""
     from statsmodels.stats.power import TTestPower

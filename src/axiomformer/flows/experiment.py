@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from axiomformer.flows.data import Dataset, load_dataset, patchify
-from axiomformer.flows.net import ATTENTION_MIXINGS, MIXING_READOUTS, MIXINGS, READOUTS, VALUES, FlowNet
 from axiomformer.flows.loss import MODELS
+from axiomformer.flows.net import ATTENTION_MIXINGS, MIXING_READOUTS, MIXINGS, READOUTS, VALUES, FlowNet
 from axiomformer.runtime import seeded
 
 THETAS = ("fixed", "learned")
@@ -261,7 +261,9 @@ def selection_seeds(cfg: FlowConfig, seed: int) -> list[int]:
 
 
 def _check_disjoint(select: list[int], reported: list[int]) -> None:
-    used = lambda seeds: {v for s in seeds for v in (s, s + 1)}     # train_arm trains with seed + 1
+    def used(seeds: list[int]) -> set[int]:
+        return {v for s in seeds for v in (s, s + 1)}     # train_arm trains with seed + 1
+
     if used(select) & used(reported):
         raise ValueError(f"learning-rate selection seeds {select} overlap the reported seeds {reported}")
 
@@ -321,7 +323,7 @@ def _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick) -> di
     comparisons, equivalence = compare_arms({(t, a, k, s): v for (t, a, _, _, k, s), v in acc.items()},
                                             cfg.equivalence_margin)
     return {
-        "data": ds.name, "n_train": int(len(xtr)), "n_test": int(len(xte)), "model": cfg.model,
+        "data": ds.name, "n_train": len(xtr), "n_test": len(xte), "model": cfg.model,
         "patch": cfg.patch if cfg.model == "quadratic" else None, "readout": cfg.readout,
         "readout_mixes_tokens": cfg.model == "quadratic" and cfg.readout in MIXING_READOUTS,
         "noise": noise, "K": steps, "seeds": seeds, "interval": INTERVAL, "arms": arms, "test_time_flow": flows,
@@ -373,7 +375,7 @@ def _train_arms(cfg, fits, xtr, ytr, runs, x_tests, yte, steps, lrs, acc, say, s
                                      lrs[lr_key(theta, arm, K)])
                 for key in [(theta, arm, mixing, value, K, s) for s in noise]:
                     acc.pop(key, None)
-                for (s, sigma), net, x_test in zip(runs, nets, x_tests):
+                for (_, sigma), net, x_test in zip(runs, nets, x_tests):
                     acc.setdefault((theta, arm, mixing, value, K, sigma), []).append(accuracy(net, x_test, yte))
                 say(f"theta={theta} {arm} K={K}: " + ", ".join(
                     f"noise {sigma:g} {np.mean(acc[(theta, arm, mixing, value, K, sigma)]):.3f}" for sigma in noise)
@@ -439,7 +441,7 @@ def run_flow_experiment(dataset: str = "mnist5k", noise=(0.0, 1.0), steps=(0, 1,
     runs = [(s, sigma) for s in seeds for sigma in noise]          # every arm trains these side by side
     fits = fit_classifiers(cfg, xtr, ytr, [r[1] for r in runs], [1000 * r[0] for r in runs])
     x_tests = [xte + sigma * fixed_noise(xte.shape, s) for s, sigma in runs]
-    for (s, sigma), fit, x_test in zip(runs, fits, x_tests):
+    for (_, sigma), fit, x_test in zip(runs, fits, x_tests):
         for key, value in label_free_flow(fit, x_test, yte, steps).items():
             tt.setdefault((*key, sigma), []).append(value)
     say(f"fitted theta for {len(runs)} (seed, noise) runs  [{time.perf_counter() - t0:.0f} s]")
@@ -466,6 +468,21 @@ def _write_outputs(out: Path, result: dict) -> None:
     (out / "flow_results.partial.json").unlink(missing_ok=True)
 
 
-__all__ = ["FlowConfig", "INTERVAL", "THETAS", "arm_names", "build_arm", "choose_lrs", "default_config",
-           "fit_classifiers", "lr_key", "make_net", "run_flow_experiment", "selection_seeds", "t_interval", "train",
-           "train_arm", "train_group"]
+__all__ = [
+    "INTERVAL",
+    "THETAS",
+    "FlowConfig",
+    "arm_names",
+    "build_arm",
+    "choose_lrs",
+    "default_config",
+    "fit_classifiers",
+    "lr_key",
+    "make_net",
+    "run_flow_experiment",
+    "selection_seeds",
+    "t_interval",
+    "train",
+    "train_arm",
+    "train_group",
+]

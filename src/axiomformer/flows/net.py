@@ -159,7 +159,7 @@ class FlowNet(nn.Module):
         """The multinomial-regression classifier: [theta] (K, r)."""
         return [self.theta]
 
-    def freeze_classifier(self) -> "FlowNet":
+    def freeze_classifier(self) -> FlowNet:
         """Hold theta fixed (``requires_grad = False``): the source's setting, where only the features move."""
         for p in self.classifier_parameters:
             p.requires_grad_(False)

@@ -9,11 +9,11 @@ difference (``flows.comparisons``).
 from __future__ import annotations
 
 
-def _cell(mean, low, high) -> str:
+def _cell(mean: float, low: float | None, high: float | None) -> str:
     return f"{mean:.3f}" if low is None else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
-def _diff(mean, low, high) -> str:
+def _diff(mean: float, low: float | None, high: float | None) -> str:
     return f"{mean:+.3f}" if low is None else f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
