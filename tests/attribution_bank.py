@@ -202,3 +202,11 @@ def softmax_in_float32(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) ->
 
 
 IN_CLASS["softmax_in_float32"] = softmax_in_float32
+
+
+def context_gate(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """SDPA gated elementwise by sigmoid(mean_j k_j G): a gate computed from the whole context (every key)."""
+    return _sdpa(q, k, v, causal) * torch.sigmoid(k.mean(1, keepdim=True) @ _mat(GATE, k))
+
+
+WRONG["context_gate"] = context_gate

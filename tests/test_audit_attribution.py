@@ -44,6 +44,7 @@ EXPECTED = {
     "tanh_after_sum": {"token_additivity": ["A1"], "linearity": ["A1"]},
     "silu_after_sum": {"token_additivity": ["A1"], "linearity": ["A1"]},
     "gated_two_heads": {"scalar_relevance": ["A1", "A2"]},
+    "context_gate": {"scalar_relevance": ["A1", "A2", "A3"]},      # a gate from every key: rho, relevance or values
     "head_scalar_gates": {"weights_sum_to_one": ["A5", "A1", "A2"]},
     "value_norm_score": {"token_additivity": ["A4"], "linearity": ["A4"], "value_free_relevance": ["A4"]},
 }
@@ -104,6 +105,19 @@ def test_several_candidates_are_explained_in_text_and_markdown():
     for text in (report.to_text(), report.to_markdown()):
         assert "weights_sum_to_one (A5): breaks A5 or A1 or A2 (cannot be told apart from outside" in text
     assert "| `weights_sum_to_one` | A5 | **FAIL** |" in report.to_markdown()
+
+
+def test_every_candidate_is_explained_where_there_are_several():
+    reports = [_audit(fn) for fn in bank.WRONG.values()] + [run_audit(t) for t in (
+        "spec:normalizer=sigmoid", "spec:position=learned", "spec:score=cosine", "module:audit_bank:u_squared")]
+    seen = 0
+    for report in reports:
+        for c in report.checks:
+            if len(c.candidates) > 1:
+                seen += 1
+                assert c.why and all(tag in c.why for tag in c.candidates), (report.target, c.name, c.why)
+                assert c.why in c.detail
+    assert seen >= 10
 
 
 def test_candidates_are_empty_unless_an_assumption_check_failed():

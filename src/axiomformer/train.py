@@ -377,7 +377,7 @@ def _eval_set(task: Any, config: TrainConfig, parallel: DataParallel, split: str
             for i in parallel.eval_indices(count)]
 
 
-def _test_counts(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+def _test_counts(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, ...]],
                  parallel: DataParallel) -> tuple[float, float, int]:
     """(accuracy, mean loss, scored positions) of the test set, summed over every rank."""
     correct, total, loss_sum = parallel.reduce_counts(*eval_counts(model, batches))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
+import types
 
 import torch
 import torch.nn.functional as F
@@ -136,6 +137,9 @@ class GeneralForm(nn.Module):
         other = copy.copy(self)
         other._modules, other._parameters, other._buffers = (dict(self._modules), dict(self._parameters),
                                                               dict(self._buffers))
+        for name, value in list(vars(other).items()):          # a method patched onto this instance follows it
+            if isinstance(value, types.MethodType) and value.__self__ is self:
+                object.__setattr__(other, name, types.MethodType(value.__func__, other))
         return other
 
     def without(self, part: str) -> GeneralForm:
