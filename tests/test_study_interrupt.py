@@ -96,29 +96,56 @@ def test_ctrl_c_with_workers_stops_them_and_prints_no_traceback(tmp_path):
     assert pids and _wait_gone(pids) == []
 
 
+DRIVER = """
+import os, sys, threading, time
+import sleeper
+from axiomformer.study import runner
+
+runner.execute_in_worker = sleeper.forever            # runs that never end (importable: the workers are spawned)
+
+
+class Run:
+    train_config, save_state, state_path = {}, False, None
+
+
+def workers():
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = f.read().rsplit(")", 1)[1].split()[1]
+            with open(f"/proc/{pid}/cmdline") as f:
+                command = f.read()
+        except (OSError, IndexError):
+            continue                                  # a process that came and went
+        if parent == str(os.getpid()) and "spawn_main" in command:
+            found.append(pid)
+    return found
+
+
+def report():
+    while len(workers()) < 2:
+        time.sleep(0.05)
+    print(" ".join(workers()), flush=True)
+
+
+threading.Thread(target=report, daemon=True).start()
+next(runner._pool([Run(), Run()], 1, 2, "."))          # the main thread starts the pool and waits, as a study does
+"""
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 def test_workers_exit_when_the_study_is_killed(tmp_path):
     # A driver that starts the study's worker pool with runs that never end, reports the worker pids, and waits.
-    script = tmp_path / "driver.py"
-    script.write_text(
-        "import os, sys, time\n"
-        "from axiomformer.study import runner\n"
-        "runner.execute_in_worker = lambda *a: time.sleep(3600)\n"
-        "class Run:\n    train_config, save_state, state_path = {}, False, None\n"
-        "gen = runner._pool([Run(), Run()], 1, 2, '.')\n"
-        "import threading; threading.Thread(target=lambda: next(gen), daemon=True).start()\n"
-        "while len([p for p in os.listdir('/proc') if p.isdigit() and open(f'/proc/{p}/stat').read()"
-        ".rsplit(')', 1)[1].split()[1] == str(os.getpid())]) < 3: time.sleep(0.05)\n"
-        "kids = [p for p in os.listdir('/proc') if p.isdigit() and open(f'/proc/{p}/stat').read()"
-        ".rsplit(')', 1)[1].split()[1] == str(os.getpid())]\n"
-        "print(' '.join(kids), flush=True)\n"
-        "time.sleep(3600)\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS.parent / "src"), os.environ.get("PYTHONPATH", "")]))
-    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    (tmp_path / "sleeper.py").write_text("import time\n\n\ndef forever(*args):\n    time.sleep(3600)\n")
+    (tmp_path / "driver.py").write_text(DRIVER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(TESTS.parent / "src"),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py")], stdout=subprocess.PIPE, text=True,
+                              env=env)
     try:
-        children = [int(p) for p in driver.stdout.readline().split()]
-        workers = [p for p in children if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+        workers = [int(p) for p in driver.stdout.readline().split()]
         assert len(workers) == 2
     finally:
         driver.send_signal(signal.SIGKILL)
