@@ -57,5 +57,5 @@ def test_a_tiny_rho_study_writes_a_report_with_figures(tmp_path):
     summary = run_study(validate_config(data), tmp_path, progress=False)
     assert summary.failed == [] and summary.trained == 12   # 4 arms x (1 selection run at seed 1000 + 2 reported seeds)
     text = (tmp_path / "report.md").read_text()
-    assert "## Conclusion" in text and "attn-only rho=identity" in text and "[" in text
+    assert "## The answer" in text and "attn-only rho=identity" in text and "[" in text
     assert (tmp_path / "figures" / "rho_accuracy.png").stat().st_size > 0
