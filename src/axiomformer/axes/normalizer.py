@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from entmax import entmax15, sparsemax
 from torch import Tensor, nn
 
+from axiomformer.axes import traceable
 from axiomformer.axes.registry import Choice, Registry
 from axiomformer.precision import upcast
 
@@ -86,10 +87,14 @@ def _gumbel_options(spec: AttentionSpec) -> dict:
 
 
 def _sparsemax(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+    if torch.compiler.is_compiling():              # the package's autograd.Function breaks the graph
+        return traceable.sparsemax(s)
     return sparsemax(s, dim=-1)
 
 
 def _entmax15(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+    if torch.compiler.is_compiling():
+        return traceable.entmax15(s)
     return entmax15(s, dim=-1)
 
 
@@ -160,7 +165,9 @@ def entmax_alpha(x: Tensor, alpha: Tensor | float, alpha_minus_one: Tensor | Non
     top = x.amax(dim=-1, keepdim=True).detach()
     with torch.no_grad():
         xd, bd = x.detach(), beta.detach()
-        lo, hi = top, top + math.log(x.shape[-1])                # S(lo) >= 1 >= S(hi) for every beta >= 0
+        # S(lo) >= 1 >= S(hi) for every beta >= 0; log(k_len) as a tensor op (a Python log of the length would
+        # specialize torch.compile to each length).
+        lo, hi = top, top + torch.full_like(top, x.shape[-1]).log()
         for _ in range(ENTMAX_BISECTIONS):
             mid = (lo + hi) / 2
             above = _entmax_terms(xd, mid, bd, False).sum(-1, keepdim=True) >= 1.0
@@ -244,8 +251,24 @@ NORMALIZERS = Registry("normalizer", [
 """Every normalizer (A5): see the module docstring and :data:`NORMALIZER_TRAITS`."""
 
 
+class _EluPlusOne(torch.autograd.Function):
+    """phi(x) = elu(x) + 1 keeping only phi for the backward: phi'(x) = 1 for x > 0 and exp(x) = phi(x) for x <= 0,
+    i.e. min(phi, 1) (``F.elu(x) + 1`` keeps elu's output besides phi: one more (L x head_dim) tensor per input)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        phi = torch.where(x > 0, x + 1, torch.exp(torch.clamp(x, max=0.0)))
+        ctx.save_for_backward(phi)
+        return phi
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        phi, = ctx.saved_tensors
+        return grad * torch.clamp(phi, max=1.0)        # differentiable again through phi (double backward)
+
+
 def _elu_plus_one(x: Tensor) -> Tensor:
-    return F.elu(x) + 1
+    return _EluPlusOne.apply(x)
 
 
 def _taylor(x: Tensor) -> Tensor:
@@ -335,7 +358,7 @@ class Scale(nn.Module):
 
 
 def normalize(
-    scores: Tensor, mask: Tensor | None, kind: str, *, training: bool = False, n_visible: Tensor | None = None,
+    scores: Tensor, mask: Tensor | None, kind: str | Choice, *, training: bool = False, n_visible: Tensor | None = None,
     params: dict[str, Tensor] | None = None,
 ) -> Tensor:
     """Attention weights from scores.
@@ -344,7 +367,8 @@ def normalize(
         scores: (batch, heads, q_len, k_len) float scores, already scaled and biased. For a ``kernel`` normalizer
             these are the non-negative kernel values phi(q).phi(k).
         mask: bool, True = may attend, broadcastable to ``scores``; ``None`` means every key is visible.
-        kind: a name of :data:`NORMALIZERS`.
+        kind: a name of :data:`NORMALIZERS`, or its resolved :class:`Choice` (engines pass the one their plan
+            resolved, so that no name is looked up per call).
         training: enables the randomness of ``random`` normalizers (Gumbel noise).
         n_visible: float (..., q_len, 1), the n_i of ``elementwise`` normalizers (keys visible to each query, the
             key length for a row with none); computed from ``mask`` when None. Engines that score one block of
@@ -360,7 +384,7 @@ def normalize(
     Raises:
         ValueError: unknown ``kind`` (naming the choices).
     """
-    choice = NORMALIZERS[kind]
+    choice = kind if isinstance(kind, Choice) else NORMALIZERS[kind]
     s = upcast(scores)
     if mask is not None:
         mask = torch.broadcast_to(mask, s.shape)
@@ -375,7 +399,7 @@ def normalize(
         if n_visible is None:
             n_visible = (torch.full_like(s[..., :1], float(s.shape[-1])) if mask is None
                          else visible.sum(dim=-1, keepdim=True).to(s.dtype))
-        weights = choice.impl(s, n_visible)
+        weights = choice.impl(s, n_visible.to(s.dtype))          # n_i counted in float32 by some engines
     else:
         if mask is not None:
             s = s.masked_fill(~visible, float("-inf"))

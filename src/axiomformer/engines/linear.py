@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from axiomformer.axes.contribution import CONTRIBUTIONS
-from axiomformer.axes.normalizer import LINEAR_EPS, NORMALIZERS, feature_map
+from axiomformer.axes.normalizer import LINEAR_EPS
 from axiomformer.engines.base import EngineBase
+from axiomformer.engines.plan import Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
 from axiomformer.engines.reference import scaled_query
 from axiomformer.precision import compute_dtype
@@ -38,6 +38,22 @@ from axiomformer.precision import compute_dtype
 def key_only_mask(mask: Tensor | None) -> bool:
     """Whether a bool mask broadcastable to (batch, heads, q_len, k_len) depends on the key only (or is None)."""
     return mask is None or mask.shape[-2] == 1
+
+
+class _Divide(torch.autograd.Function):
+    """out = num / den for den (..., 1), keeping out (the result) instead of num for the backward:
+    dL/dden = -sum(g * out) / den. The (L x head_dim_v) numerator is freed after the forward."""
+
+    @staticmethod
+    def forward(ctx, num: Tensor, den: Tensor) -> Tensor:
+        out = num / den
+        ctx.save_for_backward(out, den)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        out, den = ctx.saved_tensors
+        return grad / den, -(grad * out).sum(-1, keepdim=True) / den
 
 
 def exclusive_cumsum(x: Tensor, start: Tensor) -> Tensor:
@@ -65,29 +81,29 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, q_offset: int, chunk
     ksum = ck.sum(-2)
     state = exclusive_cumsum(state, torch.matmul(past_k.transpose(-2, -1), past_v))
     ksum = exclusive_cumsum(ksum, past_k.sum(-2))
-    within = torch.matmul(cq, ck.transpose(-2, -1))                       # (B, H, n, chunk, chunk)
-    tril = torch.ones(chunk, chunk, dtype=torch.bool, device=phi_q.device).tril()
-    within = within.masked_fill(~tril, 0.0)
-    num = torch.matmul(cq, state) + torch.matmul(within, cv)
-    den = torch.matmul(cq, ksum.unsqueeze(-1)) + within.sum(-1, keepdim=True)
+    # In place where autograd allows it (a matmul's backward reads its inputs, not its output): one (L x chunk)
+    # block and one (L x dv) block fewer at the peak.
+    within = torch.matmul(cq, ck.transpose(-2, -1)).tril_()               # (B, H, n, chunk, chunk)
+    num = torch.matmul(within, cv).add_(torch.matmul(cq, state))
+    den = torch.matmul(cq, ksum.unsqueeze(-1)).add_(within.sum(-1, keepdim=True))
     num = num.reshape(batch, heads, n * chunk, -1)[..., :length, :]
     den = den.reshape(batch, heads, n * chunk, 1)[..., :length, :]
     return num, den
 
 
-def linear_attention(problem: AttentionProblem, k: Tensor, v: Tensor, kind: str, chunk: int = 64) -> Tensor:
+def linear_attention(problem: AttentionProblem, k: Tensor, v: Tensor, phi, chunk: int = 64) -> Tensor:
     """Linear attention output (batch, heads, q_len, head_dim_v) in ``v.dtype``.
 
     Args:
         problem: its mask must depend on the key only; bias and ALiBi must be None.
         k, v: keys and values (non-finite keys already zeroed).
-        kind: the feature map (``elu``, ``relu``, ``identity``).
+        phi: the feature map (``Plan.feature_map``: elu(x) + 1, relu, identity, taylor).
         chunk: queries per chunk of the causal prefix sum.
     """
     dtype = compute_dtype(problem.q.dtype, k.dtype, v.dtype)
     scale = problem.scale.to(dtype) if isinstance(problem.scale, Tensor) else problem.scale
-    phi_q = feature_map(scaled_query(problem.q.to(dtype), scale), kind)
-    phi_k = feature_map(k.to(dtype), kind)
+    phi_q = phi(scaled_query(problem.q.to(dtype), scale))
+    phi_k = phi(k.to(dtype))
     v32 = v.to(dtype)
     if problem.mask is not None:
         keep = problem.mask.squeeze(-2).unsqueeze(-1)                    # (B|1, H|1, k_len, 1)
@@ -98,7 +114,7 @@ def linear_attention(problem: AttentionProblem, k: Tensor, v: Tensor, kind: str,
     else:
         num = torch.matmul(phi_q, torch.matmul(phi_k.transpose(-2, -1), v32))
         den = torch.matmul(phi_q, phi_k.sum(-2).unsqueeze(-1))
-    return (num / (den + LINEAR_EPS)).to(v.dtype)
+    return _Divide.apply(num, den + LINEAR_EPS).to(v.dtype)
 
 
 class LinearEngine(EngineBase):
@@ -109,18 +125,17 @@ class LinearEngine(EngineBase):
     def __init__(self, chunk: int = 64):
         self.chunk = chunk
 
-    def accepts(self, parts, problem: AttentionProblem) -> bool:
-        spec = parts.spec
+    def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
         return (
-            NORMALIZERS.has(spec.normalizer, "kernel")
-            and CONTRIBUTIONS.has(spec.contribution, "proportional")
-            and problem.bias is None
-            and problem.alibi_slopes is None
-            and not problem.window
-            and key_only_mask(problem.mask)
-            and (not problem.causal or 0 <= problem.q_offset == problem.k_len - problem.q_len)
-            and not (problem.training and problem.dropout_p > 0)
+            "kernel" in plan.normalizer_traits
+            and plan.proportional
+            and not kind.bias
+            and kind.alibi == "none"
+            and not kind.window
+            and kind.mask in ("none", "key")
+            and (not kind.causal or (kind.offset_ok and kind.aligned))
+            and not kind.dropout
         )
 
-    def run(self, parts, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
-        return linear_attention(problem, problem.k, problem.v, parts.spec.feature_map, self.chunk), None
+    def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
+        return linear_attention(problem, problem.k, problem.v, plan.feature_map, self.chunk), None

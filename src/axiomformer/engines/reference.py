@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from axiomformer.axes.normalizer import NORMALIZERS, feature_map, normalize
-from axiomformer.engines.base import EngineBase, Parts
+from axiomformer.axes.normalizer import normalize
+from axiomformer.engines.base import EngineBase
+from axiomformer.engines.plan import Plan
 from axiomformer.engines.problem import AttentionProblem
 from axiomformer.precision import compute_dtype
 
@@ -41,28 +42,27 @@ def scaled_query(q: Tensor, scale) -> Tensor:
     return q if not isinstance(scale, Tensor) and scale == 1.0 else q * scale
 
 
-def scaled_scores(parts: Parts, q: Tensor, k: Tensor, scale, bias: Tensor | None) -> Tensor:
+def scaled_scores(parts: Plan, q: Tensor, k: Tensor, scale, bias: Tensor | None) -> Tensor:
     """``scale * score(q, k) + bias`` (or, for the linear normalizer, the kernel phi(scale q).phi(k) exp(bias)) in
     max(input dtype, float32) (``axiomformer.precision``): float16 inputs are upcast before the product, float64 is
     never lowered."""
-    spec = parts.spec
     dtype = compute_dtype(q.dtype, k.dtype)
     scale = scale.to(dtype) if isinstance(scale, Tensor) else scale
-    if NORMALIZERS.has(spec.normalizer, "kernel"):
+    if "kernel" in parts.normalizer_traits:
         # Katharopoulos et al. 2020, eq. 6: the kernel phi(q).phi(k) takes the place of exp(scaled score); a float
         # bias b multiplies it by exp(b), as it would multiply exp(s) inside a softmax.
-        scores = torch.matmul(feature_map(scaled_query(q.to(dtype), scale), spec.feature_map),
-                              feature_map(k.to(dtype), spec.feature_map).transpose(-2, -1))
+        scores = torch.matmul(parts.feature_map(scaled_query(q.to(dtype), scale)),
+                              parts.feature_map(k.to(dtype)).transpose(-2, -1))
         return scores if bias is None else scores * bias.to(dtype).exp()
     scores = call_in(parts.score_fn, (q, k), dtype) * scale
     return scores if bias is None else scores + bias.to(dtype)
 
 
-def attention_weights(parts: Parts, problem: AttentionProblem, k: Tensor | None = None) -> Tensor:
+def attention_weights(parts: Plan, problem: AttentionProblem, k: Tensor | None = None) -> Tensor:
     """Attention weights (batch, heads, q_len, k_len) in max(input dtype, float32), before dropout."""
     k = problem.k if k is None else k
     scores = scaled_scores(parts, problem.q, k, problem.scale, problem.full_bias())
-    return normalize(scores, problem.full_mask(), parts.spec.normalizer, training=problem.training,
+    return normalize(scores, problem.full_mask(), parts.normalizer_choice, training=problem.training,
                      params=parts.normalizer_params())
 
 
@@ -73,7 +73,7 @@ class ReferenceEngine(EngineBase):
     returns_weights = True
     double_backward = True
 
-    def run(self, parts: Parts, problem: AttentionProblem, need_weights: bool = False):
+    def __call__(self, parts: Plan, problem: AttentionProblem, need_weights: bool = False):
         weights = attention_weights(parts, problem)
         dropped = F.dropout(weights, p=problem.dropout_p) if problem.training and problem.dropout_p > 0 else weights
         out = contribute(parts.contribution, dropped, problem.v).to(problem.v.dtype)

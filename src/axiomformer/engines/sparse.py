@@ -56,10 +56,13 @@ from entmax import entmax15, sparsemax
 from torch import Tensor
 
 from axiomformer.engines.autograd import differentiable_backward
-from axiomformer.engines.problem import (AttentionProblem, causal_diagonal, causal_key_end, causal_mask,
-                                         plain_dot_problem)
+from axiomformer.engines.base import EngineBase
+from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk, plain_dot
+from axiomformer.engines.problem import AttentionProblem, causal_diagonal, causal_key_end, causal_mask
 
 KINDS = ("sparsemax", "entmax15")
+"""The normalizers this engine has a closed form for (accepted by name: a new sparse choice needs its own threshold
+and Jacobian here before this engine may run it)."""
 
 MAX_ITERATIONS = 100
 """Passes over a block before the remaining rows fall back to the sort-based threshold of the ``entmax`` package."""
@@ -73,15 +76,6 @@ SKETCH_STEPS = 8
 
 COMPACT_BELOW = 0.75
 """Rows that are done leave the working block when the open ones drop below this fraction of it **(our choice)**."""
-
-
-def applies(parts, problem: AttentionProblem) -> bool:
-    """Whether the sort-free closed-form path computes this problem exactly (else the generic chunked path runs).
-
-    With causal masking, ``q_offset >= 0`` guarantees every query sees at least one key (key 0).
-    """
-    return (parts.spec.normalizer in KINDS and plain_dot_problem(parts, problem)
-            and (not problem.causal or problem.q_offset >= 0))
 
 
 # ---------------------------------------------------------------------------------------------- thresholds
@@ -129,6 +123,43 @@ def _start(x: Tensor, kind: str) -> Tensor:
     return t
 
 
+def _michelot_step(point: Tensor, s1: Tensor, c: Tensor, gap: Tensor, same: Tensor) -> tuple[Tensor, ...]:
+    """One sparsemax pass of :func:`_threshold` on its open rows: (done, value, next point, next state).
+
+    Michelot's step (s1 - 1) / |S| from a lower point keeps all of S above it: the row is then exact (value)."""
+    step = (s1 - 1.0) / c
+    ahead = (step >= 0) & (step * gap < 1.0)
+    done = ahead | same | torch.isnan(s1)
+    value = torch.where(ahead, point + step, point)
+    return done, value, point + step, c
+
+
+def _entmax15_step(point: Tensor, s1: Tensor, s2: Tensor, c: Tensor, gap: Tensor, same: Tensor,
+                   state: Tensor) -> tuple[Tensor, ...]:
+    """One 1.5-entmax pass of :func:`_threshold` on its open rows: (done, value, next point, next state).
+
+    The root u on S of sum (h - u)^2 = 1 gives tau = point + u when S is final; ``state`` carries the support size
+    at the previous point and the last point below tau with its sums (for Newton's step)."""
+    f = s2 - 1.0
+    disc = s1 * s1 - c * f
+    u = f / (s1 + disc.clamp_min(0.0).sqrt())           # root on S, tau = point + u if S is final
+    lower = f >= 0
+    valid = disc >= 0
+    ahead = lower & valid & (u * gap < 1.0)
+    done = ahead | same | torch.isnan(s1)
+    value = torch.where(ahead, point + u, point)
+    lows = torch.where(lower, torch.cat([point, s1, s2], dim=-1), state[:, 1:])
+    newton = lows[:, :1] + (lows[:, 2:] - 1.0) / (2.0 * lows[:, 1:2])
+    root = point + u
+    # From a lower point: its root (an upper bound unless S is final; Newton's step if there is no root);
+    # from an upper point: the better of its root and Newton's step from the last lower point (both lower
+    # bounds), unless rounding puts Newton's step at or above the point (then the root).
+    better = torch.fmax(root, newton)
+    point = torch.where(lower, torch.where(valid, root, newton), torch.where(better < point, better, root))
+    state = torch.cat([torch.where(point == root, c, float("nan")), lows], dim=-1)
+    return done, value, point, state
+
+
 def _threshold(x: Tensor, kind: str, work: Tensor | None = None, work2: Tensor | None = None) -> Tensor:
     """Per-row threshold tau (rows, 1) of a (rows, n) block.
 
@@ -166,31 +197,9 @@ def _threshold(x: Tensor, kind: str, work: Tensor | None = None, work2: Tensor |
         # support, is the root on its own, f(point) = 0 (this also settles rows where rounding makes f(point) < 0).
         same = c == state[:, :1]
         if kind == "sparsemax":
-            step = (s1 - 1.0) / c
-            # Michelot's step from a lower point keeps all of S above it: exact.
-            ahead = (step >= 0) & (step * gap < 1.0)
-            done = ahead | same | torch.isnan(s1)
-            value = torch.where(ahead, point + step, point)
-            point = point + step
-            state = c
+            done, value, point, state = _michelot_step(point, s1, c, gap, same)
         else:
-            f = s2 - 1.0
-            disc = s1 * s1 - c * f
-            u = f / (s1 + disc.clamp_min(0.0).sqrt())           # root on S, tau = point + u if S is final
-            lower = f >= 0
-            valid = disc >= 0
-            ahead = lower & valid & (u * gap < 1.0)
-            done = ahead | same | torch.isnan(s1)
-            value = torch.where(ahead, point + u, point)
-            lows = torch.where(lower, torch.cat([point, s1, s2], dim=-1), state[:, 1:])
-            newton = lows[:, :1] + (lows[:, 2:] - 1.0) / (2.0 * lows[:, 1:2])
-            root = point + u
-            # From a lower point: its root (an upper bound unless S is final; Newton's step if there is no root);
-            # from an upper point: the better of its root and Newton's step from the last lower point (both lower
-            # bounds), unless rounding puts Newton's step at or above the point (then the root).
-            better = torch.fmax(root, newton)
-            point = torch.where(lower, torch.where(valid, root, newton), torch.where(better < point, better, root))
-            state = torch.cat([torch.where(point == root, c, float("nan")), lows], dim=-1)
+            done, value, point, state = _entmax15_step(point, s1, s2, c, gap, same, state)
         done = done.view(-1)
         if live is not None:
             done &= live
@@ -365,10 +374,30 @@ def _flat(q: Tensor, k: Tensor, v: Tensor, scale: float | Tensor) -> tuple[Tenso
     return q3, k3, v3, scale
 
 
-def sparse_attention(parts, problem: AttentionProblem, k: Tensor, v: Tensor, chunk: int) -> Tensor:
-    """Output (batch, heads, q_len, head_dim_v) of a problem for which :func:`applies` holds."""
+def sparse_attention(plan: Plan, problem: AttentionProblem, chunk: int) -> Tensor:
+    """Output (batch, heads, q_len, head_dim_v) of a problem :class:`SparseEngine` accepts."""
     scale = problem.scale
     if isinstance(scale, Tensor):
         scale = scale.to(problem.q.dtype)
-    return SparseAttention.apply(problem.q, k, v, scale, parts.spec.normalizer, problem.causal, problem.q_offset,
+    return SparseAttention.apply(problem.q, problem.k, problem.v, scale, plan.kind, problem.causal, problem.q_offset,
                                  chunk)
+
+
+class SparseEngine(EngineBase):
+    """Sparsemax and 1.5-entmax with dot scores, sort-free, in chunks of queries, with the closed-form backward.
+
+    With causal masking, ``q_offset >= 0`` guarantees every query sees at least one key (key 0). Declines while
+    ``torch.compile`` traces (a Python loop over query chunks and a convergence test read back to the host).
+    """
+
+    name = "sparse"
+
+    def __init__(self, memory_budget: int = DEFAULT_BUDGET):
+        self.memory_budget = memory_budget
+
+    def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
+        return (plan.kind in KINDS and plain_dot(plan, kind) and (not kind.causal or kind.offset_ok)
+                and not kind.compiling)
+
+    def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
+        return sparse_attention(plan, problem, closed_form_chunk(problem, self.memory_budget, blocks=2)), None

@@ -130,6 +130,11 @@ def design(d: "StudyData") -> dict[str, Any]:
         reason = "a pilot run (quick preset): it claims nothing"
     elif seeds < int(cfg.get("min_seeds", 10)):
         reason = f"{seeds} reported seeds, fewer than the preset's minimum of {cfg.get('min_seeds', 10)}"
+    else:
+        finished = max((len(runs) for runs in _by_cell(d).values()), default=0)
+        if d.rows and finished < int(cfg.get("min_seeds", 10)):
+            reason = (f"a partial store: {finished} of {seeds} reported seeds finished, fewer than the preset's "
+                      f"minimum of {cfg.get('min_seeds', 10)}; rerun the same command with the same --out to resume")
     contrasts = suite_contrasts(d)
     if contrasts is None:
         primary, secondary = families(d)
@@ -141,7 +146,7 @@ def design(d: "StudyData") -> dict[str, Any]:
             "alpha": float(cfg.get("alpha", ALPHA)), "correction": CORRECTION,
             "margin": float(cfg.get("margin", MARGIN)), "power": POWER, "min_seeds": int(cfg.get("min_seeds", 10)),
             "pilot": reason is not None, "pilot_reason": reason,
-            "primary_task": f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks else None,
+            "primary_task": f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks and (_wanted(d) or contrasts) else None,
             "primary": sorted(set(primary_names), key=_model_order(d)),
             "secondary": sorted(set(secondary_names), key=_model_order(d))}
 
@@ -173,13 +178,19 @@ def _pairs(d: "StudyData") -> list[tuple[str, tuple[str, int]]]:
 def families(d: "StudyData") -> tuple[list, list]:
     """(primary, secondary) lists of (model, (task, length)): primary = the config's ``primary`` models on the first
     task (every comparison when ``primary`` is empty)."""
-    wanted = {p.replace(" ", "") for p in d.config.get("primary") or []}
     labels = {m["label"]: m for m in d.models}
+    wanted = _wanted(d)
     primary_labels = {label for label in labels if not wanted or label in wanted or _relax_text(labels[label]) in wanted}
     pairs = _pairs(d)
     first = d.tasks[0] if d.tasks else None
     primary = [p for p in pairs if p[0] in primary_labels and (not wanted or p[1] == first)]
     return primary, [p for p in pairs if p not in primary]
+
+
+def _wanted(d: "StudyData") -> set[str]:
+    """The config's ``primary`` labels that name a model of this study."""
+    known = {m["label"] for m in d.models} | {_relax_text(m) for m in d.models}
+    return {p.replace(" ", "") for p in d.config.get("primary") or []} & known
 
 
 def _relax_text(model: dict[str, Any]) -> str:
