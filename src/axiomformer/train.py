@@ -384,7 +384,7 @@ def _test_counts(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, .
     from axiomformer.tasks import IGNORE
 
     accuracy, loss = evaluate(model, batches, parallel)
-    _, scored, _ = parallel.reduce_counts(0, sum(int((t != IGNORE).sum()) for _, t in batches), 0.0)
+    _, scored, _ = parallel.reduce_counts(0, sum(int((b[1] != IGNORE).sum()) for b in batches), 0.0)
     return accuracy, loss, int(scored)
 
 
