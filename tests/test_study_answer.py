@@ -183,3 +183,11 @@ def test_the_committed_default_store_answers_every_assumption(tmp_path):
     for v in answer["verdicts"]:
         assert v["n_seeds"] >= 10 and agrees(v) and "bootstrap" not in v["ci_method"]
     assert all("bootstrap" not in c["ci_method"] for c in answer["cells"] + answer["comparisons"])
+
+
+def test_the_library_accepts_one_seed_as_a_pilot_while_the_command_refuses_it():
+    # library callers may smoke-test a setup with one seed (it decides nothing); the CLI test above refuses it
+    cfg = validate_config({"seeds": 1}, base=default_config(quick=True).model_dump())
+    assert cfg.seeds == 1 and cfg.seeds < cfg.min_seeds
+    with pytest.raises(ValueError, match="seeds must be >= 1"):
+        validate_config({"seeds": 0}, base=default_config(quick=True).model_dump())
