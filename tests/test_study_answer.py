@@ -164,3 +164,30 @@ def test_quick_study_then_report_json_gives_pilot_verdicts_on_disjoint_seeds(tmp
     with ResultsStore(out) as store:
         seeds = {r["seed"] for r in store.runs()}
     assert seeds == set(design["selection_seeds"]) | set(design["reported_seeds"])
+
+
+def test_the_committed_default_store_answers_every_assumption(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from axiomformer.study.report import study_json
+
+    committed = Path(__file__).parent.parent / "benchmarks" / "results" / "study-default" / "results.sqlite"
+    if not committed.is_file():
+        pytest.skip("no committed study store in this checkout")
+    shutil.copy(committed, tmp_path / "results.sqlite")
+    answer = study_json(tmp_path)
+    verdicts = {v["assumption"]: v for v in answer["verdicts"]}
+    assert {"A0", "A1", "A2", "A3", "A4", "A5 (normalizer)", "A5 (scale)", "position"} <= set(verdicts)
+    assert not set(answer["design"]["selection_seeds"]) & set(answer["design"]["reported_seeds"])
+    for v in answer["verdicts"]:
+        assert v["n_seeds"] >= 10 and agrees(v) and "bootstrap" not in v["ci_method"]
+    assert all("bootstrap" not in c["ci_method"] for c in answer["cells"] + answer["comparisons"])
+
+
+def test_the_library_accepts_one_seed_as_a_pilot_while_the_command_refuses_it():
+    # library callers may smoke-test a setup with one seed (it decides nothing); the CLI test above refuses it
+    cfg = validate_config({"seeds": 1}, base=default_config(quick=True).model_dump())
+    assert cfg.seeds == 1 and cfg.seeds < cfg.min_seeds
+    with pytest.raises(ValueError, match="seeds must be >= 1"):
+        validate_config({"seeds": 0}, base=default_config(quick=True).model_dump())

@@ -77,6 +77,9 @@ def register(app: typer.Typer) -> None:
                 cfg = validate_config({"seeds": seeds}, base=cfg.model_dump(), source="--seeds")
         except StudyConfigError as err:
             raise typer.BadParameter(str(err), param_hint="--config") from None
+        if cfg.seeds < 2:
+            raise typer.BadParameter(f"seeds must be >= 2 (a paired interval needs two reported seeds), got "
+                                     f"{cfg.seeds}", param_hint="--config/--seeds")
         out_dir = out or Path("runs") / f"study-{datetime.now():%Y%m%d-%H%M%S}"
         try:
             with interrupts_end_at_once():

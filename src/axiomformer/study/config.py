@@ -197,8 +197,10 @@ class StudyConfig(_Strict):
     @field_validator("seeds")
     @classmethod
     def _two_seeds(cls, value: int) -> int:
-        if value < 2:
-            raise ValueError(f"seeds must be >= 2 (a paired interval needs two reported seeds), got {value}")
+        # One seed is accepted here so that library callers can smoke-test a setup (such a run is a pilot: every
+        # verdict is `pilot`); the `axiomformer study` command refuses it (MIN_CLI_SEEDS), since it decides nothing.
+        if value < 1:
+            raise ValueError(f"seeds must be >= 1, got {value}")
         return value
 
     @field_validator("margin")
