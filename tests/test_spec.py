@@ -3,6 +3,7 @@
 import pytest
 
 from axiomformer import AXES, AttentionSpec
+from axiomformer.spec import required_fields
 
 
 def test_standard_spec_holds_every_assumption():
@@ -46,13 +47,14 @@ def test_relax_parses_typed_fields():
 )
 def test_each_relaxation_breaks_only_its_own_assumption(axis, expected):
     for choice in AXES[axis][1:]:
-        held = AttentionSpec.standard(32, 4).relax({axis: choice}).assumptions()
+        held = AttentionSpec.standard(32, 4).relax({axis: choice, **required_fields(axis, choice)}).assumptions()
         assert [a for a, ok in held.items() if not ok] == [expected], (axis, choice)
 
 
 def test_position_is_not_one_of_the_five_assumptions():
     for choice in AXES["position"]:
-        assert all(AttentionSpec.standard(32, 4).relax(position=choice).assumptions().values())
+        spec = AttentionSpec.standard(32, 4).relax({"position": choice, **required_fields("position", choice)})
+        assert all(spec.assumptions().values())
 
 
 def test_unknown_value_names_the_valid_choices():

@@ -16,7 +16,7 @@ from axiomformer.axes import (
 )
 from axiomformer.axes.position import POSITIONS, TokenPositions, token_positions
 from axiomformer.engines import Parts, attend
-from axiomformer.engines.problem import rows_without_keys
+from axiomformer.engines.problem import rows_without_keys, visible_counts
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
 
@@ -30,11 +30,14 @@ class KVCache:
         v: (batch, kv_heads, past_len, head_dim) values, or None when empty.
         positions: (batch, past_len) int64 token positions of the cached keys, or None while they are the indices
             0..past_len-1 (see ``axiomformer.axes.position``); new tokens continue from the last one.
+        decay: (batch, heads, past_len) float32 running sums of the forget gates' log f (``position="forget"``),
+            or None.
     """
 
     k: Tensor | None = None
     v: Tensor | None = None
     positions: Tensor | None = None
+    decay: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -60,7 +63,7 @@ class KVCache:
         return self.positions
 
     def reset(self) -> None:
-        self.k = self.v = self.positions = None
+        self.k = self.v = self.positions = self.decay = None
 
 
 class Attention(nn.Module):
@@ -205,15 +208,23 @@ class Attention(nn.Module):
         alibi = self.position.score_bias(pos, all_k_pos, self.spec.causal)
         if alibi is not None:                                  # ALiBi from token positions, as a score bias
             bias = alibi if bias is None else bias + alibi
+        if POSITIONS.has(self.spec.position, "decay"):         # the forget gates' decay, as a score bias
+            sums = self.position.forget_sums(key, key_padding_mask, cache.decay if cache is not None else None)
+            if cache is not None:
+                cache.decay = sums
+            decay = self.position.decay_bias(sums, q_len, q_offset)
+            bias = decay if bias is None else bias + decay
+        scale = self.scale(visible_counts(mask, self.spec.causal, q_len, k_len, q_offset, query.device,
+                                          self.spec.window) if self.scale.per_row else None)
         result = attend(                                                                 # A2, A4, A5
             q, k, v, parts=Parts(self.spec, self.score_fn, self.contribution, self.normalizer), mask=mask, bias=bias,
-            scale=self.scale(), causal=self.spec.causal, q_offset=q_offset,
+            scale=scale, causal=self.spec.causal, q_offset=q_offset,
             alibi_slopes=self.position.slopes if self.spec.position == "alibi" and alibi is None else None,
             dropout_p=self.spec.dropout, training=self.training, need_weights=need_weights, engine=self.engine,
             double_backward=self.double_backward,
         )
         self.last_engine = result.engine
-        out = self.out_proj(self.aggregator(self._merge_heads(result.out)))             # A1
+        out = self.out_proj(self.aggregator(self._merge_heads(result.out), query))      # A1
         if mask is not None or (self.spec.causal and q_offset < 0) or self.spec.window:
             # The heads' rows are zero already; rho and W_o's bias would make the output row non-zero.
             empty = rows_without_keys(mask, self.spec.causal, q_len, k_len, q_offset, query.device, self.spec.window)

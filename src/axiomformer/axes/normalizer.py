@@ -22,7 +22,20 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
     linear          u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)   (Katharopoulos et al. 2020, eq. 6-7)
     entmax_alpha    u = alpha-entmax(s), alpha_h > 1 learned per head (Peters et al. 2019; Correia et al. 2019)
     softmax1        u = exp(s) / (1 + sum_j exp(s_j)), a zero-logit sink (Miller 2023)
-Scale choices (A5's temperature, :data:`SCALES`): inv_sqrt_d (1/sqrt(head_dim)), none (1), learned (per head).
+    diff            u = softmax(s1) - lambda_h softmax(s2), s1, s2 the scaled scores of the first and second halves
+                    of each head's q and k, lambda_h learned per head from 0.2 (Ye et al. 2024, arXiv:2410.05258;
+                    trait ``halves``; needs an even head_dim and a score without head_dim-sized parameters)
+    stick_breaking  u_ij = beta_ij prod_{visible l, j < l <= i} (1 - beta_il), beta = sigmoid(s) (Tan et al. 2024,
+                    arXiv:2410.17980); causal only
+    softmax_sink    u = exp(s) / (exp(b_h) + sum_j exp(s_j)), b_h learned per head from 0 (gpt-oss's sinks;
+                    softmax1 is b_h = 0)
+    softpick        u = relu(exp(s) - 1) / (sum_j |exp(s_j) - 1| + 1e-6), computed with numerator and denominator
+                    times exp(-max(0, max_j s_j)) (Zuhri et al. 2025, arXiv:2504.20966)
+    topk            softmax over the row's ``topk`` largest visible scores, 0 elsewhere (Zhao et al. 2019,
+                    arXiv:1912.11637); ``topk`` is a spec field (trait ``configured``); ties at the k-th score are
+                    broken by ``torch.topk`` (lowest index first on CPU) **(our choice)**
+Scale choices (A5's temperature, ``axes/scale.py``: SCALES): inv_sqrt_d (1/sqrt(d_k)), none (1), learned (per head),
+log_n (c_h log n_i / sqrt(d_k), Scalable-Softmax).
 Feature maps of the linear normalizer (:data:`FEATURE_MAPS`): elu (elu(x) + 1), relu, identity, taylor
 ([1, y, vec(y y^T) / sqrt 2], y = x / d^(1/4)).
 """
@@ -38,9 +51,20 @@ from entmax import entmax15, entmax_bisect, sparsemax
 from torch import Tensor, nn
 
 from axiomformer.axes.registry import Choice, Registry
+from axiomformer.axes.scale import SCALES, Scale  # noqa: F401  (the temperature belongs to A5; re-exported)
 
 if TYPE_CHECKING:
     from axiomformer.spec import AttentionSpec
+
+DIFF_LAMBDA_INIT = 0.2
+"""lambda_h of ``normalizer=diff`` at initialisation: the paper's lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)) at layer
+l = 1 (Ye et al. 2024, sec. 2.1), since a layer does not know its depth **(our choice)**."""
+
+SOFTPICK_EPS = 1e-6
+"""The epsilon in softpick's denominator (Zuhri et al. 2025, eq. 2)."""
+
+TOPK_DEFAULT = 8
+"""Default of the spec field ``topk`` (keys kept per row by ``normalizer=topk``)."""
 
 LINEAR_EPS = 1e-6
 """Added to the row sum of the linear-attention kernel (Katharopoulos et al. 2020 use the same 1e-6)."""
@@ -59,6 +83,9 @@ NORMALIZER_TRAITS = {
                   "them (reference, chunked) may run it",
     "parametric": "has learned parameters: extra['parameters'](spec) creates them, extra['params'](module) gives the "
                   "keyword arguments of impl",
+    "halves": "scores the two halves of each head's query and key apart: impl receives them stacked, (2, batch, "
+              "heads, q_len, k_len), and the score width d_k is head_dim / 2",
+    "causal": "defined only under a causal mask: the spec refuses causal=False",
 }
 
 
@@ -108,6 +135,59 @@ def _alpha_from(raw: Tensor) -> Tensor:
     return (1.0 + F.softplus(raw)).view(1, -1, 1, 1)
 
 
+def _diff(s: Tensor, training: bool, lam: Tensor | float = DIFF_LAMBDA_INIT, **params: Tensor) -> Tensor:
+    # s (2, ..., k_len): the scores of the first and of the second halves of q and k.
+    lam = lam.float() if isinstance(lam, Tensor) else lam
+    return torch.softmax(s[0], dim=-1) - lam * torch.softmax(s[1], dim=-1)
+
+
+def _diff_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
+    return {"diff_lambda": nn.Parameter(torch.full((spec.num_heads,), DIFF_LAMBDA_INIT))}
+
+
+def _stick_breaking(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+    # log u_ij = log beta_ij + sum_{l > j} log(1 - beta_il); a blocked key (s = -inf) has log(1 - beta) = 0, so the
+    # product runs over the visible keys only. The sum over l > j is an exclusive reverse cumulative sum.
+    log_keep = F.logsigmoid(-s)
+    after = torch.flip(torch.cumsum(torch.flip(log_keep[..., 1:], dims=(-1,)), dim=-1), dims=(-1,))
+    after = F.pad(after, (0, 1))
+    return torch.exp(F.logsigmoid(s) + after)
+
+
+def _softmax_sink(s: Tensor, training: bool, sink: Tensor | float = 0.0, **params: Tensor) -> Tensor:
+    # softmax over the row and one extra logit b_h whose column is dropped: exp(s_j) / (exp(b_h) + sum_l exp(s_l)).
+    if isinstance(sink, Tensor):
+        column = torch.broadcast_to(sink.to(s.dtype), s.shape[:-1] + (1,))
+    else:
+        column = torch.full_like(s[..., :1], float(sink))
+    return torch.softmax(torch.cat([s, column.to(s.dtype)], dim=-1), dim=-1)[..., :-1]
+
+
+def _sink_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
+    return {"sink_logit": nn.Parameter(torch.zeros(spec.num_heads))}
+
+
+def _softpick(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+    # relu(e^s - 1) / (sum |e^s - 1| + eps), numerator and denominator multiplied by e^-m, m = max(0, max_j s_j), so
+    # no exp overflows; blocked keys (s = -inf) are left out of the sum.
+    m = s.amax(dim=-1, keepdim=True).clamp_min(0.0).detach()
+    shifted = torch.exp(s - m) - torch.exp(-m)
+    shifted = torch.where(torch.isneginf(s), torch.zeros_like(shifted), shifted)
+    return F.relu(shifted) / (shifted.abs().sum(dim=-1, keepdim=True) + SOFTPICK_EPS * torch.exp(-m))
+
+
+def _topk(s: Tensor, training: bool, k: int = TOPK_DEFAULT, **params: Tensor) -> Tensor:
+    kk = min(int(k), s.shape[-1])
+    if kk == 0:
+        return torch.zeros_like(s)
+    top, index = s.topk(kk, dim=-1)
+    return torch.zeros_like(s).scatter(-1, index, torch.softmax(top, dim=-1))
+
+
+def _topk_options(spec: AttentionSpec) -> dict:
+    return {"k": int(spec.topk)}
+
+
 def _sigmoid(s: Tensor, n: Tensor) -> Tensor:
     return torch.sigmoid(s - n.log())
 
@@ -124,28 +204,55 @@ NORMALIZERS = Registry("normalizer", [
     Choice("softmax", "u = exp(s) / sum_j exp(s_j)", "Vaswani et al. 2017, eq. 1 (A5 holds with scale inv_sqrt_d)",
            _softmax, frozenset({"row", "softmax", "softmax_in_eval"})),
     Choice("sigmoid", "u = sigmoid(s - log n_i)", "Ramapuram et al. 2024, sigmoid attention with b = -log n",
-           _sigmoid, frozenset({"elementwise"})),
-    Choice("relu", "u = relu(s) / n_i", "Wortsman et al. 2023, ReLU attention", _relu, frozenset({"elementwise"})),
+           _sigmoid, frozenset({"elementwise"}), relaxes="A5: each weight from its own score; rows need not sum to 1"),
+    Choice("relu", "u = relu(s) / n_i", "Wortsman et al. 2023, ReLU attention", _relu, frozenset({"elementwise"}),
+           relaxes="A5: each weight from its own score; not shift invariant, rows need not sum to 1"),
     Choice("sparsemax", "u = argmin_{p in simplex} |p - s|^2 = relu(s - tau)", "Martins & Astudillo 2016, eq. 2",
-           _sparsemax, frozenset({"row", "sorting"})),
+           _sparsemax, frozenset({"row", "sorting"}), relaxes="A5: a Euclidean projection onto the simplex; "
+           "exact zeros, weights depend on score differences linearly"),
     Choice("entmax15", "u = relu(s / 2 - tau)^2 (1.5-entmax)", "Peters et al. 2019, eq. 10 (alpha = 1.5)",
-           _entmax15, frozenset({"row", "sorting"})),
+           _entmax15, frozenset({"row", "sorting"}), relaxes="A5: the Tsallis-1.5 regularised argmax; exact zeros"),
     Choice("gumbel_softmax", "u = softmax((s + g) / tau), g ~ Gumbel(0, 1), in training (one-hot argmax_j (s + g) "
            "forward, soft backward when hard); softmax(s / tau), or one-hot argmax_j s when hard, in eval",
            "Jang et al. 2017, eq. 1 and sec. 2.2 (straight-through)", _gumbel_softmax,
            frozenset({"row", "softmax_in_eval", "random", "configured"}),
            {"options": _gumbel_options, "defaults": {"tau": 1.0, "hard": False},
-            "fields": {"tau": "gumbel_tau", "hard": "gumbel_hard"}}),
+            "fields": {"tau": "gumbel_tau", "hard": "gumbel_hard"}},
+           relaxes="design (A5 holds in eval): the weights are sampled in training"),
     Choice("linear", "u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)", "Katharopoulos et al. 2020, eq. 6-7",
-           _linear, frozenset({"kernel"})),
+           _linear, frozenset({"kernel"}), relaxes="A5 (and A4): exp(s) replaced by a kernel phi(q).phi(k)"),
     Choice("entmax_alpha", "u = alpha-entmax(s) = relu((alpha - 1) s - tau)^(1 / (alpha - 1)), alpha_h > 1 learned "
            "per head (initialised to 1.5)", "Peters et al. 2019, eq. 8; Correia et al. 2019 (adaptively sparse "
            "transformers, learned alpha), bisection of the entmax package", _entmax_alpha,
            frozenset({"row", "parametric"}),
-           {"parameters": _alpha_parameters, "params": lambda module: {"alpha": _alpha_from(module.alpha_raw)}}),
+           {"parameters": _alpha_parameters, "params": lambda module: {"alpha": _alpha_from(module.alpha_raw)}},
+           relaxes="A5: alpha-entmax with a learned alpha per head; exact zeros"),
     Choice("softmax1", "u = exp(s) / (1 + sum_j exp(s_j)): softmax with a zero-logit, zero-value sink",
            "Miller 2023, 'Attention Is Off By One' (softmax_1); the sink of Xiao et al. 2024, sec. 3.3",
-           _softmax1, frozenset({"row", "sink"})),
+           _softmax1, frozenset({"row", "sink"}), relaxes="A5: rows may sum below 1 (a zero-logit sink)"),
+    Choice("diff", "u = softmax(q1.k1 / sqrt(d/2)) - lambda_h softmax(q2.k2 / sqrt(d/2)), q = [q1, q2], k = [k1, k2] "
+           "split in halves per head, lambda_h learned per head (from 0.2)",
+           "Ye et al. 2024, arXiv:2410.05258, eq. 1 (differential attention; its per-head normalization after the "
+           "sum is an A1 change, not part of this choice)", _diff, frozenset({"row", "parametric", "halves"}),
+           {"parameters": _diff_parameters, "params": lambda module: {"lam": module.diff_lambda.view(1, -1, 1, 1)}},
+           relaxes="A5: signed weights, the difference of two softmaxes; rows sum to 1 - lambda_h"),
+    Choice("stick_breaking", "u_ij = beta_ij prod_{visible l, j < l <= i} (1 - beta_il), beta_ij = sigmoid(s_ij)",
+           "Tan et al. 2024, arXiv:2410.17980, eq. 3 (stick-breaking attention)", _stick_breaking,
+           frozenset({"row", "causal"}), relaxes="A5 and order together: the nearest keys take their share first; "
+           "rows sum to at most 1, not shift invariant (causal only)"),
+    Choice("softmax_sink", "u = exp(s) / (exp(b_h) + sum_j exp(s_j)), a learned sink logit b_h per head (from 0)",
+           "gpt-oss (OpenAI 2025, attention sinks); softmax1 is b_h = 0 (Miller 2023)", _softmax_sink,
+           frozenset({"row", "parametric"}),
+           {"parameters": _sink_parameters, "params": lambda module: {"sink": module.sink_logit.view(1, -1, 1, 1)}},
+           relaxes="A5: rows sum below 1 by a learned amount (a sink logit per head)"),
+    Choice("softpick", "u = relu(exp(s) - 1) / (sum_j |exp(s_j) - 1| + 1e-6)",
+           "Zuhri et al. 2025, arXiv:2504.20966, eq. 2 (softpick)", _softpick, frozenset({"row"}),
+           relaxes="A5: not shift invariant; exact zeros where s <= 0; rows may sum below 1"),
+    Choice("topk", "u = softmax over each row's topk largest visible scores, 0 elsewhere (spec field topk)",
+           "Zhao et al. 2019, arXiv:1912.11637, eq. 4-5 (explicit sparse transformer)", _topk,
+           frozenset({"row", "configured"}),
+           {"options": _topk_options, "defaults": {"k": TOPK_DEFAULT}, "fields": {"k": "topk"}},
+           relaxes="A5: only the k largest scores of a row get weight (ratios depend on the other scores' ranks)"),
 ], NORMALIZER_TRAITS)
 """Every normalizer (A5): see the module docstring and :data:`NORMALIZER_TRAITS`."""
 
@@ -173,13 +280,7 @@ FEATURE_MAPS = Registry("feature_map", [
 ])
 """Kernel feature maps of the ``linear`` normalizer."""
 
-SCALES = Registry("scale", [
-    Choice("inv_sqrt_d", "scale = 1 / sqrt(head_dim)", "Vaswani et al. 2017, eq. 1 and footnote 4"),
-    Choice("none", "scale = 1", "Luong et al. 2015 (unscaled dot score)"),
-    Choice("learned", "scale_h = exp(theta_h), theta_h initialised to -log(head_dim) / 2", "our choice: a per-head "
-           "temperature, as in QK-norm attention (Henry et al. 2020)"),
-])
-"""A5's temperature."""
+
 
 
 def spec_options(spec: AttentionSpec) -> dict:
@@ -213,24 +314,6 @@ def feature_map(x: Tensor, kind: str = "elu") -> Tensor:
     return FEATURE_MAPS[kind].impl(x)
 
 
-class Scale(nn.Module):
-    """The temperature multiplying the scores: a float, or a (1, heads, 1, 1) tensor when learned."""
-
-    def __init__(self, spec: AttentionSpec):
-        super().__init__()
-        self.kind = spec.scale
-        self.head_dim = spec.head_dim
-        if self.kind == "learned":
-            self.log_scale = nn.Parameter(torch.full((spec.num_heads,), -0.5 * math.log(spec.head_dim)))
-
-    def forward(self) -> float | Tensor:
-        if self.kind == "inv_sqrt_d":
-            return 1.0 / math.sqrt(self.head_dim)
-        if self.kind == "none":
-            return 1.0
-        return self.log_scale.exp().view(1, -1, 1, 1)
-
-
 def normalize(
     scores: Tensor, mask: Tensor | None, kind: str, *, training: bool = False, n_visible: Tensor | None = None,
     params: dict[str, Tensor] | None = None,
@@ -239,7 +322,8 @@ def normalize(
 
     Args:
         scores: (batch, heads, q_len, k_len) float scores, already scaled and biased. For a ``kernel`` normalizer
-            these are the non-negative kernel values phi(q).phi(k).
+            these are the non-negative kernel values phi(q).phi(k); for a ``halves`` one (``diff``) the scores of the
+            two halves stacked, (2, batch, heads, q_len, k_len).
         mask: bool, True = may attend, broadcastable to ``scores``; ``None`` means every key is visible.
         kind: a name of :data:`NORMALIZERS`.
         training: enables the randomness of ``random`` normalizers (Gumbel noise).
@@ -251,7 +335,7 @@ def normalize(
             Gumbel-softmax's ``tau`` and ``hard``); defaults otherwise.
 
     Returns:
-        float32 weights shaped like ``scores``; masked entries and rows without a visible key are exactly 0.
+        float32 weights shaped like ``scores`` (without the leading 2 of ``halves``); masked entries and rows without a visible key are exactly 0.
 
     Raises:
         ValueError: unknown ``kind`` (naming the choices).
@@ -278,6 +362,9 @@ def normalize(
         # A sort-based threshold fails on NaN; such rows are computed on zeros and reported as NaN.
         nan_rows = torch.isnan(s).any(dim=-1, keepdim=True)
         weights = choice.impl(s.masked_fill(nan_rows, 0.0), training, **(params or {}))
+        if choice.has("halves"):                       # two stacked score matrices made one weight matrix
+            nan_rows = nan_rows.any(dim=0)
+            mask = None if mask is None else mask[0]
         weights = weights.masked_fill(nan_rows, float("nan"))
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)

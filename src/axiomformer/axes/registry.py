@@ -22,6 +22,8 @@ class Choice:
         impl: the implementation (a function or a module factory; its signature is the axis's own).
         traits: what engines may rely on (each axis file lists its traits and what they promise).
         extra: further implementation pieces some traits need (e.g. a score's ``dot_form``).
+        relaxes: which assumption the choice relaxes and how, in words (``""`` for a choice inside the assumption);
+            the design-space table's column "assumption relaxed, how".
     """
 
     name: str
@@ -30,6 +32,7 @@ class Choice:
     impl: Callable[..., Any] | None = None
     traits: frozenset[str] = frozenset()
     extra: dict[str, Any] = field(default_factory=dict)
+    relaxes: str = ""
 
     def has(self, trait: str) -> bool:
         return trait in self.traits

@@ -38,7 +38,7 @@ from axiomformer.axes.score import SCORES
 from axiomformer.axes.position import alibi_bias
 from axiomformer.engines import elementwise, sparse
 from axiomformer.engines.base import EngineBase, Parts
-from axiomformer.engines.problem import AttentionProblem, block_mask, causal_key_end, slice_block
+from axiomformer.engines.problem import AttentionProblem, block_mask, causal_key_end, row_scale, slice_block
 from axiomformer.engines.reference import scaled_scores
 
 DEFAULT_BUDGET = 2**21
@@ -78,7 +78,7 @@ def _key_blocks(problem: AttentionProblem, qs: slice, k_end: int, size: int) -> 
 # ---------------------------------------------------------------------------------------------- one query chunk
 def _scores(parts: Parts, problem: AttentionProblem, q: Tensor, k: Tensor, qs: slice, ks: slice) -> Tensor:
     """Scaled and biased scores (or, for ``normalizer="linear"``, the kernel) of one block, as the reference."""
-    return scaled_scores(parts, q, k, problem.scale, block_bias(problem, qs, ks))
+    return scaled_scores(parts, q, k, row_scale(problem.scale, qs), block_bias(problem, qs, ks))
 
 
 def _visible_count(problem: AttentionProblem, qs: slice, k_end: int, key_chunk: int) -> Tensor | None:

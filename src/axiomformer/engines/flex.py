@@ -95,6 +95,7 @@ class FlexEngine(EngineBase):
             and CONTRIBUTIONS.has(spec.contribution, "proportional")
             and softmax_like(spec, problem.training)
             and problem.bias is None
+            and not spec.softcap
             and not problem.window
             and (problem.mask is None or problem.mask.shape[1] == problem.mask.shape[2] == 1)
             and not (problem.training and problem.dropout_p > 0)

@@ -82,6 +82,27 @@ def rows_without_keys(mask: Tensor | None, causal: bool, q_len: int, k_len: int,
     return first > q_positions
 
 
+def visible_counts(mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int,
+                   device: torch.device | None = None, window: int = 0) -> Tensor:
+    """n_i, the number of keys query i may attend to, float32 (batch|1, heads|1, q_len, 1).
+
+    Reads ``mask`` (bool, True = may attend, broadcastable to (batch, heads, q_len, k_len)), the bottom-right causal
+    rule j <= q_offset + i and the sliding ``window``; closed form without a mask (no (q_len x k_len) temporary).
+    """
+    position = torch.arange(q_len, device=device) + q_offset
+    if mask is None and not window:
+        n = (position + 1).clamp(0, k_len) if causal else torch.full((q_len,), k_len, device=device)
+        return n.float().view(1, 1, -1, 1)
+    visible = window_mask(q_len, k_len, q_offset, window, causal, device) if window else None
+    if causal:
+        c = causal_mask(q_len, k_len, q_offset, device)
+        visible = c if visible is None else visible & c
+    if mask is not None:
+        visible = mask if visible is None else mask & visible
+    visible = visible if visible.dim() == 4 else visible.view((1,) * (4 - visible.dim()) + visible.shape)
+    return torch.broadcast_to(visible, visible.shape[:2] + (q_len, k_len)).sum(-1, keepdim=True).float()
+
+
 @dataclass
 class AttentionProblem:
     """Queries, keys, values and everything that masks or biases their scores.
@@ -157,13 +178,24 @@ class AttentionProblem:
 
 # ---------------------------------------------------------------------------------------------- query chunks
 def plain_dot_problem(parts, problem: AttentionProblem) -> bool:
-    """Dot scores, proportional contributions, no mask but the causal one, no bias or ALiBi, no dropout, float32/64:
-    the problems whose weights are a function of one row of q k^T alone (the closed-form engines' condition)."""
+    """Dot scores, proportional contributions, no mask but the causal one, no bias or ALiBi, no dropout, no
+    soft-capping, one scale for every query, float32/64: the problems whose weights are a function of one row of
+    q k^T alone (the closed-form engines' condition)."""
     spec = parts.spec
     return (SCORES.has(spec.score, "plain_dot") and CONTRIBUTIONS.has(spec.contribution, "proportional")
-            and problem.mask is None and problem.bias is None and problem.alibi_slopes is None
+            and not spec.softcap and not per_row_scale(problem.scale) and problem.mask is None and problem.bias is None and problem.alibi_slopes is None
             and not (problem.training and problem.dropout_p > 0) and not problem.window
             and problem.q.dtype in (torch.float32, torch.float64))
+
+
+def per_row_scale(scale) -> bool:
+    """The scale differs between queries (``scale=log_n``: a (batch|1, heads, q_len, 1) tensor with q_len > 1)."""
+    return isinstance(scale, Tensor) and scale.dim() >= 2 and scale.shape[-2] != 1
+
+
+def row_scale(scale, qs: slice):
+    """The scale of the queries ``qs``: a per-row scale sliced, anything else as it is."""
+    return scale[..., qs, :] if per_row_scale(scale) else scale
 
 
 def causal_key_end(start: int, stop: int, offset: int, causal: bool, k_len: int) -> int:

@@ -18,7 +18,9 @@ from axiomformer.engines.problem import AttentionProblem
 
 
 def scaled_scores(parts: Parts, q: Tensor, k: Tensor, scale, bias: Tensor | None) -> Tensor:
-    """float32 ``scale * score(q, k) + bias`` (or, for the linear normalizer, the kernel phi(q).phi(k) exp(bias))."""
+    """float32 ``softcap(scale * score(q, k)) + bias`` (or, for the linear normalizer, the kernel phi(q).phi(k)
+    exp(bias)); for a ``halves`` normalizer the two halves' scores stacked, (2, batch, heads, q_len, k_len).
+    ``scale`` is a float or broadcastable to (batch, heads, q_len, 1)."""
     spec = parts.spec
     if NORMALIZERS.has(spec.normalizer, "kernel"):
         # Katharopoulos et al. 2020, eq. 6: the kernel phi(q).phi(k) takes the place of exp(scaled score); a float
@@ -27,7 +29,15 @@ def scaled_scores(parts: Parts, q: Tensor, k: Tensor, scale, bias: Tensor | None
                               feature_map(k.float(), spec.feature_map).transpose(-2, -1))
         return scores if bias is None else scores * bias.float().exp()
     scale = scale.float() if isinstance(scale, Tensor) else scale
-    scores = parts.score_fn(q, k).float() * scale
+    if NORMALIZERS.has(spec.normalizer, "halves"):
+        # Differential attention: the two halves of each head scored apart, stacked (2, batch, heads, q_len, k_len).
+        h = q.shape[-1] // 2
+        scores = torch.stack([parts.score_fn(q[..., :h], k[..., :h]), parts.score_fn(q[..., h:], k[..., h:])])
+        scores = scores.float() * scale
+    else:
+        scores = parts.score_fn(q, k).float() * scale
+    if spec.softcap:
+        scores = spec.softcap * torch.tanh(scores / spec.softcap)      # Gemma 2's soft-capping, before any bias
     return scores if bias is None else scores + bias.float()
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 from typing import Any, NamedTuple
 
 from torch import Tensor
 
+from axiomformer.axes.normalizer import NORMALIZERS
+from axiomformer.axes.scale import constant_scale
 from axiomformer.engines.base import Parts
 from axiomformer.engines.chunked import REFERENCE_MAX_ELEMENTS, ChunkedEngine, pair_width
 from axiomformer.engines.flex import EngineUnavailable, FlexEngine
@@ -187,7 +188,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
         mask: bool, True = may attend, broadcastable to (batch, heads, q_len, k_len) (``masks.prepare_masks`` turns
             user masks into this pair).
         bias: float added to the scores, broadcastable likewise (finite).
-        scale: temperature; default 1/sqrt(head_dim) for ``scale="inv_sqrt_d"``, 1 for ``"none"``.
+        scale: temperature: a float, a (1, heads, 1, 1) tensor, or a per-row (batch|1, heads, q_len, 1) tensor
+            (``scale=log_n``); default the value of a ``constant`` scale choice (``axes/scale.py``): 1/sqrt(head_dim)
+            for ``"inv_sqrt_d"`` (head_dim / 2 for ``normalizer="diff"``), 1 for ``"none"``.
         causal: bottom-right aligned causal mask (default ``spec.causal``).
         q_offset: position of query 0 among the keys (default ``k_len - q_len``).
         alibi_slopes: (heads,) ALiBi slopes, or None.
@@ -202,7 +205,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
         see a key whose key or value is non-finite gets a NaN row (engines/problem.py).
 
     Raises:
-        ValueError: see :func:`route` and :func:`default_parts`.
+        ValueError: see :func:`route` and :func:`default_parts`; no ``scale`` for a scale choice that is not a
+            constant (``learned``, ``log_n``, or any choice a package registers without a value), naming the
+            constant ones; a causal-only normalizer without a causal mask.
     """
     if parts is None:
         if spec is None:
@@ -211,11 +216,12 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
         parts = default_parts(spec)
     spec = parts.spec
     if scale is None:
-        if spec.scale == "learned":
-            raise ValueError("scale='learned' needs the learned temperature as scale=")
-        scale = 1.0 / math.sqrt(q.shape[-1]) if spec.scale == "inv_sqrt_d" else 1.0
+        scale = constant_scale(spec, q.shape[-1])      # ValueError for a learned or per-row scale
+    causal = spec.causal if causal is None else causal
+    if not causal and NORMALIZERS.has(spec.normalizer, "causal"):
+        raise ValueError(f"normalizer={spec.normalizer!r} is defined only under a causal mask: it needs causal=True")
     problem = AttentionProblem(
-        q=q, k=k, v=v, causal=spec.causal if causal is None else causal, mask=mask, bias=bias,
+        q=q, k=k, v=v, causal=causal, mask=mask, bias=bias,
         alibi_slopes=alibi_slopes, q_offset=k.shape[-2] - q.shape[-2] if q_offset is None else q_offset,
         dropout_p=spec.dropout if dropout_p is None else dropout_p, training=training, scale=scale,
         window=spec.window if window is None else window,

@@ -145,6 +145,8 @@ class SDPAEngine(EngineBase):
         spec = parts.spec
         score = SCORES[spec.score]
         sink = has_sink(spec)
+        if spec.softcap:                                  # tanh of the logits: no fused kernel computes it
+            return False
         if not (score.has("dot_form") and CONTRIBUTIONS.has(spec.contribution, "proportional")
                 and (softmax_like(spec, problem.training) or (sink and score.has("dot_form_exact")))):
             return False
