@@ -54,6 +54,18 @@ class Registry:
         self._choices[choice.name] = choice
         return choice
 
+    def unregister(self, name: str) -> Choice:
+        """Remove a choice (tests that plant one); returns it.
+
+        Raises:
+            ValueError: unknown name (naming the choices), or the standard (first) choice.
+        """
+        choice = self[name]
+        if name == next(iter(self._choices)):
+            raise ValueError(f"{self.axis}: the standard choice {name!r} cannot be removed")
+        del self._choices[name]
+        return choice
+
     def names(self) -> tuple[str, ...]:
         return tuple(self._choices)
 
