@@ -30,6 +30,7 @@ from typing import Any
 from axiomformer.axes.aggregator import AGGREGATORS
 from axiomformer.axes.contribution import CONTRIBUTIONS
 from axiomformer.axes.normalizer import FEATURE_MAPS, NORMALIZERS, changed_options
+from axiomformer.axes.plugins import load_choices
 from axiomformer.axes.position import POSITIONS
 from axiomformer.axes.registry import Registry
 from axiomformer.axes.scale import SCALES
@@ -41,6 +42,10 @@ REGISTRIES: dict[str, Registry] = {
     "normalizer": NORMALIZERS, "scale": SCALES, "position": POSITIONS, "feature_map": FEATURE_MAPS,
 }
 """The registry of every axis (``axes/<axis>.py``): each choice with its formula, source, implementation, traits."""
+
+PLUGIN_CHOICES: list[str] = load_choices(REGISTRIES)
+"""``axis.name`` of every choice other packages registered through the entry-point group ``axiomformer.choices``
+(``axes/plugins.py``)."""
 
 AXES: dict[str, tuple[str, ...]] = {axis: registry.names() for axis, registry in REGISTRIES.items()}
 """Every axis and its choices, read from :data:`REGISTRIES`; the first choice of each axis is the standard one."""
