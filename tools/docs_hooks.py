@@ -15,7 +15,7 @@ import re
 
 from mkdocs.exceptions import PluginError
 
-AXIS_MODULE = {"scale": "normalizer", "feature_map": "normalizer"}
+AXIS_MODULE = {"feature_map": "normalizer"}
 """Axes documented in another axis's module (the temperature and the linear kernel's feature map belong to A5)."""
 
 
@@ -29,10 +29,12 @@ def _axis_doc(axis: str) -> str:
 
 
 def design_space() -> str:
+    from axiomformer.design_space import design_space_table
     from axiomformer.spec import ALIASES, AXES, ASSUMPTIONS
 
     alias = {axis: name for name, axis in ALIASES.items()}
-    parts = []
+    parts = ["## Every choice\n\nOne row per registry entry: its formula, the assumption it relaxes and how, and its "
+             "source.\n\n" + design_space_table()]
     for axis, choices in AXES.items():
         doc = _axis_doc(axis)
         missing = [c for c in choices if not re.search(rf"(?<![\w]){re.escape(c)}(?![\w])", doc)]

@@ -62,6 +62,13 @@ ASSUMPTIONS: dict[str, str] = {
 }
 """The five assumptions of the derivation, in words."""
 
+FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
+    "softcap": ("scores <- softcap * tanh(scores / softcap) before any normalizer (0 = off)",
+                "A5: the logits are bounded by softcap (not shift invariant)", "Gemma Team 2024, Gemma 2, sec. 2"),
+}
+"""Fields that relax an assumption without being an axis: formula, assumption relaxed and how, source (the
+design-space table's rows)."""
+
 ECONOMIES = ("num_kv_heads", "window")
 """Fields that are not assumptions but the field's usual economies (0 = off); :attr:`AttentionSpec.variant` names them."""
 

@@ -271,12 +271,14 @@ def _taylor(x: Tensor) -> Tensor:
 
 FEATURE_MAPS = Registry("feature_map", [
     Choice("elu", "phi(x) = elu(x) + 1", "Katharopoulos et al. 2020, eq. 7", _elu_plus_one),
-    Choice("relu", "phi(x) = relu(x)", "Choromanski et al. 2021 (ReLU kernel of the Performer paper)", F.relu),
+    Choice("relu", "phi(x) = relu(x)", "Choromanski et al. 2021 (ReLU kernel of the Performer paper)", F.relu,
+           relaxes="the linear normalizer's kernel: relu features"),
     Choice("identity", "phi(x) = x (not positive: rows may sum to about 0)", "our choice: the plain bilinear kernel",
-           lambda x: x),
+           lambda x: x, relaxes="the linear normalizer's kernel: the plain bilinear form (weights may be negative)"),
     Choice("taylor", "phi(x) = [1, y, vec(y y^T) / sqrt 2], y = x / d^(1/4): phi(q).phi(k) = 1 + t + t^2 / 2 with "
            "t = q.k / sqrt(d), the second-order Taylor expansion of exp(t); width 1 + d + d^2",
-           "Arora et al. 2024 (Based), sec. 3.1; Zhang et al. 2024 (Hedgehog), sec. 3", _taylor),
+           "Arora et al. 2024 (Based), sec. 3.1; Zhang et al. 2024 (Hedgehog), sec. 3", _taylor,
+           relaxes="the linear normalizer's kernel: the second-order Taylor expansion of exp"),
 ])
 """Kernel feature maps of the ``linear`` normalizer."""
 
