@@ -48,13 +48,13 @@ def test_need_weights_returns_the_weights_that_produced_the_output(normalizer, t
 
 def test_the_implied_output_check_catches_weights_from_a_second_draw(monkeypatch):
     # Plant the old fault: weights from a second pass, which under Gumbel noise is another draw.
-    real = ReferenceEngine.run
+    real = ReferenceEngine.__call__
 
     def second_pass(self, parts, problem, need_weights=False):
         out, _ = real(self, parts, problem, False)
         return out, real(self, parts, problem, True)[1]
 
-    monkeypatch.setattr(ReferenceEngine, "run", second_pass)
+    monkeypatch.setattr(ReferenceEngine, "__call__", second_pass)
     att = Attention(AttentionSpec.standard(DIM, HEADS).relax(normalizer="gumbel_softmax")).train()
     assert implied_output_error(att, torch.randn(2, 9, DIM)) > 1e-2
 
@@ -253,17 +253,17 @@ def test_attend_runs_on_bare_tensors_and_names_the_engine():
 
 def test_the_cached_route_is_the_decision_for_every_problem_of_a_mixed_sequence():
     import axiomformer.engines.router as router
-    from axiomformer.engines import AttentionProblem, Parts
+    from axiomformer.engines import AttentionProblem, problem_kind
 
     att = Attention(AttentionSpec.standard(8, 2, causal=True).relax(normalizer="linear"))
-    parts = Parts(att.spec, att.score_fn, att.contribution)
+    parts = att.plan
     problems = []
     for q_len, k_len in ((4, 4), (6, 4), (4, 6), (4, 4)):           # q_offset = k_len - q_len: 0, -2, 2, 0
         q, k = torch.randn(1, 2, q_len, 4), torch.randn(1, 2, k_len, 4)
         key_only, full = torch.ones(1, 1, 1, k_len, dtype=torch.bool), torch.ones(1, 1, q_len, k_len, dtype=torch.bool)
         for mask in (None, key_only, full):
             problems.append(AttentionProblem(q=q, k=k, v=k, causal=True, mask=mask, q_offset=k_len - q_len))
-    router._ROUTES.clear()
+    router.route_cache_clear()
     cached = [router.route(parts, p) for p in problems]
-    fresh = [router._decide(parts, p, "auto", False, False, False) for p in problems]
+    fresh = [router._decide(parts, problem_kind(parts, p), "auto", False, False, False) for p in problems]
     assert cached == fresh and "linear" in cached and len(set(cached)) > 1

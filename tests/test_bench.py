@@ -34,7 +34,7 @@ def test_bench_json_last_line_has_the_documented_rows(tmp_path):
     engines = {(r["variant"], r["engine"]) for r in rows}
     xt = ("standard", "x-transformers")
     assert (xt in engines) == (importlib.util.find_spec("x_transformers") is not None)
-    assert engines - {xt} == {("standard", "sdpa"), ("normalizer=sigmoid", "chunked"), ("normalizer=linear", "linear"),
+    assert engines - {xt} == {("standard", "sdpa"), ("normalizer=sigmoid", "elementwise"), ("normalizer=linear", "linear"),
                        ("standard", "reference"), ("normalizer=sigmoid", "reference"),
                        ("normalizer=linear", "reference")}
     assert {(r["seq_len"], r["causal"]) for r in rows} == {(48, True), (80, True), (48, False), (80, False)}

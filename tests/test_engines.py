@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from axiomformer import Attention, AttentionSpec
-from axiomformer.engines import ENGINES, AttentionProblem, Parts
+from axiomformer.engines import ENGINES, AttentionProblem, problem_kind
 from axiomformer.engines.reference import ReferenceEngine
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.flex import FlexEngine
@@ -126,8 +126,8 @@ def test_linear_engine_declines_masks_that_depend_on_the_query():
 
 @pytest.mark.parametrize("relax, causal, expected", [
     ("standard", False, "sdpa"), ("A4=cosine", True, "sdpa"), ("A4=neg_l2", False, "sdpa"),
-    ("position=rope", True, "sdpa"), ("position=alibi", True, "sdpa"), ("A5=sigmoid", True, "chunked"),
-    ("A5=relu", False, "chunked"), ("A5=sparsemax", True, "chunked"), ("A5=entmax15", False, "chunked"),
+    ("position=rope", True, "sdpa"), ("position=alibi", True, "sdpa"), ("A5=sigmoid", True, "elementwise"),
+    ("A5=relu", False, "elementwise"), ("A5=sparsemax", True, "sparse"), ("A5=entmax15", False, "sparse"),
     ("A2=joint", True, "chunked"), ("A4=mlp", False, "chunked"), ("A5=linear", True, "linear"),
 ])
 def test_auto_routing_follows_which_assumptions_hold(relax, causal, expected, monkeypatch):
@@ -247,15 +247,15 @@ def test_flex_score_and_mask_mods_reproduce_the_reference():
         keep[1, ..., 2:] = False
         problem = AttentionProblem(q=q, k=k, v=v, causal=causal, mask=keep, alibi_slopes=att.position.slopes,
                                    q_offset=K_LEN - Q_LEN, scale=att.scale())
-        parts = Parts(att.spec, att.score_fn, att.contribution)
-        assert engine.accepts(parts, problem)
+        parts = att.plan
+        assert engine.accepts(parts, problem_kind(parts, problem))
         with torch.no_grad(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*without torch.compile")
-            out, _ = engine.run(parts, problem)
-            expected, _ = ReferenceEngine().run(parts, problem)
+            out, _ = engine(parts, problem)
+            expected, _ = ReferenceEngine()(parts, problem)
         assert not engine.failed
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
-    assert not FlexEngine().accepts(parts, problem)                   # on CPU the default flex engine stands aside
+    assert not FlexEngine().accepts(parts, problem_kind(parts, problem))                   # on CPU the default flex engine stands aside
 
 
 def test_flex_failure_is_logged_once_and_falls_back(caplog, monkeypatch):
@@ -291,6 +291,6 @@ def test_elementwise_closed_form_backward_matches_reference(monkeypatch, kind, c
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(normalizer=kind, scale=scale)
     g = torch.Generator().manual_seed(11)
     x, kv = torch.randn(BATCH, Q_LEN, DIM, generator=g), torch.randn(BATCH, k_len, DIM, generator=g)
-    fast = _run(spec, "chunked", x, kv)
+    fast = _run(spec, "elementwise", x, kv)
     assert calls, "the closed-form path did not run"
     _assert_close(fast, _run(spec, "reference", x, kv))

@@ -13,7 +13,7 @@ from axiomformer import Attention, AttentionSpec
 from axiomformer.axes.normalizer import NORMALIZERS, normalize
 from axiomformer.axes.registry import Choice, Registry
 from axiomformer.axes.score import SCORES, build_score
-from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, Parts
+from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, problem_kind
 from axiomformer.spec import AXES, REGISTRIES, required_fields
 
 DIM, HEADS = 16, 2
@@ -196,7 +196,7 @@ def test_every_choice_runs_the_same_on_every_engine_that_accepts_it_as_on_the_re
         k = torch.zeros(2, HEADS, 9, DIM // HEADS)
         problem = AttentionProblem(q=q, k=k, v=k, causal=causal, mask=keep[:, None, None], q_offset=3,
                                    alibi_slopes=att.position.slopes if name == "alibi" else None)
-        if not ENGINES[engine].accepts(Parts(spec, att.score_fn, att.contribution), problem):
+        if not ENGINES[engine].accepts(att.plan, problem_kind(att.plan, problem)):
             continue
         got = run(engine)
         floor = 1e-3 * max(float(t.norm()) for t in expected[1:])

@@ -1,4 +1,4 @@
-"""The sort-free sparsemax / 1.5-entmax path of the chunked engine: thresholds against the ``entmax`` package, the
+"""The sort-free sparsemax / 1.5-entmax engine (``sparse``): thresholds against the ``entmax`` package, the
 engine against the reference engine forward and backward, and float64 gradcheck of the hand-written backward."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from entmax import entmax15, sparsemax
 
 from axiomformer import AttentionSpec
-from axiomformer.engines import ENGINES, AttentionProblem
+from axiomformer.engines import ENGINES, AttentionProblem, problem_kind
 from axiomformer.engines import sparse
 from axiomformer.engines.chunked import ChunkedEngine
 from test_engines import BATCH, DIM, HEADS, K_LEN, Q_LEN, _assert_close, _run
@@ -93,7 +93,7 @@ def test_sparse_path_matches_reference_forward_and_backward(kind, causal, scale,
             x = torch.randn(BATCH, Q_LEN, DIM, generator=g) * spread
             kv = torch.randn(BATCH, k_len, DIM, generator=g) * spread
             calls.clear()
-            fast = _run(spec, "chunked", x, kv)
+            fast = _run(spec, "sparse", x, kv)
             assert calls == [kind], "the sparse path did not run"
             _assert_close(fast, _run(spec, "reference", x, kv))     # every gradient, the learned scale's too
 
@@ -107,7 +107,8 @@ def test_masks_the_sparse_path_cannot_take_go_to_the_generic_path(kind, calls):
     keep[0, -3:] = False
     # Causal with fewer keys than queries (the first queries see no key) and a key padding mask.
     for args, kwargs in (((x, kv), {}), ((x, x), {"key_padding_mask": keep})):
-        fast = _run(spec, "chunked", *args, **kwargs)
+        fast = _run(spec, "auto", *args, **kwargs)
+        assert fast[2] != "sparse"
         _assert_close(fast, _run(spec, "reference", *args, **kwargs))
     assert calls == []
 
@@ -136,7 +137,7 @@ def test_forward_saves_no_score_block_and_matches_reference_weights(kind):
     spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax(normalizer=kind)
     from axiomformer import Attention
 
-    att = Attention(spec, engine="chunked")
+    att = Attention(spec, engine="sparse")
     x = torch.randn(BATCH, Q_LEN, DIM, requires_grad=True)
     sizes = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
@@ -150,7 +151,7 @@ def test_nan_in_a_key_poisons_exactly_the_queries_that_see_it(kind, calls):
     g = torch.Generator().manual_seed(4)
     x, kv = torch.randn(BATCH, Q_LEN, DIM, generator=g), torch.randn(BATCH, K_LEN, DIM, generator=g)
     kv[0, 50] = float("nan")                        # bottom-right causal: queries 50 - 33 = 17.. see key 50
-    out, grads, _ = _run(spec, "chunked", x, kv)
+    out, grads, _ = _run(spec, "sparse", x, kv)
     assert calls == [kind]
     expected, _, _ = _run(spec, "reference", x, kv)
     assert bool(torch.isnan(out[0, 17:]).all()) and bool(torch.isfinite(out[0, :17]).all())
@@ -159,22 +160,26 @@ def test_nan_in_a_key_poisons_exactly_the_queries_that_see_it(kind, calls):
     assert bool(torch.isfinite(grads[0]).all())     # the queries' gradient
 
 
+def _accepts(att, problem) -> bool:
+    return ENGINES["sparse"].accepts(att.plan, problem_kind(att.plan, problem))
+
+
 def test_applies_only_where_the_closed_form_is_exact():
     from axiomformer import Attention
 
     q = torch.randn(1, 2, 4, 8)
     k = torch.randn(1, 2, 6, 8)
     att = Attention(AttentionSpec.standard(DIM, HEADS, causal=True).relax(normalizer="entmax15"))
-    assert sparse.applies(att, AttentionProblem(q=q, k=k, v=k, causal=True, q_offset=2))
-    assert sparse.applies(att, AttentionProblem(q=q.double(), k=k.double(), v=k.double()))
-    assert not sparse.applies(att, AttentionProblem(q=q, k=k, v=k, causal=True, q_offset=-1))
-    assert not sparse.applies(att, AttentionProblem(q=q, k=k, v=k, mask=torch.ones(6, dtype=torch.bool)))
-    assert not sparse.applies(att, AttentionProblem(q=q, k=k, v=k, bias=torch.zeros(4, 6)))
-    assert not sparse.applies(att, AttentionProblem(q=q, k=k, v=k, dropout_p=0.1, training=True))
-    assert not sparse.applies(att, AttentionProblem(q=q.half(), k=k.half(), v=k.half()))
+    assert _accepts(att, AttentionProblem(q=q, k=k, v=k, causal=True, q_offset=2))
+    assert _accepts(att, AttentionProblem(q=q.double(), k=k.double(), v=k.double()))
+    assert not _accepts(att, AttentionProblem(q=q, k=k, v=k, causal=True, q_offset=-1))
+    assert not _accepts(att, AttentionProblem(q=q, k=k, v=k, mask=torch.ones(6, dtype=torch.bool)))
+    assert not _accepts(att, AttentionProblem(q=q, k=k, v=k, bias=torch.zeros(4, 6)))
+    assert not _accepts(att, AttentionProblem(q=q, k=k, v=k, dropout_p=0.1, training=True))
+    assert not _accepts(att, AttentionProblem(q=q.half(), k=k.half(), v=k.half()))
     for relax in ("normalizer=softmax", "normalizer=entmax15,A4=additive", "normalizer=sparsemax,A2=joint"):
         other = Attention(AttentionSpec.standard(DIM, HEADS).relax(relax))
-        assert not sparse.applies(other, AttentionProblem(q=q, k=k, v=k))
+        assert not _accepts(other, AttentionProblem(q=q, k=k, v=k))
 
 
 @pytest.mark.parametrize("kind", KINDS)

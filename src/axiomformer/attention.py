@@ -14,8 +14,8 @@ from torch import Tensor, nn
 from axiomformer.axes import (
     Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value,
 )
-from axiomformer.axes.position import POSITIONS, TokenPositions, token_positions
-from axiomformer.engines import Parts, attend
+from axiomformer.axes.position import POSITIONS, TokenPositions, alibi_slope_list, token_positions
+from axiomformer.engines import Attended, Plan, attend
 from axiomformer.engines.problem import rows_without_keys, visible_counts
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
@@ -25,45 +25,78 @@ from axiomformer.spec import AttentionSpec
 class KVCache:
     """Keys and values of the tokens decoded so far, for incremental (token-by-token) decoding.
 
+    A layer with a sliding window keeps only the last ``window`` tokens (older ones are invisible to every later
+    query), so memory and the cost of a decode step stay flat in the length (a ring of the window's size, as
+    apple/axlearn PR#995 and Mistral's rolling buffer cache).
+
     Attributes:
-        k: (batch, kv_heads, past_len, head_dim) keys after projection and RoPE, or None when empty.
-        v: (batch, kv_heads, past_len, head_dim) values, or None when empty.
-        positions: (batch, past_len) int64 token positions of the cached keys, or None while they are the indices
-            0..past_len-1 (see ``axiomformer.axes.position``); new tokens continue from the last one.
-        decay: (batch, heads, past_len) float32 running sums of the forget gates' log f (``position="forget"``),
-            or None.
+        k: (batch, kv_heads, stored, head_dim) keys after projection and RoPE, or None when empty.
+        v: (batch, kv_heads, stored, head_dim) values, or None when empty.
+        positions: (batch, stored) int64 token positions of the stored keys, or None while they are the indices
+            start..start+stored-1 (see ``axiomformer.axes.position``); new tokens continue from the last one.
+        start: tokens dropped from the front: the first stored key is the ``start``-th token seen.
+        decay: (batch, heads, stored) float32 running sums of the forget gates' log f of the stored keys
+            (``position="forget"``), or None.
     """
 
     k: Tensor | None = None
     v: Tensor | None = None
     positions: Tensor | None = None
+    start: int = 0
     decay: Tensor | None = None
 
     @property
     def length(self) -> int:
-        """Number of cached positions."""
+        """Number of stored positions."""
         return 0 if self.k is None else self.k.shape[-2]
 
+    @property
+    def seen(self) -> int:
+        """Number of tokens appended so far (stored or dropped): the index of the next token."""
+        return self.start + self.length
+
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store new keys/values (batch, heads, new_len, head_dim) and return all of them."""
+        """Store new keys/values (batch, heads, new_len, head_dim) and return all stored ones."""
         self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
         return self.k, self.v
 
+    def keep_last(self, n: int) -> None:
+        """Drop all but the last ``n`` stored positions (their indices stay absolute through ``start``)."""
+        drop = self.length - n
+        if drop <= 0:
+            return
+        self.k, self.v = self.k[..., drop:, :], self.v[..., drop:, :]
+        if self.positions is not None:
+            self.positions = self.positions[..., drop:]
+        if self.decay is not None:
+            self.decay = self.decay[..., drop:]
+        self.start += drop
+
     def key_positions(self, new: TokenPositions) -> Tensor:
-        """Record the positions of the keys this call adds; return the positions of every key, (k_len,) while
-        they are the indices, else (batch, k_len)."""
-        past = self.length
+        """Record the positions of the keys this call adds; return the positions of every stored key, (stored,)
+        while they are the indices, else (batch, stored)."""
+        past = self.seen
         if new.default and self.positions is None:
-            return torch.arange(past + new.k.shape[-1], device=new.k.device)
+            return torch.arange(self.start, past + new.k.shape[-1], device=new.k.device)
         k = new.k if new.k.dim() == 2 else new.k.unsqueeze(0)
-        old = self.positions if self.positions is not None else torch.arange(past, device=k.device).unsqueeze(0)
+        old = (self.positions if self.positions is not None
+               else torch.arange(self.start, past, device=k.device).unsqueeze(0))
         rows = max(k.shape[0], old.shape[0])
         self.positions = torch.cat([old.expand(rows, -1), k.expand(rows, -1)], dim=-1)
         return self.positions
 
     def reset(self) -> None:
         self.k = self.v = self.positions = self.decay = None
+        self.start = 0
+
+
+def _drop_front(mask: Tensor | None, start: int, total: int) -> Tensor | None:
+    """A mask over every token seen (last dim ``total``) cut to the stored ones (a sliding-window cache dropped the
+    first ``start``); other masks pass unchanged (the mask check names their shape)."""
+    if mask is None or not start or mask.dim() == 0 or mask.shape[-1] != total:
+        return mask
+    return mask[..., start:]
 
 
 class Attention(nn.Module):
@@ -80,7 +113,8 @@ class Attention(nn.Module):
             (CUDA) and is needed for SDPA with dropout in training, whose error names this switch.
 
     Attributes:
-        last_engine: name of the engine that ran the last forward (``None`` before the first call).
+        last_engine: name of the engine that ran the last forward or :meth:`core` (``None`` before the first call).
+        plan: the spec resolved once (``axiomformer.engines.Plan``), rebuilt only when ``spec`` is replaced.
     """
 
     def __init__(self, spec: AttentionSpec, *, engine: str = "auto", double_backward: bool = False):
@@ -102,7 +136,18 @@ class Attention(nn.Module):
         self.position = Position(spec)
         self.out_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
         self.last_engine: str | None = None
+        self._plan: Plan | None = None
         self._reset_parameters()
+
+    @property
+    def plan(self) -> Plan:
+        """The spec resolved into a :class:`~axiomformer.engines.Plan` (once; again only when ``spec`` changes)."""
+        plan = self._plan
+        if plan is None or plan.spec is not self.spec:
+            slope = max(map(abs, alibi_slope_list(self.spec.num_heads))) if self.spec.position == "alibi" else None
+            plan = Plan(self.spec, self.score_fn, self.contribution, self.normalizer, alibi_max_slope=slope)
+            self._plan = plan
+        return plan
 
     def _reset_parameters(self) -> None:
         # As nn.MultiheadAttention: Xavier-uniform projections, zero biases.
@@ -178,18 +223,11 @@ class Attention(nn.Module):
         value = key if value is None else value
         self._check_inputs(query, key, value)
         batch, q_len, _ = query.shape
-        past = cache.length if cache is not None else 0
+        past, start = (cache.seen, cache.start) if cache is not None else (0, 0)
         new_k_len = key.shape[1]
-        k_len = past + new_k_len
-        q_offset = k_len - q_len
-        if POSITIONS[self.spec.position].traits or cache is not None:   # positions are read, or kept by the cache
-            pos = token_positions(q_len, new_k_len, past, query.device, position_ids=position_ids,
-                                  key_position_ids=key_position_ids, key_padding_mask=key_padding_mask,
-                                  cached=cache.positions if cache is not None else None,
-                                  self_attention=key is query)
-        else:                                            # no value of the positions is read: no need to derive them
-            pos = TokenPositions(torch.arange(q_offset, k_len, device=query.device),
-                                 torch.arange(past, k_len, device=query.device), default=True)
+        pos = self._positions(query, key, q_len, past, cache, position_ids, key_position_ids, key_padding_mask)
+        attn_mask = _drop_front(attn_mask, start, past + new_k_len)
+        key_padding_mask = _drop_front(key_padding_mask, start, past + new_k_len)
 
         # Position enters through the query/key inputs (sinusoidal, learned) or by rotating q and k (RoPE).
         q = self._split_heads(self.q_proj(self.position.encode_inputs(query, pos.q)))
@@ -200,10 +238,8 @@ class Attention(nn.Module):
         if cache is not None:
             all_k_pos = cache.key_positions(pos)
             k, v = cache.append(k, v)                    # the cache holds kv_heads heads (GQA's memory saving)
-        groups = self.num_heads // self.spec.kv_heads
-        if groups > 1:                                   # key/value head g serves query heads g * groups ...
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-
+        k_len = k.shape[-2]
+        q_offset = k_len - q_len
         mask, bias = prepare_masks(attn_mask, key_padding_mask, batch, self.num_heads, q_len, k_len)
         alibi = self.position.score_bias(pos, all_k_pos, self.spec.causal)
         if alibi is not None:                                  # ALiBi from token positions, as a score bias
@@ -214,16 +250,9 @@ class Attention(nn.Module):
                 cache.decay = sums
             decay = self.position.decay_bias(sums, q_len, q_offset)
             bias = decay if bias is None else bias + decay
-        scale = self.scale(visible_counts(mask, self.spec.causal, q_len, k_len, q_offset, query.device,
-                                          self.spec.window) if self.scale.per_row else None)
-        result = attend(                                                                 # A2, A4, A5
-            q, k, v, parts=Parts(self.spec, self.score_fn, self.contribution, self.normalizer), mask=mask, bias=bias,
-            scale=scale, causal=self.spec.causal, q_offset=q_offset,
-            alibi_slopes=self.position.slopes if self.spec.position == "alibi" and alibi is None else None,
-            dropout_p=self.spec.dropout, training=self.training, need_weights=need_weights, engine=self.engine,
-            double_backward=self.double_backward,
-        )
-        self.last_engine = result.engine
+        result = self._attend_heads(q, k, v, mask, bias, q_offset, alibi is None, need_weights, self.engine)
+        if cache is not None and self.spec.window:
+            cache.keep_last(self.spec.window)            # older keys are outside every later query's window
         out = self.out_proj(self.aggregator(self._merge_heads(result.out), query))      # A1
         if mask is not None or (self.spec.causal and q_offset < 0) or self.spec.window:
             # The heads' rows are zero already; rho and W_o's bias would make the output row non-zero.
@@ -231,6 +260,71 @@ class Attention(nn.Module):
             if empty is not None:
                 out = out.masked_fill(empty.all(1).unsqueeze(-1), 0.0)
         return (out, result.weights) if need_weights else out
+
+    def _positions(self, query, key, q_len, past, cache, position_ids, key_position_ids,
+                   key_padding_mask) -> TokenPositions:
+        """Token positions of the queries and new keys (absolute: a cache's dropped tokens count)."""
+        new_k_len = key.shape[1]
+        k_len = past + new_k_len
+        if POSITIONS[self.spec.position].traits or cache is not None:   # positions are read, or kept by the cache
+            return token_positions(q_len, new_k_len, past, query.device, position_ids=position_ids,
+                                   key_position_ids=key_position_ids, key_padding_mask=key_padding_mask,
+                                   cached=cache.positions if cache is not None else None,
+                                   self_attention=key is query)
+        # No value of the positions is read: no need to derive them.
+        return TokenPositions(torch.arange(k_len - q_len, k_len, device=query.device),
+                              torch.arange(past, k_len, device=query.device), default=True)
+
+    def _attend_heads(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+                      q_offset: int, index_alibi: bool, need_weights: bool, engine: str) -> Attended:
+        """GQA's head sharing, then the engine the router picks for this layer's plan (A2, A4, A5)."""
+        groups = self.num_heads // k.shape[1]
+        if groups > 1:                                   # key/value head g serves query heads g * groups ...
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        scale = self.scale(visible_counts(mask, self.spec.causal, q.shape[-2], k.shape[-2], q_offset, q.device,
+                                          self.spec.window) if self.scale.per_row else None)     # log_n: per row
+        result = attend(
+            q, k, v, parts=self.plan, mask=mask, bias=bias, scale=scale, causal=self.spec.causal,
+            q_offset=q_offset,
+            alibi_slopes=self.position.slopes if self.spec.position == "alibi" and index_alibi else None,
+            dropout_p=self.spec.dropout, training=self.training, need_weights=need_weights, engine=engine,
+            double_backward=self.double_backward,
+        )
+        self.last_engine = result.engine
+        return result
+
+    def core(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, bias: Tensor | None = None,
+             q_offset: int | None = None, need_weights: bool = False, engine: str | None = None) -> Attended:
+        """What ``forward`` runs between the projections and the output projection, on head-split tensors.
+
+        RoPE at the index positions (query i at ``q_offset + i``, key j at j), GQA's head sharing, ALiBi, the
+        layer's score, normalizer and contribution on the engine the router picks. For benchmarks and surgery.
+
+        Args:
+            q: (batch, heads, q_len, head_dim) projected queries (before RoPE).
+            k: (batch, kv_heads, k_len, head_dim) projected keys (before RoPE); v: (batch, kv_heads, k_len,
+                head_dim) values.
+            mask: bool, True = may attend, broadcastable to (batch, heads, q_len, k_len); bias: float, likewise.
+            q_offset: position of query 0 among the keys (default ``k_len - q_len``, bottom-right aligned).
+            need_weights: also return the weights (batch, heads, q_len, k_len) float32.
+            engine: an engine name to force (default: the layer's ``engine``).
+
+        Returns:
+            :class:`~axiomformer.engines.Attended` ``(out (batch, heads, q_len, head_dim), weights, engine)``;
+            ``last_engine`` names the engine too.
+
+        Raises:
+            ValueError: see :func:`axiomformer.engines.attend`; a position choice that reads the layer's inputs
+                (``position="forget"``'s gates), which only ``forward`` has.
+        """
+        if POSITIONS.has(self.spec.position, "decay"):
+            raise ValueError(f"position={self.spec.position!r} reads the key inputs x_l for its gates; core() sees "
+                             f"only projected q, k, v: call the layer (forward) instead")
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        q_offset = k_len - q_len if q_offset is None else q_offset
+        q = self.position.rotate(q, torch.arange(q_offset, q_offset + q_len, device=q.device))
+        k = self.position.rotate(k, torch.arange(k_len, device=k.device))
+        return self._attend_heads(q, k, v, mask, bias, q_offset, True, need_weights, engine or self.engine)
 
     # ------------------------------------------------------------------ interop
     @classmethod

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from axiomformer.attention import Attention
 from axiomformer.memory import PeakMemory
-from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, Parts, attend
+from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, problem_kind
 from axiomformer.spec import AttentionSpec
 
 QUICK_VARIANTS = ("standard", "score=cosine", "score=neg_l2", "position=rope", "position=alibi", "normalizer=sigmoid",
@@ -54,19 +54,10 @@ class Row:
 
 
 # ---------------------------------------------------------------------------------------------- the timed calls
-def _core_args(module: Attention) -> dict:
-    """The keyword arguments ``Attention.forward`` gives :func:`axiomformer.engines.attend` (self-attention)."""
-    return dict(parts=Parts(module.spec, module.score_fn, module.contribution, module.normalizer), scale=module.scale(),
-                causal=module.spec.causal, q_offset=0, training=module.training, dropout_p=module.spec.dropout,
-                window=module.spec.window,
-                alibi_slopes=module.position.slopes if module.spec.position == "alibi" else None)
-
-
 def attention_core(module: Attention, q: Tensor, k: Tensor, v: Tensor, engine: str = "auto") -> tuple[Tensor, str]:
-    """What ``Attention.forward`` does between the projections and the output projection (self-attention)."""
-    positions = torch.arange(q.shape[-2], device=q.device)
-    q, k = module.position.rotate(q, positions), module.position.rotate(k, positions)
-    result = attend(q, k, v, engine=engine, **_core_args(module))
+    """What ``Attention.forward`` does between the projections and the output projection (self-attention):
+    :meth:`Attention.core`."""
+    result = module.core(q, k, v, engine=engine)
     return result.out, result.engine
 
 
@@ -206,10 +197,13 @@ def _route(module, q, k, v) -> str:
     (``auto`` leaves problems small enough for one chunk to the reference engine; the bench measures the memory-lean
     engine at every length so that its rows are comparable across lengths.)
     """
-    args = _core_args(module)
-    problem = AttentionProblem(q=q, k=k, v=v, **{key: args[key] for key in args if key != "parts"})
+    spec = module.spec
+    problem = AttentionProblem(q=q, k=k, v=v, causal=spec.causal, training=module.training,
+                               dropout_p=spec.dropout, window=spec.window,
+                               alibi_slopes=module.position.slopes if spec.position == "alibi" else None)
+    kind = problem_kind(module.plan, problem)
     for name in ENGINE_ORDER:
-        if ENGINES[name].accepts(args["parts"], problem):
+        if ENGINES[name].accepts(module.plan, kind):
             return name
     return "reference"
 

@@ -51,7 +51,6 @@ from entmax import entmax15, entmax_bisect, sparsemax
 from torch import Tensor, nn
 
 from axiomformer.axes.registry import Choice, Registry
-from axiomformer.axes.scale import SCALES, Scale  # noqa: F401  (the temperature belongs to A5; re-exported)
 
 if TYPE_CHECKING:
     from axiomformer.spec import AttentionSpec
@@ -317,7 +316,7 @@ def feature_map(x: Tensor, kind: str = "elu") -> Tensor:
 
 
 def normalize(
-    scores: Tensor, mask: Tensor | None, kind: str, *, training: bool = False, n_visible: Tensor | None = None,
+    scores: Tensor, mask: Tensor | None, kind: str | Choice, *, training: bool = False, n_visible: Tensor | None = None,
     params: dict[str, Tensor] | None = None,
 ) -> Tensor:
     """Attention weights from scores.
@@ -327,7 +326,8 @@ def normalize(
             these are the non-negative kernel values phi(q).phi(k); for a ``halves`` one (``diff``) the scores of the
             two halves stacked, (2, batch, heads, q_len, k_len).
         mask: bool, True = may attend, broadcastable to ``scores``; ``None`` means every key is visible.
-        kind: a name of :data:`NORMALIZERS`.
+        kind: a name of :data:`NORMALIZERS`, or its resolved :class:`Choice` (engines pass the one their plan
+            resolved, so that no name is looked up per call).
         training: enables the randomness of ``random`` normalizers (Gumbel noise).
         n_visible: float (..., q_len, 1), the n_i of ``elementwise`` normalizers (keys visible to each query, the
             key length for a row with none); computed from ``mask`` when None. Engines that score one block of
@@ -342,7 +342,7 @@ def normalize(
     Raises:
         ValueError: unknown ``kind`` (naming the choices).
     """
-    choice = NORMALIZERS[kind]
+    choice = kind if isinstance(kind, Choice) else NORMALIZERS[kind]
     s = scores.float()
     if mask is not None:
         mask = torch.broadcast_to(mask, s.shape)

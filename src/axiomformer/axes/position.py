@@ -192,7 +192,8 @@ class Position(nn.Module):
         if self.kind == "sinusoidal":
             return x + sinusoidal_table(positions, self.dim).to(x.dtype)
         if self.kind == "learned":
-            if positions.numel() and int(positions.max()) >= self.max_len:
+            # The check reads a value back to the host; while torch.compile traces it is left to the eager calls.
+            if not torch.compiler.is_compiling() and positions.numel() and int(positions.max()) >= self.max_len:
                 raise ValueError(
                     f"position {int(positions.max())} is beyond the learned table of max_len={self.max_len}; "
                     f"raise AttentionSpec.max_len"

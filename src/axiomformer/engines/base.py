@@ -1,56 +1,33 @@
 """The engine protocol: what an engine is given and what it returns.
 
-An engine is a function of tensors on the (batch, heads, seq, head_dim) layout,
+An engine is an object with
 
-    engine(q, k, v, *, parts, mask, bias, scale, causal, q_offset, alibi_slopes, dropout_p, training, need_weights)
-        -> (out (batch, heads, q_len, head_dim_v), weights (batch, heads, q_len, k_len) float32 or None)
+    name: str                      the registry name (``engines.ENGINES``), what ``Attended.engine`` and
+                                   ``Attention.last_engine`` report
+    returns_weights: bool          it can return the weights its output was computed from
+    double_backward: bool          every kernel it runs is differentiable to every order
+    accepts(plan, kind) -> bool    whether it computes problems of this kind under this plan exactly
+    worthwhile(plan, kind) -> bool whether automatic routing should pick it (optional; default True)
+    twice_differentiable(kind) -> bool
+    __call__(plan, problem, need_weights=False) -> (out, weights)
 
-plus ``accepts(parts, problem) -> bool``, the traits the router reads (``returns_weights``, ``double_backward``) and a
-``name``. ``parts`` (:class:`Parts`) holds what the axes contribute to the core beyond tensors: the spec, the score
-module (A4) and the contribution module (A2). Engines never see an ``Attention`` module, and they are called only by
-the router (``engines/router.py``), which has already applied the policy of ``engines/problem.py``.
+``plan`` is a :class:`~axiomformer.engines.plan.Plan` (the spec resolved once: its modules and traits), ``kind`` a
+:class:`~axiomformer.engines.plan.ProblemKind` (no lengths, no values), ``problem`` an
+:class:`~axiomformer.engines.problem.AttentionProblem`: the tensors q (batch, heads, q_len, head_dim), k, v, mask,
+bias, ALiBi slopes and the causal/window/offset settings. ``out`` is (batch, heads, q_len, head_dim_v) in the value
+dtype, ``weights`` (batch, heads, q_len, k_len) float32 or None. ``accepts`` and ``worthwhile`` read only the plan and
+the kind, so the router's cached decision is the one a fresh call would make. Engines are called only by the router
+(``engines/router.py``), which has already applied the policy of ``engines/problem.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterator, Protocol
+from typing import Protocol
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from axiomformer.axes.normalizer import spec_options
+from axiomformer.engines.plan import Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
-from axiomformer.spec import AttentionSpec
-
-
-@dataclass(frozen=True)
-class Parts:
-    """The learned and chosen pieces of one attention core.
-
-    Attributes:
-        spec: the point of the design space.
-        score_fn: maps q (batch, heads, q_len, head_dim) and k (batch, heads, k_len, head_dim) to scores
-            (batch, heads, q_len, k_len) (``axes/score.py``).
-        contribution: maps weights (batch, heads, q_len, k_len) and v (batch, heads, k_len, head_dim_v) to the
-            output (batch, heads, q_len, head_dim_v) (``axes/contribution.py``).
-        normalizer: the ``Normalizer`` module when its choice has learned parameters (``parametric``), else None.
-    """
-
-    spec: AttentionSpec
-    score_fn: nn.Module
-    contribution: nn.Module
-    normalizer: nn.Module | None = None
-
-    def parameters(self) -> Iterator[nn.Parameter]:
-        yield from self.score_fn.parameters()
-        yield from self.contribution.parameters()
-        if self.normalizer is not None:
-            yield from self.normalizer.parameters()
-
-    def normalizer_params(self) -> dict:
-        """Keyword arguments of the normalizer's implementation (``axes/normalizer.py``): a ``parametric`` one's
-        learned parameters, a ``configured`` one's spec options; else empty."""
-        return spec_options(self.spec) if self.normalizer is None else self.normalizer.params()
 
 
 class Engine(Protocol):
@@ -60,35 +37,31 @@ class Engine(Protocol):
     returns_weights: bool
     double_backward: bool
 
-    def accepts(self, parts: Parts, problem: AttentionProblem) -> bool: ...
+    def accepts(self, plan: Plan, kind: ProblemKind) -> bool: ...
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, parts: Parts, mask: Tensor | None = None,
-                 bias: Tensor | None = None, scale: Any = 1.0, causal: bool = False, q_offset: int = 0,
-                 alibi_slopes: Tensor | None = None, dropout_p: float = 0.0, training: bool = False,
+    def twice_differentiable(self, kind: ProblemKind) -> bool: ...
+
+    def __call__(self, plan: Plan, problem: AttentionProblem,
                  need_weights: bool = False) -> tuple[Tensor, Tensor | None]: ...
 
 
 class EngineBase:
-    """Turns the keyword protocol into an :class:`AttentionProblem` for ``run(parts, problem, need_weights)``."""
+    """Defaults of the protocol: accepts everything, first- and second-order differentiable, no weights."""
 
     name = "engine"
     returns_weights = False
     double_backward = True
 
-    def accepts(self, parts: Parts, problem: AttentionProblem) -> bool:
+    def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
         return True
 
-    def twice_differentiable(self, problem: AttentionProblem) -> bool:
-        """Whether second-order gradients of this problem are exact on this engine."""
+    def worthwhile(self, plan: Plan, kind: ProblemKind) -> bool:
+        return True
+
+    def twice_differentiable(self, kind: ProblemKind) -> bool:
+        """Whether second-order gradients of problems of this kind are exact on this engine."""
         return self.double_backward
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, parts: Parts, mask: Tensor | None = None,
-                 bias: Tensor | None = None, scale: Any = 1.0, causal: bool = False, q_offset: int = 0,
-                 alibi_slopes: Tensor | None = None, dropout_p: float = 0.0, training: bool = False,
+    def __call__(self, plan: Plan, problem: AttentionProblem,
                  need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        problem = AttentionProblem(q=q, k=k, v=v, causal=causal, mask=mask, bias=bias, alibi_slopes=alibi_slopes,
-                                   q_offset=q_offset, dropout_p=dropout_p, training=training, scale=scale)
-        return self.run(parts, problem, need_weights)
-
-    def run(self, parts: Parts, problem: AttentionProblem, need_weights: bool = False):
         raise NotImplementedError

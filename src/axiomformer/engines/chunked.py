@@ -15,9 +15,8 @@ the backward recomputes one chunk at a time, so peak memory is O(cq x k_len) rat
 **(our choice: recomputation instead of a hand-written backward, so that every score, normalizer and contribution
 module is differentiated by autograd exactly as in the reference)**.
 
-Sigmoid and relu with dot scores, proportional contributions and at most a causal mask take a faster route:
-``engines/elementwise.py``, a closed-form backward that recomputes each chunk's weights in place; sparsemax and
-entmax15 under the same conditions take ``engines/sparse.py``, sort-free exact thresholds with the same kind of backward.
+Sigmoid and relu with dot scores, proportional contributions and at most a causal mask have engines of their own
+(``engines/elementwise.py``), and so have sparsemax and entmax15 (``engines/sparse.py``); the router tries them first.
 
 The block sizes come from ``memory_budget`` (float32 elements of one score block, summed over batch and heads) unless
 ``query_chunk``/``key_chunk`` are set (tests set them small to exercise the chunk boundaries).
@@ -32,20 +31,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from axiomformer.axes.contribution import CONTRIBUTIONS
-from axiomformer.axes.normalizer import NORMALIZERS, normalize
-from axiomformer.axes.score import SCORES
+from axiomformer.axes.normalizer import normalize
 from axiomformer.axes.position import alibi_bias
-from axiomformer.engines import elementwise, sparse
-from axiomformer.engines.base import EngineBase, Parts
+from axiomformer.engines.base import EngineBase
+from axiomformer.engines.plan import DEFAULT_BUDGET, REFERENCE_MAX_ELEMENTS, Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem, block_mask, causal_key_end, row_scale, slice_block
 from axiomformer.engines.reference import scaled_scores
 
-DEFAULT_BUDGET = 2**21
-"""Elements of one score block (8 MiB in float32), summed over batch and heads **(our choice)**."""
-
-REFERENCE_MAX_ELEMENTS = 2**24
-"""Problems up to this many score elements (64 MiB in float32) are left to the reference engine by auto-routing."""
+__all__ = ["DEFAULT_BUDGET", "REFERENCE_MAX_ELEMENTS", "ChunkedEngine", "attend_chunk", "chunked_attention"]
 
 SORTING_SHARE = 4
 """Normalizers that sort each row (trait ``sorting``: values and int64 indices, several temporaries) get 1 / 4 of the
@@ -76,7 +69,7 @@ def _key_blocks(problem: AttentionProblem, qs: slice, k_end: int, size: int) -> 
 
 
 # ---------------------------------------------------------------------------------------------- one query chunk
-def _scores(parts: Parts, problem: AttentionProblem, q: Tensor, k: Tensor, qs: slice, ks: slice) -> Tensor:
+def _scores(parts: Plan, problem: AttentionProblem, q: Tensor, k: Tensor, qs: slice, ks: slice) -> Tensor:
     """Scaled and biased scores (or, for ``normalizer="linear"``, the kernel) of one block, as the reference."""
     return scaled_scores(parts, q, k, row_scale(problem.scale, qs), block_bias(problem, qs, ks))
 
@@ -104,10 +97,10 @@ def _dropout(weights: Tensor, problem: AttentionProblem) -> Tensor:
 def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tensor, *, qs: slice,
                  key_chunk: int) -> Tensor:
     """Output rows ``qs`` (batch, heads, len(qs), head_dim_v) from the keys ``k``/``v`` (the first k_end ones)."""
-    kind = parts.spec.normalizer
+    kind = parts.normalizer_choice
     k_end = k.shape[-2]
     blocks = _blocks(k_end, key_chunk)
-    if NORMALIZERS.has(kind, "elementwise"):
+    if "elementwise" in parts.normalizer_traits:
         blocks = _key_blocks(problem, qs, k_end, key_chunk)
         n_visible = _visible_count(problem, qs, k_end, key_chunk)
         if n_visible is None:
@@ -126,7 +119,7 @@ def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tens
     weights = normalize(scores, block_mask(problem, qs, slice(0, k_end)), kind, training=problem.training,
                         params=parts.normalizer_params())
     weights = _dropout(weights, problem).to(v.dtype)
-    if CONTRIBUTIONS.has(parts.spec.contribution, "proportional") or len(blocks) == 1:
+    if parts.proportional or len(blocks) == 1:
         return parts.contribution(weights, v)
     out = None
     for ks in blocks:
@@ -136,35 +129,6 @@ def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tens
 
 
 # ---------------------------------------------------------------------------------------------- the engine
-CLOSED_FORM_CHUNK_MAX = 128
-"""Most queries per chunk on the closed-form paths (``engines/elementwise.py``, ``engines/sparse.py``)."""
-
-
-def closed_form_chunk(problem: AttentionProblem, memory_budget: int, blocks: int) -> int:
-    """Queries per chunk on the closed-form paths: score blocks of at most ``blocks * memory_budget`` elements (over
-    batch and heads) and at most ``CLOSED_FORM_CHUNK_MAX`` queries.
-
-    At L = 4096, batch 1, 8 heads, causal, 128 queries (16 MiB blocks) ran 10-15% faster than 64 (the plain budget)
-    for sparsemax and 1.5-entmax, which reuse two workspaces, and peaked at 66-67 MiB against SDPA's 43 MiB
-    (``blocks=2``); sigmoid and relu hold a fresh weight block and its gradient in the backward and peaked at
-    101-108 MiB with 128, 69-71 MiB with 64 (``blocks=1``) **(our choice)**.
-    """
-    rows = problem.q.shape[0] * problem.q.shape[1]
-    return max(1, min(problem.q_len, CLOSED_FORM_CHUNK_MAX, blocks * memory_budget // max(1, rows * problem.k_len)))
-
-
-def pair_width(parts) -> int:
-    """Width of the (query, key, hidden) tensors a spec builds per score pair: 1 unless a part is ``pairwise``."""
-    spec = parts.spec
-    width = 1
-    score, contribution = SCORES[spec.score], CONTRIBUTIONS[spec.contribution]
-    if score.has("pairwise"):
-        width = score.extra["pair_width"](parts.score_fn)
-    if contribution.has("pairwise"):
-        width = max(width, contribution.extra["pair_width"](parts.contribution), spec.head_dim)
-    return width
-
-
 def chunked_attention(parts, problem: AttentionProblem, k: Tensor, v: Tensor, query_chunk: int,
                       key_chunk: int) -> Tensor:
     """Attention output (batch, heads, q_len, head_dim_v), ``query_chunk`` queries at a time, each checkpointed."""
@@ -185,6 +149,9 @@ def chunked_attention(parts, problem: AttentionProblem, k: Tensor, v: Tensor, qu
 class ChunkedEngine(EngineBase):
     """Any spec, in blocks of queries (and keys) small enough for ``memory_budget``.
 
+    Declines while ``torch.compile`` traces: its Python loop over query chunks would compile a graph per length (the
+    reference engine runs the problem then).
+
     Args:
         memory_budget: float32 elements of one (batch, heads, query chunk, key block[, hidden]) block.
         query_chunk, key_chunk: fixed block sizes instead of the budget's (``None`` = from the budget).
@@ -198,40 +165,27 @@ class ChunkedEngine(EngineBase):
         self.query_chunk = query_chunk
         self.key_chunk = key_chunk
 
-    def worthwhile(self, parts, problem: AttentionProblem) -> bool:
+    def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
+        return not kind.compiling
+
+    def worthwhile(self, plan: Plan, kind: ProblemKind) -> bool:
         """Whether automatic routing should chunk this problem.
 
         False when the whole (batch, heads, q_len, k_len[, hidden]) block has at most ``REFERENCE_MAX_ELEMENTS``
-        elements: the reference engine then computes the same thing in one pass, without the recomputation that
-        chunking costs in the backward (at the sizes of the study's runs that is 2-4x faster) **(our choice)**.
-        Always True where a closed-form path (``engines/elementwise.py``, ``engines/sparse.py``) applies: it was 2-8x
-        faster than the reference at every size we measured (batch 32 x L 64 up to L 4096).
+        elements (``kind.large``): the reference engine then computes the same thing in one pass, without the
+        recomputation that chunking costs in the backward (at the sizes of the study's runs that is 2-4x faster)
+        **(our choice)**. Always True with fixed chunk sizes (tests set them to exercise the boundaries).
         """
-        if (self.query_chunk or self.key_chunk or elementwise.applies(parts, problem)
-                or sparse.applies(parts, problem)):
-            return True
-        rows = problem.q.shape[0] * problem.q.shape[1]
-        return rows * problem.q_len * problem.k_len * pair_width(parts) > REFERENCE_MAX_ELEMENTS
+        return bool(self.query_chunk or self.key_chunk or kind.large)
 
-    def chunk_sizes(self, parts, problem: AttentionProblem) -> tuple[int, int]:
+    def chunk_sizes(self, plan: Plan, problem: AttentionProblem) -> tuple[int, int]:
         """(query chunk, key block) for this problem."""
-        if self.query_chunk is None and elementwise.applies(parts, problem):
-            return closed_form_chunk(problem, self.memory_budget, blocks=1), problem.k_len
-        if self.query_chunk is None and sparse.applies(parts, problem):
-            return closed_form_chunk(problem, self.memory_budget, blocks=2), problem.k_len
         rows = problem.q.shape[0] * problem.q.shape[1]
-        budget = self.memory_budget // (SORTING_SHARE if NORMALIZERS.has(parts.spec.normalizer, "sorting") else 1)
+        budget = self.memory_budget // (SORTING_SHARE if "sorting" in plan.normalizer_traits else 1)
         cq = self.query_chunk or max(1, min(problem.q_len, budget // max(1, rows * problem.k_len)))
-        ck = self.key_chunk or max(1, min(problem.k_len, self.memory_budget // (rows * cq * pair_width(parts))))
+        ck = self.key_chunk or max(1, min(problem.k_len, self.memory_budget // max(1, rows * cq * plan.pair_width)))
         return cq, ck
 
-    def run(self, parts, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
-        k, v = problem.k, problem.v
-        cq, ck = self.chunk_sizes(parts, problem)
-        if elementwise.applies(parts, problem):
-            out = elementwise.elementwise_attention(parts, problem, k, v, cq)
-        elif sparse.applies(parts, problem):
-            out = sparse.sparse_attention(parts, problem, k, v, cq)
-        else:
-            out = chunked_attention(parts, problem, k, v, cq, ck)
-        return out, None
+    def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
+        cq, ck = self.chunk_sizes(plan, problem)
+        return chunked_attention(plan, problem, problem.k, problem.v, cq, ck), None

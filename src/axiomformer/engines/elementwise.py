@@ -20,15 +20,13 @@ import torch
 from torch import Tensor
 
 from axiomformer.engines.autograd import differentiable_backward
-from axiomformer.engines.problem import (AttentionProblem, causal_diagonal, causal_key_end, causal_mask,
-                                         plain_dot_problem)
+from axiomformer.engines.base import EngineBase
+from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk, plain_dot
+from axiomformer.engines.problem import AttentionProblem, causal_diagonal, causal_key_end, causal_mask
 
 KINDS = ("sigmoid", "relu")
-
-
-def applies(parts, problem: AttentionProblem) -> bool:
-    """Whether the closed-form path computes this problem exactly (else the generic chunked path runs)."""
-    return parts.spec.normalizer in KINDS and plain_dot_problem(parts, problem)
+"""The normalizers this engine has a hand-written closed form for (accepted by name: a new elementwise choice needs
+its own formula here before this engine may run it)."""
 
 
 def _counts(rows: int, start: int, offset: int, causal: bool, k_len: int, like: Tensor) -> Tensor:
@@ -131,12 +129,30 @@ class ElementwiseAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
-def elementwise_attention(parts, problem: AttentionProblem, k: Tensor, v: Tensor, chunk: int) -> Tensor:
-    """Output (batch, heads, q_len, head_dim_v) of a problem for which :func:`applies` holds."""
+def elementwise_attention(plan: Plan, problem: AttentionProblem, chunk: int) -> Tensor:
+    """Output (batch, heads, q_len, head_dim_v) of a problem :class:`ElementwiseEngine` accepts."""
     scale = problem.scale
     q = problem.q * (scale.to(problem.q.dtype) if isinstance(scale, Tensor) else scale)
     batch, heads = q.shape[0], q.shape[1]
     q3, k3, v3 = (torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
-                  for t in (q, k, v))
-    out = ElementwiseAttention.apply(q3, k3, v3, parts.spec.normalizer, problem.causal, problem.q_offset, chunk)
+                  for t in (q, problem.k, problem.v))
+    out = ElementwiseAttention.apply(q3, k3, v3, plan.kind, problem.causal, problem.q_offset, chunk)
     return out.view(batch, heads, *out.shape[1:])
+
+
+class ElementwiseEngine(EngineBase):
+    """Sigmoid and relu attention with dot scores in chunks of queries, with the recomputing closed-form backward.
+
+    Declines while ``torch.compile`` traces (its Python loop over query chunks would compile a graph per length).
+    """
+
+    name = "elementwise"
+
+    def __init__(self, memory_budget: int = DEFAULT_BUDGET):
+        self.memory_budget = memory_budget
+
+    def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
+        return plan.kind in KINDS and plain_dot(plan, kind) and not kind.compiling
+
+    def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
+        return elementwise_attention(plan, problem, closed_form_chunk(problem, self.memory_budget, blocks=1)), None

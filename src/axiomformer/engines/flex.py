@@ -20,10 +20,9 @@ import torch
 from torch import Tensor
 
 from axiomformer.engines.base import EngineBase
+from axiomformer.engines.plan import Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
-from axiomformer.axes.contribution import CONTRIBUTIONS
-from axiomformer.axes.score import SCORES
-from axiomformer.engines.sdpa import _augment, dot_form, softmax_like
+from axiomformer.engines.sdpa import _augment, dot_form
 
 logger = logging.getLogger(__name__)
 
@@ -84,21 +83,19 @@ class FlexEngine(EngineBase):
         self.failed: dict[str, str] = {}
         self._compiled = None
 
-    def accepts(self, parts, problem: AttentionProblem) -> bool:
-        spec = parts.spec
-        device = problem.q.device.type
+    def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
         return (
-            device in self.devices
-            and device not in self.failed
-            and problem.alibi_slopes is not None
-            and SCORES.has(spec.score, "dot_form")
-            and CONTRIBUTIONS.has(spec.contribution, "proportional")
-            and softmax_like(spec, problem.training)
-            and problem.bias is None
-            and not spec.softcap
-            and not problem.window
-            and (problem.mask is None or problem.mask.shape[1] == problem.mask.shape[2] == 1)
-            and not (problem.training and problem.dropout_p > 0)
+            kind.device in self.devices
+            and kind.device not in self.failed
+            and kind.alibi != "none"
+            and "dot_form" in plan.score_traits
+            and plan.proportional
+            and plan.softmax_like(kind.training)
+            and not kind.bias
+            and not plan.spec.softcap
+            and not kind.window
+            and kind.mask in ("none", "key") and not kind.mask_heads
+            and not kind.dropout
         )
 
     def _kernel(self):
@@ -129,7 +126,7 @@ class FlexEngine(EngineBase):
         has_key = _rows_with_keys(problem)
         return out if has_key is None else out.masked_fill(~has_key, 0.0)
 
-    def run(self, parts, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
+    def __call__(self, parts: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
         try:
             return self.attend(parts, problem, problem.k, problem.v), None
         except Exception as err:  # noqa: BLE001 - any compile/lowering failure means: use another engine

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from axiomformer.axes.contribution import CONTRIBUTIONS
-from axiomformer.axes.normalizer import LINEAR_EPS, NORMALIZERS, feature_map
+from axiomformer.axes.normalizer import LINEAR_EPS
 from axiomformer.engines.base import EngineBase
+from axiomformer.engines.plan import Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
 
 
@@ -72,17 +72,17 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, q_offset: int, chunk
     return num, den
 
 
-def linear_attention(problem: AttentionProblem, k: Tensor, v: Tensor, kind: str, chunk: int = 64) -> Tensor:
+def linear_attention(problem: AttentionProblem, k: Tensor, v: Tensor, phi, chunk: int = 64) -> Tensor:
     """Linear attention output (batch, heads, q_len, head_dim_v) in ``v.dtype``.
 
     Args:
         problem: its mask must depend on the key only; bias and ALiBi must be None.
         k, v: keys and values (non-finite keys already zeroed).
-        kind: the feature map (``elu``, ``relu``, ``identity``).
+        phi: the feature map (``Plan.feature_map``: elu(x) + 1, relu, identity, taylor).
         chunk: queries per chunk of the causal prefix sum.
     """
-    phi_q = feature_map(problem.q.float(), kind)
-    phi_k = feature_map(k.float(), kind)
+    phi_q = phi(problem.q.float())
+    phi_k = phi(k.float())
     v32 = v.float()
     if problem.mask is not None:
         keep = problem.mask.squeeze(-2).unsqueeze(-1)                    # (B|1, H|1, k_len, 1)
@@ -104,18 +104,17 @@ class LinearEngine(EngineBase):
     def __init__(self, chunk: int = 64):
         self.chunk = chunk
 
-    def accepts(self, parts, problem: AttentionProblem) -> bool:
-        spec = parts.spec
+    def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
         return (
-            NORMALIZERS.has(spec.normalizer, "kernel")
-            and CONTRIBUTIONS.has(spec.contribution, "proportional")
-            and problem.bias is None
-            and problem.alibi_slopes is None
-            and not problem.window
-            and key_only_mask(problem.mask)
-            and (not problem.causal or 0 <= problem.q_offset == problem.k_len - problem.q_len)
-            and not (problem.training and problem.dropout_p > 0)
+            "kernel" in plan.normalizer_traits
+            and plan.proportional
+            and not kind.bias
+            and kind.alibi == "none"
+            and not kind.window
+            and kind.mask in ("none", "key")
+            and (not kind.causal or (kind.offset_ok and kind.aligned))
+            and not kind.dropout
         )
 
-    def run(self, parts, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
-        return linear_attention(problem, problem.k, problem.v, parts.spec.feature_map, self.chunk), None
+    def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
+        return linear_attention(problem, problem.k, problem.v, plan.feature_map, self.chunk), None

@@ -21,9 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from axiomformer.axes.contribution import CONTRIBUTIONS
 from axiomformer.axes.position import alibi_bias
-from axiomformer.axes.score import SCORES
 
 
 def causal_mask(q_len: int, k_len: int, q_offset: int, device: torch.device | None = None) -> Tensor:
@@ -49,37 +47,54 @@ def window_mask(q_len: int, k_len: int, q_offset: int, window: int, causal: bool
     return (j > i - window) if causal else ((j - i).abs() < window)
 
 
+def visible_range(q_len: int, k_len: int, q_offset: int, window: int, causal: bool,
+                  device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """(first, stop), each (q_len,) int64: the keys first..stop - 1 that the causal rule and the window leave visible
+    to each query (first >= stop when none), clamped to 0..k_len."""
+    p = torch.arange(q_len, device=device) + q_offset
+    first = (p - window + 1) if window else torch.zeros_like(p)
+    last = p if causal else ((p + window - 1) if window else torch.full_like(p, k_len - 1))
+    return first.clamp(0, k_len), (last + 1).clamp(0, k_len)
+
+
+def count_in_range(flags: Tensor, first: Tensor, stop: Tensor) -> Tensor:
+    """(..., q_len) int: how many of ``flags`` (..., k_len) bool lie in first..stop - 1 of each query (one cumsum,
+    no (q_len x k_len) tensor, no Python loop over the length)."""
+    sums = torch.cumsum(flags.to(torch.int32), dim=-1)
+    sums = torch.cat([torch.zeros_like(sums[..., :1]), sums], dim=-1)                  # sums[..., j] = flags[:j]
+    return (sums[..., stop] - sums[..., first]).clamp_min(0)
+
+
+def _key_flags(mask: Tensor | None) -> Tensor | None:
+    """A key-only bool mask (..., 1, k_len) as (batch|1, heads|1, k_len)."""
+    if mask is None:
+        return None
+    mask = mask if mask.dim() == 4 else mask.view((1,) * (4 - mask.dim()) + mask.shape)
+    return mask[..., 0, :]
+
+
 def rows_without_keys(mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int,
                       device: torch.device | None = None, window: int = 0) -> Tensor | None:
     """(batch|1, heads|1, q_len) bool marking queries with no visible key, or None when every query has one.
 
-    Reads ``mask`` (bool, True = may attend, at most (batch, heads, q_len, k_len)) and the causal rule
-    j <= q_offset + i without building their combination: a row is empty when its first unmasked key lies after its
-    causal limit.
+    Reads ``mask`` (bool, True = may attend, at most (batch, heads, q_len, k_len)), the causal rule j <= q_offset + i
+    and the window without building their combination when the mask depends on the key only: a row is empty when no
+    unmasked key lies in its visible range (:func:`visible_range`).
     """
-    q_positions = torch.arange(q_len, device=device) + q_offset
-    if window and mask is None:
-        # The window's keys of the query at p: max(0, p - W + 1) .. min(k_len - 1, p (causal) or p + W - 1).
-        first = (q_positions - window + 1).clamp_min(0)
-        last = (q_positions if causal else q_positions + window - 1).clamp_max(k_len - 1)
-        return (first > last).view(1, 1, -1)
+    if mask is None and not window and (not causal or q_offset >= 0):
+        return None
+    if mask is None or mask.shape[-2] == 1:
+        first, stop = visible_range(q_len, k_len, q_offset, window, causal, device)
+        keep = _key_flags(mask)
+        if keep is None:
+            return (first >= stop).view(1, 1, -1)
+        return count_in_range(keep, first, stop) == 0
+    visible = mask if mask.dim() == 4 else mask.view((1,) * (4 - mask.dim()) + mask.shape)
+    if causal:
+        visible = visible & causal_mask(q_len, k_len, q_offset, device)
     if window:
-        visible = window_mask(q_len, k_len, q_offset, window, causal, device)
-        if causal:
-            visible = visible & causal_mask(q_len, k_len, q_offset, device)
-        if mask is not None:
-            visible = mask & visible
-        visible = visible if visible.dim() == 4 else visible.view((1,) * (4 - visible.dim()) + visible.shape)
-        return ~visible.any(-1)
-    if mask is None:
-        if not causal or q_offset >= 0:
-            return None
-        return (q_positions < 0).view(1, 1, -1)
-    mask = mask if mask.dim() == 4 else mask.view((1,) * (4 - mask.dim()) + mask.shape)
-    if not causal:
-        return ~mask.any(-1)
-    first = torch.where(mask.any(-1), mask.to(torch.uint8).argmax(-1), k_len)          # first unmasked key
-    return first > q_positions
+        visible = visible & window_mask(q_len, k_len, q_offset, window, causal, device)
+    return ~visible.any(-1)
 
 
 def visible_counts(mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int,
@@ -177,17 +192,6 @@ class AttentionProblem:
                                  self.window)
 
 # ---------------------------------------------------------------------------------------------- query chunks
-def plain_dot_problem(parts, problem: AttentionProblem) -> bool:
-    """Dot scores, proportional contributions, no mask but the causal one, no bias or ALiBi, no dropout, no
-    soft-capping, one scale for every query, float32/64: the problems whose weights are a function of one row of
-    q k^T alone (the closed-form engines' condition)."""
-    spec = parts.spec
-    return (SCORES.has(spec.score, "plain_dot") and CONTRIBUTIONS.has(spec.contribution, "proportional")
-            and not spec.softcap and not per_row_scale(problem.scale) and problem.mask is None and problem.bias is None and problem.alibi_slopes is None
-            and not (problem.training and problem.dropout_p > 0) and not problem.window
-            and problem.q.dtype in (torch.float32, torch.float64))
-
-
 def per_row_scale(scale) -> bool:
     """The scale differs between queries (``scale=log_n``: a (batch|1, heads, q_len, 1) tensor with q_len > 1)."""
     return isinstance(scale, Tensor) and scale.dim() >= 2 and scale.shape[-2] != 1
@@ -256,27 +260,30 @@ def nonfinite_keys(k: Tensor, v: Tensor) -> Tensor:
 def nonfinite_hits(problem: AttentionProblem, bad: Tensor, chunk: int = 256) -> Tensor:
     """(batch, heads, q_len, 1) bool: queries that may attend to a non-finite key.
 
-    Key-only masks need one (batch, heads, k_len) scan: with a causal rule a query sees a bad key iff the first
-    visible bad key lies at or before its position. Masks that depend on the query are scanned ``chunk`` queries at
-    a time, so no (q_len x k_len) mask is ever held.
+    Key-only masks (and none) need one (batch, heads, k_len) scan: a query sees a bad key iff one lies in its visible
+    range (:func:`count_in_range`). Masks that depend on the query are scanned ``chunk`` queries at a time in eager
+    mode, so no (q_len x k_len) mask beyond the user's own is held (in one block while ``torch.compile`` traces: a
+    Python loop over the length would compile a graph per length).
     """
     batch, heads = max(bad.shape[0], problem.q.shape[0]), max(bad.shape[1], problem.q.shape[1])
     mask = problem.mask
-    if not problem.window and (mask is None or mask.shape[-2] == 1):
-        seen = bad if mask is None else bad & mask.reshape(mask.shape[:-2] + (mask.shape[-1],))
-        seen = torch.broadcast_to(seen, (batch, heads, problem.k_len))
-        if not problem.causal:
-            return seen.any(-1)[..., None, None].expand(batch, heads, problem.q_len, 1)
-        first = torch.where(seen.any(-1), seen.to(torch.uint8).argmax(-1), problem.k_len)      # (batch, heads)
-        return (first.unsqueeze(-1) <= problem.q_positions).unsqueeze(-1)
+    if mask is None or mask.shape[-2] == 1:
+        keep = _key_flags(mask)
+        seen = torch.broadcast_to(bad if keep is None else bad & keep, (batch, heads, problem.k_len))
+        first, stop = visible_range(problem.q_len, problem.k_len, problem.q_offset, problem.window, problem.causal,
+                                    problem.q.device)
+        return (count_in_range(seen, first, stop) > 0).unsqueeze(-1)
+    size = problem.q_len if torch.compiler.is_compiling() else chunk
     hits = []
-    for start in range(0, problem.q_len, chunk):
-        qs = slice(start, min(start + chunk, problem.q_len))
+    for start in range(0, problem.q_len, max(1, size)):
+        qs = slice(start, min(start + size, problem.q_len))
         block = block_mask(problem, qs, slice(0, problem.k_len))
         seen = bad.unsqueeze(-2) if block is None else block & bad.unsqueeze(-2)
         seen = torch.broadcast_to(seen, (batch, heads, qs.stop - qs.start, problem.k_len))
         hits.append(seen.any(-1, keepdim=True))
-    return torch.cat(hits, dim=-2)
+    if not hits:
+        return bad.new_zeros(batch, heads, 0, 1)
+    return hits[0] if len(hits) == 1 else torch.cat(hits, dim=-2)
 
 
 def clean_nonfinite(problem: AttentionProblem) -> tuple[Tensor, Tensor, Tensor]:

@@ -1,8 +1,11 @@
 """``attend``: the one entry to the engines, and the router that picks one.
 
 ``Attention``, ``bench``, ``surgery`` and the transformers integration all call :func:`attend`. The router decides
-once per kind of problem — (spec, device, dtype, mask kind, bias, ALiBi fold, causal alignment, mode, size class,
-need_weights, double_backward, requested engine) — and caches the decision; every fallback lives here:
+once per *plan and kind of problem* -- the plan's route key (choice names and default-ness of their options, see
+``engines/plan.py``), the :class:`~axiomformer.engines.plan.ProblemKind` (device, dtype, mask kind, bias, ALiBi form,
+causal alignment, mode, shape class) and the request (engine, need_weights, double_backward) -- never on lengths or
+on values such as a temperature, and caches the decision in a bounded cache (``ROUTE_CACHE_MAX`` entries, the oldest
+dropped first; :func:`route_cache_size`, :func:`route_cache_clear`). Every fallback lives here:
 
 - ``need_weights=True`` goes to an engine that returns the weights its output was computed from (``returns_weights``:
   the reference engine), whatever engine is requested, so ``out == contribution(weights, v)`` holds on every route,
@@ -13,6 +16,7 @@ need_weights, double_backward, requested engine) — and caches the decision; ev
   is skipped for that kind from then on;
 - otherwise the first engine in ``ENGINE_ORDER`` that accepts the problem and finds it worthwhile.
 
+While ``torch.compile`` traces, the decision is made afresh (it is folded into the graph) and the cache is not touched.
 It also applies the policy of ``engines/problem.py`` (non-finite keys, empty rows) around the engine, so engines see
 clean keys and values.
 """
@@ -26,33 +30,56 @@ from typing import Any, NamedTuple
 
 from torch import Tensor
 
-from axiomformer.axes.normalizer import NORMALIZERS
 from axiomformer.axes.scale import constant_scale
-from axiomformer.engines.base import Parts
-from axiomformer.engines.chunked import REFERENCE_MAX_ELEMENTS, ChunkedEngine, pair_width
+from axiomformer.engines.chunked import ChunkedEngine
+from axiomformer.engines.elementwise import ElementwiseEngine
 from axiomformer.engines.flex import EngineUnavailable, FlexEngine
 from axiomformer.engines.linear import LinearEngine
+from axiomformer.engines.plan import Plan, problem_kind
 from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows, zero_rows_without_keys
 from axiomformer.engines.reference import ReferenceEngine
-from axiomformer.engines.sdpa import SDPAEngine, alibi_column_ok
+from axiomformer.engines.sdpa import SDPAEngine
+from axiomformer.engines.sparse import SparseEngine
 from axiomformer.spec import AttentionSpec
 
 ENGINES: dict[str, Any] = {}
 ENGINE_ORDER: list[str] = []
+ROUTE_CACHE_MAX = 256
+"""Routing decisions kept; the oldest is dropped first. Keys hold no lengths or values, so a model uses a handful."""
 _ROUTES: dict[tuple, str] = {}
 _PREFERRED: list[str] = []
 """The stack of :func:`prefer_engine` blocks (a plain list: ``torch.compile`` traces it, not a ``ContextVar``)."""
 
 
+def route_cache_size() -> int:
+    """Number of routing decisions cached (at most ``ROUTE_CACHE_MAX``)."""
+    return len(_ROUTES)
+
+
+def route_cache_clear() -> None:
+    """Forget every cached routing decision (the next call of each kind decides afresh)."""
+    _ROUTES.clear()
+
+
 def register_engine(engine, *, before: str | None = "reference") -> None:
-    """Add an engine to the registry, tried before ``before`` (default: just before the reference)."""
+    """Add an engine (see ``engines/base.py`` for the protocol) to the registry, tried before ``before`` (default:
+    just before the reference); an engine of the same name is replaced in place."""
     ENGINES[engine.name] = engine
-    if engine.name in ENGINE_ORDER:
-        ENGINE_ORDER.remove(engine.name)
-    if before in ENGINE_ORDER:
-        ENGINE_ORDER.insert(ENGINE_ORDER.index(before), engine.name)
-    else:
-        ENGINE_ORDER.append(engine.name)
+    if engine.name not in ENGINE_ORDER:
+        if before in ENGINE_ORDER:
+            ENGINE_ORDER.insert(ENGINE_ORDER.index(before), engine.name)
+        else:
+            ENGINE_ORDER.append(engine.name)
+    _ROUTES.clear()
+
+
+def unregister_engine(name: str) -> None:
+    """Remove an engine from the registry (the reference engine stays)."""
+    if name == "reference":
+        raise ValueError("the reference engine cannot be removed")
+    ENGINES.pop(name, None)
+    if name in ENGINE_ORDER:
+        ENGINE_ORDER.remove(name)
     _ROUTES.clear()
 
 
@@ -60,6 +87,8 @@ register_engine(ReferenceEngine(), before=None)
 register_engine(SDPAEngine())
 register_engine(FlexEngine(), before="sdpa")
 register_engine(LinearEngine())
+register_engine(ElementwiseEngine())
+register_engine(SparseEngine())
 register_engine(ChunkedEngine())
 
 
@@ -76,35 +105,14 @@ def prefer_engine(name: str):
         _PREFERRED.pop()
 
 
-def _mask_kind(mask: Tensor | None) -> str:
-    if mask is None:
-        return "none"
-    return "key" if mask.shape[-2] == 1 else "full"
-
-
-def _kind(parts: Parts, problem: AttentionProblem, requested: str, need_weights: bool, double_backward: bool):
-    """Everything about a problem that an engine's ``accepts`` or ``worthwhile`` reads, as a hashable key."""
-    q = problem.q
-    rows = q.shape[0] * q.shape[1]
-    large = rows * problem.q_len * problem.k_len * pair_width(parts) > REFERENCE_MAX_ELEMENTS
-    alibi = None
-    if problem.alibi_slopes is not None:
-        alibi = (alibi_column_ok(problem), problem.alibi_slopes.numel() * problem.q_len * problem.k_len)
-    offset = (problem.q_offset == problem.k_len - problem.q_len, problem.q_offset >= 0)
-    return (requested, need_weights, double_backward, parts.spec, q.device.type, q.dtype,
-            _mask_kind(problem.mask), problem.mask is not None and problem.mask.shape[1] != 1,
-            problem.bias is not None, alibi, problem.causal, offset, problem.training, problem.dropout_p > 0, large,
-            problem.mask is not None and problem.mask.shape[0], problem.window, tuple(map(id, ENGINES.values())))
-
-
-def _usable(engine, problem: AttentionProblem, need_weights: bool, double_backward: bool) -> bool:
+def _usable(engine, kind, need_weights: bool, double_backward: bool) -> bool:
     return ((engine.returns_weights or not need_weights)
-            and (not double_backward or engine.twice_differentiable(problem)))
+            and (not double_backward or engine.twice_differentiable(kind)))
 
 
-def route(parts: Parts, problem: AttentionProblem, engine: str = "auto", *, need_weights: bool = False,
+def route(parts: Plan, problem: AttentionProblem, engine: str = "auto", *, need_weights: bool = False,
           double_backward: bool = False) -> str:
-    """The name of the engine that runs ``problem`` (cached per kind of problem).
+    """The name of the engine that runs ``problem`` (cached per plan and kind of problem).
 
     Args:
         engine: an engine name to force, or ``"auto"``; with ``"auto"``, :func:`prefer_engine` or the environment
@@ -121,29 +129,37 @@ def route(parts: Parts, problem: AttentionProblem, engine: str = "auto", *, need
     requested = engine if explicit else preferred
     if requested != "auto" and requested not in ENGINES:
         raise ValueError(f"unknown engine {requested!r}; choose one of: auto, {', '.join(ENGINE_ORDER)}")
-    key = _kind(parts, problem, requested, need_weights, double_backward)
+    kind = problem_kind(parts, problem)
+    if kind.compiling:
+        return _decide(parts, kind, requested, explicit, need_weights, double_backward)
+    # The engines' identities too: replacing a registry entry directly (a test's monkeypatch) starts afresh.
+    key = (parts.key, kind, requested, explicit, need_weights, double_backward, tuple(map(id, ENGINES.values())))
     name = _ROUTES.get(key)
     if name is None:
-        name = _decide(parts, problem, requested, explicit, need_weights, double_backward)
+        name = _decide(parts, kind, requested, explicit, need_weights, double_backward)
+        if len(_ROUTES) >= ROUTE_CACHE_MAX:
+            del _ROUTES[next(iter(_ROUTES))]             # the oldest decision
         _ROUTES[key] = name
     return name
 
 
-def _decide(parts, problem, requested, explicit, need_weights, double_backward) -> str:
+def _decide(plan, kind, requested, explicit, need_weights, double_backward) -> str:
     if requested != "auto":
         chosen = ENGINES[requested]
-        if chosen.accepts(parts, problem) and _usable(chosen, problem, need_weights, double_backward):
+        if chosen.accepts(plan, kind) and _usable(chosen, kind, need_weights, double_backward):
             return requested
         if explicit:
-            if not chosen.accepts(parts, problem):
-                raise ValueError(f"engine {requested!r} cannot run {parts.spec.variant}; use 'auto' or 'reference'")
+            if not chosen.accepts(plan, kind):
+                raise ValueError(f"engine {requested!r} cannot run {plan.spec.variant} on this problem "
+                                 f"({kind.device}, {kind.dtype}, mask={kind.mask}, alibi={kind.alibi}, "
+                                 f"window={kind.window}); use 'auto' or 'reference'")
             raise ValueError(f"engine {requested!r} is not differentiable twice (double_backward=True); "
                              f"use 'auto' or 'reference'")
     for name in ENGINE_ORDER:
         candidate = ENGINES[name]
         worthwhile = getattr(candidate, "worthwhile", None)
-        if (_usable(candidate, problem, need_weights, double_backward) and candidate.accepts(parts, problem)
-                and (worthwhile is None or worthwhile(parts, problem))):
+        if (_usable(candidate, kind, need_weights, double_backward) and candidate.accepts(plan, kind)
+                and (worthwhile is None or worthwhile(plan, kind))):
             return name
     return "reference"
 
@@ -159,7 +175,7 @@ class Attended(NamedTuple):
     """The name of the engine that ran."""
 
 
-def default_parts(spec: AttentionSpec) -> Parts:
+def default_parts(spec: AttentionSpec) -> Plan:
     """Parts of a spec whose score and contribution have no learned parameters (e.g. the standard spec).
 
     Raises:
@@ -170,10 +186,10 @@ def default_parts(spec: AttentionSpec) -> Parts:
     score, contribution = build_score(spec), build_contribution(spec)
     if any(True for _ in score.parameters()) or any(True for _ in contribution.parameters()):
         raise ValueError(f"{spec.variant} has learned score or contribution parameters; pass parts=Parts(...)")
-    return Parts(spec, score, contribution)
+    return Plan(spec, score, contribution)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None, parts: Parts | None = None,
+def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None, parts: Plan | None = None,
            mask: Tensor | None = None, bias: Tensor | None = None, scale: float | Tensor | None = None,
            causal: bool | None = None, q_offset: int | None = None, alibi_slopes: Tensor | None = None,
            dropout_p: float | None = None, training: bool = False, need_weights: bool = False,
@@ -184,7 +200,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
         q: (batch, heads, q_len, head_dim); k: (batch, heads, k_len, head_dim); v: (batch, heads, k_len, head_dim_v)
             (batch and heads may broadcast).
         spec: the point of the design space (default: the standard spec of this width, ``causal`` as given).
-        parts: the spec's score and contribution modules (default: built from ``spec`` when they have no parameters).
+        parts: the layer's :class:`~axiomformer.engines.plan.Plan` (its spec resolved once, with the score and
+            contribution modules; default: built from ``spec`` when they have no parameters).
         mask: bool, True = may attend, broadcastable to (batch, heads, q_len, k_len) (``masks.prepare_masks`` turns
             user masks into this pair).
         bias: float added to the scores, broadcastable likewise (finite).
@@ -218,7 +235,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
     if scale is None:
         scale = constant_scale(spec, q.shape[-1])      # ValueError for a learned or per-row scale
     causal = spec.causal if causal is None else causal
-    if not causal and NORMALIZERS.has(spec.normalizer, "causal"):
+    if not causal and "causal" in parts.normalizer_traits:
         raise ValueError(f"normalizer={spec.normalizer!r} is defined only under a causal mask: it needs causal=True")
     problem = AttentionProblem(
         q=q, k=k, v=v, causal=causal, mask=mask, bias=bias,
@@ -231,7 +248,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
     while True:
         name = route(parts, clean, engine, need_weights=need_weights, double_backward=double_backward)
         try:
-            out, weights = ENGINES[name].run(parts, clean, need_weights)
+            out, weights = ENGINES[name](parts, clean, need_weights)
             break
         except EngineUnavailable:
             _ROUTES.clear()                      # the engine's accepts() now says no on this device

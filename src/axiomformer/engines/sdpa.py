@@ -30,37 +30,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from axiomformer.axes.contribution import CONTRIBUTIONS
-from axiomformer.axes.normalizer import NORMALIZERS, at_defaults
-from axiomformer.axes.score import SCORES
 from axiomformer.engines.autograd import sdpa
 from axiomformer.engines.base import EngineBase
-from axiomformer.engines.chunked import DEFAULT_BUDGET
+from axiomformer.engines.plan import ALIBI_F32_MAX_SPAN, Plan, ProblemKind, alibi_form
 from axiomformer.engines.problem import AttentionProblem, causal_mask, window_mask
 
-ALIBI_F32_MAX_SPAN = 2.0**10
-"""Largest m_h |p_j - c| folded into a float32 key column (rounding error <= 2^-24 * 2^10 = 2^-14 per logit)."""
+__all__ = ["ALIBI_F32_MAX_SPAN", "SDPAEngine", "alibi_column_ok", "dot_form"]
 
 
-def softmax_like(spec, training: bool) -> bool:
-    """The normalizer is a plain softmax in this mode (traits ``softmax``, ``softmax_in_eval``; the latter only at
-    the choice's default options, e.g. Gumbel-softmax at ``gumbel_tau=1``, soft)."""
-    choice = NORMALIZERS[spec.normalizer]
-    return choice.has("softmax") or (choice.has("softmax_in_eval") and not training and at_defaults(spec))
-
-
-def has_sink(spec) -> bool:
-    """The normalizer is a softmax with one extra zero logit of zero value (trait ``sink``)."""
-    return NORMALIZERS.has(spec.normalizer, "sink")
-
-
-def dot_form(parts, q: Tensor, k: Tensor, scale) -> tuple[Tensor, Tensor, float | Tensor, list[tuple]]:
+def dot_form(plan: Plan, q: Tensor, k: Tensor, scale) -> tuple[Tensor, Tensor, float | Tensor, list[tuple]]:
     """Queries, keys, scale and extra (query column, key column) pairs of a dot-product form of the scores.
 
     softmax_j(scale * score(q_i, k_j)) = softmax_j(scale * q'_i . k'_j + sum_c qcol_c[i] kcol_c[j]) for every
     score with the ``dot_form`` trait; the form itself lives with the score in ``axes/score.py``.
     """
-    return SCORES[parts.spec.score].extra["dot_form"](parts.score_fn, q, k, scale)
+    return plan.dot_form(plan.score_fn, q, k, scale)
 
 
 def _with_sink(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool):
@@ -79,16 +63,9 @@ def _with_sink(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_cau
     return q, k, v, attn_mask
 
 
-def alibi_column_ok(problem: AttentionProblem) -> bool:
+def alibi_column_ok(problem: AttentionProblem, max_slope: float | None = None) -> bool:
     """Causal ALiBi folds into one key column without losing float32 precision (see the module docstring)."""
-    if problem.alibi_slopes is None or not problem.causal:
-        return False
-    if problem.q.dtype == torch.float64:
-        return True
-    center = (problem.k_len - 1) // 2
-    # One read of the (heads,) slopes: the routing of ALiBi problems depends on their size (not host-sync free).
-    span = float(problem.alibi_slopes.abs().max()) * max(center, problem.k_len - 1 - center)
-    return problem.q.dtype == torch.float32 and span <= ALIBI_F32_MAX_SPAN
+    return alibi_form(problem, max_slope) == "column"
 
 
 def _augment(q: Tensor, k: Tensor, v: Tensor, scale, extras) -> tuple[Tensor, Tensor, Tensor, float]:
@@ -141,36 +118,32 @@ class SDPAEngine(EngineBase):
 
     name = "sdpa"
 
-    def accepts(self, parts, problem: AttentionProblem) -> bool:
-        spec = parts.spec
-        score = SCORES[spec.score]
-        sink = has_sink(spec)
-        if spec.softcap:                                  # tanh of the logits: no fused kernel computes it
+    def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
+        traits = plan.score_traits
+        if plan.spec.softcap:                             # tanh of the logits: no fused kernel computes it
             return False
-        if not (score.has("dot_form") and CONTRIBUTIONS.has(spec.contribution, "proportional")
-                and (softmax_like(spec, problem.training) or (sink and score.has("dot_form_exact")))):
+        if not ("dot_form" in traits and plan.proportional
+                and (plan.softmax_like(kind.training) or (plan.sink and "dot_form_exact" in traits))):
             return False
-        if problem.bias is not None and problem.q.dtype not in (torch.float32, torch.float64):
+        if kind.bias and kind.dtype not in (torch.float32, torch.float64):
             return False
-        if problem.window and sink:
+        if kind.window and plan.sink:
             return False
-        if problem.alibi_slopes is not None and (sink or not alibi_column_ok(problem)):
-            # Non-causal ALiBi only as a materialized float mask, and only while it is small.
-            heads, rows = problem.alibi_slopes.numel(), problem.q_len * problem.k_len
-            return heads * rows <= DEFAULT_BUDGET
+        if kind.alibi != "none" and (plan.sink or kind.alibi != "column"):
+            return kind.alibi == "small"     # non-causal ALiBi only as a materialized float mask, while small
         return True
 
-    def twice_differentiable(self, problem: AttentionProblem) -> bool:
+    def twice_differentiable(self, kind: ProblemKind) -> bool:
         """Dropout in training would be redrawn by the second-order formula (``engines/autograd.py``)."""
-        return not (problem.training and problem.dropout_p > 0)
+        return not kind.dropout
 
-    def run(self, parts, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
+    def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
         v = problem.v
-        sink = has_sink(parts.spec)
-        q, k_dot, scale, extras = dot_form(parts, problem.q, problem.k, problem.scale)
+        sink = plan.sink
+        q, k_dot, scale, extras = dot_form(plan, problem.q, problem.k, problem.scale)
         bias = problem.bias
         if problem.alibi_slopes is not None:
-            if alibi_column_ok(problem) and not sink:        # the column drops a per-query constant
+            if not sink and alibi_column_ok(problem, plan.alibi_max_slope):   # the column drops a per-query constant
                 center = (problem.k_len - 1) // 2
                 slopes = problem.alibi_slopes.to(q.dtype).view(1, -1, 1, 1)
                 positions = (problem.k_positions - center).to(q.dtype).view(1, 1, -1, 1)
@@ -184,25 +157,30 @@ class SDPAEngine(EngineBase):
         elif isinstance(scale, Tensor):
             q, scale = q * scale.to(q.dtype), 1.0
         dropout_p = problem.dropout_p if problem.training else 0.0
-        if problem.window and problem.mask is None and bias is None:
+        if (problem.window and problem.mask is None and bias is None
+                and not torch.compiler.is_compiling()):           # its loop over query blocks fixes the length
             return _windowed_sdpa(q, k_dot, v_in, problem, float(scale), dropout_p)[..., :head_dim_v], None
-        # SDPA's is_causal is aligned top-left; ours is bottom-right, which coincides only when q_len == k_len.
-        use_is_causal = (problem.causal and problem.mask is None and bias is None and problem.q_len == problem.k_len
-                         and not problem.window)
-        mask = None if use_is_causal else problem.full_mask()
-        if mask is not None:
-            # SDPA returns NaN for a row with no visible key; such rows see every key here and are zeroed by the
-            # router (engines/problem.py's policy).
-            mask = mask | ~mask.any(-1, keepdim=True)
-        attn_mask = mask
-        if bias is not None:
-            attn_mask = bias.to(q.dtype) if mask is None else bias.to(q.dtype).masked_fill(~mask, float("-inf"))
-        if sink:
-            q, k_dot, v_in, attn_mask = _with_sink(q, k_dot, v_in, attn_mask, use_is_causal)
-        out = sdpa(q, k_dot, v_in, attn_mask=attn_mask, dropout_p=problem.dropout_p if problem.training else 0.0,
-                   is_causal=use_is_causal, scale=float(scale))
-        if sink and use_is_causal:
-            out = out[..., 1:, :]
+        out = _full_sdpa(q, k_dot, v_in, problem, bias, sink, float(scale), dropout_p)
         if out.shape[-1] != head_dim_v:
             out = out[..., :head_dim_v]
         return out, None
+
+
+def _full_sdpa(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem, bias: Tensor | None, sink: bool,
+               scale: float, dropout_p: float) -> Tensor:
+    """One SDPA call over every key, the mask and bias materialized as needed."""
+    # SDPA's is_causal is aligned top-left; ours is bottom-right, which coincides only when q_len == k_len.
+    use_is_causal = (problem.causal and problem.mask is None and bias is None and problem.q_len == problem.k_len
+                     and not problem.window)
+    mask = None if use_is_causal else problem.full_mask()
+    if mask is not None:
+        # SDPA returns NaN for a row with no visible key; such rows see every key here and are zeroed by the
+        # router (engines/problem.py's policy).
+        mask = mask | ~mask.any(-1, keepdim=True)
+    attn_mask = mask
+    if bias is not None:
+        attn_mask = bias.to(q.dtype) if mask is None else bias.to(q.dtype).masked_fill(~mask, float("-inf"))
+    if sink:
+        q, k, v, attn_mask = _with_sink(q, k, v, attn_mask, use_is_causal)
+    out = sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=use_is_causal, scale=scale)
+    return out[..., 1:, :] if sink and use_is_causal else out

@@ -56,10 +56,13 @@ from entmax import entmax15, sparsemax
 from torch import Tensor
 
 from axiomformer.engines.autograd import differentiable_backward
-from axiomformer.engines.problem import (AttentionProblem, causal_diagonal, causal_key_end, causal_mask,
-                                         plain_dot_problem)
+from axiomformer.engines.base import EngineBase
+from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk, plain_dot
+from axiomformer.engines.problem import AttentionProblem, causal_diagonal, causal_key_end, causal_mask
 
 KINDS = ("sparsemax", "entmax15")
+"""The normalizers this engine has a closed form for (accepted by name: a new sparse choice needs its own threshold
+and Jacobian here before this engine may run it)."""
 
 MAX_ITERATIONS = 100
 """Passes over a block before the remaining rows fall back to the sort-based threshold of the ``entmax`` package."""
@@ -73,15 +76,6 @@ SKETCH_STEPS = 8
 
 COMPACT_BELOW = 0.75
 """Rows that are done leave the working block when the open ones drop below this fraction of it **(our choice)**."""
-
-
-def applies(parts, problem: AttentionProblem) -> bool:
-    """Whether the sort-free closed-form path computes this problem exactly (else the generic chunked path runs).
-
-    With causal masking, ``q_offset >= 0`` guarantees every query sees at least one key (key 0).
-    """
-    return (parts.spec.normalizer in KINDS and plain_dot_problem(parts, problem)
-            and (not problem.causal or problem.q_offset >= 0))
 
 
 # ---------------------------------------------------------------------------------------------- thresholds
@@ -365,10 +359,30 @@ def _flat(q: Tensor, k: Tensor, v: Tensor, scale: float | Tensor) -> tuple[Tenso
     return q3, k3, v3, scale
 
 
-def sparse_attention(parts, problem: AttentionProblem, k: Tensor, v: Tensor, chunk: int) -> Tensor:
-    """Output (batch, heads, q_len, head_dim_v) of a problem for which :func:`applies` holds."""
+def sparse_attention(plan: Plan, problem: AttentionProblem, chunk: int) -> Tensor:
+    """Output (batch, heads, q_len, head_dim_v) of a problem :class:`SparseEngine` accepts."""
     scale = problem.scale
     if isinstance(scale, Tensor):
         scale = scale.to(problem.q.dtype)
-    return SparseAttention.apply(problem.q, k, v, scale, parts.spec.normalizer, problem.causal, problem.q_offset,
+    return SparseAttention.apply(problem.q, problem.k, problem.v, scale, plan.kind, problem.causal, problem.q_offset,
                                  chunk)
+
+
+class SparseEngine(EngineBase):
+    """Sparsemax and 1.5-entmax with dot scores, sort-free, in chunks of queries, with the closed-form backward.
+
+    With causal masking, ``q_offset >= 0`` guarantees every query sees at least one key (key 0). Declines while
+    ``torch.compile`` traces (a Python loop over query chunks and a convergence test read back to the host).
+    """
+
+    name = "sparse"
+
+    def __init__(self, memory_budget: int = DEFAULT_BUDGET):
+        self.memory_budget = memory_budget
+
+    def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
+        return (plan.kind in KINDS and plain_dot(plan, kind) and (not kind.causal or kind.offset_ok)
+                and not kind.compiling)
+
+    def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
+        return sparse_attention(plan, problem, closed_form_chunk(problem, self.memory_budget, blocks=2)), None

@@ -136,7 +136,7 @@ class TransformerLM(nn.Module):
             raise ValueError("incremental decoding needs a causal spec; a bidirectional encoder has no KV cache")
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"need one cache per layer ({len(self.blocks)}), got {len(caches)}")
-        offset = caches[0].length if caches is not None else 0
+        offset = caches[0].seen if caches is not None else 0
         pos = token_positions(ids.shape[1], ids.shape[1], offset, ids.device, position_ids=position_ids,
                               key_padding_mask=key_padding_mask,
                               cached=caches[0].positions if caches is not None else None)

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from axiomformer.attention import Attention
-from axiomformer.engines import Parts, attend
+from axiomformer.engines import attend
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
 
@@ -205,7 +205,7 @@ def axiomformer_attention_forward(module: nn.Module, query: Tensor, key: Tensor,
         if mask is not None:
             mask = torch.broadcast_to(mask, (mask.shape[0], heads, q_len, k_len))
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], heads, q_len, 1)], dim=-1)
-    out, weights, _ = attend(query, key, value, parts=Parts(core.spec, core.score_fn, core.contribution), mask=mask,
+    out, weights, _ = attend(query, key, value, parts=core.plan, mask=mask,
                              bias=bias, scale=core.scale(), causal=flag, q_offset=key.shape[-2] - q_len,
                              dropout_p=dropout, training=module.training, need_weights=need_weights,
                              engine=core.engine)
