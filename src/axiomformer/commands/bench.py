@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
             bench.QUICK_VARIANTS if quick else bench.FULL_VARIANTS)
         for relax in chosen:
             try:
-                AttentionSpec.standard(heads * head_dim, heads).relax(relax)
+                AttentionSpec.standard(heads * head_dim, heads, causal=True).relax(relax)   # causal-only ok
             except ValueError as err:
                 raise typer.BadParameter(f"variant {relax!r}: {err}") from None
         if device and device not in ("cpu", "cuda"):
