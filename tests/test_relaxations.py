@@ -324,3 +324,33 @@ def test_train_command_takes_a_relaxation_as_spec():
     result = CliRunner().invoke(app, ["train", "--task", "copy", "--seq-len", "12", "--dim", "16", "--layers", "1",
                                       "--steps", "2", "--spec", "normalizer=topk,topk=2", "--json"])
     assert result.exit_code == 0, result.output
+
+
+# ---------------------------------------------------------------------------------------------- transformers adapter
+def test_the_transformers_adapter_runs_sinks_and_softcap_as_registry_choices_with_gradients_to_the_sinks():
+    pytest.importorskip("transformers")
+    from axiomformer.surgery import hf_attention
+
+    class Module(torch.nn.Module):
+        is_causal = True
+
+    spec = hf_attention.adapter_spec(2, 8, softcap=3.0, sinks=True)
+    assert (spec.normalizer, spec.softcap) == ("softmax_sink", 3.0)
+    assert "A5" in [a for a, ok in spec.assumptions().items() if not ok]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64) * 2 for _ in range(3))
+    sinks = torch.tensor([0.7, -0.4], dtype=torch.float64, requires_grad=True)
+    out, w = hf_attention.axiomformer_attention_forward(Module(), q, k, v, None, scaling=0.3, softcap=3.0,
+                                                        s_aux=sinks, output_attentions=True)
+    out.square().sum().backward()
+    grad = sinks.grad.clone()
+    # Gemma 2 / GPT-OSS eager, written out: capped scaled logits, the sink joins the softmax and is dropped.
+    ref_sinks = sinks.detach().clone().requires_grad_()
+    s = 3.0 * torch.tanh(q @ k.transpose(-2, -1) * 0.3 / 3.0)
+    s = s.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), -math.inf)
+    full = torch.softmax(torch.cat([s, ref_sinks.view(1, 2, 1, 1).expand(1, 2, 5, 1)], -1), -1)[..., :-1]
+    ref = (full @ v).transpose(1, 2)
+    ref.square().sum().backward()
+    torch.testing.assert_close(w.double(), full.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, ref_sinks.grad, rtol=1e-4, atol=1e-6)
