@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from axiomformer import Attention, AttentionSpec
 from axiomformer.audit import NOT_ASSUMPTIONS, FunctionAdapter, make_adapter, register_adapter, run_audit
 from axiomformer.audit.adapters import _ADAPTERS, AttentionAdapter, MultiheadAttentionAdapter
-from axiomformer.audit.matrix import AXIS_TAG, EXCEPTIONS, matrix_markdown, relaxation_matrix, tanh_rnn
+from axiomformer.audit.matrix import AXIS_TAG, EXCEPTIONS, blamed, matrix_markdown, relaxation_matrix, tanh_rnn
 from axiomformer.spec import AXES
 from axiomformer.cli import app
 
@@ -27,40 +27,54 @@ import audit_bank  # noqa: E402  (tests/audit_bank.py)
 NA = {"causality", "nan_isolation"}
 NA_SHIFT = NA | {"shift_invariance"}
 NA_WEIGHTS = NA | {"bilinear_scores", "bilinear_fit"}
+NA_NONLINEAR = NA | {"scalar_relevance"}                   # not linear in the values: no weights per coordinate
 EXPECTED = {
     "standard": (set(), NA),
-    "aggregator=mlp": ({"token_additivity", "linearity"}, NA),
-    "contribution=joint": ({"homogeneity", "linearity"}, NA),
+    "aggregator=mlp": ({"token_additivity", "linearity"}, NA_NONLINEAR),
+    "contribution=joint": ({"homogeneity", "linearity"}, NA_NONLINEAR),
     "value=identity": ({"learned_values"}, NA),                        # inside A3; learned_values is a design check
-    "value=mlp": ({"linearity"}, NA),
+    "value=mlp": ({"linearity"}, NA_NONLINEAR),
     "score=bilinear": (set(), NA),                                     # inside A4: a reparametrization of dot
     "score=additive": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
     "score=cosine": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
     "score=neg_l2": ({"bilinear_scores", "bilinear_fit"}, NA_SHIFT),
     "score=mlp": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
-    "normalizer=sigmoid": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
+    "normalizer=sigmoid": ({"weights_sum_to_one", "shift_invariance", "length_scale"}, NA_WEIGHTS),  # bias -log n
     "normalizer=relu": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
-    "normalizer=sparsemax": ({"ratio_independence"}, NA_WEIGHTS),
-    "normalizer=entmax15": ({"ratio_independence"}, NA_WEIGHTS),
+    "normalizer=sparsemax": ({"ratio_independence", "length_scale"}, NA_WEIGHTS),
+    "normalizer=entmax15": ({"ratio_independence", "length_scale"}, NA_WEIGHTS),
     "normalizer=gumbel_softmax": ({"deterministic"}, NA),               # a softmax in eval; samples in training
     "normalizer=linear": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
-    "normalizer=entmax_alpha": ({"ratio_independence"}, NA_WEIGHTS),   # like entmax15, where its alpha starts
+    "normalizer=entmax_alpha": ({"ratio_independence", "length_scale"}, NA_WEIGHTS),   # like entmax15 at its start
     "normalizer=softmax1": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),   # the sink takes 1 - sum u
     "scale=none": ({"scale_entropy"}, NA),
     "scale=learned": ({"scale_entropy"}, NA),
-    "position=sinusoidal": ({"set_symmetry", "bilinear_scores", "bilinear_fit"}, NA_SHIFT),
-    "position=learned": ({"set_symmetry", "bilinear_scores", "bilinear_fit"}, NA_SHIFT),
-    "position=rope": ({"set_symmetry", "bilinear_fit"}, NA_SHIFT),
+    "position=sinusoidal": ({"set_symmetry", "bilinear_scores", "bilinear_fit", "length_scale"}, NA_SHIFT),
+    "position=learned": ({"set_symmetry", "bilinear_scores", "bilinear_fit", "length_scale"}, NA_SHIFT),
+    "position=rope": ({"set_symmetry", "bilinear_fit"}, NA_SHIFT),     # relative: prepending tokens changes nothing
     "position=alibi": ({"set_symmetry", "bilinear_scores", "bilinear_fit"}, NA_SHIFT),
     "standard, causal": (set(), set()),
     "torch SDPA": (set(), NA | {"homogeneity", "learned_values"}),   # a function: no contribution or value map
     "torch SDPA, causal": ({"nan_isolation"}, {"homogeneity", "learned_values"}),   # 0 * NaN leaks; finite: causal
     "torch MHA": (set(), NA | {"homogeneity"}),
     "torch MHA, causal": ({"nan_isolation"}, {"homogeneity"}),
-    "tanh RNN": ({"set_symmetry", "token_additivity", "linearity", "parallel"},
-                 NA | {"homogeneity", "learned_values", "bilinear_scores", "bilinear_fit", "nonnegative_weights",
-                       "weights_sum_to_one", "ratio_independence", "scale_entropy"}),
+    "tanh RNN": ({"set_symmetry", "token_additivity", "linearity", "value_free_relevance", "parallel"},
+                 NA_NONLINEAR | {"homogeneity", "learned_values", "bilinear_scores", "bilinear_fit",
+                                 "nonnegative_weights", "weights_sum_to_one", "ratio_independence", "scale_entropy",
+                                 "length_scale"}),
 }
+CANDIDATES = {
+    "aggregator=mlp": "A1",                  # the local Jacobian factors through the query: after the sum
+    "contribution=joint": "A2",              # additive, but factors through neither query nor key
+    "value=mlp": "A3",                       # factors through the key: a nonlinearity of each value
+    "score=cosine": "A4; A5 or A4",
+    "normalizer=sigmoid": "A5 or A1; A5; A5 or A4",
+    "normalizer=sparsemax": "A5; A5 or A4",
+    "scale=none": "A5 or A4",
+    "position=rope": "A0; A4 or A0",
+    "tanh RNN": "A0; A4 or A0",
+}
+"""``matrix.blamed(report)``: the candidates of each row's failures, as the matrix prints them."""
 OWN_AXIS_EXCEPTIONS = {"value=identity", "score=bilinear", "normalizer=gumbel_softmax"}
 
 
@@ -82,6 +96,8 @@ def test_relaxation_matrix_matches_the_pinned_pattern(matrix):
     for label, (failed, na) in EXPECTED.items():
         report = matrix[label].report
         assert (_failed(report), _not_applicable(report)) == (failed, na), label
+    for label, groups in CANDIDATES.items():
+        assert blamed(matrix[label].report) == groups, label
 
 
 def test_standard_mha_and_sdpa_pass_every_assumption_check(matrix):
@@ -175,7 +191,7 @@ BANK = {
     "key_order_weights": {"set_symmetry", "bilinear_scores", "bilinear_fit"},
     "tanh_values": {"linearity"},
     "unscaled_softmax": {"scale_entropy"},
-    "query_mixing": {"parallel", "bilinear_fit"},           # its scores also depend on the other queries
+    "query_mixing": {"parallel", "bilinear_fit", "length_scale"},   # its scores depend on the other queries
 }
 
 
@@ -241,13 +257,13 @@ def test_audit_cli_json_and_bad_target():
     result = CliRunner().invoke(app, ["audit", "spec:score=bilinear", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output.strip().splitlines()[-1])
-    assert data["target"] == "spec:score=bilinear" and len(data["checks"]) == 16
+    assert data["target"] == "spec:score=bilinear" and len(data["checks"]) == 19
     for c in data["checks"]:
-        assert set(c) == {"name", "assumption", "passed", "statistic", "tolerance", "detail"}
+        assert set(c) == {"name", "assumption", "passed", "statistic", "tolerance", "detail", "candidates"}
         assert c["passed"] in (True, False, None)
     assert {c["name"] for c in data["checks"] if c["passed"] is False} == set()
     a4 = [c for c in data["checks"] if c["assumption"] == "A4"]
-    assert {c["name"] for c in a4} == {"bilinear_scores", "bilinear_fit", "parallel"}
+    assert {c["name"] for c in a4} == {"value_free_relevance", "bilinear_scores", "bilinear_fit", "parallel"}
     assert all(c["passed"] is True for c in a4)
     bad = CliRunner().invoke(app, ["audit", "spec:scor=cosine"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
@@ -270,8 +286,11 @@ def test_audit_cli_on_module_targets_of_the_bank():
     assert loop.exit_code == 0, loop.output
     assert all(c["passed"] is not False for c in json.loads(loop.output.strip().splitlines()[-1])["checks"])
     squared = CliRunner().invoke(app, ["audit", "module:audit_bank:u_squared", "--json"])
-    a2 = [c for c in json.loads(squared.output.strip().splitlines()[-1])["checks"] if c["assumption"] == "A2"]
-    assert a2 and all(c["passed"] is not True for c in a2)
+    checks = {c["name"]: c for c in json.loads(squared.output.strip().splitlines()[-1])["checks"]}
+    # u^2 is still one scalar relevance per key; its non-proportionality is the same map as a normalizer's
+    assert checks["homogeneity"]["passed"] is None and checks["scalar_relevance"]["passed"] is True
+    assert checks["weights_sum_to_one"]["passed"] is False
+    assert checks["weights_sum_to_one"]["candidates"] == ["A5", "A1", "A2"]
 
 
 def test_audit_cli_value_identity_passes_every_a3_check():

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from axiomformer.cli import app
 from axiomformer.derive import (
-    PLANTS, SDPA_TOL, GeneralForm, RowRelevance, run_chain, run_derivation, scale_argument, to_markdown, visible,
+    FINAL_TOL, PLANTS, SDPA_TOL, VACUOUS_FACTOR, GeneralForm, RowRelevance, run_chain, run_derivation,
+    scale_argument, to_markdown, to_text, visible,
 )
 from axiomformer.derive import properties as prop
 
@@ -77,7 +78,7 @@ def test_an_already_proportional_contribution_makes_a2_vacuous_not_passed():
 
 def test_homogeneity_tells_u_times_v_from_u_squared_weighting():
     x = _x()
-    module = GeneralForm.general(8).without("g")
+    module = GeneralForm.general(8).without("p").without("g")              # as at the A2 step: rho = identity
     assert prop.homogeneity(module, x, 0) < 1e-12
     module.plant = "A2"                                            # phi = u |u| v(x)
     assert prop.homogeneity(module, x, 0) > 0.5
@@ -85,7 +86,7 @@ def test_homogeneity_tells_u_times_v_from_u_squared_weighting():
 
 def test_value_linearity_passes_the_identity_and_fails_tanh():
     x = _x()
-    module = GeneralForm.general(8).without("n")
+    module = GeneralForm.general(8).without("p").without("g").without("n")  # as at the A3 step
     module.w_v = nn.Identity()
     assert prop.value_linearity(module, x, 0) < 1e-12
     module.plant = "A3"
@@ -135,8 +136,9 @@ def test_derive_json_is_one_object_with_the_named_fields():
     result = CliRunner().invoke(app, ["derive", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output.strip().splitlines()[-1])
-    assert set(data) == {"passed", "first_failed_step", "final_vs_sdpa_max_abs_err", "scale_argument", "steps"}
-    assert data["passed"] is True and data["first_failed_step"] is None
+    assert set(data) == {"passed", "first_failed_step", "unlocalized", "reason", "final_vs_sdpa_rel_err",
+                         "final_tolerance", "final_vs_sdpa_max_abs_err", "scale_argument", "steps"}
+    assert data["passed"] is True and data["first_failed_step"] is None and data["unlocalized"] is False
     assert [s["id"] for s in data["steps"]] == STEP_IDS
     for s in data["steps"]:
         assert set(s) == STEP_FIELDS and s["passed"] is True and s["vacuous"] is False
@@ -165,3 +167,87 @@ def test_markdown_has_latex_labels_and_every_step(chain, tmp_path):
     assert result.exit_code == 0 and out.read_text().startswith("# The derivation")
     bad = CliRunner().invoke(app, ["derive", "--format", "pdf"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+# ------------------------------------------------------------------ departures placed in the composition (issue 23)
+STRENGTH = 1e-6
+
+
+class NonlinearPhiOutsideValue(GeneralForm):
+    """phi = u (v(x) + 1e-6 v(x)^2): homogeneous in u, value() linear, but phi is not linear in x."""
+
+    def contribution(self, ctx, u):
+        return super().contribution(ctx, u) + STRENGTH * u.unsqueeze(-1) * self.value(ctx).unsqueeze(-3) ** 2
+
+
+class NonlinearAfterAggregate(GeneralForm):
+    """forward applies y + 1e-6 y^3 after aggregate(): rho is the identity in aggregate(), not in the map."""
+
+    def forward(self, x, context=None, causal=False, relevance=None):
+        y = super().forward(x, context, causal, relevance)
+        return y + STRENGTH * y ** 3
+
+
+class LateOrderBias(GeneralForm):
+    """A score bias on key positions beyond 6 only, never removed: an order dependence the old 6-token probe missed."""
+
+    def score(self, x, ctx):
+        s = super().score(x, ctx)
+        bias = torch.zeros(ctx.shape[-2], dtype=s.dtype)
+        bias[6:] = STRENGTH * torch.arange(1, ctx.shape[-2] - 5, dtype=s.dtype)
+        return s + bias
+
+
+class RelevanceRescaledInForward(GeneralForm):
+    """forward multiplies the relevances by 1 + 1e-6 before the contributions: no step's property sees it."""
+
+    def forward(self, x, context=None, causal=False, relevance=None):
+        if relevance is None:
+            ctx = x if context is None else context
+            mask = visible(x.shape[-2], ctx.shape[-2], causal)
+            relevance = (1 + STRENGTH) * self.row_map(self.score(x, ctx), mask)
+        return super().forward(x, context, causal, relevance)
+
+
+def _general(cls, d=8, seed=0):
+    base = GeneralForm.general(d, seed=seed)
+    return cls(base.d, base.w_q, base.w_k, base.w_v, base.r, base.order, base.m, base.n, base.g, base.p)
+
+
+@pytest.mark.parametrize("cls,step", [(NonlinearPhiOutsideValue, "A3"), (NonlinearAfterAggregate, "A1"),
+                                      (LateOrderBias, "A0")])
+def test_a_departure_in_the_composition_fails_first_at_its_step_at_strength_1e_6(cls, step):
+    chain = run_chain(_general(cls), _x())
+    assert chain.first_failed_step == step and not chain.passed and not chain.unlocalized, to_text(chain)
+    failed = next(s for s in chain.steps if s.id == step)
+    assert failed.error_after > failed.tolerance and failed.error_after < 1e-3          # a faint departure
+
+
+def test_an_order_dependence_beyond_the_tokens_of_x_is_seen_by_a0_not_a4():
+    x = _x()                                                          # 6 tokens
+    module = _general(LateOrderBias).without("order")
+    assert prop.set_symmetry(module, x, 0) > 1e-8                     # the A0 probe is 3 d = 24 tokens long
+    assert prop.fit_length(module) <= max(x.shape[1], 3 * module.d)
+
+
+def test_a_failure_no_step_explains_is_unlocalized_with_its_reason():
+    chain = run_chain(_general(RelevanceRescaledInForward), _x())
+    assert all(s.passed for s in chain.steps) and chain.first_failed_step is None
+    assert chain.unlocalized and not chain.passed and chain.final_vs_sdpa_rel_err > FINAL_TOL
+    data = chain.to_dict()
+    assert data["first_failed_step"] is None and data["unlocalized"] is True and "no step measures" in data["reason"]
+    assert "UNLOCALIZED" in to_text(chain) and "Unlocalized failure" in to_markdown(chain)
+    assert run_derivation().to_dict()["unlocalized"] is False and run_derivation().to_dict()["reason"] is None
+
+
+def test_vacuity_is_relative_to_the_step_tolerance():
+    chain = run_derivation()
+    step = chain.steps[0]
+    step.violation_before = VACUOUS_FACTOR * step.tolerance
+    assert step.vacuous
+    step.tolerance = step.violation_before / (2 * VACUOUS_FACTOR)
+    assert not step.vacuous
+
+
+def test_the_final_comparison_is_relative_in_float64(chain):
+    assert chain.final_vs_sdpa_rel_err < 1e-12 and FINAL_TOL == 1e-9

@@ -8,9 +8,12 @@ Other libraries plug in with :func:`register_adapter` (e.g. a Hugging Face BERT 
 What is audited **(our choice)**: the attention *core*. Projections of the queries, keys and outputs are generic
 learned linear maps that no assumption constrains, and they hide the scores' arguments (a joint rotation of the
 inputs is not a rotation of W_q x and W_k x). So for ``Attention`` and ``nn.MultiheadAttention`` targets the adapter
-works on a private float64 copy whose query/key/output projections are the identity (zero bias): the audit's q, k are
-the per-head queries and keys, heads concatenated along dim, exactly what SDPA receives. The value map is kept: it is
-the object of A3. Position encodings, masks, score, normalizer, contribution and aggregator are kept as they are.
+works on a private float64 copy whose query/key/output projection *weights* are the identity: the audit's q, k are
+the per-head queries and keys before their biases, heads concatenated along dim. The projection biases are kept, so
+the audited map is the target's (a query bias b_q adds b_q.k_j to the scores: a per-key content term outside the
+strictly bilinear class, which the A4 checks report); ``Adapter.notes`` says what each nonzero bias contributes. The
+value map is kept: it is the object of A3. Position encodings, masks, score, normalizer, contribution and aggregator
+are kept as they are.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class Adapter:
         exposes_weights: :meth:`weights` returns the attention weights; otherwise they are probed through
             linearity in the values.
         dropout: dropout probability in training mode (randomness that training mode may legitimately have).
+        precision: the dtype whose rounding bounds the target's error (None: ``dtype``); tolerances follow it.
+        notes: what the adapter changed or kept and what it contributes (e.g. projection biases); printed in the
+            report.
     """
 
     name: str = "target"
@@ -54,6 +60,8 @@ class Adapter:
     has_positions: bool | None = None
     exposes_weights: bool = False
     dropout: float = 0.0
+    precision: torch.dtype | None = None
+    notes: tuple[str, ...] = ()
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
         """out (batch, q_len, dim) for q (batch, q_len, dim), k and v (batch, k_len, dim)."""
@@ -94,26 +102,66 @@ def _seeded(seed: int, build: Callable[[], Any]) -> Any:
 
 @torch.no_grad()
 def _identity_linear(linear: nn.Linear) -> None:
+    """Identity weight; the bias is kept (see :func:`bias_notes`)."""
     linear.weight.copy_(torch.eye(linear.out_features, linear.in_features, dtype=linear.weight.dtype))
-    if linear.bias is not None:
-        linear.bias.zero_()
+
+
+class AddBias(nn.Module):
+    """x + bias (the identity when ``bias`` is None): a projection whose weight is the identity, bias kept."""
+
+    def __init__(self, bias: Tensor | None):
+        super().__init__()
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x if self.bias is None else x + self.bias
+
+
+def _size(bias: Tensor | None) -> float:
+    return 0.0 if bias is None else float(bias.detach().abs().max())
+
+
+def bias_notes(q: Tensor | None, k: Tensor | None, v: Tensor | None = None, out: Tensor | None = None,
+               ) -> tuple[str, ...]:
+    """What each nonzero projection bias kept by an adapter contributes to the audited map."""
+    notes = []
+    if _size(q) > 0:
+        notes.append(f"query projection bias kept (max |b_q| = {_size(q):.3g}): it adds b_q.k_j to every score of key "
+                     "j, a per-key content term outside the strictly bilinear class (the A4 checks see it)")
+    if _size(k) > 0:
+        notes.append(f"key projection bias kept (max |b_k| = {_size(k):.3g}): it adds q_i.b_k to every score of row "
+                     "i, a row constant that a shift-invariant normalizer removes")
+    if _size(v) > 0:
+        notes.append(f"value projection bias kept (max |b_v| = {_size(v):.3g}): it adds (sum_j w_ij) b_v, a constant "
+                     "offset when the weights sum to one (the probes difference it away)")
+    if _size(out) > 0:
+        notes.append(f"output projection bias kept (max |b_o| = {_size(out):.3g}): a constant offset of every output")
+    return tuple(notes)
 
 
 class AttentionAdapter(Adapter):
-    """axiomformer :class:`Attention`: a float64 copy with q_proj, k_proj, out_proj = ``nn.Identity`` (module doc).
+    """axiomformer :class:`Attention`: a float64 copy whose q_proj, k_proj, out_proj weights are the identity and
+    whose projection biases are kept (module doc; :func:`bias_notes` says what they contribute).
 
     A causal mask on request is passed as a bool ``attn_mask`` (True = may attend). Weights come from
-    ``need_weights=True``.
+    ``need_weights=True``. ``precision`` is float32: the normalizers compute the weights in float32
+    (:mod:`axiomformer.axes.normalizer`).
     """
 
     exposes_weights = True
     supports_causal = True
+    precision = torch.float32
 
     def __init__(self, module: Attention, name: str | None = None, seed: int = DEFAULT_SEED):
         self.original = module
         self.seed = seed
         m = copy.deepcopy(module).to(torch.float64).eval()
-        m.q_proj, m.k_proj, m.out_proj = nn.Identity(), nn.Identity(), nn.Identity()
+        biases = [getattr(getattr(m, n), "bias", None) for n in ("q_proj", "k_proj", "out_proj")]
+        m.q_proj, m.k_proj, m.out_proj = (AddBias(b) for b in biases)
+        self.notes = bias_notes(biases[0], biases[1], getattr(m.v_proj, "bias", None), biases[2])
+        if any(_size(b) > 0 for b in biases):
+            self.notes += ("scale_entropy rebuilds the target at other head dims without these biases (their shape "
+                           "depends on head_dim)",)
         self.module, self.spec = m, m.spec
         self.name = name or f"Attention({m.spec.variant})"
         self.dim, self.num_heads, self.causal = m.spec.dim, m.spec.num_heads, m.spec.causal
@@ -156,7 +204,8 @@ class AttentionAdapter(Adapter):
 
 
 class MultiheadAttentionAdapter(Adapter):
-    """``torch.nn.MultiheadAttention``: float64 copy, q/k/out projections = identity, value projection kept.
+    """``torch.nn.MultiheadAttention``: float64 copy, q/k/out projection weights = identity, value projection and
+    every bias (``in_proj_bias``, ``out_proj.bias``) kept (:func:`bias_notes` says what they contribute).
 
     Converts masks to MHA's inverted polarity (bool True = may NOT attend) and its sequence-first layout when
     ``batch_first=False``. Weights: ``need_weights=True, average_attn_weights=False``.
@@ -175,9 +224,12 @@ class MultiheadAttentionAdapter(Adapter):
         e = m.embed_dim
         with torch.no_grad():
             m.in_proj_weight[: 2 * e].copy_(torch.eye(e, dtype=torch.float64).repeat(2, 1))
-            if m.in_proj_bias is not None:
-                m.in_proj_bias[: 2 * e].zero_()
         _identity_linear(m.out_proj)
+        b = m.in_proj_bias
+        self.notes = bias_notes(*(None if b is None else b[i * e:(i + 1) * e] for i in range(3)), m.out_proj.bias)
+        if any(_size(x) > 0 for x in (b, m.out_proj.bias)):
+            self.notes += ("scale_entropy rebuilds the target at other head dims with PyTorch's initial (zero) "
+                           "biases",)
         self.module, self.name, self.seed = m, name, seed
         self.dim, self.num_heads, self.dropout = e, m.num_heads, m.dropout
 
@@ -246,6 +298,8 @@ class FunctionAdapter(Adapter):
                 failure = err
                 continue
             if isinstance(out, Tensor) and out.shape[:2] == (1, 2):
+                if out.is_floating_point() and torch.finfo(out.dtype).eps > torch.finfo(dtype).eps:
+                    self.precision = out.dtype                # it computes in a lower precision than its inputs
                 return dtype
             failure = TypeError(f"it returned {type(out).__name__}"
                                 f"{tuple(out.shape) if isinstance(out, Tensor) else ''}")

@@ -14,9 +14,11 @@ import torch
 from torch import Tensor
 
 from axiomformer.audit.adapters import Adapter
-from axiomformer.audit.normalizer_checks import scale_entropy, shift_invariance, weight_checks
+from axiomformer.audit.attribution import attribute
+from axiomformer.audit.structure import fd_tolerance, scalar_relevance, value_free_relevance
+from axiomformer.audit.normalizer_checks import length_scale, scale_entropy, shift_invariance, weight_checks
 from axiomformer.audit.probe import (
-    BIG, TOL, AuditCheck, Probe, cannot_tell, finite, heads, rel, result,
+    BIG, AuditCheck, Probe, cannot_tell, finite, heads, rel, result,
 )
 
 FIT_SEQ = 16
@@ -39,7 +41,7 @@ def set_symmetry(p: Probe) -> AuditCheck:
         what = "permuting keys and values together leaves the outputs unchanged; permuting queries permutes them"
     if p.a.has_positions:
         what += " (the target injects positions, which break set symmetry by design)"
-    return result("set_symmetry", "A0", max(stats), TOL, what)
+    return result("set_symmetry", "A0", max(stats), p.tol, what)
 
 
 def token_additivity(p: Probe) -> AuditCheck:
@@ -53,8 +55,8 @@ def token_additivity(p: Probe) -> AuditCheck:
         changed[:, 0] = new
         d.append(p.f(q, k, changed) - p.f(q, k, base))
     if float(d[0].abs().max()) < 1e-12:
-        return cannot_tell("token_additivity", "A1", TOL, "changing token 0's value changes nothing")
-    return result("token_additivity", "A1", rel(d[1], d[0]), TOL,
+        return cannot_tell("token_additivity", "A1", p.tol, "changing token 0's value changes nothing")
+    return result("token_additivity", "A1", rel(d[1], d[0]), p.tol,
                   "the output change from changing token 0's value is the same whatever the other tokens' values "
                   "(the output is a sum of per-token contributions, rho = identity up to a linear map)")
 
@@ -63,7 +65,7 @@ def homogeneity(p: Probe) -> AuditCheck:
     name = "homogeneity"
     phi = p.a.contribution_map()
     if phi is None:
-        return cannot_tell(name, "A2", TOL,
+        return cannot_tell(name, "A2", p.tol,
                            "only (q, k, v) -> out is visible: a contribution g(u) v with g not linear (u^2, u|u|) "
                            "after a normalizer r is the same map as u v after the normalizer g(r), so A2 cannot be "
                            "told apart from A5 here (a non-proportional contribution shows up in the A5 checks)")
@@ -75,7 +77,7 @@ def homogeneity(p: Probe) -> AuditCheck:
     with torch.no_grad():
         stats = [rel(phi(c * u, v).double(), c * phi(u, v).double())
                  for u in (w, one) for c in (2.0, 0.5, -1.0, 3.0)]
-    return result(name, "A2", max(stats), TOL,
+    return result(name, "A2", max(stats), p.tol,
                   "the target's contribution map phi(v, u) is homogeneous in the relevance: phi(v, c u) = c phi(v, u) "
                   "for c in {2, 1/2, -1, 3}, for all keys at once and for key 0 alone")
 
@@ -92,7 +94,7 @@ def linearity(p: Probe) -> AuditCheck:
     v0 = v[:, 0]
     f0, f1, f2 = at(v0), at(v0 + d1), at(v0 + d2)
     second = torch.stack([at(v0 + d1 + d2) - f1 - f2 + f0, at(v0 + 2 * d1) - 2 * f1 + f0])
-    return result("linearity", "A3", rel(second, torch.zeros_like(second), f1 - f0), TOL,
+    return result("linearity", "A3", rel(second, torch.zeros_like(second), f1 - f0), p.tol,
                   "the output is affine in each token's value (second differences in v_0 vanish): the value map is "
                   "a linear change of coordinates (the identity and W_v x both pass)")
 
@@ -113,24 +115,31 @@ def recovered_scores(p: Probe, q: Tensor, k: Tensor) -> Tensor | None:
 def bilinear_scores(p: Probe, weights_ok: bool, why: str) -> AuditCheck:
     name = "bilinear_scores"
     if not weights_ok:
-        return cannot_tell(name, "A4", TOL, why)
+        return cannot_tell(name, "A4", p.tol, why)
     q, k, _ = p.qkv()
     k2 = p.randn(*k.shape)
     got = [recovered_scores(p, q, k), recovered_scores(p, 2 * q, k), recovered_scores(p, q, k2),
            recovered_scores(p, q, k + k2)]
     if any(s is None for s in got):
-        return cannot_tell(name, "A4", TOL, "some visible key has weight 0, so its score cannot be recovered")
+        return cannot_tell(name, "A4", p.tol, "some visible key has weight 0, so its score cannot be recovered")
     s, s2q, sk2, ssum = got
     resid = torch.stack([s2q - 2 * s, ssum - s - sk2])
-    return result(name, "A4", rel(resid, torch.zeros_like(resid), s), TOL,
-                  "scores recovered as row-centred log-weights (exact for softmax) are linear in q and in k: "
-                  "s(2q, k) = 2 s(q, k) and s(q, k + k') = s(q, k) + s(q, k')")
+    check = result(name, "A4", rel(resid, torch.zeros_like(resid), s), p.tol,
+                   "scores recovered as row-centred log-weights (exact for softmax) are linear in q and in k: "
+                   "s(2q, k) = 2 s(q, k) and s(q, k + k') = s(q, k) + s(q, k')")
+    # Linear in k, and doubling q rescales each row by one factor: a row-dependent temperature, or a score whose
+    # dependence on q is not linear; the two are the same map here.
+    factor = (s2q * s).sum(-1, keepdim=True) / (s * s).sum(-1, keepdim=True).clamp_min(1e-300)
+    zero = torch.zeros_like(s)
+    check.facts["row_scale"] = bool(check.passed is False and rel(ssum - s - sk2, zero, s) <= p.tol
+                                    and rel(s2q - factor * s, zero, s2q) <= p.tol)
+    return check
 
 
 def bilinear_fit(p: Probe, weights_ok: bool, why: str) -> AuditCheck:
     name = "bilinear_fit"
     if not weights_ok:
-        return cannot_tell(name, "A4", TOL, why)
+        return cannot_tell(name, "A4", p.tol, why)
     hd = p.a.dim // p.a.num_heads
     vis = p.visible(FIT_SEQ, FIT_SEQ)
     per_batch = int(vis.sum()) - int((vis.sum(-1) > 0).sum())       # independent equations after row centring
@@ -138,7 +147,7 @@ def bilinear_fit(p: Probe, weights_ok: bool, why: str) -> AuditCheck:
     q, k = (p.randn(batch, FIT_SEQ, p.a.dim) for _ in range(2))
     s = recovered_scores(p, q, k)
     if s is None:
-        return cannot_tell(name, "A4", TOL, "some visible key has weight 0, so its score cannot be recovered")
+        return cannot_tell(name, "A4", p.tol, "some visible key has weight 0, so its score cannot be recovered")
     h = p.a.num_heads
     vis = vis.double()
     qh, kh = (heads(t.double(), h).transpose(1, 2) for t in (q, k))               # (batch, heads, seq, head_dim)
@@ -157,7 +166,7 @@ def bilinear_fit(p: Probe, weights_ok: bool, why: str) -> AuditCheck:
     kind = (f"M = c I with c = {float(scale.mean()):.3g}: the dot product" if from_dot < 1e-3 else
             f"M differs from c I (relative distance {from_dot:.2g}): q^T M k is a reparametrization of the dot "
             "product (M folds into the key projection)")
-    return result(name, "A4", finite(resid), TOL,
+    return result(name, "A4", finite(resid), p.tol,
                   f"recovered scores fit s_ij = q_i^T M k_j + c_i per head by least squares (statistic: relative "
                   f"residual); rank of M per head {ranks} <= head_dim {hd}; {kind}")
 
@@ -182,7 +191,7 @@ def parallel(p: Probe) -> AuditCheck:
             detail += f" (a run on the subset alone failed: {err}; the target needs q_len = k_len)"
     else:
         detail += " (causal: a subset run would move the causal alignment, so only the redraw test runs)"
-    return result(name, "A4", max(stats), TOL, detail + ": each query's output is computed on its own, in "
+    return result(name, "A4", max(stats), p.tol, detail + ": each query's output is computed on its own, in "
                   "parallel (a loop over queries computes the same map and passes)")
 
 
@@ -199,10 +208,10 @@ def _later_changed(p: Probe, fill: str) -> tuple[Tensor, Tensor, int]:
 
 def causality(p: Probe) -> AuditCheck:
     if not p.is_causal:
-        return cannot_tell("causality", "causal", TOL, "the target is not causal (audit it with causal=True / "
+        return cannot_tell("causality", "causal", p.tol, "the target is not causal (audit it with causal=True / "
                            "--causal)")
     new, out, i0 = _later_changed(p, "random")
-    return result("causality", "causal", rel(new, out), TOL,
+    return result("causality", "causal", rel(new, out), p.tol,
                   f"outputs at i <= {i0} do not change when the queries, keys and values after {i0} are redrawn")
 
 
@@ -224,13 +233,13 @@ def learned_values(p: Probe) -> AuditCheck:
     vmap = p.a.value_map()
     name = "learned_values"
     if vmap is None:
-        return cannot_tell(name, "design", TOL, "the target has no value map of its own (a function of "
+        return cannot_tell(name, "design", p.tol, "the target has no value map of its own (a function of "
                            "already-mapped values)")
     with torch.no_grad():
         eye = torch.eye(p.a.dim, dtype=p.a.dtype)
         linear_part = vmap(eye) - vmap(torch.zeros_like(eye))
     distance = rel(linear_part, eye)
-    return AuditCheck(name, "design", bool(distance > TOL), finite(distance), TOL,
+    return AuditCheck(name, "design", bool(distance > p.tol), finite(distance), p.tol,
                       "the value map is a learned change of coordinates, not the fixed identity (passes when "
                       "max |W_v - I| / max |I| exceeds the tolerance)")
 
@@ -253,15 +262,21 @@ def deterministic(p: Probe) -> AuditCheck:
 
 def run_checks(adapter: Adapter, causal: bool, seed: int = 0) -> list[AuditCheck]:
     """Every check, in report order: the assumptions A0..A5, causality, then the checks that are not assumptions
-    (``nan_isolation``, ``learned_values``, ``deterministic``)."""
+    (``nan_isolation``, ``learned_values``, ``deterministic``); candidates attributed from all of them."""
     def probe(offset: int) -> Probe:
         return Probe(adapter, causal, seed + offset)
 
-    first: list[Callable[[Probe], AuditCheck]] = [set_symmetry, token_additivity, homogeneity, linearity]
+    first: list[Callable[[Probe], AuditCheck]] = [set_symmetry, token_additivity, homogeneity]
     head = [check(probe(i)) for i, check in enumerate(first)]
+    scalar, linear_facts = scalar_relevance(probe(3))
+    a3 = linearity(probe(4))
+    value_free, nonlinear_facts = value_free_relevance(probe(5), a3, head[1])
     weight_results, usable, why = weight_checks(probe(10))
-    a4 = [bilinear_scores(probe(20), usable, why), bilinear_fit(probe(21), usable, why), parallel(probe(22))]
-    a5 = weight_results[:2] + [shift_invariance(probe(30), a4[:2]), weight_results[2],
-                               scale_entropy(probe(32), seed, a4[:2])]
+    a4 = [value_free, bilinear_scores(probe(20), usable, why), bilinear_fit(probe(21), usable, why),
+          parallel(probe(22))]
+    a5 = weight_results[:2] + [shift_invariance(probe(30), a4[1:3], scalar), weight_results[2],
+                               scale_entropy(probe(32), seed, a4[1:3]), length_scale(probe(33))]
     rest = [causality(probe(40)), nan_isolation(probe(41)), learned_values(probe(42)), deterministic(probe(43))]
-    return head + a4 + a5 + rest
+    p = probe(0)
+    facts = {"linear": linear_facts, "nonlinear": nonlinear_facts, "tol": p.tol, "fd_tol": fd_tolerance(p)}
+    return attribute(head + [scalar, a3] + a4 + a5 + rest, facts)

@@ -97,20 +97,34 @@ def relaxation_matrix(dim: int = 16, num_heads: int = 2, seed: int = 0, referenc
     return rows
 
 
+def blamed(report: Any) -> str:
+    """The candidates of a report's failed assumption checks, distinct groups in check order: "A4; A5 or A1"."""
+    groups: list[str] = []
+    for c in report.checks:
+        group = " or ".join(c.candidates)
+        if c.passed is False and group and group not in groups:
+            groups.append(group)
+    return "; ".join(groups)
+
+
 def matrix_markdown(rows: list[MatrixRow]) -> str:
-    """The matrix as a Markdown table: pass, **FAIL** or n/a per check, and whether the row's own axis failed."""
+    """The matrix as a Markdown table: pass, **FAIL** or n/a per check, whether the row's own axis failed, and the
+    candidates of its failures (``A5 or A1``: the failure cannot tell these apart)."""
     every = [(c.name, c.assumption) for c in rows[0].report.checks]
     checks = [c for c in every if c[1] not in NOT_ASSUMPTIONS]
     others = [c for c in every if c[1] in NOT_ASSUMPTIONS]
     mark = {True: "pass", False: "**FAIL**", None: "n/a"}
     head = ("| target | axis tag | " + " | ".join(f"{name} ({tag})" for name, tag in checks) + " | own axis fails | "
-            + " | ".join(f"{name} ({tag})" for name, tag in others) + " |")
-    lines = [head, "|" + "---|" * (len(every) + 3)]
+            "candidates | " + " | ".join(f"{name} ({tag})" for name, tag in others) + " |")
+    lines = [head, "|" + "---|" * (len(every) + 4)]
     for row in rows:
         own = {None: "", True: "yes", False: "no (see note)"}[row.own_axis_failed]
         cells = " | ".join(mark[row.results[name]] for name, _ in checks)
         rest = " | ".join(mark[row.results[name]] for name, _ in others)
-        lines.append(f"| {row.label} | {row.tag or ''} | {cells} | {own} | {rest} |")
-    notes = ["Columns after *own axis fails* test no assumption (design choices and numerics).", ""]
+        lines.append(f"| {row.label} | {row.tag or ''} | {cells} | {own} | {blamed(row.report)} | {rest} |")
+    notes = ["*candidates*: for each failed assumption check, the assumptions whose violation alone produces that "
+             "departure at the (q, k, v) -> out interface; `A5 or A1` means the audit cannot tell them apart from "
+             "outside (docs/audit.md says why for each pair). Columns after *candidates* test no assumption "
+             "(design choices and numerics).", ""]
     notes += [f"- `{k}`: {v}." for k, v in EXCEPTIONS.items()]
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"

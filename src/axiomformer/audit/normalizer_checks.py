@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from axiomformer.audit.probe import (
-    TOL, AuditCheck, Probe, cannot_tell, random_rotation, rel, result,
+    AuditCheck, Probe, cannot_tell, random_rotation, rel, result,
 )
 
 ENTROPY_TOL = 0.25
@@ -25,23 +25,20 @@ def weight_checks(p: Probe) -> tuple[list[AuditCheck], bool, str]:
     q, k, _ = p.qkv()
     w, how = p.weights(q, k)
     if w is None:
-        return [cannot_tell(n, "A5", TOL, how) for n in names], False, how
+        return [cannot_tell(n, "A5", p.tol, how) for n in names], False, how
     vis = p.visible(q.shape[1], k.shape[1])
-    nonneg = result(names[0], "A5", max(0.0, -float(w.min())), 1e-6, f"every weight is >= 0 ({how})")
+    nonneg = result(names[0], "A5", max(0.0, -float(w.min())), p.tol, f"every weight is >= 0 ({how})")
     sums = w.masked_fill(~vis, 0.0).sum(-1)
-    total = result(names[1], "A5", float((sums - 1).abs().max()), TOL,
-                    f"the weights of each query over its visible keys sum to one ({how})")
+    total = result(names[1], "A5", float((sums - 1).abs().max()), p.tol,
+                    f"the weights of each query over its visible keys sum to one ({how}; probed weights are scaled "
+                    "to a mean row sum of 1, since a constant factor folds into the value map)")
     k2 = k.clone()
     k2[:, 0] = p.randn(p.batch, p.a.dim, scale=3.0)
     w2, _ = p.weights(q, k2)
     pair_vis = vis.clone()
     pair_vis[:, 0] = False
-    a1, a2 = w.unsqueeze(-1), w2.unsqueeze(-1)
-    num = (a1 * a2.transpose(-1, -2) - a2 * a1.transpose(-1, -2)).abs()
-    den = a1 * a2.transpose(-1, -2) + a2 * a1.transpose(-1, -2)
-    cross = torch.where(den > 0, num / den.clamp_min(1e-300), torch.zeros_like(num))
     pairs = pair_vis.unsqueeze(-1) & pair_vis.unsqueeze(-2)
-    ratio = result(names[2], "A5", float(cross.masked_fill(~pairs, 0.0).max()), TOL,
+    ratio = result(names[2], "A5", _cross_ratio(w, w2, pairs), p.tol,
                     "changing key 0 leaves the ratio w_ij / w_il of every other pair unchanged (Luce's choice axiom; "
                     "with shift invariance it singles out the softmax)")
     usable = bool(total.passed and ratio.passed)
@@ -50,14 +47,52 @@ def weight_checks(p: Probe) -> tuple[list[AuditCheck], bool, str]:
     return [nonneg, total, ratio], usable, why
 
 
-def shift_invariance(p: Probe, a4: list[AuditCheck]) -> AuditCheck:
+def shift_invariance(p: Probe, a4: list[AuditCheck], scalar: AuditCheck | None = None) -> AuditCheck:
+    if scalar is not None and scalar.passed is False:
+        return cannot_tell("shift_invariance", "A5", p.tol, "the coordinates of a head do not see one scalar "
+                           "relevance per key (scalar_relevance failed), so the keys may reach the outputs other "
+                           "than through the scores, and translating them is not a shift of the scores")
     if any(c.passed is False for c in a4):
-        return cannot_tell("shift_invariance", "A5", TOL, "scores are not a bilinear q.k (an A4 check failed), so translating "
+        return cannot_tell("shift_invariance", "A5", p.tol, "scores are not a bilinear q.k (an A4 check failed), so translating "
                    "the keys is not a shift of the scores")
     q, k, v = p.qkv()
     t = p.randn(p.batch, 1, p.a.dim)
-    return result("shift_invariance", "A5", rel(p.f(q, k + t, v), p.f(q, k, v)), TOL,
+    return result("shift_invariance", "A5", rel(p.f(q, k + t, v), p.f(q, k, v)), p.tol,
                    "translating every key by the same t adds q_i.t to all scores of row i; the outputs do not change")
+
+
+def _cross_ratio(a: Tensor, b: Tensor, pairs: Tensor) -> float:
+    """max over the pairs (j, l) of |a_j b_l - b_j a_l| / (a_j b_l + b_j a_l): 0 iff every ratio w_j / w_l agrees."""
+    a1, b1 = a.unsqueeze(-1), b.unsqueeze(-1)
+    num = (a1 * b1.transpose(-1, -2) - b1 * a1.transpose(-1, -2)).abs()
+    den = (a1 * b1.transpose(-1, -2)).abs() + (b1 * a1.transpose(-1, -2)).abs()
+    cross = torch.where(den > 0, num / den.clamp_min(1e-300), torch.zeros_like(num))
+    return float(cross.masked_fill(~pairs, 0.0).max())
+
+
+def length_scale(p: Probe) -> AuditCheck:
+    """A5 scale at a varying number of visible keys: the ratios of two keys' weights do not depend on how many
+    other keys are visible (a temperature that depends on the number of keys, as Scalable-Softmax, breaks it)."""
+    name = "length_scale"
+    extra = p.seq
+    q, k, _ = p.qkv()
+    qe, ke = p.randn(p.batch, extra, p.a.dim), p.randn(p.batch, extra, p.a.dim)
+    try:
+        short, how = p.weights(q, k)
+        long, _ = p.weights(torch.cat([qe, q], 1), torch.cat([ke, k], 1)) if short is not None else (None, "")
+    except (RuntimeError, ValueError) as err:
+        return cannot_tell(name, "A5", p.tol, f"the target fails at another length: {err}")
+    if short is None or long is None:
+        return cannot_tell(name, "A5", p.tol, how)
+    vis = p.visible(p.seq, p.seq)
+    pairs = vis.unsqueeze(-1) & vis.unsqueeze(-2)
+    stat = _cross_ratio(short, long[..., extra:, extra:], pairs)
+    seen = (f"causal: query i sees {extra} + i + 1 keys instead of i + 1" if p.is_causal else
+            f"each query sees {p.seq + extra} keys instead of {p.seq}")
+    return result(name, "A5", stat, p.tol,
+                  f"{extra} more tokens put before the {p.seq} of the probe ({seen}) leave the ratio w_ij / w_il of "
+                  "every pair of the original keys unchanged (statistic as ratio_independence): the temperature does not "
+                  f"depend on the number of visible keys ({how})")
 
 
 def _entropy_deficit(p: Probe, w: Tensor) -> tuple[float, float]:

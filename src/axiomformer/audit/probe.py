@@ -7,7 +7,7 @@ Statistics are relative to the size of the quantity compared unless stated; a no
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,8 +16,22 @@ from torch import Tensor
 from axiomformer.audit.adapters import Adapter
 
 BIG = 1e30
-TOL = 1e-4
-"""Tolerance of the equality-type checks (relative): float32 normalizers leave errors near 1e-7."""
+TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
+"""Relative tolerance of the equality-type checks by the precision the target computes in: float64 round-off leaves
+errors near 1e-15, float32 near 1e-7; the tolerances leave room for error growth through the probes **(our choice)**."""
+LOW_PRECISION_TOL = 1e-2
+"""Tolerance for float16 / bfloat16 targets."""
+TOL = TOLERANCES[torch.float32]
+"""The float32 tolerance (kept for callers that do not know the target's precision)."""
+MAX_DIRECTIONS = 32
+"""Value directions probed per key: every coordinate up to this width, else this many random orthonormal ones."""
+PROBE_ELEMENTS = 1 << 22
+"""Input elements per batched call of the value probes (bounds memory)."""
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """The relative tolerance of equality-type checks for a target computing in ``dtype``."""
+    return TOLERANCES.get(dtype, LOW_PRECISION_TOL)
 
 
 @dataclass
@@ -26,6 +40,11 @@ class AuditCheck:
 
     ``assumption`` is ``"A0"`` .. ``"A5"`` for the assumption checks, ``"causal"`` for causality, and ``"design"`` or
     ``"numerics"`` for properties that are no assumption of the derivation (reported in their own section).
+
+    ``candidates``: when the check failed, the assumptions (``"A0"`` .. ``"A5"``, or ``"causal"``) whose violation
+    alone produces this departure at the audited interface, most specific first; more than one means they cannot be
+    told apart from outside (``why`` says why). Empty when the check passed, does not apply, or tests no assumption.
+    Set by :func:`axiomformer.audit.attribution.attribute` from the outcomes of all checks.
     """
 
     name: str
@@ -34,10 +53,17 @@ class AuditCheck:
     statistic: float
     tolerance: float
     detail: str
+    candidates: list[str] = field(default_factory=list)
+    why: str = ""
+    """Why the candidates cannot be told apart (empty when there is one)."""
+    facts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """What the check learned beyond pass/fail, for the attribution (not serialized)."""
 
     def to_dict(self) -> dict[str, Any]:
+        """``{"name", "assumption", "passed", "statistic", "tolerance", "detail", "candidates"}``."""
         return {"name": self.name, "assumption": self.assumption, "passed": self.passed,
-                "statistic": self.statistic, "tolerance": self.tolerance, "detail": self.detail}
+                "statistic": self.statistic, "tolerance": self.tolerance, "detail": self.detail,
+                "candidates": list(self.candidates)}
 
 
 def finite(x: float) -> float:
@@ -52,6 +78,36 @@ def rel(a: Tensor, b: Tensor, ref: Tensor | None = None) -> float:
     return finite(float((a - b).abs().max() / ref.abs().max().clamp_min(1e-12))) if a.numel() else 0.0
 
 
+def leading_direction(mats: Tensor, steps: int = 2) -> Tensor:
+    """(..., cols) unit vectors: the largest row of each matrix (..., rows, cols), refined by ``steps`` power
+    iterations on M^T M. Exact when a matrix has rank one (no SVD: the probe matrices are tall)."""
+    rows = mats.norm(dim=-1)
+    a = torch.take_along_dim(mats, rows.argmax(-1)[..., None, None], dim=-2).squeeze(-2)
+    for _ in range(steps):
+        a = torch.einsum("...rc,...r->...c", mats, torch.einsum("...rc,...c->...r", mats, a))
+        a = a / a.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    return a
+
+
+def rank1_residual(mats: Tensor, rank: int = 1) -> float:
+    """How far a stack of matrices (..., rows, cols) is from rank ``rank`` each: ||M - P(M)|| / ||M|| over the whole
+    stack (Frobenius; 0 for an all-zero stack). Rank one: P(M) = M a a^T with a from :func:`leading_direction`
+    (an upper bound of the best rank-one residual, exact when M has rank one); higher ranks: the SVD."""
+    if mats.numel() == 0:
+        return 0.0
+    if not bool(torch.isfinite(mats).all()):
+        return BIG
+    total = mats.pow(2).sum()
+    if float(total) == 0:
+        return 0.0
+    if rank > 1:
+        sv = torch.linalg.svdvals(mats)
+        return float((sv[..., rank:].pow(2).sum() / total).sqrt())
+    a = leading_direction(mats)
+    resid = mats - torch.einsum("...r,...c->...rc", torch.einsum("...rc,...c->...r", mats, a), a)
+    return float((resid.pow(2).sum() / total).sqrt())
+
+
 def result(name: str, tag: str, stat: float, tol: float, detail: str) -> AuditCheck:
     return AuditCheck(name, tag, bool(stat <= tol), finite(float(stat)), tol, detail)
 
@@ -61,11 +117,12 @@ def cannot_tell(name: str, tag: str, tol: float, why: str) -> AuditCheck:
 
 
 class Probe:
-    """Seeded inputs and calls for one target in one mode (causal or not)."""
+    """Seeded inputs and calls for one target in one mode (causal or not); ``tol`` follows the target's precision."""
 
     def __init__(self, adapter: Adapter, causal: bool, seed: int = 0, batch: int = 2, seq: int = 8):
         self.a, self.causal, self.batch, self.seq = adapter, causal, batch, seq
         self.g = torch.Generator().manual_seed(seed)
+        self.tol = tolerance(adapter.precision or adapter.dtype)
 
     @property
     def is_causal(self) -> bool:
@@ -88,32 +145,83 @@ class Probe:
             return torch.ones(q_len, k_len, dtype=torch.bool)
         return torch.arange(k_len).unsqueeze(0) <= torch.arange(q_len).unsqueeze(-1) + (k_len - q_len)
 
+    def directions(self, dim: int) -> Tensor:
+        """(dim, m) value directions: the basis vectors e_m when dim <= MAX_DIRECTIONS, else MAX_DIRECTIONS random
+        orthonormal ones (a departure is missed only if it vanishes on that random subspace)."""
+        if dim <= MAX_DIRECTIONS:
+            return torch.eye(dim, dtype=torch.float64)
+        return torch.linalg.qr(torch.randn(dim, MAX_DIRECTIONS, generator=self.g, dtype=torch.float64))[0]
+
+    def value_jacobian(self, q: Tensor, k: Tensor, v: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """How the outputs move with each key's value: (base (b, L, dim), J (b, L, S, dim, m), R (dim, m)).
+
+        ``v`` None: J[:, i, j, :, c] = f(v_j = r_c, other values 0) - f(0), exact for a map affine in the values.
+        Otherwise central differences at ``v`` with step eps^(1/3) of the target's dtype (the local Jacobian).
+        """
+        b, s, d = k.shape
+        rdirs = self.directions(d)
+        m = rdirs.shape[1]
+        at = torch.zeros_like(k) if v is None else v
+        h = 1.0 if v is None else float(torch.finfo(self.a.dtype).eps) ** (1 / 3)
+        base = self.f(q, k, at)
+        chunk = max(1, PROBE_ELEMENTS // max(1, b * s * max(d, base.shape[-1] * q.shape[1] // s)))
+        cols = []
+        for start in range(0, s * m, chunk):
+            idx = torch.arange(start, min(start + chunk, s * m))
+            step = (h * rdirs[:, idx % m].T).to(k.dtype).unsqueeze(1)                     # (t, 1, d)
+
+            def moved(sign: float) -> Tensor:
+                vv = at.unsqueeze(0).repeat(len(idx), 1, 1, 1)
+                vv[torch.arange(len(idx)), :, idx // m] += sign * step
+                n = len(idx)
+                return self.f(q.repeat(n, 1, 1), k.repeat(n, 1, 1), vv.reshape(n * b, s, d)).view(n, b, *base.shape[1:])
+            cols.append(moved(1.0) - base if v is None else (moved(1.0) - moved(-1.0)) / (2 * h))
+        jac = torch.cat(cols).view(s, m, *base.shape).permute(2, 3, 0, 4, 1)
+        return base, jac, rdirs
+
+    def head_blocks(self, jac: Tensor) -> Tensor:
+        """(b, L, S, dim, m) -> (heads, b, L, S, head_dim * m): each head's output rows."""
+        b, L, s, d, m = jac.shape
+        hd = d // self.a.num_heads
+        return jac.reshape(b, L, s, self.a.num_heads, hd * m).permute(3, 0, 1, 2, 4)
+
     def weights(self, q: Tensor, k: Tensor) -> tuple[Tensor | None, str]:
         """Weights (batch, heads, q_len, k_len) in float64 and how they were obtained (None + reason if unknown).
 
-        Targets that do not expose weights are probed through linearity in the values, one coordinate at a time:
-        with v = 0 except v_j = 1, out_i[m] - out_i[m](v=0) is the weight of key j in coordinate m. The probe is
-        verified on random values before it is trusted; then the first coordinate of each head gives its weights.
+        Targets that do not expose weights are probed through linearity in the values (:meth:`value_jacobian`):
+        with one scalar relevance per key, head h's rows of J_ij are w_hij A_h for one matrix A_h (the value map
+        restricted to the head: the identity for a plain function of mapped values, W_v for a function with its own
+        value map). w is the leading singular factor, scaled so that the mean row sum is 1 and signed to make it
+        positive: a constant factor folds into A_h. The probe is verified on random values before it is trusted.
         """
         if self.a.exposes_weights:
             with torch.no_grad():
                 w = self.a.weights(q, k, causal=self.causal)
             if w is not None:
                 return w.to(torch.float64), "weights exposed by the target"
-        b, s, d = k.shape
-        probes = torch.zeros(s + 1, b, s, d, dtype=k.dtype)
-        probes[torch.arange(1, s + 1), :, torch.arange(s)] = 1.0
-        n = s + 1
-        out = self.f(q.repeat(n, 1, 1), k.repeat(n, 1, 1), probes.reshape(n * b, s, d)).view(n, b, q.shape[1], d)
-        base, w = out[0], (out[1:] - out[0]).permute(1, 3, 2, 0)                     # (batch, dim, q_len, k_len)
-        v = self.randn(b, s, d)
-        predicted = base + torch.einsum("bmls,bsm->blm", w, v.to(torch.float64))
-        err = rel(self.f(q, k, v), predicted)
-        if err > TOL:
-            return None, (f"weights not recoverable: the output is not linear per coordinate in the values "
-                          f"(probe error {err:.2g})")
-        heads = torch.arange(self.a.num_heads) * (d // self.a.num_heads)
-        return w[:, heads], "weights probed through linearity in the values"
+        base, jac, rdirs = self.value_jacobian(q, k)
+        coef = torch.randn(k.shape[0], k.shape[1], rdirs.shape[1], generator=self.g, dtype=torch.float64)
+        predicted = base + torch.einsum("blsom,bsm->blo", jac, coef)
+        err = rel(self.f(q, k, (coef @ rdirs.T).to(k.dtype)), predicted)
+        if err > self.tol:
+            return None, (f"weights not recoverable: the output is not linear in the values (probe error {err:.2g})")
+        blocks = self.head_blocks(jac)
+        per_head = [rank1_residual(blk.flatten(0, 2)) for blk in blocks]
+        if max(per_head) > self.tol:
+            return None, (f"weights not recoverable: no single scalar relevance per key (every coordinate of a head "
+                          f"does not see the same weights; rank-one residual {max(per_head):.2g})")
+        return self._scaled_factor(blocks, q.shape[1], k.shape[1]), "weights probed through linearity in the values"
+
+    def _scaled_factor(self, blocks: Tensor, q_len: int, k_len: int) -> Tensor:
+        vis = self.visible(q_len, k_len)
+        out = []
+        for blk in blocks:                                                       # (b, L, S, hd * m)
+            w = blk @ leading_direction(blk.flatten(0, 2))
+            sums = w.masked_fill(~vis, 0.0).sum(-1)[:, vis.any(-1)]
+            c = float(sums.mean())
+            size = float(w.abs().masked_fill(~vis, 0.0).sum(-1).mean())
+            out.append(w / (c if abs(c) > 1e-6 * size else (size or 1.0)))
+        return torch.stack(out, dim=1)
 
 
 def random_rotation(d: int, g: torch.Generator, reflections: int = 4) -> Tensor:

@@ -20,10 +20,25 @@ class AuditReport:
 
     target: str
     checks: list[AuditCheck]
+    notes: tuple[str, ...] = ()
+    """What the adapter kept or changed and what it contributes (e.g. projection biases)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"target": str, "checks": [{"name", "assumption", "passed", "statistic", "tolerance", "detail"}]}``."""
-        return {"target": self.target, "checks": [c.to_dict() for c in self.checks]}
+        """``{"target": str, "checks": [{"name", "assumption", "passed", "statistic", "tolerance", "detail",
+        "candidates"}]}``, plus ``"notes": [str]`` when the adapter has notes."""
+        out: dict[str, Any] = {"target": self.target, "checks": [c.to_dict() for c in self.checks]}
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
+
+    def departures(self) -> list[str]:
+        """One line per failed assumption check: its candidates, and why they cannot be told apart when several."""
+        lines = []
+        for c in self.checks:
+            if c.passed is False and c.candidates:
+                line = f"{c.name} ({c.assumption}): breaks {' or '.join(c.candidates)}"
+                lines.append(line + (f" (cannot be told apart from outside: {c.why})" if c.why else ""))
+        return lines
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -55,9 +70,25 @@ class AuditReport:
             lines.append(f" {section}")
             for c in self.checks:
                 if (c.assumption in NOT_ASSUMPTIONS) == own:
-                    lines.append(f"  {mark[c.passed]}  {c.assumption:<8} {c.name:<19} statistic {c.statistic:<10.3g} "
+                    lines.append(f"  {mark[c.passed]}  {c.assumption:<8} {c.name:<20} statistic {c.statistic:<10.3g} "
                                  f"tol {c.tolerance:<7g} {c.detail}")
+        lines += [" departures and the assumptions that produce them"] + [f"  {d}" for d in self.departures() or
+                                                                         ["none: no assumption check failed"]]
+        lines += [" notes"] + [f"  {n}" for n in self.notes] if self.notes else []
         return "\n".join(lines)
+
+    def to_markdown(self) -> str:
+        """The report as Markdown: one table row per check (with its candidates), then the departures and notes."""
+        mark = {True: "pass", False: "**FAIL**", None: "n/a"}
+        out = [f"# Audit of `{self.target}`", "", "| check | tag | verdict | statistic | tolerance | candidates |",
+               "|---|---|---|---|---|---|"]
+        out += [f"| `{c.name}` | {c.assumption} | {mark[c.passed]} | {c.statistic:.3g} | {c.tolerance:g} | "
+                f"{' or '.join(c.candidates)} |" for c in self.checks]
+        out += ["", "## Departures", ""] + [f"- {d}" for d in self.departures() or ["none: no assumption check "
+                                                                                 "failed"]]
+        if self.notes:
+            out += ["", "## Notes", ""] + [f"- {n}" for n in self.notes]
+        return "\n".join(out) + "\n"
 
 
 def run_audit(target: Any, *, causal: bool | None = None, dim: int | None = None, num_heads: int | None = None,
@@ -88,4 +119,4 @@ def run_audit(target: Any, *, causal: bool | None = None, dim: int | None = None
         raise ValueError(f"{adapter.name} cannot apply a causal mask (a callable needs a 'causal' or 'is_causal' "
                          "keyword); declare an always-causal callable with FunctionAdapter(fn, causal=True)")
     name = target if isinstance(target, str) else adapter.name
-    return AuditReport(name, run_checks(adapter, mode, seed))
+    return AuditReport(name, run_checks(adapter, mode, seed), tuple(adapter.notes))

@@ -19,6 +19,8 @@ def register(app: typer.Typer) -> None:
                                                 "hf:[DIR][#LAYER] (a Hugging Face BERT self-attention; default: the "
                                                 "bundled MiniLM, layer 0; needs the hf extra)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object (the last line of stdout)"),
+        markdown: bool = typer.Option(False, "--markdown", help="print the report as Markdown (a table with each "
+                                                                 "check's candidates, then the departures)"),
         causal: bool = typer.Option(False, "--causal", help="audit with a causal mask"),
         dim: int = typer.Option(16, help="width of the targets built from a string"),
         heads: int = typer.Option(None, help="heads (default 2 for spec/MHA targets, 1 for callables)"),
@@ -55,4 +57,5 @@ def register(app: typer.Typer) -> None:
             report = run_audit(target, causal=causal or None, dim=dim, num_heads=heads, seed=seed)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="TARGET") from None
-        typer.echo(json.dumps(report.to_dict()) if as_json else report.to_text())
+        typer.echo(json.dumps(report.to_dict()) if as_json else report.to_markdown() if markdown else
+                   report.to_text())

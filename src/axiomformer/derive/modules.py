@@ -25,6 +25,7 @@ A2 phi = u|u| v(x), A3 v(x) = tanh(W_v x), A4 the cosine score, A5 the softmax w
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -98,7 +99,9 @@ class GeneralForm(nn.Module):
 
     A term set to ``None`` is absent (its assumption holds). Parameters are shared, not copied, down the chain.
     The parts the checks measure are public: :meth:`score`, :meth:`row_map`, :meth:`value`, :meth:`contribution`,
-    :meth:`aggregate`.
+    :meth:`aggregate`; the checks of A0-A3 also measure the composed :meth:`forward` (with the relevances frozen for
+    A1-A3), so a departure placed in how ``forward`` composes the parts is caught at its step. Narrowing keeps the
+    class, so a subclass that changes a part or ``forward`` stays itself down the chain.
 
     Forward: ``x`` (batch, L, d) queries, ``context`` (batch, S, d) keys/values (default ``x``) -> (batch, L, d).
     """
@@ -127,18 +130,27 @@ class GeneralForm(nn.Module):
     def _parts(self) -> dict:
         return {name: getattr(self, name) for name in ("order", "m", "n", "g", "p")}
 
+    def _clone(self) -> "GeneralForm":
+        """A shallow copy of the same class (a subclass that overrides a part or ``forward`` stays itself down the
+        chain) whose own term slots can be changed without touching this module; parameters stay shared."""
+        other = copy.copy(self)
+        other._modules, other._parameters, other._buffers = (dict(self._modules), dict(self._parameters),
+                                                              dict(self._buffers))
+        return other
+
     def without(self, part: str) -> "GeneralForm":
         """The next module: the same (shared) parameters with term ``part`` removed. Under plant A0 the position
         bias stays (that is the plant)."""
-        kept = self._parts()
+        other = self._clone()
         if not (part == "order" and self.plant == "A0"):
-            kept[part] = None
-        return GeneralForm(self.d, self.w_q, self.w_k, self.w_v, self.r, **kept, plant=self.plant)
+            setattr(other, part, None)
+        return other
 
     def with_softmax(self) -> "GeneralForm":
         """The A5 module: the row map becomes softmax(s / sqrt(d)) (without the temperature under plant A5)."""
-        r = self.r.softmax(power=0.0 if self.plant == "A5" else 0.5)
-        return GeneralForm(self.d, self.w_q, self.w_k, self.w_v, r, **self._parts(), plant=self.plant)
+        other = self._clone()
+        other.r = self.r.softmax(power=0.0 if self.plant == "A5" else 0.5)
+        return other
 
     # ---------------------------------------------------------------------------------------- the parts
     def score(self, x: Tensor, ctx: Tensor) -> Tensor:
@@ -181,10 +193,13 @@ class GeneralForm(nn.Module):
             z = z + self.p(z)
         return torch.tanh(z) if self.plant == "A1" else z
 
-    def forward(self, x: Tensor, context: Tensor | None = None, causal: bool = False) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor | None = None, causal: bool = False,
+                relevance: Tensor | None = None) -> Tensor:
+        """y (batch, L, d). ``relevance`` (batch, L, S): use these u_ij instead of r(s(x, context)), so that the
+        checks of A1-A3 can measure the composed map with the relevances frozen."""
         ctx = x if context is None else context
         mask = visible(x.shape[-2], ctx.shape[-2], causal, x.device)
-        u = self.row_map(self.score(x, ctx), mask)
+        u = self.row_map(self.score(x, ctx), mask) if relevance is None else relevance
         return self.aggregate(self.contribution(ctx, u), mask)
 
 

@@ -19,7 +19,7 @@ ENTROPY_DIMS = (16, 64, 256)
 """Head dims at which the temperature rule is evaluated (A5)."""
 
 
-def _rel(a: Tensor, b: Tensor, ref: Tensor | None = None) -> float:
+def rel(a: Tensor, b: Tensor, ref: Tensor | None = None) -> float:
     """max |a - b| / max |ref| (ref defaults to b); inf if anything is non-finite."""
     ref = b if ref is None else ref
     if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
@@ -31,71 +31,102 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def fit_length(module: GeneralForm) -> int:
+    """Tokens per side of the A4 fit (3 d); the A0 probe is at least this long, so that an order dependence the
+    fit would see is seen by A0 first."""
+    return 3 * module.d
+
+
 @torch.no_grad()
 def set_symmetry(module: GeneralForm, x: Tensor, seed: int) -> float:
     """A0: permuting the tokens visible to query i (keys and values together) leaves y_i unchanged.
 
+    On seeded tokens as long as the A4 fit (:func:`fit_length`; ``x`` when longer), composed map ``module(x, ctx)``.
     Non-causal: one random permutation of the whole context. Causal: for every i, a random permutation of the
     visible prefix j <= i. Relative to max |y|."""
     g = _gen(seed)
-    n = x.shape[1]
+    n = max(x.shape[1], fit_length(module))
+    x = torch.randn(x.shape[0], n, x.shape[2], generator=g, dtype=DTYPE) if n > x.shape[1] else x
     y = module(x, x, causal=False)
-    errs = [_rel(module(x, x[:, torch.randperm(n, generator=g)], causal=False), y)]
+    errs = [rel(module(x, x[:, torch.randperm(n, generator=g)], causal=False), y)]
     y = module(x, x, causal=True)
     for i in range(1, n):
         prefix = torch.randperm(i + 1, generator=g)
         ctx = torch.cat([x[:, prefix], x[:, i + 1:]], dim=1)
-        errs.append(_rel(module(x, ctx, causal=True)[:, i], y[:, i], y))
+        errs.append(rel(module(x, ctx, causal=True)[:, i], y[:, i], y))
     return max(errs)
+
+
+def _split(n: int, g: torch.Generator) -> Tensor:
+    """A random bool split of n tokens with both parts non-empty (token 0 in A, token 1 in B)."""
+    in_a = torch.rand(n, generator=g) < 0.5
+    in_a[0], in_a[1] = True, False
+    return in_a
 
 
 @torch.no_grad()
 def additivity(module: GeneralForm, x: Tensor, seed: int) -> float:
     """A1: the output is additive over the tokens' contributions, y(A u B) = y(A) + y(B) for disjoint token sets.
 
-    The contributions c_ij = phi(x_j, u_ij) are computed once on the full context (weights fixed), then the
-    aggregator is applied to the contributions of a random subset A, of its complement B, and of both; three random
-    splits. Holds for rho = identity and for any linear rho (which folds into W_v); fails for rho = tanh or an MLP."""
+    Measured twice, the larger violation counts: on the parts (contributions c_ij = phi(x_j, u_ij) computed once on
+    the full context, the aggregator applied to those of a subset A, its complement B, and both) and on the composed
+    map (``module(x, ctx_A, relevance=u_A) + module(x, ctx_B, relevance=u_B)`` against the full context, the
+    relevances u frozen at their full-context values), three random splits each. Holds for rho = identity and for any
+    linear rho (which folds into W_v); fails for rho = tanh, an MLP, or a nonlinearity ``forward`` applies after
+    ``aggregate``."""
     g = _gen(seed)
     mask = visible(x.shape[1], x.shape[1], causal=False)
-    c = module.contribution(x, module.row_map(module.score(x, x), mask))
+    u = module.row_map(module.score(x, x), mask)
+    c = module.contribution(x, u)
     y = module.aggregate(c, mask)
+    composed = module(x, x, relevance=u)
     errs = []
     for _ in range(3):
-        in_a = torch.rand(x.shape[1], generator=g) < 0.5
+        in_a = _split(x.shape[1], g)
         a, b = mask & in_a, mask & ~in_a
-        errs.append(_rel(module.aggregate(c, a) + module.aggregate(c, b), y))
+        errs.append(rel(module.aggregate(c, a) + module.aggregate(c, b), y))
+        parts = [module(x, x[:, keep], relevance=u[..., keep]) for keep in (in_a, ~in_a)]
+        errs.append(rel(parts[0] + parts[1], composed))
     return max(errs)
 
 
 @torch.no_grad()
 def homogeneity(module: GeneralForm, x: Tensor, seed: int) -> float:
     """A2: the contribution map is homogeneous in the relevance, phi(x, k u) = k phi(x, u), for k in {2, 1/2, -1, 3}
-    and random relevances u ~ N(0, 1). u |u| or u^2 weighting fails (for k = 2 it gives 4 phi)."""
+    and random relevances u ~ N(0, 1): on :meth:`contribution` and on the composed map ``module(x, relevance=k u)``
+    (rho is the identity from A1 on). u |u| or u^2 weighting fails (for k = 2 it gives 4 phi)."""
     g = _gen(seed)
     u = torch.randn(x.shape[0], x.shape[1], x.shape[1], generator=g, dtype=DTYPE)
-    base = module.contribution(x, u)
-    return max(_rel(module.contribution(x, k * u), k * base) for k in (2.0, 0.5, -1.0, 3.0))
+    base, y = module.contribution(x, u), module(x, x, relevance=u)
+    return max(max(rel(module.contribution(x, k * u), k * base), rel(module(x, x, relevance=k * u), k * y))
+               for k in (2.0, 0.5, -1.0, 3.0))
 
 
 @torch.no_grad()
 def value_linearity(module: GeneralForm, x: Tensor, seed: int) -> float:
-    """A3: the value map is linear: second differences v(a+b) - v(a) - v(b) + v(0) and v(2a) - 2v(a) + v(0) vanish,
-    relative to the first difference v(a) - v(0). The identity and W_v x pass; tanh(W_v x) fails."""
+    """A3: the value map is linear: second differences F(a+b) - F(a) - F(b) + F(0) and F(2a) - 2F(a) + F(0) vanish,
+    relative to the first difference F(a) - F(0), for F = :meth:`value` and for F(c) = ``module(x, c,
+    relevance=u)``, the composed map as a function of the context tokens at frozen relevances u (phi linear in the
+    token at fixed u). The identity and W_v x pass; tanh(W_v x), or a nonlinearity of the value inside phi but
+    outside ``value()``, fail."""
     g = _gen(seed)
     a, b = (torch.randn(*x.shape, generator=g, dtype=DTYPE) for _ in range(2))
-    v = module.value
-    zero = v(torch.zeros_like(a))
-    first = v(a) - zero
-    second = torch.stack([v(a + b) - v(a) - v(b) + zero, v(2 * a) - 2 * v(a) + zero])
-    return _rel(second, torch.zeros_like(second), first)
+    u = torch.randn(x.shape[0], x.shape[1], x.shape[1], generator=g, dtype=DTYPE)
+    errs = []
+    for f in (module.value, lambda ctx: module(x, ctx, relevance=u)):
+        zero = f(torch.zeros_like(a))
+        first = f(a) - zero
+        second = torch.stack([f(a + b) - f(a) - f(b) + zero, f(2 * a) - 2 * f(a) + zero])
+        errs.append(rel(second, torch.zeros_like(second), first))
+    return max(errs)
 
 
 @torch.no_grad()
 def bilinear_fit(module: GeneralForm, x: Tensor, seed: int) -> tuple[float, int, float]:
     """A4: the score is a bilinear form s(x_i, x_j) = x_i^T M x_j of rank <= head_dim.
 
-    M is fitted by least squares to the scores of 3d x 3d random token pairs (9 d^2 equations, d^2 unknowns).
+    M is fitted by least squares to the scores of 3d x 3d random token pairs (9 d^2 equations, d^2 unknowns;
+    :func:`fit_length`).
 
     Returns:
         (relative residual ||s - x_i^T M x_j|| / ||s||, numerical rank of M, distance of M from the nearest c I
@@ -103,7 +134,7 @@ def bilinear_fit(module: GeneralForm, x: Tensor, seed: int) -> tuple[float, int,
     """
     g = _gen(seed)
     d = module.d
-    n = 3 * d
+    n = fit_length(module)
     xi, xj = (torch.randn(1, n, d, generator=g, dtype=DTYPE) for _ in range(2))
     s = module.score(xi, xj)[0].reshape(-1)                                   # (n * n,)
     features = torch.einsum("ia,jb->ijab", xi[0], xj[0]).reshape(n * n, d * d)
@@ -165,7 +196,7 @@ def normalizer_properties(module: GeneralForm, x: Tensor, seed: int) -> dict[str
     s = torch.randn(x.shape[0], n, n, generator=g, dtype=DTYPE)
     w = module.row_map(s, mask)
     c = 3 * torch.randn(x.shape[0], n, 1, generator=g, dtype=DTYPE)
-    out = {"shift": _rel(module.row_map(s + c, mask), w)}
+    out = {"shift": rel(module.row_map(s + c, mask), w)}
     s2 = s.clone()
     s2[..., 0] = s2[..., 0] + 2.0
     w2 = module.row_map(s2, mask)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from axiomformer.derive.chain import SDPA_TOL, VACUOUS_BELOW, Chain, Step
+from axiomformer.derive.chain import FINAL_TOL, SDPA_TOL, VACUOUS_FACTOR, Chain, Step
 from axiomformer.derive.modules import PLANTS
 
 
@@ -23,13 +23,17 @@ def to_text(chain: Chain) -> str:
                   f"    property: {s.spec.property}",
                   f"    violation before {s.violation_before:.3g}   after {s.error_after:.3g} (tol {s.tolerance:g}) "
                   f"{_verdict(s)}"]
-    lines.append(f"final: A5 module and axiomformer's Attention vs torch.nn.functional.scaled_dot_product_attention, "
-                 f"causal and not: max |err| = {chain.final_vs_sdpa_max_abs_err:.3g} (tol {SDPA_TOL:g})")
+    lines.append(f"final: A5 module vs torch.nn.functional.scaled_dot_product_attention on the same projections, "
+                 f"float64, causal and not: relative err = {chain.final_vs_sdpa_rel_err:.3g} (tol {FINAL_TOL:g}); "
+                 f"with axiomformer's Attention: max |err| = {chain.final_vs_sdpa_max_abs_err:.3g} (tol "
+                 f"{SDPA_TOL:g})")
     sa = chain.scale_argument
     lines.append(f"1/sqrt(d): unit-variance q, k; {sa['n_keys']} keys; entropy in nats (max {sa['max_entropy']:.3f})")
     for d, var, hs, hu in zip(sa["dims"], sa["var_qk"], sa["entropy_scaled"], sa["entropy_unscaled"]):
         lines.append(f"    d={d:<4d} Var(q.k)={var:8.2f}   entropy with 1/sqrt(d): {hs:.3f}   without: {hu:.3f}")
     lines.append(f"{'passed' if chain.passed else 'FAILED'}; first failed step: {chain.first_failed_step}")
+    if chain.unlocalized:
+        lines.append(f"UNLOCALIZED: {chain.reason}")
     return "\n".join(lines)
 
 
@@ -41,9 +45,13 @@ def to_markdown(chain: Chain) -> str:
            "(`axiomformer/derive/modules.py`). Inputs: seeded float64 tokens.", "",
            "Each step measures the **property** its assumption states on the module before the step and on the "
            "module after it (`axiomformer/derive/properties.py`). The module before must violate it (a violation "
-           f"at or below `{VACUOUS_BELOW:g}` makes the step **vacuous**, which does not pass); the module after "
-           "must satisfy it within the tolerance. `forced` / `choice`: whether the source calls the step forced by "
-           "the constraints or a choice. `axiomformer derive --plant A0` .. `A5` plants the standard wrong version "
+           f"at or below `{VACUOUS_FACTOR:g}` times the step's tolerance makes the step **vacuous**, which does not "
+           "pass); the module after must satisfy it within the tolerance. A0-A3 are measured on the named parts and "
+           "on the composed map (`forward`, with the relevances frozen for A1-A3), so a departure placed in how "
+           "`forward` composes the parts is caught at its step; A4 and A5 on the score and the row map. A failure "
+           "that no step explains fails the final comparison and is reported as **unlocalized** "
+           "(`first_failed_step: null`, `unlocalized: true`, with the reason). `forced` / `choice`: whether the "
+           "source calls the step forced by the constraints or a choice. `axiomformer derive --plant A0` .. `A5` plants the standard wrong version "
            "of one step in every module; the chain then fails first at that step.", ""]
     if chain.plant:
         out += [f"**Planted at {chain.plant}: {PLANTS[chain.plant]}.**", ""]
@@ -61,9 +69,13 @@ def to_markdown(chain: Chain) -> str:
     sa = chain.scale_argument
     out += ["## Final: the A5 module is `torch.nn.functional.scaled_dot_product_attention`", "",
             r"$$ \mathrm{Attention}(Q, K, V) = \mathrm{softmax}\Big(\frac{QK^\top}{\sqrt{d}}\Big) V $$", "",
-            "Max abs error of the A5 module and of axiomformer's `Attention` (reference engine) with the same "
-            f"weights against SDPA, causal and not: `{chain.final_vs_sdpa_max_abs_err:.3g}` "
-            f"(tolerance `{SDPA_TOL:g}`).", "", "## Why $1/\\sqrt{d}$, measured", "",
+            "Relative error of the A5 module against SDPA on the same projections, float64, causal and not: "
+            f"`{chain.final_vs_sdpa_rel_err:.3g}` (tolerance `{FINAL_TOL:g}`). Max abs error of the A5 module and "
+            "of axiomformer's `Attention` (reference engine, float32 normalizer) with the same weights against SDPA: "
+            f"`{chain.final_vs_sdpa_max_abs_err:.3g}` (tolerance `{SDPA_TOL:g}`).", ""]
+    if chain.unlocalized:
+        out += [f"**Unlocalized failure:** {chain.reason}.", ""]
+    out += ["## Why $1/\\sqrt{d}$, measured", "",
             r"For $q, k$ with i.i.d. unit-variance entries, $\mathrm{Var}(q^\top k) = d$, so unscaled logits grow "
             r"like $\sqrt{d}$ and the softmax saturates. Entropies in nats over "
             f"{sa['n_keys']} keys (maximum {sa['max_entropy']:.3f}).", "",

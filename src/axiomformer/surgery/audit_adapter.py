@@ -2,8 +2,9 @@
 
 ``axiomformer.audit`` probes a map (q, k, v) -> out on (batch, seq, dim) tensors. A BERT self-attention computes
 q, k, v from one ``hidden_states`` tensor, so the adapter feeds it ``hidden_states = [q | k | v]`` (width 3*dim) and,
-on a float64 copy, replaces its ``query`` / ``key`` / ``value`` linears by slices of that input — ``value`` keeps the
-pretrained W_v after its slice. The forward pass itself stays transformers' own ``BertSelfAttention.forward`` and the
+on a float64 copy, replaces its ``query`` / ``key`` / ``value`` linears by slices of that input — ``query`` and ``key``
+keep their pretrained biases after the slice (b_q adds b_q.k_j to the scores, a per-key content term the A4 checks see;
+the report's notes say so), ``value`` keeps the pretrained W_v and b_v after its slice. The forward pass itself stays transformers' own ``BertSelfAttention.forward`` and the
 model's registered attention function (``sdpa``, ``eager``, or ``axiomformer``). This follows the audit's convention
 for every target **(its choice, see axiomformer.audit.adapters)**: query/key projections are the identity (no
 assumption constrains them), the value map is the object of A3 and is kept; BERT's output dense is outside
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from axiomformer.audit import AttentionAdapter, register_adapter, run_audit
-from axiomformer.audit.adapters import Adapter
+from axiomformer.audit.adapters import Adapter, AddBias, bias_notes
 from axiomformer.surgery.replace import AxiomSelfAttention
 
 
@@ -68,7 +69,12 @@ class HFSelfAttentionAdapter(Adapter):
         m = copy.deepcopy(module).to(torch.float64).eval()
         d = m.query.in_features
         pretrained_value = m.value
-        m.query, m.key, m.value = _Slice(0, d), _Slice(1, d), nn.Sequential(_Slice(2, d), pretrained_value)
+        self.notes = bias_notes(m.query.bias, m.key.bias, pretrained_value.bias)
+        if self.notes:
+            self.notes += ("scale_entropy rebuilds the layer at other head dims with zero biases (transformers' "
+                           "initial values; their shape depends on head_dim)",)
+        m.query, m.key = (nn.Sequential(_Slice(i, d), AddBias(lin.bias)) for i, lin in enumerate((m.query, m.key)))
+        m.value = nn.Sequential(_Slice(2, d), pretrained_value)
         self.module, self.pretrained_value = m, pretrained_value
         self.weight_probe = copy.copy(m)           # shares everything but its value map, which is the identity
         self.weight_probe._modules = dict(m._modules, value=_Slice(2, d))
@@ -110,6 +116,10 @@ class HFSelfAttentionAdapter(Adapter):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             fresh = type(self.original)(config)
+        with torch.no_grad():
+            for lin in (fresh.query, fresh.key, fresh.value):
+                if lin.bias is not None:
+                    lin.bias.zero_()
         return HFSelfAttentionAdapter(fresh, self.name, self.seed)
 
     def set_training(self, flag):

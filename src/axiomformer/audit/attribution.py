@@ -1,0 +1,117 @@
+"""Attribution: which assumptions' violation produces each failed check's departure at the audited interface.
+
+Source: Somani, "A Minimal Route to Transformer Attention" (``docs/SOURCES.md``): each assumption is a property of a
+function class. At the interface (q, k, v) -> out some violations produce the same departure, e.g. weights that do
+not sum to one come from a normalizer that does not normalize (A5) or from a query-side scalar rho times normalized
+weights (A1). :func:`attribute` lists every such assumption in ``AuditCheck.candidates`` and says why in the detail,
+instead of picking one. Candidates are *single* violations: two violations at once can mimic almost any departure
+and are never listed **(our choice: parsimony)**. See ``docs/audit.md``.
+"""
+
+from __future__ import annotations
+
+from axiomformer.audit.probe import AuditCheck
+
+ASSUMPTION_TAGS = ("A0", "A1", "A2", "A3", "A4", "A5", "causal")
+"""Tags whose checks can carry candidates; ``design`` and ``numerics`` checks test no assumption."""
+
+SAME_MAP = {
+    ("A5", "A1"): "a normalizer whose rows do not sum to one (A5) and a query-side scalar rho times normalized "
+                  "weights (A1) are the same map at this interface",
+    ("A5", "A4"): "a temperature that departs from 1/sqrt(d) or depends on the number of visible keys (the A5 scale) "
+                  "and a score scaled the same way (A4) are the same map at this interface",
+    ("A4", "A5"): "the scores are bilinear only up to a factor per row (doubling q rescales each row's scores by one "
+                  "factor, or the factor follows the number of visible keys): a row-dependent temperature (the A5 "
+                  "scale) and a score that is not one bilinear form (A4) are the same map at this interface",
+    ("A1", "A2"): "the per-coordinate weights factor through the query (J_ij = c_ij R_i): an output gate, i.e. a "
+                  "query-dependent linear rho (A1), and per-coordinate relevances of that form (A2) are the same map "
+                  "at this interface",
+    ("A2", "A3"): "the per-coordinate weights factor through the key (J_ij = c_ij H_j): per-coordinate relevances "
+                  "that depend on the key only (A2) and a value map that reads more than the value (A3) are the same "
+                  "map at this interface",
+    ("A1", "A3"): "the local Jacobian factors through both the query and the key: a nonlinear rho (A1) and a "
+                  "nonlinear value map (A3) are not told apart",
+    ("A1", "A4"): "the local Jacobian factors through the key but the output is not additive over tokens: a "
+                  "nonlinear rho (A1) and a relevance that reads the values (A4) are not told apart",
+}
+"""Why two candidates cannot be told apart, by (first, second) candidate."""
+
+CONTRIBUTION_CAVEAT = ("the contribution map is not visible (homogeneity n/a): a contribution g(u) v with g not "
+                       "linear after a normalizer r is the same map as u v after the normalizer g(r) (A2)")
+WEIGHT_SHAPE = ("nonnegative_weights", "weights_sum_to_one")
+"""A5 checks that a non-proportional contribution g(u) v can fail while the others pass; rows that still sum to one
+for every distribution force g to be linear, so the other A5 checks implicate A2 only when the sums fail too."""
+OTHER_WEIGHTS = ("ratio_independence", "scale_entropy", "length_scale")
+
+ORDER_CAVEAT = ("set_symmetry failed: the map is not of the form rho(sum_j phi(x_j, u_ij)), so this departure may "
+                "come from the order dependence (A0)")
+
+
+def _shape(st: dict[str, float] | None, tol: float) -> str | None:
+    """'query', 'key', 'both' or 'neither': through what the Jacobian factors (None when it was not measured)."""
+    if not st:
+        return None
+    by_query, by_key = st["per_query"] <= tol, st["per_key"] <= tol
+    return {(True, True): "both", (True, False): "query", (False, True): "key", (False, False): "neither"}[
+        (by_query, by_key)]
+
+
+def _nonlinear(shape: str | None, additive: bool) -> list[str]:
+    """Candidates for a map that is not affine in the values, from the shape of its local Jacobian."""
+    if shape is None:
+        return ["A3"] if additive else ["A1"]
+    if additive:
+        return {"key": ["A3"], "neither": ["A2"], "query": ["A1"], "both": ["A1", "A3"]}[shape]
+    return {"query": ["A1"], "neither": ["A4"], "key": ["A1", "A4"], "both": ["A1", "A3"]}[shape]
+
+
+def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, object]) -> list[str]:
+    failed = lambda name: name in out and out[name].passed is False  # noqa: E731
+    additive = not failed("token_additivity")
+    nonlinear = _shape(facts.get("nonlinear"), float(facts.get("fd_tol", 0.0)))   # type: ignore[arg-type]
+    linear = _shape(facts.get("linear"), float(facts.get("tol", 0.0)))            # type: ignore[arg-type]
+    row_scale = bool("bilinear_scores" in out and out["bilinear_scores"].facts.get("row_scale"))
+    rules: dict[str, list[str]] = {
+        "token_additivity": _nonlinear(nonlinear, False) if nonlinear else ["A1"],
+        "linearity": _nonlinear(nonlinear, additive),
+        "scalar_relevance": {"query": ["A1", "A2"], "key": ["A2", "A3"]}.get(linear or "", ["A2"]),
+        "bilinear_scores": ["A4", "A5"] if row_scale else ["A4"],
+        "bilinear_fit": ["A4", "A5"] if row_scale or failed("length_scale") else ["A4"],
+        "weights_sum_to_one": ["A5", "A1"],
+        "ratio_independence": ["A5", "A4"] if failed("bilinear_fit") else ["A5"],
+        "scale_entropy": ["A5", "A4"],
+        "length_scale": ["A5", "A4"],
+    }
+    found = list(rules.get(c.name, [c.assumption]))
+    hidden_phi = c.name in WEIGHT_SHAPE or (c.name in OTHER_WEIGHTS and failed("weights_sum_to_one"))
+    if hidden_phi and "homogeneity" in out and out["homogeneity"].passed is None:
+        found.append("A2")
+    if failed("set_symmetry") and c.name != "set_symmetry" and "A0" not in found:
+        found.append("A0")
+    return found
+
+
+def attribute(checks: list[AuditCheck], facts: dict[str, object] | None = None) -> list[AuditCheck]:
+    """Fill ``candidates`` of every failed assumption check, in place, and append why they cannot be told apart to
+    its ``detail`` (and ``why``).
+
+    ``facts``: ``"linear"`` / ``"nonlinear"``, the Jacobian structures of :mod:`axiomformer.audit.structure`
+    (at v = 0 for a map affine in the values, at random values otherwise), with their tolerances ``"tol"`` and
+    ``"fd_tol"``.
+    """
+    facts = facts or {}
+    out = {c.name: c for c in checks}
+    for c in checks:
+        c.candidates, c.why = [], ""
+        if c.passed is not False or c.assumption not in ASSUMPTION_TAGS:
+            continue
+        c.candidates = _candidates(c, out, facts)
+        reasons = [SAME_MAP[pair] for pair in zip(c.candidates, c.candidates[1:]) if pair in SAME_MAP]
+        if "A2" in c.candidates[1:] and c.assumption == "A5":
+            reasons.append(CONTRIBUTION_CAVEAT)
+        if "A0" in c.candidates[1:]:
+            reasons.append(ORDER_CAVEAT)
+        if len(c.candidates) > 1:
+            c.why = "; ".join(reasons) or "these assumptions produce the same departure at this interface"
+            c.detail += f". Cannot be told apart from outside: {c.why}"
+    return checks
