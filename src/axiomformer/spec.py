@@ -64,7 +64,8 @@ ASSUMPTIONS: dict[str, str] = {
 
 FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
     "softcap": ("scores <- softcap * tanh(scores / softcap) before any normalizer (0 = off)",
-                "A5: the logits are bounded by softcap (not shift invariant)", "Gemma Team 2024, Gemma 2, sec. 2"),
+                "A4: the score becomes softcap * tanh(q . k / (softcap sqrt(d))), a bounded function of q . k",
+                "Gemma Team 2024, Gemma 2, sec. 2"),
 }
 """Fields that relax an assumption without being an axis: formula, assumption relaxed and how, source (the
 design-space table's rows)."""
@@ -112,7 +113,8 @@ class AttentionSpec:
         topk: keys kept per row by ``normalizer="topk"`` (an int >= 1, default 8; Zhao et al. 2019); ignored by the
             other normalizers.
         softcap: logit soft-capping, scores <- softcap * tanh(scores / softcap) after the scale and before any bias
-            or normalizer (Gemma 2: Gemma Team 2024, sec. 2); a float >= 0, 0 (the default) is off. It relaxes A5.
+            or normalizer (Gemma 2: Gemma Team 2024, sec. 2); a float >= 0, 0 (the default) is off. It relaxes A4:
+            the score becomes a bounded function of q . k (the audit's bilinear checks see it).
 
     Raises:
         ValueError: on an unknown choice (naming the valid ones), non-positive sizes, ``dim`` not divisible by
@@ -300,8 +302,8 @@ class AttentionSpec:
             "A1": self.aggregator == "identity",
             "A2": self.contribution == "proportional",
             "A3": self.value == "linear",
-            "A4": self.score == "dot",
-            "A5": self.normalizer == "softmax" and self.scale == "inv_sqrt_d" and not self.softcap,
+            "A4": self.score == "dot" and not self.softcap,
+            "A5": self.normalizer == "softmax" and self.scale == "inv_sqrt_d",
         }
 
     def relaxed_axes(self) -> dict[str, str]:

@@ -31,6 +31,9 @@ SAME_MAP = {
                   "map at this interface",
     ("A1", "A3"): "the local Jacobian factors through both the query and the key: a nonlinear rho (A1) and a "
                   "nonlinear value map (A3) are not told apart",
+    ("A4", "A1"): "a head's output reads the other heads' queries and keys: logits mixed across heads (A4, talking "
+                  "heads) and a rho that mixes the heads' outputs or reads the whole query (A1: an MLP, an output "
+                  "gate) are the same departure at this interface",
     ("A1", "A4"): "the local Jacobian factors through the key but the output is not additive over tokens: a "
                   "nonlinear rho (A1) and a relevance that reads the values (A4) are not told apart",
 }
@@ -81,6 +84,7 @@ def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, obje
         "ratio_independence": ["A5", "A4"] if failed("bilinear_fit") else ["A5"],
         "scale_entropy": ["A5", "A4"],
         "length_scale": ["A5", "A4"],
+        "head_independence": ["A4", "A1"],
     }
     found = list(rules.get(c.name, [c.assumption]))
     hidden_phi = c.name in WEIGHT_SHAPE or (c.name in OTHER_WEIGHTS and failed("weights_sum_to_one"))

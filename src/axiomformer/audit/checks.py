@@ -195,6 +195,25 @@ def parallel(p: Probe) -> AuditCheck:
                   "parallel (a loop over queries computes the same map and passes)")
 
 
+def head_independence(p: Probe) -> AuditCheck:
+    """Each head scores with its own queries and keys: redrawing the other heads' q, k leaves head 1's output block
+    unchanged. Fails for logits mixed across heads (talking heads, Shazeer et al. 2020) and for a rho that mixes the
+    heads' outputs or reads the whole query (an MLP, an output gate)."""
+    name, heads = "head_independence", p.a.num_heads
+    if heads < 2 or p.a.dim % heads:
+        return cannot_tell(name, "A4", p.tol, f"{heads} head(s) of the target's width: no other head to mix in")
+    hd = p.a.dim // heads
+    q, k, v = p.qkv()
+    out = p.f(q, k, v)[..., :hd]
+    if float(out.abs().max()) < 1e-12:
+        return cannot_tell(name, "A4", p.tol, "head 1's output is zero")
+    q2, k2 = q.clone(), k.clone()
+    q2[..., hd:], k2[..., hd:] = p.randn(*q[..., hd:].shape), p.randn(*k[..., hd:].shape)
+    return result(name, "A4", rel(p.f(q2, k2, v)[..., :hd], out), p.tol,
+                  "redrawing the queries and keys of heads 2..H leaves head 1's output block unchanged: each head "
+                  "scores its keys with its own q and k (heads are independent), as A4's s_ij = q_i . k_j per head")
+
+
 # ------------------------------------------------------------------------------------------------ causal
 def _later_changed(p: Probe, fill: str) -> tuple[Tensor, Tensor, int]:
     q, k, v = p.qkv()
@@ -273,7 +292,7 @@ def run_checks(adapter: Adapter, causal: bool, seed: int = 0) -> list[AuditCheck
     value_free, nonlinear_facts = value_free_relevance(probe(5), a3, head[1])
     weight_results, usable, why = weight_checks(probe(10))
     a4 = [value_free, bilinear_scores(probe(20), usable, why), bilinear_fit(probe(21), usable, why),
-          parallel(probe(22))]
+          parallel(probe(22)), head_independence(probe(23))]
     a5 = weight_results[:2] + [shift_invariance(probe(30), a4[1:3], scalar), weight_results[2],
                                scale_entropy(probe(32), seed, a4[1:3]), length_scale(probe(33))]
     rest = [causality(probe(40)), nan_isolation(probe(41)), learned_values(probe(42)), deterministic(probe(43))]

@@ -52,9 +52,12 @@ class MatrixRow:
 
     @property
     def own_axis_failed(self) -> bool | None:
+        """A failed check tests the row's assumption, or lists it among its ``candidates`` (the departures that
+        assumption alone produces at the audited interface)."""
         if self.tag is None:
             return None
-        return any(c.passed is False and c.assumption == self.tag for c in self.report.checks)
+        return any(c.passed is False and (c.assumption == self.tag or self.tag in c.candidates)
+                   for c in self.report.checks)
 
 
 def tanh_rnn(dim: int = 16, seed: int = 0) -> FunctionAdapter:

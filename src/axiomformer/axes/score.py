@@ -163,6 +163,11 @@ class TalkingHeadsScore(nn.Module):
         return torch.einsum("hg,bgij->bhij", self.mix.to(logits.dtype), logits)
 
 
+@torch.no_grad()
+def _move_mix(module: TalkingHeadsScore, generator: torch.Generator) -> None:
+    module.mix.add_(0.5 * torch.randn(module.mix.shape, generator=generator).to(module.mix))
+
+
 # ---------------------------------------------------------------------------------------------- dot forms
 # softmax_j(scale * score(q_i, k_j)) = softmax_j(scale * q'_i . k'_j + sum_c qcol_c[i] kcol_c[j] + r_i) for the scores
 # with a dot form: ``dot_form(module, q, k, scale) -> (q', k', scale, [(qcol, kcol), ...])``, columns (..., seq, 1).
@@ -192,6 +197,9 @@ SCORE_TRAITS = {
     "plain_dot": "s = q . k exactly, with no learned part",
     "pairwise": "builds a (q_len, k_len, hidden) tensor per pair; extra['pair_width'](module) is hidden",
     "any_width": "the module scores queries and keys of any width (no parameter sized by head_dim)",
+    "starts_standard": "its learned parameters start where it computes the standard choice exactly; "
+                       "extra['move'](module, generator) moves them off that point (the audit of a spec audits the "
+                       "relaxation, not its starting point)",
 }
 
 SCORES = Registry("score", [
@@ -216,8 +224,8 @@ SCORES = Registry("score", [
            {"pair_width": lambda module: module.w_q.out_features}, relaxes="A4: a learned nonlinear score"),
     Choice("talking_heads", "s_h = sum_g P_hg q_g . k_g, P a learned H x H matrix from the identity",
            "Shazeer et al. 2020, arXiv:2003.02436, sec. 4 (talking-heads attention, the logits' projection)",
-           lambda spec: TalkingHeadsScore(spec.num_heads), frozenset({"any_width"}),
-           relaxes="A4: heads stop being independent, the logits are mixed across heads before the normalizer"),
+           lambda spec: TalkingHeadsScore(spec.num_heads), frozenset({"any_width", "starts_standard"}),
+           {"move": _move_mix}, relaxes="A4: heads stop being independent, the logits are mixed across heads before the normalizer"),
 ], SCORE_TRAITS)
 """Every score (A4): formula, source, module factory ``impl(spec)`` and traits."""
 
