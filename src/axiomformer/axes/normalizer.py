@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from entmax import entmax15, entmax_bisect, sparsemax
 from torch import Tensor, nn
 
+from axiomformer.axes import traceable
 from axiomformer.axes.registry import Choice, Registry
 
 if TYPE_CHECKING:
@@ -106,10 +107,14 @@ def _gumbel_options(spec: AttentionSpec) -> dict:
 
 
 def _sparsemax(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+    if torch.compiler.is_compiling():              # the package's autograd.Function breaks the graph
+        return traceable.sparsemax(s)
     return sparsemax(s, dim=-1)
 
 
 def _entmax15(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+    if torch.compiler.is_compiling():
+        return traceable.entmax15(s)
     return entmax15(s, dim=-1)
 
 
@@ -122,6 +127,8 @@ def _entmax_alpha(s: Tensor, training: bool, alpha: Tensor | float = 1.5, **para
     # alpha (1, heads, 1, 1) or a float; the package's bisection differentiates through alpha as well.
     if isinstance(alpha, Tensor):
         alpha = torch.broadcast_to(alpha.float(), s.shape[:-1] + (1,))
+    if torch.compiler.is_compiling():
+        return traceable.entmax_bisect(s, alpha)
     return entmax_bisect(s, alpha, dim=-1)
 
 
@@ -256,8 +263,24 @@ NORMALIZERS = Registry("normalizer", [
 """Every normalizer (A5): see the module docstring and :data:`NORMALIZER_TRAITS`."""
 
 
+class _EluPlusOne(torch.autograd.Function):
+    """phi(x) = elu(x) + 1 keeping only phi for the backward: phi'(x) = 1 for x > 0 and exp(x) = phi(x) for x <= 0,
+    i.e. min(phi, 1) (``F.elu(x) + 1`` keeps elu's output besides phi: one more (L x head_dim) tensor per input)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        phi = torch.where(x > 0, x + 1, torch.exp(torch.clamp(x, max=0.0)))
+        ctx.save_for_backward(phi)
+        return phi
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        phi, = ctx.saved_tensors
+        return grad * torch.clamp(phi, max=1.0)        # differentiable again through phi (double backward)
+
+
 def _elu_plus_one(x: Tensor) -> Tensor:
-    return F.elu(x) + 1
+    return _EluPlusOne.apply(x)
 
 
 def _taylor(x: Tensor) -> Tensor:

@@ -113,7 +113,13 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
     if positions.dim() == 2:                                       # (batch, seq, hd/2) -> (batch, 1, seq, hd/2)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    return _Rope.apply(work, cos.to(work.dtype), sin.to(work.dtype)).to(x.dtype)
+    cos, sin = cos.to(work.dtype), sin.to(work.dtype)
+    if torch.compiler.is_compiling():
+        # The same rotation in plain ops: Dynamo cannot trace the in-place ``out=`` halves of ``_Rope``.
+        half = work.shape[-1] // 2
+        x1, x2 = work[..., :half], work[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return _Rope.apply(work, cos, sin).to(x.dtype)
 
 
 def alibi_slope_list(num_heads: int) -> list[float]:
@@ -278,7 +284,10 @@ def token_positions(q_len: int, new_k_len: int, past: int, device: torch.device,
                    and key_padding_mask.dim() == 2 and key_padding_mask.shape[-1] == k_len)   # else the mask check raises
     if usable_mask and self_attention and new_k_len == q_len:
         full = positions_from_padding(key_padding_mask)
-        if not torch.equal(full, torch.arange(k_len, device=device).expand_as(full)) or cached is not None:
+        # Whether the mask pads on the left is read back to the host; while torch.compile traces, the positions from
+        # the mask are used either way (the same values when nothing pads on the left).
+        if (cached is not None or torch.compiler.is_compiling()
+                or not torch.equal(full, torch.arange(k_len, device=device).expand_as(full))):
             return TokenPositions(full[:, k_len - q_len:], full[:, past:], default=False)
     if cached is not None and self_attention and new_k_len == q_len:
         new = cached[:, -1:] + 1 + torch.arange(new_k_len, device=device)

@@ -37,6 +37,22 @@ def key_only_mask(mask: Tensor | None) -> bool:
     return mask is None or mask.shape[-2] == 1
 
 
+class _Divide(torch.autograd.Function):
+    """out = num / den for den (..., 1), keeping out (the result) instead of num for the backward:
+    dL/dden = -sum(g * out) / den. The (L x head_dim_v) numerator is freed after the forward."""
+
+    @staticmethod
+    def forward(ctx, num: Tensor, den: Tensor) -> Tensor:
+        out = num / den
+        ctx.save_for_backward(out, den)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        out, den = ctx.saved_tensors
+        return grad / den, -(grad * out).sum(-1, keepdim=True) / den
+
+
 def exclusive_cumsum(x: Tensor, start: Tensor) -> Tensor:
     """Along dim 2: out[:, :, i] = start + sum_{c < i} x[:, :, c], without subtraction (each prefix is a sum of
     earlier terms only, so a later term cannot change it)."""
@@ -62,11 +78,11 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, q_offset: int, chunk
     ksum = ck.sum(-2)
     state = exclusive_cumsum(state, torch.matmul(past_k.transpose(-2, -1), past_v))
     ksum = exclusive_cumsum(ksum, past_k.sum(-2))
-    within = torch.matmul(cq, ck.transpose(-2, -1))                       # (B, H, n, chunk, chunk)
-    tril = torch.ones(chunk, chunk, dtype=torch.bool, device=phi_q.device).tril()
-    within = within.masked_fill(~tril, 0.0)
-    num = torch.matmul(cq, state) + torch.matmul(within, cv)
-    den = torch.matmul(cq, ksum.unsqueeze(-1)) + within.sum(-1, keepdim=True)
+    # In place where autograd allows it (a matmul's backward reads its inputs, not its output): one (L x chunk)
+    # block and one (L x dv) block fewer at the peak.
+    within = torch.matmul(cq, ck.transpose(-2, -1)).tril_()               # (B, H, n, chunk, chunk)
+    num = torch.matmul(within, cv).add_(torch.matmul(cq, state))
+    den = torch.matmul(cq, ksum.unsqueeze(-1)).add_(within.sum(-1, keepdim=True))
     num = num.reshape(batch, heads, n * chunk, -1)[..., :length, :]
     den = den.reshape(batch, heads, n * chunk, 1)[..., :length, :]
     return num, den
@@ -93,7 +109,7 @@ def linear_attention(problem: AttentionProblem, k: Tensor, v: Tensor, phi, chunk
     else:
         num = torch.matmul(phi_q, torch.matmul(phi_k.transpose(-2, -1), v32))
         den = torch.matmul(phi_q, phi_k.sum(-2).unsqueeze(-1))
-    return (num / (den + LINEAR_EPS)).to(v.dtype)
+    return _Divide.apply(num, den + LINEAR_EPS).to(v.dtype)
 
 
 class LinearEngine(EngineBase):

@@ -9,8 +9,9 @@ Policy (applied by :func:`axiomformer.engines.attend`, so every engine sees the 
 - a key whose key or value holds NaN/inf is computed as zeros, and exactly the outputs that may see it are set to NaN,
   so a NaN in a blocked token never reaches another token's output or, through ``0 * NaN``, its gradient.
 
-None of it reads a value back to the host: the checks are tensor ops whose result is applied with ``torch.where``
-(no graph break under ``torch.compile``).
+None of it reads a value back to the host where that costs anything: the checks are tensor ops whose result is
+applied with ``torch.where`` (no graph break under ``torch.compile``, no wait on a GPU queue). On the CPU outside
+``torch.compile``, where a read is free, the cleaning is skipped when no key is non-finite (no copies of k and v).
 """
 
 from __future__ import annotations
@@ -286,8 +287,9 @@ def nonfinite_hits(problem: AttentionProblem, bad: Tensor, chunk: int = 256) -> 
     return hits[0] if len(hits) == 1 else torch.cat(hits, dim=-2)
 
 
-def clean_nonfinite(problem: AttentionProblem) -> tuple[Tensor, Tensor, Tensor]:
-    """k and v with the keys that hold a non-finite entry zeroed, and the (batch, heads, k_len) bool marking them.
+def clean_nonfinite(problem: AttentionProblem) -> tuple[Tensor, Tensor, Tensor | None]:
+    """k and v with the keys that hold a non-finite entry zeroed, and the (batch, heads, k_len) bool marking them
+    (None, with k and v themselves, when a free read shows that no key is non-finite).
 
     A blocked key must contribute exactly 0 forward and backward, and 0 * NaN is NaN (weights times values, and the
     score gradient times the keys in dL/dq). ``torch.where`` keeps only the bool condition for the backward, so in a
@@ -295,12 +297,23 @@ def clean_nonfinite(problem: AttentionProblem) -> tuple[Tensor, Tensor, Tensor]:
     holds both).
     """
     bad = nonfinite_keys(problem.k, problem.v)
+    if _reads_are_free(problem.k) and not bool(bad.any()):
+        return problem.k, problem.v, None              # nothing to clean: no copies of k and v
     keep = ~bad.unsqueeze(-1)
     return torch.where(keep, problem.k, 0.0), torch.where(keep, problem.v, 0.0), bad
 
 
-def poison_rows(out: Tensor, problem: AttentionProblem, bad: Tensor) -> Tensor:
-    """NaN in the output rows (batch, heads, q_len, head_dim) of queries that may see a non-finite key ``bad``."""
+def _reads_are_free(t: Tensor) -> bool:
+    """Reading a value back costs nothing: a CPU tensor (no asynchronous queue to wait for) outside
+    ``torch.compile`` (where a read would break the graph). On other devices the checks stay tensor ops."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def poison_rows(out: Tensor, problem: AttentionProblem, bad: Tensor | None) -> Tensor:
+    """NaN in the output rows (batch, heads, q_len, head_dim) of queries that may see a non-finite key ``bad``
+    (None: no key is non-finite)."""
+    if bad is None:
+        return out
     return out.masked_fill(nonfinite_hits(problem, bad), float("nan"))
 
 

@@ -1,0 +1,87 @@
+"""Sparsemax, 1.5-entmax and alpha-entmax in plain tensor ops, for ``torch.compile``.
+
+The ``entmax`` package implements them as ``torch.autograd.Function`` classes with classmethod ``forward``s that
+Dynamo cannot inline (a graph break per call). While ``torch.compile`` traces, ``axes/normalizer.py`` uses these
+instead: the same functions, differentiated by autograd. Rows are (..., n) along the last dimension; blocked entries
+are ``-inf`` and every row has a finite entry (``normalize`` guarantees both).
+
+- sparsemax (Martins & Astudillo 2016, eq. 2 and Algorithm 1): sort z descending; the support size k is the largest
+  k with 1 + k z_(k) > sum_{j<=k} z_(j); tau = (sum_{j<=k} z_(j) - 1) / k; p = relu(z - tau). On a fixed support
+  tau is a linear function of the scores, so autograd through the sort and the gathered cumulative sum gives the
+  sparsemax Jacobian.
+- 1.5-entmax (Peters et al. 2019, Algorithm 2, as the ``entmax`` package): x = z / 2 sorted, with the running means
+  m_k and mean squares s_k, tau_k = m_k - sqrt((1 - k (s_k - m_k^2)) / k); the support is {k : tau_k <= x_(k)};
+  p = relu(x - tau)^2. The square root is taken after the gather, so rows' unused entries carry no gradient.
+- alpha-entmax (Peters et al. 2019, eq. 8; bisection as ``entmax.entmax_bisect`` with 50 steps): tau* is found by
+  bisection without gradient, then refined by one Newton step on f(tau) = sum_j relu((alpha - 1) z_j - tau)^(1 /
+  (alpha - 1)) - 1 taken with gradient; since f(tau*) = 0, that step's derivative is -f_theta / f_tau, the implicit
+  function theorem's, for the scores and alpha alike.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _sorted_clean(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Descending sort, with -inf (blocked, sorted last) replaced by 0 so that cumulative sums stay finite; the
+    finite flags; and the ranks 1..n."""
+    srt = torch.sort(x, dim=-1, descending=True).values
+    finite = torch.isfinite(srt)
+    rho = torch.arange(1, x.shape[-1] + 1, device=x.device, dtype=x.dtype)
+    return torch.where(finite, srt, 0.0), finite, rho
+
+
+def sparsemax(s: Tensor) -> Tensor:
+    """Sparsemax along the last dimension (see the module docstring)."""
+    z = s - s.amax(-1, keepdim=True).detach()
+    srt, finite, rho = _sorted_clean(z)
+    csum = srt.cumsum(-1) - 1.0
+    k = ((rho * srt > csum) & finite).sum(-1, keepdim=True).clamp_min(1)
+    tau = csum.gather(-1, k - 1) / k.to(z.dtype)
+    return torch.relu(z - tau)
+
+
+def entmax15(s: Tensor) -> Tensor:
+    """1.5-entmax along the last dimension, relu(z / 2 - tau)^2 (see the module docstring)."""
+    x = (s - s.amax(-1, keepdim=True).detach()) / 2
+    srt, finite, rho = _sorted_clean(x)
+    mean = srt.cumsum(-1) / rho
+    mean_sq = (srt * srt).cumsum(-1) / rho
+    with torch.no_grad():
+        delta = (1 - rho * (mean_sq - mean * mean)) / rho
+        tau_all = mean - delta.clamp_min(0).sqrt()
+        k = ((tau_all <= srt) & finite).sum(-1, keepdim=True).clamp_min(1)
+    m, m2, kf = mean.gather(-1, k - 1), mean_sq.gather(-1, k - 1), k.to(x.dtype)
+    tau = m - ((1 - kf * (m2 - m * m)) / kf).clamp_min(0).sqrt()
+    return torch.relu(x - tau).square()
+
+
+def _power(h: Tensor, e: Tensor) -> Tensor:
+    """h^e for h >= 0, exactly 0 where h = 0 (also for e < 0), with finite gradients."""
+    positive = h > 0
+    return torch.where(positive, torch.where(positive, h, 1.0).pow(e), 0.0)
+
+
+def entmax_bisect(s: Tensor, alpha: Tensor | float, n_iter: int = 50) -> Tensor:
+    """alpha-entmax along the last dimension; ``alpha`` > 1, a float or broadcastable to (..., 1)."""
+    alpha = torch.as_tensor(alpha, dtype=s.dtype, device=s.device)
+    alpha = torch.broadcast_to(alpha, s.shape[:-1] + (1,)) if alpha.dim() else alpha.expand(s.shape[:-1] + (1,))
+    a1 = alpha - 1
+    e = 1.0 / a1
+    x = torch.where(torch.isfinite(s), s * a1, float("-inf"))
+    top = x.amax(-1, keepdim=True)
+    with torch.no_grad():
+        lo, hi = top - 1.0, top - (1.0 / s.shape[-1]) ** a1
+        for _ in range(n_iter):                     # a fixed count: no length or value decides the trip count
+            mid = (lo + hi) / 2
+            f = _power(torch.relu(x - mid), e).sum(-1, keepdim=True) - 1
+            lo, hi = torch.where(f >= 0, mid, lo), torch.where(f >= 0, hi, mid)
+        tau_star = lo
+    h = torch.relu(x - tau_star)
+    f = _power(h, e).sum(-1, keepdim=True) - 1
+    slope = -(e * _power(h, e - 1)).sum(-1, keepdim=True)
+    tau = tau_star - f / slope
+    p = _power(torch.relu(x - tau), e)
+    return p / p.sum(-1, keepdim=True)

@@ -1,0 +1,161 @@
+"""The equivalence matrix, generated from the registries: every choice of every axis x every engine that accepts it x
+every kind of problem (no mask, key padding, float mask, causal, ALiBi, sliding window, KV-cache decode), forward and
+backward (inputs and every parameter), against the reference engine.
+
+Which engines accept a case is asked of the router itself (an engine forced on a problem it does not accept raises),
+so a new choice, or a new fast path for an old one, is checked here without a test written for it. The last test
+plants a wrong fast path and shows that the matrix catches it, in the right cases and only there.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from axiomformer import Attention, AttentionSpec, KVCache
+from axiomformer.engines import ENGINE_ORDER, ENGINES, register_engine, unregister_engine
+from axiomformer.engines.chunked import ChunkedEngine
+from axiomformer.engines.elementwise import ElementwiseEngine
+from axiomformer.engines.linear import LinearEngine
+from axiomformer.engines.sdpa import SDPAEngine
+from axiomformer.engines.sparse import SparseEngine
+from axiomformer.spec import AXES
+
+DIM, HEADS, BATCH, Q_LEN, K_LEN, WINDOW = 16, 2, 2, 6, 9, 3
+SCENARIOS = ("none", "key_padding", "float_mask", "causal", "alibi", "window", "kv_decode")
+CHOICES = [(axis, name) for axis, names in AXES.items() for name in names]
+RTOL = 1e-4
+"""Largest relative error (norm of the difference over the norm of the reference, per tensor) in float32."""
+
+
+@pytest.fixture(autouse=True)
+def _small_blocks(monkeypatch):
+    # Blocks of a few queries and keys, so that every chunked path crosses chunk boundaries at these sizes.
+    monkeypatch.setitem(ENGINES, "chunked", ChunkedEngine(query_chunk=4, key_chunk=4))
+    monkeypatch.setitem(ENGINES, "linear", LinearEngine(chunk=4))
+    monkeypatch.setitem(ENGINES, "elementwise", ElementwiseEngine(memory_budget=100))
+    monkeypatch.setitem(ENGINES, "sparse", SparseEngine(memory_budget=100))
+    monkeypatch.delenv("AXIOMFORMER_ENGINE", raising=False)
+
+
+def case_spec(axis: str, name: str, scenario: str) -> AttentionSpec | None:
+    """The spec of one cell, or None where the scenario would replace the choice (ALiBi on another position)."""
+    if scenario == "alibi" and axis == "position" and name != "alibi":
+        return None
+    spec = AttentionSpec.standard(DIM, HEADS, causal=scenario in ("causal", "alibi", "window", "kv_decode"))
+    spec = spec.relax({axis: name})
+    if axis == "feature_map":
+        spec = spec.relax(normalizer="linear")
+    if scenario == "alibi":
+        spec = spec.relax(position="alibi")
+    if scenario == "window":
+        spec = spec.relax(window=WINDOW)
+    return spec
+
+
+def _inputs(scenario: str):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(BATCH, Q_LEN, DIM, generator=g)
+    kv = torch.randn(BATCH, K_LEN, DIM, generator=g)
+    kwargs = {}
+    if scenario == "key_padding":
+        keep = torch.ones(BATCH, K_LEN, dtype=torch.bool)
+        keep[1, 6:] = False
+        kwargs["key_padding_mask"] = keep
+    if scenario == "float_mask":
+        bias = torch.randn(Q_LEN, K_LEN, generator=g)
+        bias[0, 2:5] = float("-inf")
+        kwargs["attn_mask"] = bias
+    return x, kv, kwargs
+
+
+def run_case(spec: AttentionSpec, scenario: str, engine: str):
+    """Output and gradients (inputs, then every parameter) of one cell on one engine; None if it declines."""
+    x, kv, kwargs = _inputs(scenario)
+    torch.manual_seed(3)
+    att = Attention(spec, engine=engine).eval()
+    x, kv = x.requires_grad_(), kv.requires_grad_()
+    try:
+        if scenario == "kv_decode":
+            cache = KVCache()
+            att(kv[:, :-1], cache=cache)                                  # prefill 8 tokens
+            out = att(kv[:, -1:], cache=cache)                            # decode the 9th
+        else:
+            out = att(x, kv, **kwargs)
+    except ValueError as err:
+        if "cannot run" in str(err):
+            return None
+        raise
+    assert att.last_engine == engine
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    grads = [x.grad if x.grad is not None else torch.zeros(()), kv.grad]
+    return [out.detach()] + grads + [p.grad if p.grad is not None else torch.zeros(()) for p in att.parameters()]
+
+
+def mismatches(got: list, expected: list) -> list[str]:
+    """Which tensors differ beyond ``RTOL`` (``out``, ``grad x``, ``grad kv``, ``grad <parameter i>``)."""
+    names = ["out", "grad x", "grad kv"] + [f"grad parameter {i}" for i in range(len(expected) - 3)]
+    floor = 1e-3 * max(float(t.norm()) for t in expected)
+    bad = []
+    for name, a, b in zip(names, got, expected):
+        if not bool(torch.isfinite(a).all()) or float((a - b).norm()) > RTOL * max(float(b.norm()), floor):
+            bad.append(f"{name}: |diff| {float((a - b).norm()):.2e} vs |ref| {float(b.norm()):.2e}")
+    return bad
+
+
+def cell_failures(axis: str, name: str, scenario: str, engines=None) -> dict[str, list[str]]:
+    """{engine: mismatches} for every engine that accepts the cell and differs from the reference engine."""
+    spec = case_spec(axis, name, scenario)
+    if spec is None:
+        return {}
+    expected = run_case(spec, scenario, "reference")
+    failures = {}
+    for engine in engines or ENGINE_ORDER:
+        if engine == "reference":
+            continue
+        got = run_case(spec, scenario, engine)
+        if got is not None and (bad := mismatches(got, expected)):
+            failures[engine] = bad
+    return failures
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("axis, name", CHOICES, ids=[f"{a}={n}" for a, n in CHOICES])
+def test_every_engine_that_accepts_a_choice_computes_what_the_reference_does(axis, name, scenario):
+    assert cell_failures(axis, name, scenario) == {}
+
+
+def test_the_matrix_runs_every_fast_engine_somewhere():
+    # Guards against a matrix that checks nothing: each CPU engine is accepted by some cell.
+    ran = set()
+    for axis, name, scenario in (("score", "dot", "causal"), ("normalizer", "linear", "causal"),
+                                 ("normalizer", "sigmoid", "causal"), ("normalizer", "sparsemax", "none"),
+                                 ("score", "additive", "causal")):
+        for engine in ENGINE_ORDER:
+            if run_case(case_spec(axis, name, scenario), scenario, engine) is not None:
+                ran.add(engine)
+    assert {"sdpa", "linear", "elementwise", "sparse", "chunked", "reference"} <= ran
+
+
+# ---------------------------------------------------------------------------------------------- the matrix can fail
+class _ForgetsTheBias(SDPAEngine):
+    """A wrong fast path: SDPA that drops the float bias and the ALiBi slopes (the fault of issue 25)."""
+
+    name = "forgets_bias"
+
+    def __call__(self, plan, problem, need_weights=False):
+        import dataclasses
+
+        return super().__call__(plan, dataclasses.replace(problem, bias=None, alibi_slopes=None), need_weights)
+
+
+def test_a_planted_wrong_fast_path_is_caught_in_exactly_the_cells_it_gets_wrong():
+    register_engine(_ForgetsTheBias(), before="sdpa")
+    try:
+        caught = {scenario: cell_failures("score", "cosine", scenario, engines=["forgets_bias"])
+                  for scenario in SCENARIOS}
+    finally:
+        unregister_engine("forgets_bias")
+    wrong = {scenario for scenario, failures in caught.items() if failures}
+    assert wrong == {"float_mask", "alibi"}, caught
+    assert all(set(failures) == {"forgets_bias"} for failures in caught.values() if failures)
