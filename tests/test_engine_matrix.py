@@ -19,11 +19,12 @@ from axiomformer.engines.elementwise import ElementwiseEngine
 from axiomformer.engines.linear import LinearEngine
 from axiomformer.engines.sdpa import SDPAEngine
 from axiomformer.engines.sparse import SparseEngine
-from axiomformer.spec import AXES
+from axiomformer.spec import AXES, required_fields
 
 DIM, HEADS, BATCH, Q_LEN, K_LEN, WINDOW = 16, 2, 2, 6, 9, 3
 SCENARIOS = ("none", "key_padding", "float_mask", "causal", "alibi", "window", "kv_decode")
-CHOICES = [(axis, name) for axis, names in AXES.items() for name in names]
+CHOICES = [(axis, name) for axis, names in AXES.items() for name in names] + [("softcap", "2.5"), ("topk", "3")]
+"""Every choice of every axis, and the relaxations that are spec fields (soft-capping; topk below the key count)."""
 RTOL = 1e-4
 """Largest relative error (norm of the difference over the norm of the reference, per tensor) in float32."""
 
@@ -42,8 +43,13 @@ def case_spec(axis: str, name: str, scenario: str) -> AttentionSpec | None:
     """The spec of one cell, or None where the scenario would replace the choice (ALiBi on another position)."""
     if scenario == "alibi" and axis == "position" and name != "alibi":
         return None
-    spec = AttentionSpec.standard(DIM, HEADS, causal=scenario in ("causal", "alibi", "window", "kv_decode"))
+    causal = scenario in ("causal", "alibi", "window", "kv_decode")
+    if not causal and required_fields(axis, name):
+        return None                                   # defined only under a causal mask
+    spec = AttentionSpec.standard(DIM, HEADS, causal=causal)
     spec = spec.relax({axis: name})
+    if axis == "topk":
+        spec = spec.relax(normalizer="topk")
     if axis == "feature_map":
         spec = spec.relax(normalizer="linear")
     if scenario == "alibi":
