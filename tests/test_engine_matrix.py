@@ -17,6 +17,7 @@ from axiomformer.engines import ENGINE_ORDER, ENGINES, register_engine, unregist
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.elementwise import ElementwiseEngine
 from axiomformer.engines.linear import LinearEngine
+from axiomformer.engines.rowwise import RowwiseEngine
 from axiomformer.engines.sdpa import SDPAEngine
 from axiomformer.engines.sparse import SparseEngine
 from axiomformer.spec import AXES, required_fields
@@ -36,6 +37,7 @@ def _small_blocks(monkeypatch):
     monkeypatch.setitem(ENGINES, "linear", LinearEngine(chunk=4))
     monkeypatch.setitem(ENGINES, "elementwise", ElementwiseEngine(memory_budget=100))
     monkeypatch.setitem(ENGINES, "sparse", SparseEngine(memory_budget=100))
+    monkeypatch.setitem(ENGINES, "rowwise", RowwiseEngine(memory_budget=100))
     monkeypatch.delenv("AXIOMFORMER_ENGINE", raising=False)
 
 
@@ -165,3 +167,16 @@ def test_a_planted_wrong_fast_path_is_caught_in_exactly_the_cells_it_gets_wrong(
     wrong = {scenario for scenario, failures in caught.items() if failures}
     assert wrong == {"float_mask", "alibi"}, caught
     assert all(set(failures) == {"forgets_bias"} for failures in caught.values() if failures)
+
+
+def test_a_planted_wrong_closed_form_backward_is_caught_on_the_rowwise_engine(monkeypatch):
+    from axiomformer.axes.normalizer import NORMALIZERS
+
+    choice = NORMALIZERS["softpick"]
+    right = choice.extra["vjp"]
+    monkeypatch.setitem(choice.extra, "vjp", lambda z, u, g, delta, **o: right(z, u, g, 0 * delta, **o))
+    caught = {scenario: cell_failures("normalizer", "softpick", scenario, engines=["rowwise"])
+              for scenario in SCENARIOS}
+    wrong = {scenario for scenario, failures in caught.items() if failures}
+    assert wrong == {"none", "causal", "kv_decode"}, caught    # the cells rowwise accepts (at most a causal mask)
+    assert all(all(f.startswith("grad") for f in failures["rowwise"]) for failures in caught.values() if failures)

@@ -86,6 +86,8 @@ NORMALIZER_TRAITS = {
     "halves": "scores the two halves of each head's query and key apart: impl receives them stacked, (2, batch, "
               "heads, q_len, k_len), and the score width d_k is head_dim / 2",
     "causal": "defined only under a causal mask: the spec refuses causal=False",
+    "closed_vjp": "extra['vjp'](z, u, g, delta, **options) -> dL/dz in closed form, from the logits z (blocked keys "
+                  "-inf), u = impl(z), g = dL/du and delta = sum_j u_j g_j (the rowwise engine's backward)",
 }
 
 
@@ -194,6 +196,30 @@ def _topk_options(spec: AttentionSpec) -> dict:
     return {"k": int(spec.topk)}
 
 
+# ---------------------------------------------------------------------------------------------- closed-form VJPs
+# For the trait ``closed_vjp``: dL/dz from the logits z (blocked keys -inf), the weights u = impl(z), g = dL/du and
+# delta = sum_j u_j g_j (= rowsum(dO * O) when out = u V), without autograd (the rowwise engine's backward).
+def _softmax_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
+    return u * (g - delta)                       # softmax, and topk: the softmax over the kept keys (u = 0 elsewhere)
+
+
+def _softpick_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
+    # u_j = relu(a_j) / D, a_j = e^(z_j - m) - e^-m, D = sum_l |a_l| + eps e^-m:
+    # dL/da_k = ([a_k > 0] g_k - sign(a_k) sum_j g_j u_j) / D, and da_k/dz_k = e^(z_k - m).
+    m = z.amax(dim=-1, keepdim=True).clamp_min(0.0)
+    e = torch.exp(z - m)
+    a = torch.where(torch.isneginf(z), torch.zeros_like(e), e - torch.exp(-m))
+    denom = a.abs().sum(dim=-1, keepdim=True) + SOFTPICK_EPS * torch.exp(-m)
+    return ((a > 0).to(g.dtype) * g - torch.sign(a) * delta) / denom * e
+
+
+def _stick_breaking_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
+    # log u_j = logsigmoid(z_j) + sum_{l > j} logsigmoid(-z_l): with dA = g u,
+    # dL/dz_j = dA_j sigmoid(-z_j) - sigmoid(z_j) sum_{j' < j} dA_j'.
+    d = g * u
+    return d * torch.sigmoid(-z) - torch.sigmoid(z) * (torch.cumsum(d, dim=-1) - d)
+
+
 def _sigmoid(s: Tensor, n: Tensor) -> Tensor:
     return torch.sigmoid(s - n.log())
 
@@ -208,7 +234,7 @@ def _linear(kernel: Tensor) -> Tensor:
 
 NORMALIZERS = Registry("normalizer", [
     Choice("softmax", "u = exp(s) / sum_j exp(s_j)", "Vaswani et al. 2017, eq. 1 (A5 holds with scale inv_sqrt_d)",
-           _softmax, frozenset({"row", "softmax", "softmax_in_eval"})),
+           _softmax, frozenset({"row", "softmax", "softmax_in_eval", "closed_vjp"}), {"vjp": _softmax_vjp}),
     Choice("sigmoid", "u = sigmoid(s - log n_i)", "Ramapuram et al. 2024, sigmoid attention with b = -log n",
            _sigmoid, frozenset({"elementwise"}), relaxes="A5: each weight from its own score; rows need not sum to 1"),
     Choice("relu", "u = relu(s) / n_i", "Wortsman et al. 2023, ReLU attention", _relu, frozenset({"elementwise"}),
@@ -244,7 +270,7 @@ NORMALIZERS = Registry("normalizer", [
            relaxes="A5: signed weights, the difference of two softmaxes; rows sum to 1 - lambda_h"),
     Choice("stick_breaking", "u_ij = beta_ij prod_{visible l, j < l <= i} (1 - beta_il), beta_ij = sigmoid(s_ij)",
            "Tan et al. 2024, arXiv:2410.17980, eq. 3 (stick-breaking attention)", _stick_breaking,
-           frozenset({"row", "causal"}), relaxes="A5 and order together: the nearest keys take their share first; "
+           frozenset({"row", "causal", "closed_vjp"}), {"vjp": _stick_breaking_vjp}, relaxes="A5 and order together: the nearest keys take their share first; "
            "rows sum to at most 1, not shift invariant (causal only)"),
     Choice("softmax_sink", "u = exp(s) / (exp(b_h) + sum_j exp(s_j)), a learned sink logit b_h per head (from 0)",
            "gpt-oss (OpenAI 2025, attention sinks); softmax1 is b_h = 0 (Miller 2023)", _softmax_sink,
@@ -252,12 +278,12 @@ NORMALIZERS = Registry("normalizer", [
            {"parameters": _sink_parameters, "params": lambda module: {"sink": module.sink_logit.view(1, -1, 1, 1)}},
            relaxes="A5: rows sum below 1 by a learned amount (a sink logit per head)"),
     Choice("softpick", "u = relu(exp(s) - 1) / (sum_j |exp(s_j) - 1| + 1e-6)",
-           "Zuhri et al. 2025, arXiv:2504.20966, eq. 2 (softpick)", _softpick, frozenset({"row"}),
-           relaxes="A5: not shift invariant; exact zeros where s <= 0; rows may sum below 1"),
+           "Zuhri et al. 2025, arXiv:2504.20966, eq. 2 (softpick)", _softpick, frozenset({"row", "closed_vjp"}),
+           {"vjp": _softpick_vjp}, relaxes="A5: not shift invariant; exact zeros where s <= 0; rows may sum below 1"),
     Choice("topk", "u = softmax over each row's topk largest visible scores, 0 elsewhere (spec field topk)",
            "Zhao et al. 2019, arXiv:1912.11637, eq. 4-5 (explicit sparse transformer)", _topk,
-           frozenset({"row", "configured"}),
-           {"options": _topk_options, "defaults": {"k": TOPK_DEFAULT}, "fields": {"k": "topk"}},
+           frozenset({"row", "configured", "closed_vjp"}),
+           {"options": _topk_options, "defaults": {"k": TOPK_DEFAULT}, "fields": {"k": "topk"}, "vjp": _softmax_vjp},
            relaxes="A5: only the k largest scores of a row get weight (ratios depend on the other scores' ranks)"),
 ], NORMALIZER_TRAITS)
 """Every normalizer (A5): see the module docstring and :data:`NORMALIZER_TRAITS`."""

@@ -38,6 +38,7 @@ from axiomformer.engines.linear import LinearEngine
 from axiomformer.engines.plan import Plan, problem_kind
 from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows, zero_rows_without_keys
 from axiomformer.engines.reference import ReferenceEngine
+from axiomformer.engines.rowwise import RowwiseEngine
 from axiomformer.engines.sdpa import SDPAEngine
 from axiomformer.engines.sparse import SparseEngine
 from axiomformer.spec import AttentionSpec
@@ -89,6 +90,7 @@ register_engine(FlexEngine(), before="sdpa")
 register_engine(LinearEngine())
 register_engine(ElementwiseEngine())
 register_engine(SparseEngine())
+register_engine(RowwiseEngine())
 register_engine(ChunkedEngine())
 
 
