@@ -354,3 +354,21 @@ def test_the_transformers_adapter_runs_sinks_and_softcap_as_registry_choices_wit
     torch.testing.assert_close(w.double(), full.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out, ref.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad, ref_sinks.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["softcap", "softpick", "topk", "stick_breaking", "log_n"])
+def test_second_order_gradients_on_the_fast_route_equal_the_reference_engine(name):
+    x = torch.randn(2, 40, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+
+    def hessian_vector(engine):
+        att = _layer(name, True)
+        att.engine = engine
+        xx = x.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(att(xx).square().sum(), xx, create_graph=True)
+        (hv,) = torch.autograd.grad(grad.sin().sum(), xx)
+        return att, hv
+
+    fast, hv = hessian_vector("auto")
+    assert fast.last_engine != "reference"
+    # the reference engine normalizes in float32 (axes/normalizer.py), the rowwise one in the input dtype
+    torch.testing.assert_close(hv, hessian_vector("reference")[1], rtol=1e-3, atol=1e-5)

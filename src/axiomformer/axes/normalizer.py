@@ -197,27 +197,30 @@ def _topk_options(spec: AttentionSpec) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- closed-form VJPs
-# For the trait ``closed_vjp``: dL/dz from the logits z (blocked keys -inf), the weights u = impl(z), g = dL/du and
-# delta = sum_j u_j g_j (= rowsum(dO * O) when out = u V), without autograd (the rowwise engine's backward).
+# For the trait ``closed_vjp``: dL/dz from the logits z (blocked keys -inf), the weights u = impl(z), g = dL/du (which
+# the function may overwrite) and delta = sum_j u_j g_j (= rowsum(dO * O) when out = u V), without autograd (the
+# rowwise engine's backward).
 def _softmax_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
-    return u * (g - delta)                       # softmax, and topk: the softmax over the kept keys (u = 0 elsewhere)
+    return g.sub_(delta).mul_(u)                 # softmax, and topk: the softmax over the kept keys (u = 0 elsewhere)
 
 
 def _softpick_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
     # u_j = relu(a_j) / D, a_j = e^(z_j - m) - e^-m, D = sum_l |a_l| + eps e^-m:
-    # dL/da_k = ([a_k > 0] g_k - sign(a_k) sum_j g_j u_j) / D, and da_k/dz_k = e^(z_k - m).
-    m = z.amax(dim=-1, keepdim=True).clamp_min(0.0)
+    # dL/da_k = ([a_k > 0] g_k - sign(a_k) sum_j g_j u_j) / D, and da_k/dz_k = e^(z_k - m) (0 at a blocked key).
+    m = z.amax(dim=-1, keepdim=True).clamp_min_(0.0)
     e = torch.exp(z - m)
-    a = torch.where(torch.isneginf(z), torch.zeros_like(e), e - torch.exp(-m))
-    denom = a.abs().sum(dim=-1, keepdim=True) + SOFTPICK_EPS * torch.exp(-m)
-    return ((a > 0).to(g.dtype) * g - torch.sign(a) * delta) / denom * e
+    floor = torch.exp(-m)
+    a = (e - floor).masked_fill_(torch.isneginf(z), 0.0)
+    denom = a.abs().sum(dim=-1, keepdim=True).add_(floor, alpha=SOFTPICK_EPS)
+    return g.mul_(u > 0).sub_(a.sign_().mul_(delta)).div_(denom).mul_(e)
 
 
 def _stick_breaking_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
     # log u_j = logsigmoid(z_j) + sum_{l > j} logsigmoid(-z_l): with dA = g u,
     # dL/dz_j = dA_j sigmoid(-z_j) - sigmoid(z_j) sum_{j' < j} dA_j'.
-    d = g * u
-    return d * torch.sigmoid(-z) - torch.sigmoid(z) * (torch.cumsum(d, dim=-1) - d)
+    d = g.mul_(u)
+    before = torch.cumsum(d, dim=-1).sub_(d)
+    return d.mul_(torch.sigmoid(-z)).sub_(before.mul_(torch.sigmoid(z)))
 
 
 def _sigmoid(s: Tensor, n: Tensor) -> Tensor:

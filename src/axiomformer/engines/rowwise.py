@@ -40,23 +40,26 @@ class _Row:
         self.options = plan.options
         self.cap = float(plan.spec.softcap)
 
-    def logits_(self, z: Tensor, diagonal) -> Tensor:
-        """Cap (in place) and block the keys after each query's causal limit."""
+    def logits_(self, z: Tensor, diagonal, slope: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Cap z (in place) and block the keys after each query's causal limit; with ``slope``, also the cap's
+        derivative 1 - (t / c)^2 at the unblocked logits (None without a cap)."""
+        factor = None
         if self.cap:
-            z.div_(self.cap).tanh_().mul_(self.cap)
+            z.div_(self.cap).tanh_()
+            if slope:
+                factor = 1 - z * z
+            z.mul_(self.cap)
         if diagonal is not None:
             first, hidden = diagonal
             z[..., first:].masked_fill_(hidden, float("-inf"))
-        return z
+        return z, factor
 
     def weights(self, t: Tensor) -> Tensor:
         return self.impl(t, False, **self.options)
 
-    def grad_logits(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor) -> Tensor:
+    def grad_logits(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, factor: Tensor | None) -> Tensor:
         dz = self.vjp(t, u, g, delta, **self.options)
-        if self.cap:                                       # d(c tanh(z / c))/dz = 1 - (t / c)^2; 0 where blocked
-            dz = torch.where(torch.isneginf(t), torch.zeros_like(dz), dz * (1 - (t / self.cap) ** 2))
-        return dz
+        return dz if factor is None else dz.mul_(factor)          # d(c tanh(z / c))/dz = 1 - (t / c)^2
 
 
 def exact_rowwise(q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int) -> Tensor:
@@ -86,7 +89,7 @@ class RowwiseAttention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int, size: int) -> Tensor:
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         for rows, end, diagonal in _chunks(q.shape[-2], size, offset, causal, k.shape[-2], q.device):
-            t = row.logits_(torch.bmm(q[:, rows], k[:, :end].transpose(-2, -1)), diagonal)
+            t, _ = row.logits_(torch.bmm(q[:, rows], k[:, :end].transpose(-2, -1)), diagonal)
             out[:, rows] = torch.bmm(row.weights(t), v[:, :end])
         ctx.save_for_backward(q, k, v, out)
         ctx.row, ctx.causal, ctx.offset, ctx.size = row, causal, offset, size
@@ -104,12 +107,12 @@ class RowwiseAttention(torch.autograd.Function):
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for rows, end, diagonal in _chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q.device):
             q_c, k_c, v_c, d_out = q[:, rows], k[:, :end], v[:, :end], grad_out[:, rows]
-            t = row.logits_(torch.bmm(q_c, k_c.transpose(-2, -1)), diagonal)
+            t, factor = row.logits_(torch.bmm(q_c, k_c.transpose(-2, -1)), diagonal, slope=True)
             u = row.weights(t)
             grad_v[:, :end] += torch.bmm(u.transpose(-2, -1), d_out)
             g = torch.bmm(d_out, v_c.transpose(-2, -1))                      # dL/du
             delta = (d_out * out[:, rows]).sum(-1, keepdim=True)            # sum_j u_j g_j
-            dz = row.grad_logits(t, u, g, delta)
+            dz = row.grad_logits(t, u, g, delta, factor)
             grad_q[:, rows] = torch.bmm(dz, k_c)
             grad_k[:, :end] += torch.bmm(dz.transpose(-2, -1), q_c)
         return grad_q, grad_k, grad_v, None, None, None, None
