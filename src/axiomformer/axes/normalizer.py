@@ -165,7 +165,10 @@ def entmax_alpha(x: Tensor, alpha: Tensor | float, alpha_minus_one: Tensor | Non
     top = x.amax(dim=-1, keepdim=True).detach()
     with torch.no_grad():
         xd, bd = x.detach(), beta.detach()
-        lo, hi = top, top + math.log(x.shape[-1])                # S(lo) >= 1 >= S(hi) for every beta >= 0
+        # S(lo) >= 1 >= S(hi) for every beta >= 0, with n the row's finite entries (a tensor, not the length: under
+        # torch.compile a Python number from the shape would compile one graph per length).
+        finite = (xd > float("-inf")).sum(-1, keepdim=True).clamp_min(1).to(x.dtype)
+        lo, hi = top, top + finite.log()
         for _ in range(ENTMAX_BISECTIONS):
             mid = (lo + hi) / 2
             above = _entmax_terms(xd, mid, bd, False).sum(-1, keepdim=True) >= 1.0
