@@ -137,3 +137,53 @@ def query_norm_temperature(q: Tensor, k: Tensor, v: Tensor, causal: bool = False
 
 
 WRONG["query_norm_temperature"] = query_norm_temperature
+
+
+# ------------------------------------------------------------------------- two-head functions and more of the kinds
+def _heads(t: Tensor) -> Tensor:
+    b, n, d = t.shape
+    return t.view(b, n, 2, d // 2).transpose(1, 2)
+
+
+def _merge(t: Tensor) -> Tensor:
+    b, h, n, e = t.shape
+    return t.transpose(1, 2).reshape(b, n, h * e)
+
+
+def _two_heads(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    return F.scaled_dot_product_attention(_heads(q), _heads(k), _heads(v), is_causal=causal and q.shape[1] == k.shape[1])
+
+
+def gated_two_heads(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """Two heads whose concatenated output is gated elementwise by sigmoid(q G) (gated attention, Qwen3-Next)."""
+    return _merge(_two_heads(q, k, v, causal)) * torch.sigmoid(q @ _mat(GATE, q))
+
+
+def head_scalar_gates(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """Two heads, each scaled by its own query-dependent scalar 1 + tanh(sum of its query)."""
+    return _merge(_two_heads(q, k, v, causal) * (1 + torch.tanh(_heads(q).sum(-1, keepdim=True))))
+
+
+def value_norm_score(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """softmax(q.k / sqrt(d) + |v_j|^2 / 4) v: a per-key term read from the values (A4)."""
+    return _sdpa(q, k, v, causal, bias=(v * v).sum(-1).unsqueeze(-2) / 4)
+
+
+def silu_after_sum(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """y * sigmoid(y) after the weighted sum: a gate computed from the output itself (a nonlinear rho, A1)."""
+    y = _sdpa(q, k, v, causal)
+    return y * torch.sigmoid(y)
+
+
+def two_heads_with_projections(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """Two heads with a value map and bias before the split and an output map that mixes the heads, plus a bias:
+    in class, but which weights belong to which head is not identifiable from outside."""
+    vv = v @ _mat(W_VALUE, v).T + _mat(VEC, v)
+    return _merge(_two_heads(q, k, vv, causal)) @ _mat(W_OUT, v).T + 1.0
+
+
+WRONG.update({"gated_two_heads": gated_two_heads, "head_scalar_gates": head_scalar_gates,
+              "value_norm_score": value_norm_score, "silu_after_sum": silu_after_sum})
+IN_CLASS_MIXED_HEADS = {"two_heads_with_projections": two_heads_with_projections}
+HEADS = {"two_heads_mixed_values": 2, "gated_two_heads": 2, "head_scalar_gates": 2, "two_heads_with_projections": 2}
+"""Heads of the functions that have more than one."""

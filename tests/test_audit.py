@@ -258,7 +258,8 @@ def test_audit_accepts_objects_and_strings():
         make_adapter("nonsense")
     with pytest.raises(ValueError, match="causal"):
         run_audit(lambda q, k, v: v, causal=True)
-    with pytest.raises(ValueError, match="surgery.audit_adapter"):
+    # before axiomformer.surgery.audit_adapter is imported (by an earlier test, perhaps) hf: targets are unknown
+    with pytest.raises(ValueError, match="surgery.audit_adapter|does not exist"):
         make_adapter("hf:nowhere")
 
 
@@ -329,6 +330,8 @@ def test_audit_and_derive_are_packages_that_import_no_layer_above_them():
     from pathlib import Path
 
     import axiomformer
+    import axiomformer.audit
+    import axiomformer.derive  # noqa: F401  (the package imports its subpackages lazily)
 
     assert inspect.ismodule(axiomformer.audit) and inspect.ismodule(axiomformer.derive)
     assert axiomformer.run_audit is run_audit and callable(axiomformer.run_derivation)

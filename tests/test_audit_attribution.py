@@ -43,13 +43,17 @@ EXPECTED = {
     "per_coordinate_temperature": {"scalar_relevance": ["A2"]},
     "key_gated_values": {"scalar_relevance": ["A2", "A3"]},
     "tanh_after_sum": {"token_additivity": ["A1"], "linearity": ["A1"]},
+    "silu_after_sum": {"token_additivity": ["A1"], "linearity": ["A1"]},
+    "gated_two_heads": {"scalar_relevance": ["A1", "A2"]},
+    "head_scalar_gates": {"weights_sum_to_one": ["A5", "A1", "A2"]},
+    "value_norm_score": {"token_additivity": ["A4"], "linearity": ["A4"], "value_free_relevance": ["A4"]},
 }
 CAUSAL_EXTRA = {"scalable_softmax": {"bilinear_fit": ["A4", "A5"]}}
 """With a causal mask rows see different numbers of keys, so one bilinear form no longer fits every row."""
 
 
 def _audit(fn, causal=None):
-    return run_audit(fn, causal=causal, num_heads=2 if fn is bank.two_heads_mixed_values else None)
+    return run_audit(fn, causal=causal, num_heads=bank.HEADS.get(fn.__name__))
 
 
 def _failures(report):
@@ -77,6 +81,14 @@ def test_in_class_functions_pass_every_assumption_check(name, causal):
     # the weights are measured, not n/a, also for a function with its own value map
     assert all(report[c].passed is True for c in ("scalar_relevance", "weights_sum_to_one", "bilinear_fit",
                                                    "ratio_independence", "length_scale")), report.to_text()
+
+
+@pytest.mark.parametrize("causal", [None, True])
+def test_an_output_map_that_mixes_heads_passes_but_its_weights_per_head_are_not_identifiable(causal):
+    report = _audit(bank.two_heads_with_projections, causal)
+    assert report.passed and report["scalar_relevance"].passed is True, report.to_text()
+    assert report["weights_sum_to_one"].passed is None
+    assert "which weights belong to which head is not identifiable" in report["weights_sum_to_one"].detail
 
 
 def test_an_output_gate_is_not_blamed_on_the_normalizer():

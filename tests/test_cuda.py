@@ -27,8 +27,11 @@ tensor (largest ratio measured on CPU: 1.44, sdpa on the standard spec)."""
 DIM, HEADS, BATCH, Q_LEN, K_LEN = 32, 2, 2, 37, 70
 ENGINE_CASES = [("sdpa", "standard"), ("sdpa", "A4=cosine"), ("sdpa", "position=rope"), ("linear", "A5=linear"),
                 ("chunked", "A5=sigmoid"), ("chunked", "A5=sparsemax"), ("chunked", "A4=additive"),
-                ("flex", "position=alibi")]
+                ("elementwise", "A5=sigmoid"), ("elementwise", "A5=relu"), ("sparse", "A5=sparsemax"),
+                ("sparse", "A5=entmax15"), ("flex", "position=alibi")]
 """(engine, spec) pairs: each engine on specs it runs exactly."""
+UNMASKED = ("elementwise", "sparse")
+"""Engines whose closed forms take at most a causal mask, in float32/64: run without the key padding mask."""
 
 
 def _inputs(device: str, dtype: torch.dtype):
@@ -40,13 +43,13 @@ def _inputs(device: str, dtype: torch.dtype):
     return x.to(device, dtype), kv.to(device, dtype), keep.to(device)
 
 
-def _run(spec: AttentionSpec, engine: str, device: str, dtype: torch.dtype):
+def _run(spec: AttentionSpec, engine: str, device: str, dtype: torch.dtype, padded: bool = True):
     torch.manual_seed(3)                                       # identical parameters for every engine
     att = Attention(spec, engine=engine).to(device, dtype).eval()
     x, kv, keep = _inputs(device, dtype)
     x.requires_grad_()
     kv.requires_grad_()
-    out = att(x, kv, key_padding_mask=keep)
+    out = att(x, kv, key_padding_mask=keep if padded else None)
     probe = torch.linspace(-1, 1, out.numel(), device=device).view_as(out).to(dtype)
     (out * probe).sum().backward()
     grads = [x.grad, kv.grad] + [p.grad for p in att.parameters() if p.grad is not None]
@@ -66,16 +69,19 @@ def _relative_errors(actual: list[torch.Tensor], expected: list[torch.Tensor]) -
 def test_engine_matches_the_float32_reference(engine, relax, device, dtype, monkeypatch):
     if engine == "flex" and device == "cpu":
         pytest.skip("the flex engine runs on CUDA only (no FlexAttention backward on CPU)")
+    if engine in UNMASKED and dtype != "fp32":
+        pytest.skip(f"the {engine} engine runs float32/64 only (half types go to the chunked engine)")
     monkeypatch.setitem(ENGINES, "flex", FlexEngine())        # a fresh engine: no compile failure remembered
     spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax(relax)
-    actual, ran = _run(spec, engine, device, DTYPES[dtype])
-    expected, _ = _run(spec, "reference", device, torch.float32)
+    padded = engine not in UNMASKED
+    actual, ran = _run(spec, engine, device, DTYPES[dtype], padded)
+    expected, _ = _run(spec, "reference", device, torch.float32, padded)
     assert ran == engine and not ENGINES["flex"].failed
     errors = _relative_errors(actual, expected)
     if dtype == "fp32":
         assert max(errors) <= TOLERANCE["fp32"], errors
     else:
-        same_precision, _ = _run(spec, "reference", device, DTYPES[dtype])
+        same_precision, _ = _run(spec, "reference", device, DTYPES[dtype], padded)
         bounds = [BF16_FACTOR * e + BF16_SLACK for e in _relative_errors(same_precision, expected)]
         assert all(e <= b for e, b in zip(errors, bounds)), (errors, bounds)
 

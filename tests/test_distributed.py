@@ -90,3 +90,26 @@ def test_torchrun_command_line_prints_once_and_matches(tmp_path):
                 progress=False)
     assert two["loss"] == pytest.approx(one.loss, rel=1e-4)
     assert load_checkpoint(tmp_path / "ckpt")[1]["result"]["steps"] == 6
+
+
+def test_each_rank_draws_its_own_stream_and_the_same_seed_draws_it_again():
+    def draws(rank: int) -> torch.Tensor:
+        torch.manual_seed(5)                       # what train() does on every rank before building the model
+        DataParallel(rank, 2, torch.device("cpu")).seed_random_draws(5)
+        return torch.rand(64)
+
+    rank0, rank1 = draws(0), draws(1)
+    assert not torch.equal(rank0, rank1)
+    assert torch.equal(rank0, draws(0)) and torch.equal(rank1, draws(1))            # reproducible per rank
+    torch.manual_seed(5)
+    assert torch.equal(rank0, torch.rand(64))                  # rank 0 keeps the single-process stream
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_ranks_draw_different_dropout_masks(tmp_path, monkeypatch):
+    config = dict(CONFIG, steps=1, dim=16, batch_size=4, eval_every=1, eval_batches=1, spec="dropout=0.5")
+    monkeypatch.setenv("AXIOMFORMER_ENGINE", "reference")                  # F.dropout draws the mask
+    _torchrun(str(TESTS / "ddp_mask_worker.py"), str(tmp_path), json.dumps(config))
+    m0, m1 = (json.loads((tmp_path / f"mask{r}.json").read_text()) for r in range(2))
+    assert m0 is not None and m1 is not None and len(m0) == len(m1)
+    assert m0 != m1

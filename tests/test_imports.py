@@ -1,5 +1,5 @@
-"""The package's import graph has no cycle (every import that runs counts, including those inside functions;
-imports under ``if TYPE_CHECKING:`` do not)."""
+"""The package's import graph has no cycle (every import that runs counts, including those inside functions and
+modules loaded by name with ``importlib.import_module``; imports under ``if TYPE_CHECKING:`` do not)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,22 @@ def _runtime_nodes(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
+def _is_import_module(node: ast.Call) -> bool:
+    name = ast.unparse(node.func)
+    return name in ("importlib.import_module", "import_module", "__import__") and bool(node.args)
+
+
+def _importlib_targets(arg: ast.AST, files: dict) -> list[str]:
+    """The modules an ``import_module`` argument can name: a constant names one; an f-string every module that starts
+    with its constant prefix (``f"axiomformer.commands.{name}"``: every command module)."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return [arg.value]
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        prefix = str(arg.values[0].value)
+        return [m for m in files if m.startswith(prefix) and "." in prefix]
+    return []
+
+
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Module -> the package modules it imports anywhere in its file (relative imports resolved)."""
     files = {_module_name(p, root): p for p in root.rglob("*.py")}
@@ -42,6 +58,8 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
                 if node.level:
                     base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            elif isinstance(node, ast.Call) and _is_import_module(node):
+                targets = _importlib_targets(node.args[0], files)
             else:
                 continue
             deps.update(t for t in targets if t in files and t != name)
@@ -103,3 +121,15 @@ def test_the_cycle_check_finds_a_planted_cycle(tmp_path):
     (package / "sub" / "__init__.py").write_text("")
     (package / "sub" / "b.py").write_text("def f():\n    from .. import a\n")
     assert cycles(import_graph(package)) == [frozenset({"axiomformer.a", "axiomformer.sub.b"})]
+
+
+def test_the_cycle_check_follows_importlib_targets(tmp_path):
+    package = tmp_path / "axiomformer"
+    (package / "plugins").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "core.py").write_text("import importlib\ndef load(n):\n    return importlib.import_module(f'axiomformer.plugins.{n}')\n")
+    (package / "plugins" / "__init__.py").write_text("")
+    (package / "plugins" / "one.py").write_text("from axiomformer import core\n")
+    graph = import_graph(package)
+    assert "axiomformer.plugins.one" in graph["axiomformer.core"]
+    assert cycles(graph) == [frozenset({"axiomformer.core", "axiomformer.plugins.one"})]

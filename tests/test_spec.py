@@ -8,7 +8,7 @@ from axiomformer.spec import required_fields
 
 def test_standard_spec_holds_every_assumption():
     spec = AttentionSpec.standard(32, 4, causal=True)
-    assert spec.assumptions() == {"A1": True, "A2": True, "A3": True, "A4": True, "A5": True}
+    assert spec.assumptions() == {"A0": True, "A1": True, "A2": True, "A3": True, "A4": True, "A5": True}
     assert spec.is_standard and spec.variant == "standard" and spec.head_dim == 8 and spec.causal
 
 
@@ -51,10 +51,19 @@ def test_each_relaxation_breaks_only_its_own_assumption(axis, expected):
         assert [a for a, ok in held.items() if not ok] == [expected], (axis, choice)
 
 
+<<<<<<< HEAD
 def test_position_is_not_one_of_the_five_assumptions():
     for choice in AXES["position"]:
         spec = AttentionSpec.standard(32, 4).relax({"position": choice, **required_fields("position", choice)})
         assert all(spec.assumptions().values())
+=======
+def test_every_position_choice_relaxes_a0_and_only_a0():
+    """A0 (order) is relaxed exactly where the audit's set_symmetry check fails: by any position information."""
+    for choice in AXES["position"][1:]:
+        held = AttentionSpec.standard(32, 4).relax(position=choice).assumptions()
+        assert [a for a, ok in held.items() if not ok] == ["A0"], choice
+        assert "relaxes A0" in AttentionSpec.standard(32, 4).relax(position=choice).describe()
+>>>>>>> i25
 
 
 def test_unknown_value_names_the_valid_choices():
@@ -89,3 +98,14 @@ def test_dict_round_trip_and_unknown_keys():
     assert AttentionSpec.from_dict(spec.to_dict()) == spec
     with pytest.raises(ValueError, match="unknown field"):
         AttentionSpec.from_dict({**spec.to_dict(), "colour": "red"})
+
+
+def test_spec_a0_agrees_with_the_audit_for_every_position_choice():
+    """`axiomformer spec` and `axiomformer audit` tell the same story about order: A0 holds iff set symmetry passes."""
+    from axiomformer.audit import run_audit
+
+    for choice in AXES["position"]:
+        report = run_audit(f"spec:position={choice}")
+        a0_checks = [c.passed for c in report.checks if c.assumption == "A0"]
+        held = AttentionSpec.standard(32, 4).relax(position=choice).assumptions()["A0"]
+        assert a0_checks and all(passed is held for passed in a0_checks), (choice, a0_checks, held)

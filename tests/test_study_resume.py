@@ -12,7 +12,8 @@ import time
 import pytest
 from rich.console import Console
 
-from axiomformer.study import default_sweep, load_config, plan, run_study
+from axiomformer.study import ResultsStore, default_sweep, load_config, plan, run_study
+from axiomformer.study.stages import plan_all
 from test_study import tiny_study_toml
 
 
@@ -41,9 +42,9 @@ def _count(out) -> int:
 def test_interrupt_in_the_kth_run_then_resume_loses_and_duplicates_nothing(tmp_path, monkeypatch):
     import axiomformer.train
 
-    path = _config(tmp_path, steps=4, seeds=1)
+    path = _config(tmp_path, steps=4, seeds=2)
     config = load_config(path)
-    total = len(plan(config))  # one seed: the selection stage (3 models x 2 lengths x 2 lrs) is the whole study
+    total = len(plan(config)) + 3 * 2 * 2  # selection (3 models x 2 lengths x 2 lrs) + reported seeds 0, 1 per cell
     out = tmp_path / "study"
     real_train, calls = axiomformer.train.train, []
 
@@ -73,7 +74,8 @@ def test_interrupt_in_the_kth_run_then_resume_loses_and_duplicates_nothing(tmp_p
     assert len(calls) == summary.trained == total - 3
     assert len(after) == len({r[0] for r in after}) == total
     assert set(before) <= set(after)  # stored rows untouched: same metrics, same finish time
-    assert {r[0] for r in after} == {r.key for r in plan(config)}
+    with ResultsStore(out) as store:
+        assert {r[0] for r in after} == {r.key for r in plan_all(config, {r["key"]: r for r in store.runs()})}
 
 
 def _start(path, out):
@@ -95,7 +97,7 @@ def _wait_for(out, n: int, proc, timeout: float = 90.0) -> None:
 def test_killed_then_ctrl_c_study_resumes_without_losing_or_duplicating_runs(tmp_path):
     path = _config(tmp_path, steps=40, seeds=2)
     config = load_config(path, base=default_sweep())  # what the CLI runs: the file over the default preset
-    total = len(plan(config)) + 3 * 2 * 1  # selection (3 models x 2 lengths x 2 lrs) + seed 1 per cell
+    total = len(plan(config)) + 3 * 2 * 2  # selection (3 models x 2 lengths x 2 lrs) + seeds 0, 1 per cell
     out = tmp_path / "study"
 
     first = _start(path, out)

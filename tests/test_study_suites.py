@@ -73,7 +73,7 @@ def test_curriculum_reports_longer_lengths_at_the_rate_chosen_at_the_shortest():
 
 
 CURRICULUM = textwrap.dedent("""
-    seeds = 1
+    seeds = 2
     curriculum = true
     variants = ["standard"]
     baselines = ["gru"]
@@ -107,12 +107,13 @@ def test_curriculum_warm_starts_each_length_from_the_previous_one_and_resumes(tm
     cfg = load_config(path, base=get_suite("long-range").preset("default"))
     out = tmp_path / "lr"
     summary = run_study(cfg, out, progress=False, console=Console(quiet=True))
-    assert not summary.failed and summary.trained == 2 * 2 + 2 * 2  # 2 models x 2 lrs at 8, then 2 x (12, 16)
+    # 2 models x 2 lrs at 8 (selection seed), 2 x 2 seeds at 8, then 2 x 2 seeds x (12, 16)
+    assert not summary.failed and summary.trained == 2 * 2 + 2 * 2 + 2 * 2 * 2
     with ResultsStore(out) as store:
         rows = store.runs()
     reported, lrs = reported_rows(cfg.model_dump(), rows)
     for label in ("standard", "gru"):
-        chain = sorted((r for r in reported if r["label"] == label), key=lambda r: r["seq_len"])
+        chain = sorted((r for r in reported if r["label"] == label and r["seed"] == 0), key=lambda r: r["seq_len"])
         assert [r["seq_len"] for r in chain] == [8, 12, 16]
         for prev, run in zip(chain, chain[1:]):
             assert run["train_config"]["init_from"] == state_path(prev["key"])
@@ -121,7 +122,7 @@ def test_curriculum_warm_starts_each_length_from_the_previous_one_and_resumes(tm
     # the warm start really loads the weights: zero steps from the 16-token state reproduce its test accuracy
     from axiomformer.train import TrainConfig, train
 
-    last = next(r for r in reported if (r["label"], r["seq_len"]) == ("standard", 16))
+    last = next(r for r in reported if (r["label"], r["seq_len"], r["seed"]) == ("standard", 16, 0))
     tc = dict(last["train_config"], steps=0, init_from=str(out / state_path(last["key"])))
     assert train(TrainConfig(**tc), progress=False).accuracy == last["accuracy"]
     with pytest.raises(FileNotFoundError, match="no such state file"):
@@ -131,6 +132,6 @@ def test_curriculum_warm_starts_each_length_from_the_previous_one_and_resumes(tm
 
     monkeypatch.setattr(axiomformer.train, "train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("rerun")))
     again = run_study(cfg, out, progress=False, console=Console(quiet=True), write_report=False)
-    assert again.trained == 0 and again.already_stored == 8
+    assert again.trained == 0 and again.already_stored == 16
     report = Path(out / "report.md").read_text()
     assert "Longest length solved" in report and "| gru |" in report

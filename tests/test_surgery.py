@@ -283,3 +283,14 @@ def test_audit_of_pretrained_bert_attention_passes_every_applicable_check_but_it
     with torch.no_grad():
         bert.query.bias.zero_()                                    # without b_q, every applicable check passes
     assert run_audit(bert).passed
+
+def test_save_pretrained_after_surgery_is_refused_and_writes_nothing(minilm, tmp_path):
+    model, *_, replaced = minilm
+    with pytest.raises(SurgeryError, match="random"):
+        replaced.save_pretrained(tmp_path / "replaced")
+    assert not (tmp_path / "replaced").exists()
+    relaxed = relax_model(clone_model(model), "normalizer=sigmoid")
+    with pytest.raises(SurgeryError):
+        relaxed.save_pretrained(tmp_path / "relaxed")
+    model.save_pretrained(tmp_path / "original")                 # the model before surgery still saves
+    assert (tmp_path / "original" / "config.json").is_file()

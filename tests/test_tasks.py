@@ -126,13 +126,17 @@ def test_digits_rows_are_quantized_sklearn_images_labelled_at_the_end():
         assert int(yi[-1]) - 16 in labels
 
 
-def test_digits_split_is_disjoint_and_covers_the_data():
+def test_digits_split_is_three_disjoint_pools_covering_the_data():
     split = load_split()
-    train_images = {row.tobytes() for row in split["train"][0]}
-    eval_images = {row.tobytes() for row in split["eval"][0]}
-    assert not train_images & eval_images
-    assert len(split["train"][1]) + len(split["eval"][1]) == 1797
+    images = {name: {row.tobytes() for row in split[name][0]} for name in ("train", "val", "test", "eval")}
+    assert not images["train"] & images["val"] and not images["train"] & images["test"]
+    assert not images["val"] & images["test"]
+    assert images["eval"] == images["val"] | images["test"]
+    assert sum(len(split[name][1]) for name in ("train", "val", "test")) == 1797
     assert 0.2 < len(split["eval"][1]) / 1797 < 0.3
+    assert 0.4 < len(split["val"][1]) / len(split["eval"][1]) < 0.6
+    # every label in every pool (stratified)
+    assert all(set(split[name][1].tolist()) == set(range(10)) for name in ("train", "val", "test"))
     with pytest.raises(ValueError, match="seq_len >= 64"):
         make_task("digits", seq_len=32)
 
@@ -144,7 +148,8 @@ def test_text_windows_predict_the_next_character_from_their_own_region(tmp_path)
     task = make_task("text", seq_len=20, path=str(path), eval_fraction=0.2)
     assert task.vocab_size == len(set(text))
     cut = int(round(len(text) * 0.8))
-    for split, region in (("train", text[:cut]), ("eval", text[cut:])):
+    middle = cut + (len(text) - cut) // 2
+    for split, region in (("train", text[:cut]), ("val", text[cut:middle]), ("test", text[middle:])):
         x, y = task.batch(8, seed=1, split=split)
         for xi, yi in zip(x.tolist(), y.tolist()):
             window = task.decode(xi) + task.decode(yi[-1:])
@@ -170,6 +175,37 @@ def test_train_and_eval_share_no_example_even_in_a_tiny_example_space(name):
     evals = {row.tobytes() for seed in range(4) for row in task.batch(128, seed=seed, split="eval")[0].numpy()}
     assert len(train) < 4 * 128 and len(evals) < 4 * 128     # the space is small: examples repeat within a split
     assert not train & evals
+
+
+def _any_task(name: str, tmp_path):
+    if name == "text":
+        path = tmp_path / "book.txt"
+        letters = np.random.default_rng(0).integers(0, 26, size=20000)   # aperiodic: windows do not recur by chance
+        path.write_text("".join(chr(97 + int(i)) for i in letters))
+        return make_task("text", seq_len=16, path=str(path))
+    return make_task(name, seq_len=64 if name == "digits" else 16)
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_no_input_appears_in_more_than_one_of_train_val_test(name, tmp_path):
+    task = _any_task(name, tmp_path)
+    seen = {split: {row.tobytes() for seed in range(6) for row in task.batch(64, seed=seed, split=split)[0].numpy()}
+            for split in ("train", "val", "test")}
+    assert not seen["train"] & seen["val"], name
+    assert not seen["train"] & seen["test"], name
+    assert not seen["val"] & seen["test"], name
+
+
+def test_the_disjointness_check_catches_a_shared_pool(monkeypatch):
+    # the planted error of the old digits split: val and test drawn from one pool share images
+    import axiomformer.tasks.digits as digits
+
+    pools = digits.load_split()
+    monkeypatch.setattr(digits, "load_split", lambda fraction=0.25: pools | {"test": pools["eval"], "val": pools["eval"]})
+    task = make_task("digits", seq_len=64)
+    val = {row.tobytes() for seed in range(4) for row in task.batch(64, seed=seed, split="val")[0].numpy()}
+    test = {row.tobytes() for seed in range(4) for row in task.batch(64, seed=seed, split="test")[0].numpy()}
+    assert val & test
 
 
 @pytest.mark.parametrize("name", [n for n in TASKS if n != "text"])

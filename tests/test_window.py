@@ -95,3 +95,47 @@ def test_rows_without_keys_in_a_window_equal_the_full_scan(causal):
                 visible = visible & causal_mask(q_len, k_len, offset)
             got = rows_without_keys(None, causal, q_len, k_len, offset, None, window)
             assert torch.equal(got.view(-1), ~visible.any(-1)), (q_len, k_len, offset, window)
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "learned"])
+def test_a_window_cache_keeps_only_the_window_and_decodes_the_full_forward(position):
+    # Decoding token by token keeps at most ``window`` positions, and each step equals the full windowed forward's
+    # row; a key padding mask over every token seen (the dropped ones included) is accepted.
+    window, steps = 3, 12
+    torch.manual_seed(0)
+    layer = Attention(AttentionSpec.standard(16, 2, causal=True).relax(window=window, position=position)).eval()
+    tokens = torch.randn(2, steps, 16)
+    keep = torch.ones(2, steps, dtype=torch.bool)
+    keep[1, 4] = False                                            # a padded token in the middle of row 1
+    cache = KVCache()
+    with torch.no_grad():
+        outs = []
+        for t in range(steps):
+            outs.append(layer(tokens[:, t:t + 1], cache=cache, key_padding_mask=keep[:, :t + 1]))
+            assert cache.length == min(t + 1, window - 1) and cache.seen == t + 1
+        full = layer(tokens, key_padding_mask=keep)
+    torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-6)
+
+
+def test_a_cache_without_a_window_keeps_every_position():
+    layer = Attention(AttentionSpec.standard(16, 2, causal=True)).eval()
+    cache = KVCache()
+    with torch.no_grad():
+        for _ in range(7):
+            layer(torch.randn(1, 1, 16), cache=cache)
+    assert cache.length == 7 and cache.start == 0
+
+
+def test_the_decode_check_catches_a_cache_that_drops_a_visible_key(monkeypatch):
+    # Plant an off-by-one: keep one position fewer than the window needs; the decoded rows then differ from the full
+    # ones.
+    real = KVCache.keep_last
+    monkeypatch.setattr(KVCache, "keep_last", lambda self, n: real(self, n - 1))
+    torch.manual_seed(0)
+    layer = Attention(AttentionSpec.standard(16, 2, causal=True).relax(window=3)).eval()
+    tokens = torch.randn(1, 8, 16)
+    cache = KVCache()
+    with torch.no_grad():
+        outs = torch.cat([layer(tokens[:, t:t + 1], cache=cache) for t in range(8)], 1)
+        full = layer(tokens)
+    assert float((outs - full).abs().max()) > 1e-3

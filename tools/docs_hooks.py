@@ -4,19 +4,40 @@
 module's docstring (formula and source of every choice); the build fails when a choice is missing from its module's
 docstring. ``<!-- generated: routing -->`` becomes the engine that automatic routing picks for the standard spec and
 every single-axis relaxation, measured by running each one. ``<!-- generated: engines -->`` becomes the API entry of
-every registered engine in routing order.
+every registered engine in routing order. ``<!-- generated: audit-matrix -->`` becomes the relaxation-by-check
+matrix, measured by auditing every single-axis relaxation. ``<!-- generated: results NAME -->`` becomes a Results page
+read from the committed stores (``tools/docs_results.py``).
+
+Math: ``pymdownx.arithmatex`` (generic mode) marks ``$...$`` and ``$$...$$``; :func:`on_page_content` turns each into
+MathML with ``latex2mathml`` at build time, which browsers typeset natively: no script, no font download, no CDN.
 """
 
 from __future__ import annotations
 
+import html
 import importlib
+import importlib.util
 import inspect
 import re
+import sys
+from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
+_HERE = Path(__file__).resolve().parent
+
+
+def _tool(name: str):
+    """A sibling module of this file (mkdocs loads hooks by path, so ``tools`` is not a package on sys.path)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, _HERE / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
 AXIS_MODULE = {"feature_map": "normalizer"}
-"""Axes documented in another axis's module (the temperature and the linear kernel's feature map belong to A5)."""
+"""Axes documented in another axis's module (the linear kernel's feature map belongs to A5's normalizer)."""
 
 
 def _axis_doc(axis: str) -> str:
@@ -30,7 +51,7 @@ def _axis_doc(axis: str) -> str:
 
 def design_space() -> str:
     from axiomformer.design_space import design_space_table
-    from axiomformer.spec import ALIASES, AXES, ASSUMPTIONS
+    from axiomformer.spec import ALIASES, ASSUMPTIONS, AXES
 
     alias = {axis: name for name, axis in ALIASES.items()}
     parts = ["## Every choice\n\nOne row per registry entry: its formula, the assumption it relaxes and how, and its "
@@ -47,6 +68,22 @@ def design_space() -> str:
         module = f"axiomformer.axes.{AXIS_MODULE.get(axis, axis)}"
         parts.append(f"## {title}\n\n{head}Choices: {listed}.\n\nFrom `{module}`:\n\n```text\n{doc}\n```\n")
     return "\n".join(parts)
+
+
+def design_space_table() -> str:
+    """One row per choice of every axis, read from the registries (``axiomformer.spec.REGISTRIES``): axis, the
+    assumption it belongs to, the choice, its formula and its source."""
+    from axiomformer.spec import ALIASES, REGISTRIES
+
+    alias = {axis: name for name, axis in ALIASES.items()}
+    alias.update({"position": "A0", "scale": "A5 (temperature)", "feature_map": "A5 (linear kernel)"})
+    rows = ["| axis | assumption | choice | formula | source |", "|:---|:---|:---|:---|:---|"]
+    for axis, registry in REGISTRIES.items():
+        for i, choice in enumerate(registry):
+            name = f"`{choice.name}`" + (" (standard)" if i == 0 else "")
+            cells = [f"`{axis}`", alias.get(axis, ""), name, choice.formula, choice.source]
+            rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
 
 
 def routing() -> str:
@@ -83,7 +120,24 @@ def engines() -> str:
     return "\n".join(blocks)
 
 
-GENERATORS = {"design-space": design_space, "routing": routing, "engines": engines}
+def audit_matrix() -> str:
+    """The relaxation-by-check matrix of every single-axis relaxation and the reference targets, measured now."""
+    from axiomformer.audit.matrix import matrix_markdown, relaxation_matrix
+
+    return matrix_markdown(relaxation_matrix())
+
+
+GENERATORS = {"design-space-table": design_space_table, "design-space": design_space, "routing": routing,
+              "engines": engines, "audit-matrix": audit_matrix}
+
+_RESULTS_MARKER = re.compile(r"<!-- generated: results ([\w-]+) -->")
+
+
+def _results(match: re.Match) -> str:
+    pages = _tool("docs_results").PAGES
+    if match.group(1) not in pages:
+        raise PluginError(f"results page {match.group(1)!r} unknown; choose one of: {', '.join(pages)}")
+    return pages[match.group(1)]()
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
@@ -91,4 +145,46 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         marker = f"<!-- generated: {name} -->"
         if marker in markdown:
             markdown = markdown.replace(marker, build())
-    return markdown
+    return _RESULTS_MARKER.sub(_results, markdown)
+
+
+def on_files(files, config):
+    """Publish the result stores' figures (``benchmarks/results/**/*.png``) for the Results pages."""
+    for file in _tool("docs_results").figure_files(config):
+        files.append(file)
+    return files
+
+
+_MATH = re.compile(r'<(span|div) class="arithmatex">(.*?)</\1>', re.S)
+_DELIMITERS = {r"\(": r"\)", r"\[": r"\]", "$$": "$$", "$": "$"}
+
+
+def latex_to_mathml(latex: str, display: bool) -> str:
+    """One formula as MathML (``latex2mathml``); a formula it cannot convert fails the build, naming it."""
+    from latex2mathml.converter import convert
+
+    try:
+        mathml = convert(latex, display="block" if display else "inline")
+    except Exception as err:  # latex2mathml raises its own exception types
+        raise PluginError(f"math: cannot typeset {latex!r}: {type(err).__name__} {err}") from err
+    unknown = re.findall(r">(\\[A-Za-z]+)<", mathml)     # a command latex2mathml does not know stays as text
+    if unknown:
+        raise PluginError(f"math: cannot typeset {latex!r}: unknown command(s) {', '.join(unknown)}")
+    return mathml
+
+
+def typeset(content: str) -> str:
+    """Every arithmatex span/div of a rendered page as MathML."""
+    def one(match: re.Match) -> str:
+        body = html.unescape(match.group(2)).strip()
+        for start, end in _DELIMITERS.items():
+            if body.startswith(start) and body.endswith(end) and len(body) >= len(start) + len(end):
+                body = body[len(start):len(body) - len(end)]
+                break
+        display = match.group(1) == "div"
+        return latex_to_mathml(body.strip(), display)
+    return _MATH.sub(one, content)
+
+
+def on_page_content(content: str, page, config, files) -> str:
+    return typeset(content)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from axiomformer.axes import (
     Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value,
 )
-from axiomformer.axes.position import POSITIONS, TokenPositions, alibi_slope_list, token_positions
+from axiomformer.axes.position import TokenPositions, alibi_slope_list, token_positions
 from axiomformer.engines import Attended, Plan, attend
 from axiomformer.engines.problem import rows_without_keys, visible_counts
 from axiomformer.masks import prepare_masks
@@ -25,7 +25,7 @@ from axiomformer.spec import AttentionSpec
 class KVCache:
     """Keys and values of the tokens decoded so far, for incremental (token-by-token) decoding.
 
-    A layer with a sliding window keeps only the last ``window`` tokens (older ones are invisible to every later
+    A layer with a sliding window keeps only the last ``window - 1`` tokens (older ones are invisible to every later
     query), so memory and the cost of a decode step stay flat in the length (a ring of the window's size, as
     apple/axlearn PR#995 and Mistral's rolling buffer cache).
 
@@ -161,12 +161,13 @@ class Attention(nn.Module):
 
     # ------------------------------------------------------------------ helpers
     def _split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
-        b, n, _ = x.shape
-        return x.view(b, n, heads or self.num_heads, -1).transpose(1, 2)
+        b, n, width = x.shape
+        heads = heads or self.num_heads
+        return x.view(b, n, heads, width // heads).transpose(1, 2)      # explicit head_dim: n may be 0
 
     def _merge_heads(self, x: Tensor) -> Tensor:
-        b, _, n, _ = x.shape
-        return x.transpose(1, 2).reshape(b, n, -1)
+        b, heads, n, head_dim = x.shape
+        return x.transpose(1, 2).reshape(b, n, heads * head_dim)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         dim = self.spec.dim
@@ -200,7 +201,8 @@ class Attention(nn.Module):
             key: (batch, k_len, dim); defaults to ``query``.
             value: (batch, k_len, dim); defaults to ``key``.
             attn_mask: bool (True = may attend) or float (added to the scores; ``-inf`` blocks), broadcastable to
-                (batch, heads, q_len, k_len); 2-D (q_len, k_len) and 3-D (batch, q_len, k_len) are accepted.
+                (batch, heads, q_len, k_len) (each dimension 1 or the full size); 1-D (k_len,), 2-D (q_len, k_len)
+                and 3-D (batch, q_len, k_len) are accepted (an MHA-style (batch * heads, q_len, k_len) is refused).
             key_padding_mask: (batch, k_len) bool, True = real token (k_len includes cached tokens).
             need_weights: also return the attention weights (batch, heads, q_len, k_len), before dropout.
             cache: a :class:`KVCache`; the new keys/values are appended and attention runs over all cached ones.
@@ -252,8 +254,14 @@ class Attention(nn.Module):
             bias = decay if bias is None else bias + decay
         result = self._attend_heads(q, k, v, mask, bias, q_offset, alibi is None, need_weights, self.engine)
         if cache is not None and self.spec.window:
+<<<<<<< HEAD
             cache.keep_last(self.spec.window)            # older keys are outside every later query's window
         out = self.out_proj(self.aggregator(self._merge_heads(result.out), query))      # A1
+=======
+            # The next query, at position p, sees p - window + 1 .. p: the last window - 1 stored keys and its own.
+            cache.keep_last(self.spec.window - 1)
+        out = self.out_proj(self.aggregator(self._merge_heads(result.out)))             # A1
+>>>>>>> i25
         if mask is not None or (self.spec.causal and q_offset < 0) or self.spec.window:
             # The heads' rows are zero already; rho and W_o's bias would make the output row non-zero.
             empty = rows_without_keys(mask, self.spec.causal, q_len, k_len, q_offset, query.device, self.spec.window)
@@ -266,7 +274,7 @@ class Attention(nn.Module):
         """Token positions of the queries and new keys (absolute: a cache's dropped tokens count)."""
         new_k_len = key.shape[1]
         k_len = past + new_k_len
-        if POSITIONS[self.spec.position].traits or cache is not None:   # positions are read, or kept by the cache
+        if self.plan.position_traits or cache is not None:   # positions are read, or kept by the cache
             return token_positions(q_len, new_k_len, past, query.device, position_ids=position_ids,
                                    key_position_ids=key_position_ids, key_padding_mask=key_padding_mask,
                                    cached=cache.positions if cache is not None else None,

@@ -24,7 +24,12 @@ from torch import Tensor
 from axiomformer.attention import Attention
 from axiomformer.memory import PeakMemory
 from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, problem_kind
+<<<<<<< HEAD
 from axiomformer.spec import REGISTRIES, AttentionSpec, required_fields
+=======
+from axiomformer.runtime import seeded
+from axiomformer.spec import AttentionSpec
+>>>>>>> i25
 
 QUICK_VARIANTS = ("standard", "score=cosine", "score=neg_l2", "position=rope", "position=alibi", "normalizer=sigmoid",
                   "normalizer=relu", "normalizer=sparsemax", "normalizer=entmax15", "normalizer=linear",
@@ -137,8 +142,8 @@ def _cases(variants, length: int, is_causal: bool, heads: int, head_dim: int, re
         if not is_causal and any(required_fields(axis, getattr(spec, axis)) for axis in REGISTRIES):
             continue                                     # defined only under a causal mask (stick_breaking)
         spec = AttentionSpec.standard(heads * head_dim, heads, causal=is_causal).relax(relax)
-        torch.manual_seed(0)
-        module = Attention(spec).to(dev)
+        with seeded(0):
+            module = Attention(spec).to(dev)
         for engine in ["auto"] + (["reference"] if length <= reference_max_len else []):
             yield spec, module, engine
 
@@ -192,6 +197,9 @@ def run_bench(
             meter.measure(step)                                 # warm-up (lazy initialization, first-call caches)
             step.clear()
             memory[(is_causal, length, key)] = meter.measure(step)
+            name = "baseline F.scaled_dot_product_attention" if key is None else "/".join(key)
+            log(f"memory  L={length} {'causal' if is_causal else 'full'}  {name}: "
+                f"{memory[(is_causal, length, key)]:.1f} MiB")
 
     rows: list[Row] = []
     for is_causal, length in settings:

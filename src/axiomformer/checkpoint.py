@@ -8,6 +8,7 @@ rebuilds the model from.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,25 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 
 
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside its wrappers: ``torch.compile``'s ``OptimizedModule`` (``_orig_mod``), DDP and
+    ``DataParallel`` (``module``). Their state dicts prefix every key (``_orig_mod.``, ``module.``), which the plain
+    model rebuilt from ``config`` would not load (karpathy/nanoGPT#325)."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):          # what torch.compile returns
+            model = model._orig_mod
+        else:
+            return model
+
+
 def save_checkpoint(directory: str | Path, model: nn.Module, **extra: Any) -> Path:
     """Write ``model`` (which must carry a ``config`` dict, as every axiomformer model does) into ``directory``.
+
+    A compiled or data-parallel model is saved as the model it wraps (:func:`unwrap_model`), so the checkpoint loads
+    into a plain model. Each file is written beside its final name and renamed into place: an interrupted save never
+    leaves a half-written file under the final name.
 
     Args:
         extra: JSON-serializable entries stored next to ``"model"`` in config.json (e.g. ``train=config``).
@@ -28,13 +46,18 @@ def save_checkpoint(directory: str | Path, model: nn.Module, **extra: Any) -> Pa
     Returns:
         The directory. Raises ValueError if the model has no ``config``.
     """
+    model = unwrap_model(model)
     config = getattr(model, "config", None)
     if not isinstance(config, dict):
         raise ValueError(f"{type(model).__name__} has no .config dict; build it with axiomformer.models.build_model")
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(path / WEIGHTS))
-    (path / CONFIG).write_text(json.dumps({"model": config, **extra}, indent=2, default=str) + "\n")
+    partial = path / (WEIGHTS + ".partial")
+    save_model(model, str(partial))
+    os.replace(partial, path / WEIGHTS)
+    partial = path / (CONFIG + ".partial")
+    partial.write_text(json.dumps({"model": config, **extra}, indent=2, default=str) + "\n")
+    os.replace(partial, path / CONFIG)
     return path
 
 

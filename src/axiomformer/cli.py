@@ -6,7 +6,7 @@ import importlib
 import sqlite3
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from axiomformer.errors import UserInputError
 
@@ -41,6 +41,20 @@ class _Commands(TyperGroup):
         raise typer.Exit(2)
 
 
+class _Command(TyperCommand):
+    """A subcommand that sets the command line's process defaults (:func:`axiomformer.runtime.command_line_defaults`)
+    and owns the process's memory readings (:func:`axiomformer.memory.owning_process_memory`) only when it runs:
+    ``--help`` is answered before ``invoke`` and so never imports PyTorch."""
+
+    def invoke(self, ctx):
+        from axiomformer.memory import owning_process_memory
+        from axiomformer.runtime import command_line_defaults
+
+        command_line_defaults()
+        with owning_process_memory():
+            return super().invoke(ctx)
+
+
 app = typer.Typer(
     name="axiomformer",
     cls=_Commands,
@@ -51,13 +65,9 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def _root() -> None:
     """Transformer attention derived from its assumptions: flip, check and measure each one."""
-    from axiomformer.runtime import command_line_defaults
-
-    command_line_defaults()
 
 
 COMMANDS = ("spec", "derive", "audit", "train", "study", "flow", "bench", "surgery")
@@ -72,6 +82,9 @@ def _register_all() -> None:
                 continue  # command not part of this build
             raise
         module.register(app)
+    for info in app.registered_commands:
+        if info.cls in (None, TyperCommand):    # typer's default class: make it ours
+            info.cls = _Command
 
 
 _register_all()

@@ -16,6 +16,8 @@ process.
 
 from __future__ import annotations
 
+import hashlib
+
 import contextlib
 import os
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from axiomformer.tasks import IGNORE
+from axiomformer.runtime import reseed_within_scope
 
 
 def launched_by_torchrun() -> bool:
@@ -80,6 +83,15 @@ def process_group(device: str = "auto") -> Iterator[bool]:
         dist.destroy_process_group()
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank ``rank``'s random draws in a run seeded ``seed``: ``seed`` itself on rank 0, else 63 bits of
+    SHA-256 of ``"seed:rank"`` (a torch CPU generator reads only the low 32 bits of a seed, so ``seed + rank * 2**32``
+    would repeat rank 0's stream)."""
+    if rank == 0:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}:{rank}".encode()).digest()[:8], "little") >> 1
+
+
 @dataclass(frozen=True)
 class DataParallel:
     """How this process takes part in training: its rank, the world size and its device.
@@ -108,6 +120,18 @@ class DataParallel:
         if batch_size % self.world_size:
             raise ValueError(f"--batch-size {batch_size} (the global batch) must be divisible by the number of "
                              f"processes {self.world_size}")
+
+    def seed_random_draws(self, seed: int) -> None:
+        """Give this rank its own stream of random draws (dropout masks, Gumbel noise) after the model is built.
+
+        Every rank seeds ``seed`` before building the model (and DDP broadcasts rank 0's weights anyway); without
+        this every rank would then draw the same dropout mask and noise on its shard. Rank 0 keeps the stream of a
+        single process with ``seed``; rank r > 0 continues from :func:`rank_seed`, so a run with the same seed and world
+        size is reproducible. Call inside the training entry's :func:`~axiomformer.runtime.seeded`
+        scope only.
+        """
+        if self.rank > 0:
+            reseed_within_scope(rank_seed(seed, self.rank))
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """``DistributedDataParallel(model)`` across the ranks (rank 0's initial weights are broadcast); the model

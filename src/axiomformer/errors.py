@@ -8,12 +8,14 @@ traceback. Raising it must leave every file as it was.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class UserInputError(ValueError):
     """Bad input from the user; the message names the input and what was expected."""
 
 
-def expect_folder(path, option: str = "--out"):
+def expect_folder(path: Path | None, option: str = "--out") -> Path | None:
     """Check, before any work, that ``path`` (a pathlib.Path or None) can be an output folder: it is missing or a
     folder, and no parent is a file. Returns ``path``.
 
@@ -27,7 +29,7 @@ def expect_folder(path, option: str = "--out"):
     return path
 
 
-def expect_file_path(path, option: str):
+def expect_file_path(path: Path | None, option: str) -> Path | None:
     """Check, before any work, that ``path`` (a pathlib.Path or None) can be written as a file: not a folder, and
     no parent is a file. Returns ``path``.
 

@@ -18,13 +18,15 @@ from torch import Tensor
 
 
 def _as_4d(attn_mask: Tensor) -> Tensor:
+    if attn_mask.dim() == 1:                              # (k_len,): the same keys for every query
+        return attn_mask.view(1, 1, 1, -1)
     if attn_mask.dim() == 2:
         return attn_mask.unsqueeze(0).unsqueeze(0)
     if attn_mask.dim() == 3:
         return attn_mask.unsqueeze(1)
     if attn_mask.dim() == 4:
         return attn_mask
-    raise ValueError(f"attn_mask must have 2, 3 or 4 dimensions (q_len, k_len) ... (batch, heads, q_len, k_len); "
+    raise ValueError(f"attn_mask must have 1 to 4 dimensions (k_len,) ... (batch, heads, q_len, k_len); "
                      f"got shape {tuple(attn_mask.shape)}")
 
 
@@ -39,12 +41,13 @@ def prepare_masks(
     """Combine ``attn_mask`` and ``key_padding_mask`` into (bool mask, float bias), each 4-D or None.
 
     Args:
-        attn_mask: bool (True = may attend) or float (added to scores), shaped (q_len, k_len), (batch, q_len, k_len)
-            or broadcastable to (batch, heads, q_len, k_len).
+        attn_mask: bool (True = may attend) or float (added to scores), shaped (k_len,), (q_len, k_len),
+            (batch, q_len, k_len) or (batch, heads, q_len, k_len), each dimension 1 or the full size.
         key_padding_mask: bool (batch, k_len), True = real token.
 
     Raises:
-        ValueError: a mask whose shape does not broadcast to (batch, heads, q_len, k_len), naming both shapes, or a
+        ValueError: a mask whose shape does not broadcast to (batch, heads, q_len, k_len) (e.g. an MHA-style
+            (batch * heads, q_len, k_len) mask), naming both shapes, or a
             non-bool key padding mask.
     """
     target = (batch, heads, q_len, k_len)
@@ -59,11 +62,9 @@ def prepare_masks(
         mask = key_padding_mask[:, None, None, :]
     if attn_mask is not None:
         am = _as_4d(attn_mask)
-        try:
-            torch.broadcast_shapes(tuple(am.shape), target)
-        except RuntimeError:
+        if any(size not in (1, want) for size, want in zip(am.shape, target)):    # broadcasts *to*, not *with*
             raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
-                             f"(batch, heads, q_len, k_len) = {target}") from None
+                             f"(batch, heads, q_len, k_len) = {target}")
         if am.dtype == torch.bool:
             mask = am if mask is None else mask & am
         elif am.is_floating_point():

@@ -1,5 +1,11 @@
 """Peak memory of a stretch of work, in MiB: one meter for the trainer, the study and the bench.
 
+A library does not reset its host's counters: the exact methods below reset the process's peak-memory reading
+(Linux's VmHWM, the CUDA allocator's peak) and, for the bench, glibc's allocator thresholds, so they are used only
+inside :func:`owning_process_memory`, which the command line enters for each command (a program that owns its
+process may enter it too). Outside it the meter only reads: ``ru_maxrss`` growth on CPU, the allocator's peak growth
+on CUDA (:data:`CUDA_READ_METHOD`).
+
 Methods (our choice; the chosen one is reported as ``PeakMemory.method``):
     CUDA  ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the memory allocated before.
     CPU   Linux's peak resident set size: ``/proc/self/clear_refs`` resets VmHWM, and the peak is VmHWM minus the
@@ -18,8 +24,10 @@ Each counts everything allocated in between: outputs, saved activations, workspa
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import resource
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -27,7 +35,28 @@ RSS_METHOD = "peak resident set size (Linux VmHWM reset by /proc/self/clear_refs
 RSS_STRICT_METHOD = ("peak resident set size (Linux VmHWM reset by /proc/self/clear_refs; glibc mmap threshold 64 KiB "
                      "while measuring)")
 CUDA_METHOD = "torch.cuda.max_memory_allocated (allocator peak minus memory allocated before)"
+CUDA_READ_METHOD = ("torch.cuda.max_memory_allocated growth (peak not reset: an earlier, larger peak of the process "
+                    "hides this one)")
 FALLBACK_METHOD = "ru_maxrss growth (torch.profiler allocation replay for single calls)"
+
+_owned = 0
+"""Depth of :func:`owning_process_memory` blocks: above 0, the meter may reset process-wide counters."""
+
+
+@contextlib.contextmanager
+def owning_process_memory() -> Iterator[None]:
+    """Let :class:`PeakMemory` meters created in this block reset the process's peak-memory counters (Linux VmHWM via
+    ``/proc/self/clear_refs``, ``torch.cuda.reset_peak_memory_stats``) and, with ``allocator_modes=True``, set glibc's
+    allocator thresholds (``mallopt``, not undone: glibc has no way back to its dynamic threshold).
+
+    For a process that owns its memory readings: the ``axiomformer`` command enters it for every command.
+    """
+    global _owned
+    _owned += 1
+    try:
+        yield
+    finally:
+        _owned -= 1
 
 
 def _status_bytes(key: str) -> int:
@@ -41,12 +70,15 @@ def _status_bytes(key: str) -> int:
 class PeakMemory:
     """``start()`` ... ``stop() -> MiB``, or ``measure(fn) -> MiB`` for one call, on ``device``.
 
+    The method is chosen when the meter is created: the exact ones only inside :func:`owning_process_memory`.
+
     Args:
+        device: where the measured work allocates (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
         allocator_modes: on CPU, switch glibc's allocator to a strict mode while measuring (process-wide; see the
             module docstring). Only for a process that does nothing else, such as the bench.
     """
 
-    def __init__(self, device: torch.device | str, *, allocator_modes: bool = False):
+    def __init__(self, device: torch.device | str, *, allocator_modes: bool = False) -> None:
         self.device = torch.device(device)
         self.allocator_modes = allocator_modes
         self.method = self._choose()
@@ -54,14 +86,16 @@ class PeakMemory:
 
     def _choose(self) -> str:
         if self.device.type == "cuda":
-            return CUDA_METHOD
+            return CUDA_METHOD if _owned else CUDA_READ_METHOD
+        if not _owned:
+            return FALLBACK_METHOD
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
             if not self.allocator_modes:
                 return RSS_METHOD
             self._libc = ctypes.CDLL("libc.so.6")
-            self._libc.mallopt                              # AttributeError where there is no glibc
+            _ = self._libc.mallopt                          # AttributeError where there is no glibc
             return RSS_STRICT_METHOD
         except (OSError, AttributeError):
             return FALLBACK_METHOD
@@ -78,6 +112,9 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
+        elif self.method == CUDA_READ_METHOD:
+            torch.cuda.synchronize(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
         elif self.method in (RSS_METHOD, RSS_STRICT_METHOD):
             if self.method == RSS_STRICT_METHOD:
                 self._allocator(strict=True)
@@ -90,7 +127,7 @@ class PeakMemory:
 
     def stop(self) -> float:
         """Peak since :meth:`start`, above the level at the start, in MiB."""
-        if self.method == CUDA_METHOD:
+        if self.method in (CUDA_METHOD, CUDA_READ_METHOD):
             torch.cuda.synchronize(self.device)
             peak = torch.cuda.max_memory_allocated(self.device)
         elif self.method in (RSS_METHOD, RSS_STRICT_METHOD):
@@ -101,7 +138,7 @@ class PeakMemory:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return max(0.0, (peak - self._base) / 2**20)
 
-    def measure(self, fn) -> float:
+    def measure(self, fn: Callable[[], object]) -> float:
         """Peak memory of one call ``fn()`` in MiB."""
         if self.method != FALLBACK_METHOD:
             self.start()

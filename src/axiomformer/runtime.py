@@ -9,11 +9,17 @@ library users choose for themselves:
   + backward about 3x slower (torch 2.13, L = 4096); flushed, those weights (below 2^-126 of the largest) are zero,
   which changes nothing at float32 precision.
 - :func:`torch_threads` sets PyTorch's intra-op thread count for a block and puts it back.
+- :func:`seeded` seeds PyTorch's global random number generators for a block and puts their state back, so that a
+  library call that needs reproducible initialization (the trainer, the bench, the flow experiment) leaves the
+  caller's random stream where it was.
+- :func:`axiomformer.memory.owning_process_memory` lets the peak-memory meter reset the process's peak counters and
+  glibc's allocator thresholds; the command line enters it for each command.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -24,7 +30,29 @@ def command_line_defaults() -> None:
 
 
 @contextlib.contextmanager
-def torch_threads(count: int | None):
+def seeded(seed: int, devices: Sequence[torch.device | str | int] = ()) -> Iterator[None]:
+    """Run the block with PyTorch's global generators seeded by ``seed`` (``torch.manual_seed``), then restore the
+    CPU generator's state and that of each CUDA device in ``devices`` (``torch.random.fork_rng``).
+
+    Inside the block, draws without an explicit generator (parameter initialization, dropout, Gumbel noise) are a
+    pure function of ``seed``; after it, the caller's random stream continues as if the block had not run.
+    """
+    cuda = [torch.device(d).index or 0 for d in devices
+            if not isinstance(d, int) and torch.device(d).type == "cuda"] + [d for d in devices if isinstance(d, int)]
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        yield
+
+
+def reseed_within_scope(seed: int) -> None:
+    """Re-seed PyTorch's global generators with ``seed`` inside a :func:`seeded` block (whose exit restores the
+    caller's stream), e.g. to give each torchrun rank its own dropout masks after the shared model initialization.
+    Calling it outside such a block changes the process's random stream: do not."""
+    torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
     """Run the block with ``count`` intra-op threads (``None`` or 0: unchanged), then restore the previous count."""
     previous = torch.get_num_threads()
     if count:

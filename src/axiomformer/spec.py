@@ -54,13 +54,14 @@ ALIASES: dict[str, str] = {"A1": "aggregator", "A2": "contribution", "A3": "valu
 """Assumption names accepted by :meth:`AttentionSpec.relax` in place of field names."""
 
 ASSUMPTIONS: dict[str, str] = {
+    "A0": "symmetry: the output does not depend on the order of the visible tokens (no position information)",
     "A1": "simplicity: the aggregator rho is the identity",
     "A2": "relevance-contribution proportionality: phi(x_j, u_ij) = u_ij * v(x_j)",
     "A3": "linear change of coordinates: v(x) = W_v x",
     "A4": "efficient parallel scoring: s_ij = q_i . k_j with q = W_q x, k = W_k x",
     "A5": "normalization: u_ij = softmax_j(s_ij / sqrt(d_k))",
 }
-"""The five assumptions of the derivation, in words."""
+"""The assumptions of the derivation, in words: A0 (order, the ``position`` axis) and the five A1..A5."""
 
 FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
     "softcap": ("scores <- softcap * tanh(scores / softcap) before any normalizer (0 = off)",
@@ -297,8 +298,10 @@ class AttentionSpec:
         return self.kv_heads * self.head_dim
 
     def assumptions(self) -> dict[str, bool]:
-        """Which of the assumptions A1..A5 this spec satisfies (A5 needs softmax *and* the 1/sqrt(d) scale)."""
+        """Which of the assumptions A0..A5 this spec satisfies (A0: no position information, as the audit's
+        ``set_symmetry`` check; A5 needs softmax *and* the 1/sqrt(d) scale)."""
         return {
+            "A0": self.position == AXES["position"][0],
             "A1": self.aggregator == "identity",
             "A2": self.contribution == "proportional",
             "A3": self.value == "linear",
@@ -328,17 +331,23 @@ class AttentionSpec:
         return not self.relaxed_axes() and not self.softcap
 
     def describe(self) -> str:
-        """One readable line, e.g. ``standard attention: dim=64 heads=4 head_dim=16 causal; A1-A5 hold``."""
+        """One readable line, e.g. ``standard attention: dim=64 heads=4 head_dim=16 causal; A0-A5 hold``."""
         held = self.assumptions()
         broken = [a for a, ok in held.items() if not ok]
         shape = f"dim={self.dim} heads={self.num_heads} head_dim={self.head_dim}"
         shape += (f" kv_heads={self.kv_heads}" if self.kv_heads != self.num_heads else "") + (
             f" window={self.window}" if self.window else "") + (" causal" if self.causal else "")
         if self.is_standard:
+<<<<<<< HEAD
             return f"standard attention: {shape}; A1-A5 hold"
         relaxed = {**self.relaxed_axes(), **({"softcap": f"{self.softcap:g}"} if self.softcap else {})}
         axes = ", ".join(f"{k}={v}" for k, v in relaxed.items())
         status = f"relaxes {', '.join(broken)}" if broken else "A1-A5 hold"
+=======
+            return f"standard attention: {shape}; A0-A5 hold"
+        axes = ", ".join(f"{k}={v}" for k, v in self.relaxed_axes().items())
+        status = f"relaxes {', '.join(broken)}" if broken else "A0-A5 hold"
+>>>>>>> i25
         return f"attention ({axes}): {shape}; {status}"
 
     def to_dict(self) -> dict[str, Any]:

@@ -3,8 +3,10 @@
 >>> result = train(TrainConfig(task="mqar", seq_len=64, steps=150, dim=32), progress=False)
 >>> result.accuracy, result.steps, result.tokens_per_second
 
-Determinism: ``torch.manual_seed(config.seed)`` before the model is built, and every batch is a pure function of
-(seed, step): training batch ``s`` is ``task.batch(batch_size, seed=(config.seed << 32) + s, split="train")``,
+Determinism: PyTorch's generators seeded with ``config.seed`` before the model is built (scoped by
+:func:`axiomformer.runtime.seeded`: the caller's random stream is left as it was; under torchrun, ranks > 0 then
+continue from their own seed, ``distributed.rank_seed``, so each draws its own dropout masks), and every batch is a pure
+function of (seed, step): training batch ``s`` is ``task.batch(batch_size, seed=(config.seed << 32) + s, split="train")``,
 validation batch ``i`` is ``task.batch(batch_size, seed=i, split="val")`` and test batch ``i`` the same with
 ``split="test"`` — the same validation and test sets for every training seed, disjoint from each other and from every
 training example (see ``axiomformer.tasks.base``). Same config, same threads -> same losses.
@@ -15,23 +17,22 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from pydantic import ConfigDict, Field, model_validator
 
 from axiomformer.budget import Budget
 from axiomformer.distributed import DataParallel, resolve_device
-from axiomformer.evaluation import (MAX_BATCH_TOKENS, eval_counts, eval_counts_as_is, evaluate_as_is,
-                                    masked_loss)
-
+from axiomformer.evaluation import MAX_BATCH_TOKENS, eval_counts, eval_counts_as_is, evaluate_as_is, masked_loss
 from axiomformer.memory import PeakMemory
 from axiomformer.models import MODEL_KINDS, build_model, count_parameters, default_heads
+from axiomformer.runtime import seeded
 from axiomformer.spec import AttentionSpec
 from axiomformer.tasks import TASKS, make_task
-
 
 GENERIC_DEFAULTS: dict[str, Any] = {
     "steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup": 50, "eval_every": 100, "eval_batches": 4,
@@ -101,7 +102,7 @@ class TrainConfig(Budget):
     init_from: str | None = None
 
     @model_validator(mode="after")
-    def _fill_and_check(self) -> "TrainConfig":
+    def _fill_and_check(self) -> TrainConfig:
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; choose one of: {', '.join(TASKS)}")
         if self.model not in MODEL_KINDS:
@@ -252,7 +253,7 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.A
 
 
 def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
-             parallel: "DataParallel | None" = None) -> tuple[float, float]:
+             parallel: DataParallel | None = None) -> tuple[float, float]:
     """(accuracy, mean loss) over the scored positions of ``batches``, the model in eval mode; with ``parallel`` (a
     :class:`axiomformer.distributed.DataParallel`), ``batches`` is this rank's share and the counts are summed over
     every rank first, so all ranks get the figures of the whole eval set."""
@@ -293,11 +294,48 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
     """
     parallel = DataParallel.current(config.device)
     parallel.check_batch(config.batch_size)
-    device = parallel.device
-    progress = progress and parallel.main
-    log = log if parallel.main else None
+    with seeded(config.seed, [parallel.device]):
+        task, spec, model = _build(config, parallel.device)
+        val_set, test_set = (_eval_set(task, config, parallel, split) for split in ("val", "test"))
+        extra: dict[str, Any] = {}
+        on_init = _with_probes(config, val_set, on_init, "init")
+        on_end = _with_probes(config, test_set, on_end, "end")
+        if on_init is not None:
+            extra["init"] = _callback(on_init, model, task)
+        meter = PeakMemory(parallel.device)
+        meter.start()
+        start = time.perf_counter()
+        run = _Run()
+        _loop(run, config, task, spec, model, parallel, val_set, progress=progress and parallel.main,
+              log=log if parallel.main else None)
+        run.best.restore(model)
+        test_accuracy, test_loss = evaluate(model, test_set, parallel)
+        seconds = time.perf_counter() - start
+        peak = meter.stop()
+        if on_end is not None:
+            extra["end"] = _callback(on_end, model, task)
+    window = config.patience or 3
+    converged = run.stop_reason in ("target", "patience") or (
+        run.stop_reason == "steps" and len(run.history) - run.best.index >= window)
+    result = TrainResult(
+        task=config.task, model=config.model, spec=spec.variant if spec is not None else config.spec,
+        seq_len=config.seq_len, accuracy=test_accuracy, loss=test_loss, steps=run.steps_done, seconds=seconds,
+        params=count_parameters(model),
+        tokens_per_second=run.steps_done * config.batch_size * config.seq_len / max(run.train_seconds, 1e-9),
+        peak_mem_mb=peak, memory_method=meter.method, engine=",".join(dict.fromkeys(run.engines)),
+        losses=torch.stack(run.losses).cpu().tolist() if run.losses else [], history=run.history,
+        chance=task.chance, config=config.model_dump(), val_accuracy=run.best.accuracy, val_loss=run.best.loss,
+        best_step=run.best.step, converged=converged, stop_reason=run.stop_reason, extra=extra,
+    )
+    if parallel.main:
+        _save(model, config, result, save_state, checkpoint_dir)
+    return result
+
+
+def _build(config: TrainConfig, device: torch.device) -> tuple[Any, AttentionSpec | None, torch.nn.Module]:
+    """The task, the attention spec (None for a recurrent model) and the model on ``device``, initialized from
+    the global generators (seeded by the caller) or from ``config.init_from``."""
     task = make_task(config.task, seq_len=config.seq_len, **config.task_options)
-    torch.manual_seed(config.seed)
     spec = config.attention_spec() if config.model == "transformer" else None
     options = ({"input_position": config.input_position, "causal": config.causal, "mlp_ratio": config.mlp_ratio}
                if spec is not None else {})
@@ -305,30 +343,37 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
                         max_len=config.model_max_len, spec=spec, **options).to(device)
     if config.init_from is not None:
         _load_state(model, config.init_from)
-    val_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="val"))
-               for i in parallel.eval_indices(config.eval_batches)]
-    test_set = [tuple(t.to(device) for t in task.batch(config.batch_size, seed=i, split="test"))
-                for i in parallel.eval_indices(config.eval_batches)]
-    extra: dict[str, Any] = {}
-    on_init = _with_probes(config, val_set, on_init, "init")
-    on_end = _with_probes(config, test_set, on_end, "end")
-    if on_init is not None:
-        extra["init"] = _callback(on_init, model, task)
-    anneal = (spec is not None and spec.normalizer == "gumbel_softmax" and config.gumbel_tau_final is not None)
+    return task, spec, model
+
+
+def _eval_set(task: Any, config: TrainConfig, parallel: DataParallel, split: str) -> list[tuple[torch.Tensor, ...]]:
+    """This rank's share of the ``split`` set: batches ``task.batch(batch_size, seed=i, split=split)``."""
+    return [tuple(t.to(parallel.device) for t in task.batch(config.batch_size, seed=i, split=split))
+            for i in parallel.eval_indices(config.eval_batches)]
+
+
+@dataclass
+class _Run:
+    """What the training loop leaves behind."""
+
+    losses: list[torch.Tensor] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)
+    engines: list[str] = field(default_factory=list)
+    steps_done: int = 0
+    stop_reason: str = "steps"
+    train_seconds: float = 0.0
+    best: _Best = field(default_factory=lambda: _Best())
+
+
+def _loop(run: _Run, config: TrainConfig, task: Any, spec: AttentionSpec | None, model: torch.nn.Module,
+          parallel: DataParallel, val_set: list, *, progress: bool, log: Callable[[str], None] | None) -> None:
+    """Train until the budget is spent or a stop rule fires, evaluating on ``val_set``; fills ``run``."""
+    anneal = spec is not None and spec.normalizer == "gumbel_softmax" and config.gumbel_tau_final is not None
     model.train()
     net = parallel.wrap(model)
+    parallel.seed_random_draws(config.seed)           # each rank its own dropout masks and Gumbel noise
     optimizer = make_optimizer(model, config)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, config.warmup, config.steps))
-
-    meter = PeakMemory(device)
-    meter.start()
-    start = time.perf_counter()
-    train_seconds = 0.0
-    losses: list[torch.Tensor] = []
-    history: list[dict] = []
-    steps_done, engines, stop_reason = 0, [], "steps"
-    best = _Best()
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config.warmup, config.steps))
     bar = _progress_bar(progress)
     job = bar.add_task(f"{config.task} {config.model}", total=config.steps, info="")
     with bar:
@@ -344,67 +389,59 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             schedule.step()
-            losses.append(loss.detach())
+            run.losses.append(loss.detach())
             if step == 0:
-                engines = list(model.engines)  # the training-mode routing (eval may route differently)
-            steps_done = step + 1
+                run.engines = list(model.engines)  # the training-mode routing (eval may route differently)
+            run.steps_done = step + 1
             finite = bool(torch.isfinite(loss))
-            train_seconds += time.perf_counter() - tick
+            run.train_seconds += time.perf_counter() - tick
             bar.update(job, advance=1)
-            if steps_done % config.eval_every == 0 or steps_done == config.steps or not finite:
-                accuracy, eval_loss = evaluate(model, val_set, parallel)
-                history.append({"step": steps_done, "accuracy": accuracy, "loss": eval_loss})
-                best.offer(model, steps_done, accuracy, eval_loss, len(history))
-                line = (f"step {steps_done}: loss {float(loss.detach()):.4f} val accuracy {accuracy:.3f} "
-                        f"val loss {eval_loss:.4f}")
-                bar.update(job, info=f"loss {float(loss.detach()):.3f} acc {accuracy:.3f}")
-                if log is not None:
-                    log(line)
-                if not finite:
-                    if log is not None:
-                        log(f"step {steps_done}: training loss is not finite; stopping")
-                    stop_reason = "nonfinite"
+            if run.steps_done % config.eval_every == 0 or run.steps_done == config.steps or not finite:
+                run.stop_reason = _evaluate_and_decide(run, config, model, parallel, val_set, float(loss.detach()),
+                                                       finite, log, lambda info: bar.update(job, info=info))
+                if run.stop_reason != "steps":
                     break
-                if config.target_accuracy is not None and accuracy >= config.target_accuracy:
-                    stop_reason = "target"
-                    break
-                if config.patience is not None and len(history) - best.index >= config.patience:
-                    stop_reason = "patience"
-                    break
-    if steps_done == 0:
+    if run.steps_done == 0:
         accuracy, eval_loss = evaluate(model, val_set, parallel)
-        best.offer(model, 0, accuracy, eval_loss, 1)
-        engines = list(model.engines)
-    best.restore(model)
-    test_accuracy, test_loss = evaluate(model, test_set, parallel)
-    window = config.patience or 3
-    converged = stop_reason in ("target", "patience") or (
-        stop_reason == "steps" and len(history) - best.index >= window)
-    seconds = time.perf_counter() - start
-    peak = meter.stop()
-    if on_end is not None:
-        extra["end"] = _callback(on_end, model, task)
-    result = TrainResult(
-        task=config.task, model=config.model, spec=spec.variant if spec is not None else config.spec,
-        seq_len=config.seq_len, accuracy=test_accuracy, loss=test_loss, steps=steps_done, seconds=seconds,
-        params=count_parameters(model),
-        tokens_per_second=steps_done * config.batch_size * config.seq_len / max(train_seconds, 1e-9),
-        peak_mem_mb=peak, memory_method=meter.method, engine=",".join(dict.fromkeys(engines)),
-        losses=torch.stack(losses).cpu().tolist() if losses else [], history=history, chance=task.chance,
-        config=config.model_dump(), val_accuracy=best.accuracy, val_loss=best.loss, best_step=best.step,
-        converged=converged, stop_reason=stop_reason, extra=extra,
-    )
-    if save_state is not None and parallel.main:
+        run.best.offer(model, 0, accuracy, eval_loss, 1)
+        run.engines = list(model.engines)
+
+
+def _evaluate_and_decide(run: _Run, config: TrainConfig, model: torch.nn.Module, parallel: DataParallel,
+                         val_set: list, loss: float, finite: bool, log: Callable[[str], None] | None,
+                         show: Callable[[str], None]) -> str:
+    """One validation evaluation: record it, offer the weights to ``run.best``, log, and return the stop reason
+    (``"steps"`` to go on)."""
+    accuracy, eval_loss = evaluate(model, val_set, parallel)
+    run.history.append({"step": run.steps_done, "accuracy": accuracy, "loss": eval_loss})
+    run.best.offer(model, run.steps_done, accuracy, eval_loss, len(run.history))
+    show(f"loss {loss:.3f} acc {accuracy:.3f}")
+    if log is not None:
+        log(f"step {run.steps_done}: loss {loss:.4f} val accuracy {accuracy:.3f} val loss {eval_loss:.4f}")
+    if not finite:
+        if log is not None:
+            log(f"step {run.steps_done}: training loss is not finite; stopping")
+        return "nonfinite"
+    if config.target_accuracy is not None and accuracy >= config.target_accuracy:
+        return "target"
+    if config.patience is not None and len(run.history) - run.best.index >= config.patience:
+        return "patience"
+    return "steps"
+
+
+def _save(model: torch.nn.Module, config: TrainConfig, result: TrainResult, save_state: str | Path | None,
+          checkpoint_dir: str | Path | None) -> None:
+    """Write the tested model's state dict (``save_state``) and checkpoint (``checkpoint_dir``) where asked."""
+    if save_state is not None:
         from safetensors.torch import save_file
 
         Path(save_state).parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(save_state))
-    if checkpoint_dir is not None and parallel.main:
+    if checkpoint_dir is not None:
         from axiomformer.checkpoint import save_checkpoint
 
         save_checkpoint(checkpoint_dir, model, train=config.model_dump(), result=_finite(
             {k: v for k, v in result.to_dict().items() if k not in ("losses",)}))
-    return result
 
 
 def _with_probes(config: TrainConfig, eval_set: list, user: Callable | None, phase: str) -> Callable | None:

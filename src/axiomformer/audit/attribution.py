@@ -26,14 +26,17 @@ SAME_MAP = {
     ("A1", "A2"): "the per-coordinate weights factor through the query (J_ij = c_ij R_i): an output gate, i.e. a "
                   "query-dependent linear rho (A1), and per-coordinate relevances of that form (A2) are the same map "
                   "at this interface",
-    ("A2", "A3"): "the per-coordinate weights factor through the key (J_ij = c_ij H_j): per-coordinate relevances "
-                  "that depend on the key only (A2) and a value map that reads more than the value (A3) are the same "
-                  "map at this interface",
     ("A1", "A3"): "the local Jacobian factors through both the query and the key: a nonlinear rho (A1) and a "
                   "nonlinear value map (A3) are not told apart",
+<<<<<<< HEAD
     ("A4", "A1"): "a head's output reads the other heads' queries and keys: logits mixed across heads (A4, talking "
                   "heads) and a rho that mixes the heads' outputs or reads the whole query (A1: an MLP, an output "
                   "gate) are the same departure at this interface",
+=======
+    ("A2", "A3"): "the per-coordinate weights factor through the key (J_ij = c_ij H_j), or through the whole context: "
+                  "per-coordinate relevances (A2) and a value map that reads more than the value (A3) are the same "
+                  "map at this interface",
+>>>>>>> i25
     ("A1", "A4"): "the local Jacobian factors through the key but the output is not additive over tokens: a "
                   "nonlinear rho (A1) and a relevance that reads the values (A4) are not told apart",
 }
@@ -77,7 +80,8 @@ def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, obje
     rules: dict[str, list[str]] = {
         "token_additivity": _nonlinear(nonlinear, False) if nonlinear else ["A1"],
         "linearity": _nonlinear(nonlinear, additive),
-        "scalar_relevance": {"query": ["A1", "A2"], "key": ["A2", "A3"]}.get(linear or "", ["A2"]),
+        "scalar_relevance": {"query": ["A1", "A2"], "key": ["A2", "A3"], "both": ["A1", "A2", "A3"]}.get(
+            linear or "", ["A2"]),
         "bilinear_scores": ["A4", "A5"] if row_scale else ["A4"],
         "bilinear_fit": ["A4", "A5"] if row_scale or failed("length_scale") else ["A4"],
         "weights_sum_to_one": ["A5", "A1"],

@@ -206,10 +206,14 @@ class Probe:
         if err > self.tol:
             return None, (f"weights not recoverable: the output is not linear in the values (probe error {err:.2g})")
         blocks = self.head_blocks(jac)
-        per_head = [rank1_residual(blk.flatten(0, 2)) for blk in blocks]
-        if max(per_head) > self.tol:
+        per_head = max(rank1_residual(blk.flatten(0, 2)) for blk in blocks)
+        if per_head > self.tol:
+            if self.a.num_heads > 1 and rank1_residual(jac.flatten(0, 2).flatten(-2), self.a.num_heads) <= self.tol:
+                return None, ("weights not recoverable per head: the Jacobians span heads-many directions, as one "
+                              "scalar relevance per key and head does, but a map after the sum mixes the heads' "
+                              "outputs, so which weights belong to which head is not identifiable")
             return None, (f"weights not recoverable: no single scalar relevance per key (every coordinate of a head "
-                          f"does not see the same weights; rank-one residual {max(per_head):.2g})")
+                          f"does not see the same weights; rank-one residual {per_head:.2g})")
         return self._scaled_factor(blocks, q.shape[1], k.shape[1]), "weights probed through linearity in the values"
 
     def _scaled_factor(self, blocks: Tensor, q_len: int, k_len: int) -> Tensor:

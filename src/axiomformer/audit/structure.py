@@ -19,15 +19,20 @@ from axiomformer.audit.probe import AuditCheck, Probe, cannot_tell, rank1_residu
 
 def jacobian_structure(p: Probe, jac: torch.Tensor) -> dict[str, float]:
     """Low-rank residuals of ``jac`` (b, L, S, dim, m): ``scalar``, rank one per head over every (input, query, key)
-    (J_ij = w_hij A_h); ``per_query``, over the keys of each query (J_ij = R_i sum_h w_hij B_h: rank one per head,
+    (J_ij = w_hij A_h), or rank <= heads over the whole output when a map after the sum mixes the heads
+    (J_ij = sum_h w_hij B_h); ``per_query``, over the keys of each query (J_ij = R_i sum_h w_hij B_h: rank one per head,
     or rank <= heads over the whole output when a map after the sum mixes the heads and there are more keys than
     heads); ``per_key``, rank one per head over the queries of each key (J_ij = w_hij H_hj)."""
     blocks = p.head_blocks(jac)                                          # (heads, b, L, S, hd * m)
     per_query = rank1_residual(blocks.flatten(0, 2))
     b, L, s, d, m = jac.shape
+    scalar = max(rank1_residual(blk.flatten(0, 2)) for blk in blocks)
     if p.a.num_heads > 1 and s > p.a.num_heads:
         per_query = min(per_query, rank1_residual(jac.reshape(b * L, s, d * m), rank=p.a.num_heads))
-    return {"scalar": max(rank1_residual(blk.flatten(0, 2)) for blk in blocks), "per_query": per_query,
+    if p.a.num_heads > 1 and scalar > 0:
+        # an output map that mixes the heads: J_ij = sum_h w_hij B_h spans heads-many directions in all
+        scalar = min(scalar, rank1_residual(jac.reshape(b * L * s, d * m), rank=p.a.num_heads))
+    return {"scalar": scalar, "per_query": per_query,
             "per_key": rank1_residual(blocks.transpose(2, 3).flatten(0, 2))}
 
 

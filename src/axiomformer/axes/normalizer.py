@@ -4,7 +4,8 @@ Source: Somani, assumption A5 (relevance is relative and differentiable): u_ij =
 1/sqrt(d_k) keeps the logits O(1) because Var(q.k) = d_k for unit-variance entries.
 
 Every normalizer maps scores (batch, heads, q_len, k_len) and an optional boolean mask (True = may attend,
-broadcastable to the scores) to weights of the same shape, computed in float32. Masked keys get weight 0; a query row
+broadcastable to the scores) to weights of the same shape, computed in max(scores dtype, float32) (float16 is upcast,
+float64 kept: ``axiomformer.precision``). Masked keys get weight 0; a query row
 with no visible key gets all-zero weights with finite gradients.
 
 Choices (n_i is the number of keys visible to query i, so appending masked keys changes nothing); each is one entry
@@ -19,9 +20,11 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
                     (straight-through, Jang et al. 2017, sec. 2.2). Outside training the noise-free limit:
                     softmax(s / tau), or one-hot argmax_j s when hard (the mode of the Gumbel-max sample) **(our
                     choice)**. tau and hard are the spec fields ``gumbel_tau``, ``gumbel_hard`` (trait ``configured``).
-    linear          u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)   (Katharopoulos et al. 2020, eq. 6-7)
+    linear          u = K_ij / sum_j K_ij, K_ij = phi(s q_i).phi(k_j) (Katharopoulos et al. 2020, eq. 6-7; a
+                    temperature s enters through the query, see :func:`default_scale`)
     entmax_alpha    u = alpha-entmax(s), alpha_h > 1 learned per head (Peters et al. 2019; Correia et al. 2019)
     softmax1        u = exp(s) / (1 + sum_j exp(s_j)), a zero-logit sink (Miller 2023)
+<<<<<<< HEAD
     diff            u = softmax(s1) - lambda_h softmax(s2), s1, s2 the scaled scores of the first and second halves
                     of each head's q and k, lambda_h learned per head from 0.2 (Ye et al. 2024, arXiv:2410.05258;
                     trait ``halves``; needs an even head_dim and a score without head_dim-sized parameters)
@@ -36,6 +39,12 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
                     broken by ``torch.topk`` (lowest index first on CPU) **(our choice)**
 Scale choices (A5's temperature, ``axes/scale.py``: SCALES): inv_sqrt_d (1/sqrt(d_k)), none (1), learned (per head),
 log_n (c_h log n_i / sqrt(d_k), Scalable-Softmax).
+=======
+Scale choices (A5's temperature, :data:`SCALES`): inv_sqrt_d (1/sqrt(head_dim); 1 for the kernel normalizer, whose
+kernel is no scaled score: Katharopoulos et al. 2020 apply none, and the taylor map carries its own 1/sqrt(d)),
+none (1), learned (per head). An explicit or learned scale s is honoured by every normalizer; the kernel's enters
+through the query, phi(s q).phi(k), so f(q, scale=s) == f(s q, scale=1).
+>>>>>>> i25
 Feature maps of the linear normalizer (:data:`FEATURE_MAPS`): elu (elu(x) + 1), relu, identity, taylor
 ([1, y, vec(y y^T) / sqrt 2], y = x / d^(1/4)).
 """
@@ -47,11 +56,12 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from entmax import entmax15, entmax_bisect, sparsemax
+from entmax import entmax15, sparsemax
 from torch import Tensor, nn
 
 from axiomformer.axes import traceable
 from axiomformer.axes.registry import Choice, Registry
+from axiomformer.precision import upcast
 
 if TYPE_CHECKING:
     from axiomformer.spec import AttentionSpec
@@ -125,13 +135,98 @@ def _softmax1(s: Tensor, training: bool, **params: Tensor) -> Tensor:
     return torch.softmax(torch.cat([s, torch.zeros_like(s[..., :1])], dim=-1), dim=-1)[..., :-1]
 
 
-def _entmax_alpha(s: Tensor, training: bool, alpha: Tensor | float = 1.5, **params: Tensor) -> Tensor:
-    # alpha (1, heads, 1, 1) or a float; the package's bisection differentiates through alpha as well.
-    if isinstance(alpha, Tensor):
-        alpha = torch.broadcast_to(alpha.float(), s.shape[:-1] + (1,))
-    if torch.compiler.is_compiling():
-        return traceable.entmax_bisect(s, alpha)
-    return entmax_bisect(s, alpha, dim=-1)
+ENTMAX_BISECTIONS = 20
+"""Bisection steps of :func:`entmax_alpha` before its Newton steps (the bracket is log(k_len) wide)."""
+
+_LOG1P_SERIES = 0.1
+"""Below this |t|, log1p(t) / t is summed as its series (16 terms: error < 1e-17) instead of divided."""
+
+
+def _log1p_ratio(t: Tensor) -> Tensor:
+    """log1p(t) / t for t > -1 (1 at t = 0), accurate, with an accurate derivative, also as t -> 0 (the quotient's
+    derivative, (t / (1 + t) - log1p(t)) / t^2, cancels there)."""
+    small = t.abs() < _LOG1P_SERIES
+    ts = torch.where(small, t, 0.0)
+    series = torch.zeros_like(ts)
+    for k in range(15, -1, -1):                                    # Horner: sum_k (-t)^k / (k + 1)
+        series = series * -ts + 1.0 / (k + 1)
+    tb = torch.where(small, 1.0, t)
+    return torch.where(small, series, torch.log1p(tb) / tb)
+
+
+def _entmax_terms(x: Tensor, m: Tensor, beta: Tensor, differentiable: bool = True) -> Tensor:
+    """p_i = [1 + beta (x_i - m)]_+^(1 / beta) = exp(y log1p(beta y) / (beta y)), y = x_i - m: the alpha-entmax
+    weights for the threshold m (beta = alpha - 1 >= 0; beta = 0 is exp(y), the softmax). Without
+    ``differentiable`` the value alone (log1p(beta y) / beta is accurate, only its beta-derivative is not)."""
+    finite = x > float("-inf")
+    y = torch.where(finite, x, m) - m                  # blocked keys: y = 0 here, so no 0 * inf reaches a gradient
+    t = beta * y
+    inside = finite & (t > -1.0)
+    ys, ts = torch.where(inside, y, 0.0), torch.where(inside, t, 0.0)
+    if differentiable:
+        exponent = ys * _log1p_ratio(ts)
+    else:
+        exponent = torch.where(beta > 0, torch.log1p(ts) / torch.where(beta > 0, beta, 1.0), ys)
+    return torch.where(inside, torch.exp(exponent), 0.0)
+
+
+def entmax_alpha(x: Tensor, alpha: Tensor | float, alpha_minus_one: Tensor | None = None) -> Tensor:
+    """alpha-entmax over the last dimension, accurate for every alpha >= 1 (Peters et al. 2019, eq. 8).
+
+    p = [(alpha - 1) x - tau]_+^(1 / (alpha - 1)), written with beta = alpha - 1 and tau = beta m - 1 as
+    p_i = [1 + beta (x_i - m)]_+^(1 / beta) = exp(log1p(beta y_i) / beta), y_i = x_i - m: this form has no
+    1 / beta that cancels, so it is accurate as alpha -> 1 (where it is the softmax, also at alpha = 1 exactly), and
+    its autograd derivative in alpha is too (the entmax package's backward divides by (alpha - 1)^2 and loses it in
+    float32 near 1). m solves sum_i p_i = 1 in [max x, max x + log k_len]: bisection, then Newton steps; the last step
+    carries the implicit-function gradient (dm = dS / sum_i dp_i/dm) **(our implementation; the entmax package's
+    ``entmax_bisect`` is its reference in the tests)**.
+
+    Args:
+        x: (..., k_len) float scores; -inf entries get weight 0 (each row needs one finite entry).
+        alpha: >= 1, a float or a tensor broadcastable to (..., 1) (e.g. (1, heads, 1, 1)).
+        alpha_minus_one: alpha - 1 itself (>= 0), read instead of ``alpha`` when given: 1 + a tiny beta rounds to 1
+            (below 1e-16 even in float64), beta itself does not.
+    """
+    if alpha_minus_one is not None:
+        beta = alpha_minus_one.to(x.dtype)
+    elif isinstance(alpha, Tensor):
+        beta = (alpha - 1.0).to(x.dtype)
+    else:
+        beta = torch.tensor(alpha - 1.0, dtype=x.dtype)
+    beta = beta.to(x.device)
+    top = x.amax(dim=-1, keepdim=True).detach()
+    with torch.no_grad():
+        xd, bd = x.detach(), beta.detach()
+        # S(lo) >= 1 >= S(hi) for every beta >= 0, with n the row's finite entries (a tensor, not the length: under
+        # torch.compile a Python number from the shape would compile one graph per length).
+        finite = (xd > float("-inf")).sum(-1, keepdim=True).clamp_min(1).to(x.dtype)
+        lo, hi = top, top + finite.log()
+        for _ in range(ENTMAX_BISECTIONS):
+            mid = (lo + hi) / 2
+            above = _entmax_terms(xd, mid, bd, False).sum(-1, keepdim=True) >= 1.0
+            lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
+        m = (lo + hi) / 2
+        for _ in range(2):
+            m = torch.minimum(torch.maximum(m + _newton(xd, m, bd, False), lo), hi)
+    m = m + _newton(x, m, beta)                                   # carries dm/dx and dm/dbeta
+    p = _entmax_terms(x, m, beta)
+    return p / p.sum(-1, keepdim=True)
+
+
+def _newton(x: Tensor, m: Tensor, beta: Tensor, differentiable: bool = True) -> Tensor:
+    """The Newton step for sum_i p_i(m) = 1: (S(m) - 1) / sum_i g_i, g_i = -dp_i/dm = p_i / (1 + beta y_i) (the
+    denominator detached: differentiating the step gives the implicit-function gradient of m)."""
+    p = _entmax_terms(x, m, beta, differentiable)
+    with torch.no_grad():
+        base = 1.0 + beta * torch.where(x > float("-inf"), x - m, 0.0)
+        g = torch.where(p > 0, p / torch.where(p > 0, base, 1.0), 0.0).sum(-1, keepdim=True)
+    return (p.sum(-1, keepdim=True) - 1.0) / g
+
+
+def _entmax_alpha(s: Tensor, training: bool, alpha: Tensor | float = 1.5, alpha_minus_one: Tensor | None = None,
+                  **params: Tensor) -> Tensor:
+    # alpha (1, heads, 1, 1) or a float, >= 1; alpha_minus_one, when given, is alpha - 1 without the rounding of 1 +.
+    return entmax_alpha(s, alpha, alpha_minus_one)
 
 
 def _alpha_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
@@ -139,8 +234,11 @@ def _alpha_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
     return {"alpha_raw": nn.Parameter(torch.full((spec.num_heads,), math.log(math.expm1(0.5))))}
 
 
-def _alpha_from(raw: Tensor) -> Tensor:
-    return (1.0 + F.softplus(raw)).view(1, -1, 1, 1)
+def _alpha_params(module: nn.Module) -> dict[str, Tensor]:
+    # alpha - 1 = softplus(theta) is handed over as itself: 1 + softplus(theta) rounds to exactly 1 in float32 for
+    # theta below about -17 (in float64 below -37), and entmax_alpha, accurate down to alpha = 1, reads alpha - 1.
+    beta = F.softplus(module.alpha_raw).view(1, -1, 1, 1)
+    return {"alpha": 1.0 + F.softplus(module.alpha_raw.double()).view(1, -1, 1, 1), "alpha_minus_one": beta}
 
 
 def _diff(s: Tensor, training: bool, lam: Tensor | float = DIFF_LAMBDA_INIT, **params: Tensor) -> Tensor:
@@ -257,11 +355,16 @@ NORMALIZERS = Registry("normalizer", [
     Choice("linear", "u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)", "Katharopoulos et al. 2020, eq. 6-7",
            _linear, frozenset({"kernel"}), relaxes="A5 (and A4): exp(s) replaced by a kernel phi(q).phi(k)"),
     Choice("entmax_alpha", "u = alpha-entmax(s) = relu((alpha - 1) s - tau)^(1 / (alpha - 1)), alpha_h > 1 learned "
-           "per head (initialised to 1.5)", "Peters et al. 2019, eq. 8; Correia et al. 2019 (adaptively sparse "
-           "transformers, learned alpha), bisection of the entmax package", _entmax_alpha,
+           "per head (initialised to 1.5); the softmax at alpha = 1", "Peters et al. 2019, eq. 8; Correia et al. "
+           "2019 (adaptively sparse transformers, learned alpha); our log1p form of the bisection (accurate for "
+           "every alpha >= 1, see entmax_alpha)", _entmax_alpha,
            frozenset({"row", "parametric"}),
+<<<<<<< HEAD
            {"parameters": _alpha_parameters, "params": lambda module: {"alpha": _alpha_from(module.alpha_raw)}},
            relaxes="A5: alpha-entmax with a learned alpha per head; exact zeros"),
+=======
+           {"parameters": _alpha_parameters, "params": _alpha_params}),
+>>>>>>> i25
     Choice("softmax1", "u = exp(s) / (1 + sum_j exp(s_j)): softmax with a zero-logit, zero-value sink",
            "Miller 2023, 'Attention Is Off By One' (softmax_1); the sink of Xiao et al. 2024, sec. 3.3",
            _softmax1, frozenset({"row", "sink"}), relaxes="A5: rows may sum below 1 (a zero-logit sink)"),
@@ -333,7 +436,18 @@ FEATURE_MAPS = Registry("feature_map", [
 ])
 """Kernel feature maps of the ``linear`` normalizer."""
 
+<<<<<<< HEAD
 
+=======
+SCALES = Registry("scale", [
+    Choice("inv_sqrt_d", "scale = 1 / sqrt(head_dim) (1 for the kernel normalizer)",
+           "Vaswani et al. 2017, eq. 1 and footnote 4; Katharopoulos et al. 2020 (no temperature in the kernel)"),
+    Choice("none", "scale = 1", "Luong et al. 2015 (unscaled dot score)"),
+    Choice("learned", "scale_h = exp(theta_h), theta_h initialised to -log(head_dim) / 2", "our choice: a per-head "
+           "temperature, as in QK-norm attention (Henry et al. 2020)"),
+])
+"""A5's temperature."""
+>>>>>>> i25
 
 
 def spec_options(spec: AttentionSpec) -> dict:
@@ -367,6 +481,35 @@ def feature_map(x: Tensor, kind: str = "elu") -> Tensor:
     return FEATURE_MAPS[kind].impl(x)
 
 
+<<<<<<< HEAD
+=======
+def default_scale(spec: AttentionSpec, head_dim: int) -> float:
+    """The fixed temperature of ``spec.scale`` (not ``learned``): 1/sqrt(head_dim) for ``inv_sqrt_d``, except 1 for a
+    ``kernel`` normalizer (its kernel phi(q).phi(k) is no scaled score: Katharopoulos et al. 2020 apply no
+    temperature, and the taylor map carries its own 1/sqrt(d)); 1 for ``none``."""
+    if spec.scale == "inv_sqrt_d" and not NORMALIZERS.has(spec.normalizer, "kernel"):
+        return 1.0 / math.sqrt(head_dim)
+    return 1.0
+
+
+class Scale(nn.Module):
+    """The temperature multiplying the scores: a float, or a (1, heads, 1, 1) tensor when learned."""
+
+    def __init__(self, spec: AttentionSpec):
+        super().__init__()
+        self.kind = spec.scale
+        self.head_dim = spec.head_dim
+        self.fixed = default_scale(spec, spec.head_dim) if spec.scale != "learned" else None
+        if self.kind == "learned":
+            self.log_scale = nn.Parameter(torch.full((spec.num_heads,), -0.5 * math.log(spec.head_dim)))
+
+    def forward(self) -> float | Tensor:
+        if self.fixed is not None:
+            return self.fixed
+        return self.log_scale.exp().view(1, -1, 1, 1)
+
+
+>>>>>>> i25
 def normalize(
     scores: Tensor, mask: Tensor | None, kind: str | Choice, *, training: bool = False, n_visible: Tensor | None = None,
     params: dict[str, Tensor] | None = None,
@@ -389,13 +532,18 @@ def normalize(
             Gumbel-softmax's ``tau`` and ``hard``); defaults otherwise.
 
     Returns:
+<<<<<<< HEAD
         float32 weights shaped like ``scores`` (without the leading 2 of ``halves``); masked entries and rows without a visible key are exactly 0.
+=======
+        weights shaped like ``scores`` in max(scores dtype, float32) (float64 stays float64); masked entries and rows
+        without a visible key are exactly 0.
+>>>>>>> i25
 
     Raises:
         ValueError: unknown ``kind`` (naming the choices).
     """
     choice = kind if isinstance(kind, Choice) else NORMALIZERS[kind]
-    s = scores.float()
+    s = upcast(scores)
     if mask is not None:
         mask = torch.broadcast_to(mask, s.shape)
         has_key = mask.any(dim=-1, keepdim=True)
@@ -408,7 +556,7 @@ def normalize(
     if choice.has("elementwise"):
         if n_visible is None:
             n_visible = (torch.full_like(s[..., :1], float(s.shape[-1])) if mask is None
-                         else visible.sum(dim=-1, keepdim=True).float())
+                         else visible.sum(dim=-1, keepdim=True).to(s.dtype))
         weights = choice.impl(s, n_visible)
     else:
         if mask is not None:

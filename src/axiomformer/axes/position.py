@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from axiomformer.axes.registry import Choice, Registry
+from axiomformer.precision import compute_dtype, upcast
 
 if TYPE_CHECKING:
     from axiomformer.spec import AttentionSpec
@@ -56,22 +57,24 @@ if TYPE_CHECKING:
 ROPE_BASE = 10000.0
 
 
-def sinusoidal_table(positions: Tensor, dim: int) -> Tensor:
-    """Sinusoidal encodings (*positions.shape, dim) in float32 for integer ``positions`` of any shape, e.g. (seq,)
-    or (batch, seq) (Vaswani et al. 2017, sec. 3.5)."""
-    pos = positions.float().unsqueeze(-1)
-    i = torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32)
+def sinusoidal_table(positions: Tensor, dim: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Sinusoidal encodings (*positions.shape, dim) in ``dtype`` (float32 or float64) for integer ``positions`` of any
+    shape, e.g. (seq,) or (batch, seq) (Vaswani et al. 2017, sec. 3.5)."""
+    pos = positions.to(dtype).unsqueeze(-1)
+    i = torch.arange(0, dim, 2, device=positions.device, dtype=dtype)
     angle = pos * torch.exp(-math.log(10000.0) * i / dim)
-    table = torch.zeros(*positions.shape, dim, device=positions.device)
+    table = torch.zeros(*positions.shape, dim, device=positions.device, dtype=dtype)
     table[..., 0::2] = torch.sin(angle)
     table[..., 1::2] = torch.cos(angle[..., : dim // 2])
     return table
 
 
-def rope_cos_sin(positions: Tensor, head_dim: int, base: float = ROPE_BASE) -> tuple[Tensor, Tensor]:
-    """cos and sin of the RoPE angles p * base^(-2i/head_dim), each (len(positions), head_dim / 2), float32."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angle = positions.float().unsqueeze(-1) * inv_freq                # (L, head_dim / 2)
+def rope_cos_sin(positions: Tensor, head_dim: int, base: float = ROPE_BASE,
+                 dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """cos and sin of the RoPE angles p * base^(-2i/head_dim), each (len(positions), head_dim / 2), in ``dtype``
+    (float32 or float64)."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=dtype) / head_dim)
+    angle = positions.to(dtype).unsqueeze(-1) * inv_freq                # (L, head_dim / 2)
     return angle.cos(), angle.sin()
 
 
@@ -109,10 +112,10 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
     """
     if x.shape[-1] % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {x.shape[-1]}")
-    cos, sin = rope_cos_sin(positions, x.shape[-1], base)
+    work = upcast(x)
+    cos, sin = rope_cos_sin(positions, x.shape[-1], base, work.dtype)
     if positions.dim() == 2:                                       # (batch, seq, hd/2) -> (batch, 1, seq, hd/2)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
     cos, sin = cos.to(work.dtype), sin.to(work.dtype)
     if torch.compiler.is_compiling():
         # The same rotation in plain ops: Dynamo cannot trace the in-place ``out=`` halves of ``_Rope``.
@@ -144,9 +147,10 @@ def alibi_slopes(num_heads: int) -> Tensor:
 def alibi_bias(slopes: Tensor, q_positions: Tensor, k_positions: Tensor, causal: bool) -> Tensor:
     """ALiBi score bias (1 or batch, heads, q_len, k_len): -m_h (p_i - p_j), or -m_h |p_i - p_j| when not causal.
     Positions are (q_len,) and (k_len,), or per row (batch, q_len) and (batch, k_len)."""
-    distance = q_positions.float().unsqueeze(-1) - k_positions.float().unsqueeze(-2)
+    slopes = upcast(slopes)                    # float64 slopes (a module in float64) keep their precision
+    distance = q_positions.to(slopes.dtype).unsqueeze(-1) - k_positions.to(slopes.dtype).unsqueeze(-2)
     distance = distance if causal else distance.abs()
-    return -slopes.float().view(1, -1, 1, 1) * distance.unsqueeze(-3)
+    return -slopes.view(1, -1, 1, 1) * distance.unsqueeze(-3)
 
 
 class Position(nn.Module):
@@ -196,7 +200,7 @@ class Position(nn.Module):
             ValueError: a learned position at or beyond ``max_len``.
         """
         if self.kind == "sinusoidal":
-            return x + sinusoidal_table(positions, self.dim).to(x.dtype)
+            return x + sinusoidal_table(positions, self.dim, compute_dtype(x.dtype)).to(x.dtype)
         if self.kind == "learned":
             # The check reads a value back to the host; while torch.compile traces it is left to the eager calls.
             if not torch.compiler.is_compiling() and positions.numel() and int(positions.max()) >= self.max_len:

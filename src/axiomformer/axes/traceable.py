@@ -1,4 +1,4 @@
-"""Sparsemax, 1.5-entmax and alpha-entmax in plain tensor ops, for ``torch.compile``.
+"""Sparsemax and 1.5-entmax in plain tensor ops, for ``torch.compile``.
 
 The ``entmax`` package implements them as ``torch.autograd.Function`` classes with classmethod ``forward``s that
 Dynamo cannot inline (a graph break per call). While ``torch.compile`` traces, ``axes/normalizer.py`` uses these
@@ -12,10 +12,7 @@ are ``-inf`` and every row has a finite entry (``normalize`` guarantees both).
 - 1.5-entmax (Peters et al. 2019, Algorithm 2, as the ``entmax`` package): x = z / 2 sorted, with the running means
   m_k and mean squares s_k, tau_k = m_k - sqrt((1 - k (s_k - m_k^2)) / k); the support is {k : tau_k <= x_(k)};
   p = relu(x - tau)^2. The square root is taken after the gather, so rows' unused entries carry no gradient.
-- alpha-entmax (Peters et al. 2019, eq. 8; bisection as ``entmax.entmax_bisect`` with 50 steps): tau* is found by
-  bisection without gradient, then refined by one Newton step on f(tau) = sum_j relu((alpha - 1) z_j - tau)^(1 /
-  (alpha - 1)) - 1 taken with gradient; since f(tau*) = 0, that step's derivative is -f_theta / f_tau, the implicit
-  function theorem's, for the scores and alpha alike.
+(alpha-entmax, ``normalizer.entmax_alpha``, is written in plain tensor ops already.)
 """
 
 from __future__ import annotations
@@ -56,32 +53,3 @@ def entmax15(s: Tensor) -> Tensor:
     m, m2, kf = mean.gather(-1, k - 1), mean_sq.gather(-1, k - 1), k.to(x.dtype)
     tau = m - ((1 - kf * (m2 - m * m)) / kf).clamp_min(0).sqrt()
     return torch.relu(x - tau).square()
-
-
-def _power(h: Tensor, e: Tensor) -> Tensor:
-    """h^e for h >= 0, exactly 0 where h = 0 (also for e < 0), with finite gradients."""
-    positive = h > 0
-    return torch.where(positive, torch.where(positive, h, 1.0).pow(e), 0.0)
-
-
-def entmax_bisect(s: Tensor, alpha: Tensor | float, n_iter: int = 50) -> Tensor:
-    """alpha-entmax along the last dimension; ``alpha`` > 1, a float or broadcastable to (..., 1)."""
-    alpha = torch.as_tensor(alpha, dtype=s.dtype, device=s.device)
-    alpha = torch.broadcast_to(alpha, s.shape[:-1] + (1,)) if alpha.dim() else alpha.expand(s.shape[:-1] + (1,))
-    a1 = alpha - 1
-    e = 1.0 / a1
-    x = torch.where(torch.isfinite(s), s * a1, float("-inf"))
-    top = x.amax(-1, keepdim=True)
-    with torch.no_grad():
-        lo, hi = top - 1.0, top - (1.0 / s.shape[-1]) ** a1
-        for _ in range(n_iter):                     # a fixed count: no length or value decides the trip count
-            mid = (lo + hi) / 2
-            f = _power(torch.relu(x - mid), e).sum(-1, keepdim=True) - 1
-            lo, hi = torch.where(f >= 0, mid, lo), torch.where(f >= 0, hi, mid)
-        tau_star = lo
-    h = torch.relu(x - tau_star)
-    f = _power(h, e).sum(-1, keepdim=True) - 1
-    slope = -(e * _power(h, e - 1)).sum(-1, keepdim=True)
-    tau = tau_star - f / slope
-    p = _power(torch.relu(x - tau), e)
-    return p / p.sum(-1, keepdim=True)

@@ -35,8 +35,10 @@ def register(app: typer.Typer) -> None:
 
         expect_file_path(out, "--out")
         if matrix:
-            from axiomformer.audit.matrix import matrix_markdown, relaxation_matrix
+            from axiomformer.audit.matrix import matrix_markdown, relaxation_matrix, single_axis_relaxations
 
+            typer.echo(f"audit: {len(single_axis_relaxations())} single-axis relaxations and the reference targets, "
+                       "one full audit each (about a minute on a CPU)", err=True)
             text = matrix_markdown(relaxation_matrix(dim=dim, num_heads=heads or 2, seed=seed))
             if out is not None:
                 out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from axiomformer.commands import output_console
 from axiomformer.errors import expect_folder
 
 
@@ -80,6 +81,10 @@ def register(app: typer.Typer) -> None:
             overrides["seeds"] = seeds
         noise_levels = _numbers(noise, "--noise", float, "0,0.5,1.0")
         step_counts = _numbers(steps, "--steps", int, "0,1,2,4,8")
+        if not (quiet or as_json):
+            arms = f"{', '.join(overrides['mixings'])} x theta {', '.join(overrides['thetas'])}"
+            typer.echo(f"flow: {data}, arms {arms}, K = {step_counts}, noise = {noise_levels}; learning rates "
+                       "first, then one line per arm", err=True)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)     # tiny matrices: extra threads only spin on a shared machine
         try:
@@ -104,10 +109,9 @@ def _ci(row: dict) -> str:
 
 
 def _print_tables(result: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = output_console()
     ks = result["K"]
     head = (f"{result['data']} ({result['n_train']} train / {result['n_test']} test), model {result['model']}"
             + (f", patch {result['patch']}" if result["patch"] else "") + f", readout {result['readout']}"

@@ -9,6 +9,8 @@ from typing import List, Optional
 
 import typer
 
+from axiomformer.commands import output_console
+
 
 def _parse_layers(text: str | None) -> list[int] | None:
     if text is None or not text.strip():
@@ -45,6 +47,8 @@ def register(app: typer.Typer) -> None:
         from axiomformer.surgery.audit_adapter import audit_layer0
 
         layer_list = _parse_layers(layers)
+        typer.echo(f"surgery: loading {model_dir or 'the bundled all-MiniLM-L6-v2'}, then "
+                   f"{len(relax) if relax else 'the built-in'} relaxation(s), each one forward pass", err=True)
         try:
             texts = read_sentences(sentences) if sentences is not None else None
             report = run_surgery(model_dir, relax or None, texts, layers=layer_list, seed=seed, audit_fn=audit_layer0)
@@ -56,10 +60,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(report.to_json()))
             return
-        from rich.console import Console
         from rich.table import Table
 
-        console = Console()
+        console = output_console()
         where = "all layers" if report.layers is None else f"layers {report.layers}"
         console.print(f"model: {report.model}; {report.n_sentences} sentences; relaxations applied to {where}")
         console.print(f"standard spec reproduces the original last hidden state: max abs err "

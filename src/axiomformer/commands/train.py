@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import NoReturn
 
 import typer
 
-from axiomformer.errors import expect_folder
+from axiomformer.errors import UserInputError, expect_folder
 
 
 def parse_task_options(items: list[str]) -> dict:
-    """``["num_pairs=4", "path=a.txt"]`` -> ``{"num_pairs": 4, "path": "a.txt"}`` (values parsed as JSON if they can be).
+    """``["num_pairs=4", "path=a.txt"]`` -> ``{"num_pairs": 4, "path": "a.txt"}`` (values parsed as JSON if they
+    can be).
 
     Raises:
         ValueError: an item without ``=``.
@@ -29,42 +30,42 @@ def parse_task_options(items: list[str]) -> dict:
     return options
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"Error: {message}", err=True)
-    raise typer.Exit(2)
+def _fail(message: str) -> NoReturn:
+    """Bad input: the command line prints ``error: <message>`` and exits 2 (``axiomformer.cli``)."""
+    raise UserInputError(message)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_command(
-        task: str = typer.Option("mqar", help="copy | mqar | selective_copy | needle | induction | digits | text"),
+        task: str = typer.Option("mqar", help="task name, e.g. mqar, copy, needle, digits; a wrong one lists all"),
         seq_len: int = typer.Option(64, "--seq-len", help="sequence length"),
         model: str = typer.Option("transformer", help="transformer | rnn | lstm | gru"),
         spec: str = typer.Option("standard", help="attention relax string, e.g. 'normalizer=sigmoid'"),
         layers: int = typer.Option(2, help="number of layers"),
         dim: int = typer.Option(64, help="model width (hidden size for rnn/lstm/gru)"),
-        heads: Optional[int] = typer.Option(None, help="attention heads (default: 4 when they divide dim)"),
-        steps: Optional[int] = typer.Option(None, help="optimizer steps (default: the task's)"),
-        batch_size: Optional[int] = typer.Option(None, "--batch-size", help="sequences per step (default: the task's)"),
-        lr: Optional[float] = typer.Option(None, help="peak learning rate (default: the task's)"),
-        weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="AdamW weight decay (0.1)"),
-        warmup: Optional[int] = typer.Option(None, help="linear warmup steps (default: the task's)"),
+        heads: int | None = typer.Option(None, help="attention heads (default: 4 when they divide dim)"),
+        steps: int | None = typer.Option(None, help="optimizer steps (default: the task's)"),
+        batch_size: int | None = typer.Option(None, "--batch-size", help="sequences per step (default: the task's)"),
+        lr: float | None = typer.Option(None, help="peak learning rate (default: the task's)"),
+        weight_decay: float | None = typer.Option(None, "--weight-decay", help="AdamW weight decay (0.1)"),
+        warmup: int | None = typer.Option(None, help="linear warmup steps (default: the task's)"),
         seed: int = typer.Option(0, help="seed of the model and the training data"),
-        target_accuracy: Optional[float] = typer.Option(None, "--target-accuracy",
-                                                        help="stop once eval accuracy reaches it (default: the task's)"),
+        target_accuracy: float | None = typer.Option(
+            None, "--target-accuracy", help="stop once eval accuracy reaches it (default: the task's)"),
         no_early_stop: bool = typer.Option(False, "--no-early-stop", help="train all steps"),
-        eval_every: Optional[int] = typer.Option(None, "--eval-every", help="steps between evaluations"),
-        eval_batches: Optional[int] = typer.Option(None, "--eval-batches",
+        eval_every: int | None = typer.Option(None, "--eval-every", help="steps between evaluations"),
+        eval_batches: int | None = typer.Option(None, "--eval-batches",
                                                    help="batches in the validation set and in the test set"),
-        grad_clip: Optional[float] = typer.Option(None, "--grad-clip", help="global gradient-norm clip (1.0)"),
-        patience: Optional[int] = typer.Option(None, "--patience",
+        grad_clip: float | None = typer.Option(None, "--grad-clip", help="global gradient-norm clip (1.0)"),
+        patience: int | None = typer.Option(None, "--patience",
                                                help="stop after this many evaluations without a better validation "
                                                     "score (default: never)"),
         device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda | cuda:N"),
-        task_option: List[str] = typer.Option([], "--task-option", "-o",
+        task_option: list[str] = typer.Option([], "--task-option", "-o",
                                               help="task option key=value, repeatable (e.g. -o path=book.txt)"),
-        threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's)"),
-        checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="save the model here (safetensors+JSON)"),
+        threads: int | None = typer.Option(None, help="torch CPU threads (default: torch's)"),
+        checkpoint: Path | None = typer.Option(None, "--checkpoint", help="save the model here (safetensors+JSON)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or eval log"),
         as_json: bool = typer.Option(False, "--json", help="last stdout line: the result as JSON"),
     ) -> None:
@@ -74,12 +75,10 @@ def register(app: typer.Typer) -> None:
         ``--batch-size`` is the global batch and only rank 0 prints and writes the checkpoint.
         """
         import torch
-        from pydantic import ValidationError
 
         from axiomformer.budget import BUDGET_FIELDS
         from axiomformer.distributed import DataParallel, process_group
-        from axiomformer.tasks import make_task
-        from axiomformer.train import TrainConfig, train
+        from axiomformer.train import train
 
         options = locals()
         given = {"heads": heads, **{name: options[name] for name in BUDGET_FIELDS}}  # the Budget model's fields
@@ -87,16 +86,8 @@ def register(app: typer.Typer) -> None:
         expect_folder(checkpoint, "--checkpoint")
         if no_early_stop:
             fields["target_accuracy"] = None
-        try:
-            config = TrainConfig(task=task, seq_len=seq_len, model=model, spec=spec, layers=layers, dim=dim,
-                                 seed=seed, device=device, task_options=parse_task_options(task_option), **fields)
-            make_task(config.task, seq_len=config.seq_len, **config.task_options)
-        except ValidationError as err:
-            _fail("; ".join(e["msg"].removeprefix("Value error, ") + (f" ({'.'.join(map(str, e['loc']))})"
-                                                                          if e["loc"] else "")
-                            for e in err.errors()))
-        except ValueError as err:
-            _fail(str(err))
+        config = _config(dict(task=task, seq_len=seq_len, model=model, spec=spec, layers=layers, dim=dim, seed=seed,
+                              device=device, task_options=parse_task_options(task_option), **fields))
         if threads is not None:
             torch.set_num_threads(threads)
         log = None if quiet or as_json else (lambda line: typer.echo(line, err=True))
@@ -106,15 +97,38 @@ def register(app: typer.Typer) -> None:
             except ValueError as err:
                 _fail(str(err))
             main = DataParallel.current(config.device).main
-        if not main:
-            return
-        if as_json:
-            typer.echo(json.dumps(result.summary()))
-            return
-        typer.echo(f"{result.task} seq_len={result.seq_len} {result.model} spec={result.spec} "
-                   f"engine={result.engine} params={result.params}")
-        typer.echo(f"test accuracy {result.accuracy:.4f} (chance {result.chance:.4f}; validation "
-                   f"{result.val_accuracy:.4f} at step {result.best_step})  test loss {result.loss:.4f}  "
-                   f"steps {result.steps}  {result.seconds:.1f}s  {result.tokens_per_second:,.0f} tokens/s")
-        if checkpoint is not None:
-            typer.echo(f"checkpoint: {checkpoint}")
+        if main:
+            _print_result(result, as_json, checkpoint)
+
+
+def _config(fields: dict):
+    """The validated ``TrainConfig`` (its task built once to check the task options); bad input is one error line."""
+    from pydantic import ValidationError
+
+    from axiomformer.tasks import make_task
+    from axiomformer.train import TrainConfig
+
+    try:
+        config = TrainConfig(**fields)
+        make_task(config.task, seq_len=config.seq_len, **config.task_options)
+    except ValidationError as err:
+        _fail("; ".join(e["msg"].removeprefix("Value error, ") + (f" ({'.'.join(map(str, e['loc']))})"
+                                                                      if e["loc"] else "")
+                        for e in err.errors()))
+    except ValueError as err:
+        _fail(str(err))
+    return config
+
+
+def _print_result(result, as_json: bool, checkpoint: Path | None) -> None:
+    """The result on stdout: one JSON line, or two readable lines (and where the checkpoint went)."""
+    if as_json:
+        typer.echo(json.dumps(result.summary()))
+        return
+    typer.echo(f"{result.task} seq_len={result.seq_len} {result.model} spec={result.spec} "
+               f"engine={result.engine} params={result.params}")
+    typer.echo(f"test accuracy {result.accuracy:.4f} (chance {result.chance:.4f}; validation "
+               f"{result.val_accuracy:.4f} at step {result.best_step})  test loss {result.loss:.4f}  "
+               f"steps {result.steps}  {result.seconds:.1f}s  {result.tokens_per_second:,.0f} tokens/s")
+    if checkpoint is not None:
+        typer.echo(f"checkpoint: {checkpoint}")

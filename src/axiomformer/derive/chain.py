@@ -70,7 +70,8 @@ STEPS: tuple[StepDef, ...] = (
             "y_i = sum_j phi(x_j, u_ij)", r"y_i = \sum_j \phi(x_j, u_{ij})",
             lambda m: m.without("p"), prop.additivity,
             "a linear rho from the identity: a linear rho folds into W_v, so it lies inside A1's class (a chain whose "
-            "rho is already linear reports A1 vacuous)"),
+            "rho is already linear reports A1 vacuous); a rho that is linear but depends on the query (an output "
+            "gate) is additive too, so no step sees it and the final comparison reports it as unlocalized"),
     StepDef("A2", "relevance-contribution proportionality: scaling u_ij by k scales token j's contribution by k",
             "homogeneity of the contribution map: phi(x, k u) = k phi(x, u) for k in {2, 1/2, -1, 3}, on the "
             "contribution and on the composed forward with relevances k u", "forced",

@@ -15,9 +15,10 @@ An engine is an object with
 :class:`~axiomformer.engines.plan.ProblemKind` (no lengths, no values), ``problem`` an
 :class:`~axiomformer.engines.problem.AttentionProblem`: the tensors q (batch, heads, q_len, head_dim), k, v, mask,
 bias, ALiBi slopes and the causal/window/offset settings. ``out`` is (batch, heads, q_len, head_dim_v) in the value
-dtype, ``weights`` (batch, heads, q_len, k_len) float32 or None. ``accepts`` and ``worthwhile`` read only the plan and
-the kind, so the router's cached decision is the one a fresh call would make. Engines are called only by the router
-(``engines/router.py``), which has already applied the policy of ``engines/problem.py``.
+dtype, ``weights`` (batch, heads, q_len, k_len) in max(input dtype, float32) or None. ``accepts`` and
+``worthwhile`` read only the plan and the kind, so the router's cached decision is the one a fresh call would make.
+Engines are called only by the router (``engines/router.py``), which has already applied the policy of
+``engines/problem.py``.
 """
 
 from __future__ import annotations

@@ -35,8 +35,13 @@ from axiomformer.axes.normalizer import normalize
 from axiomformer.axes.position import alibi_bias
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, REFERENCE_MAX_ELEMENTS, Plan, ProblemKind
+<<<<<<< HEAD
 from axiomformer.engines.problem import AttentionProblem, block_mask, causal_key_end, row_scale, slice_block
 from axiomformer.engines.reference import scaled_scores
+=======
+from axiomformer.engines.problem import AttentionProblem, block_mask, causal_key_end, slice_block
+from axiomformer.engines.reference import contribute, scaled_scores
+>>>>>>> i25
 
 __all__ = ["DEFAULT_BUDGET", "REFERENCE_MAX_ELEMENTS", "ChunkedEngine", "attend_chunk", "chunked_attention"]
 
@@ -96,7 +101,8 @@ def _dropout(weights: Tensor, problem: AttentionProblem) -> Tensor:
 
 def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tensor, *, qs: slice,
                  key_chunk: int) -> Tensor:
-    """Output rows ``qs`` (batch, heads, len(qs), head_dim_v) from the keys ``k``/``v`` (the first k_end ones)."""
+    """Output rows ``qs`` (batch, heads, len(qs), head_dim_v) in max(v dtype, float32) from the keys ``k``/``v`` (the
+    first k_end ones)."""
     kind = parts.normalizer_choice
     k_end = k.shape[-2]
     blocks = _blocks(k_end, key_chunk)
@@ -109,7 +115,7 @@ def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tens
         for ks in blocks:
             weights = normalize(_scores(parts, problem, q, k[..., ks, :], qs, ks), block_mask(problem, qs, ks),
                                 kind, training=problem.training, n_visible=n_visible)
-            part = parts.contribution(_dropout(weights, problem).to(v.dtype), v[..., ks, :])
+            part = contribute(parts.contribution, _dropout(weights, problem), v[..., ks, :])
             out = part if out is None else out + part
         return out
     if len(blocks) == 1:
@@ -118,12 +124,12 @@ def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tens
         scores = torch.cat([_scores(parts, problem, q, k[..., ks, :], qs, ks) for ks in blocks], dim=-1)
     weights = normalize(scores, block_mask(problem, qs, slice(0, k_end)), kind, training=problem.training,
                         params=parts.normalizer_params())
-    weights = _dropout(weights, problem).to(v.dtype)
+    weights = _dropout(weights, problem)
     if parts.proportional or len(blocks) == 1:
-        return parts.contribution(weights, v)
+        return contribute(parts.contribution, weights, v)
     out = None
     for ks in blocks:
-        part = parts.contribution(weights[..., ks], v[..., ks, :])
+        part = contribute(parts.contribution, weights[..., ks], v[..., ks, :])
         out = part if out is None else out + part
     return out
 
@@ -143,7 +149,7 @@ def chunked_attention(parts, problem: AttentionProblem, k: Tensor, v: Tensor, qu
         fn = partial(attend_chunk, parts, problem, qs=qs, key_chunk=key_chunk)
         args = (q[..., qs, :], k[..., :k_end, :], v[..., :k_end, :])
         outs.append(checkpoint(fn, *args, use_reentrant=False) if needs_grad else fn(*args))
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)).to(v.dtype)
 
 
 class ChunkedEngine(EngineBase):

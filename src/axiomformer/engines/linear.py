@@ -1,7 +1,8 @@
 """The linear engine: O(L) kernelized attention for ``normalizer="linear"`` (Katharopoulos et al. 2020).
 
 With phi the feature map (``spec.feature_map``; elu(x) + 1 by default, their eq. 7) and keys masked by zeroing
-phi(k_j), the reference's weights u_ij = K_ij / (sum_j K_ij + eps), K_ij = phi(q_i).phi(k_j), give (their eq. 6)
+phi(k_j), the reference's weights u_ij = K_ij / (sum_j K_ij + eps), K_ij = phi(s q_i).phi(k_j) (s the scale, which
+enters through the query: ``reference.scaled_query``), give (their eq. 6, with q_i for s q_i)
 
     out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j) + eps),     eps = 1e-6,
 
@@ -17,7 +18,7 @@ future state against itself in floating point and leak it into earlier outputs.
 
 Accepted: the linear normalizer with proportional contributions, no float bias or ALiBi (they multiply the kernel
 entrywise and break the factorization), and masks that depend on the key only (key padding). Other masks route to
-the chunked engine. Computed in float32 (as the reference's kernel), returned in the value dtype.
+the chunked engine. Computed in max(input dtype, float32) (as the reference's kernel), returned in the value dtype.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from axiomformer.axes.normalizer import LINEAR_EPS
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.plan import Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
+from axiomformer.engines.reference import scaled_query
+from axiomformer.precision import compute_dtype
 
 
 def key_only_mask(mask: Tensor | None) -> bool:
@@ -97,9 +100,11 @@ def linear_attention(problem: AttentionProblem, k: Tensor, v: Tensor, phi, chunk
         phi: the feature map (``Plan.feature_map``: elu(x) + 1, relu, identity, taylor).
         chunk: queries per chunk of the causal prefix sum.
     """
-    phi_q = phi(problem.q.float())
-    phi_k = phi(k.float())
-    v32 = v.float()
+    dtype = compute_dtype(problem.q.dtype, k.dtype, v.dtype)
+    scale = problem.scale.to(dtype) if isinstance(problem.scale, Tensor) else problem.scale
+    phi_q = phi(scaled_query(problem.q.to(dtype), scale))
+    phi_k = phi(k.to(dtype))
+    v32 = v.to(dtype)
     if problem.mask is not None:
         keep = problem.mask.squeeze(-2).unsqueeze(-1)                    # (B|1, H|1, k_len, 1)
         phi_k = phi_k * keep

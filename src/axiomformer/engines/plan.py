@@ -15,13 +15,15 @@ annealed temperature reuses one routing decision.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from axiomformer.axes.contribution import CONTRIBUTIONS
 from axiomformer.axes.normalizer import FEATURE_MAPS, NORMALIZERS, at_defaults, spec_options
+from axiomformer.axes.position import POSITIONS
 from axiomformer.axes.registry import Choice
 from axiomformer.axes.scale import SCALES
 from axiomformer.axes.score import SCORES
@@ -62,10 +64,16 @@ class Plan:
             tensor back to the host), or None.
 
     Attributes (resolved once): ``normalizer_choice`` (the registry :class:`~axiomformer.axes.registry.Choice`),
+<<<<<<< HEAD
     ``normalizer_traits``, ``score_traits``, ``contribution_traits``, ``dot_form`` (the score's dot-form function or
     None), ``feature_map`` (the linear normalizer's phi), ``options`` (a ``configured`` normalizer's keyword
     arguments), ``at_defaults``, ``pair_width``, ``per_row_scale`` (the scale differs between queries: trait
     ``per_row``, ``scale=log_n``) and ``key``, the hashable part of the router's key: choice names and
+=======
+    ``normalizer_traits``, ``score_traits``, ``contribution_traits``, ``position_traits``, ``dot_form`` (the score's
+    dot-form function or None), ``feature_map`` (the linear normalizer's phi), ``options`` (a ``configured`` normalizer's keyword
+    arguments), ``at_defaults``, ``pair_width`` and ``key``, the hashable part of the router's key: choice names and
+>>>>>>> i25
     trait-bearing flags only, never a value such as ``gumbel_tau``.
     """
 
@@ -78,6 +86,7 @@ class Plan:
     normalizer_traits: frozenset = field(init=False, repr=False)
     score_traits: frozenset = field(init=False, repr=False)
     contribution_traits: frozenset = field(init=False, repr=False)
+    position_traits: frozenset = field(init=False, repr=False)
     dot_form: Callable | None = field(init=False, repr=False)
     feature_map: Callable = field(init=False, repr=False)
     options: dict = field(init=False, repr=False)
@@ -94,6 +103,7 @@ class Plan:
         resolved = {
             "normalizer_choice": choice, "normalizer_traits": choice.traits, "score_traits": score.traits,
             "contribution_traits": CONTRIBUTIONS[spec.contribution].traits,
+            "position_traits": POSITIONS[spec.position].traits,
             "dot_form": score.extra.get("dot_form"), "feature_map": FEATURE_MAPS[spec.feature_map].impl,
             "options": spec_options(spec), "at_defaults": at_defaults(spec),
             "params_fn": choice.extra["params"] if "parametric" in choice.traits else None,

@@ -3,7 +3,7 @@
 It runs every spec, is the ground truth every other engine is tested against (forward and backward), returns the
 weights that produced its output, and is differentiable to every order.
 Formula: y_i = sum_j phi(v_j, u_ij), u_ij = normalize_j(scale * score(q_i, k_j) + bias_ij), masked j dropped.
-Scores, scale and bias are added in float32 (a float16 score plus a float16 bias may overflow).
+Scores, scale, bias and weights are computed in max(input dtype, float32) (``axiomformer.precision``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,34 @@ from axiomformer.axes.normalizer import normalize
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.plan import Plan
 from axiomformer.engines.problem import AttentionProblem
+from axiomformer.precision import compute_dtype
+
+
+def call_in(module, args: tuple[Tensor, ...], dtype: torch.dtype) -> Tensor:
+    """``module(*args)`` computed in ``dtype``: the tensors and the module's parameters are cast (the parameters
+    through ``torch.func.functional_call``, so their gradients flow back to the module in its own dtype)."""
+    args = tuple(a.to(dtype) for a in args)
+    params = dict(module.named_parameters())
+    if all(p.dtype == dtype for p in params.values()):
+        return module(*args)
+    return torch.func.functional_call(module, {name: p.to(dtype) for name, p in params.items()}, args)
+
+
+def contribute(contribution, weights: Tensor, v: Tensor) -> Tensor:
+    """The contribution module's output in max(weights, v dtype, float32): a float16 value path accumulates its
+    weighted sum in float32, as the fused kernels do; the caller casts back to the value dtype."""
+    return call_in(contribution, (weights, v), compute_dtype(weights.dtype, v.dtype))
+
+
+def scaled_query(q: Tensor, scale) -> Tensor:
+    """``scale * q``: the temperature of a kernel normalizer enters through the query, phi(scale q).phi(k), so that
+    f(q, scale=s) == f(s q, scale=1) on every engine and a learned scale gets its gradient (the default scale of a
+    kernel normalizer is 1: ``axes.normalizer.default_scale``)."""
+    return q if not isinstance(scale, Tensor) and scale == 1.0 else q * scale
 
 
 def scaled_scores(parts: Plan, q: Tensor, k: Tensor, scale, bias: Tensor | None) -> Tensor:
+<<<<<<< HEAD
     """float32 ``softcap(scale * score(q, k)) + bias`` (or, for the linear normalizer, the kernel phi(q).phi(k)
     exp(bias)); for a ``halves`` normalizer the two halves' scores stacked, (2, batch, heads, q_len, k_len).
     ``scale`` is a float or broadcastable to (batch, heads, q_len, 1)."""
@@ -39,10 +64,25 @@ def scaled_scores(parts: Plan, q: Tensor, k: Tensor, scale, bias: Tensor | None)
     if cap:
         scores = cap * torch.tanh(scores / cap)      # Gemma 2's soft-capping, before any bias
     return scores if bias is None else scores + bias.float()
+=======
+    """``scale * score(q, k) + bias`` (or, for the linear normalizer, the kernel phi(scale q).phi(k) exp(bias)) in
+    max(input dtype, float32) (``axiomformer.precision``): float16 inputs are upcast before the product, float64 is
+    never lowered."""
+    dtype = compute_dtype(q.dtype, k.dtype)
+    scale = scale.to(dtype) if isinstance(scale, Tensor) else scale
+    if "kernel" in parts.normalizer_traits:
+        # Katharopoulos et al. 2020, eq. 6: the kernel phi(q).phi(k) takes the place of exp(scaled score); a float
+        # bias b multiplies it by exp(b), as it would multiply exp(s) inside a softmax.
+        scores = torch.matmul(parts.feature_map(scaled_query(q.to(dtype), scale)),
+                              parts.feature_map(k.to(dtype)).transpose(-2, -1))
+        return scores if bias is None else scores * bias.to(dtype).exp()
+    scores = call_in(parts.score_fn, (q, k), dtype) * scale
+    return scores if bias is None else scores + bias.to(dtype)
+>>>>>>> i25
 
 
 def attention_weights(parts: Plan, problem: AttentionProblem, k: Tensor | None = None) -> Tensor:
-    """Attention weights (batch, heads, q_len, k_len), float32, before dropout."""
+    """Attention weights (batch, heads, q_len, k_len) in max(input dtype, float32), before dropout."""
     k = problem.k if k is None else k
     scores = scaled_scores(parts, problem.q, k, problem.scale, problem.full_bias())
     return normalize(scores, problem.full_mask(), parts.normalizer_choice, training=problem.training,
@@ -59,5 +99,5 @@ class ReferenceEngine(EngineBase):
     def __call__(self, parts: Plan, problem: AttentionProblem, need_weights: bool = False):
         weights = attention_weights(parts, problem)
         dropped = F.dropout(weights, p=problem.dropout_p) if problem.training and problem.dropout_p > 0 else weights
-        out = parts.contribution(dropped.to(problem.v.dtype), problem.v)
+        out = contribute(parts.contribution, dropped, problem.v).to(problem.v.dtype)
         return out, (weights if need_weights else None)

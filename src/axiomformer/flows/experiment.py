@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from axiomformer.flows.data import Dataset, load_dataset, patchify
 from axiomformer.flows.net import MIXING_READOUTS, MIXINGS, READOUTS, VALUES, FlowNet
 from axiomformer.flows.loss import MODELS
+from axiomformer.runtime import seeded
 
 THETAS = ("fixed", "learned")
 INTERVAL = "95% Student-t interval over seeds (scipy.stats.t.interval); null when n_seeds < 2"
@@ -211,8 +212,8 @@ def build_arm(fit: FlowNet, cfg: FlowConfig, theta: str, mixing: str, value: str
               seed: int) -> FlowNet:
     """One arm's untrained network: the fitted K = 0 network ``fit``'s embedding and theta, new flow parameters
     (seeded), theta frozen if ``theta == 'fixed'``."""
-    torch.manual_seed(seed)
-    net = make_net(cfg, x, fit.theta.shape[0], K, mixing, value if value != "none" else "tied")
+    with seeded(seed):
+        net = make_net(cfg, x, fit.theta.shape[0], K, mixing, value if value != "none" else "tied")
     net.load_state_dict(fit.state_dict(), strict=False)
     if theta == "fixed":
         net.freeze_classifier()
@@ -231,8 +232,8 @@ def fit_classifiers(cfg: FlowConfig, x, y, sigmas: list[float], seeds: list[int]
     regression fit."""
     nets = []
     for s in seeds:
-        torch.manual_seed(s)
-        nets.append(make_net(cfg, x, int(y.max()) + 1, 0))
+        with seeded(s):
+            nets.append(make_net(cfg, x, int(y.max()) + 1, 0))
     return train_group(nets, x, y, sigmas, seeds, cfg.fit_epochs, cfg.lr, cfg)
 
 

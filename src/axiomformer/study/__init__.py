@@ -3,11 +3,13 @@
 >>> from axiomformer.study import default_config, run_study
 >>> summary = run_study(default_config(quick=True), "runs/my-study")   # doctest: +SKIP
 
-Modules: ``suites`` (the ``--suite`` registry: ``main``, ``long-range``; how to add one), ``config`` (the validated TOML
-config), ``sweep`` (models, parameter matching, cells and run keys), ``stages`` (the staged plan: learning-rate
-selection on validation, reported seeds, curriculum), ``store`` (SQLite results store), ``runner`` (local and Ray
-backends, resume), ``statistics`` / ``summary`` (bootstrap intervals, paired tests, Holm; ``report --json``),
-``report`` / ``figures`` / ``render`` / ``long_range_report`` (the reports).
+The core, which imports no suite: ``registry`` (what a suite is, ``register``, ``get_suite``), ``config`` (the
+validated TOML config), ``sweep`` (models, parameter matching, cells and run keys), ``stages`` (the staged plan:
+learning-rate selection on selection seeds with grid widening, reported seeds, curriculum), ``store`` (SQLite results
+store), ``runner`` (local and Ray backends, resume), ``statistics`` (valid intervals, TOST, power, verdict rules; its
+docstring is the API), ``summary`` (cells, comparisons, verdicts: ``report --json``), ``answer`` / ``report`` /
+``figures`` / ``render`` / ``long_range_report`` (the reports). On top: ``suites`` (``main``, ``long-range`` and the
+open-question suites), each registering itself; this package imports them.
 """
 
 from axiomformer.study.config import StudyConfig, StudyConfigError, load_config, validate_config
@@ -15,7 +17,8 @@ from axiomformer.study.report import build_report
 from axiomformer.study.runner import StudyError, StudySummary, run_study
 from axiomformer.study.store import ResultsStore
 from axiomformer.study.stages import plan, plan_all
-from axiomformer.study.suites import get_suite
+from axiomformer.study.registry import get_suite
+from axiomformer.study import suites  # noqa: F401 - the built-in suites register themselves
 from axiomformer.study.sweep import DEFAULT_VARIANTS, default_config, default_sweep, models
 
 __all__ = [

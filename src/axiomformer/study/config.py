@@ -140,9 +140,22 @@ class StudyConfig(_Strict):
         suite: which study suite plans the runs and writes the report (``axiomformer.study.suites``; ``main``: the
             assumption sweep).
         name: a title for the report.
-        seeds: seeds 0..seeds-1 are reported for every (model, task, length).
-        selection_seed: the seed whose validation accuracy picks each cell's learning rate from ``budget.lr_grid``
-            (when it is one of the reported seeds, that run is reused, not retrained).
+        seeds: seeds 0..seeds-1 are reported for every (model, task, length); at least 2 (a paired interval needs
+            two).
+        selection_seeds: the seeds whose mean validation accuracy picks each cell's learning rate from
+            ``budget.lr_grid``; disjoint from the reported seeds and never reported (no winner's curse).
+        margin: equivalence margin in accuracy (> 0): a relaxation is ``free`` when its whole interval lies inside
+            ``±margin`` (``axiomformer.study.statistics``).
+        alpha: family-wise error rate of each family of comparisons.
+        min_seeds: the preset's minimum of reported seeds for a decision; a run with fewer claims nothing (every
+            verdict ``pilot``).
+        pilot: a pilot run (``--quick``): every verdict ``pilot``.
+        lr_widen: at most this many extra learning rates per cell, one grid step beyond the edge each, while the best
+            rate so far is the smallest or largest tried (``study.stages.tried_lrs``); a cell still at the edge is
+            flagged "lr at grid edge" in the report.
+        primary: the labels (relax strings or baseline names, as in ``variants`` / ``baselines``) whose
+            comparisons with the standard model on the first task form the primary family; every other comparison
+            is secondary, corrected as its own family. Empty: every comparison is primary.
         curriculum: train the lengths of a task in increasing order, each run starting from the weights of the same
             model and seed at the previous length; the learning rate is chosen once, at the shortest length.
         base_spec: relax string applied to the standard spec before each variant (``"standard"``: none).
@@ -160,8 +173,14 @@ class StudyConfig(_Strict):
 
     suite: str = "main"
     name: str = "axiomformer study"
-    seeds: int = Field(1, gt=0)
-    selection_seed: int = Field(0, ge=0)
+    seeds: int = 2
+    selection_seeds: list[int] = Field(default_factory=lambda: [1000], min_length=1)
+    margin: float = 0.02
+    alpha: float = Field(0.05, gt=0, lt=0.5)
+    min_seeds: int = Field(10, ge=2)
+    pilot: bool = False
+    lr_widen: int = Field(2, ge=0)
+    primary: list[str] = Field(default_factory=list)
     curriculum: bool = False
     base_spec: str = "standard"
     variants: list[str] = Field(default_factory=lambda: ["standard"], min_length=1)
@@ -173,6 +192,39 @@ class StudyConfig(_Strict):
     threads: int | None = Field(None, gt=0)
     workers: int | Literal["auto"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "cpu"
+
+    @field_validator("seeds")
+    @classmethod
+    def _two_seeds(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError(f"seeds must be >= 2 (a paired interval needs two reported seeds), got {value}")
+        return value
+
+    @field_validator("margin")
+    @classmethod
+    def _positive_margin(cls, value: float) -> float:
+        if not value > 0:
+            raise ValueError(f"margin must be > 0 (accuracy, e.g. 0.02), got {value}")
+        return value
+
+    @field_validator("selection_seeds")
+    @classmethod
+    def _non_negative(cls, value: list[int]) -> list[int]:
+        if any(s < 0 for s in value):
+            raise ValueError(f"selection_seeds must be >= 0, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _disjoint_seeds(self) -> "StudyConfig":
+        overlap = sorted(set(self.selection_seeds) & set(range(self.seeds)))
+        if overlap:
+            raise ValueError(f"selection_seeds {overlap} overlap the reported seeds 0..{self.seeds - 1}; choose "
+                             f"selection seeds >= {self.seeds} (e.g. 1000)")
+        labels = {v.replace(" ", "") for v in self.variants} | set(self.baselines)
+        unknown = [p for p in self.primary if p.replace(" ", "") not in labels]
+        if unknown:
+            raise ValueError(f"primary {unknown} not among the variants or baselines: {', '.join(sorted(labels))}")
+        return self
 
     @field_validator("baselines")
     @classmethod
@@ -194,7 +246,7 @@ class StudyConfig(_Strict):
     @field_validator("suite")
     @classmethod
     def _known_suite(cls, value: str) -> str:
-        from axiomformer.study.suites import get_suite
+        from axiomformer.study.registry import get_suite
 
         get_suite(value)  # raises ValueError naming the registered suites
         return value

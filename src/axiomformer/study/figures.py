@@ -1,16 +1,14 @@
 """The main suite's PNG figures (``matplotlib.figure.Figure``: no pyplot state, no backend switch).
 
-* accuracy against sequence length per task (mean test accuracy and its 95 % bootstrap interval per model);
-* the assumption-impact figure: the paired difference to the standard model per (model, task) with its interval,
-  drawn in colour only where the Holm-corrected paired test finds a difference, grey and marked "n.s." otherwise.
+* accuracy against sequence length per task (mean test accuracy and its 95 % interval per model, ``cell_interval``);
+* the differences figure (:func:`draw_differences`): the paired difference to the standard model per comparison with
+  its family-corrected interval, the ±margin band shaded, coloured by verdict.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from axiomformer.study.sweep import assumption_of
 
 if TYPE_CHECKING:
     from axiomformer.study.report import StudyData
@@ -20,23 +18,19 @@ def draw_figures(d: "StudyData", folder: Path) -> dict[str, Path]:
     """Draw every figure the data allows into ``folder``.
 
     Returns:
-        ``{"length:<task>": path}`` for every task run at two or more lengths (and ``needle``), and
-        ``{"impact": path}`` when there are models to compare with the standard one.
+        ``{"length:<task>": path}`` for every task run at two or more lengths (a line over one length carries no
+        information: one length is in the tables only).
     """
-    from axiomformer.study.summary import cell_stats, comparisons
+    from axiomformer.study.summary import cell_stats
 
     folder.mkdir(parents=True, exist_ok=True)
     stats = cell_stats(d)
     out: dict[str, Path] = {}
     for task in dict.fromkeys(t for t, _ in d.tasks):
         lengths = sorted(n for t, n in d.tasks if t == task)
-        if task == "needle" or len(lengths) > 1:
+        if len(lengths) > 1:
             out[f"length:{task}"] = _accuracy_vs_length(d, stats, task, lengths,
                                                         folder / f"{task}_accuracy_vs_length.png")
-    comps = [c for c, _ in comparisons(d)]
-    if comps:
-        kinds = {m["label"]: m["kind"] for m in d.models}
-        out["impact"] = _impact(comps, kinds, folder / "assumption_impact.png")
     return out
 
 
@@ -62,7 +56,7 @@ def _accuracy_vs_length(d: "StudyData", stats, task: str, lengths: list[int], pa
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [str(n) for n in lengths])
     ax.set_xlabel("sequence length")
-    ax.set_ylabel("test accuracy (95 % bootstrap interval)")
+    ax.set_ylabel("test accuracy (95 % interval)")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"{task}: accuracy against sequence length (dashed: recurrent baselines)")
     ax.grid(alpha=0.3)
@@ -71,29 +65,34 @@ def _accuracy_vs_length(d: "StudyData", stats, task: str, lengths: list[int], pa
     return path
 
 
-def _impact(comps, kinds: dict[str, str], path: Path) -> Path:
-    from matplotlib import colormaps
-    from matplotlib.figure import Figure
+COLORS = {"forced": "tab:red", "better": "tab:blue", "free": "tab:green", "inconclusive": "dimgrey",
+          "pilot": "darkgrey"}
 
-    comps = sorted(comps, key=lambda c: (assumption_of(c.model, kinds.get(c.model, "transformer")), c.model, c.task))
-    groups = list(dict.fromkeys(assumption_of(c.model, kinds.get(c.model, "transformer")) for c in comps))
-    cmap = colormaps["tab10"]
-    colors = {g: cmap(i % 10) for i, g in enumerate(groups)}
-    fig = Figure(figsize=(8, 0.32 * len(comps) + 1.6))
+
+def draw_differences(found, margin: float, path: Path) -> Path:
+    """The paired difference to the standard model of every comparison with its interval, the ±``margin`` band
+    shaded, coloured by verdict; primary family on top, then the secondary one. ``found``: ``(Verdict, seq_len,
+    family)`` as ``study.summary.verdicts`` gives them."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(8, 0.34 * len(found) + 1.8))
     ax = fig.subplots()
-    ys = list(range(len(comps)))
-    for y, c in zip(ys, comps):
-        group = assumption_of(c.model, kinds.get(c.model, "transformer"))
-        color = colors[group] if c.significant else "lightgrey"
-        err = None if c.ci_low is None else [[c.diff - c.ci_low], [c.ci_high - c.diff]]
-        ax.barh([y], [c.diff], xerr=err, color=color, capsize=2, ecolor="dimgrey")
-        if not c.significant:
-            ax.text(0.0, y, "  n.s.", va="center", fontsize=7, color="dimgrey")
-    ax.set_yticks(ys, [f"{c.model} / {c.task}" for c in comps], fontsize=7)
-    ax.invert_yaxis()
+    ax.axvspan(-margin, margin, color="tab:green", alpha=0.12, linewidth=0)
     ax.axvline(0.0, color="black", linewidth=0.8)
-    ax.set_xlabel("test accuracy minus the standard model's (paired by seed, 95 % bootstrap interval)")
-    ax.set_title("Impact of relaxing each assumption (grey, n.s.: no detectable difference at this budget)")
+    for y, (v, _, family) in enumerate(found):
+        color = COLORS.get(v.verdict, "black")
+        if v.ci_low is not None:
+            ax.plot([v.ci_low, v.ci_high], [y, y], color=color, linewidth=2.2, solid_capstyle="butt")
+        ax.plot([v.diff], [y], marker="o" if family == "primary" else "s", color=color, markersize=5)
+    labels = [f"{v.assumption}: {v.model} / {v.task}{'' if f == 'primary' else ' (secondary)'}" for v, _, f in found]
+    ax.set_yticks(range(len(found)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"test accuracy minus the standard model's (paired by seed; family-corrected interval; "
+                  f"band: ±{margin:g})")
+    ax.set_title("Relaxing each assumption: difference to the standard model")
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], fontsize=7, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     return path

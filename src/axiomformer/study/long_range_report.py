@@ -81,7 +81,7 @@ def sections(d, figures_dir: Path, *, solved: float) -> list:
     out: list = [Paragraph(
         f"Protocol: curriculum over lengths — each (model, task) picks its learning rate from "
         f"{(cfg.get('budget') or {}).get('lr_grid')} on the validation split at the shortest length (selection seed "
-        f"{cfg.get('selection_seed', 0)}), then trains length by length from its own weights at the previous length; "
+        f"{cfg.get('selection_seeds', [cfg.get('selection_seed', 0)])}), then trains length by length from its own weights at the previous length; "
         + (f"reported seeds: 0..{seeds - 1}" if seeds > 1 else "reported seed: 0 (its run at the shortest length is "
            "its selection run; one seed, so no intervals)") + ". Every model gets the same steps, batch and evaluations "
         f"at every length; early stopping on validation (target accuracy or patience). Test accuracy on a held-out "

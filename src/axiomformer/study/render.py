@@ -40,6 +40,26 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _is_number(text: str) -> bool:
+    """Whether a formatted cell reads as a number (``0.75``, ``-0.94 [-1.0, -0.9]*``, ``1,024``, ``5e-3``)."""
+    head = str(text).strip().split(" ")[0].rstrip("*%x").replace(",", "")
+    try:
+        float(head)
+    except ValueError:
+        return False
+    return True
+
+
+def numeric_columns(table: Table) -> list[bool]:
+    """Per column: every non-empty cell is a number (right-aligned); other columns hold text (left-aligned)."""
+    flags = []
+    for i in range(len(table.headers)):
+        cells = [str(row[i]).strip() for row in table.rows if i < len(row)]
+        filled = [c for c in cells if c not in ("", "-", "–")]
+        flags.append(bool(filled) and all(_is_number(c) for c in filled))
+    return flags
+
+
 def to_markdown(blocks: list[Block]) -> str:
     """Render to GitHub-flavoured Markdown."""
     out: list[str] = []
@@ -52,7 +72,7 @@ def to_markdown(blocks: list[Block]) -> str:
             out.append(f"![{block.alt}]({block.path})\n")
         elif isinstance(block, Table):
             out.append("| " + " | ".join(_md_cell(h) for h in block.headers) + " |")
-            out.append("|" + "|".join("---" for _ in block.headers) + "|")
+            out.append("|" + "|".join("---:" if num else ":---" for num in numeric_columns(block)) + "|")
             out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in block.rows]
             out.append("")
             if block.note:
@@ -63,8 +83,8 @@ def to_markdown(blocks: list[Block]) -> str:
 _CSS = """
 body { font-family: system-ui, sans-serif; max-width: 72rem; margin: 2rem auto; padding: 0 1rem; color: #222; }
 table { border-collapse: collapse; margin: 0.5rem 0 1.2rem; font-size: 0.9rem; }
-th, td { border: 1px solid #ccc; padding: 0.25rem 0.6rem; text-align: right; }
-th:first-child, td:first-child { text-align: left; }
+th, td { border: 1px solid #ccc; padding: 0.25rem 0.6rem; text-align: left; }
+th.num, td.num { text-align: right; }
 th { background: #f3f3f3; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.5rem 0; }
 code { background: #f6f6f6; padding: 0 0.2rem; }
@@ -88,8 +108,10 @@ def to_html(blocks: list[Block], title: str) -> str:
         elif isinstance(block, Image):
             body.append(f'<p><img src="{html.escape(block.path)}" alt="{html.escape(block.alt)}"></p>')
         elif isinstance(block, Table):
-            head = "".join(f"<th>{_inline(h)}</th>" for h in block.headers)
-            rows = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in block.rows)
+            kinds = [' class="num"' if num else "" for num in numeric_columns(block)]
+            head = "".join(f"<th{k}>{_inline(h)}</th>" for k, h in zip(kinds, block.headers))
+            rows = "".join("<tr>" + "".join(f"<td{k}>{_inline(c)}</td>" for k, c in zip(kinds + [""] * len(row), row)) + "</tr>"
+                           for row in block.rows)
             body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
             if block.note:
                 body.append(f"<p>{_inline(block.note)}</p>")

@@ -1,8 +1,9 @@
 """The study report: ``report.md``, ``report.html`` and ``figures/*.png``, rebuilt from ``results.sqlite`` alone.
 
-Sections: headline table (model x task accuracy, mean ± sample std over seeds); parameter counts; assumption impact
-(accuracy change against the standard spec, per assumption); audit verdict per variant; throughput and peak memory;
-the derivation check; the flow experiment; failed runs; provenance.
+Sections of the main suite: the answer (``study.answer``: assumption -> verdict, difference [interval], what a decision
+would take; the differences figure; the secondary family); then the details: accuracy per cell (mean with a valid 95 %
+interval); parameter counts; audit verdict per variant; throughput and peak memory; the derivation check; the flow
+experiment; failed runs; provenance.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ class StudyData:
         keys = {p["key"] for p in planned}
         self.all_rows = [r for r in rows if not keys or r["key"] in keys]
         self.extra_rows = len(rows) - len(self.all_rows)
-        from axiomformer.study.stages import reported_rows
+        from axiomformer.study.stages import lr_at_edge, reported_rows
 
         self.rows, self.lrs = reported_rows(self.config, self.all_rows)
+        self.lr_edges = lr_at_edge(self.config, self.all_rows, self.lrs)
         self.suite = str(self.config.get("suite", "main"))
         self.models: list[dict[str, Any]] = store.get_meta("models") or [
             {"label": r["label"], "kind": r["model"], "spec": r["spec"]} for r in {r["label"]: r for r in rows}.values()]
@@ -69,7 +71,7 @@ def _headline(d: StudyData) -> list:
 
     stats = {(c.model, c.task): c for c in cell_stats(d)}
     table = Table(["model", "relaxes", *map(_task_name, d.tasks)])
-    flagged = 0
+    flagged = edges = 0
     for m in d.models:
         cells = []
         for t in d.tasks:
@@ -78,8 +80,10 @@ def _headline(d: StudyData) -> list:
                 cells.append("—")
                 continue
             flagged += not c.converged
+            edges += c.lr_at_grid_edge
             lr = "" if c.lr is None else f" lr {c.lr:g}"
-            cells.append(f"{c.mean:.3f}{_ci(c.ci_low, c.ci_high)}{lr}" + ("" if c.converged else " (not converged)"))
+            cells.append(f"{c.mean:.3f}{_ci(c.ci_low, c.ci_high)}{lr}" + ("" if c.converged else " (not converged)")
+                         + (" (lr at grid edge)" if c.lr_at_grid_edge else ""))
         table.rows.append([m["label"], assumption_of(m["label"], m["kind"]), *cells])
     chance = {}
     for r in d.rows:
@@ -90,13 +94,18 @@ def _headline(d: StudyData) -> list:
     cfg = d.config
     seeds = int(cfg.get("seeds", 1))
     grid = (cfg.get("budget") or {}).get("lr_grid")
+    from axiomformer.study.stages import selection_seeds_of
+
+    methods = sorted({c.ci_method for c in stats.values()})
+    items = sorted({c.n_test for c in stats.values() if c.n_test})
     table.note = (f"Test accuracy on scored positions: mean over the reported seeds 0..{seeds - 1} with its 95 % "
-                  f"bootstrap interval, at the learning rate chosen for the cell (`lr`) from {grid or 'one value'} by "
-                  f"validation accuracy at selection seed {cfg.get('selection_seed', 0)}"
-                  + (" (that seed's selection run is also its reported run)"
-                     if int(cfg.get("selection_seed", 0)) < seeds else "")
-                  + f". `not converged`: a reported run used all its steps while its validation score was still "
-                  f"improving ({flagged} cell(s)). `—`: no finished run. Columns are `task@sequence length`.")
+                  f"interval ({', '.join(methods) or '—'}), on the same {'/'.join(map(str, items)) or '?'} scored "
+                  f"test items for every model and seed, at the learning rate chosen for the cell (`lr`) from "
+                  f"{grid or 'one value'} (widened one step beyond an edge up to {cfg.get('lr_widen', 0)} times) by "
+                  f"mean validation accuracy at selection seeds {selection_seeds_of(cfg)}, which are never reported. "
+                  f"`not converged`: a reported run used all its steps while its validation score was still "
+                  f"improving ({flagged} cell(s)). `lr at grid edge`: the chosen rate is the smallest or largest "
+                  f"tried ({edges} cell(s)). `—`: no finished run. Columns are `task@sequence length`.")
     return [Heading("Accuracy: model x task"), table]
 
 
@@ -121,36 +130,6 @@ def _params(d: StudyData) -> list:
     table.note = (f"Trainable parameters (w = width: model dim for a Transformer, hidden size for an RNN), matched to the "
                   f"standard Transformer within {tol:.0%}; largest deviation {worst_all:.1%}.")
     return [Heading("Parameter counts"), table]
-
-
-def _impact(d: StudyData, figures: dict[str, Path]) -> list:
-    from axiomformer.study.statistics import ALPHA, NO_DIFFERENCE, verdict
-    from axiomformer.study.summary import comparisons
-
-    if not any(m["label"] == "standard" for m in d.models):
-        return [Heading("Assumption impact"), Paragraph("No `standard` model in this sweep: nothing to compare to.")]
-    comps = comparisons(d)
-    kinds = {m["label"]: m["kind"] for m in d.models}
-    table = Table(["relaxes", "model", "task", "difference [95 % CI]", "p (paired t)", "p (Holm)", "verdict"])
-    for c, _ in sorted(comps, key=lambda item: (assumption_of(item[0].model, kinds.get(item[0].model, "")),
-                                                item[0].model)):
-        table.rows.append([assumption_of(c.model, kinds.get(c.model, "transformer")), c.model, c.task,
-                           f"{c.diff:+.3f}{_ci(c.ci_low, c.ci_high)}", f"{c.p:.3g}", f"{c.p_holm:.3g}", verdict(c)])
-    table.note = (f"Test accuracy of the model minus the standard model's, paired by seed (same seeds, same data, same "
-                  f"test set); interval: 95 % bootstrap of the mean paired difference; test: paired t-test on the "
-                  f"per-seed differences, Holm-corrected over the {len(comps)} comparisons of this table; significant "
-                  f"at Holm p < {ALPHA}. With few seeds the bootstrap interval is too narrow (with 2 seeds it is the "
-                  f"range of the two values), so the verdicts rest on the corrected test, not on the interval.")
-    significant = [c for c, _ in comps if c.significant]
-    if significant:
-        prose = "Significant differences at this budget: " + "; ".join(
-            f"{c.model} on {c.task}: {verdict(c)}" for c in significant) + f". Every other comparison: {NO_DIFFERENCE}."
-    else:
-        prose = f"Every comparison: {NO_DIFFERENCE} (Holm-corrected, {len(comps)} comparisons)."
-    out = [Heading("Assumption impact"), Paragraph(prose), table]
-    if "impact" in figures:
-        out.append(Image(f"figures/{figures['impact'].name}", "paired accuracy difference per relaxation"))
-    return out
 
 
 def _audits(d: StudyData) -> list:
@@ -281,16 +260,19 @@ def _provenance(d: StudyData) -> list:
     ])]
 
 
-def main_sections(d: StudyData, figures_dir: Path) -> list:
-    """The main suite's report body: headline, length curves, impact, parameters, audits, throughput, derive, flow,
-    failures, provenance."""
+def main_sections(d: StudyData, figures_dir: Path, pilot_note: list | None = None) -> list:
+    """The main suite's report body: the answer (verdicts, differences figure, secondary family; ``pilot_note``
+    blocks after the figure), then the details: accuracy per cell, length curves, parameters, audits, throughput,
+    derive, flow, failures, provenance."""
+    from axiomformer.study.answer import answer_blocks
     from axiomformer.study.figures import draw_figures
 
+    answer = answer_blocks(d, figures_dir, pilot_note)
     figures = draw_figures(d, figures_dir)
     curves = [Image(f"figures/{path.name}", f"accuracy against sequence length on {name.split(':')[1]}")
               for name, path in figures.items() if name.startswith("length:")]
-    return [*_headline(d), *curves, *_impact(d, figures), *_params(d), *_audits(d), *_throughput(d), *_derive(d),
-            *_flow(d), *_failures(d), *_provenance(d)]
+    return [*answer, Heading("Details"), *_headline(d), *curves, *_params(d), *_audits(d), *_throughput(d),
+            *_derive(d), *_flow(d), *_failures(d), *_provenance(d)]
 
 
 def failures_block(d: StudyData) -> list:
@@ -303,8 +285,9 @@ def provenance_block(d: StudyData) -> list:
     return _provenance(d)
 
 
-def study_json(out_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
-    """The verdicts of a study out dir as a JSON-ready dict (``axiomformer.study.summary.to_json``).
+def study_json(out_dir: str | Path) -> dict[str, Any]:
+    """The answer of a study out dir as a JSON-ready dict (``axiomformer.study.summary.to_json``: design, cells,
+    comparisons, verdicts).
 
     Raises:
         FileNotFoundError: ``out_dir`` has no ``results.sqlite``.
@@ -314,7 +297,7 @@ def study_json(out_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
     out_dir = Path(out_dir)
     if not (out_dir / "results.sqlite").is_file():
         raise FileNotFoundError(f"no results.sqlite in {out_dir}: not a study out dir")
-    with ResultsStore(out_dir) as store:
+    with ResultsStore(out_dir, readonly=True) as store:
         return to_json(StudyData(store))
 
 
@@ -330,9 +313,9 @@ def build_report(out_dir: str | Path) -> dict[str, Path]:
     out_dir = Path(out_dir)
     if not (out_dir / "results.sqlite").is_file():
         raise FileNotFoundError(f"no results.sqlite in {out_dir}: not a study out dir")
-    with ResultsStore(out_dir) as store:
+    with ResultsStore(out_dir, readonly=True) as store:
         d = StudyData(store)
-    from axiomformer.study.suites import get_suite
+    from axiomformer.study.registry import get_suite
 
     figures_dir = out_dir / "figures"
     title = str(d.config.get("name", "axiomformer study"))

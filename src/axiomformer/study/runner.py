@@ -95,6 +95,15 @@ def execute(train_config: dict[str, Any], threads: int | None = None, workdir: s
     return out
 
 
+def execute_in_worker(*args: Any) -> dict[str, Any]:
+    """:func:`execute` in a worker process the study started (pool, Ray): the run owns that process's memory
+    readings (:func:`axiomformer.memory.owning_process_memory`), as the command line does for the serial backend."""
+    from axiomformer.memory import owning_process_memory
+
+    with owning_process_memory():
+        return execute(*args)
+
+
 def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
     from axiomformer.spec import AttentionSpec
 
@@ -146,7 +155,8 @@ def _pool(runs: list[Run], threads: int | None, workers: int, workdir: str) -> I
 
     executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
     try:
-        pending = {executor.submit(execute, run.train_config, threads or 1, *_args(run, workdir)): run for run in runs}
+        pending = {executor.submit(execute_in_worker, run.train_config, threads or 1, *_args(run, workdir)): run
+                   for run in runs}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
@@ -172,7 +182,7 @@ def _ray(runs: list[Run], threads: int | None, address: str | None, workdir: str
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
         ray.init(address=address, **kwargs) if address else ray.init(**kwargs)
         started = True
-    task = ray.remote(num_cpus=1)(execute)
+    task = ray.remote(num_cpus=1)(execute_in_worker)
     refs = {task.remote(run.train_config, threads or 1, *_args(run, workdir)): run for run in runs}
     try:
         while refs:
@@ -237,7 +247,7 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local
     console = console or Console()
     out_dir = Path(out_dir)
     start, load_start = time.perf_counter(), _load()
-    from axiomformer.study.suites import get_suite
+    from axiomformer.study.registry import get_suite
 
     try:
         from axiomformer.study.stages import stages_for

@@ -6,8 +6,9 @@ trains, after each, whatever the store lacks, so an interrupted study resumes at
 plan is a pure function of the store. Two protocols:
 
 * **learning-rate selection** (default): stage 1 trains every cell once per learning rate of ``budget.lr_grid`` at
-  ``selection_seed``; stage 2 trains the reported seeds at each cell's chosen rate (a seed equal to the selection seed
-  has the same key as its selection run and is not retrained).
+  each of the ``selection_seeds``; up to ``lr_widen`` stages then extend the grid one step beyond its edge for each
+  cell whose best rate is at the edge; the last stage trains the reported seeds (disjoint from the selection seeds) at
+  each cell's chosen rate.
 * **curriculum** (``curriculum = true``): the same two stages at each task's shortest length; then, length by length
   in increasing order, every (model, task, seed) trains at the next length starting from its own weights at the
   previous one (``init_from``), at the rate chosen at the shortest length.
@@ -35,32 +36,83 @@ def selection_score(row: dict[str, Any]) -> tuple[float, float]:
     return (acc if acc is not None else -1.0, -(loss if loss is not None else float("inf")))
 
 
-def choose_lr(candidates: list[tuple[float | None, dict[str, Any] | None]]) -> float | None | str:
-    """The learning rate whose selection run scores best (:func:`selection_score`); the first in grid order wins a
-    tie. ``candidates``: ``(lr, stored row or None)`` in grid order. Returns ``"missing"`` when no run is stored."""
+def _mean_score(rows: list[dict[str, Any]]) -> tuple[float, float]:
+    scores = [selection_score(r) for r in rows]
+    return (sum(a for a, _ in scores) / len(scores), sum(b for _, b in scores) / len(scores))
+
+
+def choose_lr(candidates: list[tuple[float | None, Any]]) -> float | None | str:
+    """The learning rate whose selection runs score best on average over the selection seeds
+    (:func:`selection_score`); the first in grid order wins a tie. ``candidates``: ``(lr, stored rows)`` in grid order,
+    the rows as a list (one per selection seed stored), one row, or ``None``. Returns ``"missing"`` when no run is
+    stored."""
     best, chosen = None, "missing"
-    for lr, row in candidates:
-        if row is None:
+    for lr, rows in candidates:
+        rows = [r for r in (rows if isinstance(rows, list) else [rows]) if r is not None]
+        if not rows:
             continue
-        score = selection_score(row)
+        score = _mean_score(rows)
         if best is None or score > best:
             best, chosen = score, lr
     return chosen
 
 
-def _selection(config: StudyConfig, cell: Cell, *, save_state: bool = False) -> list[Run]:
-    return [make_run(config, cell, config.selection_seed, lr, save_state=save_state) for lr in cell.budget["lr_grid"]]
+def _ratio(grid: list[float | None]) -> float:
+    """The grid's geometric step (sqrt(10) for a one-value grid): how far a widened rate lies beyond the edge."""
+    values = sorted(lr for lr in grid if lr is not None)
+    return values[1] / values[0] if len(values) > 1 and values[0] > 0 else 10 ** 0.5
+
+
+def tried_lrs(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]], widenings: int) -> list:
+    """The learning rates of ``cell`` after ``widenings`` rounds of widening: start from the grid; each round, when
+    the best rate so far (on the stored selection runs) is the smallest or the largest tried, add the next one beyond
+    it (one grid step further). A one-value grid (or the trainer default, ``None``) is never widened."""
+    lrs = list(cell.budget["lr_grid"])
+    if None in lrs or len(lrs) < 2:
+        return lrs
+    step = _ratio(lrs)
+    for _ in range(widenings):
+        best = _chosen_among(config, cell, stored, lrs)
+        if best == "missing":
+            break
+        if best == min(lrs):
+            lrs = [best / step, *lrs]
+        elif best == max(lrs):
+            lrs = [*lrs, best * step]
+        else:
+            break
+    return lrs
+
+
+def _selection(config: StudyConfig, cell: Cell, lrs: list | None = None, *, save_state: bool = False) -> list[Run]:
+    return [make_run(config, cell, seed, lr, save_state=save_state)
+            for lr in (cell.budget["lr_grid"] if lrs is None else lrs) for seed in config.selection_seeds]
+
+
+def _chosen_among(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]], lrs: list) -> float | None | str:
+    runs = _selection(config, cell, lrs)
+    by_lr: dict[Any, list] = {}
+    for r in runs:
+        by_lr.setdefault(r.train_config.get("lr"), []).append(stored.get(r.key))
+    return choose_lr(list(by_lr.items()))
 
 
 def _chosen(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]]) -> float | None | str:
-    return choose_lr([(r.train_config.get("lr"), stored.get(r.key)) for r in _selection(config, cell)])
+    return _chosen_among(config, cell, stored, tried_lrs(config, cell, stored, config.lr_widen))
 
 
 def selection_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]:
-    """Stage 1: every cell at every learning rate of its grid (selection seed). Stage 2: the reported seeds at the
+    """Stage 1: every cell at every learning rate of its grid (selection seeds). Then up to ``lr_widen`` stages that
+    extend the grid of each cell whose best rate is at an edge (:func:`tried_lrs`). Last: the reported seeds at the
     chosen rate (a cell whose selection runs all failed is left out)."""
     def select(stored: Stored) -> list[Run]:
         return [run for cell in all_cells for run in _selection(config, cell)]
+
+    def widen(rounds: int) -> Stage:
+        def stage(stored: Stored) -> list[Run]:
+            return [run for cell in all_cells
+                    for run in _selection(config, cell, tried_lrs(config, cell, stored or {}, rounds))]
+        return stage
 
     def report(stored: Stored) -> list[Run]:
         out = []
@@ -70,7 +122,7 @@ def selection_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]:
                 out += [make_run(config, cell, seed, lr) for seed in range(config.seeds)]
         return out
 
-    return [select, report]
+    return [select, *(widen(k) for k in range(1, config.lr_widen + 1)), report]
 
 
 def curriculum_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]:
@@ -90,7 +142,7 @@ def curriculum_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]
     def report(stored: Stored) -> list[Run]:
         out = []
         for cell in first:
-            lr = _chosen(config, cell, stored or {})
+            lr = _chosen_among(config, cell, stored or {}, list(cell.budget["lr_grid"]))
             if lr == "missing":
                 continue
             chosen[(cell.model.label, cell.task)] = lr
@@ -150,27 +202,50 @@ def plan_all(config: StudyConfig, stored: dict[str, dict[str, Any]]) -> list[Run
     return list(out.values())
 
 
+def selection_seeds_of(config: dict[str, Any]) -> list[int]:
+    """The selection seeds of a stored config (a previous version's single ``selection_seed`` as a list)."""
+    if config.get("selection_seeds") is not None:
+        return [int(s) for s in config["selection_seeds"]]
+    return [int(config.get("selection_seed", 0))]
+
+
+def selection_groups(config: dict[str, Any], rows: list[dict[str, Any]]) -> dict[tuple, list[tuple[Any, list]]]:
+    """(label, task, length) -> ``[(lr, [selection rows])]`` in increasing lr order: what :func:`choose_lr` reads."""
+    chosen_seeds = set(selection_seeds_of(config))
+    groups: dict[tuple, dict[Any, list]] = defaultdict(dict)
+    for r in rows:
+        tc = r.get("train_config") or {}
+        if r["seed"] in chosen_seeds and not tc.get("init_from"):
+            groups[(r["label"], r["task"], r["seq_len"])].setdefault(tc.get("lr"), []).append(r)
+    return {k: sorted(v.items(), key=lambda item: (item[0] is None, item[0] or 0.0)) for k, v in groups.items()}
+
+
+def lr_at_edge(config: dict[str, Any], rows: list[dict[str, Any]], lrs: dict[tuple, Any]) -> set[tuple]:
+    """The cells whose chosen rate is the smallest or the largest of the rates tried (two or more): the optimum may
+    lie outside the grid, even after widening ("lr at grid edge")."""
+    out = set()
+    for ident, group in selection_groups(config, rows).items():
+        tried = [lr for lr, _ in group if lr is not None]
+        if len(tried) > 1 and lrs.get(ident) in (min(tried), max(tried)):
+            out.add(ident)
+    return out
+
+
 def reported_rows(config: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
                                                                                 dict[tuple, float | None]]:
     """The rows a report counts, and the chosen learning rate per (label, task, length).
 
     A row is reported when its seed is among ``0 .. seeds-1`` and its learning rate is the one chosen for its cell:
-    by the selection seed's validation score at that length, or, with a curriculum, at the task's shortest length.
-    Works from the stored rows and the stored config alone (no replanning).
+    by the selection seeds' mean validation score at that length (over every rate tried, the widened ones included),
+    or, with a curriculum, at the task's shortest length. Works from the stored rows and the stored config alone (no
+    replanning); a store of the previous version (one ``selection_seed``) is read the same way.
     """
     seeds = int(config.get("seeds", 1))
-    selection_seed = int(config.get("selection_seed", 0))
     curriculum = bool(config.get("curriculum", False))
     shortest: dict[str, int] = {}
     for r in rows:
         shortest[r["task"]] = min(shortest.get(r["task"], r["seq_len"]), r["seq_len"])
-    groups: dict[tuple, list[tuple[float | None, dict]]] = defaultdict(list)
-    for r in rows:
-        tc = r.get("train_config") or {}
-        if r["seed"] == selection_seed and not tc.get("init_from"):
-            groups[(r["label"], r["task"], r["seq_len"])].append((tc.get("lr"), r))
-    chosen_at = {k: choose_lr(sorted(v, key=lambda item: (item[0] is None, item[0] or 0.0)))
-                 for k, v in groups.items()}
+    chosen_at = {k: choose_lr(v) for k, v in selection_groups(config, rows).items()}
     lrs: dict[tuple, float | None] = {}
     out = []
     for r in rows:

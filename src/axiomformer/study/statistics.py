@@ -1,79 +1,356 @@
-"""Statistics of a study (scipy, statsmodels): per-cell bootstrap intervals, paired comparisons, Holm correction.
+"""Statistics of a study: valid intervals, paired comparisons corrected within a family, equivalence, power, verdicts.
 
-* Per cell (model, task, length): the mean test accuracy over seeds and a 95 % bootstrap interval of the mean
-  (``scipy.stats.bootstrap``, percentile method, fixed ``random_state``; Efron & Tibshirani 1993, ch. 13). With one
-  seed there is no interval; with identical values the interval is that value.
-* Per model and task: the paired difference to the standard model over the seeds both have (same seeds, same data,
-  same test set), its 95 % bootstrap interval, and a paired t-test (``scipy.stats.ttest_rel``; Student 1908) on
-  the per-seed differences; all p-values of a table are Holm-corrected (Holm 1979, via
-  ``statsmodels.stats.multitest.multipletests``). A difference is *significant* when its Holm-corrected p-value is
-  below ``ALPHA``.
+This module is pure numbers (numpy, scipy, statsmodels): it imports nothing else of axiomformer, and every suite
+builds its conclusions on it. The public API (stable):
+
+* :func:`t_interval` ``(values, level) -> Interval``: the mean over seeds with its Student-t interval (Student 1908),
+  valid at any n >= 2 for normal data (coverage simulated in ``tests/test_study_statistics.py``).
+* :func:`clopper_pearson` ``(successes, trials, level) -> Interval``: the exact binomial interval of a proportion
+  (Clopper & Pearson 1934; ``statsmodels.stats.proportion.proportion_confint(method="beta")``).
+* :func:`cell_interval` ``(values, n_test, level) -> Interval``: a cell's mean test accuracy: the t interval over
+  seeds for two or more seeds, Clopper-Pearson over its ``n_test`` scored test items for one run (never ``[x, x]``).
+* :func:`tost_p` ``(diffs, margin) -> (p_lower, p_upper)``: the two one-sided paired t-tests of the equivalence test
+  (TOST, Schuirmann 1987) against ``-margin`` and ``+margin``.
+* :func:`mde` ``(sd, n, alpha, power) -> float``: the minimal detectable paired difference at ``power`` (two-sided
+  level ``alpha``) with ``n`` seeds and seed-to-seed standard deviation ``sd`` of the differences.
+* :func:`seeds_needed` ``(diff, sd, margin, alpha, power, cap) -> int | None``: the fewest seeds for which either the
+  difference test or the equivalence test reaches ``power``, if the true difference and sd are the observed ones
+  (``None``: more than ``cap``).
+* :func:`decide` ``(ci_low, ci_high, margin, converged, pilot) -> str``: the verdict rule, from the interval alone.
+* :func:`paired_family` ``(items, alpha, margin, power, pilot) -> list[Verdict]``: every comparison of one family
+  (e.g. the primary comparisons), paired by seed, with Bonferroni-simultaneous intervals.
+* :func:`agrees` ``(verdict dict) -> bool``: whether a verdict agrees with its printed interval (the check the report
+  and the tests apply to every verdict).
+
+Method (one family of m comparisons, each a model minus the standard model, paired by seed):
+
+* interval: paired t at level ``1 - alpha / m`` (Bonferroni 1936), so the m intervals hold jointly with probability
+  at least ``1 - alpha``; ``ci_method`` says so (e.g. ``"paired t, Bonferroni over 8"``), ``ci_level`` is the
+  per-interval level;
+* ``p_difference``: the two-sided paired t-test p-value times m (capped at 1): below ``alpha`` exactly when the
+  interval excludes 0;
+* ``p_equivalence``: the TOST p-value (the larger one-sided p) referred to the same level as the interval, times 2m
+  (capped at 1): below ``alpha`` exactly when the interval lies inside ``(-margin, +margin)``;
+* verdict (:func:`decide`): ``forced`` when ``ci_high < 0`` (relaxing the assumption costs accuracy), ``better`` when
+  ``ci_low > 0``, ``free`` when ``-margin < ci_low`` and ``ci_high < margin`` and the cells converged (a
+  not-converged cell is never ``free``), ``inconclusive`` otherwise (with ``mde`` and ``seeds_needed``), and
+  ``pilot`` whatever the interval when the run is a pilot (``--quick``, or fewer seeds than its preset's minimum): a
+  pilot claims nothing;
+* ``mde``: :func:`mde` at the family's level with the observed sd of the differences; ``seeds_needed``: the current
+  number of seeds for a decided verdict, else :func:`seeds_needed`.
+
+The verdict JSON object (``Verdict.to_dict()``, one per comparison in ``axiomformer report DIR --json``)::
+
+    {"assumption": str, "model": str, "task": str, "verdict": "forced" | "better" | "free" | "inconclusive" | "pilot",
+     "diff": float, "ci_low": float | null, "ci_high": float | null, "ci_method": str, "ci_level": float,
+     "margin": float, "p_difference": float, "p_equivalence": float, "n_seeds": int, "mde": float | null,
+     "seeds_needed": int | null, "converged": bool}
+
+``diff``, ``ci_*``, ``margin`` and ``mde`` are in accuracy units (fractions, not percent); ``ci_*`` are ``null`` with
+fewer than two paired seeds.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
 ALPHA = 0.05
+"""Family-wise error rate of each family of comparisons."""
 CONFIDENCE = 0.95
-RESAMPLES = 2000
-NO_DIFFERENCE = "no detectable difference at this budget"
+"""Level of a cell's interval."""
+MARGIN = 0.02
+"""Default equivalence margin (accuracy)."""
+POWER = 0.80
+"""Power at which ``mde`` and ``seeds_needed`` are computed."""
+SEEDS_CAP = 10_000
+"""``seeds_needed`` above this is reported as ``None``."""
+CORRECTION = "bonferroni"
+VERDICTS = ("forced", "better", "free", "inconclusive", "pilot")
+VERDICT_KEYS = ("assumption", "model", "task", "verdict", "diff", "ci_low", "ci_high", "ci_method", "ci_level",
+                "margin", "p_difference", "p_equivalence", "n_seeds", "mde", "seeds_needed", "converged")
 
 
-def mean_interval(values: Sequence[float], *, confidence: float = CONFIDENCE, seed: int = 0
-                  ) -> tuple[float, float | None, float | None]:
-    """``(mean, low, high)``: the mean of ``values`` and its percentile bootstrap interval.
+@dataclass(frozen=True)
+class Interval:
+    """An estimate with its interval: ``low``/``high`` ``None`` when there is none (``method`` says why)."""
 
-    ``low``/``high`` are ``None`` for fewer than two values, and equal to the mean when all values are equal (every
-    resample has the same mean).
+    estimate: float
+    low: float | None
+    high: float | None
+    method: str
+    level: float
+    n: int
+
+
+def _clean(values: Sequence[float]) -> np.ndarray:
+    data = np.asarray([float(v) for v in values if v is not None], dtype=float)
+    return data[np.isfinite(data)]
+
+
+def t_interval(values: Sequence[float], level: float = CONFIDENCE) -> Interval:
+    """The mean of ``values`` and its two-sided Student-t interval at ``level``.
+
+    Zero spread gives the zero-width interval ``[mean, mean]`` (what the data say); fewer than two values give no
+    interval. Non-finite values and ``None`` are dropped.
 
     Raises:
-        ValueError: no values.
+        ValueError: no finite value, or ``level`` outside (0, 1).
     """
-    data = np.asarray(values, dtype=float)
+    from scipy.stats import t
+
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    data = _clean(values)
     if data.size == 0:
-        raise ValueError("mean_interval needs at least one value")
+        raise ValueError("t_interval needs at least one finite value")
     mean = float(data.mean())
     if data.size < 2:
-        return mean, None, None
-    if np.all(data == data[0]):
-        return mean, mean, mean
-    from scipy.stats import bootstrap
-
-    with warnings.catch_warnings():  # a degenerate resample distribution is fine here: it is what the data say
-        warnings.simplefilter("ignore", RuntimeWarning)
-        res = bootstrap((data,), np.mean, confidence_level=confidence, n_resamples=RESAMPLES, method="percentile",
-                        random_state=np.random.default_rng(seed), vectorized=True)
-    return mean, float(res.confidence_interval.low), float(res.confidence_interval.high)
+        return Interval(mean, None, None, "none (one value)", level, 1)
+    half = float(t.ppf(0.5 + level / 2, data.size - 1)) * float(data.std(ddof=1)) / math.sqrt(data.size)
+    return Interval(mean, mean - half, mean + half, "t", level, int(data.size))
 
 
-def paired_test(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided p-value of the paired t-test of ``a - b`` against 0 (``scipy.stats.ttest_rel``).
-
-    All differences zero: p = 1 (no evidence of a difference). All differences equal and non-zero: p = 0 (scipy's
-    limit of an infinite t; it happens when every seed gives the same pair of accuracies, so read it with the number
-    of pairs). Fewer than two pairs: p = 1.
+def clopper_pearson(successes: int, trials: int, level: float = CONFIDENCE) -> Interval:
+    """The proportion ``successes / trials`` with its exact (Clopper-Pearson) binomial interval at ``level``.
 
     Raises:
-        ValueError: ``a`` and ``b`` of different lengths.
+        ValueError: ``trials < 1`` or ``successes`` outside ``0 .. trials``.
     """
-    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if x.shape != y.shape:
-        raise ValueError(f"paired samples must have equal lengths, got {x.shape} and {y.shape}")
-    diff = x - y
-    if diff.size < 2 or np.all(diff == 0):
-        return 1.0
-    from scipy.stats import ttest_rel
+    from statsmodels.stats.proportion import proportion_confint
 
-    with warnings.catch_warnings():  # nearly equal differences: scipy warns, the (tiny) p-value is still its answer
-        warnings.simplefilter("ignore", RuntimeWarning)
-        p = float(ttest_rel(x, y).pvalue)
-    return 1.0 if math.isnan(p) else p
+    if trials < 1 or not 0 <= successes <= trials:
+        raise ValueError(f"need 0 <= successes <= trials and trials >= 1, got {successes} of {trials}")
+    low, high = proportion_confint(int(successes), int(trials), alpha=1 - level, method="beta")
+    return Interval(successes / trials, float(low), float(high), "Clopper-Pearson", level, 1)
+
+
+def cell_interval(values: Sequence[float], n_test: int | None = None, level: float = CONFIDENCE) -> Interval:
+    """A cell's mean test accuracy over seeds with a valid interval.
+
+    Two or more seeds: :func:`t_interval` (``method`` ``"t over seeds"``). One run: :func:`clopper_pearson` over its
+    ``n_test`` scored test items (``"Clopper-Pearson over n_test items"``), or no interval when ``n_test`` is unknown.
+
+    Raises:
+        ValueError: no finite value.
+    """
+    data = _clean(values)
+    if data.size >= 2:
+        out = t_interval(data, level)
+        return Interval(out.estimate, out.low, out.high, "t over seeds", level, out.n)
+    if data.size == 1 and n_test:
+        out = clopper_pearson(int(round(float(data[0]) * n_test)), int(n_test), level)
+        return Interval(float(data[0]), out.low, out.high, "Clopper-Pearson over test items", level, 1)
+    return t_interval(data, level)
+
+
+def tost_p(diffs: Sequence[float], margin: float) -> tuple[float, float]:
+    """One-sided p-values ``(p_lower, p_upper)`` of the paired TOST: H0 ``mean <= -margin`` and H0
+    ``mean >= +margin`` (Schuirmann 1987). Zero spread gives 0 or 1 by the side the mean is on.
+
+    Raises:
+        ValueError: fewer than two differences or ``margin <= 0``.
+    """
+    from scipy.stats import t
+
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0, got {margin}")
+    data = _clean(diffs)
+    if data.size < 2:
+        raise ValueError("the equivalence test needs at least two paired differences")
+    mean, n = float(data.mean()), data.size
+    se = float(data.std(ddof=1)) / math.sqrt(n)
+    if se == 0.0:
+        return (0.0 if mean > -margin else 1.0), (0.0 if mean < margin else 1.0)
+    return float(t.sf((mean + margin) / se, n - 1)), float(t.cdf((mean - margin) / se, n - 1))
+
+
+def _power_difference(effect: float, n: np.ndarray, alpha: float) -> np.ndarray:
+    from scipy.stats import nct, t
+
+    df = n - 1
+    crit = t.ppf(1 - alpha / 2, df)
+    ncp = effect * np.sqrt(n)
+    # scipy's noncentral t gives NaN far in the tail, where the power is 1
+    return np.nan_to_num(nct.sf(crit, df, ncp) + nct.cdf(-crit, df, ncp), nan=1.0)
+
+
+def _power_equivalence(diff: float, sd: float, margin: float, n: np.ndarray, alpha: float) -> np.ndarray:
+    """A lower bound (Bonferroni inequality) on the TOST's power at the interval's level ``1 - alpha``."""
+    from scipy.stats import nct, t
+
+    if abs(diff) >= margin:
+        return np.zeros_like(n, dtype=float)
+    df = n - 1
+    crit = t.ppf(1 - alpha / 2, df)
+    # NaN far in the tail, where a one-sided test cannot fail
+    fail_low = np.nan_to_num(nct.cdf(crit, df, (diff + margin) / sd * np.sqrt(n)), nan=0.0)
+    fail_high = np.nan_to_num(nct.sf(-crit, df, (diff - margin) / sd * np.sqrt(n)), nan=0.0)
+    return np.clip(1 - fail_low - fail_high, 0.0, 1.0)
+
+
+def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """The smallest true mean paired difference a two-sided paired t-test at level ``alpha`` detects with
+    probability ``power`` from ``n`` seeds whose differences have standard deviation ``sd`` (accuracy units):
+    ``sd`` times the standardized effect of ``statsmodels.stats.power.TTestPower``. ``None`` for ``n < 2``."""
+    if n < 2 or not math.isfinite(sd):
+        return None
+    if sd == 0.0:
+        return 0.0
+    from scipy.optimize import brentq
+
+    ns = np.array([n])
+    effect = brentq(lambda e: float(_power_difference(e, ns, alpha)[0]) - power, 1e-6, 1e3)
+    return float(effect * sd)
+
+
+def seeds_needed(diff: float, sd: float, margin: float, alpha: float = ALPHA, power: float = POWER,
+                 cap: int = SEEDS_CAP) -> int | None:
+    """The fewest seeds n >= 2 at which the paired design decides with probability ``power``, if the true mean
+    difference is ``diff`` and the seed-to-seed sd of the differences is ``sd``: either the difference test (two-sided,
+    level ``alpha``) or the equivalence test at ``±margin`` (interval at level ``1 - alpha``) succeeds. ``None``:
+    more than ``cap`` (e.g. a true difference right at the margin)."""
+    if not math.isfinite(sd) or not math.isfinite(diff):
+        return None
+    if sd == 0.0:
+        return 2
+    def decides(n: int) -> bool:
+        ns = np.array([float(n)])
+        return bool(_power_difference(abs(diff) / sd, ns, alpha)[0] >= power
+                    or _power_equivalence(diff, sd, margin, ns, alpha)[0] >= power)
+
+    # both powers grow with n: double until it decides, then bisect (about 2 log2(cap) evaluations)
+    high = 2
+    while not decides(high):
+        if high >= cap:
+            return None
+        high = min(2 * high, cap)
+    low = high // 2 if high > 2 else 1
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if decides(mid) else (mid, high)
+    return high
+
+
+def decide(ci_low: float | None, ci_high: float | None, margin: float, *, converged: bool = True,
+           pilot: bool = False) -> str:
+    """The verdict from an interval of (model - standard): ``pilot`` | ``forced`` | ``better`` | ``free`` |
+    ``inconclusive`` (see the module docstring). No interval: ``inconclusive`` (or ``pilot``)."""
+    if pilot:
+        return "pilot"
+    if ci_low is None or ci_high is None:
+        return "inconclusive"
+    if ci_high < 0:
+        return "forced"
+    if ci_low > 0:
+        return "better"
+    if -margin < ci_low and ci_high < margin and converged:
+        return "free"
+    return "inconclusive"
+
+
+def agrees(v: dict[str, Any]) -> bool:
+    """Whether a verdict dict agrees with the interval printed beside it: ``forced`` iff ``ci_high < 0``,
+    ``better`` iff ``ci_low > 0``, ``free`` only inside ``±margin`` and converged, ``inconclusive`` otherwise;
+    ``pilot`` always agrees (it claims nothing)."""
+    if v["verdict"] == "pilot":
+        return True
+    return v["verdict"] == decide(v["ci_low"], v["ci_high"], v["margin"], converged=bool(v["converged"]))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One comparison of a model with the standard one (fields: the verdict JSON schema of the module docstring)."""
+
+    assumption: str
+    model: str
+    task: str
+    verdict: str
+    diff: float
+    ci_low: float | None
+    ci_high: float | None
+    ci_method: str
+    ci_level: float
+    margin: float
+    p_difference: float
+    p_equivalence: float
+    n_seeds: int
+    mde: float | None
+    seeds_needed: int | None
+    converged: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PairedItem:
+    """The input of one comparison: accuracies of the model and of the standard model, paired by seed (same
+    order), and whether both cells converged."""
+
+    assumption: str
+    model: str
+    task: str
+    values: Sequence[float]
+    reference: Sequence[float]
+    converged: bool = True
+
+
+def _p_difference(data: np.ndarray) -> float:
+    from scipy.stats import ttest_1samp
+
+    if data.size < 2:
+        return 1.0
+    if float(data.std(ddof=1)) == 0.0:
+        return 1.0 if float(data.mean()) == 0.0 else 0.0
+    return float(ttest_1samp(data, 0.0).pvalue)
+
+
+def one_comparison(item: PairedItem, *, family_size: int = 1, alpha: float = ALPHA, margin: float = MARGIN,
+                   power: float = POWER, pilot: bool = False) -> Verdict:
+    """One comparison of a family of ``family_size`` (Bonferroni), see :func:`paired_family`.
+
+    Raises:
+        ValueError: ``values`` and ``reference`` of different lengths, ``margin <= 0`` or ``family_size < 1``.
+    """
+    if len(item.values) != len(item.reference):
+        raise ValueError(f"paired samples must have equal lengths, got {len(item.values)} and "
+                         f"{len(item.reference)}")
+    if not margin > 0 or family_size < 1:
+        raise ValueError(f"need margin > 0 and family_size >= 1, got {margin} and {family_size}")
+    data = np.asarray(item.values, dtype=float) - np.asarray(item.reference, dtype=float)
+    data = data[np.isfinite(data)]
+    level = 1 - alpha / family_size
+    method = "paired t" + (f", Bonferroni over {family_size}" if family_size > 1 else "")
+    n = int(data.size)
+    diff = float(data.mean()) if n else float("nan")
+    if n < 2:
+        return Verdict(item.assumption, item.model, item.task, decide(None, None, margin, pilot=pilot), diff, None,
+                       None, method, level, margin, 1.0, 1.0, n, None, None, item.converged)
+    ci = t_interval(data, level)
+    sd = float(data.std(ddof=1))
+    p_diff = min(1.0, _p_difference(data) * family_size)
+    p_eq = min(1.0, max(tost_p(data, margin)) * 2 * family_size)
+    verdict = decide(ci.low, ci.high, margin, converged=item.converged, pilot=pilot)
+    decided = verdict in ("forced", "better", "free")
+    need = n if decided else seeds_needed(diff, sd, margin, alpha / family_size, power)
+    return Verdict(item.assumption, item.model, item.task, verdict, diff, ci.low, ci.high, method, level, margin,
+                   p_diff, p_eq, n, mde(sd, n, alpha / family_size, power), need, item.converged)
+
+
+def paired_family(items: Sequence[PairedItem], *, alpha: float = ALPHA, margin: float = MARGIN,
+                  power: float = POWER, pilot: bool = False) -> list[Verdict]:
+    """Verdicts for one family of comparisons, in input order, each interval Bonferroni-corrected over the family
+    so that all of them hold jointly with probability at least ``1 - alpha``.
+
+    Raises:
+        ValueError: see :func:`one_comparison`.
+    """
+    return [one_comparison(item, family_size=max(1, len(items)), alpha=alpha, margin=margin, power=power,
+                           pilot=pilot) for item in items]
 
 
 def holm(pvalues: Sequence[float], *, alpha: float = ALPHA) -> list[float]:
@@ -85,44 +362,17 @@ def holm(pvalues: Sequence[float], *, alpha: float = ALPHA) -> list[float]:
     return [float(p) for p in multipletests(list(pvalues), alpha=alpha, method="holm")[1]]
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """A model against the standard one on one task: mean paired difference, its interval and the tests."""
+def mean_interval(values: Sequence[float], *, confidence: float = CONFIDENCE, seed: int = 0
+                  ) -> tuple[float, float | None, float | None]:
+    """``(mean, low, high)`` of :func:`t_interval` (kept for callers of the earlier API; ``seed`` is unused).
 
-    model: str
-    task: str
-    diff: float
-    ci_low: float | None
-    ci_high: float | None
-    p: float
-    p_holm: float
-    n_pairs: int
-
-    @property
-    def significant(self) -> bool:
-        return self.p_holm < ALPHA
-
-
-def compare(pairs: dict[tuple[str, str], tuple[list[float], list[float]]]) -> list[Comparison]:
-    """Paired comparisons for a table: ``{(model, task): (model's values, standard's values)}`` paired by seed.
-
-    Returns one :class:`Comparison` per entry, Holm-corrected over all of them, in the input order.
+    Raises:
+        ValueError: no values.
     """
-    raw = []
-    for (model, task), (a, b) in pairs.items():
-        diff = [x - y for x, y in zip(a, b)]
-        mean, low, high = mean_interval(diff) if diff else (float("nan"), None, None)
-        raw.append((model, task, mean, low, high, paired_test(a, b), len(diff)))
-    adjusted = holm([r[5] for r in raw])
-    return [Comparison(m, t, d, lo, hi, p, ph, n) for (m, t, d, lo, hi, p, n), ph in zip(raw, adjusted)]
+    out = t_interval(values, confidence)
+    return out.estimate, out.low, out.high
 
 
-def verdict(c: Comparison) -> str:
-    """One phrase: the significant direction, or :data:`NO_DIFFERENCE`."""
-    if not c.significant:
-        return NO_DIFFERENCE
-    return f"{'better' if c.diff > 0 else 'worse'} than standard by {abs(c.diff):.3f} (Holm p = {c.p_holm:.3g})"
-
-
-__all__ = ["ALPHA", "CONFIDENCE", "Comparison", "NO_DIFFERENCE", "compare", "holm", "mean_interval", "paired_test",
-           "verdict"]
+__all__ = ["ALPHA", "CONFIDENCE", "CORRECTION", "Interval", "MARGIN", "POWER", "PairedItem", "SEEDS_CAP", "VERDICTS",
+           "VERDICT_KEYS", "Verdict", "agrees", "cell_interval", "clopper_pearson", "decide", "holm", "mde",
+           "mean_interval", "one_comparison", "paired_family", "seeds_needed", "t_interval", "tost_p"]

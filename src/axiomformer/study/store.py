@@ -77,48 +77,113 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+class StoreError(UserInputError):
+    """A results store that cannot be read or written, naming the file and SQLite's own reason (e.g. "database or
+    disk is full", "attempt to write a readonly database"): what went wrong, not a follow-up error of the cleanup."""
+
+
 class ResultsStore:
     """SQLite store of a study's results.
 
     Args:
         path: the out dir that holds ``results.sqlite`` (created when missing), or a ``*.sqlite`` file.
+        readonly: open only to read (``axiomformer report``): nothing is created or written, so reading a
+            committed store leaves no ``-wal``/``-shm`` files. A store that exists but cannot be written (a
+            read-only file or folder) is opened this way too, and only a write raises (:class:`StoreError`). A store
+            whose writer has closed is read as the single file it is (SQLite's ``immutable``); one with a
+            write-ahead log beside it (a writer open, or killed) through SQLite's read-only mode.
 
-    Use as a context manager or call :meth:`close`.
+    Use as a context manager or call :meth:`close`. A writer leaves the store as one file when it closes (the
+    write-ahead log folded in, journal mode back to ``delete``) unless another process still has it open.
 
     Raises:
         UserInputError: ``path`` is a file where a folder is expected, or an existing file that is not a results
             store (not SQLite, or SQLite without a ``runs`` table); the file is left untouched.
+        FileNotFoundError: ``readonly`` and no store at ``path``.
+        StoreError: the store cannot be read or written (read-only where a write is needed, disk full, ...).
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, readonly: bool = False):
         path = Path(path)
         if path.suffix != ".sqlite":
             if path.exists() and not path.is_dir():
                 raise UserInputError(f"{path} is a file; expected a study out dir (a folder)")
-            path.mkdir(parents=True, exist_ok=True)
+            if not readonly:
+                path.mkdir(parents=True, exist_ok=True)
             path = path / FILENAME
         self.path = path
+        self.readonly = readonly
+        self.why_readonly = "opened with readonly=True"
+        if readonly:
+            self.conn = self._connect_readonly(path)
+            self._check_tables(self.conn, path)
+            return
         existed = path.is_file() and path.stat().st_size > 0
+        try:
+            self._open_writable(path, existed)
+        except StoreError as err:
+            if not existed or not any(word in str(err) for word in ("readonly", "read-only", "unable to open")):
+                raise
+            # A store that cannot be written (read-only file or folder) is still read: the first write says why.
+            self.readonly, self.why_readonly = True, str(err)
+            self.conn = self._connect_readonly(path)
+            self._check_tables(self.conn, path)
+
+    def _open_writable(self, path: Path, existed: bool) -> None:
         # isolation_level=None: autocommit; every write below opens its own explicit transaction.
-        self.conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+        try:
+            self.conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+        except sqlite3.OperationalError as err:
+            raise StoreError(f"cannot open {path} to write: {err}") from err
         self.conn.row_factory = sqlite3.Row
         try:
             # A store being created by another process may have no table yet; `runs` is always its first.
-            tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master")} if existed else set()
-            if tables and "runs" not in tables:
-                raise sqlite3.DatabaseError(f"an SQLite database whose tables are {', '.join(sorted(tables))}")
+            if existed:
+                self._check_tables(self.conn, path)
             self._journal_wal()
             self.conn.execute("PRAGMA synchronous=FULL")
             self.conn.executescript(_SCHEMA)
             if "outcome" not in {row[1] for row in self.conn.execute("PRAGMA table_info(runs)")}:
                 self.conn.execute("ALTER TABLE runs ADD COLUMN outcome TEXT")  # a store written before the column
-        except sqlite3.OperationalError:
+        except sqlite3.OperationalError as err:
+            self.conn.close()
+            raise StoreError(f"cannot open {path} to write: {err}") from err
+        except BaseException:
             self.conn.close()
             raise
+
+    @staticmethod
+    def _connect_readonly(path: Path) -> sqlite3.Connection:
+        if not path.is_file():
+            raise FileNotFoundError(f"no results store at {path}")
+        logged = Path(f"{path}-wal").exists()
+        uri = f"{path.resolve().as_uri()}?{'mode=ro' if logged else 'immutable=1'}"
+        try:
+            conn = sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            conn.execute("SELECT name FROM sqlite_master").fetchall()
+        except sqlite3.OperationalError as err:
+            raise StoreError(f"cannot read {path}: {err} (its write-ahead log {path.name}-wal is folded in by "
+                             "opening the store once where its folder is writable)") from err
         except sqlite3.DatabaseError as err:
-            self.conn.close()
             raise UserInputError(f"{path} is not an axiomformer results store ({err}); expected the {FILENAME} "
                                  "written by axiomformer study") from None
+        return conn
+
+    @staticmethod
+    def _check_tables(conn: sqlite3.Connection, path: Path) -> None:
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        except sqlite3.OperationalError:
+            raise
+        except sqlite3.DatabaseError as err:
+            conn.close()
+            raise UserInputError(f"{path} is not an axiomformer results store ({err}); expected the {FILENAME} "
+                                 "written by axiomformer study") from None
+        if tables and "runs" not in tables:
+            conn.close()
+            raise UserInputError(f"{path} is not an axiomformer results store (an SQLite database whose tables are "
+                                 f"{', '.join(sorted(tables))}); expected the {FILENAME} written by axiomformer study")
 
     def _journal_wal(self, wait: float = 30.0) -> None:
         # Switching to WAL takes an exclusive lock that SQLite's busy timeout does not wait for, so processes
@@ -134,6 +199,14 @@ class ResultsStore:
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
+        if not self.readonly:
+            try:
+                # Leave one file: fold the write-ahead log in and drop it (fails harmlessly, and is skipped, while
+                # another connection still has the store open).
+                self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self.conn.execute("PRAGMA journal_mode=DELETE")
+            except sqlite3.Error:
+                pass
         self.conn.close()
 
     def __enter__(self) -> "ResultsStore":
@@ -142,16 +215,33 @@ class ResultsStore:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _write(self, sql: str, params: tuple) -> int:
+    def _transaction(self, statements: list[tuple[str, tuple]]) -> list[int]:
+        """Run ``statements`` in one transaction; return each one's row count. On failure nothing is written and
+        the first error is raised, as a :class:`StoreError` naming the store (the rollback's own error, e.g.
+        "cannot rollback - no transaction is active" after SQLite rolled back a full disk itself, is not)."""
+        if self.readonly:
+            raise StoreError(f"cannot write {self.path}: the store is read-only here ({self.why_readonly})")
         cur = self.conn.cursor()
-        cur.execute("BEGIN IMMEDIATE")
+        counts = []
         try:
-            cur.execute(sql, params)
+            cur.execute("BEGIN IMMEDIATE")
+            for sql, params in statements:
+                cur.execute(sql, params)
+                counts.append(cur.rowcount)
             cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
+        except BaseException as err:
+            if self.conn.in_transaction:
+                try:
+                    cur.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            if isinstance(err, sqlite3.Error):
+                raise StoreError(f"cannot write {self.path}: {err}") from err
             raise
-        return cur.rowcount
+        return counts
+
+    def _write(self, sql: str, params: tuple) -> int:
+        return self._transaction([(sql, params)])[0]
 
     # ------------------------------------------------------------------ runs
     def finished_keys(self) -> set[str]:
@@ -171,17 +261,9 @@ class ResultsStore:
                 row[name] = json.dumps(row[name], sort_keys=True)
         columns = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        cur = self.conn.cursor()
-        cur.execute("BEGIN IMMEDIATE")
-        try:
-            cur.execute(f"INSERT OR IGNORE INTO runs ({columns}) VALUES ({marks})", tuple(row.values()))
-            inserted = cur.rowcount == 1
-            cur.execute("DELETE FROM failures WHERE key = ?", (row["key"],))
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
-        return inserted
+        counts = self._transaction([(f"INSERT OR IGNORE INTO runs ({columns}) VALUES ({marks})", tuple(row.values())),
+                                    ("DELETE FROM failures WHERE key = ?", (row["key"],))])
+        return counts[0] == 1
 
     def runs(self) -> list[dict[str, Any]]:
         """Every stored run as a dict, JSON columns decoded, in insertion order."""

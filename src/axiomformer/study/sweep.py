@@ -43,7 +43,7 @@ def default_sweep(quick: bool = False, *, suite: str = "main", preset: str | Non
     Raises:
         ValueError: an unknown suite or preset, naming the choices.
     """
-    from axiomformer.study.suites import get_suite
+    from axiomformer.study.registry import get_suite
 
     return get_suite(suite).preset(preset or ("quick" if quick else "default"))
 
@@ -108,7 +108,8 @@ def models(config: StudyConfig) -> list[ModelChoice]:
 
 
 def assumption_of(label: str, kind: str = "transformer") -> str:
-    """The assumption a model relaxes, from its label: ``A4=cosine`` -> ``A4``, ``scale=none`` -> ``A5 (scale)``,
+    """The assumption a model relaxes, from its label: ``A4=cosine`` -> ``A4``, ``A5=sigmoid`` -> ``A5 (normalizer)``,
+    ``scale=none`` -> ``A5 (scale)``,
     ``position=rope`` -> ``position``, a recurrent baseline -> ``A0``, ``standard`` -> ``none``."""
     if kind != "transformer":
         return "A0"
@@ -117,7 +118,7 @@ def assumption_of(label: str, kind: str = "transformer") -> str:
     groups = []
     for item in label.split(","):
         key = item.split("=", 1)[0]
-        groups.append({"scale": "A5 (scale)", "feature_map": "A5"}.get(key, key))
+        groups.append({"scale": "A5 (scale)", "feature_map": "A5 (normalizer)", "A5": "A5 (normalizer)"}.get(key, key))
     return "+".join(dict.fromkeys(groups))
 
 

@@ -173,9 +173,14 @@ def axiomformer_attention_forward(module: nn.Module, query: Tensor, key: Tensor,
 
     Raises:
         NotImplementedError: an argument outside the contract above, naming it.
-        ValueError: ``heads`` not a multiple of ``kv_heads``, or masks that do not fit (naming the shapes).
+        ValueError: ``heads`` not a multiple of ``kv_heads``, masks that do not fit (naming the shapes), or a
+            ``sliding_window`` that is not a positive number of keys.
     """
     _check_arguments(kwargs)
+    if sliding_window is not None and (isinstance(sliding_window, bool) or sliding_window <= 0):
+        # transformers means "no window" by None; 0 or -1 read literally would be an empty band (all-zero output).
+        raise ValueError(f"sliding_window must be a positive number of keys, or None for no window; "
+                         f"got {sliding_window!r}")
     batch, heads, q_len, head_dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[-2]
     if heads % kv_heads or value.shape[1] != kv_heads:

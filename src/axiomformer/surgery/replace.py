@@ -175,11 +175,27 @@ def attention_from_bert(self_attention: nn.Module, output_dense: nn.Linear) -> A
     return module
 
 
+def _refuse_save_pretrained(*args, **kwargs):
+    raise SurgeryError(
+        "save_pretrained after replace_attention would write attention weights under names transformers does not "
+        "know (attention.self.attention.*, no attention.output.dense): from_pretrained would silently initialise "
+        "them at random. Save the model before surgery (surgery is reproducible: replace_attention and relax_model "
+        "with the same seed), or keep the replaced model's state_dict() with safetensors/torch")
+
+
+def _block_save_pretrained(model: nn.Module) -> None:
+    """Make ``model.save_pretrained`` (and ``push_to_hub``, which calls it) raise instead of writing a checkpoint
+    that reloads with random attention weights (huggingface/optimum PR#676 blocks saving converted models too)."""
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained = _refuse_save_pretrained
+
+
 def replace_attention(model: nn.Module) -> nn.Module:
     """Replace every BERT self-attention of ``model`` by an axiomformer :class:`Attention` with the same weights.
 
     In place; returns ``model``. Also registers ``"axiomformer"`` with transformers and selects it as the model's
-    attention implementation, so BERT builds boolean masks (True = may attend). Idempotent.
+    attention implementation, so BERT builds boolean masks (True = may attend). Idempotent. Afterwards the model's
+    ``save_pretrained`` raises :class:`SurgeryError` (its checkpoint would reload with random attention weights).
 
     Raises:
         SurgeryError: no BERT-style self-attention in ``model``.
@@ -197,6 +213,7 @@ def replace_attention(model: nn.Module) -> nn.Module:
         attention.train(block.self.training)
         AxiomSelfAttention.adopt(block.self, attention, layer_idx=idx)
         block.output.dense = nn.Identity()
+    _block_save_pretrained(model)
     return model
 
 

@@ -3,8 +3,10 @@
 Real data shipped with scikit-learn (``sklearn.datasets.load_digits``: 1797 8x8 images, UCI optical recognition of
 handwritten digits). Pixel intensities 0..16 are quantized to 16 levels, ``floor(16 p / 17)``; the image is read row by
 row and the class label is the target at the last pixel. Tokens: pixels ``0 .. 15``, labels ``16 .. 25``,
-``PAD = 26`` (in front, when seq_len > 64). The split is fixed once: identical quantized images are grouped, a
-quarter of the groups (stratified by label, seed 0) form the eval set **(our choice)**, so no image is in both.
+``PAD = 26`` (in front, when seq_len > 64). The split is fixed once: identical quantized images are grouped, and the
+groups are split into three pools, stratified by label with seed 0 **(our choice)**: ``eval_fraction`` of them (a
+quarter by default) held out, half of those the validation pool and half the test pool; the rest train. No image is
+in two pools, so validation (which picks the learning rate and stops training) never sees a test image.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ NUM_CLASSES = 10
 
 @lru_cache(maxsize=4)
 def load_split(eval_fraction: float = 0.25) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """{"train": (pixels int64 (n, 64) in 0..15, labels int64 (n,)), "eval": (...)}, disjoint images."""
+    """{"train" | "val" | "test" | "eval": (pixels int64 (n, 64) in 0..15, labels int64 (n,))}: three disjoint
+    pools of distinct images; ``eval`` is ``val`` and ``test`` together."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -35,8 +38,11 @@ def load_split(eval_fraction: float = 0.25) -> dict[str, tuple[np.ndarray, np.nd
     group = group.reshape(-1)
     train_groups, eval_groups = train_test_split(
         np.arange(len(first)), test_size=eval_fraction, random_state=0, stratify=labels[first])
-    in_eval = np.isin(group, eval_groups)
-    return {"train": (pixels[~in_eval], labels[~in_eval]), "eval": (pixels[in_eval], labels[in_eval])}
+    val_groups, test_groups = train_test_split(eval_groups, test_size=0.5, random_state=0,
+                                               stratify=labels[first][eval_groups])
+    pools = {name: np.isin(group, groups) for name, groups in (("train", train_groups), ("val", val_groups),
+                                                               ("test", test_groups), ("eval", eval_groups))}
+    return {name: (pixels[mask], labels[mask]) for name, mask in pools.items()}
 
 
 class DigitsTask(Task):
@@ -66,7 +72,7 @@ class DigitsTask(Task):
     def examples(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         """The split's (pixels (n, 64), labels (n,))."""
         make_rng(0, split)  # validates the split name
-        return load_split(self.eval_fraction)["train" if split == "train" else "eval"]
+        return load_split(self.eval_fraction)[split]
 
     def batch(self, batch_size: int, seed: int, split: str = "train") -> tuple[Tensor, Tensor]:
         positive("batch_size", batch_size)

@@ -1,7 +1,8 @@
 """``text``: character-level language modelling of a text file given by the user.
 
 The vocabulary is the sorted set of characters of the whole file. The first ``1 - eval_fraction`` of the file is the
-train region and the rest the eval region **(our choice: a contiguous split, so no window of one overlaps the other)**.
+train region, the next half of the rest the validation region and the last half the test region **(our choice: a
+contiguous split, so no window of one region overlaps another)**; ``eval`` windows come from validation and test.
 A batch is windows at random offsets of its region; every position is scored with the next character.
 """
 
@@ -22,7 +23,7 @@ class TextTask(Task):
     Args:
         seq_len: window length T.
         path: a UTF-8 text file (undecodable bytes are replaced).
-        eval_fraction: share of the file (its end) used for evaluation (default 0.1).
+        eval_fraction: share of the file (its end) used for evaluation (default 0.1), half validation, half test.
 
     Raises:
         ValueError: no path, a missing file, or a region shorter than seq_len + 1 characters.
@@ -46,7 +47,8 @@ class TextTask(Task):
         lookup = {c: i for i, c in enumerate(self.chars)}
         ids = np.fromiter((lookup[c] for c in text), dtype=np.int64, count=len(text))
         cut = int(round(len(ids) * (1.0 - eval_fraction)))
-        self.regions = {"train": ids[:cut], "eval": ids[cut:]}
+        middle = cut + (len(ids) - cut) // 2
+        self.regions = {"train": ids[:cut], "val": ids[cut:middle], "test": ids[middle:]}
         for split, region in self.regions.items():
             if len(region) < self.seq_len + 1:
                 raise ValueError(f"task 'text': the {split} region of {str(file)!r} has {len(region)} characters, "
@@ -58,7 +60,14 @@ class TextTask(Task):
     def batch(self, batch_size: int, seed: int, split: str = "train") -> tuple[Tensor, Tensor]:
         positive("batch_size", batch_size)
         rng = make_rng(seed, split)
-        region = self.regions["train" if split == "train" else "eval"]
+        if split == "eval":  # both held-out regions, a window never straddling them
+            val, test = self.regions["val"], self.regions["test"]
+            pick = rng.integers(0, (len(val) - self.seq_len) + (len(test) - self.seq_len), size=batch_size)
+            in_test = pick >= len(val) - self.seq_len
+            starts = np.where(in_test, pick - (len(val) - self.seq_len), pick)
+            windows = np.stack([(test if t else val)[s:s + self.seq_len + 1] for s, t in zip(starts, in_test)])
+            return torch.from_numpy(windows[:, :-1].copy()), torch.from_numpy(windows[:, 1:].copy())
+        region = self.regions[split]
         starts = rng.integers(0, len(region) - self.seq_len, size=batch_size)
         index = starts[:, None] + np.arange(self.seq_len + 1)
         windows = region[index]

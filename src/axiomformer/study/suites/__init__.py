@@ -1,5 +1,11 @@
 """Study suites: ``axiomformer study --suite NAME``. Each suite is one experiment built on the shared machinery.
 
+Dependencies point one way: the core (``study.config``, ``study.sweep`` / ``study.stages`` (the plan),
+``study.runner``, ``study.store``, ``study.statistics``, ``study.summary``, ``study.answer``, ``study.report``,
+``study.render``, ``study.figures``, and the registry ``study.registry``) imports no suite; each suite module here
+registers itself (``SUITE = register(Suite(...))``) when this package imports it, and this package is imported by
+``axiomformer.study`` (so any use of the study package sees every built-in suite).
+
 What every suite shares (do not reimplement it in a suite): the validated config (``study.config.StudyConfig``), the
 sweep of models with matched parameter counts (``study.sweep``), the staged plan with learning-rate selection on the
 validation split (``study.stages``), the SQLite store and resume (``study.store``, ``study.runner``), the statistics
@@ -19,87 +25,31 @@ What a suite defines (:class:`Suite`):
   what fits: ``study.report.main_sections(data, figures_dir)`` (the whole main report body),
   ``study.report.failures_block(data)``, ``study.report.provenance_block(data)``, and the numbers behind the
   tables, ``study.summary.cell_stats(data)`` (mean, 95 % interval, lr, converged per cell) and
-  ``study.summary.comparisons(data)`` (paired differences to the standard model, Holm-corrected).
+  ``study.summary.verdicts(data)`` (paired differences to the standard model with family-corrected intervals and
+  verdicts, ``study.statistics``).
   ``data.rows`` holds only the reported runs (chosen learning rate, reported seeds); ``data.all_rows`` every stored
   run; ``data.config`` the stored config as a dict.
 
 Adding a suite (e.g. ``positions``):
 
-1. Write ``src/axiomformer/study/suites/positions.py`` defining ``SUITE = Suite(name="positions", summary=...,
-   presets={...}, sections=...)``. Any option the suite needs goes in its presets' existing config keys (variants,
-   baselines, tasks with options and per-length budgets, model, seeds, curriculum).
-2. Add ``"positions"`` to :data:`BUILTIN` below (modules are imported on first use, so a suite costs nothing until
-   it is asked for).
+1. Write ``src/axiomformer/study/suites/positions.py`` defining ``SUITE = register(Suite(name="positions",
+   summary=..., presets={...}, sections=...))`` (``from axiomformer.study.registry import Suite, register``; never
+   import this package from a suite module). Any option the suite needs goes in its presets' existing config keys
+   (variants, baselines, tasks with options and per-length budgets, model, seeds, curriculum).
+2. Import it below (and add its name to :data:`BUILTIN`).
 3. Test: ``validate_config(get_suite("positions").presets["quick"])`` plans (``stages_for``) and a tiny run
    writes a report (see ``tests/test_study_suites.py``).
 """
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
-
-if TYPE_CHECKING:
-    from axiomformer.study.config import StudyConfig
-    from axiomformer.study.report import StudyData
-    from axiomformer.study.stages import Stage
-
-PRESETS = ("quick", "default", "full")
-"""Preset names every suite provides (``--quick``, the default, ``--preset full``)."""
+from axiomformer.study.registry import PRESETS, Suite, get_suite, register, registered
+# each registers itself on import; in this order, the order of --help and of the error naming the choices
+from axiomformer.study.suites import main  # noqa: F401, I001
+from axiomformer.study.suites import long_range  # noqa: F401, I001
+from axiomformer.study.suites import positions, rho, scale, gumbel  # noqa: F401, I001
 
 BUILTIN: tuple[str, ...] = ("main", "long-range", "positions", "rho", "scale", "gumbel")
-"""The suites shipped with axiomformer; the module of suite ``a-b`` is ``axiomformer.study.suites.a_b``."""
+"""The suites shipped with axiomformer (each registered by its module above)."""
 
-
-@dataclass(frozen=True)
-class Suite:
-    """One study suite.
-
-    Attributes:
-        name: the ``--suite`` name (and the config's ``suite`` value).
-        summary: one line for ``--help`` and the report.
-        presets: ``{"quick" | "default" | "full": config dict}``.
-        sections: ``(StudyData, figures_dir) -> list of render blocks`` (the report body).
-        stages: ``(StudyConfig) -> list of stages``; ``None`` (default): ``study.stages.stages_for`` (lr selection,
-            or a curriculum when configured).
-    """
-
-    name: str
-    summary: str
-    presets: dict[str, dict[str, Any]]
-    sections: Callable[["StudyData", Path], list]
-    stages: Callable[["StudyConfig"], list["Stage"]] | None = None
-
-    def preset(self, name: str) -> dict[str, Any]:
-        """A deep copy of preset ``name`` as a plain dict.
-
-        Raises:
-            ValueError: an unknown preset, naming the choices.
-        """
-        import json
-
-        if name not in self.presets:
-            raise ValueError(f"suite {self.name!r} has no preset {name!r}; choose one of: {', '.join(self.presets)}")
-        return json.loads(json.dumps(self.presets[name])) | {"suite": self.name}
-
-
-_LOADED: dict[str, Suite] = {}
-
-
-def get_suite(name: str) -> Suite:
-    """The registered suite ``name``.
-
-    Raises:
-        ValueError: an unknown name, naming the registered suites.
-    """
-    if name not in BUILTIN:
-        raise ValueError(f"unknown suite {name!r}; choose one of: {', '.join(BUILTIN)}")
-    if name not in _LOADED:
-        module = importlib.import_module(f"axiomformer.study.suites.{name.replace('-', '_')}")
-        _LOADED[name] = module.SUITE
-    return _LOADED[name]
-
-
-__all__ = ["BUILTIN", "PRESETS", "Suite", "get_suite"]
+__all__ = ["BUILTIN", "PRESETS", "Suite", "get_suite", "register", "registered"]

@@ -7,11 +7,11 @@ its arms per task; :func:`arm_stages` turns them into the main machinery's cells
 on the validation split at the selection seed, then the reported seeds at each arm's chosen rate), so every arm gets
 the same budget and the same lr grid.
 
-Statistics: the main study's (``axiomformer.study.statistics``): per arm the mean over seeds with its 95 % percentile
-bootstrap interval; per comparison of two arms the paired difference over their shared seeds (same data order and
-test batches), its bootstrap interval and a paired t-test, Holm-corrected over every comparison of the report. A
-difference is claimed only when its Holm-corrected p-value is below 0.05; with few seeds that is rare, and the
-conclusions say so rather than read a difference the statistics do not support.
+Statistics: the main study's (``axiomformer.study.statistics``): per arm the mean over seeds with its 95 % Student-t
+interval; per comparison of two arms the paired difference over their shared seeds (same data order and test
+batches) with its paired-t interval, Bonferroni-corrected over every comparison of the paragraph
+(``statistics.paired_family``). A difference is claimed only when that interval excludes 0, equivalence only when it
+lies inside ±margin; otherwise the conclusion says "not yet known" with what a decision would take.
 """
 
 from __future__ import annotations
@@ -58,14 +58,14 @@ def arm_stages(arms: ArmsFn) -> Callable[[StudyConfig], list]:
 
 # ---------------------------------------------------------------------------------------------------- statistics
 def interval(values: list[float]) -> tuple[float, float, float]:
-    """(mean, low, high): the bootstrap interval of ``statistics.mean_interval``; NaN where there is none."""
-    from axiomformer.study.statistics import mean_interval
+    """(mean, low, high): the 95 % t interval of ``statistics.t_interval``; NaN where there is none."""
+    from axiomformer.study.statistics import t_interval
 
     values = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not values:
         return float("nan"), float("nan"), float("nan")
-    mean, low, high = mean_interval(values)
-    return mean, (float("nan") if low is None else low), (float("nan") if high is None else high)
+    out = t_interval(values)
+    return out.estimate, (float("nan") if out.low is None else out.low), (float("nan") if out.high is None else out.high)
 
 
 def fmt_interval(values: list[float], digits: int = 3) -> str:
@@ -79,34 +79,38 @@ def fmt_interval(values: list[float], digits: int = 3) -> str:
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}] (n={n})"
 
 
-def conclude(items: list[tuple[str, str, str, dict[int, float], dict[int, float]]], what: str = "accuracy") -> str:
-    """One paragraph over paired comparisons ``(context, name_a, name_b, a, b)`` (a, b: seed -> value), tested
-    together (``statistics.compare``: paired t-test, Holm over all ``items``): a sentence for each significant
-    difference, then one list of the others with their mean difference and bootstrap interval."""
-    from axiomformer.study.statistics import compare
+def conclude(items: list[tuple[str, str, str, dict[int, float], dict[int, float]]], what: str = "accuracy", *,
+             margin: float = 0.02, pilot: bool = False) -> str:
+    """One paragraph over paired comparisons ``(context, name_a, name_b, a, b)`` (a, b: seed -> value), one family
+    (``statistics.paired_family``: paired t, Bonferroni over ``items``): a sentence for each interval that excludes 0,
+    the equivalent ones (inside ±``margin``), then the rest as not yet known, each with its difference and interval.
+    ``pilot``: every comparison is reported as a pilot that claims nothing."""
+    from axiomformer.study.statistics import PairedItem, paired_family
 
-    pairs, untested = {}, []
+    paired, untested = [], []
     for context, name_a, name_b, a, b in items:
         seeds = sorted(set(a) & set(b))
         if len(seeds) < 2:
             untested.append(f"{context}: {name_a} vs {name_b}")
             continue
-        pairs[(f"{context}: {name_a} vs {name_b}", name_a + "\0" + name_b)] = ([a[s] for s in seeds],
-                                                                              [b[s] for s in seeds])
-    separated, unresolved = [], []
-    for c in compare(pairs):
-        name_a, name_b = c.task.split("\0")
-        ci = "" if c.ci_low is None else f", 95% CI [{c.ci_low:+.3f}, {c.ci_high:+.3f}]"
-        if c.significant:
-            context = c.model.split(": ")[0]
-            separated.append(f"{context}: {name_a} is {'higher' if c.diff > 0 else 'lower'} than {name_b} ({what} "
-                             f"difference {c.diff:+.3f}{ci}, Holm p = {c.p_holm:.3g}, {c.n_pairs} seeds).")
+        paired.append(PairedItem(context, name_a + "\0" + name_b, context, [a[s] for s in seeds], [b[s] for s in seeds]))
+    decided, free, open_ = [], [], []
+    for v in paired_family(paired, margin=margin, pilot=pilot):
+        name_a, name_b = v.model.split("\0")
+        ci = f"{v.diff:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}]"
+        if v.verdict in ("forced", "better"):
+            decided.append(f"{v.task}: {name_a} is {'higher' if v.diff > 0 else 'lower'} than {name_b} ({what} "
+                           f"difference {ci}, {v.ci_method}, {v.n_seeds} seeds).")
+        elif v.verdict == "free":
+            free.append(f"{v.task}: {name_a} vs {name_b} ({ci})")
         else:
-            unresolved.append(f"{c.model} ({c.diff:+.3f}{ci})")
-    out = list(separated)
-    if unresolved:
-        out.append("No detectable difference (Holm-corrected paired t-test, alpha 0.05) for: "
-                   + "; ".join(unresolved) + ".")
+            open_.append(f"{v.task}: {name_a} vs {name_b} ({ci}; a decision needs "
+                         f"{'more than 10,000' if v.seeds_needed is None else v.seeds_needed} seeds)")
+    out = ([f"Pilot (claims nothing): {len(paired)} comparison(s)."] if pilot else []) + decided
+    if free:
+        out.append(f"Equivalent within ±{margin:g} (the interval inside the margin): " + "; ".join(free) + ".")
+    if open_:
+        out.append("Not yet known (the interval includes 0 and reaches beyond the margin): " + "; ".join(open_) + ".")
     if untested:
         out.append("Fewer than two paired seeds, no test and no claim: " + "; ".join(untested) + ".")
     return " ".join(out) if out else "No comparisons: no paired runs stored."
@@ -160,7 +164,8 @@ def budget_note(config: dict[str, Any]) -> str:
     grid = budget.get("lr_grid") or [budget.get("lr")]
     return (f"Budget: at most {budget.get('steps')} steps, batch {budget.get('batch_size')}, AdamW with warmup "
             f"{budget.get('warmup')} and cosine decay; learning rate chosen per arm and task from {grid} on the "
-            f"validation split at seed {config.get('selection_seed', 0)}; early stopping on validation (patience "
+            f"validation split at selection seeds {config.get('selection_seeds', [config.get('selection_seed', 0)])} (never "
+            f"reported); early stopping on validation (patience "
             f"{budget.get('patience')}); accuracy on the held-out test split; {config.get('seeds')} seed(s) per arm. "
             f"Model: {config.get('model', {}).get('layers')} layer(s), width {config.get('model', {}).get('dim')}.")
 
@@ -190,7 +195,7 @@ def save(fig, folder: Path, name: str) -> Path:
 
 
 def errorbar(ax, xs: list[float], values: list[list[float]], label: str, **style: Any) -> None:
-    """Means with their bootstrap interval as error bars (no bar where the interval is undefined)."""
+    """Means with their t interval as error bars (no bar where the interval is undefined)."""
     means, lows, highs = [], [], []
     for v in values:
         mean, low, high = interval(v)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from axiomformer.study.suites import Suite
+from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
     Rows, arm, arm_stages, budget_note, closing_blocks, conclude, extra, fmt_interval, new_figure, save, interval,
 )
@@ -110,6 +110,6 @@ def sections(d, figures_dir: Path) -> list:
     return blocks + closing_blocks(d)
 
 
-SUITE = Suite(name="gumbel", summary="Gumbel-softmax (annealed, soft or hard) as selection vs softmax and sparsemax, "
+SUITE = register(Suite(name="gumbel", summary="Gumbel-softmax (annealed, soft or hard) as selection vs softmax and sparsemax, "
               "evaluated deterministic and sampled", presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
-              sections=sections, stages=arm_stages(arms))
+              sections=sections, stages=arm_stages(arms)))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from axiomformer.study.suites import Suite
+from axiomformer.study.registry import Suite, register
 
 SOLVED = 0.9
 """Test accuracy at which the report counts a length as solved **(our choice)**."""
@@ -63,7 +63,7 @@ def _tasks(lengths: list[int], budgets: dict[str, dict]) -> list[dict]:
 
 DEFAULT = {
     "name": "axiomformer long-range study (default preset)",
-    "seeds": 1,
+    "seeds": 2,
     "curriculum": True,
     "variants": ["standard"],
     "baselines": ["rnn", "lstm", "gru"],
@@ -97,6 +97,6 @@ def sections(d, figures_dir: Path) -> list:
     return long_range_report.sections(d, figures_dir, solved=SOLVED)
 
 
-SUITE = Suite(name="long-range", summary="accuracy against sequence length, 64 to 10,000 tokens: Transformer vs "
+SUITE = register(Suite(name="long-range", summary="accuracy against sequence length, 64 to 10,000 tokens: Transformer vs "
                                          "RNN, LSTM, GRU on needle and capacity-scaled MQAR",
-              presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections)
+              presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections))

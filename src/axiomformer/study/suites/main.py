@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from axiomformer.study.suites import Suite
+from axiomformer.study.registry import Suite, register
 from axiomformer.study.sweep import DEFAULT_BASELINES, DEFAULT_VARIANTS  # noqa: F401 - part of this module's API
 
 LR_GRID = [1e-3, 3e-3, 1e-2]
@@ -68,5 +68,5 @@ def sections(d, figures_dir: Path) -> list:
     return report.main_sections(d, figures_dir)
 
 
-SUITE = Suite(name="main", summary="relax each assumption, train under one fair budget, compare with the standard",
-              presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections)
+SUITE = register(Suite(name="main", summary="relax each assumption, train under one fair budget, compare with the standard",
+              presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections))

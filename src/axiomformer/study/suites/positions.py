@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from axiomformer.study.suites import Suite
+from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
     Rows, arm, arm_stages, budget_note, closing_blocks, errorbar, extra, fmt_interval, new_figure, save, conclude,
 )
@@ -120,6 +120,6 @@ def _chance(rows: Rows, task: str, seq_len: int) -> float:
     return 0.0
 
 
-SUITE = Suite(name="positions", summary="bidirectional encoders: set vs order tasks, each position choice, "
+SUITE = register(Suite(name="positions", summary="bidirectional encoders: set vs order tasks, each position choice, "
               "length extrapolation to 2L, 4L, 8L", presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
-              sections=sections, stages=arm_stages(arms))
+              sections=sections, stages=arm_stages(arms)))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from axiomformer.study.suites import Suite
+from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
     Rows, arm, arm_stages, budget_note, closing_blocks, conclude, fmt_interval, new_figure, save, interval,
 )
@@ -106,5 +106,5 @@ def sections(d, figures_dir: Path) -> list:
     return blocks + closing_blocks(d)
 
 
-SUITE = Suite(name="rho", summary="A1 without the MLP: attention-only blocks with rho = identity vs a learned rho",
-              presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections, stages=arm_stages(arms))
+SUITE = register(Suite(name="rho", summary="A1 without the MLP: attention-only blocks with rho = identity vs a learned rho",
+              presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections, stages=arm_stages(arms)))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from axiomformer.study.suites import Suite
+from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
     Rows, arm, arm_stages, budget_note, closing_blocks, conclude, errorbar, extra, fmt_interval, new_figure, save,
 )
@@ -133,5 +133,5 @@ def sections(d, figures_dir: Path) -> list:
     return blocks + closing_blocks(d)
 
 
-SUITE = Suite(name="scale", summary="1/sqrt(d) in training: head_dim 8/32/128 x scale inv_sqrt_d/none/learned",
-              presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections, stages=arm_stages(arms))
+SUITE = register(Suite(name="scale", summary="1/sqrt(d) in training: head_dim 8/32/128 x scale inv_sqrt_d/none/learned",
+              presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections, stages=arm_stages(arms)))
