@@ -225,7 +225,7 @@ def test_talking_heads_at_the_identity_is_standard_attention_and_diff_uses_half_
     x, keep, visible = _inputs(True)
     w = att(x, key_padding_mask=keep, need_weights=True)[1].double()
     wrong = _layer("diff", True)
-    wrong.scale.width = HD
+    wrong.scale.fixed = 1 / math.sqrt(HD)
     assert not torch.allclose(wrong(x, key_padding_mask=keep, need_weights=True)[1].double(), w)
     torch.testing.assert_close(w, reference_weights(att, x, visible, "diff", keep), rtol=1e-5, atol=1e-6)
 

@@ -246,7 +246,7 @@ class Attention(nn.Module):
         alibi = self.position.score_bias(pos, all_k_pos, self.spec.causal)
         if alibi is not None:                                  # ALiBi from token positions, as a score bias
             bias = alibi if bias is None else bias + alibi
-        if POSITIONS.has(self.spec.position, "decay"):         # the forget gates' decay, as a score bias
+        if "decay" in self.plan.position_traits:               # the forget gates' decay, as a score bias
             sums = self.position.forget_sums(key, key_padding_mask, cache.decay if cache is not None else None)
             if cache is not None:
                 cache.decay = sums
@@ -254,14 +254,9 @@ class Attention(nn.Module):
             bias = decay if bias is None else bias + decay
         result = self._attend_heads(q, k, v, mask, bias, q_offset, alibi is None, need_weights, self.engine)
         if cache is not None and self.spec.window:
-<<<<<<< HEAD
-            cache.keep_last(self.spec.window)            # older keys are outside every later query's window
-        out = self.out_proj(self.aggregator(self._merge_heads(result.out), query))      # A1
-=======
             # The next query, at position p, sees p - window + 1 .. p: the last window - 1 stored keys and its own.
             cache.keep_last(self.spec.window - 1)
-        out = self.out_proj(self.aggregator(self._merge_heads(result.out)))             # A1
->>>>>>> i25
+        out = self.out_proj(self.aggregator(self._merge_heads(result.out), query))      # A1
         if mask is not None or (self.spec.causal and q_offset < 0) or self.spec.window:
             # The heads' rows are zero already; rho and W_o's bias would make the output row non-zero.
             empty = rows_without_keys(mask, self.spec.causal, q_len, k_len, q_offset, query.device, self.spec.window)
@@ -325,7 +320,7 @@ class Attention(nn.Module):
             ValueError: see :func:`axiomformer.engines.attend`; a position choice that reads the layer's inputs
                 (``position="forget"``'s gates), which only ``forward`` has.
         """
-        if POSITIONS.has(self.spec.position, "decay"):
+        if "decay" in self.plan.position_traits:
             raise ValueError(f"position={self.spec.position!r} reads the key inputs x_l for its gates; core() sees "
                              f"only projected q, k, v: call the layer (forward) instead")
         q_len, k_len = q.shape[-2], k.shape[-2]

@@ -24,12 +24,8 @@ from torch import Tensor
 from axiomformer.attention import Attention
 from axiomformer.memory import PeakMemory
 from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, problem_kind
-<<<<<<< HEAD
-from axiomformer.spec import REGISTRIES, AttentionSpec, required_fields
-=======
 from axiomformer.runtime import seeded
-from axiomformer.spec import AttentionSpec
->>>>>>> i25
+from axiomformer.spec import REGISTRIES, AttentionSpec, required_fields
 
 QUICK_VARIANTS = ("standard", "score=cosine", "score=neg_l2", "position=rope", "position=alibi", "normalizer=sigmoid",
                   "normalizer=relu", "normalizer=sparsemax", "normalizer=entmax15", "normalizer=linear",

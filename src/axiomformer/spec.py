@@ -298,10 +298,11 @@ class AttentionSpec:
         return self.kv_heads * self.head_dim
 
     def assumptions(self) -> dict[str, bool]:
-        """Which of the assumptions A0..A5 this spec satisfies (A0: no position information, as the audit's
-        ``set_symmetry`` check; A5 needs softmax *and* the 1/sqrt(d) scale)."""
+        """Which of the assumptions A0..A5 this spec satisfies (A0: no position information and no normalizer that
+        reads the keys' order, as the audit's ``set_symmetry`` check; A4 fails with ``softcap``; A5 needs softmax
+        *and* the 1/sqrt(d) scale)."""
         return {
-            "A0": self.position == AXES["position"][0],
+            "A0": self.position == AXES["position"][0] and not NORMALIZERS.has(self.normalizer, "ordered"),
             "A1": self.aggregator == "identity",
             "A2": self.contribution == "proportional",
             "A3": self.value == "linear",
@@ -338,16 +339,10 @@ class AttentionSpec:
         shape += (f" kv_heads={self.kv_heads}" if self.kv_heads != self.num_heads else "") + (
             f" window={self.window}" if self.window else "") + (" causal" if self.causal else "")
         if self.is_standard:
-<<<<<<< HEAD
-            return f"standard attention: {shape}; A1-A5 hold"
+            return f"standard attention: {shape}; A0-A5 hold"
         relaxed = {**self.relaxed_axes(), **({"softcap": f"{self.softcap:g}"} if self.softcap else {})}
         axes = ", ".join(f"{k}={v}" for k, v in relaxed.items())
-        status = f"relaxes {', '.join(broken)}" if broken else "A1-A5 hold"
-=======
-            return f"standard attention: {shape}; A0-A5 hold"
-        axes = ", ".join(f"{k}={v}" for k, v in self.relaxed_axes().items())
         status = f"relaxes {', '.join(broken)}" if broken else "A0-A5 hold"
->>>>>>> i25
         return f"attention ({axes}): {shape}; {status}"
 
     def to_dict(self) -> dict[str, Any]:

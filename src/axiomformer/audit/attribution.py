@@ -28,15 +28,12 @@ SAME_MAP = {
                   "at this interface",
     ("A1", "A3"): "the local Jacobian factors through both the query and the key: a nonlinear rho (A1) and a "
                   "nonlinear value map (A3) are not told apart",
-<<<<<<< HEAD
-    ("A4", "A1"): "a head's output reads the other heads' queries and keys: logits mixed across heads (A4, talking "
-                  "heads) and a rho that mixes the heads' outputs or reads the whole query (A1: an MLP, an output "
-                  "gate) are the same departure at this interface",
-=======
     ("A2", "A3"): "the per-coordinate weights factor through the key (J_ij = c_ij H_j), or through the whole context: "
                   "per-coordinate relevances (A2) and a value map that reads more than the value (A3) are the same "
                   "map at this interface",
->>>>>>> i25
+    ("A4", "A1"): "a head's output reads the other heads' queries and keys: logits mixed across heads (A4, talking "
+                  "heads) and a rho that mixes the heads' outputs or reads the whole query (A1: an MLP, an output "
+                  "gate) are the same departure at this interface",
     ("A1", "A4"): "the local Jacobian factors through the key but the output is not additive over tokens: a "
                   "nonlinear rho (A1) and a relevance that reads the values (A4) are not told apart",
 }

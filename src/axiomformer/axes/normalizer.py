@@ -21,10 +21,9 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
                     softmax(s / tau), or one-hot argmax_j s when hard (the mode of the Gumbel-max sample) **(our
                     choice)**. tau and hard are the spec fields ``gumbel_tau``, ``gumbel_hard`` (trait ``configured``).
     linear          u = K_ij / sum_j K_ij, K_ij = phi(s q_i).phi(k_j) (Katharopoulos et al. 2020, eq. 6-7; a
-                    temperature s enters through the query, see :func:`default_scale`)
+                    temperature s enters through the query, see ``axes/scale.py``)
     entmax_alpha    u = alpha-entmax(s), alpha_h > 1 learned per head (Peters et al. 2019; Correia et al. 2019)
     softmax1        u = exp(s) / (1 + sum_j exp(s_j)), a zero-logit sink (Miller 2023)
-<<<<<<< HEAD
     diff            u = softmax(s1) - lambda_h softmax(s2), s1, s2 the scaled scores of the first and second halves
                     of each head's q and k, lambda_h learned per head from 0.2 (Ye et al. 2024, arXiv:2410.05258;
                     trait ``halves``; needs an even head_dim and a score without head_dim-sized parameters)
@@ -37,14 +36,11 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
     topk            softmax over the row's ``topk`` largest visible scores, 0 elsewhere (Zhao et al. 2019,
                     arXiv:1912.11637); ``topk`` is a spec field (trait ``configured``); ties at the k-th score are
                     broken by ``torch.topk`` (lowest index first on CPU) **(our choice)**
-Scale choices (A5's temperature, ``axes/scale.py``: SCALES): inv_sqrt_d (1/sqrt(d_k)), none (1), learned (per head),
-log_n (c_h log n_i / sqrt(d_k), Scalable-Softmax).
-=======
-Scale choices (A5's temperature, :data:`SCALES`): inv_sqrt_d (1/sqrt(head_dim); 1 for the kernel normalizer, whose
-kernel is no scaled score: Katharopoulos et al. 2020 apply none, and the taylor map carries its own 1/sqrt(d)),
-none (1), learned (per head). An explicit or learned scale s is honoured by every normalizer; the kernel's enters
-through the query, phi(s q).phi(k), so f(q, scale=s) == f(s q, scale=1).
->>>>>>> i25
+Scale choices (A5's temperature, ``axes/scale.py``: SCALES): inv_sqrt_d (1/sqrt(d_k); 1 for the kernel normalizer,
+whose kernel is no scaled score: Katharopoulos et al. 2020 apply none, and the taylor map carries its own 1/sqrt(d)),
+none (1), learned (per head), log_n (c_h log n_i / sqrt(d_k), Scalable-Softmax). An explicit or learned scale s is
+honoured by every normalizer; the kernel's enters through the query, phi(s q).phi(k), so f(q, scale=s) == f(s q,
+scale=1).
 Feature maps of the linear normalizer (:data:`FEATURE_MAPS`): elu (elu(x) + 1), relu, identity, taylor
 ([1, y, vec(y y^T) / sqrt 2], y = x / d^(1/4)).
 """
@@ -96,6 +92,7 @@ NORMALIZER_TRAITS = {
     "halves": "scores the two halves of each head's query and key apart: impl receives them stacked, (2, batch, "
               "heads, q_len, k_len), and the score width d_k is head_dim / 2",
     "causal": "defined only under a causal mask: the spec refuses causal=False",
+    "ordered": "the weights depend on the order of the keys: A0 is relaxed too (the audit's set_symmetry fails)",
     "closed_vjp": "extra['vjp'](z, u, g, delta, **options) -> dL/dz in closed form, from the logits z (blocked keys "
                   "-inf), u = impl(z), g = dL/du and delta = sum_j u_j g_j (the rowwise engine's backward)",
 }
@@ -359,12 +356,8 @@ NORMALIZERS = Registry("normalizer", [
            "2019 (adaptively sparse transformers, learned alpha); our log1p form of the bisection (accurate for "
            "every alpha >= 1, see entmax_alpha)", _entmax_alpha,
            frozenset({"row", "parametric"}),
-<<<<<<< HEAD
-           {"parameters": _alpha_parameters, "params": lambda module: {"alpha": _alpha_from(module.alpha_raw)}},
+           {"parameters": _alpha_parameters, "params": _alpha_params},
            relaxes="A5: alpha-entmax with a learned alpha per head; exact zeros"),
-=======
-           {"parameters": _alpha_parameters, "params": _alpha_params}),
->>>>>>> i25
     Choice("softmax1", "u = exp(s) / (1 + sum_j exp(s_j)): softmax with a zero-logit, zero-value sink",
            "Miller 2023, 'Attention Is Off By One' (softmax_1); the sink of Xiao et al. 2024, sec. 3.3",
            _softmax1, frozenset({"row", "sink"}), relaxes="A5: rows may sum below 1 (a zero-logit sink)"),
@@ -376,7 +369,7 @@ NORMALIZERS = Registry("normalizer", [
            relaxes="A5: signed weights, the difference of two softmaxes; rows sum to 1 - lambda_h"),
     Choice("stick_breaking", "u_ij = beta_ij prod_{visible l, j < l <= i} (1 - beta_il), beta_ij = sigmoid(s_ij)",
            "Tan et al. 2024, arXiv:2410.17980, eq. 3 (stick-breaking attention)", _stick_breaking,
-           frozenset({"row", "causal", "closed_vjp"}), {"vjp": _stick_breaking_vjp}, relaxes="A5 and order together: the nearest keys take their share first; "
+           frozenset({"row", "causal", "ordered", "closed_vjp"}), {"vjp": _stick_breaking_vjp}, relaxes="A5 and order together: the nearest keys take their share first; "
            "rows sum to at most 1, not shift invariant (causal only)"),
     Choice("softmax_sink", "u = exp(s) / (exp(b_h) + sum_j exp(s_j)), a learned sink logit b_h per head (from 0)",
            "gpt-oss (OpenAI 2025, attention sinks); softmax1 is b_h = 0 (Miller 2023)", _softmax_sink,
@@ -436,18 +429,6 @@ FEATURE_MAPS = Registry("feature_map", [
 ])
 """Kernel feature maps of the ``linear`` normalizer."""
 
-<<<<<<< HEAD
-
-=======
-SCALES = Registry("scale", [
-    Choice("inv_sqrt_d", "scale = 1 / sqrt(head_dim) (1 for the kernel normalizer)",
-           "Vaswani et al. 2017, eq. 1 and footnote 4; Katharopoulos et al. 2020 (no temperature in the kernel)"),
-    Choice("none", "scale = 1", "Luong et al. 2015 (unscaled dot score)"),
-    Choice("learned", "scale_h = exp(theta_h), theta_h initialised to -log(head_dim) / 2", "our choice: a per-head "
-           "temperature, as in QK-norm attention (Henry et al. 2020)"),
-])
-"""A5's temperature."""
->>>>>>> i25
 
 
 def spec_options(spec: AttentionSpec) -> dict:
@@ -481,35 +462,6 @@ def feature_map(x: Tensor, kind: str = "elu") -> Tensor:
     return FEATURE_MAPS[kind].impl(x)
 
 
-<<<<<<< HEAD
-=======
-def default_scale(spec: AttentionSpec, head_dim: int) -> float:
-    """The fixed temperature of ``spec.scale`` (not ``learned``): 1/sqrt(head_dim) for ``inv_sqrt_d``, except 1 for a
-    ``kernel`` normalizer (its kernel phi(q).phi(k) is no scaled score: Katharopoulos et al. 2020 apply no
-    temperature, and the taylor map carries its own 1/sqrt(d)); 1 for ``none``."""
-    if spec.scale == "inv_sqrt_d" and not NORMALIZERS.has(spec.normalizer, "kernel"):
-        return 1.0 / math.sqrt(head_dim)
-    return 1.0
-
-
-class Scale(nn.Module):
-    """The temperature multiplying the scores: a float, or a (1, heads, 1, 1) tensor when learned."""
-
-    def __init__(self, spec: AttentionSpec):
-        super().__init__()
-        self.kind = spec.scale
-        self.head_dim = spec.head_dim
-        self.fixed = default_scale(spec, spec.head_dim) if spec.scale != "learned" else None
-        if self.kind == "learned":
-            self.log_scale = nn.Parameter(torch.full((spec.num_heads,), -0.5 * math.log(spec.head_dim)))
-
-    def forward(self) -> float | Tensor:
-        if self.fixed is not None:
-            return self.fixed
-        return self.log_scale.exp().view(1, -1, 1, 1)
-
-
->>>>>>> i25
 def normalize(
     scores: Tensor, mask: Tensor | None, kind: str | Choice, *, training: bool = False, n_visible: Tensor | None = None,
     params: dict[str, Tensor] | None = None,
@@ -532,12 +484,8 @@ def normalize(
             Gumbel-softmax's ``tau`` and ``hard``); defaults otherwise.
 
     Returns:
-<<<<<<< HEAD
-        float32 weights shaped like ``scores`` (without the leading 2 of ``halves``); masked entries and rows without a visible key are exactly 0.
-=======
-        weights shaped like ``scores`` in max(scores dtype, float32) (float64 stays float64); masked entries and rows
-        without a visible key are exactly 0.
->>>>>>> i25
+        weights shaped like ``scores`` (without the leading 2 of ``halves``) in max(scores dtype, float32) (float64
+        stays float64); masked entries and rows without a visible key are exactly 0.
 
     Raises:
         ValueError: unknown ``kind`` (naming the choices).

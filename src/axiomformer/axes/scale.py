@@ -11,7 +11,9 @@ choices). The result is a float, a (1, heads, 1, 1) tensor, or for ``per_row`` a
 every engine folds it into the queries (scale * q . k = (scale q) . k for a per-row scale too).
 
 Choices:
-    inv_sqrt_d  scale = 1 / sqrt(d_k)                          (A5 holds)
+    inv_sqrt_d  scale = 1 / sqrt(d_k)                          (A5 holds); 1 for a ``kernel`` normalizer, whose kernel
+                                                               phi(q).phi(k) is no scaled score (Katharopoulos et al.
+                                                               2020 apply none; the taylor map has its own 1/sqrt(d))
     none        scale = 1                                      (Luong et al. 2015)
     learned     scale_h = exp(theta_h), theta_h from -log(d_k) / 2  (**our choice**: a per-head temperature)
     log_n       scale_hi = c_h log(n_i) / sqrt(d_k), c_h learned per head: Scalable-Softmax (Nakanishi 2025,
@@ -37,11 +39,17 @@ LOG_N_INIT = 0.43
 """Initial c_h of ``scale=log_n`` (Nakanishi 2025, Fig. 1)."""
 
 SCALE_TRAITS = {
-    "constant": "a number fixed by the score width: extra['value'](width) -> float (what ``attend`` uses when no "
-                "scale is given)",
+    "constant": "a number fixed by the spec and the score width: extra['value'](spec, width) -> float (what "
+                "``attend`` uses when no scale is given)",
     "parametric": "has learned parameters: extra['parameters'](spec, width) creates them",
     "per_row": "depends on n_i, the number of keys query i may see: impl reads n_visible",
 }
+
+
+def _inv_sqrt_d(spec: AttentionSpec, width: int) -> float:
+    from axiomformer.axes.normalizer import NORMALIZERS          # the normalizer module imports nothing of this one
+
+    return 1.0 if NORMALIZERS.has(spec.normalizer, "kernel") else 1.0 / math.sqrt(width)
 
 
 def _learned_parameters(spec: AttentionSpec, width: int) -> dict[str, nn.Parameter]:
@@ -60,11 +68,11 @@ def _log_n(module: "Scale", n_visible: Tensor | None) -> Tensor:
 
 
 SCALES = Registry("scale", [
-    Choice("inv_sqrt_d", "scale = 1 / sqrt(d_k)", "Vaswani et al. 2017, eq. 1 and footnote 4",
-           lambda module, n: 1.0 / math.sqrt(module.width), frozenset({"constant"}),
-           {"value": lambda width: 1.0 / math.sqrt(width)}),
+    Choice("inv_sqrt_d", "scale = 1 / sqrt(d_k) (1 for the kernel normalizer)",
+           "Vaswani et al. 2017, eq. 1 and footnote 4; Katharopoulos et al. 2020 (no temperature in the kernel)",
+           lambda module, n: module.fixed, frozenset({"constant"}), {"value": _inv_sqrt_d}),
     Choice("none", "scale = 1", "Luong et al. 2015 (unscaled dot score)", lambda module, n: 1.0,
-           frozenset({"constant"}), {"value": lambda width: 1.0},
+           frozenset({"constant"}), {"value": lambda spec, width: 1.0},
            relaxes="A5's temperature: none, logits grow like sqrt(d_k)"),
     Choice("learned", "scale_h = exp(theta_h), theta_h initialised to -log(d_k) / 2", "our choice: a per-head "
            "temperature, as in QK-norm attention (Henry et al. 2020)",
@@ -100,7 +108,12 @@ def constant_scale(spec: AttentionSpec, head_dim: int | None = None) -> float:
         constant = ", ".join(c.name for c in SCALES if c.has("constant"))
         raise ValueError(f"scale={spec.scale!r} is not a constant (it has learned parameters or depends on the "
                          f"keys a query sees); pass the temperature as scale= (Scale(spec)), or use one of: {constant}")
-    return choice.extra["value"](score_width(spec, head_dim))
+    return choice.extra["value"](spec, score_width(spec, head_dim))
+
+
+def default_scale(spec: AttentionSpec, head_dim: int) -> float:
+    """:func:`constant_scale` for queries of width ``head_dim`` (the former name)."""
+    return constant_scale(spec, head_dim)
 
 
 class Scale(nn.Module):
@@ -118,6 +131,7 @@ class Scale(nn.Module):
         self.head_dim = spec.head_dim
         choice = SCALES[spec.scale]
         self.per_row = choice.has("per_row")
+        self.fixed = choice.extra["value"](spec, self.width) if choice.has("constant") else None
         if choice.has("parametric"):
             for name, parameter in choice.extra["parameters"](spec, self.width).items():
                 self.register_parameter(name, parameter)

@@ -35,13 +35,8 @@ from axiomformer.axes.normalizer import normalize
 from axiomformer.axes.position import alibi_bias
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, REFERENCE_MAX_ELEMENTS, Plan, ProblemKind
-<<<<<<< HEAD
 from axiomformer.engines.problem import AttentionProblem, block_mask, causal_key_end, row_scale, slice_block
-from axiomformer.engines.reference import scaled_scores
-=======
-from axiomformer.engines.problem import AttentionProblem, block_mask, causal_key_end, slice_block
 from axiomformer.engines.reference import contribute, scaled_scores
->>>>>>> i25
 
 __all__ = ["DEFAULT_BUDGET", "REFERENCE_MAX_ELEMENTS", "ChunkedEngine", "attend_chunk", "chunked_attention"]
 

@@ -64,16 +64,10 @@ class Plan:
             tensor back to the host), or None.
 
     Attributes (resolved once): ``normalizer_choice`` (the registry :class:`~axiomformer.axes.registry.Choice`),
-<<<<<<< HEAD
-    ``normalizer_traits``, ``score_traits``, ``contribution_traits``, ``dot_form`` (the score's dot-form function or
-    None), ``feature_map`` (the linear normalizer's phi), ``options`` (a ``configured`` normalizer's keyword
-    arguments), ``at_defaults``, ``pair_width``, ``per_row_scale`` (the scale differs between queries: trait
-    ``per_row``, ``scale=log_n``) and ``key``, the hashable part of the router's key: choice names and
-=======
     ``normalizer_traits``, ``score_traits``, ``contribution_traits``, ``position_traits``, ``dot_form`` (the score's
-    dot-form function or None), ``feature_map`` (the linear normalizer's phi), ``options`` (a ``configured`` normalizer's keyword
-    arguments), ``at_defaults``, ``pair_width`` and ``key``, the hashable part of the router's key: choice names and
->>>>>>> i25
+    dot-form function or None), ``feature_map`` (the linear normalizer's phi), ``options`` (a ``configured``
+    normalizer's keyword arguments), ``at_defaults``, ``pair_width``, ``per_row_scale`` (the scale differs between
+    queries: trait ``per_row``, ``scale=log_n``) and ``key``, the hashable part of the router's key: choice names and
     trait-bearing flags only, never a value such as ``gumbel_tau``.
     """
 
