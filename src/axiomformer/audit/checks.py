@@ -196,22 +196,35 @@ def parallel(p: Probe) -> AuditCheck:
 
 
 def head_independence(p: Probe) -> AuditCheck:
-    """Each head scores with its own queries and keys: redrawing the other heads' q, k leaves head 1's output block
-    unchanged. Fails for logits mixed across heads (talking heads, Shazeer et al. 2020) and for a rho that mixes the
-    heads' outputs or reads the whole query (an MLP, an output gate)."""
+    """The output is a sum of per-head terms, each reading only its own head's queries and keys (a fixed linear map
+    of the heads' outputs, such as W_o, keeps that): the mixed second difference under a change of head 1's q, k and
+    one of the other heads' q, k vanishes. Fails for logits mixed across heads (talking heads, Shazeer et al. 2020),
+    a nonlinear rho of the concatenated heads (an MLP) and a gate that reads the whole query."""
     name, heads = "head_independence", p.a.num_heads
     if heads < 2 or p.a.dim % heads:
         return cannot_tell(name, "A4", p.tol, f"{heads} head(s) of the target's width: no other head to mix in")
     hd = p.a.dim // heads
     q, k, v = p.qkv()
-    out = p.f(q, k, v)[..., :hd]
-    if float(out.abs().max()) < 1e-12:
-        return cannot_tell(name, "A4", p.tol, "head 1's output is zero")
-    q2, k2 = q.clone(), k.clone()
-    q2[..., hd:], k2[..., hd:] = p.randn(*q[..., hd:].shape), p.randn(*k[..., hd:].shape)
-    return result(name, "A4", rel(p.f(q2, k2, v)[..., :hd], out), p.tol,
-                  "redrawing the queries and keys of heads 2..H leaves head 1's output block unchanged: each head "
-                  "scores its keys with its own q and k (heads are independent), as A4's s_ij = q_i . k_j per head")
+
+    def moved(first: bool, others: bool) -> Tensor:
+        q2, k2 = q.clone(), k.clone()
+        if first:
+            q2[..., :hd], k2[..., :hd] = dq[..., :hd], dk[..., :hd]
+        if others:
+            q2[..., hd:], k2[..., hd:] = dq[..., hd:], dk[..., hd:]
+        return p.f(q2, k2, v)
+
+    dq, dk = p.randn(*q.shape), p.randn(*k.shape)
+    base, one, rest, both = moved(False, False), moved(True, False), moved(False, True), moved(True, True)
+    scale = max(float((one - base).abs().max()), float((rest - base).abs().max()))
+    if scale < 1e-12:
+        return cannot_tell(name, "A4", p.tol, "changing the heads' queries and keys changes nothing")
+    stat = float((both - one - rest + base).abs().max()) / scale
+    return result(name, "A4", stat, p.tol,
+                  "the output is a sum of per-head terms, each reading only its own head's q and k (heads are "
+                  "independent, as A4's s_ij = q_i . k_j per head; a fixed map of the heads' outputs keeps it): the "
+                  "mixed second difference under a change of head 1's and the other heads' q, k, relative to the "
+                  "first differences")
 
 
 # ------------------------------------------------------------------------------------------------ causal
