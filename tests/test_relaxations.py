@@ -372,3 +372,15 @@ def test_second_order_gradients_on_the_fast_route_equal_the_reference_engine(nam
     assert fast.last_engine != "reference"
     # the reference engine normalizes in float32 (axes/normalizer.py), the rowwise one in the input dtype
     torch.testing.assert_close(hv, hessian_vector("reference")[1], rtol=1e-3, atol=1e-5)
+
+
+def test_every_relaxation_is_a_valid_study_arm_and_a_bad_one_names_the_choices():
+    from pydantic import ValidationError
+
+    from axiomformer.study.config import StudyConfig
+
+    tasks = [{"name": "copy", "seq_lens": [16]}]
+    config = StudyConfig(tasks=tasks, variants=["standard", *CHOICES.values()])
+    assert len(config.variants) == len(CHOICES) + 1
+    with pytest.raises(ValidationError, match="unknown normalizer 'softpik'; choose one of: softmax"):
+        StudyConfig(tasks=tasks, variants=["normalizer=softpik"])
