@@ -150,4 +150,6 @@ class RowwiseEngine(EngineBase):
                 and kind.dtype in (torch.float32, torch.float64))
 
     def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
-        return rowwise_attention(plan, problem, closed_form_chunk(problem, self.memory_budget, blocks=2)), None
+        # One budget per block: the backward holds about six blocks (logits, weights, dL/du, the cap's slope and the
+        # VJP's temporaries), so two (as sparse.py) peaked at 3.6x SDPA's memory at L = 4096 **(our choice)**.
+        return rowwise_attention(plan, problem, closed_form_chunk(problem, self.memory_budget, blocks=1)), None
