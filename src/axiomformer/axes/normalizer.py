@@ -505,7 +505,7 @@ def normalize(
         if n_visible is None:
             n_visible = (torch.full_like(s[..., :1], float(s.shape[-1])) if mask is None
                          else visible.sum(dim=-1, keepdim=True).to(s.dtype))
-        weights = choice.impl(s, n_visible)
+        weights = choice.impl(s, n_visible.to(s.dtype))          # n_i counted in float32 by some engines
     else:
         if mask is not None:
             s = s.masked_fill(~visible, float("-inf"))

@@ -253,7 +253,7 @@ def _provenance(d: StudyData) -> list:
         ["hosts", ", ".join(sorted({str(r["host"]) for r in rows})) or "—"],
         ["total training seconds (wall, summed over runs)", f"{sum(r['seconds'] or 0 for r in rows):,.1f}"],
         ["total training CPU seconds", f"{sum(r.get('cpu_seconds') or 0 for r in rows):,.1f}"],
-        ["last `axiomformer study` call", (f"{last.get('seconds')} s wall, {last.get('trained')} run(s) trained, "
+        ["last `axiomformer study` call that trained", (f"{last.get('seconds')} s wall, {last.get('trained')} run(s) trained, "
                                            f"backend {last.get('backend')}, workers {last.get('workers')}, "
                                            f"{last.get('cpu_count')} CPUs, load average {last.get('load_average_start')}"
                                            f" -> {last.get('load_average_end')}") if last else "—"],
