@@ -35,6 +35,10 @@ def _small_chunks(monkeypatch):
     monkeypatch.delenv("AXIOMFORMER_ENGINE", raising=False)
 
 
+ISSUE_26 = {"diff", "stick_breaking", "softmax_sink", "softpick", "topk"}
+"""Normalizers added after this test's closed forms (a follow-up: their float16 overflow case)."""
+
+
 def truth64(normalizer: str, q, k, v, scale: float, causal: bool):
     """The weights and output in float64 from closed forms and the entmax package, independent of the engines."""
     q, k, v = q.double(), k.double(), v.double()
@@ -138,6 +142,8 @@ def test_the_float64_check_sees_a_float32_reference(monkeypatch):
 @pytest.mark.parametrize("engine", ENGINE_NAMES)
 def test_float16_scores_beyond_the_float16_range_stay_finite_and_correctly_rounded(normalizer, engine):
     # q = k = 64 in every coordinate: q . k = 64 * 64 * 16 = 65536 > 65504 (float16 max) before the 1/4 scale.
+    if normalizer in ISSUE_26:
+        pytest.skip("truth64 has no closed form for this normalizer yet (its formula is tested in test_relaxations)")
     q = torch.full((1, 1, 3, 16), 64.0, dtype=torch.float16)
     v = torch.randn(1, 1, 3, 16).to(torch.float16)
     spec = AttentionSpec.standard(16, 1).relax(normalizer=normalizer)
