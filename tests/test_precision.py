@@ -80,6 +80,8 @@ def _run(normalizer, engine, q, k, v, causal, need_weights=False):
 @pytest.mark.parametrize("engine", ENGINE_NAMES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_float64_inputs_are_computed_in_float64_on_every_engine(normalizer, engine, causal):
+    if normalizer in ISSUE_26:
+        pytest.skip("truth64 has no closed form for this normalizer yet (its formula is tested in test_relaxations)")
     q, k, v = (torch.randn(2, HEADS, n, HEAD_DIM, dtype=torch.float64) for n in (5, 6, 6))
     result = _run(normalizer, engine, q, k, v, causal)
     if result is None:
@@ -91,6 +93,8 @@ def test_float64_inputs_are_computed_in_float64_on_every_engine(normalizer, engi
 
 @pytest.mark.parametrize("normalizer", NORMALIZERS)
 def test_float64_weights_are_float64_and_rows_sum_to_one_within_float64(normalizer):
+    if normalizer in ISSUE_26:
+        pytest.skip("truth64 has no closed form for this normalizer yet (its formula is tested in test_relaxations)")
     q, k, v = (torch.randn(2, HEADS, n, HEAD_DIM, dtype=torch.float64) for n in (5, 6, 6))
     weights = _run(normalizer, "auto", q, k, v, False, need_weights=True).weights
     expected, _ = truth64(normalizer, q, k, v, HEAD_DIM ** -0.5, False)
@@ -103,7 +107,7 @@ def test_float64_weights_are_float64_and_rows_sum_to_one_within_float64(normaliz
 @pytest.mark.parametrize("normalizer", NORMALIZERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_rows_of_every_distribution_normalizer_sum_to_one_within_its_dtype(normalizer, dtype):
-    if normalizer in ("sigmoid", "relu", "softmax1", "linear"):
+    if normalizer in ("sigmoid", "relu", "softmax1", "linear", "diff", "stick_breaking", "softmax_sink", "softpick"):
         pytest.skip("not a distribution over the keys")
     scores = (torch.randn(3, HEADS, 7, 11) * 4).to(dtype)
     weights = normalize(scores, None, normalizer)
