@@ -11,7 +11,7 @@ from axiomformer.engines import ENGINES, attend
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.linear import LinearEngine, exclusive_cumsum
 from axiomformer.engines.reference import ReferenceEngine
-from axiomformer.spec import AXES
+from axiomformer.spec import AXES, required_fields
 
 DIM, HEADS = 16, 2
 NORMALIZERS = AXES["normalizer"]
@@ -110,7 +110,8 @@ def test_sdpa_with_dropout_names_the_double_backward_switch_and_the_switch_works
 @pytest.mark.parametrize("normalizer", NORMALIZERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_a_mask_value_at_the_dtype_minimum_blocks_the_key_for_every_normalizer_and_engine(normalizer, dtype):
-    spec = AttentionSpec.standard(DIM, HEADS, causal=False).relax(normalizer=normalizer)
+    spec = AttentionSpec.standard(DIM, HEADS, causal=False).relax(normalizer=normalizer,
+                                                                  **required_fields("normalizer", normalizer))
     x = torch.randn(2, 6, DIM, generator=torch.Generator().manual_seed(2))
     keep = torch.ones(2, 6, dtype=torch.bool)
     keep[0, 4:] = False

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from axiomformer import AXES, Attention, AttentionSpec
+from axiomformer.spec import required_fields
 from axiomformer.axes.position import alibi_slopes
 
 DIM, HEADS = 16, 4
@@ -20,7 +21,7 @@ def single_axis_specs(causal):
         for choice in AXES[axis]:
             if axis == "feature_map":
                 yield base.relax(normalizer="linear", feature_map=choice)
-            else:
+            elif causal or not required_fields(axis, choice):
                 yield base.relax({axis: choice})
 
 
@@ -127,7 +128,7 @@ def test_every_choice_of_every_axis_runs_forward_and_backward_with_a_fully_padde
 
 @pytest.mark.parametrize("normalizer", NORMALIZERS)
 def test_fully_masked_row_gives_zeros_with_finite_gradients_for_every_normalizer(normalizer):
-    spec = AttentionSpec.standard(DIM, HEADS).relax(normalizer=normalizer)
+    spec = AttentionSpec.standard(DIM, HEADS).relax(normalizer=normalizer, **required_fields("normalizer", normalizer))
     att = Attention(spec).train()
     x = torch.randn(2, 5, DIM, requires_grad=True)
     mask = torch.ones(5, 5, dtype=torch.bool)
@@ -157,6 +158,9 @@ def test_nan_in_a_masked_key_does_not_reach_the_output_for_every_normalizer(norm
 
 @pytest.mark.parametrize("normalizer", NORMALIZERS)
 def test_appending_masked_keys_changes_nothing_for_every_normalizer(normalizer):
+    if required_fields("normalizer", normalizer):
+        pytest.skip("causal only: appended keys move the bottom-right causal alignment (tests/test_relaxations.py "
+                    "appends padded keys to a causal stick-breaking layer)")
     spec = AttentionSpec.standard(DIM, HEADS).relax(normalizer=normalizer)
     att = Attention(spec).eval()
     q, kv = torch.randn(2, 4, DIM), torch.randn(2, 5, DIM)

@@ -29,7 +29,8 @@ NA_WEIGHTS = NA | {"bilinear_scores", "bilinear_fit"}
 NA_NONLINEAR = NA | {"scalar_relevance"}                   # not linear in the values: no weights per coordinate
 EXPECTED = {
     "standard": (set(), NA),
-    "aggregator=mlp": ({"token_additivity", "linearity"}, NA_NONLINEAR),
+    "aggregator=mlp": ({"token_additivity", "linearity", "head_independence"}, NA_NONLINEAR),   # rho mixes heads
+    "aggregator=gate": ({"scalar_relevance", "head_independence"}, NA_SHIFT),   # a gate from the whole query
     "contribution=joint": ({"homogeneity", "linearity"}, NA_NONLINEAR),
     "value=identity": ({"learned_values"}, NA),                        # inside A3; learned_values is a design check
     "value=mlp": ({"linearity"}, NA_NONLINEAR),
@@ -38,6 +39,7 @@ EXPECTED = {
     "score=cosine": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
     "score=neg_l2": ({"bilinear_scores", "bilinear_fit"}, NA_SHIFT),
     "score=mlp": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
+    "score=talking_heads": ({"bilinear_fit", "head_independence"}, NA_SHIFT),   # logits mixed across heads
     "normalizer=sigmoid": ({"weights_sum_to_one", "shift_invariance", "length_scale"}, NA_WEIGHTS),  # bias -log n
     "normalizer=relu": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
     "normalizer=sparsemax": ({"ratio_independence", "length_scale"}, NA_WEIGHTS),
@@ -46,24 +48,44 @@ EXPECTED = {
     "normalizer=linear": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
     "normalizer=entmax_alpha": ({"ratio_independence", "length_scale"}, NA_WEIGHTS),   # like entmax15 at its start
     "normalizer=softmax1": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),   # the sink takes 1 - sum u
+    "normalizer=diff": ({"nonnegative_weights", "weights_sum_to_one", "ratio_independence", "scale_entropy",
+                         "length_scale"}, NA_WEIGHTS),                   # signed weights, rows sum to 1 - lambda
+    "normalizer=stick_breaking": ({"set_symmetry", "weights_sum_to_one", "shift_invariance"},
+                                  {"bilinear_scores", "bilinear_fit"}),  # causal; the nearest keys first
+    "normalizer=softmax_sink": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
+    "normalizer=softpick": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
+    "normalizer=topk": ({"length_scale"}, NA | {"bilinear_fit"}),       # 8 keys, topk=8: only longer rows differ
     "scale=none": ({"scale_entropy"}, NA),
     "scale=learned": ({"scale_entropy"}, NA),
+    "scale=log_n": ({"length_scale"}, NA),                              # the temperature follows log n
     "position=sinusoidal": ({"set_symmetry", "bilinear_scores", "bilinear_fit", "length_scale"}, NA_SHIFT),
     "position=learned": ({"set_symmetry", "bilinear_scores", "bilinear_fit", "length_scale"}, NA_SHIFT),
     "position=rope": ({"set_symmetry", "bilinear_fit"}, NA_SHIFT),     # relative: prepending tokens changes nothing
     "position=alibi": ({"set_symmetry", "bilinear_scores", "bilinear_fit"}, NA_SHIFT),
+    "position=forget": ({"set_symmetry", "bilinear_scores", "bilinear_fit", "head_independence"},
+                        {"shift_invariance"}),                           # causal; gates read the whole key input
     "standard, causal": (set(), set()),
-    "torch SDPA": (set(), NA | {"homogeneity", "learned_values"}),   # a function: no contribution or value map
-    "torch SDPA, causal": ({"nan_isolation"}, {"homogeneity", "learned_values"}),   # 0 * NaN leaks; finite: causal
+    "torch SDPA": (set(), NA | {"homogeneity", "learned_values", "head_independence"}),   # a function: no contribution
+    # or value map, one head of the full width
+    "torch SDPA, causal": ({"nan_isolation"}, {"homogeneity", "learned_values", "head_independence"}),   # 0 * NaN
     "torch MHA": (set(), NA | {"homogeneity"}),
     "torch MHA, causal": ({"nan_isolation"}, {"homogeneity"}),
     "tanh RNN": ({"set_symmetry", "token_additivity", "linearity", "value_free_relevance", "parallel"},
                  NA_NONLINEAR | {"homogeneity", "learned_values", "bilinear_scores", "bilinear_fit",
                                  "nonnegative_weights", "weights_sum_to_one", "ratio_independence", "scale_entropy",
-                                 "length_scale"}),
+                                 "length_scale", "head_independence"}),
 }
 CANDIDATES = {
-    "aggregator=mlp": "A1",                  # the local Jacobian factors through the query: after the sum
+    "aggregator=mlp": "A1; A4 or A1",        # the local Jacobian factors through the query: after the sum
+    "aggregator=gate": "A1 or A2; A4 or A1",
+    "score=talking_heads": "A4; A4 or A1",
+    "normalizer=diff": "A5; A5 or A1; A5 or A4",
+    "normalizer=stick_breaking": "A0; A5 or A1 or A0; A5 or A0",
+    "normalizer=softmax_sink": "A5 or A1; A5",
+    "normalizer=softpick": "A5 or A1; A5",
+    "normalizer=topk": "A5 or A4",
+    "scale=log_n": "A5 or A4",
+    "position=forget": "A0; A4 or A0; A4 or A1 or A0",
     "contribution=joint": "A2",              # additive, but factors through neither query nor key
     "value=mlp": "A3",                       # factors through the key: a nonlinearity of each value
     "score=cosine": "A4; A5 or A4",
@@ -128,6 +150,7 @@ def test_tanh_rnn_fails_set_symmetry_and_parallel(matrix):
     ("weights_sum_to_one", "normalizer=sigmoid"), ("shift_invariance", "normalizer=sigmoid"),
     ("ratio_independence", "normalizer=sparsemax"), ("scale_entropy", "scale=none"),
     ("deterministic", "normalizer=gumbel_softmax"), ("nan_isolation", "torch SDPA, causal"),
+    ("head_independence", "score=talking_heads"), ("length_scale", "scale=log_n"),
 ])
 def test_check_fails_where_its_property_is_broken(matrix, check, label):
     c = matrix[label].report[check]
@@ -257,13 +280,14 @@ def test_audit_cli_json_and_bad_target():
     result = CliRunner().invoke(app, ["audit", "spec:score=bilinear", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output.strip().splitlines()[-1])
-    assert data["target"] == "spec:score=bilinear" and len(data["checks"]) == 19
+    assert data["target"] == "spec:score=bilinear" and len(data["checks"]) == 20
     for c in data["checks"]:
         assert set(c) == {"name", "assumption", "passed", "statistic", "tolerance", "detail", "candidates"}
         assert c["passed"] in (True, False, None)
     assert {c["name"] for c in data["checks"] if c["passed"] is False} == set()
     a4 = [c for c in data["checks"] if c["assumption"] == "A4"]
-    assert {c["name"] for c in a4} == {"value_free_relevance", "bilinear_scores", "bilinear_fit", "parallel"}
+    assert {c["name"] for c in a4} == {"value_free_relevance", "bilinear_scores", "bilinear_fit", "parallel",
+                                       "head_independence"}
     assert all(c["passed"] is True for c in a4)
     bad = CliRunner().invoke(app, ["audit", "spec:scor=cosine"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output

@@ -43,7 +43,7 @@ EXPECTED = {
     "key_gated_values": {"scalar_relevance": ["A2", "A3"]},
     "tanh_after_sum": {"token_additivity": ["A1"], "linearity": ["A1"]},
     "silu_after_sum": {"token_additivity": ["A1"], "linearity": ["A1"]},
-    "gated_two_heads": {"scalar_relevance": ["A1", "A2"]},
+    "gated_two_heads": {"scalar_relevance": ["A1", "A2"], "head_independence": ["A4", "A1"]},   # the gate reads q
     "context_gate": {"scalar_relevance": ["A1", "A2", "A3"]},      # a gate from every key: rho, relevance or values
     "head_scalar_gates": {"weights_sum_to_one": ["A5", "A1", "A2"]},
     "value_norm_score": {"token_additivity": ["A4"], "linearity": ["A4"], "value_free_relevance": ["A4"]},

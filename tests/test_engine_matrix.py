@@ -17,13 +17,15 @@ from axiomformer.engines import ENGINE_ORDER, ENGINES, register_engine, unregist
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.elementwise import ElementwiseEngine
 from axiomformer.engines.linear import LinearEngine
+from axiomformer.engines.rowwise import RowwiseEngine
 from axiomformer.engines.sdpa import SDPAEngine
 from axiomformer.engines.sparse import SparseEngine
-from axiomformer.spec import AXES
+from axiomformer.spec import AXES, required_fields
 
 DIM, HEADS, BATCH, Q_LEN, K_LEN, WINDOW = 16, 2, 2, 6, 9, 3
 SCENARIOS = ("none", "key_padding", "float_mask", "causal", "alibi", "window", "kv_decode")
-CHOICES = [(axis, name) for axis, names in AXES.items() for name in names]
+CHOICES = [(axis, name) for axis, names in AXES.items() for name in names] + [("softcap", "2.5"), ("topk", "3")]
+"""Every choice of every axis, and the relaxations that are spec fields (soft-capping; topk below the key count)."""
 RTOL = 1e-4
 """Largest relative error (norm of the difference over the norm of the reference, per tensor) in float32."""
 
@@ -35,6 +37,7 @@ def _small_blocks(monkeypatch):
     monkeypatch.setitem(ENGINES, "linear", LinearEngine(chunk=4))
     monkeypatch.setitem(ENGINES, "elementwise", ElementwiseEngine(memory_budget=100))
     monkeypatch.setitem(ENGINES, "sparse", SparseEngine(memory_budget=100))
+    monkeypatch.setitem(ENGINES, "rowwise", RowwiseEngine(memory_budget=100))
     monkeypatch.delenv("AXIOMFORMER_ENGINE", raising=False)
 
 
@@ -42,8 +45,13 @@ def case_spec(axis: str, name: str, scenario: str) -> AttentionSpec | None:
     """The spec of one cell, or None where the scenario would replace the choice (ALiBi on another position)."""
     if scenario == "alibi" and axis == "position" and name != "alibi":
         return None
-    spec = AttentionSpec.standard(DIM, HEADS, causal=scenario in ("causal", "alibi", "window", "kv_decode"))
+    causal = scenario in ("causal", "alibi", "window", "kv_decode")
+    if not causal and required_fields(axis, name):
+        return None                                   # defined only under a causal mask
+    spec = AttentionSpec.standard(DIM, HEADS, causal=causal)
     spec = spec.relax({axis: name})
+    if axis == "topk":
+        spec = spec.relax(normalizer="topk")
     if axis == "feature_map":
         spec = spec.relax(normalizer="linear")
     if scenario == "alibi":
@@ -159,3 +167,16 @@ def test_a_planted_wrong_fast_path_is_caught_in_exactly_the_cells_it_gets_wrong(
     wrong = {scenario for scenario, failures in caught.items() if failures}
     assert wrong == {"float_mask", "alibi"}, caught
     assert all(set(failures) == {"forgets_bias"} for failures in caught.values() if failures)
+
+
+def test_a_planted_wrong_closed_form_backward_is_caught_on_the_rowwise_engine(monkeypatch):
+    from axiomformer.axes.normalizer import NORMALIZERS
+
+    choice = NORMALIZERS["softpick"]
+    right = choice.extra["vjp"]
+    monkeypatch.setitem(choice.extra, "vjp", lambda z, u, g, delta, **o: right(z, u, g, 0 * delta, **o))
+    caught = {scenario: cell_failures("normalizer", "softpick", scenario, engines=["rowwise"])
+              for scenario in SCENARIOS}
+    wrong = {scenario for scenario, failures in caught.items() if failures}
+    assert wrong == {"none", "causal", "kv_decode"}, caught    # the cells rowwise accepts (at most a causal mask)
+    assert all(all(f.startswith("grad") for f in failures["rowwise"]) for failures in caught.values() if failures)

@@ -14,7 +14,7 @@ from axiomformer.axes.normalizer import NORMALIZERS, normalize
 from axiomformer.axes.registry import Choice, Registry
 from axiomformer.axes.score import SCORES, build_score
 from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, problem_kind
-from axiomformer.spec import AXES, REGISTRIES
+from axiomformer.spec import AXES, REGISTRIES, required_fields
 
 DIM, HEADS = 16, 2
 
@@ -38,7 +38,27 @@ def _independent_normalizers():
         "linear": lambda k: k / (k.sum(-1, keepdim=True) + 1e-6),
         "entmax_alpha": lambda s: entmax15(s, dim=-1),              # its alpha starts at 1.5 (params default)
         "softmax1": lambda s: torch.exp(s.double()) / (1 + torch.exp(s.double()).sum(-1, keepdim=True)),
+        # diff reads its input as the two halves' scores stacked on the first dimension; lambda starts at 0.2.
+        "diff": lambda s: softmax(s[0]) - 0.2 * softmax(s[1]),
+        "stick_breaking": _stick_breaking_loop,
+        "softmax_sink": lambda s: torch.exp(s.double()) / (1 + torch.exp(s.double()).sum(-1, keepdim=True)),
+        "softpick": lambda s: (torch.exp(s.double()) - 1).clamp(min=0)
+        / ((torch.exp(s.double()) - 1).abs().sum(-1, keepdim=True) + 1e-6),
+        "topk": softmax,                                           # 7 keys, topk = 8: every key kept
     }
+
+
+def _stick_breaking_loop(s):
+    """u_ij = sigmoid(s_ij) prod_{l > j} (1 - sigmoid(s_il)), with explicit loops."""
+    beta = 1 / (1 + torch.exp(-s.double()))
+    out = torch.zeros_like(beta)
+    n = s.shape[-1]
+    for j in range(n):
+        keep = torch.ones_like(beta[..., 0])
+        for m in range(j + 1, n):
+            keep = keep * (1 - beta[..., m])
+        out[..., j] = beta[..., j] * keep
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- every choice
@@ -48,7 +68,7 @@ def test_every_choice_of_every_axis_has_a_formula_and_a_source_and_the_spec_list
         for choice in registry:
             assert choice.formula.strip() and choice.source.strip(), (axis, choice.name)
             assert choice.traits <= set(registry.traits), (axis, choice.name)
-            AttentionSpec.standard(DIM, HEADS).relax({axis: choice.name})
+            AttentionSpec.standard(DIM, HEADS).relax({axis: choice.name, **required_fields(axis, choice.name)})
 
 
 def test_a_registry_rejects_undeclared_traits_and_names_its_choices():
@@ -64,7 +84,8 @@ def test_every_normalizer_matches_an_independent_implementation_of_its_formula(n
     assert name in formulas, f"normalizer {name!r} has no independent formula in this test"
     s = torch.randn(2, 3, 4, 7, generator=torch.Generator().manual_seed(0))
     scores = s.abs() if NORMALIZERS.has(name, "kernel") else s
-    torch.testing.assert_close(normalize(scores, None, name), formulas[name](scores).float())
+    expected = formulas[name](scores).float()
+    torch.testing.assert_close(normalize(scores, None, name), expected)
 
 
 # ---------------------------------------------------------------------------------------------- traits keep promises
@@ -148,6 +169,8 @@ def test_entmax_alpha_at_1_5_and_2_is_the_sort_based_entmax_and_sparsemax_and_al
                                                                      "feature_map") for c in REGISTRIES[axis]])
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_choice_runs_the_same_on_every_engine_that_accepts_it_as_on_the_reference(axis, name, causal):
+    if not causal and required_fields(axis, name):
+        pytest.skip("defined only under a causal mask")
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax({axis: name})
     if axis == "feature_map":
         spec = spec.relax(normalizer="linear")

@@ -3,6 +3,7 @@
 import pytest
 
 from axiomformer import AXES, AttentionSpec
+from axiomformer.spec import REGISTRIES, required_fields
 
 
 def test_standard_spec_holds_every_assumption():
@@ -46,16 +47,17 @@ def test_relax_parses_typed_fields():
 )
 def test_each_relaxation_breaks_only_its_own_assumption(axis, expected):
     for choice in AXES[axis][1:]:
-        held = AttentionSpec.standard(32, 4).relax({axis: choice}).assumptions()
-        assert [a for a, ok in held.items() if not ok] == [expected], (axis, choice)
+        held = AttentionSpec.standard(32, 4).relax({axis: choice, **required_fields(axis, choice)}).assumptions()
+        ordered = ["A0"] if REGISTRIES[axis].has(choice, "ordered") else []       # stick-breaking reads key order
+        assert [a for a, ok in held.items() if not ok] == ordered + [expected], (axis, choice)
 
 
 def test_every_position_choice_relaxes_a0_and_only_a0():
     """A0 (order) is relaxed exactly where the audit's set_symmetry check fails: by any position information."""
     for choice in AXES["position"][1:]:
-        held = AttentionSpec.standard(32, 4).relax(position=choice).assumptions()
-        assert [a for a, ok in held.items() if not ok] == ["A0"], choice
-        assert "relaxes A0" in AttentionSpec.standard(32, 4).relax(position=choice).describe()
+        spec = AttentionSpec.standard(32, 4).relax({"position": choice, **required_fields("position", choice)})
+        assert [a for a, ok in spec.assumptions().items() if not ok] == ["A0"], choice
+        assert "relaxes A0" in spec.describe()
 
 
 def test_unknown_value_names_the_valid_choices():
@@ -96,8 +98,9 @@ def test_spec_a0_agrees_with_the_audit_for_every_position_choice():
     """`axiomformer spec` and `axiomformer audit` tell the same story about order: A0 holds iff set symmetry passes."""
     from axiomformer.audit import run_audit
 
-    for choice in AXES["position"]:
-        report = run_audit(f"spec:position={choice}")
+    cases = [("position", c) for c in AXES["position"]] + [("normalizer", "stick_breaking")]
+    for axis, choice in cases:
+        report = run_audit(f"spec:{axis}={choice}")
         a0_checks = [c.passed for c in report.checks if c.assumption == "A0"]
-        held = AttentionSpec.standard(32, 4).relax(position=choice).assumptions()["A0"]
+        held = AttentionSpec.standard(32, 4).relax({axis: choice, **required_fields(axis, choice)}).assumptions()["A0"]
         assert a0_checks and all(passed is held for passed in a0_checks), (choice, a0_checks, held)

@@ -36,8 +36,8 @@ def _tool(name: str):
         spec.loader.exec_module(module)
     return sys.modules[name]
 
-AXIS_MODULE = {"scale": "normalizer", "feature_map": "normalizer"}
-"""Axes documented in another axis's module (the temperature and the linear kernel's feature map belong to A5)."""
+AXIS_MODULE = {"feature_map": "normalizer"}
+"""Axes documented in another axis's module (the linear kernel's feature map belongs to A5's normalizer)."""
 
 
 def _axis_doc(axis: str) -> str:
@@ -50,10 +50,12 @@ def _axis_doc(axis: str) -> str:
 
 
 def design_space() -> str:
+    from axiomformer.design_space import design_space_table
     from axiomformer.spec import ALIASES, ASSUMPTIONS, AXES
 
     alias = {axis: name for name, axis in ALIASES.items()}
-    parts = []
+    parts = ["## Every choice\n\nOne row per registry entry: its formula, the assumption it relaxes and how, and its "
+             "source.\n\n" + design_space_table()]
     for axis, choices in AXES.items():
         doc = _axis_doc(axis)
         missing = [c for c in choices if not re.search(rf"(?<![\w]){re.escape(c)}(?![\w])", doc)]

@@ -16,7 +16,7 @@ from axiomformer.axes import (
 )
 from axiomformer.axes.position import TokenPositions, alibi_slope_list, token_positions
 from axiomformer.engines import Attended, Plan, attend
-from axiomformer.engines.problem import rows_without_keys
+from axiomformer.engines.problem import rows_without_keys, visible_counts
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
 
@@ -35,12 +35,15 @@ class KVCache:
         positions: (batch, stored) int64 token positions of the stored keys, or None while they are the indices
             start..start+stored-1 (see ``axiomformer.axes.position``); new tokens continue from the last one.
         start: tokens dropped from the front: the first stored key is the ``start``-th token seen.
+        decay: (batch, heads, stored) float32 running sums of the forget gates' log f of the stored keys
+            (``position="forget"``), or None.
     """
 
     k: Tensor | None = None
     v: Tensor | None = None
     positions: Tensor | None = None
     start: int = 0
+    decay: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -75,6 +78,8 @@ class KVCache:
         self.k, self.v = self.k[..., drop:, :], self.v[..., drop:, :]
         if self.positions is not None:
             self.positions = self.positions[..., drop:]
+        if self.decay is not None:
+            self.decay = self.decay[..., drop:]
         self.start += drop
 
     def key_positions(self, new: TokenPositions) -> Tensor:
@@ -91,7 +96,7 @@ class KVCache:
         return self.positions
 
     def reset(self) -> None:
-        self.k = self.v = self.positions = None
+        self.k = self.v = self.positions = self.decay = None
         self.start = 0
 
 
@@ -250,11 +255,17 @@ class Attention(nn.Module):
         alibi = self.position.score_bias(pos, all_k_pos, self.spec.causal)
         if alibi is not None:                                  # ALiBi from token positions, as a score bias
             bias = alibi if bias is None else bias + alibi
+        if "decay" in self.plan.position_traits:               # the forget gates' decay, as a score bias
+            sums = self.position.forget_sums(key, key_padding_mask, cache.decay if cache is not None else None)
+            if cache is not None:
+                cache.decay = sums
+            decay = self.position.decay_bias(sums, q_len, q_offset)
+            bias = decay if bias is None else bias + decay
         result = self._attend_heads(q, k, v, mask, bias, q_offset, alibi is None, need_weights, self.engine)
         if cache is not None and self.spec.window:
             # The next query, at position p, sees p - window + 1 .. p: the last window - 1 stored keys and its own.
             cache.keep_last(self.spec.window - 1)
-        out = self.out_proj(self.aggregator(self._merge_heads(result.out)))             # A1
+        out = self.out_proj(self.aggregator(self._merge_heads(result.out), query))      # A1
         if mask is not None or (self.spec.causal and q_offset < 0) or self.spec.window:
             # The heads' rows are zero already; rho and W_o's bias would make the output row non-zero.
             empty = rows_without_keys(mask, self.spec.causal, q_len, k_len, q_offset, query.device, self.spec.window)
@@ -282,8 +293,10 @@ class Attention(nn.Module):
         groups = self.num_heads // k.shape[1]
         if groups > 1:                                   # key/value head g serves query heads g * groups ...
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        scale = self.scale(visible_counts(mask, self.spec.causal, q.shape[-2], k.shape[-2], q_offset, q.device,
+                                          self.spec.window) if self.scale.per_row else None)     # log_n: per row
         result = attend(
-            q, k, v, parts=self.plan, mask=mask, bias=bias, scale=self.scale(), causal=self.spec.causal,
+            q, k, v, parts=self.plan, mask=mask, bias=bias, scale=scale, causal=self.spec.causal,
             q_offset=q_offset,
             alibi_slopes=self.position.slopes if self.spec.position == "alibi" and index_alibi else None,
             dropout_p=self.spec.dropout, training=self.training, need_weights=need_weights, engine=engine,
@@ -313,8 +326,12 @@ class Attention(nn.Module):
             ``last_engine`` names the engine too.
 
         Raises:
-            ValueError: see :func:`axiomformer.engines.attend`.
+            ValueError: see :func:`axiomformer.engines.attend`; a position choice that reads the layer's inputs
+                (``position="forget"``'s gates), which only ``forward`` has.
         """
+        if "decay" in self.plan.position_traits:
+            raise ValueError(f"position={self.spec.position!r} reads the key inputs x_l for its gates; core() sees "
+                             f"only projected q, k, v: call the layer (forward) instead")
         q_len, k_len = q.shape[-2], k.shape[-2]
         q_offset = k_len - q_len if q_offset is None else q_offset
         q = self.position.rotate(q, torch.arange(q_offset, q_offset + q_len, device=q.device))

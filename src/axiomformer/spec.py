@@ -11,7 +11,7 @@ contribution   A2     contribution = u_ij * v_j     ``axes/contribution.py``: CO
 value          A3     v(x) = W_v x                  ``axes/value.py``: VALUES
 score          A4     s_ij = q_i . k_j              ``axes/score.py``: SCORES
 normalizer     A5     u_ij = softmax_j(s_ij/sqrt d) ``axes/normalizer.py``: NORMALIZERS
-scale          (A5)   the 1/sqrt(d_k) temperature   ``axes/normalizer.py``: SCALES
+scale          (A5)   the 1/sqrt(d_k) temperature   ``axes/scale.py``: SCALES
 position       (A0)   order re-injected             ``axes/position.py``: POSITIONS
 feature_map    (A5)   linear attention's kernel     ``axes/normalizer.py``: FEATURE_MAPS
 =============  =====  ============================  ======================================
@@ -29,9 +29,11 @@ from typing import Any
 
 from axiomformer.axes.aggregator import AGGREGATORS
 from axiomformer.axes.contribution import CONTRIBUTIONS
-from axiomformer.axes.normalizer import FEATURE_MAPS, NORMALIZERS, SCALES, changed_options
+from axiomformer.axes.normalizer import FEATURE_MAPS, NORMALIZERS, changed_options
+from axiomformer.axes.plugins import load_choices
 from axiomformer.axes.position import POSITIONS
 from axiomformer.axes.registry import Registry
+from axiomformer.axes.scale import SCALES
 from axiomformer.axes.score import SCORES
 from axiomformer.axes.value import VALUES
 
@@ -40,6 +42,10 @@ REGISTRIES: dict[str, Registry] = {
     "normalizer": NORMALIZERS, "scale": SCALES, "position": POSITIONS, "feature_map": FEATURE_MAPS,
 }
 """The registry of every axis (``axes/<axis>.py``): each choice with its formula, source, implementation, traits."""
+
+PLUGIN_CHOICES: list[str] = load_choices(REGISTRIES)
+"""``axis.name`` of every choice other packages registered through the entry-point group ``axiomformer.choices``
+(``axes/plugins.py``)."""
 
 AXES: dict[str, tuple[str, ...]] = {axis: registry.names() for axis, registry in REGISTRIES.items()}
 """Every axis and its choices, read from :data:`REGISTRIES`; the first choice of each axis is the standard one."""
@@ -57,8 +63,24 @@ ASSUMPTIONS: dict[str, str] = {
 }
 """The assumptions of the derivation, in words: A0 (order, the ``position`` axis) and the five A1..A5."""
 
+FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
+    "softcap": ("scores <- softcap * tanh(scores / softcap) before any normalizer (0 = off)",
+                "A4: the score becomes softcap * tanh(q . k / (softcap sqrt(d))), a bounded function of q . k",
+                "Gemma Team 2024, Gemma 2, sec. 2"),
+}
+"""Fields that relax an assumption without being an axis: formula, assumption relaxed and how, source (the
+design-space table's rows)."""
+
 ECONOMIES = ("num_kv_heads", "window")
 """Fields that are not assumptions but the field's usual economies (0 = off); :attr:`AttentionSpec.variant` names them."""
+
+def required_fields(axis: str, name: str) -> dict[str, Any]:
+    """Fields a choice needs beside itself: ``{"causal": True}`` for a choice defined only under a causal mask
+    (trait ``causal``: ``normalizer=stick_breaking``, ``position=forget``), else ``{}``. For code that visits every
+    choice (the audit matrix, the bench, the docs): ``base.relax({axis: name, **required_fields(axis, name)})``."""
+    registry = REGISTRIES.get(axis)
+    return {"causal": True} if registry is not None and name in registry and registry.has(name, "causal") else {}
+
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -89,11 +111,18 @@ class AttentionSpec:
             (Jang et al. 2017, eq. 1); ignored by the other normalizers.
         gumbel_hard: ``gumbel_softmax`` returns one-hot rows in the forward (the argmax of s + g) with the soft
             sample's gradient (straight-through, Jang et al. 2017, sec. 2.2); ignored by the other normalizers.
+        topk: keys kept per row by ``normalizer="topk"`` (an int >= 1, default 8; Zhao et al. 2019); ignored by the
+            other normalizers.
+        softcap: logit soft-capping, scores <- softcap * tanh(scores / softcap) after the scale and before any bias
+            or normalizer (Gemma 2: Gemma Team 2024, sec. 2); a float >= 0, 0 (the default) is off. It relaxes A4:
+            the score becomes a bounded function of q . k (the audit's bilinear checks see it).
 
     Raises:
         ValueError: on an unknown choice (naming the valid ones), non-positive sizes, ``dim`` not divisible by
             ``num_heads``, an odd ``head_dim`` with RoPE, a ``linear`` normalizer with a score other than ``dot``, or
-            ``gumbel_tau <= 0`` (the message names ``gumbel_tau``).
+            ``gumbel_tau <= 0`` (the message names ``gumbel_tau``), ``topk < 1``, ``softcap < 0``, a causal-only
+            choice (``stick_breaking``, ``forget``) without ``causal=True``, ``diff`` with an odd head_dim or a score
+            with head_dim-sized parameters, ``softcap`` with a kernel normalizer.
     """
 
     dim: int = 64
@@ -114,6 +143,8 @@ class AttentionSpec:
     window: int = 0
     gumbel_tau: float = 1.0
     gumbel_hard: bool = False
+    topk: int = 8
+    softcap: float = 0.0
 
     def __post_init__(self) -> None:
         for name, registry in REGISTRIES.items():
@@ -143,6 +174,7 @@ class AttentionSpec:
             raise ValueError(f"gumbel_tau must be a finite float > 0, got {self.gumbel_tau!r}")
         if not isinstance(self.gumbel_hard, bool):
             raise ValueError(f"gumbel_hard must be a bool, got {self.gumbel_hard!r}")
+        self._check_relaxations()
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"position='rope' needs an even head_dim, got head_dim={self.head_dim}")
         if NORMALIZERS.has(self.normalizer, "kernel") and self.score != "dot":
@@ -150,6 +182,29 @@ class AttentionSpec:
                 f"normalizer={self.normalizer!r} replaces the score by a kernel phi(q).phi(k) and needs score='dot', "
                 f"got score={self.score!r}"
             )
+
+    def _check_relaxations(self) -> None:
+        """The published relaxations' own conditions (topk, softcap, causal-only choices, diff's halves)."""
+        if isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1:
+            raise ValueError(f"topk must be an int >= 1 (keys kept per row by normalizer='topk'), got {self.topk!r}")
+        cap = self.softcap
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap < 0:
+            raise ValueError(f"softcap must be a finite float >= 0 (0 = off), got {self.softcap!r}")
+        for axis in ("normalizer", "position"):
+            if REGISTRIES[axis].has(getattr(self, axis), "causal") and not self.causal:
+                raise ValueError(f"{axis}={getattr(self, axis)!r} is defined only under a causal mask: it needs "
+                                 f"causal=True, got causal=False")
+        if NORMALIZERS.has(self.normalizer, "halves"):
+            if self.head_dim % 2:
+                raise ValueError(f"normalizer={self.normalizer!r} splits each head's query and key in two halves "
+                                 f"and needs an even head_dim (>= 2), got head_dim={self.head_dim}")
+            if not SCORES.has(self.score, "any_width"):
+                valid = ", ".join(c.name for c in SCORES if c.has("any_width"))
+                raise ValueError(f"normalizer={self.normalizer!r} scores half-width queries and keys and needs a score "
+                                 f"without head_dim-sized parameters (one of: {valid}), got score={self.score!r}")
+        if cap and NORMALIZERS.has(self.normalizer, "kernel"):
+            raise ValueError(f"softcap caps scores, and normalizer={self.normalizer!r} has none (a kernel replaces "
+                             f"them): it needs softcap=0, got softcap={self.softcap!r}")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -243,14 +298,15 @@ class AttentionSpec:
         return self.kv_heads * self.head_dim
 
     def assumptions(self) -> dict[str, bool]:
-        """Which of the assumptions A0..A5 this spec satisfies (A0: no position information, as the audit's
-        ``set_symmetry`` check; A5 needs softmax *and* the 1/sqrt(d) scale)."""
+        """Which of the assumptions A0..A5 this spec satisfies (A0: no position information and no normalizer that
+        reads the keys' order, as the audit's ``set_symmetry`` check; A4 fails with ``softcap``; A5 needs softmax
+        *and* the 1/sqrt(d) scale)."""
         return {
-            "A0": self.position == AXES["position"][0],
+            "A0": self.position == AXES["position"][0] and not NORMALIZERS.has(self.normalizer, "ordered"),
             "A1": self.aggregator == "identity",
             "A2": self.contribution == "proportional",
             "A3": self.value == "linear",
-            "A4": self.score == "dot",
+            "A4": self.score == "dot" and not self.softcap,
             "A5": self.normalizer == "softmax" and self.scale == "inv_sqrt_d",
         }
 
@@ -267,12 +323,13 @@ class AttentionSpec:
         followed by the economies in use (``num_kv_heads``, ``window``), e.g. ``"window=256"``, and the normalizer's
         options that differ from their defaults (``gumbel_tau``, ``gumbel_hard``), e.g. ``"gumbel_tau=0.5"``."""
         relaxed = {**self.relaxed_axes(), **{k: getattr(self, k) for k in ECONOMIES if getattr(self, k)},
-                   **changed_options(self)}
+                   **({"softcap": f"{self.softcap:g}"} if self.softcap else {}), **changed_options(self)}
         return ",".join(f"{k}={v}" for k, v in relaxed.items()) if relaxed else "standard"
 
     @property
     def is_standard(self) -> bool:
-        return not self.relaxed_axes()
+        """No axis relaxed and no soft-capping."""
+        return not self.relaxed_axes() and not self.softcap
 
     def describe(self) -> str:
         """One readable line, e.g. ``standard attention: dim=64 heads=4 head_dim=16 causal; A0-A5 hold``."""
@@ -283,7 +340,8 @@ class AttentionSpec:
             f" window={self.window}" if self.window else "") + (" causal" if self.causal else "")
         if self.is_standard:
             return f"standard attention: {shape}; A0-A5 hold"
-        axes = ", ".join(f"{k}={v}" for k, v in self.relaxed_axes().items())
+        relaxed = {**self.relaxed_axes(), **({"softcap": f"{self.softcap:g}"} if self.softcap else {})}
+        axes = ", ".join(f"{k}={v}" for k, v in relaxed.items())
         status = f"relaxes {', '.join(broken)}" if broken else "A0-A5 hold"
         return f"attention ({axes}): {shape}; {status}"
 

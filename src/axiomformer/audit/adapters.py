@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from axiomformer.attention import Attention
 from axiomformer.engines.problem import causal_mask
 from axiomformer.errors import UserInputError
-from axiomformer.spec import AttentionSpec
+from axiomformer.spec import REGISTRIES, AttentionSpec, required_fields
 
 DEFAULT_DIM, DEFAULT_HEADS, DEFAULT_SEED = 16, 2, 0
 
@@ -395,12 +395,34 @@ def make_adapter(target: Any, **options: Any) -> Adapter:
                      "an AttentionSpec, an nn.MultiheadAttention or a callable (q, k, v) -> out")
 
 
+PARTS = {"score": "score_fn"}
+"""The ``Attention`` attribute holding each axis's module, where the attribute is not the axis's name."""
+
+
+def _leave_standard(module: Attention, seed: int) -> Attention:
+    """Move the parameters of choices that start exactly at the standard map (trait ``starts_standard``, e.g.
+    talking heads' identity mixing) off that point, seeded: a ``spec:`` audit audits the relaxation **(our choice)**."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    for axis, registry in REGISTRIES.items():
+        choice = registry[getattr(module.spec, axis)]
+        if "starts_standard" in registry.traits and choice.has("starts_standard"):
+            choice.extra["move"](getattr(module, PARTS.get(axis, axis)), generator)
+    return module
+
+
 def _spec_adapter(spec: AttentionSpec, *, seed: int = DEFAULT_SEED, **_: Any) -> Adapter:
-    return AttentionAdapter(_seeded(seed, lambda: Attention(spec)), f"spec:{spec.variant}", seed)
+    module = _leave_standard(_seeded(seed, lambda: Attention(spec)), seed)
+    return AttentionAdapter(module, f"spec:{spec.variant}", seed)
 
 
 def _spec_string(target: str, *, dim: int = DEFAULT_DIM, num_heads: int = DEFAULT_HEADS, **options: Any) -> Adapter:
-    spec = AttentionSpec.standard(dim, num_heads).relax(target[len("spec:"):])
+    text = target[len("spec:"):]
+    base = AttentionSpec.standard(dim, num_heads)
+    # A choice defined only under a causal mask (stick_breaking, forget) is audited with one unless causal is given.
+    chosen = base.relax(causal=True).relax(text)
+    if any(required_fields(axis, getattr(chosen, axis)) for axis in REGISTRIES):
+        base = base.relax(causal=True)
+    spec = base.relax(text)
     adapter = _spec_adapter(spec, **options)
     adapter.name = target
     return adapter

@@ -30,6 +30,9 @@ SAME_MAP = {
                   "nonlinear value map (A3) are not told apart",
     ("A2", "A3"): "the per-coordinate weights factor through the key (J_ij = c_ij H_j): per-coordinate relevances "
                   "(A2) and a value map that reads more than the value (A3) are the same map at this interface",
+    ("A4", "A1"): "a head's output reads the other heads' queries and keys: logits mixed across heads (A4, talking "
+                  "heads) and a rho that mixes the heads' outputs or reads the whole query (A1: an MLP, an output "
+                  "gate) are the same departure at this interface",
     ("A1", "A4"): "the local Jacobian factors through the key but the output is not additive over tokens: a "
                   "nonlinear rho (A1) and a relevance that reads the values (A4) are not told apart",
 }
@@ -88,6 +91,7 @@ def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, obje
         "ratio_independence": ["A5", "A4"] if failed("bilinear_fit") else ["A5"],
         "scale_entropy": ["A5", "A4"],
         "length_scale": ["A5", "A4"],
+        "head_independence": ["A4", "A1"],
     }
     found = list(rules.get(c.name, [c.assumption]))
     hidden_phi = c.name in WEIGHT_SHAPE or (c.name in OTHER_WEIGHTS and failed("weights_sum_to_one"))

@@ -203,6 +203,38 @@ def parallel(p: Probe) -> AuditCheck:
                   "parallel (a loop over queries computes the same map and passes)")
 
 
+def head_independence(p: Probe) -> AuditCheck:
+    """The output is a sum of per-head terms, each reading only its own head's queries and keys (a fixed linear map
+    of the heads' outputs, such as W_o, keeps that): the mixed second difference under a change of head 1's q, k and
+    one of the other heads' q, k vanishes. Fails for logits mixed across heads (talking heads, Shazeer et al. 2020),
+    a nonlinear rho of the concatenated heads (an MLP) and a gate that reads the whole query."""
+    name, heads = "head_independence", p.a.num_heads
+    if heads < 2 or p.a.dim % heads:
+        return cannot_tell(name, "A4", p.tol, f"{heads} head(s) of the target's width: no other head to mix in")
+    hd = p.a.dim // heads
+    q, k, v = p.qkv()
+
+    def moved(first: bool, others: bool) -> Tensor:
+        q2, k2 = q.clone(), k.clone()
+        if first:
+            q2[..., :hd], k2[..., :hd] = dq[..., :hd], dk[..., :hd]
+        if others:
+            q2[..., hd:], k2[..., hd:] = dq[..., hd:], dk[..., hd:]
+        return p.f(q2, k2, v)
+
+    dq, dk = p.randn(*q.shape), p.randn(*k.shape)
+    base, one, rest, both = moved(False, False), moved(True, False), moved(False, True), moved(True, True)
+    scale = max(float((one - base).abs().max()), float((rest - base).abs().max()))
+    if scale < 1e-12:
+        return cannot_tell(name, "A4", p.tol, "changing the heads' queries and keys changes nothing")
+    stat = float((both - one - rest + base).abs().max()) / scale
+    return result(name, "A4", stat, p.tol,
+                  "the output is a sum of per-head terms, each reading only its own head's q and k (heads are "
+                  "independent, as A4's s_ij = q_i . k_j per head; a fixed map of the heads' outputs keeps it): the "
+                  "mixed second difference under a change of head 1's and the other heads' q, k, relative to the "
+                  "first differences")
+
+
 # ------------------------------------------------------------------------------------------------ causal
 def _later_changed(p: Probe, fill: str) -> tuple[Tensor, Tensor, int]:
     q, k, v = p.qkv()
@@ -281,7 +313,7 @@ def run_checks(adapter: Adapter, causal: bool, seed: int = 0) -> list[AuditCheck
     value_free, nonlinear_facts = value_free_relevance(probe(5), a3, head[1])
     weight_results, usable, why = weight_checks(probe(10))
     a4 = [value_free, bilinear_scores(probe(20), usable, why), bilinear_fit(probe(21), usable, why),
-          parallel(probe(22))]
+          parallel(probe(22)), head_independence(probe(23))]
     a5 = weight_results[:2] + [shift_invariance(probe(30), a4[1:3], scalar), weight_results[2],
                                scale_entropy(probe(32), seed, a4[1:3]), length_scale(probe(33))]
     rest = [causality(probe(40)), nan_isolation(probe(41)), learned_values(probe(42)), deterministic(probe(43))]

@@ -57,7 +57,8 @@ CONTRIBUTIONS = Registry("contribution", [
            frozenset({"proportional"})),
     Choice("joint", "out_i = sum_j u_ij (v_j + g([v_j, u_ij]))", "our choice (see the module docstring)",
            lambda spec: JointContribution(spec.head_dim), frozenset({"pairwise"}),
-           {"pair_width": lambda module: max(module.w_v.out_features, module.out.out_features)}),
+           {"pair_width": lambda module: max(module.w_v.out_features, module.out.out_features)},
+           relaxes="A2: a token's contribution is not proportional to its weight"),
 ], {"proportional": "out = weights @ v (linear in the weights: engines may fuse it)",
     "pairwise": "builds a (q_len, k_len, hidden) tensor; extra['pair_width'](module) is hidden"})
 """Every contribution (A2)."""

@@ -21,13 +21,26 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
                     softmax(s / tau), or one-hot argmax_j s when hard (the mode of the Gumbel-max sample) **(our
                     choice)**. tau and hard are the spec fields ``gumbel_tau``, ``gumbel_hard`` (trait ``configured``).
     linear          u = K_ij / sum_j K_ij, K_ij = phi(s q_i).phi(k_j) (Katharopoulos et al. 2020, eq. 6-7; a
-                    temperature s enters through the query, see :func:`default_scale`)
+                    temperature s enters through the query, see ``axes/scale.py``)
     entmax_alpha    u = alpha-entmax(s), alpha_h > 1 learned per head (Peters et al. 2019; Correia et al. 2019)
     softmax1        u = exp(s) / (1 + sum_j exp(s_j)), a zero-logit sink (Miller 2023)
-Scale choices (A5's temperature, :data:`SCALES`): inv_sqrt_d (1/sqrt(head_dim); 1 for the kernel normalizer, whose
-kernel is no scaled score: Katharopoulos et al. 2020 apply none, and the taylor map carries its own 1/sqrt(d)),
-none (1), learned (per head). An explicit or learned scale s is honoured by every normalizer; the kernel's enters
-through the query, phi(s q).phi(k), so f(q, scale=s) == f(s q, scale=1).
+    diff            u = softmax(s1) - lambda_h softmax(s2), s1, s2 the scaled scores of the first and second halves
+                    of each head's q and k, lambda_h learned per head from 0.2 (Ye et al. 2024, arXiv:2410.05258;
+                    trait ``halves``; needs an even head_dim and a score without head_dim-sized parameters)
+    stick_breaking  u_ij = beta_ij prod_{visible l, j < l <= i} (1 - beta_il), beta = sigmoid(s) (Tan et al. 2024,
+                    arXiv:2410.17980); causal only
+    softmax_sink    u = exp(s) / (exp(b_h) + sum_j exp(s_j)), b_h learned per head from 0 (gpt-oss's sinks;
+                    softmax1 is b_h = 0)
+    softpick        u = relu(exp(s) - 1) / (sum_j |exp(s_j) - 1| + 1e-6), computed with numerator and denominator
+                    times exp(-max(0, max_j s_j)) (Zuhri et al. 2025, arXiv:2504.20966)
+    topk            softmax over the row's ``topk`` largest visible scores, 0 elsewhere (Zhao et al. 2019,
+                    arXiv:1912.11637); ``topk`` is a spec field (trait ``configured``); ties at the k-th score are
+                    broken by ``torch.topk`` (lowest index first on CPU) **(our choice)**
+Scale choices (A5's temperature, ``axes/scale.py``: SCALES): inv_sqrt_d (1/sqrt(d_k); 1 for the kernel normalizer,
+whose kernel is no scaled score: Katharopoulos et al. 2020 apply none, and the taylor map carries its own 1/sqrt(d)),
+none (1), learned (per head), log_n (c_h log n_i / sqrt(d_k), Scalable-Softmax). An explicit or learned scale s is
+honoured by every normalizer; the kernel's enters through the query, phi(s q).phi(k), so f(q, scale=s) == f(s q,
+scale=1).
 Feature maps of the linear normalizer (:data:`FEATURE_MAPS`): elu (elu(x) + 1), relu, identity, taylor
 ([1, y, vec(y y^T) / sqrt 2], y = x / d^(1/4)).
 """
@@ -49,6 +62,16 @@ from axiomformer.precision import upcast
 if TYPE_CHECKING:
     from axiomformer.spec import AttentionSpec
 
+DIFF_LAMBDA_INIT = 0.2
+"""lambda_h of ``normalizer=diff`` at initialisation: the paper's lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)) at layer
+l = 1 (Ye et al. 2024, sec. 2.1), since a layer does not know its depth **(our choice)**."""
+
+SOFTPICK_EPS = 1e-6
+"""The epsilon in softpick's denominator (Zuhri et al. 2025, eq. 2)."""
+
+TOPK_DEFAULT = 8
+"""Default of the spec field ``topk`` (keys kept per row by ``normalizer=topk``)."""
+
 LINEAR_EPS = 1e-6
 """Added to the row sum of the linear-attention kernel (Katharopoulos et al. 2020 use the same 1e-6)."""
 
@@ -66,6 +89,12 @@ NORMALIZER_TRAITS = {
                   "them (reference, chunked) may run it",
     "parametric": "has learned parameters: extra['parameters'](spec) creates them, extra['params'](module) gives the "
                   "keyword arguments of impl",
+    "halves": "scores the two halves of each head's query and key apart: impl receives them stacked, (2, batch, "
+              "heads, q_len, k_len), and the score width d_k is head_dim / 2",
+    "causal": "defined only under a causal mask: the spec refuses causal=False",
+    "ordered": "the weights depend on the order of the keys: A0 is relaxed too (the audit's set_symmetry fails)",
+    "closed_vjp": "extra['vjp'](z, u, g, delta, **options) -> dL/dz in closed form, from the logits z (blocked keys "
+                  "-inf), u = impl(z), g = dL/du and delta = sum_j u_j g_j (the rowwise engine's backward)",
 }
 
 
@@ -165,9 +194,10 @@ def entmax_alpha(x: Tensor, alpha: Tensor | float, alpha_minus_one: Tensor | Non
     top = x.amax(dim=-1, keepdim=True).detach()
     with torch.no_grad():
         xd, bd = x.detach(), beta.detach()
-        # S(lo) >= 1 >= S(hi) for every beta >= 0; log(k_len) as a tensor op (a Python log of the length would
-        # specialize torch.compile to each length).
-        lo, hi = top, top + torch.full_like(top, x.shape[-1]).log()
+        # S(lo) >= 1 >= S(hi) for every beta >= 0, with n the row's finite entries (a tensor, not the length: under
+        # torch.compile a Python number from the shape would compile one graph per length).
+        finite = (xd > float("-inf")).sum(-1, keepdim=True).clamp_min(1).to(x.dtype)
+        lo, hi = top, top + finite.log()
         for _ in range(ENTMAX_BISECTIONS):
             mid = (lo + hi) / 2
             above = _entmax_terms(xd, mid, bd, False).sum(-1, keepdim=True) >= 1.0
@@ -208,6 +238,86 @@ def _alpha_params(module: nn.Module) -> dict[str, Tensor]:
     return {"alpha": 1.0 + F.softplus(module.alpha_raw.double()).view(1, -1, 1, 1), "alpha_minus_one": beta}
 
 
+def _diff(s: Tensor, training: bool, lam: Tensor | float = DIFF_LAMBDA_INIT, **params: Tensor) -> Tensor:
+    # s (2, ..., k_len): the scores of the first and of the second halves of q and k.
+    lam = lam.float() if isinstance(lam, Tensor) else lam
+    return torch.softmax(s[0], dim=-1) - lam * torch.softmax(s[1], dim=-1)
+
+
+def _diff_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
+    return {"diff_lambda": nn.Parameter(torch.full((spec.num_heads,), DIFF_LAMBDA_INIT))}
+
+
+def _stick_breaking(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+    # log u_ij = log beta_ij + sum_{l > j} log(1 - beta_il); a blocked key (s = -inf) has log(1 - beta) = 0, so the
+    # product runs over the visible keys only. The sum over l > j is an exclusive reverse cumulative sum.
+    log_keep = F.logsigmoid(-s)
+    after = torch.flip(torch.cumsum(torch.flip(log_keep[..., 1:], dims=(-1,)), dim=-1), dims=(-1,))
+    after = F.pad(after, (0, 1))
+    return torch.exp(F.logsigmoid(s) + after)
+
+
+def _softmax_sink(s: Tensor, training: bool, sink: Tensor | float = 0.0, **params: Tensor) -> Tensor:
+    # softmax over the row and one extra logit b_h whose column is dropped: exp(s_j) / (exp(b_h) + sum_l exp(s_l)).
+    if isinstance(sink, Tensor):
+        column = torch.broadcast_to(sink.to(s.dtype), s.shape[:-1] + (1,))
+    else:
+        column = torch.full_like(s[..., :1], float(sink))
+    return torch.softmax(torch.cat([s, column.to(s.dtype)], dim=-1), dim=-1)[..., :-1]
+
+
+def _sink_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
+    return {"sink_logit": nn.Parameter(torch.zeros(spec.num_heads))}
+
+
+def _softpick(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+    # relu(e^s - 1) / (sum |e^s - 1| + eps), numerator and denominator multiplied by e^-m, m = max(0, max_j s_j), so
+    # no exp overflows; blocked keys (s = -inf) are left out of the sum.
+    m = s.amax(dim=-1, keepdim=True).clamp_min(0.0).detach()
+    shifted = torch.exp(s - m) - torch.exp(-m)
+    shifted = torch.where(torch.isneginf(s), torch.zeros_like(shifted), shifted)
+    return F.relu(shifted) / (shifted.abs().sum(dim=-1, keepdim=True) + SOFTPICK_EPS * torch.exp(-m))
+
+
+def _topk(s: Tensor, training: bool, k: int = TOPK_DEFAULT, **params: Tensor) -> Tensor:
+    kk = min(int(k), s.shape[-1])
+    if kk == 0:
+        return torch.zeros_like(s)
+    top, index = s.topk(kk, dim=-1)
+    return torch.zeros_like(s).scatter(-1, index, torch.softmax(top, dim=-1))
+
+
+def _topk_options(spec: AttentionSpec) -> dict:
+    return {"k": int(spec.topk)}
+
+
+# ---------------------------------------------------------------------------------------------- closed-form VJPs
+# For the trait ``closed_vjp``: dL/dz from the logits z (blocked keys -inf), the weights u = impl(z), g = dL/du (which
+# the function may overwrite) and delta = sum_j u_j g_j (= rowsum(dO * O) when out = u V), without autograd (the
+# rowwise engine's backward).
+def _softmax_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
+    return g.sub_(delta).mul_(u)                 # softmax, and topk: the softmax over the kept keys (u = 0 elsewhere)
+
+
+def _softpick_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
+    # u_j = relu(a_j) / D, a_j = e^(z_j - m) - e^-m, D = sum_l |a_l| + eps e^-m:
+    # dL/da_k = ([a_k > 0] g_k - sign(a_k) sum_j g_j u_j) / D, and da_k/dz_k = e^(z_k - m) (0 at a blocked key).
+    m = z.amax(dim=-1, keepdim=True).clamp_min_(0.0)
+    e = torch.exp(z - m)
+    floor = torch.exp(-m)
+    a = (e - floor).masked_fill_(torch.isneginf(z), 0.0)
+    denom = a.abs().sum(dim=-1, keepdim=True).add_(floor, alpha=SOFTPICK_EPS)
+    return g.mul_(u > 0).sub_(a.sign_().mul_(delta)).div_(denom).mul_(e)
+
+
+def _stick_breaking_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
+    # log u_j = logsigmoid(z_j) + sum_{l > j} logsigmoid(-z_l): with dA = g u,
+    # dL/dz_j = dA_j sigmoid(-z_j) - sigmoid(z_j) sum_{j' < j} dA_j'.
+    d = g.mul_(u)
+    before = torch.cumsum(d, dim=-1).sub_(d)
+    return d.mul_(torch.sigmoid(-z)).sub_(before.mul_(torch.sigmoid(z)))
+
+
 def _sigmoid(s: Tensor, n: Tensor) -> Tensor:
     return torch.sigmoid(s - n.log())
 
@@ -222,31 +332,58 @@ def _linear(kernel: Tensor) -> Tensor:
 
 NORMALIZERS = Registry("normalizer", [
     Choice("softmax", "u = exp(s) / sum_j exp(s_j)", "Vaswani et al. 2017, eq. 1 (A5 holds with scale inv_sqrt_d)",
-           _softmax, frozenset({"row", "softmax", "softmax_in_eval"})),
+           _softmax, frozenset({"row", "softmax", "softmax_in_eval", "closed_vjp"}), {"vjp": _softmax_vjp}),
     Choice("sigmoid", "u = sigmoid(s - log n_i)", "Ramapuram et al. 2024, sigmoid attention with b = -log n",
-           _sigmoid, frozenset({"elementwise"})),
-    Choice("relu", "u = relu(s) / n_i", "Wortsman et al. 2023, ReLU attention", _relu, frozenset({"elementwise"})),
+           _sigmoid, frozenset({"elementwise"}), relaxes="A5: each weight from its own score; rows need not sum to 1"),
+    Choice("relu", "u = relu(s) / n_i", "Wortsman et al. 2023, ReLU attention", _relu, frozenset({"elementwise"}),
+           relaxes="A5: each weight from its own score; not shift invariant, rows need not sum to 1"),
     Choice("sparsemax", "u = argmin_{p in simplex} |p - s|^2 = relu(s - tau)", "Martins & Astudillo 2016, eq. 2",
-           _sparsemax, frozenset({"row", "sorting"})),
+           _sparsemax, frozenset({"row", "sorting"}), relaxes="A5: a Euclidean projection onto the simplex; "
+           "exact zeros, weights depend on score differences linearly"),
     Choice("entmax15", "u = relu(s / 2 - tau)^2 (1.5-entmax)", "Peters et al. 2019, eq. 10 (alpha = 1.5)",
-           _entmax15, frozenset({"row", "sorting"})),
+           _entmax15, frozenset({"row", "sorting"}), relaxes="A5: the Tsallis-1.5 regularised argmax; exact zeros"),
     Choice("gumbel_softmax", "u = softmax((s + g) / tau), g ~ Gumbel(0, 1), in training (one-hot argmax_j (s + g) "
            "forward, soft backward when hard); softmax(s / tau), or one-hot argmax_j s when hard, in eval",
            "Jang et al. 2017, eq. 1 and sec. 2.2 (straight-through)", _gumbel_softmax,
            frozenset({"row", "softmax_in_eval", "random", "configured"}),
            {"options": _gumbel_options, "defaults": {"tau": 1.0, "hard": False},
-            "fields": {"tau": "gumbel_tau", "hard": "gumbel_hard"}}),
+            "fields": {"tau": "gumbel_tau", "hard": "gumbel_hard"}},
+           relaxes="design (A5 holds in eval): the weights are sampled in training"),
     Choice("linear", "u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)", "Katharopoulos et al. 2020, eq. 6-7",
-           _linear, frozenset({"kernel"})),
+           _linear, frozenset({"kernel"}), relaxes="A5 (and A4): exp(s) replaced by a kernel phi(q).phi(k)"),
     Choice("entmax_alpha", "u = alpha-entmax(s) = relu((alpha - 1) s - tau)^(1 / (alpha - 1)), alpha_h > 1 learned "
            "per head (initialised to 1.5); the softmax at alpha = 1", "Peters et al. 2019, eq. 8; Correia et al. "
            "2019 (adaptively sparse transformers, learned alpha); our log1p form of the bisection (accurate for "
            "every alpha >= 1, see entmax_alpha)", _entmax_alpha,
            frozenset({"row", "parametric"}),
-           {"parameters": _alpha_parameters, "params": _alpha_params}),
+           {"parameters": _alpha_parameters, "params": _alpha_params},
+           relaxes="A5: alpha-entmax with a learned alpha per head; exact zeros"),
     Choice("softmax1", "u = exp(s) / (1 + sum_j exp(s_j)): softmax with a zero-logit, zero-value sink",
            "Miller 2023, 'Attention Is Off By One' (softmax_1); the sink of Xiao et al. 2024, sec. 3.3",
-           _softmax1, frozenset({"row", "sink"})),
+           _softmax1, frozenset({"row", "sink"}), relaxes="A5: rows may sum below 1 (a zero-logit sink)"),
+    Choice("diff", "u = softmax(q1.k1 / sqrt(d/2)) - lambda_h softmax(q2.k2 / sqrt(d/2)), q = [q1, q2], k = [k1, k2] "
+           "split in halves per head, lambda_h learned per head (from 0.2)",
+           "Ye et al. 2024, arXiv:2410.05258, eq. 1 (differential attention; its per-head normalization after the "
+           "sum is an A1 change, not part of this choice)", _diff, frozenset({"row", "parametric", "halves"}),
+           {"parameters": _diff_parameters, "params": lambda module: {"lam": module.diff_lambda.view(1, -1, 1, 1)}},
+           relaxes="A5: signed weights, the difference of two softmaxes; rows sum to 1 - lambda_h"),
+    Choice("stick_breaking", "u_ij = beta_ij prod_{visible l, j < l <= i} (1 - beta_il), beta_ij = sigmoid(s_ij)",
+           "Tan et al. 2024, arXiv:2410.17980, eq. 3 (stick-breaking attention)", _stick_breaking,
+           frozenset({"row", "causal", "ordered", "closed_vjp"}), {"vjp": _stick_breaking_vjp}, relaxes="A5 and order together: the nearest keys take their share first; "
+           "rows sum to at most 1, not shift invariant (causal only)"),
+    Choice("softmax_sink", "u = exp(s) / (exp(b_h) + sum_j exp(s_j)), a learned sink logit b_h per head (from 0)",
+           "gpt-oss (OpenAI 2025, attention sinks); softmax1 is b_h = 0 (Miller 2023)", _softmax_sink,
+           frozenset({"row", "parametric"}),
+           {"parameters": _sink_parameters, "params": lambda module: {"sink": module.sink_logit.view(1, -1, 1, 1)}},
+           relaxes="A5: rows sum below 1 by a learned amount (a sink logit per head)"),
+    Choice("softpick", "u = relu(exp(s) - 1) / (sum_j |exp(s_j) - 1| + 1e-6)",
+           "Zuhri et al. 2025, arXiv:2504.20966, eq. 2 (softpick)", _softpick, frozenset({"row", "closed_vjp"}),
+           {"vjp": _softpick_vjp}, relaxes="A5: not shift invariant; exact zeros where s <= 0; rows may sum below 1"),
+    Choice("topk", "u = softmax over each row's topk largest visible scores, 0 elsewhere (spec field topk)",
+           "Zhao et al. 2019, arXiv:1912.11637, eq. 4-5 (explicit sparse transformer)", _topk,
+           frozenset({"row", "configured", "closed_vjp"}),
+           {"options": _topk_options, "defaults": {"k": TOPK_DEFAULT}, "fields": {"k": "topk"}, "vjp": _softmax_vjp},
+           relaxes="A5: only the k largest scores of a row get weight (ratios depend on the other scores' ranks)"),
 ], NORMALIZER_TRAITS)
 """Every normalizer (A5): see the module docstring and :data:`NORMALIZER_TRAITS`."""
 
@@ -281,23 +418,17 @@ def _taylor(x: Tensor) -> Tensor:
 
 FEATURE_MAPS = Registry("feature_map", [
     Choice("elu", "phi(x) = elu(x) + 1", "Katharopoulos et al. 2020, eq. 7", _elu_plus_one),
-    Choice("relu", "phi(x) = relu(x)", "Choromanski et al. 2021 (ReLU kernel of the Performer paper)", F.relu),
+    Choice("relu", "phi(x) = relu(x)", "Choromanski et al. 2021 (ReLU kernel of the Performer paper)", F.relu,
+           relaxes="the linear normalizer's kernel: relu features"),
     Choice("identity", "phi(x) = x (not positive: rows may sum to about 0)", "our choice: the plain bilinear kernel",
-           lambda x: x),
+           lambda x: x, relaxes="the linear normalizer's kernel: the plain bilinear form (weights may be negative)"),
     Choice("taylor", "phi(x) = [1, y, vec(y y^T) / sqrt 2], y = x / d^(1/4): phi(q).phi(k) = 1 + t + t^2 / 2 with "
            "t = q.k / sqrt(d), the second-order Taylor expansion of exp(t); width 1 + d + d^2",
-           "Arora et al. 2024 (Based), sec. 3.1; Zhang et al. 2024 (Hedgehog), sec. 3", _taylor),
+           "Arora et al. 2024 (Based), sec. 3.1; Zhang et al. 2024 (Hedgehog), sec. 3", _taylor,
+           relaxes="the linear normalizer's kernel: the second-order Taylor expansion of exp"),
 ])
 """Kernel feature maps of the ``linear`` normalizer."""
 
-SCALES = Registry("scale", [
-    Choice("inv_sqrt_d", "scale = 1 / sqrt(head_dim) (1 for the kernel normalizer)",
-           "Vaswani et al. 2017, eq. 1 and footnote 4; Katharopoulos et al. 2020 (no temperature in the kernel)"),
-    Choice("none", "scale = 1", "Luong et al. 2015 (unscaled dot score)"),
-    Choice("learned", "scale_h = exp(theta_h), theta_h initialised to -log(head_dim) / 2", "our choice: a per-head "
-           "temperature, as in QK-norm attention (Henry et al. 2020)"),
-])
-"""A5's temperature."""
 
 
 def spec_options(spec: AttentionSpec) -> dict:
@@ -331,32 +462,6 @@ def feature_map(x: Tensor, kind: str = "elu") -> Tensor:
     return FEATURE_MAPS[kind].impl(x)
 
 
-def default_scale(spec: AttentionSpec, head_dim: int) -> float:
-    """The fixed temperature of ``spec.scale`` (not ``learned``): 1/sqrt(head_dim) for ``inv_sqrt_d``, except 1 for a
-    ``kernel`` normalizer (its kernel phi(q).phi(k) is no scaled score: Katharopoulos et al. 2020 apply no
-    temperature, and the taylor map carries its own 1/sqrt(d)); 1 for ``none``."""
-    if spec.scale == "inv_sqrt_d" and not NORMALIZERS.has(spec.normalizer, "kernel"):
-        return 1.0 / math.sqrt(head_dim)
-    return 1.0
-
-
-class Scale(nn.Module):
-    """The temperature multiplying the scores: a float, or a (1, heads, 1, 1) tensor when learned."""
-
-    def __init__(self, spec: AttentionSpec):
-        super().__init__()
-        self.kind = spec.scale
-        self.head_dim = spec.head_dim
-        self.fixed = default_scale(spec, spec.head_dim) if spec.scale != "learned" else None
-        if self.kind == "learned":
-            self.log_scale = nn.Parameter(torch.full((spec.num_heads,), -0.5 * math.log(spec.head_dim)))
-
-    def forward(self) -> float | Tensor:
-        if self.fixed is not None:
-            return self.fixed
-        return self.log_scale.exp().view(1, -1, 1, 1)
-
-
 def normalize(
     scores: Tensor, mask: Tensor | None, kind: str | Choice, *, training: bool = False, n_visible: Tensor | None = None,
     params: dict[str, Tensor] | None = None,
@@ -365,7 +470,8 @@ def normalize(
 
     Args:
         scores: (batch, heads, q_len, k_len) float scores, already scaled and biased. For a ``kernel`` normalizer
-            these are the non-negative kernel values phi(q).phi(k).
+            these are the non-negative kernel values phi(q).phi(k); for a ``halves`` one (``diff``) the scores of the
+            two halves stacked, (2, batch, heads, q_len, k_len).
         mask: bool, True = may attend, broadcastable to ``scores``; ``None`` means every key is visible.
         kind: a name of :data:`NORMALIZERS`, or its resolved :class:`Choice` (engines pass the one their plan
             resolved, so that no name is looked up per call).
@@ -378,8 +484,8 @@ def normalize(
             Gumbel-softmax's ``tau`` and ``hard``); defaults otherwise.
 
     Returns:
-        weights shaped like ``scores`` in max(scores dtype, float32) (float64 stays float64); masked entries and rows
-        without a visible key are exactly 0.
+        weights shaped like ``scores`` (without the leading 2 of ``halves``) in max(scores dtype, float32) (float64
+        stays float64); masked entries and rows without a visible key are exactly 0.
 
     Raises:
         ValueError: unknown ``kind`` (naming the choices).
@@ -406,6 +512,9 @@ def normalize(
         # A sort-based threshold fails on NaN; such rows are computed on zeros and reported as NaN.
         nan_rows = torch.isnan(s).any(dim=-1, keepdim=True)
         weights = choice.impl(s.masked_fill(nan_rows, 0.0), training, **(params or {}))
+        if choice.has("halves"):                       # two stacked score matrices made one weight matrix
+            nan_rows = nan_rows.any(dim=0)
+            mask = None if mask is None else mask[0]
         weights = weights.masked_fill(nan_rows, float("nan"))
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)

@@ -29,6 +29,12 @@ Choices:
                 token positions above, never raw indices of a padded row.
     alibi       score bias -m_h (p_i - p_j) (Press et al. 2022, sec. 3) with their head slopes m_h; without a causal
                 mask the bias is -m_h |p_i - p_j| **(our choice)**.
+    forget      the Forgetting Transformer's data-dependent decay (Lin et al. 2025, arXiv:2503.02130, eq. 5-6): score
+                bias D_ij = sum_{l = j+1..i} log f_l with f_l = sigmoid(w_h . x_l + b_h) per head, x_l the layer's
+                key input at token l; ALiBi is its constant case (log f_l = -m_h). Causal only. The sum runs over
+                the key stream's tokens in index order (a cached key keeps its running sum, so decoding step by step
+                gives the rows of the full computation); a padding token has log f = 0 **(our choice: padding is
+                not a token, so left padding changes nothing)**. A query sits at key index q_offset + i.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from axiomformer.axes.registry import Choice, Registry
@@ -159,6 +166,32 @@ class Position(nn.Module):
             nn.init.normal_(self.table.weight, std=0.02)
         if self.kind == "alibi":
             self.register_buffer("slopes", alibi_slopes(spec.num_heads), persistent=False)
+        if POSITIONS.has(self.kind, "decay"):
+            self.forget_gate = nn.Linear(spec.dim, spec.num_heads)
+
+    def forget_sums(self, x: Tensor, key_padding_mask: Tensor | None, past: Tensor | None) -> Tensor:
+        """Running sums c_l = sum_{m <= l} log f_m of the forget gates, (batch, heads, k_len) float32.
+
+        Args:
+            x: (batch, new_k_len, dim) the key inputs of this call.
+            key_padding_mask: (batch, k_len) bool over every key (cached ones first), True = real token, or None.
+            past: (batch, heads, past_len) the running sums a KV cache kept, or None.
+        """
+        log_f = F.logsigmoid(self.forget_gate(x).float()).transpose(1, 2)         # (batch, heads, new_k_len)
+        if key_padding_mask is not None:
+            real = key_padding_mask[:, key_padding_mask.shape[-1] - x.shape[1]:].unsqueeze(1)
+            log_f = torch.where(real, log_f, torch.zeros_like(log_f))
+        sums = log_f.cumsum(-1)
+        if past is not None and past.shape[-1]:
+            sums = torch.cat([past, sums + past[..., -1:]], dim=-1)
+        return sums
+
+    @staticmethod
+    def decay_bias(sums: Tensor, q_len: int, q_offset: int) -> Tensor:
+        """D_ij = c_{q_offset + i} - c_j (batch, heads, q_len, k_len) float32 from the running sums c (batch, heads,
+        k_len): sum_{l = j+1..i} log f_l for j <= i (positive beyond the diagonal, where the causal mask blocks)."""
+        index = (torch.arange(q_len, device=sums.device) + q_offset).clamp(0, max(sums.shape[-1] - 1, 0))
+        return sums[..., index].unsqueeze(-1) - sums.unsqueeze(-2)
 
     def encode_inputs(self, x: Tensor, positions: Tensor) -> Tensor:
         """x (batch, seq, dim) plus the encodings of ``positions`` ((seq,) or (batch, seq)) for sinusoidal/learned.
@@ -270,12 +303,18 @@ def token_positions(q_len: int, new_k_len: int, past: int, device: torch.device,
 POSITIONS = Registry("position", [
     Choice("none", "no position information", "Somani, A0 (permutation invariance)"),
     Choice("sinusoidal", "PE(p, 2i) = sin(p / 10000^(2i/dim)), PE(p, 2i+1) = cos(...)", "Vaswani et al. 2017, sec. 3.5",
-           traits=frozenset({"input"})),
+           traits=frozenset({"input"}), relaxes="A0 (order re-enters): fixed encodings added to the q, k inputs"),
     Choice("learned", "a learned (max_len, dim) table added to the inputs", "Gehring et al. 2017; Devlin et al. 2019",
-           traits=frozenset({"input"})),
+           traits=frozenset({"input"}), relaxes="A0 (order re-enters): learned encodings added to the q, k inputs"),
     Choice("rope", "q, k rotated by angles p * 10000^(-2i/head_dim)", "Su et al. 2021, eq. 34",
-           traits=frozenset({"rotary"})),
-    Choice("alibi", "score bias -m_h (p_i - p_j)", "Press et al. 2022, sec. 3", traits=frozenset({"bias"})),
+           traits=frozenset({"rotary"}), relaxes="A0 (order re-enters): q, k rotated by their positions"),
+    Choice("alibi", "score bias -m_h (p_i - p_j)", "Press et al. 2022, sec. 3", traits=frozenset({"bias"}),
+           relaxes="A0 (order re-enters): a fixed linear recency bias per head"),
+    Choice("forget", "score bias sum_{l=j+1..i} log f_l, f_l = sigmoid(w_h . x_l + b_h) per head",
+           "Lin et al. 2025, arXiv:2503.02130, eq. 5-6 (Forgetting Transformer)", traits=frozenset({"decay", "causal"}),
+           relaxes="A0 (order re-enters): a learned, data-dependent recency decay per head (causal only)"),
 ], {"input": "added to the query and key inputs before their projections", "rotary": "rotates q and k",
-    "bias": "a score bias from the heads' slopes (alibi_slopes)"})
+    "bias": "a score bias from the heads' slopes (alibi_slopes)",
+    "decay": "a score bias from learned gates on the key inputs (Position.forget_sums, Position.decay_bias)",
+    "causal": "defined only under a causal mask: the spec refuses causal=False"})
 """Every position choice."""

@@ -22,6 +22,8 @@ class Choice:
         impl: the implementation (a function or a module factory; its signature is the axis's own).
         traits: what engines may rely on (each axis file lists its traits and what they promise).
         extra: further implementation pieces some traits need (e.g. a score's ``dot_form``).
+        relaxes: which assumption the choice relaxes and how, in words (``""`` for a choice inside the assumption);
+            the design-space table's column "assumption relaxed, how".
     """
 
     name: str
@@ -30,6 +32,7 @@ class Choice:
     impl: Callable[..., Any] | None = None
     traits: frozenset[str] = frozenset()
     extra: dict[str, Any] = field(default_factory=dict)
+    relaxes: str = ""
 
     def has(self, trait: str) -> bool:
         return trait in self.traits
@@ -41,14 +44,48 @@ class Registry:
     def __init__(self, axis: str, choices: list[Choice], traits: dict[str, str] | None = None):
         self.axis = axis
         self._choices = {c.name: c for c in choices}
+        self._origins: dict[str, str] = {}
         self.traits = dict(traits or {})
         unknown = {t for c in choices for t in c.traits} - set(self.traits)
         if unknown:
             raise ValueError(f"{axis}: traits {sorted(unknown)} are not declared; declared: {sorted(self.traits)}")
 
-    def register(self, choice: Choice) -> Choice:
-        """Add a choice (at the end); returns it."""
+    def register(self, choice: Choice, *, origin: str = "axiomformer") -> Choice:
+        """Add a choice (at the end); returns it.
+
+        Args:
+            origin: who registers it (a package name), named in the error on a clash.
+
+        Raises:
+            ValueError: the name is taken (naming both registrants), or a trait is not declared.
+        """
+        if choice.name in self._choices:
+            raise ValueError(f"{self.axis} choice {choice.name!r} is registered twice: by "
+                             f"{self._origins.get(choice.name, 'axiomformer')} and by {origin}")
+        unknown = set(choice.traits) - set(self.traits)
+        if unknown:
+            raise ValueError(f"{self.axis} choice {choice.name!r} of {origin}: traits {sorted(unknown)} are not "
+                             f"declared; declared: {sorted(self.traits)}")
         self._choices[choice.name] = choice
+        self._origins[choice.name] = origin
+        return choice
+
+    def origin(self, name: str) -> str:
+        """Who registered choice ``name``: ``"axiomformer"`` or the package of its entry point."""
+        self[name]
+        return self._origins.get(name, "axiomformer")
+
+    def unregister(self, name: str) -> Choice:
+        """Remove a choice (tests that plant one); returns it.
+
+        Raises:
+            ValueError: unknown name (naming the choices), or the standard (first) choice.
+        """
+        choice = self[name]
+        if name == next(iter(self._choices)):
+            raise ValueError(f"{self.axis}: the standard choice {name!r} cannot be removed")
+        del self._choices[name]
+        self._origins.pop(name, None)
         return choice
 
     def names(self) -> tuple[str, ...]:

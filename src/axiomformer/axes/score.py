@@ -15,6 +15,9 @@ Choices:
     cosine    s = tau_h cos(q, k), tau_h learned, init head_dim (QK-normalised attention, Henry et al. 2020)
     neg_l2    s = -|q - k|^2                                    (distance-based attention, Kim et al. 2021)
     mlp       s = w_2 . GELU(W_q' q + W_k' k + b) + c           (an MLP on [q; k]); O(L S hidden) memory
+    talking_heads  s_h = sum_g P_hg q_g . k_g, the heads' dot-product logits mixed by a learned H x H matrix P,
+                initialised at the identity (Shazeer et al. 2020, arXiv:2003.02436, sec. 4, the mixing before the
+                softmax only); mixed before the temperature, which is the same for a scale shared by the heads
 """
 
 from __future__ import annotations
@@ -148,6 +151,23 @@ class MLPScore(nn.Module):
         return self.out(hidden).squeeze(-1)
 
 
+class TalkingHeadsScore(nn.Module):
+    """s_hij = sum_g P_hg q_gi . k_gj: the dot-product logits of every head mixed by a learned (heads, heads) P."""
+
+    def __init__(self, num_heads: int):
+        super().__init__()
+        self.mix = nn.Parameter(torch.eye(num_heads))
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        logits = torch.matmul(q, k.transpose(-2, -1))
+        return torch.einsum("hg,bgij->bhij", self.mix.to(logits.dtype), logits)
+
+
+@torch.no_grad()
+def _move_mix(module: TalkingHeadsScore, generator: torch.Generator) -> None:
+    module.mix.add_(0.5 * torch.randn(module.mix.shape, generator=generator).to(module.mix))
+
+
 # ---------------------------------------------------------------------------------------------- dot forms
 # softmax_j(scale * score(q_i, k_j)) = softmax_j(scale * q'_i . k'_j + sum_c qcol_c[i] kcol_c[j] + r_i) for the scores
 # with a dot form: ``dot_form(module, q, k, scale) -> (q', k', scale, [(qcol, kcol), ...])``, columns (..., seq, 1).
@@ -176,25 +196,36 @@ SCORE_TRAITS = {
     "dot_form_exact": "the dot form keeps the logits exactly (no per-query constant)",
     "plain_dot": "s = q . k exactly, with no learned part",
     "pairwise": "builds a (q_len, k_len, hidden) tensor per pair; extra['pair_width'](module) is hidden",
+    "any_width": "the module scores queries and keys of any width (no parameter sized by head_dim)",
+    "starts_standard": "its learned parameters start where it computes the standard choice exactly; "
+                       "extra['move'](module, generator) moves them off that point (the audit of a spec audits the "
+                       "relaxation, not its starting point)",
 }
 
 SCORES = Registry("score", [
     Choice("dot", "s = q . k", "Vaswani et al. 2017, eq. 1 (A4 holds)", lambda spec: DotScore(),
-           frozenset({"dot_form", "dot_form_exact", "plain_dot"}), {"dot_form": _dot_form_dot}),
+           frozenset({"dot_form", "dot_form_exact", "plain_dot", "any_width"}), {"dot_form": _dot_form_dot}),
     Choice("bilinear", "s = q^T W_h k", "Luong et al. 2015, 'general' score",
            lambda spec: BilinearScore(spec.num_heads, spec.head_dim), frozenset({"dot_form", "dot_form_exact"}),
-           {"dot_form": _dot_form_bilinear}),
+           {"dot_form": _dot_form_bilinear}, relaxes="none (inside A4's class): W_h folds into the key projection"),
     Choice("additive", "s = w_h . tanh(q + k)", "Bahdanau et al. 2015, eq. 6",
            lambda spec: AdditiveScore(spec.num_heads, spec.head_dim), frozenset({"pairwise"}),
-           {"pair_width": lambda module: module.weight.shape[-1]}),
+           {"pair_width": lambda module: module.weight.shape[-1]},
+           relaxes="A4: a nonlinear function of q + k, not an inner product"),
     Choice("cosine", "s = tau_h cos(q, k)", "Henry et al. 2020, QK-norm",
-           lambda spec: CosineScore(spec.num_heads, spec.head_dim), frozenset({"dot_form", "dot_form_exact"}),
-           {"dot_form": _dot_form_cosine}),
+           lambda spec: CosineScore(spec.num_heads, spec.head_dim),
+           frozenset({"dot_form", "dot_form_exact", "any_width"}), {"dot_form": _dot_form_cosine},
+           relaxes="A4: q and k normalised to unit length before the inner product"),
     Choice("neg_l2", "s = -|q - k|^2", "Kim et al. 2021, L2 attention", lambda spec: NegL2Score(),
-           frozenset({"dot_form"}), {"dot_form": _dot_form_neg_l2}),
+           frozenset({"dot_form", "any_width"}), {"dot_form": _dot_form_neg_l2},
+           relaxes="A4: a negative squared distance (adds -|k|^2 per key)"),
     Choice("mlp", "s = w_2 . GELU(W_q' q + W_k' k + b) + c", "our choice: an MLP on [q; k]",
            lambda spec: MLPScore(spec.head_dim), frozenset({"pairwise"}),
-           {"pair_width": lambda module: module.w_q.out_features}),
+           {"pair_width": lambda module: module.w_q.out_features}, relaxes="A4: a learned nonlinear score"),
+    Choice("talking_heads", "s_h = sum_g P_hg q_g . k_g, P a learned H x H matrix from the identity",
+           "Shazeer et al. 2020, arXiv:2003.02436, sec. 4 (talking-heads attention, the logits' projection)",
+           lambda spec: TalkingHeadsScore(spec.num_heads), frozenset({"any_width", "starts_standard"}),
+           {"move": _move_mix}, relaxes="A4: heads stop being independent, the logits are mixed across heads before the normalizer"),
 ], SCORE_TRAITS)
 """Every score (A4): formula, source, module factory ``impl(spec)`` and traits."""
 

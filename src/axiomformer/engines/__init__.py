@@ -8,7 +8,8 @@ mask kind, shape class; never lengths or values): :func:`route_cache_size`, :fun
 
 Engines are tried in ``ENGINE_ORDER``: ``flex`` (softmax with ALiBi on CUDA), ``sdpa`` (softmax with dot-product-like
 scores), ``linear`` (the linear normalizer), ``elementwise`` (sigmoid, relu: closed-form backward), ``sparse``
-(sparsemax, entmax15: sort-free thresholds), ``chunked`` (everything, without an L x S matrix), ``reference`` (the
+(sparsemax, entmax15: sort-free thresholds), ``rowwise`` (normalizers with a closed-form backward, trait
+``closed_vjp``, and logit soft-capping), ``chunked`` (everything, without an L x S matrix), ``reference`` (the
 ground truth, everything, and the weights). ``prefer_engine("reference")`` (a context manager) or the environment
 variable ``AXIOMFORMER_ENGINE=<name>`` prefers one engine for every layer that it can run; ``Attention(spec,
 engine=<name>)`` or ``attend(..., engine=<name>)`` forces it and raises if it cannot run the problem.
@@ -24,7 +25,9 @@ engine its traits earn without touching the engines:
   ``dot_form_exact`` score);
 - ``linear``: a normalizer with ``kernel`` and a ``proportional`` contribution;
 - ``elementwise`` and ``sparse`` have hand-written kernels per choice and accept by name (their ``KINDS``), with a
-  ``plain_dot`` score and a ``proportional`` contribution.
+  ``plain_dot`` score and a ``proportional`` contribution;
+- ``rowwise``: a normalizer with ``closed_vjp`` (and ``extra["vjp"]``, its backward in closed form), a
+  ``plain_dot`` score, a ``proportional`` contribution, any scale and ``softcap``.
 
 ``Plan`` resolves the traits once (``plan.normalizer_traits``, ``plan.score_traits``, ``plan.softmax_like(...)``,
 ``plan.options``, ...), so an engine's ``accepts`` reads attributes, never a registry. The equivalence matrix

@@ -35,7 +35,7 @@ from axiomformer.axes.normalizer import normalize
 from axiomformer.axes.position import alibi_bias
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, REFERENCE_MAX_ELEMENTS, Plan, ProblemKind
-from axiomformer.engines.problem import AttentionProblem, block_mask, causal_key_end, slice_block
+from axiomformer.engines.problem import AttentionProblem, block_mask, causal_key_end, row_scale, slice_block
 from axiomformer.engines.reference import contribute, scaled_scores
 
 __all__ = ["DEFAULT_BUDGET", "REFERENCE_MAX_ELEMENTS", "ChunkedEngine", "attend_chunk", "chunked_attention"]
@@ -71,7 +71,7 @@ def _key_blocks(problem: AttentionProblem, qs: slice, k_end: int, size: int) -> 
 # ---------------------------------------------------------------------------------------------- one query chunk
 def _scores(parts: Plan, problem: AttentionProblem, q: Tensor, k: Tensor, qs: slice, ks: slice) -> Tensor:
     """Scaled and biased scores (or, for ``normalizer="linear"``, the kernel) of one block, as the reference."""
-    return scaled_scores(parts, q, k, problem.scale, block_bias(problem, qs, ks))
+    return scaled_scores(parts, q, k, row_scale(problem.scale, qs), block_bias(problem, qs, ks))
 
 
 def _visible_count(problem: AttentionProblem, qs: slice, k_end: int, key_chunk: int) -> Tensor | None:

@@ -92,6 +92,7 @@ class FlexEngine(EngineBase):
             and plan.proportional
             and plan.softmax_like(kind.training)
             and not kind.bias
+            and not plan.spec.softcap
             and not kind.window
             and kind.mask in ("none", "key") and not kind.mask_heads
             and not kind.dropout

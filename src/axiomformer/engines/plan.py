@@ -25,6 +25,7 @@ from axiomformer.axes.contribution import CONTRIBUTIONS
 from axiomformer.axes.normalizer import FEATURE_MAPS, NORMALIZERS, at_defaults, spec_options
 from axiomformer.axes.position import POSITIONS
 from axiomformer.axes.registry import Choice
+from axiomformer.axes.scale import SCALES
 from axiomformer.axes.score import SCORES
 from axiomformer.spec import AttentionSpec
 
@@ -64,8 +65,9 @@ class Plan:
 
     Attributes (resolved once): ``normalizer_choice`` (the registry :class:`~axiomformer.axes.registry.Choice`),
     ``normalizer_traits``, ``score_traits``, ``contribution_traits``, ``position_traits``, ``dot_form`` (the score's
-    dot-form function or None), ``feature_map`` (the linear normalizer's phi), ``options`` (a ``configured`` normalizer's keyword
-    arguments), ``at_defaults``, ``pair_width`` and ``key``, the hashable part of the router's key: choice names and
+    dot-form function or None), ``feature_map`` (the linear normalizer's phi), ``options`` (a ``configured``
+    normalizer's keyword arguments), ``at_defaults``, ``pair_width``, ``per_row_scale`` (the scale differs between
+    queries: trait ``per_row``, ``scale=log_n``) and ``key``, the hashable part of the router's key: choice names and
     trait-bearing flags only, never a value such as ``gumbel_tau``.
     """
 
@@ -85,6 +87,7 @@ class Plan:
     params_fn: Callable | None = field(init=False, repr=False)
     at_defaults: bool = field(init=False, repr=False)
     pair_width: int = field(init=False, repr=False)
+    per_row_scale: bool = field(init=False, repr=False)
     key: tuple = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -100,8 +103,10 @@ class Plan:
             "params_fn": choice.extra["params"] if "parametric" in choice.traits else None,
             "pair_width": _pair_width(spec, self.score_fn, self.contribution),
         }
+        resolved["per_row_scale"] = SCALES.has(spec.scale, "per_row")
         resolved["key"] = (spec.normalizer, spec.score, spec.contribution,
-                           spec.feature_map if "kernel" in choice.traits else None, resolved["at_defaults"])
+                           spec.feature_map if "kernel" in choice.traits else None, resolved["at_defaults"],
+                           bool(spec.softcap), resolved["per_row_scale"])
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
 
@@ -212,9 +217,10 @@ def problem_kind(plan: Plan, problem: Any) -> ProblemKind:
 
 
 def plain_dot(plan: Plan, kind: ProblemKind) -> bool:
-    """Dot scores, proportional contributions, no mask but the causal one, no bias, ALiBi, window or dropout,
-    float32/64: the problems whose weights are a function of one row of q k^T alone (the closed-form engines')."""
-    return ("plain_dot" in plan.score_traits and plan.proportional and kind.mask == "none" and not kind.bias
+    """Dot scores, proportional contributions, no soft-capping, one scale for every query, no mask but the causal one,
+    no bias, ALiBi, window or dropout, float32/64: the problems whose weights are a function of one row of q k^T alone (the closed-form engines')."""
+    return ("plain_dot" in plan.score_traits and plan.proportional and not plan.spec.softcap
+            and not plan.per_row_scale and kind.mask == "none" and not kind.bias
             and kind.alibi == "none" and not kind.dropout and not kind.window
             and kind.dtype in (torch.float32, torch.float64))
 

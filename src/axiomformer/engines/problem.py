@@ -98,6 +98,27 @@ def rows_without_keys(mask: Tensor | None, causal: bool, q_len: int, k_len: int,
     return ~visible.any(-1)
 
 
+def visible_counts(mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int,
+                   device: torch.device | None = None, window: int = 0) -> Tensor:
+    """n_i, the number of keys query i may attend to, float32 (batch|1, heads|1, q_len, 1).
+
+    Reads ``mask`` (bool, True = may attend, broadcastable to (batch, heads, q_len, k_len)), the bottom-right causal
+    rule j <= q_offset + i and the sliding ``window``; closed form without a mask (no (q_len x k_len) temporary).
+    """
+    position = torch.arange(q_len, device=device) + q_offset
+    if mask is None and not window:
+        n = (position + 1).clamp(0, k_len) if causal else torch.full((q_len,), k_len, device=device)
+        return n.float().view(1, 1, -1, 1)
+    visible = window_mask(q_len, k_len, q_offset, window, causal, device) if window else None
+    if causal:
+        c = causal_mask(q_len, k_len, q_offset, device)
+        visible = c if visible is None else visible & c
+    if mask is not None:
+        visible = mask if visible is None else mask & visible
+    visible = visible if visible.dim() == 4 else visible.view((1,) * (4 - visible.dim()) + visible.shape)
+    return torch.broadcast_to(visible, visible.shape[:2] + (q_len, k_len)).sum(-1, keepdim=True).float()
+
+
 @dataclass
 class AttentionProblem:
     """Queries, keys, values and everything that masks or biases their scores.
@@ -172,6 +193,16 @@ class AttentionProblem:
                                  self.window)
 
 # ---------------------------------------------------------------------------------------------- query chunks
+def per_row_scale(scale) -> bool:
+    """The scale differs between queries (``scale=log_n``: a (batch|1, heads, q_len, 1) tensor with q_len > 1)."""
+    return isinstance(scale, Tensor) and scale.dim() >= 2 and scale.shape[-2] != 1
+
+
+def row_scale(scale, qs: slice):
+    """The scale of the queries ``qs``: a per-row scale sliced, anything else as it is."""
+    return scale[..., qs, :] if per_row_scale(scale) else scale
+
+
 def causal_key_end(start: int, stop: int, offset: int, causal: bool, k_len: int) -> int:
     """Keys read by the queries start..stop - 1: with a causal mask, up to the last one visible to query stop - 1."""
     return min(k_len, max(1, offset + stop)) if causal else k_len

@@ -38,14 +38,15 @@ def contribute(contribution, weights: Tensor, v: Tensor) -> Tensor:
 def scaled_query(q: Tensor, scale) -> Tensor:
     """``scale * q``: the temperature of a kernel normalizer enters through the query, phi(scale q).phi(k), so that
     f(q, scale=s) == f(s q, scale=1) on every engine and a learned scale gets its gradient (the default scale of a
-    kernel normalizer is 1: ``axes.normalizer.default_scale``)."""
+    kernel normalizer is 1: ``axes.scale.constant_scale``)."""
     return q if not isinstance(scale, Tensor) and scale == 1.0 else q * scale
 
 
 def scaled_scores(parts: Plan, q: Tensor, k: Tensor, scale, bias: Tensor | None) -> Tensor:
-    """``scale * score(q, k) + bias`` (or, for the linear normalizer, the kernel phi(scale q).phi(k) exp(bias)) in
-    max(input dtype, float32) (``axiomformer.precision``): float16 inputs are upcast before the product, float64 is
-    never lowered."""
+    """``softcap(scale * score(q, k)) + bias`` (or, for the linear normalizer, the kernel phi(scale q).phi(k)
+    exp(bias)) in max(input dtype, float32) (``axiomformer.precision``): float16 inputs are upcast before the product,
+    float64 is never lowered. For a ``halves`` normalizer the two halves' scores stacked, (2, batch, heads, q_len,
+    k_len). ``scale`` is a float or broadcastable to (batch, heads, q_len, 1)."""
     dtype = compute_dtype(q.dtype, k.dtype)
     scale = scale.to(dtype) if isinstance(scale, Tensor) else scale
     if "kernel" in parts.normalizer_traits:
@@ -54,7 +55,16 @@ def scaled_scores(parts: Plan, q: Tensor, k: Tensor, scale, bias: Tensor | None)
         scores = torch.matmul(parts.feature_map(scaled_query(q.to(dtype), scale)),
                               parts.feature_map(k.to(dtype)).transpose(-2, -1))
         return scores if bias is None else scores * bias.to(dtype).exp()
-    scores = call_in(parts.score_fn, (q, k), dtype) * scale
+    if "halves" in parts.normalizer_traits:
+        # Differential attention: the two halves of each head scored apart, stacked (2, batch, heads, q_len, k_len).
+        h = q.shape[-1] // 2
+        scores = torch.stack([call_in(parts.score_fn, (q[..., :h], k[..., :h]), dtype),
+                              call_in(parts.score_fn, (q[..., h:], k[..., h:]), dtype)]) * scale
+    else:
+        scores = call_in(parts.score_fn, (q, k), dtype) * scale
+    cap = parts.spec.softcap
+    if cap:
+        scores = cap * torch.tanh(scores / cap)      # Gemma 2's soft-capping, before any bias
     return scores if bias is None else scores + bias.to(dtype)
 
 

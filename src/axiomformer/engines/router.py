@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 from torch import Tensor
 
-from axiomformer.axes.normalizer import default_scale
+from axiomformer.axes.scale import constant_scale
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.elementwise import ElementwiseEngine
 from axiomformer.engines.flex import EngineUnavailable, FlexEngine
@@ -38,6 +38,7 @@ from axiomformer.engines.linear import LinearEngine
 from axiomformer.engines.plan import Plan, problem_kind
 from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows, zero_rows_without_keys
 from axiomformer.engines.reference import ReferenceEngine
+from axiomformer.engines.rowwise import RowwiseEngine
 from axiomformer.engines.sdpa import SDPAEngine
 from axiomformer.engines.sparse import SparseEngine
 from axiomformer.engines.validate import (
@@ -92,6 +93,7 @@ register_engine(FlexEngine(), before="sdpa")
 register_engine(LinearEngine())
 register_engine(ElementwiseEngine())
 register_engine(SparseEngine())
+register_engine(RowwiseEngine())
 register_engine(ChunkedEngine())
 
 
@@ -209,8 +211,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
         mask: bool, True = may attend, broadcastable to (batch, heads, q_len, k_len) (``masks.prepare_masks`` turns
             user masks into this pair).
         bias: float added to the scores, broadcastable likewise (finite).
-        scale: temperature; default 1/sqrt(head_dim) for ``scale="inv_sqrt_d"`` (1 with the linear normalizer), 1 for
-            ``"none"`` (``axes.normalizer.default_scale``). Every normalizer honours it (the linear one as phi(s q)).
+        scale: temperature: a float, a (1, heads, 1, 1) tensor, or a per-row (batch|1, heads, q_len, 1) tensor
+            (``scale=log_n``); default the value of a ``constant`` scale choice (``axes/scale.py``): 1/sqrt(head_dim)
+            for ``"inv_sqrt_d"`` (head_dim / 2 for ``normalizer="diff"``; 1 with the linear normalizer), 1 for
+            ``"none"``. Every normalizer honours it (the linear one as phi(s q)).
         causal: bottom-right aligned causal mask (default ``spec.causal``).
         q_offset: position of query 0 among the keys (default ``k_len - q_len``).
         alibi_slopes: (heads,) ALiBi slopes, or None.
@@ -226,7 +230,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
 
     Raises:
         ValueError: q, k, v, mask or bias shapes that do not fit (naming them, see ``engines/validate.py``), a
-            negative window, and see :func:`route` and :func:`default_parts`.
+            negative window, and see :func:`route` and :func:`default_parts`; no ``scale`` for a scale choice that is
+            not a constant (``learned``, ``log_n``, or any choice a package registers without a value), naming the
+            constant ones; a causal-only normalizer without a causal mask.
     """
     target = problem_shape(q, k, v)
     mask, bias = as_problem_4d("mask", mask, target), as_problem_4d("bias", bias, target)
@@ -239,15 +245,16 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
         parts = default_parts(spec)
     spec = parts.spec
     if scale is None:
-        if spec.scale == "learned":
-            raise ValueError("scale='learned' needs the learned temperature as scale=")
-        scale = default_scale(spec, q.shape[-1])
+        scale = constant_scale(spec, q.shape[-1])      # ValueError for a learned or per-row scale
+    causal = spec.causal if causal is None else causal
+    if not causal and "causal" in parts.normalizer_traits:
+        raise ValueError(f"normalizer={spec.normalizer!r} is defined only under a causal mask: it needs causal=True")
     window = check_window(spec.window if window is None else window)
     if 0 in target[2:]:                                  # no query or no key: nothing for an engine to compute
         out, weights = empty_output(q, k, v, target)
         return Attended(out, weights if need_weights else None, "reference")
     problem = AttentionProblem(
-        q=q, k=k, v=v, causal=spec.causal if causal is None else causal, mask=mask, bias=bias,
+        q=q, k=k, v=v, causal=causal, mask=mask, bias=bias,
         alibi_slopes=alibi_slopes, q_offset=k.shape[-2] - q.shape[-2] if q_offset is None else q_offset,
         dropout_p=spec.dropout if dropout_p is None else dropout_p, training=training, scale=scale, window=window,
     )

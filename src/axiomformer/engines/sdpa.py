@@ -120,6 +120,8 @@ class SDPAEngine(EngineBase):
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
         traits = plan.score_traits
+        if plan.spec.softcap:                             # tanh of the logits: no fused kernel computes it
+            return False
         if not ("dot_form" in traits and plan.proportional
                 and (plan.softmax_like(kind.training) or (plan.sink and "dot_form_exact" in traits))):
             return False

@@ -87,7 +87,7 @@ def empty_output(q: Tensor, k: Tensor, v: Tensor, target: tuple[int, int, int, i
 
 def check_per_head(name: str, t, target: tuple[int, int, int, int]) -> None:
     """A per-head tensor argument (``alibi_slopes`` (heads,), a tensor ``scale`` broadcastable to
-    (batch, heads, 1, 1)) fits the problem.
+    (batch, heads, q_len, 1), per row for ``scale=log_n``) fits the problem.
 
     Raises:
         ValueError: naming both shapes.
@@ -98,6 +98,7 @@ def check_per_head(name: str, t, target: tuple[int, int, int, int]) -> None:
         if t.dim() != 1 or t.shape[0] != target[1]:
             raise ValueError(f"alibi_slopes of shape {_shape(t)} must be (heads,) = ({target[1]},)")
         return
-    want = (target[0], target[1], 1, 1)
+    # A scale may differ between queries (scale=log_n): (batch|1, heads|1, q_len|1, 1).
+    want = (target[0], target[1], target[2], 1)
     if t.dim() > 4 or any(size not in (1, w) for size, w in zip(t.shape[::-1], want[::-1])):
-        raise ValueError(f"{name} of shape {_shape(t)} does not broadcast to (batch, heads, 1, 1) = {want}")
+        raise ValueError(f"{name} of shape {_shape(t)} does not broadcast to (batch, heads, q_len, 1) = {want}")

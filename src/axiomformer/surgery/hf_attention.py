@@ -22,9 +22,9 @@ key/value head groups  key/value heads fewer than query heads (GQA, Ainslie et a
                        with more than one query; keys beyond the queries (a static cache's empty slots) hidden
 ``sliding_window``     carried by the mask transformers builds for the layer; without a mask, applied here
                        (causal: i - j < window; bidirectional: |i - j| <= window, as transformers' overlays)
-``softcap``            logit soft-capping ``c tanh(s / c)`` before the mask (Gemma 2), on the reference engine
-``s_aux`` (sinks)      one learned logit per head in the softmax denominator (GPT-OSS): a virtual key with
-                       value 0
+``softcap``            logit soft-capping ``c tanh(s / c)`` before the mask (Gemma 2): the spec field ``softcap``
+``s_aux`` (sinks)      one learned logit per head in the softmax denominator (GPT-OSS): ``normalizer=softmax_sink``
+                       with the model's logits as b_h
 ``position_bias``      added to the scores (T5-style relative bias)
 ``output_attentions``  (or ``module.config.output_attentions``) returns the weights, in the query's dtype, taken
                        *before* dropout (eager returns them after dropout; equal outside training)
@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from axiomformer.attention import Attention
-from axiomformer.engines import attend
+from axiomformer.engines import Plan, attend
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
 
@@ -89,33 +89,42 @@ def hf_attention_mask(mask: Tensor | None) -> Tensor | None:
     return bias.masked_fill(blocked, float("-inf"))
 
 
-class SoftcappedDot(nn.Module):
-    """s_ij = c tanh(q_i . k_j / c): logit soft-capping (Gemma Team 2024, Gemma 2 report sec. 2), on pre-scaled q."""
-
-    def __init__(self, cap: float):
-        super().__init__()
-        self.cap = float(cap)
-
-    def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        return self.cap * torch.tanh(torch.matmul(q, k.transpose(-2, -1)).float() / self.cap)
-
-
 _CORES: dict[tuple, Attention] = {}
 
 
-def _core(num_heads: int, head_dim: int, softcap: float | None) -> Attention:
-    """A standard-spec module whose score, scale, normalizer and contribution run the problem (q, k, v arrive
-    projected). With ``softcap`` its score is :class:`SoftcappedDot` and its scale 1 (q arrives scaled)."""
-    key = (num_heads, head_dim, softcap)
+def adapter_spec(num_heads: int, head_dim: int, softcap: float | None = None, sinks: bool = False) -> AttentionSpec:
+    """The point of the design space a transformers attention call is: standard attention, with Gemma 2's logit
+    soft-capping as the spec field ``softcap`` and GPT-OSS's learned sinks (``s_aux``) as ``normalizer=softmax_sink``.
+
+    A model run through this adapter is therefore described by registry choices, and relaxing them is a spec change
+    (e.g. ``normalizer=softmax`` drops the sinks, ``softcap=0`` the capping).
+    """
+    spec = AttentionSpec.standard(num_heads * head_dim, num_heads)
+    return spec.relax(softcap=float(softcap or 0.0), normalizer="softmax_sink" if sinks else "softmax")
+
+
+def _core(num_heads: int, head_dim: int, softcap: float | None, sinks: bool) -> Attention:
+    """A module of :func:`adapter_spec` whose score, scale, normalizer and contribution run the problem (q, k, v
+    arrive projected)."""
+    key = (num_heads, head_dim, softcap, sinks)
     if key not in _CORES:
-        spec = AttentionSpec.standard(num_heads * head_dim, num_heads)
-        if softcap is None:
-            _CORES[key] = Attention(spec).eval()
-        else:
-            core = Attention(spec.relax(scale="none"), engine="reference").eval()
-            core.score_fn = SoftcappedDot(softcap)
-            _CORES[key] = core
+        _CORES[key] = Attention(adapter_spec(num_heads, head_dim, softcap, sinks)).eval()
     return _CORES[key]
+
+
+class _Sinks(nn.Module):
+    """The sink logits of one call (transformers' ``s_aux``, the model's own parameter) in the place of
+    ``normalizer=softmax_sink``'s learned ``sink_logit``, so that gradients reach the model's parameter."""
+
+    def __init__(self, logits: Tensor):
+        super().__init__()
+        self.sink_logit = logits
+
+
+def _plan(core: Attention, s_aux: Tensor | None) -> Plan:
+    if s_aux is None:
+        return core.plan
+    return Plan(core.spec, core.score_fn, core.contribution, _Sinks(s_aux.float().reshape(-1)))
 
 
 def _check_arguments(kwargs: dict) -> None:
@@ -181,10 +190,8 @@ def axiomformer_attention_forward(module: nn.Module, query: Tensor, key: Tensor,
         key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
     scaling = head_dim ** -0.5 if scaling is None else float(scaling)
-    core = _core(heads, head_dim, None if softcap is None else float(softcap))
-    if softcap is not None:
-        query = query * scaling
-    elif not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-6):
+    core = _core(heads, head_dim, None if softcap is None else float(softcap), s_aux is not None)
+    if not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-6):
         query = query * (scaling * math.sqrt(head_dim))          # the core applies head_dim ** -0.5
     need_weights = bool(output_attentions if output_attentions is not None
                         else getattr(getattr(module, "config", None), "output_attentions", False))
@@ -195,22 +202,11 @@ def axiomformer_attention_forward(module: nn.Module, query: Tensor, key: Tensor,
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     causal = causal and attention_mask is None and q_len > 1
     window_bites = sliding_window is not None and k_len > sliding_window
-    flag = causal and q_len == k_len and not window_bites and s_aux is None      # the engines' fast causal path
+    flag = causal and q_len == k_len and not window_bites                          # the engines' fast causal path
     rule = None if flag else _visibility(q_len, k_len, causal, sliding_window, query.device)
     if rule is not None:
         mask = rule.view(1, 1, q_len, k_len) if mask is None else mask & rule
-    if s_aux is not None:
-        # The sink is a virtual key with logit s_aux[h] (a zero key plus that bias) and value 0.
-        sink = s_aux.to(query.dtype if softcap is None else torch.float32).view(1, heads, 1, 1)
-        key = torch.cat([key, key.new_zeros(batch, heads, 1, head_dim)], dim=-2)
-        value = torch.cat([value, value.new_zeros(batch, heads, 1, value.shape[-1])], dim=-2)
-        base = torch.zeros(1, 1, q_len, k_len, dtype=sink.dtype, device=query.device) if bias is None else bias
-        base = torch.broadcast_to(base, (base.shape[0], heads, q_len, k_len))
-        bias = torch.cat([base, sink.expand(base.shape[0], heads, q_len, 1)], dim=-1)
-        if mask is not None:
-            mask = torch.broadcast_to(mask, (mask.shape[0], heads, q_len, k_len))
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], heads, q_len, 1)], dim=-1)
-    out, weights, _ = attend(query, key, value, parts=core.plan, mask=mask,
+    out, weights, _ = attend(query, key, value, parts=_plan(core, s_aux), mask=mask,
                              bias=bias, scale=core.scale(), causal=flag, q_offset=key.shape[-2] - q_len,
                              dropout_p=dropout, training=module.training, need_weights=need_weights,
                              engine=core.engine)

@@ -1,0 +1,56 @@
+"""The design-space table, generated from the registries: one row per choice of every axis, with its formula, the
+assumption it relaxes and how (``Choice.relaxes``), and its source.
+
+The README's table and ``docs/design_space.md`` (through ``tools/docs_hooks.py``) are this output;
+``tests/test_design_space.py`` fails when the README's copy differs (regenerate it with
+``python -m axiomformer.design_space README.md``). Choices that other packages register (``axes/plugins.py``) appear
+with their package named.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from axiomformer.spec import ALIASES, FIELD_RELAXATIONS, REGISTRIES
+
+BEGIN, END = "<!-- design-space table: generated -->", "<!-- design-space table: end -->"
+"""The markers around the generated table in the README."""
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def design_space_table() -> str:
+    """The Markdown table: field | choice | formula | assumption relaxed, how | source."""
+    alias = {axis: name for name, axis in ALIASES.items()}
+    lines = ["| field | choice | formula | assumption relaxed, how | source |", "|---|---|---|---|---|"]
+    for axis, registry in REGISTRIES.items():
+        tag = alias.get(axis, "")
+        for i, choice in enumerate(registry):
+            how = choice.relaxes or ((f"— (standard: {tag} holds)" if axis in alias else "— (standard)") if i == 0
+                                     else "—")
+            origin = registry.origin(choice.name)
+            source = choice.source + ("" if origin == "axiomformer" else f" (package {origin})")
+            lines.append(f"| `{axis}` | `{choice.name}` | {_cell(choice.formula)} | {_cell(how)} | {_cell(source)} |")
+    for name, (formula, how, source) in FIELD_RELAXATIONS.items():
+        lines.append(f"| `{name}` | (a number) | {_cell(formula)} | {_cell(how)} | {_cell(source)} |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_table(text: str) -> str:
+    """``text`` with the part between :data:`BEGIN` and :data:`END` replaced by the generated table.
+
+    Raises:
+        ValueError: the markers are missing.
+    """
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"the markers {BEGIN} and {END} are missing")
+    head, rest = text.split(BEGIN, 1)
+    return head + BEGIN + "\n" + design_space_table() + END + rest.split(END, 1)[1]
+
+
+if __name__ == "__main__":                                   # python -m axiomformer.design_space README.md
+    for name in sys.argv[1:]:
+        path = Path(name)
+        path.write_text(replace_table(path.read_text(encoding="utf-8")), encoding="utf-8")

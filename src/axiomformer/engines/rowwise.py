@@ -1,0 +1,155 @@
+"""The rowwise engine: normalizers with a closed-form backward (trait ``closed_vjp``), and logit soft-capping, in
+chunks of queries, with a recomputing backward.
+
+For dot scores, proportional contributions and no mask other than the causal one, the weights of query i are a
+function of its row of logits alone:
+
+    z_i = scale_i q_i K^T                 (a per-row scale, ``scale=log_n``, folds into q)
+    t_i = c tanh(z_i / c)                 (``softcap`` = c > 0; else t = z), keys after the causal limit -> -inf
+    u_i = impl(t_i)                       (the normalizer's own implementation: softmax, topk, softpick,
+                                           stick_breaking)
+    y_i = u_i V
+
+The forward keeps q, k, v and y, never the weights. The backward recomputes one chunk of weights at a time
+(flash-attention's recomputation strategy, Dao et al. 2022, sec. 3.1, without the fused kernel) and applies the
+normalizer's closed-form vector-Jacobian product ``extra['vjp']`` (``axes/normalizer.py``) with g = dO V^T and
+delta_i = sum_j u_ij g_ij = dO_i . y_i, then dt/dz = 1 - (t / c)^2 of the cap: dQ = dz K, dK += dz^T Q,
+dV += u^T dO. That is 2 matrix products forward and 5 backward, against autograd through the chunked engine's
+checkpointed normalizer **(our choice)**. A backward with ``create_graph=True`` differentiates the same formula in
+plain tensor ops (``engines/autograd.py``). Tested against the reference engine forward and backward by the generated
+equivalence matrix (``tests/test_engine_matrix.py``), like every engine.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from axiomformer.engines.autograd import differentiable_backward
+from axiomformer.engines.base import EngineBase
+from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
+from axiomformer.engines.problem import AttentionProblem, causal_diagonal, causal_key_end, causal_mask
+
+
+class _Row:
+    """How to turn logits into weights and back: the normalizer's impl and vjp, its options and the cap."""
+
+    def __init__(self, plan: Plan):
+        choice = plan.normalizer_choice
+        self.impl, self.vjp = choice.impl, choice.extra["vjp"]
+        self.options = plan.options
+        self.cap = float(plan.spec.softcap)
+
+    def logits_(self, z: Tensor, diagonal, slope: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Cap z (in place) and block the keys after each query's causal limit; with ``slope``, also the cap's
+        derivative 1 - (t / c)^2 at the unblocked logits (None without a cap)."""
+        factor = None
+        if self.cap:
+            z.div_(self.cap).tanh_()
+            if slope:
+                factor = 1 - z * z
+            z.mul_(self.cap)
+        if diagonal is not None:
+            first, hidden = diagonal
+            z[..., first:].masked_fill_(hidden, float("-inf"))
+        return z, factor
+
+    def weights(self, t: Tensor) -> Tensor:
+        return self.impl(t, False, **self.options)
+
+    def grad_logits(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, factor: Tensor | None) -> Tensor:
+        dz = self.vjp(t, u, g, delta, **self.options)
+        return dz if factor is None else dz.mul_(factor)          # d(c tanh(z / c))/dz = 1 - (t / c)^2
+
+
+def exact_rowwise(q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int) -> Tensor:
+    """The same output in plain tensor ops (what second-order gradients differentiate)."""
+    z = torch.bmm(q, k.transpose(-2, -1))
+    if row.cap:
+        z = row.cap * torch.tanh(z / row.cap)
+    if causal:
+        z = z.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], offset, q.device), float("-inf"))
+    return torch.bmm(row.weights(z), v)
+
+
+def _chunks(q_len: int, size: int, offset: int, causal: bool, k_len: int, device):
+    for start in range(0, q_len, size):
+        stop = min(start + size, q_len)
+        end = causal_key_end(start, stop, offset, causal, k_len)
+        yield slice(start, stop), end, causal_diagonal(start, stop, end, offset, causal, device)
+
+
+class RowwiseAttention(torch.autograd.Function):
+    """y = u(q k^T) v chunked over queries, with the normalizer's closed-form backward, recomputing the weights.
+
+    Inputs are (batch*heads, seq, head_dim), q already scaled.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int, size: int) -> Tensor:
+        out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+        for rows, end, diagonal in _chunks(q.shape[-2], size, offset, causal, k.shape[-2], q.device):
+            t, _ = row.logits_(torch.bmm(q[:, rows], k[:, :end].transpose(-2, -1)), diagonal)
+            out[:, rows] = torch.bmm(row.weights(t), v[:, :end])
+        ctx.save_for_backward(q, k, v, out)
+        ctx.row, ctx.causal, ctx.offset, ctx.size = row, causal, offset, size
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, out = ctx.saved_tensors
+        row = ctx.row
+        if torch.is_grad_enabled():                      # create_graph=True: a differentiable backward
+            grads = differentiable_backward(lambda q, k, v: exact_rowwise(q, k, v, row, ctx.causal, ctx.offset),
+                                            (q, k, v), grad_out, ctx.needs_input_grad[:3])
+            return (*grads, None, None, None, None)
+        grad_out = grad_out.contiguous()
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for rows, end, diagonal in _chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q.device):
+            q_c, k_c, v_c, d_out = q[:, rows], k[:, :end], v[:, :end], grad_out[:, rows]
+            t, factor = row.logits_(torch.bmm(q_c, k_c.transpose(-2, -1)), diagonal, slope=True)
+            u = row.weights(t)
+            grad_v[:, :end] += torch.bmm(u.transpose(-2, -1), d_out)
+            g = torch.bmm(d_out, v_c.transpose(-2, -1))                      # dL/du
+            delta = (d_out * out[:, rows]).sum(-1, keepdim=True)            # sum_j u_j g_j
+            dz = row.grad_logits(t, u, g, delta, factor)
+            grad_q[:, rows] = torch.bmm(dz, k_c)
+            grad_k[:, :end] += torch.bmm(dz.transpose(-2, -1), q_c)
+        return grad_q, grad_k, grad_v, None, None, None, None
+
+
+def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int) -> Tensor:
+    """Output (batch, heads, q_len, head_dim_v) of a problem :class:`RowwiseEngine` accepts."""
+    scale = problem.scale
+    q = problem.q * (scale.to(problem.q.dtype) if isinstance(scale, Tensor) else scale)
+    batch, heads = max(q.shape[0], problem.k.shape[0]), max(q.shape[1], problem.k.shape[1])
+    q3, k3, v3 = (torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
+                  for t in (q, problem.k, problem.v))
+    out = RowwiseAttention.apply(q3, k3, v3, _Row(plan), problem.causal, problem.q_offset, chunk)
+    return out.view(batch, heads, *out.shape[1:])
+
+
+class RowwiseEngine(EngineBase):
+    """Normalizers with a closed-form backward (``closed_vjp``: softmax with ``softcap``, topk, softpick,
+    stick_breaking), any scale, dot scores, at most a causal mask, in chunks of queries.
+
+    Declines while ``torch.compile`` traces (its Python loop over query chunks would compile a graph per length), and
+    problems whose rows may have no key (a causal query before the first key).
+    """
+
+    name = "rowwise"
+
+    def __init__(self, memory_budget: int = DEFAULT_BUDGET):
+        self.memory_budget = memory_budget
+
+    def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
+        traits = plan.normalizer_traits
+        return ("closed_vjp" in traits and "parametric" not in traits and "plain_dot" in plan.score_traits
+                and plan.proportional and kind.mask == "none" and not kind.bias and kind.alibi == "none"
+                and not kind.dropout and not kind.window and kind.offset_ok and not kind.compiling
+                and kind.dtype in (torch.float32, torch.float64))
+
+    def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
+        # One budget per block: the backward holds about six blocks (logits, weights, dL/du, the cap's slope and the
+        # VJP's temporaries), so two (as sparse.py) peaked at 3.6x SDPA's memory at L = 4096 **(our choice)**.
+        return rowwise_attention(plan, problem, closed_form_chunk(problem, self.memory_budget, blocks=1)), None

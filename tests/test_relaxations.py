@@ -1,0 +1,386 @@
+"""The published relaxations of attention (issue 26), each against an independent implementation of its paper's formula.
+
+Every reference below is written from the formula, in float64, from the layer's own ``q_proj`` / ``k_proj`` / ``v_proj``
+/ ``out_proj`` outputs and parameters; none calls the library's normalizers, scores, scales or engines. Each choice is
+checked forward (the weights of ``need_weights=True`` and the output) and backward (the gradients of the input and of
+every parameter), with a causal mask and key padding, without a causal mask where the choice allows it, and through
+the KV cache where it is causal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from axiomformer import Attention, AttentionSpec
+from axiomformer.attention import KVCache
+from axiomformer.cli import app
+from axiomformer.engines import attend
+from axiomformer.train import TrainConfig, train
+
+DIM, HEADS, LEN = 16, 2, 7
+HD = DIM // HEADS
+
+CHOICES = {
+    "gate": "aggregator=gate",
+    "diff": "normalizer=diff",
+    "log_n": "scale=log_n",
+    "stick_breaking": "normalizer=stick_breaking",
+    "forget": "position=forget",
+    "softmax_sink": "normalizer=softmax_sink",
+    "softpick": "normalizer=softpick",
+    "topk": "normalizer=topk,topk=3",
+    "softcap": "softcap=2.5",
+    "talking_heads": "score=talking_heads",
+}
+"""Issue 26's items 1-10, as relax strings (topk below the key count, a softcap the scores reach)."""
+
+NEW_PARAMETERS = {
+    "gate": ["aggregator.gate.weight", "aggregator.gate.bias"], "diff": ["normalizer.diff_lambda"],
+    "log_n": ["scale.log_n_coef"], "forget": ["position.forget_gate.weight", "position.forget_gate.bias"],
+    "softmax_sink": ["normalizer.sink_logit"], "talking_heads": ["score_fn.mix"],
+}
+CAUSAL_ONLY = {"stick_breaking", "forget"}
+
+
+# ---------------------------------------------------------------------------------------------- the references
+def _heads(x: torch.Tensor) -> torch.Tensor:
+    return x.view(x.shape[0], x.shape[1], HEADS, -1).transpose(1, 2)
+
+
+def _masked_softmax(s: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    e = torch.exp(s - s.masked_fill(~visible, -1e300).amax(-1, keepdim=True)) * visible
+    return e / e.sum(-1, keepdim=True)
+
+
+def _stick_breaking(s: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    beta = torch.sigmoid(s) * visible
+    u = torch.zeros_like(s)
+    for j in range(s.shape[-1]):
+        keep = torch.ones_like(s[..., 0])
+        for m in range(j + 1, s.shape[-1]):                      # visible keys after j (the causal mask: m <= i)
+            keep = keep * (1 - beta[..., m])
+        u[..., j] = beta[..., j] * keep
+    return u
+
+
+def _topk(s: torch.Tensor, visible: torch.Tensor, k: int) -> torch.Tensor:
+    ranked = s.masked_fill(~visible, -math.inf).sort(-1, descending=True).values
+    kth = ranked[..., min(k, s.shape[-1]) - 1: min(k, s.shape[-1])]
+    return _masked_softmax(s, visible & (s >= kth))
+
+
+def reference_weights(att: Attention, x: torch.Tensor, visible: torch.Tensor, name: str, keep: torch.Tensor):
+    """u (batch, heads, q, k) of choice ``name`` from the formula of its paper (issue 26's statement of it)."""
+    spec = att.spec
+    q, k = _heads(att.q_proj(x)), _heads(att.k_proj(x))
+    s = q @ k.transpose(-2, -1) / math.sqrt(HD)                            # s_ij = q_i . k_j / sqrt(head_dim)
+    if name == "diff":
+        h = HD // 2
+        s1 = q[..., :h] @ k[..., :h].transpose(-2, -1) / math.sqrt(h)
+        s2 = q[..., h:] @ k[..., h:].transpose(-2, -1) / math.sqrt(h)
+        lam = att.normalizer.diff_lambda.view(1, -1, 1, 1)
+        return (_masked_softmax(s1, visible) - lam * _masked_softmax(s2, visible)) * visible
+    if name == "log_n":
+        n = visible.sum(-1, keepdim=True).double()
+        s = att.scale.log_n_coef.view(1, -1, 1, 1) * torch.log(n) * s
+    if name == "stick_breaking":
+        return _stick_breaking(s, visible)
+    if name == "forget":
+        log_f = torch.nn.functional.logsigmoid(att.position.forget_gate(x)).transpose(1, 2)   # (batch, heads, seq)
+        log_f = log_f * keep[:, None, :]                                                      # padding: no token
+        idx = torch.arange(x.shape[1])
+        between = (idx.view(1, -1, 1) < idx.view(1, 1, -1)) & (idx.view(1, 1, -1) <= idx.view(-1, 1, 1))  # j<l<=i
+        s = s + torch.einsum("ijl,bhl->bhij", between.double(), log_f)
+    if name == "softmax_sink":
+        e = torch.exp(s) * visible
+        return e / (torch.exp(att.normalizer.sink_logit).view(1, -1, 1, 1) + e.sum(-1, keepdim=True))
+    if name == "softpick":
+        e = (torch.exp(s) - 1) * visible
+        return e.clamp(min=0) / (e.abs().sum(-1, keepdim=True) + 1e-6)
+    if name == "topk":
+        return _topk(s, visible, spec.topk)
+    if name == "softcap":
+        s = spec.softcap * torch.tanh(s / spec.softcap)
+    if name == "talking_heads":
+        s = torch.einsum("hg,bgij->bhij", att.score_fn.mix, s)
+    return _masked_softmax(s, visible)
+
+
+def reference_output(att: Attention, x: torch.Tensor, visible: torch.Tensor, name: str, keep: torch.Tensor):
+    u = reference_weights(att, x, visible, name, keep)
+    y = (u @ _heads(att.v_proj(x))).transpose(1, 2).reshape(x.shape)
+    if name == "gate":                                                     # y <- sigmoid(W_g x + b_g) * y
+        y = torch.sigmoid(x @ att.aggregator.gate.weight.T + att.aggregator.gate.bias) * y
+    return att.out_proj(y), u
+
+
+def _layer(name: str, causal: bool, seed: int = 0) -> Attention:
+    spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(CHOICES[name])
+    torch.manual_seed(seed)
+    att = Attention(spec).double().train()
+    with torch.no_grad():                       # move every new parameter off its initial value, so none is special
+        for pname in NEW_PARAMETERS.get(name, []):
+            p = att.get_parameter(pname)
+            p.add_(0.3 * torch.randn_like(p))
+    return att
+
+
+def _inputs(causal: bool):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, LEN, DIM, generator=g, dtype=torch.float64) * 1.5
+    keep = torch.ones(2, LEN, dtype=torch.bool)
+    keep[0, 2] = False                                   # a padded key inside the sequence
+    keep[1, LEN - 2:] = False                            # right padding
+    visible = keep[:, None, None, :].expand(2, 1, LEN, LEN)
+    if causal:
+        visible = visible & torch.ones(LEN, LEN, dtype=torch.bool).tril()
+    return x, keep, visible
+
+
+CASES = [(name, causal) for name in CHOICES for causal in (True, False) if causal or name not in CAUSAL_ONLY]
+
+
+@pytest.mark.parametrize("name, causal", CASES)
+def test_weights_output_and_gradients_equal_the_papers_formula(name, causal):
+    att = _layer(name, causal)
+    x, keep, visible = _inputs(causal)
+    out, w = att(x, key_padding_mask=keep, need_weights=True)
+    ref_out, ref_w = reference_output(att, x, visible, name, keep)
+    torch.testing.assert_close(w.double(), ref_w, rtol=1e-5, atol=1e-6)
+    real = keep.unsqueeze(-1) | (visible.any(-1).squeeze(1).unsqueeze(-1))       # rows with a visible key
+    torch.testing.assert_close(out * real, ref_out * real, rtol=1e-5, atol=1e-6)
+
+    # Backward: the fast route (no weights asked) against autograd through the reference formula.
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * real
+    xx = x.clone().requires_grad_()
+    att.zero_grad()
+    (att(xx, key_padding_mask=keep) * probe).sum().backward()
+    got = [xx.grad] + [p.grad.clone() for p in att.parameters()]
+    xr = x.clone().requires_grad_()
+    att.zero_grad()
+    (reference_output(att, xr, visible, name, keep)[0] * probe).sum().backward()
+    want = [xr.grad] + [p.grad.clone() for p in att.parameters()]
+    # The normalizers compute in float32 (axes/normalizer.py): gradients agree to float32 rounding.
+    # A gradient that is 0 in exact arithmetic (the key bias under a shift-invariant normalizer) is held to the
+    # rounding of the largest one.
+    biggest = max(float(b.norm()) for b in want)
+    for (pname, _), a, b in zip([("input", None)] + list(att.named_parameters()), got, want):
+        assert float((a - b).norm()) <= 2e-5 * max(float(b.norm()), 0.1 * biggest), f"{name}: grad of {pname}"
+    for pname in NEW_PARAMETERS.get(name, []):
+        assert float(att.get_parameter(pname).grad.abs().sum()) > 0, pname
+
+
+@pytest.mark.parametrize("name", list(CHOICES))
+def test_decoding_through_the_kv_cache_gives_the_rows_of_the_full_computation(name):
+    att = _layer(name, causal=True).eval()
+    x, keep, _ = _inputs(True)
+    keep = torch.ones_like(keep)
+    keep[1, :2] = False                                              # left padding, the usual decoding layout
+    with torch.no_grad():
+        full = att(x, key_padding_mask=keep)
+        cache = KVCache()
+        steps = [att(x[:, :3], key_padding_mask=keep[:, :3], cache=cache)]
+        for t in range(3, LEN):
+            steps.append(att(x[:, t:t + 1], key_padding_mask=keep[:, :t + 1], cache=cache))
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-6)      # float32 normalizers
+
+
+# ---------------------------------------------------------------------------------------------- special cases
+def test_softmax_sink_starts_as_softmax1_and_forget_with_constant_gates_is_alibi():
+    spec = AttentionSpec.standard(DIM, HEADS, causal=True)
+    x = torch.randn(2, LEN, DIM, dtype=torch.float64)
+    torch.manual_seed(0)
+    sink = Attention(spec.relax(normalizer="softmax_sink")).double()
+    torch.manual_seed(0)
+    one = Attention(spec.relax(normalizer="softmax1")).double()
+    torch.testing.assert_close(sink(x, need_weights=True)[1], one(x, need_weights=True)[1])
+
+    torch.manual_seed(0)
+    forget = Attention(spec.relax(position="forget")).double()
+    torch.manual_seed(0)
+    alibi = Attention(spec.relax(position="alibi")).double()
+    m = alibi.position.slopes.double()
+    with torch.no_grad():                                    # log f_l = -m_h for every token: f = exp(-m_h)
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            forget.get_submodule(name).load_state_dict(alibi.get_submodule(name).state_dict())
+        forget.position.forget_gate.weight.zero_()
+        forget.position.forget_gate.bias.copy_(torch.log(torch.exp(-m) / (1 - torch.exp(-m))))
+    torch.testing.assert_close(forget(x, need_weights=True)[1], alibi(x, need_weights=True)[1])
+
+
+def test_talking_heads_at_the_identity_is_standard_attention_and_diff_uses_half_width_scores():
+    spec = AttentionSpec.standard(DIM, HEADS, causal=True)
+    x = torch.randn(2, LEN, DIM, dtype=torch.float64)
+    torch.manual_seed(0)
+    th = Attention(spec.relax(score="talking_heads")).double()
+    torch.manual_seed(0)
+    std = Attention(spec).double()
+    torch.testing.assert_close(th(x), std(x))
+    # A planted wrong temperature for diff (1/sqrt(head_dim) instead of 1/sqrt(head_dim / 2)) is caught.
+    att = _layer("diff", True)
+    x, keep, visible = _inputs(True)
+    w = att(x, key_padding_mask=keep, need_weights=True)[1].double()
+    wrong = _layer("diff", True)
+    wrong.scale.fixed = 1 / math.sqrt(HD)
+    assert not torch.allclose(wrong(x, key_padding_mask=keep, need_weights=True)[1].double(), w)
+    torch.testing.assert_close(w, reference_weights(att, x, visible, "diff", keep), rtol=1e-5, atol=1e-6)
+
+
+def test_a_planted_wrong_formula_fails_the_reference_comparison():
+    # The comparison can fail: softpick without the -1 (a plain exp normalised by |exp|) is told apart.
+    att = _layer("softpick", True)
+    x, keep, visible = _inputs(True)
+    w = att(x, key_padding_mask=keep, need_weights=True)[1].double()
+    s = _heads(att.q_proj(x)) @ _heads(att.k_proj(x)).transpose(-2, -1) / math.sqrt(HD)
+    planted = torch.exp(s) * visible / (torch.exp(s) * visible).sum(-1, keepdim=True)
+    assert not torch.allclose(w, planted, atol=1e-3)
+    # and stick-breaking read left to right (the product over keys before j) is told apart.
+    att = _layer("stick_breaking", True)
+    w = att(x, key_padding_mask=keep, need_weights=True)[1].double()
+    flipped = _stick_breaking(s.flip(-1), visible.flip(-1)).flip(-1)
+    assert not torch.allclose(w, flipped, atol=1e-3)
+
+
+def test_softpick_is_finite_for_large_scores_and_rows_can_sum_below_one():
+    from axiomformer.axes.normalizer import normalize
+
+    s = torch.tensor([[[[200.0, 199.0, -3.0, 0.5]]]])
+    u = normalize(s, None, "softpick")
+    e = torch.expm1(s.double())
+    torch.testing.assert_close(u.double(), e.clamp(min=0) / (e.abs().sum(-1, keepdim=True) + 1e-6))
+    assert torch.isfinite(u).all() and float(normalize(-s.abs(), None, "softpick").sum()) == 0.0
+
+
+def test_topk_keeps_k_keys_per_row_and_at_least_one():
+    from axiomformer.axes.normalizer import normalize
+
+    s = torch.randn(2, 2, 5, 9)
+    for k in (1, 3, 9, 20):
+        u = normalize(s, None, "topk", params={"k": k})
+        assert ((u > 0).sum(-1) == min(k, 9)).all()
+        torch.testing.assert_close(u.sum(-1), torch.ones(2, 2, 5))
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("changes, message", [
+    ("normalizer=topk,topk=0", r"topk must be an int >= 1"),
+    ("softcap=-1", r"softcap must be a finite float >= 0 \(0 = off\)"),
+    ("normalizer=stick_breaking", r"normalizer='stick_breaking' is defined only under a causal mask: it needs "
+                                  r"causal=True"),
+    ("position=forget", r"position='forget' is defined only under a causal mask: it needs causal=True"),
+    ("normalizer=diff,dim=12,num_heads=4", r"needs an even head_dim \(>= 2\), got head_dim=3"),
+    ("normalizer=diff,score=bilinear", r"needs a score without head_dim-sized parameters \(one of: dot, cosine"),
+    ("normalizer=linear,softcap=5", r"softcap caps scores"),
+])
+def test_bad_relaxations_are_one_line_value_errors_naming_the_valid_range(changes, message):
+    with pytest.raises(ValueError, match=message) as info:
+        AttentionSpec.standard(DIM, HEADS).relax(changes)
+    assert "\n" not in str(info.value)
+
+
+def test_attend_refuses_a_scale_it_cannot_compute_and_a_causal_only_normalizer_without_causal():
+    q = k = v = torch.randn(1, 2, 4, 8)
+    for scale in ("learned", "log_n"):
+        with pytest.raises(ValueError, match=f"scale='{scale}' is not a constant.*inv_sqrt_d, none"):
+            attend(q, k, v, spec=AttentionSpec.standard(16, 2).relax(scale=scale))
+    spec = AttentionSpec.standard(16, 2, causal=True).relax(normalizer="stick_breaking")
+    with pytest.raises(ValueError, match="needs causal=True"):
+        attend(q, k, v, spec=spec, causal=False)
+    # A constant scale is the registry's value: diff's halves are scored at 1/sqrt(head_dim / 2).
+    from axiomformer.axes.scale import constant_scale
+
+    assert constant_scale(AttentionSpec.standard(16, 2).relax(normalizer="diff")) == pytest.approx(1 / 2)
+
+
+def test_a_scale_registered_without_a_value_is_refused_by_attend_not_silently_one():
+    from axiomformer.axes.registry import Choice
+    from axiomformer.axes.scale import SCALES
+
+    SCALES.register(Choice("planted_scale", "scale = 2 (a planted choice)", "test", lambda module, n: 2.0))
+    try:
+        spec = AttentionSpec.standard(16, 2).relax(scale="planted_scale")
+        q = k = v = torch.randn(1, 2, 4, 8)
+        with pytest.raises(ValueError, match="scale='planted_scale' is not a constant"):
+            attend(q, k, v, spec=spec)
+        torch.testing.assert_close(Attention(spec).scale(), 2.0)
+    finally:
+        SCALES.unregister("planted_scale")
+
+
+# ---------------------------------------------------------------------------------------------- training
+@pytest.mark.parametrize("name", list(CHOICES))
+def test_training_runs_and_every_new_parameter_moves(name):
+    config = TrainConfig(task="copy", seq_len=12, dim=16, layers=1, steps=4, batch_size=4, eval_batches=1,
+                         eval_every=4, task_options={"vocab": 4}, spec=CHOICES[name], seed=0)
+    result = train(config, progress=False)
+    assert len(result.losses) == 4 and all(math.isfinite(v) for v in result.losses)
+
+
+def test_train_command_takes_a_relaxation_as_spec():
+    result = CliRunner().invoke(app, ["train", "--task", "copy", "--seq-len", "12", "--dim", "16", "--layers", "1",
+                                      "--steps", "2", "--spec", "normalizer=topk,topk=2", "--json"])
+    assert result.exit_code == 0, result.output
+
+
+# ---------------------------------------------------------------------------------------------- transformers adapter
+def test_the_transformers_adapter_runs_sinks_and_softcap_as_registry_choices_with_gradients_to_the_sinks():
+    pytest.importorskip("transformers")
+    from axiomformer.surgery import hf_attention
+
+    class Module(torch.nn.Module):
+        is_causal = True
+
+    spec = hf_attention.adapter_spec(2, 8, softcap=3.0, sinks=True)
+    assert (spec.normalizer, spec.softcap) == ("softmax_sink", 3.0)
+    assert [a for a, ok in spec.assumptions().items() if not ok] == ["A4", "A5"]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64) * 2 for _ in range(3))
+    sinks = torch.tensor([0.7, -0.4], dtype=torch.float64, requires_grad=True)
+    out, w = hf_attention.axiomformer_attention_forward(Module(), q, k, v, None, scaling=0.3, softcap=3.0,
+                                                        s_aux=sinks, output_attentions=True)
+    out.square().sum().backward()
+    grad = sinks.grad.clone()
+    # Gemma 2 / GPT-OSS eager, written out: capped scaled logits, the sink joins the softmax and is dropped.
+    ref_sinks = sinks.detach().clone().requires_grad_()
+    s = 3.0 * torch.tanh(q @ k.transpose(-2, -1) * 0.3 / 3.0)
+    s = s.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), -math.inf)
+    full = torch.softmax(torch.cat([s, ref_sinks.view(1, 2, 1, 1).expand(1, 2, 5, 1)], -1), -1)[..., :-1]
+    ref = (full @ v).transpose(1, 2)
+    ref.square().sum().backward()
+    torch.testing.assert_close(w.double(), full.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, ref_sinks.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["softcap", "softpick", "topk", "stick_breaking", "log_n"])
+def test_second_order_gradients_on_the_fast_route_equal_the_reference_engine(name):
+    x = torch.randn(2, 40, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+
+    def hessian_vector(engine):
+        att = _layer(name, True)
+        att.engine = engine
+        xx = x.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(att(xx).square().sum(), xx, create_graph=True)
+        (hv,) = torch.autograd.grad(grad.sin().sum(), xx)
+        return att, hv
+
+    fast, hv = hessian_vector("auto")
+    assert fast.last_engine != "reference"
+    # the reference engine normalizes in float32 (axes/normalizer.py), the rowwise one in the input dtype
+    torch.testing.assert_close(hv, hessian_vector("reference")[1], rtol=1e-3, atol=1e-5)
+
+
+def test_every_relaxation_is_a_valid_study_arm_and_a_bad_one_names_the_choices():
+    from pydantic import ValidationError
+
+    from axiomformer.study.config import StudyConfig
+
+    tasks = [{"name": "copy", "seq_lens": [16]}]
+    config = StudyConfig(tasks=tasks, variants=["standard", *CHOICES.values()])
+    assert len(config.variants) == len(CHOICES) + 1
+    with pytest.raises(ValidationError, match="unknown normalizer 'softpik'; choose one of: softmax"):
+        StudyConfig(tasks=tasks, variants=["normalizer=softpik"])
