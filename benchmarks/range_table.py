@@ -2,7 +2,7 @@
 
     python benchmarks/range_table.py RUN_DIR [RUN_DIR ...] > table.md
 
-Each RUN_DIR holds the `bench.json` of one run. For every (variant, engine, L) row: the ratio to SDPA of each run
+Each RUN_DIR holds the `bench.json` of one run (or, for a run stopped early, its `bench.log`: the rows it printed). For every (variant, engine, L) row: the ratio to SDPA of each run
 (measured side by side within the run), its min-max range, and the peak memory (MiB, the largest over the runs) with
 SDPA's. A goal is stated as met only when it holds in every run.
 """
@@ -10,6 +10,7 @@ SDPA's. A goal is stated as met only when it holds in every run.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -19,8 +20,28 @@ TIME_GOALS = {"standard": 1.05, "score=cosine": 1.3, "score=neg_l2": 1.3, "posit
 FASTER_THAN_SDPA_AT_4096 = ("normalizer=linear", "window=256")
 
 
+ROW = re.compile(r"^(\S+)\s+(\S+)\s+L=(\d+)\s+causal=(\w+)\s+([\d.]+) ms \(\s*([\d.]+)x SDPA ([\d.]+) ms\)\s+"
+                 r"peak\s+([\d.]+) MiB \(SDPA ([\d.]+)\)")
+
+
+def parse_log(text: str) -> list[dict]:
+    """The rows a run printed (for a run stopped before it wrote ``bench.json``)."""
+    rows = []
+    for line in text.splitlines():
+        if m := ROW.match(line):
+            rows.append({"variant": m[1], "engine": m[2], "seq_len": int(m[3]), "causal": m[4] == "True",
+                         "ms": float(m[5]), "ratio_vs_sdpa": float(m[6]), "sdpa_ms": float(m[7]),
+                         "peak_mem_mb": float(m[8]), "sdpa_peak_mem_mb": float(m[9])})
+    return rows
+
+
 def load(dirs: list[str]) -> list[list[dict]]:
-    return [json.loads((Path(d) / "bench.json").read_text())["rows"] for d in dirs]
+    """Each run's rows: ``bench.json``, or the rows its ``bench.log`` holds when the run was stopped early."""
+    runs = []
+    for d in map(Path, dirs):
+        done = d / "bench.json"
+        runs.append(json.loads(done.read_text())["rows"] if done.exists() else parse_log((d / "bench.log").read_text()))
+    return runs
 
 
 def goal(row: dict) -> str:
@@ -47,11 +68,11 @@ def holds(row: dict, ratio: float) -> bool | None:
 
 def table(runs: list[list[dict]]) -> str:
     keyed = [{(r["variant"], r["engine"], r["seq_len"]): r for r in rows} for rows in runs]
-    keys = [k for k in keyed[0] if all(k in run for run in keyed)]
+    keys = list(dict.fromkeys(k for run in keyed for k in run))
     lines = ["| variant | engine | L | ratio to SDPA per run | range | goal | time goal | peak MiB (SDPA) | "
              "memory <= 2x SDPA |", "|---|---|---|---|---|---|---|---|---|"]
     for key in keys:
-        rows = [run[key] for run in keyed]
+        rows = [run[key] for run in keyed if key in run]
         ratios = [r["ratio_vs_sdpa"] for r in rows]
         verdicts = [holds(rows[0], x) for x in ratios]
         if verdicts[0] is None:
