@@ -113,7 +113,9 @@ def query_row_bias(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Ten
 def two_heads_mixed_values(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
     """Two heads (head_dim 8) whose values are v W_v^T before the split: W_v mixes the heads' inputs."""
     b, n, d = q.shape
-    split = lambda t: t.view(b, t.shape[1], 2, d // 2).transpose(1, 2)  # noqa: E731
+    def split(t: Tensor) -> Tensor:
+        return t.view(b, t.shape[1], 2, d // 2).transpose(1, 2)
+
     vv = v @ _mat(W_VALUE, v).T
     out = F.scaled_dot_product_attention(split(q), split(k), split(vv), is_causal=causal and q.shape[1] == k.shape[1])
     return out.transpose(1, 2).reshape(b, n, d)
@@ -151,7 +153,8 @@ def _merge(t: Tensor) -> Tensor:
 
 
 def _two_heads(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
-    return F.scaled_dot_product_attention(_heads(q), _heads(k), _heads(v), is_causal=causal and q.shape[1] == k.shape[1])
+    causal = causal and q.shape[1] == k.shape[1]
+    return F.scaled_dot_product_attention(_heads(q), _heads(k), _heads(v), is_causal=causal)
 
 
 def gated_two_heads(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
@@ -187,3 +190,23 @@ WRONG.update({"gated_two_heads": gated_two_heads, "head_scalar_gates": head_scal
 IN_CLASS_MIXED_HEADS = {"two_heads_with_projections": two_heads_with_projections}
 HEADS = {"two_heads_mixed_values": 2, "gated_two_heads": 2, "head_scalar_gates": 2, "two_heads_with_projections": 2}
 """Heads of the functions that have more than one."""
+
+
+def softmax_in_float32(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """SDPA on float64 tensors whose softmax runs in float32 (for stability): in class, at float32 precision."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        L, S = q.shape[1], k.shape[1]
+        s = s.masked_fill(torch.ones(L, S, dtype=torch.bool).triu(S - L + 1), float("-inf"))
+    return torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+
+
+IN_CLASS["softmax_in_float32"] = softmax_in_float32
+
+
+def context_gate(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """SDPA gated elementwise by sigmoid(mean_j k_j G): a gate computed from the whole context (every key)."""
+    return _sdpa(q, k, v, causal) * torch.sigmoid(k.mean(1, keepdim=True) @ _mat(GATE, k))
+
+
+WRONG["context_gate"] = context_gate

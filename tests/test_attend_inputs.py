@@ -190,3 +190,21 @@ def test_the_transformers_adapter_refuses_a_non_positive_sliding_window(sliding_
     q, k, v = _qkv(5, 5, batch=1)
     with pytest.raises(ValueError, match="sliding_window must be a positive number"):
         axiomformer_attention_forward(Module(), q, k, v, None, is_causal=True, sliding_window=sliding_window)
+
+
+def test_per_head_arguments_of_the_wrong_shape_are_refused_naming_both_shapes():
+    q, k, v = _qkv(6, 5)
+    with pytest.raises(ValueError, match=r"alibi_slopes of shape \(3,\) must be \(heads,\) = \(2,\)"):
+        attend(q, k, v, causal=True, alibi_slopes=torch.ones(3))
+    with pytest.raises(ValueError, match=r"scale of shape \(1, 3, 1, 1\) does not broadcast"):
+        attend(q, k, v, scale=torch.ones(1, 3, 1, 1))
+    attend(q, k, v, scale=torch.ones(1, 2, 1, 1))                       # the learned per-head temperature fits
+
+
+def test_a_kv_cache_of_another_batch_is_refused_naming_both_shapes():
+    from axiomformer.attention import KVCache
+
+    att, cache = Attention(AttentionSpec.standard(DIM, HEADS, causal=True)), KVCache()
+    att(torch.randn(2, 3, DIM), cache=cache)
+    with pytest.raises(ValueError, match=r"\(3, 2, 1, 8\).*\(2, 2, 3, 8\)"):
+        att(torch.randn(3, 1, DIM), cache=cache)

@@ -11,12 +11,11 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
+import attribution_bank as bank
 from axiomformer.audit import run_audit
 from axiomformer.audit.attribution import CONTRIBUTION_CAVEAT, SAME_MAP
 from axiomformer.audit.probe import leading_direction, rank1_residual, tolerance
 from axiomformer.cli import app
-
-import attribution_bank as bank  # noqa: E402  (tests/attribution_bank.py)
 
 NOT_CAUSAL = {"causality", "nan_isolation"}
 NO_WEIGHTS = {"bilinear_scores", "bilinear_fit", "nonnegative_weights", "weights_sum_to_one", "ratio_independence",
@@ -45,6 +44,7 @@ EXPECTED = {
     "tanh_after_sum": {"token_additivity": ["A1"], "linearity": ["A1"]},
     "silu_after_sum": {"token_additivity": ["A1"], "linearity": ["A1"]},
     "gated_two_heads": {"scalar_relevance": ["A1", "A2"]},
+    "context_gate": {"scalar_relevance": ["A1", "A2", "A3"]},      # a gate from every key: rho, relevance or values
     "head_scalar_gates": {"weights_sum_to_one": ["A5", "A1", "A2"]},
     "value_norm_score": {"token_additivity": ["A4"], "linearity": ["A4"], "value_free_relevance": ["A4"]},
 }
@@ -107,6 +107,19 @@ def test_several_candidates_are_explained_in_text_and_markdown():
     assert "| `weights_sum_to_one` | A5 | **FAIL** |" in report.to_markdown()
 
 
+def test_every_candidate_is_explained_where_there_are_several():
+    reports = [_audit(fn) for fn in bank.WRONG.values()] + [run_audit(t) for t in (
+        "spec:normalizer=sigmoid", "spec:position=learned", "spec:score=cosine", "module:audit_bank:u_squared")]
+    seen = 0
+    for report in reports:
+        for c in report.checks:
+            if len(c.candidates) > 1:
+                seen += 1
+                assert c.why and all(tag in c.why for tag in c.candidates), (report.target, c.name, c.why)
+                assert c.why in c.detail
+    assert seen >= 10
+
+
 def test_candidates_are_empty_unless_an_assumption_check_failed():
     report = _audit(bank.tanh_after_sum, causal=True)
     for c in report.checks:
@@ -160,6 +173,8 @@ def test_tolerances_follow_the_targets_dtype():
     assert report64["linearity"].tolerance == 1e-9
     assert run_audit("spec:standard")["weights_sum_to_one"].tolerance == 1e-4   # float32 normalizers
     assert run_audit(bank.faint_output_gate)["scalar_relevance"].statistic < 1e-5   # caught only by a tight tol
+    rounding = run_audit(bank.softmax_in_float32)                 # float64 in and out, a float32 softmax inside
+    assert rounding["weights_sum_to_one"].tolerance == 1e-4 and rounding.passed
 
 
 def test_rank1_residual_is_exact_for_rank_one_and_positive_otherwise():

@@ -18,11 +18,13 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TOLERANCE = {"fp32": 1e-4}
 """Relative error bound in float32 (summation order)."""
-BF16_FACTOR, BF16_SLACK = 2.0, 1e-2
+BF16_FACTOR, BF16_SLACK = 2.0, 2e-2
 """In bfloat16 (unit roundoff 2^-8) the error against the float32 reference is dominated by rounding the parameters
 and activations themselves (up to 0.3 relative on a parameter gradient through sparsemax, measured on CPU), so an
-engine in bf16 must be as accurate as the reference engine in bf16: error <= 2 x the reference's own + 0.01, per
-tensor (largest ratio measured on CPU: 1.44, sdpa on the standard spec)."""
+engine in bf16 must be as accurate as the reference engine in bf16: error <= 2 x the reference's own + 0.02, per
+tensor. The reference computes scores, weights and the weighted sum in float32 (``axiomformer.precision``), so its own
+error is only the rounding of inputs and outputs (0.0056 on the standard spec, CPU); a fused kernel also rounds the
+weights to bf16 before multiplying the values (sdpa: 0.020-0.025 there, about 5 unit roundoffs), hence 0.02."""
 
 DIM, HEADS, BATCH, Q_LEN, K_LEN = 32, 2, 2, 37, 70
 ENGINE_CASES = [("sdpa", "standard"), ("sdpa", "A4=cosine"), ("sdpa", "position=rope"), ("linear", "A5=linear"),

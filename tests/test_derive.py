@@ -13,8 +13,18 @@ from typer.testing import CliRunner
 
 from axiomformer.cli import app
 from axiomformer.derive import (
-    FINAL_TOL, PLANTS, SDPA_TOL, VACUOUS_FACTOR, GeneralForm, RowRelevance, run_chain, run_derivation,
-    scale_argument, to_markdown, to_text, visible,
+    FINAL_TOL,
+    PLANTS,
+    SDPA_TOL,
+    VACUOUS_FACTOR,
+    GeneralForm,
+    RowRelevance,
+    run_chain,
+    run_derivation,
+    scale_argument,
+    to_markdown,
+    to_text,
+    visible,
 )
 from axiomformer.derive import properties as prop
 
@@ -251,3 +261,18 @@ def test_vacuity_is_relative_to_the_step_tolerance():
 
 def test_the_final_comparison_is_relative_in_float64(chain):
     assert chain.final_vs_sdpa_rel_err < 1e-12 and FINAL_TOL == 1e-9
+
+
+def test_a_method_patched_onto_the_general_module_follows_it_down_the_chain():
+    import types
+
+    general = GeneralForm.general(8)
+    base_forward = GeneralForm.forward
+
+    def forward(self, x, context=None, causal=False, relevance=None):
+        y = base_forward(self, x, context, causal, relevance)
+        return y + STRENGTH * y ** 3
+
+    general.forward = types.MethodType(forward, general)
+    chain = run_chain(general, _x())
+    assert chain.first_failed_step == "A1", to_text(chain)

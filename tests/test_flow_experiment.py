@@ -215,17 +215,20 @@ def test_cli_flow_json_on_tiny_fashion_mnist(tmp_path):
     _fake_fashion(tmp_path)
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["flow", "--data", "fashion-mnist", "--data-dir", str(tmp_path), "--patch", "4",
-                                      "--noise", "0,0.5", "--steps", "0,1", "--quick", "--json", "--out", str(out)])
+                                      "--noise", "0,0.5", "--steps", "0,1", "--theta", "fixed,learned", "--quick",
+                                      "--json", "--out", str(out)])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output.strip().splitlines()[-1])
     assert payload["data"] == "fashion-mnist" and (payload["n_train"], payload["n_test"]) == (60, 30)
     assert payload["readout"] == "mean" and payload["readout_mixes_tokens"] is False
-    keys = {"arm", "theta", "mixing", "value", "K", "noise", "acc_mean", "ci_low", "ci_high", "n_seeds"}
+    keys = {"arm", "theta", "mixing", "value", "K", "noise", "flow_params", "acc_mean", "ci_low", "ci_high", "n_seeds"}
     assert all(keys <= set(row) for row in payload["arms"])
     assert {r["theta"] for r in payload["arms"]} == {"fixed", "learned"}
-    assert {r["mixing"] for r in payload["arms"]} == {"attention", "mlp", "both", "neither"}
-    assert {r["value"] for r in payload["arms"] if r["mixing"] in ("attention", "both")} == {"tied", "free"}
-    assert len(payload["arms"]) == 2 * 6 * 2 * 2 and all(r["n_seeds"] == 2 for r in payload["arms"])
+    assert {r["mixing"] for r in payload["arms"]} == {"attention", "shuffled", "token_mlp", "mlp", "both", "neither"}
+    assert {r["value"] for r in payload["arms"] if r["mixing"] in ("attention", "both", "shuffled")} == {
+        "tied", "classifier"}
+    # attention, shuffled and both x (tied, classifier), token_mlp, mlp, neither: 9 arms x 2 thetas x 2 K x 2 noise
+    assert len(payload["arms"]) == 2 * 9 * 2 * 2 and all(r["n_seeds"] == 2 for r in payload["arms"])
     assert all(0.0 <= r["acc_mean"] <= 1.0 and r["ci_low"] <= r["acc_mean"] <= r["ci_high"] for r in payload["arms"])
     k0 = {(r["theta"], r["noise"], r["acc_mean"]) for r in payload["arms"] if r["K"] == 0}
     assert len(k0) == 2 * 2                                    # K = 0 is one network per theta setting and noise

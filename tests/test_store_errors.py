@@ -4,6 +4,7 @@ write leaves nothing half-written."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -157,3 +158,28 @@ def test_reading_a_committed_store_leaves_no_side_files(tmp_path):
     before = (tmp_path / "results.sqlite").read_bytes()
     assert study_json(tmp_path)["cells"]
     assert _side_files(tmp_path) == [] and (tmp_path / "results.sqlite").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_report_in_a_read_only_folder_answers_json_and_refuses_files_in_one_line(tmp_path):
+    prefix = _without_root_powers()
+    committed = Path(__file__).parent.parent / "benchmarks" / "results" / "study-default" / "results.sqlite"
+    if prefix is None or not committed.is_file():
+        pytest.skip("needs file modes that apply and the committed study store")
+    folder = tmp_path / "archive"
+    folder.mkdir()
+    shutil.copy(committed, folder / "results.sqlite")
+    os.chmod(folder, stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MPLBACKEND": "Agg"}
+    try:
+        files = subprocess.run(prefix + [sys.executable, "-m", "axiomformer", "report", str(folder)],
+                               capture_output=True, text=True, env=env, timeout=300)
+        assert files.returncode == 2 and "Traceback" not in files.stderr
+        assert len(files.stderr.strip().splitlines()) == 1 and files.stderr.startswith("error: ")
+        verdicts = subprocess.run(prefix + [sys.executable, "-m", "axiomformer", "report", str(folder), "--json"],
+                                  capture_output=True, text=True, env=env, timeout=300)
+        assert verdicts.returncode == 0, verdicts.stderr
+        assert json.loads(verdicts.stdout)["cells"]
+        assert _side_files(folder) == []
+    finally:
+        os.chmod(folder, stat.S_IRWXU)

@@ -9,8 +9,8 @@ from axiomformer.study import ResultsStore, default_sweep, run_study, validate_c
 
 ray = pytest.importorskip("ray")
 
-TWO_RUNS = {
-    "name": "ray test", "seeds": 1, "variants": ["standard"], "baselines": ["gru"], "threads": 1, "workers": 1,
+SIX_RUNS = {
+    "name": "ray test", "seeds": 2, "variants": ["standard"], "baselines": ["gru"], "threads": 1, "workers": 1,
     "model": {"dim": 16, "heads": 2, "layers": 1},
     "budget": {"steps": 6, "batch_size": 8, "eval_batches": 1, "warmup": 2, "lr_grid": [3e-3]},
     "sections": {"audit": False, "derive": False, "flow": False},
@@ -28,16 +28,16 @@ def _runs(out) -> dict[str, dict]:
 
 @pytest.mark.slow
 def test_ray_backend_gives_the_same_results_as_the_local_backend(tmp_path):
-    config = validate_config(TWO_RUNS, base=default_sweep(quick=True))
+    config = validate_config(SIX_RUNS, base=default_sweep(quick=True))
     local = run_study(config, tmp_path / "local", progress=False, console=Console(quiet=True))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         remote = run_study(config, tmp_path / "ray", backend="ray", progress=False, console=Console(quiet=True))
     finally:
         ray.shutdown()
-    assert local.trained == remote.trained == 2 and not remote.failed
+    assert local.trained == remote.trained == 6 and not remote.failed   # 2 models x (1 selection run + 2 seeds)
     a, b = _runs(tmp_path / "local"), _runs(tmp_path / "ray")
-    assert a.keys() == b.keys() and len(a) == 2
+    assert a.keys() == b.keys() and len(a) == 6
     for key in a:
         assert {k: a[key][k] for k in COMPARED} == {k: b[key][k] for k in COMPARED}
         assert (a[key]["backend"], b[key]["backend"]) == ("local", "ray")

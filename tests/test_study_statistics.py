@@ -103,6 +103,8 @@ def test_a_one_run_cell_gets_an_exact_binomial_interval_never_a_point():
     assert out.low == pytest.approx(0.025 ** (1 / 1024)) and out.high == 1.0 and out.low < 1.0
     many = cell_interval([0.5, 0.6, 0.7], n_test=1024)
     assert many.method == "t over seeds" and many.low < 0.6 < many.high
+    same = cell_interval([1.0, 1.0, 1.0], n_test=128)   # three seeds at 128/128: not the point [1, 1]
+    assert same.method.startswith("Clopper-Pearson") and same.low == pytest.approx(0.025 ** (1 / 128))
 
 
 # ---------------------------------------------------------------------------------------------------- TOST, power

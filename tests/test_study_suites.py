@@ -35,13 +35,13 @@ def test_every_preset_of_every_suite_validates_and_plans(name):
         assert first and len({r.key for r in first}) == len(first)
 
 
-def test_long_range_default_covers_64_to_10000_for_the_transformer_and_the_three_rnns():
+def test_long_range_default_covers_64_to_10000_for_the_transformer_and_a_recurrent_model():
     cfg = validate_config(get_suite("long-range").preset("default"))
-    assert cfg.curriculum and {t.name for t in cfg.tasks} == {"needle", "mqar"}
+    assert cfg.curriculum and {t.name for t in cfg.tasks} == {"needle", "needle_kv"}
     for task in cfg.tasks:
         assert min(task.seq_lens) == 64 and max(task.seq_lens) == 10000
     all_cells = cells(cfg)
-    assert {c.model.kind for c in all_cells} == {"transformer", "rnn", "lstm", "gru"}
+    assert {c.model.kind for c in all_cells} >= {"transformer", "lstm"}
     for task in cfg.tasks:  # the recurrent models get the same budget as the Transformer at every length
         for n in task.seq_lens:
             budgets = {json.dumps(c.budget, sort_keys=True) for c in all_cells if (c.task, c.seq_len) == (task.name, n)}
@@ -107,8 +107,9 @@ def test_curriculum_warm_starts_each_length_from_the_previous_one_and_resumes(tm
     cfg = load_config(path, base=get_suite("long-range").preset("default"))
     out = tmp_path / "lr"
     summary = run_study(cfg, out, progress=False, console=Console(quiet=True))
-    # 2 models x 2 lrs at 8 (selection seed), 2 x 2 seeds at 8, then 2 x 2 seeds x (12, 16)
-    assert not summary.failed and summary.trained == 2 * 2 + 2 * 2 + 2 * 2 * 2
+    # 2 models x 2 lrs at 8 (selection seed), 2 x 2 seeds at 8, then 2 x 2 seeds x (12, 16) warm-started and as
+    # many zero-shot runs (trained at 8 only)
+    assert not summary.failed and summary.trained == 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 * 2
     with ResultsStore(out) as store:
         rows = store.runs()
     reported, lrs = reported_rows(cfg.model_dump(), rows)
@@ -132,6 +133,6 @@ def test_curriculum_warm_starts_each_length_from_the_previous_one_and_resumes(tm
 
     monkeypatch.setattr(axiomformer.train, "train", lambda *a, **k: (_ for _ in ()).throw(AssertionError("rerun")))
     again = run_study(cfg, out, progress=False, console=Console(quiet=True), write_report=False)
-    assert again.trained == 0 and again.already_stored == 16
+    assert again.trained == 0 and again.already_stored == 24
     report = Path(out / "report.md").read_text()
     assert "Longest length solved" in report and "| gru |" in report

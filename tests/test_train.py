@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from axiomformer.checkpoint import load_checkpoint
 from axiomformer.cli import app
-from axiomformer.tasks import make_task
+from axiomformer.tasks import TASKS, make_task
 from axiomformer.train import MIN_LR_RATIO, TASK_DEFAULTS, TrainConfig, evaluate, lr_factor, train
 
 
@@ -39,7 +39,7 @@ def test_unset_fields_take_the_task_defaults_and_explicit_none_disables_early_st
 
 
 def test_bad_names_are_rejected_naming_the_choices():
-    with pytest.raises(ValidationError, match="copy, mqar, selective_copy, needle, induction, digits, text"):
+    with pytest.raises(ValidationError, match=", ".join(TASKS)):
         TrainConfig(task="mqr")
     with pytest.raises(ValidationError, match="transformer, rnn, lstm, gru"):
         TrainConfig(model="mamba")
@@ -116,7 +116,7 @@ def test_cli_json_last_line_has_the_summary_fields():
 
 
 @pytest.mark.parametrize("args, choices", [
-    (["--task", "mqr"], "copy, mqar, selective_copy, needle, induction, digits, text"),
+    (["--task", "mqr"], ", ".join(TASKS)),
     (["--model", "mamba"], "transformer, rnn, lstm, gru"),
     (["--task", "mqar", "-o", "pairs=3"], "num_pairs"),
 ])
@@ -131,6 +131,8 @@ def test_patience_stops_after_that_many_evaluations_without_a_better_validation_
 
     script = iter([(0.5, 1.0), (0.6, 0.9), (0.6, 0.95), (0.55, 1.0), (0.9, 0.1), (0.42, 2.0)])
     monkeypatch.setattr(trainer, "evaluate", lambda *args: next(script))
+    # the test set is scored through _test_counts (accuracy, loss, n_test): script it from the same sequence
+    monkeypatch.setattr(trainer, "_test_counts", lambda *args: (*next(script), 24))
     config = TrainConfig(**{**TINY, "steps": 60, "eval_every": 2}, target_accuracy=None, patience=2)
     result = train(config, progress=False)
     # evaluations at steps 2, 4, 6, 8: the best is step 4 (0.6, loss 0.9); 6 and 8 do not beat it -> stop at 8

@@ -53,7 +53,16 @@ class KVCache:
         return self.start + self.length
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store new keys/values (batch, heads, new_len, head_dim) and return all stored ones."""
+        """Store new keys/values (batch, heads, new_len, head_dim) and return all stored ones.
+
+        Raises:
+            ValueError: new keys or values whose batch, heads or head_dim differ from the cached ones (naming both
+                shapes; e.g. a cache filled with another batch size).
+        """
+        for name, old, new in (("keys", self.k, k), ("values", self.v, v)):
+            if old is not None and (old.shape[:2] != new.shape[:2] or old.shape[-1] != new.shape[-1]):
+                raise ValueError(f"new {name} of shape {tuple(new.shape)} do not fit the cached {name} of shape "
+                                 f"{tuple(old.shape)} (batch, heads and head_dim must match; reset() the cache)")
         self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
         return self.k, self.v

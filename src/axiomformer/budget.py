@@ -12,7 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 BUDGET_FIELDS = ("steps", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "eval_every", "eval_batches",
-                 "target_accuracy", "patience")
+                 "test_batches", "target_accuracy", "patience")
 """Every field of :class:`Budget`, in the order the CLI and the docs list them."""
 
 
@@ -28,6 +28,9 @@ class Budget(BaseModel):
         grad_clip: global gradient-norm clip.
         eval_every: steps between validation evaluations (the last step is always evaluated).
         eval_batches: batches in the validation set and, separately, in the test set.
+        test_batches: batches in the test set when it should be larger than the validation set (``None``: as
+            ``eval_batches``); the test set is scored once, the validation set at every evaluation, so a large test
+            set (>= 100 sequences for a binomial interval that can clear a threshold) costs little.
         target_accuracy: stop once the validation accuracy reaches it (``None``: never for this reason).
         patience: stop after this many evaluations without a better validation score (``None``: never for this
             reason). A run that ends at ``steps`` with its best evaluation among the last ``patience`` (3 when
@@ -44,6 +47,7 @@ class Budget(BaseModel):
     grad_clip: float = Field(1.0, gt=0)
     eval_every: int | None = Field(None, ge=1)
     eval_batches: int | None = Field(None, ge=1)
+    test_batches: int | None = Field(None, ge=1)
     target_accuracy: float | None = Field(None, ge=0, le=1)
     patience: int | None = Field(None, ge=1)
 

@@ -6,6 +6,8 @@ training it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -21,7 +23,7 @@ def masked_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "m
 
 
 @torch.no_grad()
-def eval_counts(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int, float]:
+def eval_counts(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, ...]]) -> tuple[int, int, float]:
     """(correct predictions, scored positions, summed cross-entropy in nats) over the scored positions of
     ``batches``, the model in eval mode: the sums that distributed evaluation adds up across ranks."""
     was_training = model.training
@@ -34,7 +36,7 @@ def eval_counts(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.
 
 @torch.no_grad()
 def eval_counts_as_is(model: torch.nn.Module,
-                      batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int, float]:
+                      batches: Sequence[tuple[torch.Tensor, ...]]) -> tuple[int, int, float]:
     """:func:`eval_counts` in whatever mode the model is (e.g. training mode: Gumbel noise on)."""
     correct = total = 0
     loss_sum = 0.0
@@ -47,7 +49,7 @@ def eval_counts_as_is(model: torch.nn.Module,
     return correct, total, loss_sum
 
 
-def evaluate_as_is(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
+def evaluate_as_is(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, ...]]) -> tuple[float, float]:
     """(accuracy, mean loss) over the scored positions of ``batches``, in whatever mode the model is."""
     correct, total, loss_sum = eval_counts_as_is(model, batches)
     return correct / max(1, total), loss_sum / max(1, total)

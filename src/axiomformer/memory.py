@@ -9,8 +9,10 @@ on CUDA (:data:`CUDA_READ_METHOD`).
 Methods (our choice; the chosen one is reported as ``PeakMemory.method``):
     CUDA  ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the memory allocated before.
     CPU   Linux's peak resident set size: ``/proc/self/clear_refs`` resets VmHWM, and the peak is VmHWM minus the
-          resident size at the start. Memory that glibc keeps in its heap from earlier work is reused without
-          raising the resident size, so this can under-count a call that follows a larger one.
+          resident size at the start. Memory that glibc keeps in its heap from earlier work would be reused without
+          raising the resident size (a run in a reused worker then read 0.0 MB), so where glibc is present the start
+          first gives the heap's free pages back to the OS (``malloc_trim(0)``, process-wide, cheap, changes no
+          mode): the run's own allocations fault their pages in again and raise VmHWM.
           With ``allocator_modes=True`` (the bench's choice, never the trainer's: it changes the allocator of the
           whole process) glibc is told (``mallopt``) while measuring to serve every block over 64 KiB by mmap and
           to return freed memory at once, so that an earlier, larger peak does not hide this one. That strict mode
@@ -59,6 +61,14 @@ def owning_process_memory() -> Iterator[None]:
         _owned -= 1
 
 
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where there is no glibc."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
 def _status_bytes(key: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -81,6 +91,7 @@ class PeakMemory:
     def __init__(self, device: torch.device | str, *, allocator_modes: bool = False) -> None:
         self.device = torch.device(device)
         self.allocator_modes = allocator_modes
+        self._trim: Callable[[int], int] | None = None
         self.method = self._choose()
         self._base = 0
 
@@ -93,6 +104,7 @@ class PeakMemory:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
             if not self.allocator_modes:
+                self._trim = _malloc_trim()
                 return RSS_METHOD
             self._libc = ctypes.CDLL("libc.so.6")
             _ = self._libc.mallopt                          # AttributeError where there is no glibc
@@ -119,6 +131,8 @@ class PeakMemory:
             if self.method == RSS_STRICT_METHOD:
                 self._allocator(strict=True)
                 self._libc.malloc_trim(0)
+            elif self._trim is not None:
+                self._trim(0)                                # free heap pages back to the OS (module docstring)
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
             self._base = _status_bytes("VmRSS:")

@@ -20,12 +20,16 @@ suites' questions:
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from axiomformer.evaluation import MAX_BATCH_TOKENS, evaluate_as_is
+
+if TYPE_CHECKING:
+    from axiomformer.attention import Attention
 
 PROBES = ("init_entropy", "sampled_eval")
 """Probe names accepted by ``TrainConfig.probes``."""
@@ -48,13 +52,13 @@ def entropy_closed_form(n: int, score_var: float) -> float:
     return math.log(n) - score_var / 2.0
 
 
-def _attention_layers(model: nn.Module) -> list[nn.Module]:
+def _attention_layers(model: nn.Module) -> list[Attention]:
     from axiomformer.attention import Attention
 
     return [m for m in model.modules() if isinstance(m, Attention)]
 
 
-def _row_entropy_and_variance(module: nn.Module, x: torch.Tensor) -> tuple[float, float]:
+def _row_entropy_and_variance(module: Attention, x: torch.Tensor) -> tuple[float, float]:
     """Entropy of the last query row's attention weights and the variance of its scaled scores, averaged over the
     batch and heads; ``x`` (batch, seq, dim) is the layer's input. Dot-family scores (score_fn(q, k) * scale)."""
     positions = torch.arange(x.shape[1], device=x.device)
@@ -68,7 +72,7 @@ def _row_entropy_and_variance(module: nn.Module, x: torch.Tensor) -> tuple[float
     return float(entropy.mean()), float(scores.squeeze(-2).var(dim=-1, unbiased=False).mean())
 
 
-def init_entropy(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+def init_entropy(model: nn.Module, batches: Sequence[tuple[torch.Tensor, ...]]) -> dict[str, Any]:
     """Per layer: measured entropy of the last query row, score variance, ``log n`` and the closed form."""
     layers = _attention_layers(model)
     inputs_seen: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(layers))}
@@ -90,7 +94,7 @@ def init_entropy(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tenso
     return {"init_entropy": out}
 
 
-def sampled_accuracy(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+def sampled_accuracy(model: nn.Module, batches: Sequence[tuple[torch.Tensor, ...]],
                      draws: int = SAMPLED_DRAWS) -> dict[str, Any]:
     """Accuracy with the normalizer's training-time sampling on (the model's forward in training mode, gradients
     off), one value per draw. Refuses a model with attention dropout, which training mode would also switch on."""

@@ -5,8 +5,9 @@
 
 Determinism: PyTorch's generators seeded with ``config.seed`` before the model is built (scoped by
 :func:`axiomformer.runtime.seeded`: the caller's random stream is left as it was; under torchrun, ranks > 0 then
-continue from their own seed, ``distributed.rank_seed``, so each draws its own dropout masks), and every batch is a pure
-function of (seed, step): training batch ``s`` is ``task.batch(batch_size, seed=(config.seed << 32) + s, split="train")``,
+continue from their own seed, ``distributed.rank_seed``, so each draws its own dropout masks), and every batch is a
+pure function of (seed, step): training batch ``s`` is
+``task.batch(batch_size, seed=(config.seed << 32) + s, split="train")``,
 validation batch ``i`` is ``task.batch(batch_size, seed=i, split="val")`` and test batch ``i`` the same with
 ``split="test"`` — the same validation and test sets for every training seed, disjoint from each other and from every
 training example (see ``axiomformer.tasks.base``). Same config, same threads -> same losses.
@@ -17,10 +18,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import ConfigDict, Field, model_validator
@@ -33,6 +34,9 @@ from axiomformer.models import MODEL_KINDS, build_model, count_parameters, defau
 from axiomformer.runtime import seeded
 from axiomformer.spec import AttentionSpec
 from axiomformer.tasks import TASKS, make_task
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 GENERIC_DEFAULTS: dict[str, Any] = {
     "steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup": 50, "eval_every": 100, "eval_batches": 4,
@@ -101,6 +105,16 @@ class TrainConfig(Budget):
     probes: list[str] = Field(default_factory=list)
     init_from: str | None = None
 
+    if TYPE_CHECKING:
+        # What the type checker may rely on after validation: ``_fill_and_check`` fills these budget fields (and
+        # ``heads``) from the task's defaults, so a validated config never holds None there.
+        steps: int
+        batch_size: int
+        lr: float
+        warmup: int
+        eval_every: int
+        eval_batches: int
+
     @model_validator(mode="after")
     def _fill_and_check(self) -> TrainConfig:
         if self.task not in TASKS:
@@ -129,7 +143,8 @@ class TrainConfig(Budget):
 
     def attention_spec(self) -> AttentionSpec:
         """``AttentionSpec.standard(dim, heads, causal=causal, max_len=max_len or seq_len).relax(spec)``."""
-        return AttentionSpec.standard(self.dim, self.heads, causal=self.causal,
+        heads = self.heads if self.heads is not None else default_heads(self.dim)
+        return AttentionSpec.standard(self.dim, heads, causal=self.causal,
                                       max_len=self.model_max_len).relax(self.spec)
 
     @property
@@ -151,6 +166,8 @@ class TrainResult:
         converged: False when the run used all ``steps`` while its validation score was still improving (its best
             evaluation among the last ``patience`` ones, 3 when ``patience`` is None).
         stop_reason: ``"target"``, ``"patience"``, ``"steps"`` or ``"nonfinite"``.
+        n_test: scored test positions behind ``accuracy`` (one per sequence on needle): the n of a binomial
+            interval over the test items.
         steps: optimizer steps taken (early stop may cut them short).
         seconds: wall time of training plus evaluation.
         params: trainable parameters.
@@ -189,6 +206,7 @@ class TrainResult:
     best_step: int = 0
     converged: bool = True
     stop_reason: str = "steps"
+    n_test: int = 0
 
     SUMMARY_KEYS = ("task", "model", "spec", "seq_len", "accuracy", "loss", "steps", "seconds", "params",
                     "tokens_per_second")
@@ -252,14 +270,18 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.A
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.98))
 
 
-def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+def evaluate(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, ...]],
              parallel: DataParallel | None = None) -> tuple[float, float]:
     """(accuracy, mean loss) over the scored positions of ``batches``, the model in eval mode; with ``parallel`` (a
     :class:`axiomformer.distributed.DataParallel`), ``batches`` is this rank's share and the counts are summed over
     every rank first, so all ranks get the figures of the whole eval set."""
     correct, total, loss_sum = eval_counts(model, batches)
     if parallel is not None:
-        correct, total, loss_sum = parallel.reduce_counts(correct, total, loss_sum)
+        return _ratios(*parallel.reduce_counts(correct, total, loss_sum))
+    return _ratios(correct, total, loss_sum)
+
+
+def _ratios(correct: float, total: float, loss_sum: float) -> tuple[float, float]:
     return correct / max(1, total), loss_sum / max(1, total)
 
 
@@ -309,7 +331,7 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         _loop(run, config, task, spec, model, parallel, val_set, progress=progress and parallel.main,
               log=log if parallel.main else None)
         run.best.restore(model)
-        test_accuracy, test_loss = evaluate(model, test_set, parallel)
+        test_accuracy, test_loss, n_test = _test_counts(model, test_set, parallel)
         seconds = time.perf_counter() - start
         peak = meter.stop()
         if on_end is not None:
@@ -325,7 +347,7 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         peak_mem_mb=peak, memory_method=meter.method, engine=",".join(dict.fromkeys(run.engines)),
         losses=torch.stack(run.losses).cpu().tolist() if run.losses else [], history=run.history,
         chance=task.chance, config=config.model_dump(), val_accuracy=run.best.accuracy, val_loss=run.best.loss,
-        best_step=run.best.step, converged=converged, stop_reason=run.stop_reason, extra=extra,
+        best_step=run.best.step, converged=converged, stop_reason=run.stop_reason, extra=extra, n_test=n_test,
     )
     if parallel.main:
         _save(model, config, result, save_state, checkpoint_dir)
@@ -337,7 +359,8 @@ def _build(config: TrainConfig, device: torch.device) -> tuple[Any, AttentionSpe
     the global generators (seeded by the caller) or from ``config.init_from``."""
     task = make_task(config.task, seq_len=config.seq_len, **config.task_options)
     spec = config.attention_spec() if config.model == "transformer" else None
-    options = ({"input_position": config.input_position, "causal": config.causal, "mlp_ratio": config.mlp_ratio}
+    options: dict[str, Any] = ({"input_position": config.input_position, "causal": config.causal,
+                                "mlp_ratio": config.mlp_ratio}
                if spec is not None else {})
     model = build_model(config.model, vocab_size=task.vocab_size, dim=config.dim, num_layers=config.layers,
                         max_len=config.model_max_len, spec=spec, **options).to(device)
@@ -347,9 +370,18 @@ def _build(config: TrainConfig, device: torch.device) -> tuple[Any, AttentionSpe
 
 
 def _eval_set(task: Any, config: TrainConfig, parallel: DataParallel, split: str) -> list[tuple[torch.Tensor, ...]]:
-    """This rank's share of the ``split`` set: batches ``task.batch(batch_size, seed=i, split=split)``."""
+    """This rank's share of the ``split`` set: batches ``task.batch(batch_size, seed=i, split=split)``, ``i`` below
+    ``eval_batches`` (validation) or ``test_batches`` (test; ``eval_batches`` when unset)."""
+    count = (config.test_batches or config.eval_batches) if split == "test" else config.eval_batches
     return [tuple(t.to(parallel.device) for t in task.batch(config.batch_size, seed=i, split=split))
-            for i in parallel.eval_indices(config.eval_batches)]
+            for i in parallel.eval_indices(count)]
+
+
+def _test_counts(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, ...]],
+                 parallel: DataParallel) -> tuple[float, float, int]:
+    """(accuracy, mean loss, scored positions) of the test set, summed over every rank."""
+    correct, total, loss_sum = parallel.reduce_counts(*eval_counts(model, batches))
+    return correct / max(1, total), loss_sum / max(1, total), int(total)
 
 
 @dataclass
@@ -380,7 +412,7 @@ def _loop(run: _Run, config: TrainConfig, task: Any, spec: AttentionSpec | None,
         for step in range(config.steps):
             tick = time.perf_counter()
             inputs, targets, scored = parallel.shard(*task.batch(config.batch_size, seed=(config.seed << 32) + step))
-            if anneal:
+            if anneal and spec is not None and config.gumbel_tau_final is not None:
                 set_gumbel_tau(model, gumbel_tau_at(step, config.steps, spec.gumbel_tau, config.gumbel_tau_final))
             loss = parallel.loss(net(inputs), targets, scored)
             optimizer.zero_grad(set_to_none=True)
@@ -391,7 +423,7 @@ def _loop(run: _Run, config: TrainConfig, task: Any, spec: AttentionSpec | None,
             schedule.step()
             run.losses.append(loss.detach())
             if step == 0:
-                run.engines = list(model.engines)  # the training-mode routing (eval may route differently)
+                run.engines = _engines(model)  # the training-mode routing (eval may route differently)
             run.steps_done = step + 1
             finite = bool(torch.isfinite(loss))
             run.train_seconds += time.perf_counter() - tick
@@ -404,7 +436,7 @@ def _loop(run: _Run, config: TrainConfig, task: Any, spec: AttentionSpec | None,
     if run.steps_done == 0:
         accuracy, eval_loss = evaluate(model, val_set, parallel)
         run.best.offer(model, 0, accuracy, eval_loss, 1)
-        run.engines = list(model.engines)
+        run.engines = _engines(model)
 
 
 def _evaluate_and_decide(run: _Run, config: TrainConfig, model: torch.nn.Module, parallel: DataParallel,
@@ -444,6 +476,11 @@ def _save(model: torch.nn.Module, config: TrainConfig, result: TrainResult, save
             {k: v for k, v in result.to_dict().items() if k not in ("losses",)}))
 
 
+def _engines(model: torch.nn.Module) -> list[str]:
+    """The attention engines of the last forward, one per layer (``["recurrent"]`` style names for baselines)."""
+    return list(getattr(model, "engines", []))
+
+
 def _with_probes(config: TrainConfig, eval_set: list, user: Callable | None, phase: str) -> Callable | None:
     """The callback of ``phase`` that runs the config's probes (``axiomformer.probes``) and then ``user``."""
     from axiomformer import probes
@@ -461,7 +498,7 @@ def _with_probes(config: TrainConfig, eval_set: list, user: Callable | None, pha
     if not wanted:
         return None
 
-    def run(model, task) -> dict:
+    def run(model: torch.nn.Module, task: Any) -> dict:
         out: dict[str, Any] = {}
         for fn in wanted:
             out.update(fn(model, task))
@@ -469,7 +506,7 @@ def _with_probes(config: TrainConfig, eval_set: list, user: Callable | None, pha
     return run
 
 
-def _callback(fn: Callable[[torch.nn.Module, Any], dict], model: torch.nn.Module, task) -> dict:
+def _callback(fn: Callable[[torch.nn.Module, Any], dict], model: torch.nn.Module, task: Any) -> dict:
     was_training = model.training
     model.eval()
     try:
@@ -509,7 +546,7 @@ def _load_state(model: torch.nn.Module, path: str | Path) -> None:
         raise ValueError(f"init_from {str(path)!r} does not fit this model: {err}") from None
 
 
-def _progress_bar(enabled: bool):
+def _progress_bar(enabled: bool) -> Progress:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -11,11 +11,27 @@ and ``docs/audit.md``); targets become such maps through adapters (:mod:`axiomfo
 from __future__ import annotations
 
 from axiomformer.audit.adapters import (
-    Adapter, AttentionAdapter, FunctionAdapter, MultiheadAttentionAdapter, make_adapter, register_adapter,
+    Adapter,
+    AttentionAdapter,
+    FunctionAdapter,
+    MultiheadAttentionAdapter,
+    make_adapter,
+    register_adapter,
 )
 from axiomformer.audit.checks import AuditCheck
 from axiomformer.audit.matrix import relaxation_matrix
 from axiomformer.audit.report import NOT_ASSUMPTIONS, AuditReport, run_audit
 
-__all__ = ["Adapter", "AttentionAdapter", "AuditCheck", "AuditReport", "FunctionAdapter",
-           "MultiheadAttentionAdapter", "NOT_ASSUMPTIONS", "run_audit", "make_adapter", "register_adapter", "relaxation_matrix"]
+__all__ = [
+    "NOT_ASSUMPTIONS",
+    "Adapter",
+    "AttentionAdapter",
+    "AuditCheck",
+    "AuditReport",
+    "FunctionAdapter",
+    "MultiheadAttentionAdapter",
+    "make_adapter",
+    "register_adapter",
+    "relaxation_matrix",
+    "run_audit",
+]

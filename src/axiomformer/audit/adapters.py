@@ -21,7 +21,8 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -71,7 +72,7 @@ class Adapter:
         """Attention weights (batch, heads, q_len, k_len) if the target exposes them, else None."""
         return None
 
-    def with_head_dim(self, head_dim: int) -> "Adapter | None":
+    def with_head_dim(self, head_dim: int) -> Adapter | None:
         """The same kind of target with ``head_dim`` (same heads, learned scalars carried over), or None if fixed."""
         return None
 
@@ -157,7 +158,8 @@ class AttentionAdapter(Adapter):
         self.seed = seed
         m = copy.deepcopy(module).to(torch.float64).eval()
         biases = [getattr(getattr(m, n), "bias", None) for n in ("q_proj", "k_proj", "out_proj")]
-        m.q_proj, m.k_proj, m.out_proj = (AddBias(b) for b in biases)
+        for proj, b in zip(("q_proj", "k_proj", "out_proj"), biases):
+            setattr(m, proj, AddBias(b))
         self.notes = bias_notes(biases[0], biases[1], getattr(m.v_proj, "bias", None), biases[2])
         if any(_size(b) > 0 for b in biases):
             self.notes += ("scale_entropy rebuilds the target at other head dims without these biases (their shape "
@@ -226,7 +228,8 @@ class MultiheadAttentionAdapter(Adapter):
             m.in_proj_weight[: 2 * e].copy_(torch.eye(e, dtype=torch.float64).repeat(2, 1))
         _identity_linear(m.out_proj)
         b = m.in_proj_bias
-        self.notes = bias_notes(*(None if b is None else b[i * e:(i + 1) * e] for i in range(3)), m.out_proj.bias)
+        q_b, k_b, v_b = (None, None, None) if b is None else (b[:e], b[e:2 * e], b[2 * e:])
+        self.notes = bias_notes(q_b, k_b, v_b, m.out_proj.bias)
         if any(_size(x) > 0 for x in (b, m.out_proj.bias)):
             self.notes += ("scale_entropy rebuilds the target at other head dims with PyTorch's initial (zero) "
                            "biases",)
@@ -300,11 +303,32 @@ class FunctionAdapter(Adapter):
             if isinstance(out, Tensor) and out.shape[:2] == (1, 2):
                 if out.is_floating_point() and torch.finfo(out.dtype).eps > torch.finfo(dtype).eps:
                     self.precision = out.dtype                # it computes in a lower precision than its inputs
+                elif dtype == torch.float64:
+                    self.precision = self._measured_precision()
                 return dtype
             failure = TypeError(f"it returned {type(out).__name__}"
                                 f"{tuple(out.shape) if isinstance(out, Tensor) else ''}")
         raise UserInputError(f"cannot audit {self.name!r}: expected a callable (q, k, v) -> out on (batch, seq, "
                              f"dim={self.dim}) tensors; calling it failed: {type(failure).__name__}: {failure}")
+
+    @torch.no_grad()
+    def _measured_precision(self) -> torch.dtype | None:
+        """float32 (or float16) when a float64 function rounds inside, else None (its dtype).
+
+        The inputs move along a random direction by t = 1e-8 and 2e-8 (relative): a smooth float64 map gives a
+        second difference f(x + 2t) - 2 f(x + t) + f(x) near t^2 |f''| ~ 1e-16 of |f|; a map that rounds to float32
+        inside (a softmax in float32) jumps by its rounding, ~1e-7, wherever an input crosses a rounding boundary,
+        which some of the inputs do at that step **(our choice of test)**."""
+        g = torch.Generator().manual_seed(0)
+        x, d = (torch.randn(3, 1, 8, self.dim, generator=g, dtype=torch.float64) for _ in range(2))
+        try:
+            ys = [self.fn(*(x + t * d * x.abs().amax())) for t in (0.0, 1e-8, 2e-8)]
+        except (RuntimeError, TypeError, ValueError):
+            return None
+        if not all(isinstance(y, Tensor) and y.is_floating_point() for y in ys):
+            return None
+        second = float((ys[2] - 2 * ys[1] + ys[0]).abs().max() / ys[0].abs().max().clamp_min(1e-300))
+        return None if not second > 1e-11 else torch.float32 if second < 1e-4 else torch.float16
 
     def __call__(self, q, k, v, *, causal=False):
         if causal and self._causal_kw is not None:

@@ -28,13 +28,17 @@ SAME_MAP = {
                   "at this interface",
     ("A1", "A3"): "the local Jacobian factors through both the query and the key: a nonlinear rho (A1) and a "
                   "nonlinear value map (A3) are not told apart",
-    ("A2", "A3"): "the per-coordinate weights factor through the key (J_ij = c_ij H_j), or through the whole context: "
-                  "per-coordinate relevances (A2) and a value map that reads more than the value (A3) are the same "
-                  "map at this interface",
+    ("A2", "A3"): "the per-coordinate weights factor through the key (J_ij = c_ij H_j): per-coordinate relevances "
+                  "(A2) and a value map that reads more than the value (A3) are the same map at this interface",
     ("A1", "A4"): "the local Jacobian factors through the key but the output is not additive over tokens: a "
                   "nonlinear rho (A1) and a relevance that reads the values (A4) are not told apart",
 }
 """Why two candidates cannot be told apart, by (first, second) candidate."""
+RATIO_SCORE = ("bilinear_fit failed, so the score of a pair may read other keys (A4), which changes the ratios of the "
+               "other weights as a normalizer other than the softmax does (A5)")
+CONTEXT_GATE = ("the per-coordinate weights factor through both the query and the key of each input, but change with "
+                "the context (a gate computed from all the tokens): a rho (A1), relevances (A2) or a value map (A3) "
+                "that reads the context are the same map at this interface")
 
 CONTRIBUTION_CAVEAT = ("the contribution map is not visible (homogeneity n/a): a contribution g(u) v with g not "
                        "linear after a normalizer r is the same map as u v after the normalizer g(r) (A2)")
@@ -43,8 +47,8 @@ WEIGHT_SHAPE = ("nonnegative_weights", "weights_sum_to_one")
 for every distribution force g to be linear, so the other A5 checks implicate A2 only when the sums fail too."""
 OTHER_WEIGHTS = ("ratio_independence", "scale_entropy", "length_scale")
 
-ORDER_CAVEAT = ("set_symmetry failed: the map is not of the form rho(sum_j phi(x_j, u_ij)), so this departure may "
-                "come from the order dependence (A0)")
+ORDER_CAVEAT = ("set_symmetry failed: the map is not of the form rho(sum_j phi(x_j, u_ij)), so this departure, which "
+                "alone would break {first}, may come from the order dependence (A0)")
 
 
 def _shape(st: dict[str, float] | None, tol: float) -> str | None:
@@ -66,7 +70,9 @@ def _nonlinear(shape: str | None, additive: bool) -> list[str]:
 
 
 def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, object]) -> list[str]:
-    failed = lambda name: name in out and out[name].passed is False  # noqa: E731
+    def failed(name: str) -> bool:
+        return name in out and out[name].passed is False
+
     additive = not failed("token_additivity")
     nonlinear = _shape(facts.get("nonlinear"), float(facts.get("fd_tol", 0.0)))   # type: ignore[arg-type]
     linear = _shape(facts.get("linear"), float(facts.get("tol", 0.0)))            # type: ignore[arg-type]
@@ -107,11 +113,16 @@ def attribute(checks: list[AuditCheck], facts: dict[str, object] | None = None) 
         if c.passed is not False or c.assumption not in ASSUMPTION_TAGS:
             continue
         c.candidates = _candidates(c, out, facts)
-        reasons = [SAME_MAP[pair] for pair in zip(c.candidates, c.candidates[1:]) if pair in SAME_MAP]
+        first = c.candidates[0]
+        reasons = [SAME_MAP[(first, other)] for other in c.candidates[1:] if (first, other) in SAME_MAP]
+        if c.name == "scalar_relevance" and c.candidates[:3] == ["A1", "A2", "A3"]:
+            reasons = [CONTEXT_GATE]
+        if c.name == "ratio_independence" and "A4" in c.candidates:
+            reasons = [RATIO_SCORE]
         if "A2" in c.candidates[1:] and c.assumption == "A5":
             reasons.append(CONTRIBUTION_CAVEAT)
         if "A0" in c.candidates[1:]:
-            reasons.append(ORDER_CAVEAT)
+            reasons.append(ORDER_CAVEAT.format(first=first))
         if len(c.candidates) > 1:
             c.why = "; ".join(reasons) or "these assumptions produce the same departure at this interface"
             c.detail += f". Cannot be told apart from outside: {c.why}"

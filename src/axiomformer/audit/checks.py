@@ -8,18 +8,25 @@ tolerance. ``passed`` is None when a check does not apply or cannot tell; the de
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from axiomformer.audit.adapters import Adapter
 from axiomformer.audit.attribution import attribute
-from axiomformer.audit.structure import fd_tolerance, scalar_relevance, value_free_relevance
 from axiomformer.audit.normalizer_checks import length_scale, scale_entropy, shift_invariance, weight_checks
 from axiomformer.audit.probe import (
-    BIG, AuditCheck, Probe, cannot_tell, finite, heads, rel, result,
+    BIG,
+    AuditCheck,
+    Probe,
+    cannot_tell,
+    finite,
+    heads,
+    rel,
+    result,
 )
+from axiomformer.audit.structure import fd_tolerance, scalar_relevance, value_free_relevance
 
 FIT_SEQ = 16
 """Sequence length of the bilinear fit; the batch grows until there are 4 score equations per unknown of M."""
@@ -118,9 +125,10 @@ def bilinear_scores(p: Probe, weights_ok: bool, why: str) -> AuditCheck:
         return cannot_tell(name, "A4", p.tol, why)
     q, k, _ = p.qkv()
     k2 = p.randn(*k.shape)
-    got = [recovered_scores(p, q, k), recovered_scores(p, 2 * q, k), recovered_scores(p, q, k2),
-           recovered_scores(p, q, k + k2)]
-    if any(s is None for s in got):
+    recovered = [recovered_scores(p, q, k), recovered_scores(p, 2 * q, k), recovered_scores(p, q, k2),
+                 recovered_scores(p, q, k + k2)]
+    got = [t for t in recovered if t is not None]
+    if len(got) < len(recovered):
         return cannot_tell(name, "A4", p.tol, "some visible key has weight 0, so its score cannot be recovered")
     s, s2q, sk2, ssum = got
     resid = torch.stack([s2q - 2 * s, ssum - s - sk2])

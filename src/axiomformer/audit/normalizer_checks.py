@@ -12,7 +12,12 @@ import torch
 from torch import Tensor
 
 from axiomformer.audit.probe import (
-    AuditCheck, Probe, cannot_tell, random_rotation, rel, result,
+    AuditCheck,
+    Probe,
+    cannot_tell,
+    random_rotation,
+    rel,
+    result,
 )
 
 ENTROPY_TOL = 0.25
@@ -34,7 +39,9 @@ def weight_checks(p: Probe) -> tuple[list[AuditCheck], bool, str]:
                     "to a mean row sum of 1, since a constant factor folds into the value map)")
     k2 = k.clone()
     k2[:, 0] = p.randn(p.batch, p.a.dim, scale=3.0)
-    w2, _ = p.weights(q, k2)
+    w2, how2 = p.weights(q, k2)
+    if w2 is None:
+        return [nonneg, total, cannot_tell(names[2], "A5", p.tol, how2)], False, how2
     pair_vis = vis.clone()
     pair_vis[:, 0] = False
     pairs = pair_vis.unsqueeze(-1) & pair_vis.unsqueeze(-2)
@@ -53,8 +60,8 @@ def shift_invariance(p: Probe, a4: list[AuditCheck], scalar: AuditCheck | None =
                            "relevance per key (scalar_relevance failed), so the keys may reach the outputs other "
                            "than through the scores, and translating them is not a shift of the scores")
     if any(c.passed is False for c in a4):
-        return cannot_tell("shift_invariance", "A5", p.tol, "scores are not a bilinear q.k (an A4 check failed), so translating "
-                   "the keys is not a shift of the scores")
+        return cannot_tell("shift_invariance", "A5", p.tol, "scores are not a bilinear q.k (an A4 check failed), so "
+                   "translating the keys is not a shift of the scores")
     q, k, v = p.qkv()
     t = p.randn(p.batch, 1, p.a.dim)
     return result("shift_invariance", "A5", rel(p.f(q, k + t, v), p.f(q, k, v)), p.tol,
@@ -91,8 +98,8 @@ def length_scale(p: Probe) -> AuditCheck:
             f"each query sees {p.seq + extra} keys instead of {p.seq}")
     return result(name, "A5", stat, p.tol,
                   f"{extra} more tokens put before the {p.seq} of the probe ({seen}) leave the ratio w_ij / w_il of "
-                  "every pair of the original keys unchanged (statistic as ratio_independence): the temperature does not "
-                  f"depend on the number of visible keys ({how})")
+                  "every pair of the original keys unchanged (statistic as ratio_independence): the temperature does "
+                  f"not depend on the number of visible keys ({how})")
 
 
 def _entropy_deficit(p: Probe, w: Tensor) -> tuple[float, float]:
@@ -124,7 +131,7 @@ def entropy_inputs(heads: int, head_dims: tuple[int, ...], batch: int = 4, n: in
         rot = torch.stack([random_rotation(d, g) for _ in range(heads)])                 # (heads, d, d)
         q = z @ rot.transpose(-1, -2)                                                # rows R z_i
         k = (math.sqrt(d) * rot.transpose(-1, -2)[:, :n, :]).expand(batch, heads, n, d)  # rows sqrt(d) R e_j
-        merge = lambda t: t.transpose(1, 2).reshape(batch, n, heads * d).to(dtype)  # noqa: E731
+        merge = lambda t: t.transpose(1, 2).reshape(batch, n, heads * d).to(dtype)
         out.append((merge(q), merge(k)))
     return out
 

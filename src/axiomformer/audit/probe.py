@@ -152,30 +152,33 @@ class Probe:
             return torch.eye(dim, dtype=torch.float64)
         return torch.linalg.qr(torch.randn(dim, MAX_DIRECTIONS, generator=self.g, dtype=torch.float64))[0]
 
-    def value_jacobian(self, q: Tensor, k: Tensor, v: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def value_jacobian(self, q: Tensor, k: Tensor, v: Tensor | None = None,
+                       rdirs: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """How the outputs move with each key's value: (base (b, L, dim), J (b, L, S, dim, m), R (dim, m)).
 
         ``v`` None: J[:, i, j, :, c] = f(v_j = r_c, other values 0) - f(0), exact for a map affine in the values.
         Otherwise central differences at ``v`` with step eps^(1/3) of the target's dtype (the local Jacobian).
+        ``rdirs`` (dim, m): the directions r_c (default :meth:`directions`).
         """
         b, s, d = k.shape
-        rdirs = self.directions(d)
+        rdirs = self.directions(d) if rdirs is None else rdirs
         m = rdirs.shape[1]
         at = torch.zeros_like(k) if v is None else v
         h = 1.0 if v is None else float(torch.finfo(self.a.dtype).eps) ** (1 / 3)
         base = self.f(q, k, at)
         chunk = max(1, PROBE_ELEMENTS // max(1, b * s * max(d, base.shape[-1] * q.shape[1] // s)))
+        def moved(idx: Tensor, step: Tensor) -> Tensor:
+            """Outputs (t, b, L, dim) with value idx // m moved by step (t, 1, d), one probe per row of idx."""
+            n = len(idx)
+            vv = at.unsqueeze(0).repeat(n, 1, 1, 1)
+            vv[torch.arange(n), :, idx // m] += step
+            return self.f(q.repeat(n, 1, 1), k.repeat(n, 1, 1), vv.reshape(n * b, s, d)).view(n, b, *base.shape[1:])
+
         cols = []
         for start in range(0, s * m, chunk):
             idx = torch.arange(start, min(start + chunk, s * m))
             step = (h * rdirs[:, idx % m].T).to(k.dtype).unsqueeze(1)                     # (t, 1, d)
-
-            def moved(sign: float) -> Tensor:
-                vv = at.unsqueeze(0).repeat(len(idx), 1, 1, 1)
-                vv[torch.arange(len(idx)), :, idx // m] += sign * step
-                n = len(idx)
-                return self.f(q.repeat(n, 1, 1), k.repeat(n, 1, 1), vv.reshape(n * b, s, d)).view(n, b, *base.shape[1:])
-            cols.append(moved(1.0) - base if v is None else (moved(1.0) - moved(-1.0)) / (2 * h))
+            cols.append(moved(idx, step) - base if v is None else (moved(idx, step) - moved(idx, -step)) / (2 * h))
         jac = torch.cat(cols).view(s, m, *base.shape).permute(2, 3, 0, 4, 1)
         return base, jac, rdirs
 
@@ -199,10 +202,12 @@ class Probe:
                 w = self.a.weights(q, k, causal=self.causal)
             if w is not None:
                 return w.to(torch.float64), "weights exposed by the target"
-        base, jac, rdirs = self.value_jacobian(q, k)
-        coef = torch.randn(k.shape[0], k.shape[1], rdirs.shape[1], generator=self.g, dtype=torch.float64)
+        # Every direction on (at most) two inputs; then, the structure being verified, one direction on the rest.
+        few = slice(0, min(2, k.shape[0]))
+        base, jac, rdirs = self.value_jacobian(q[few], k[few])
+        coef = torch.randn(jac.shape[0], k.shape[1], rdirs.shape[1], generator=self.g, dtype=torch.float64)
         predicted = base + torch.einsum("blsom,bsm->blo", jac, coef)
-        err = rel(self.f(q, k, (coef @ rdirs.T).to(k.dtype)), predicted)
+        err = rel(self.f(q[few], k[few], (coef @ rdirs.T).to(k.dtype)), predicted)
         if err > self.tol:
             return None, (f"weights not recoverable: the output is not linear in the values (probe error {err:.2g})")
         blocks = self.head_blocks(jac)
@@ -214,6 +219,9 @@ class Probe:
                               "outputs, so which weights belong to which head is not identifiable")
             return None, (f"weights not recoverable: no single scalar relevance per key (every coordinate of a head "
                           f"does not see the same weights; rank-one residual {per_head:.2g})")
+        if k.shape[0] > jac.shape[0]:
+            r = torch.randn(k.shape[-1], 1, generator=self.g, dtype=torch.float64)
+            blocks = self.head_blocks(self.value_jacobian(q, k, rdirs=r / r.norm())[1])
         return self._scaled_factor(blocks, q.shape[1], k.shape[1]), "weights probed through linearity in the values"
 
     def _scaled_factor(self, blocks: Tensor, q_len: int, k_len: int) -> Tensor:

@@ -84,8 +84,8 @@ class AuditReport:
                "|---|---|---|---|---|---|"]
         out += [f"| `{c.name}` | {c.assumption} | {mark[c.passed]} | {c.statistic:.3g} | {c.tolerance:g} | "
                 f"{' or '.join(c.candidates)} |" for c in self.checks]
-        out += ["", "## Departures", ""] + [f"- {d}" for d in self.departures() or ["none: no assumption check "
-                                                                                 "failed"]]
+        departures = self.departures() or ["none: no assumption check failed"]
+        out += ["", "## Departures", ""] + [f"- {d}" for d in departures]
         if self.notes:
             out += ["", "## Notes", ""] + [f"- {n}" for n in self.notes]
         return "\n".join(out) + "\n"

@@ -165,10 +165,9 @@ def entmax_alpha(x: Tensor, alpha: Tensor | float, alpha_minus_one: Tensor | Non
     top = x.amax(dim=-1, keepdim=True).detach()
     with torch.no_grad():
         xd, bd = x.detach(), beta.detach()
-        # S(lo) >= 1 >= S(hi) for every beta >= 0, with n the row's finite entries (a tensor, not the length: under
-        # torch.compile a Python number from the shape would compile one graph per length).
-        finite = (xd > float("-inf")).sum(-1, keepdim=True).clamp_min(1).to(x.dtype)
-        lo, hi = top, top + finite.log()
+        # S(lo) >= 1 >= S(hi) for every beta >= 0; log(k_len) as a tensor op (a Python log of the length would
+        # specialize torch.compile to each length).
+        lo, hi = top, top + torch.full_like(top, x.shape[-1]).log()
         for _ in range(ENTMAX_BISECTIONS):
             mid = (lo + hi) / 2
             above = _entmax_terms(xd, mid, bd, False).sum(-1, keepdim=True) >= 1.0
@@ -400,7 +399,7 @@ def normalize(
         if n_visible is None:
             n_visible = (torch.full_like(s[..., :1], float(s.shape[-1])) if mask is None
                          else visible.sum(dim=-1, keepdim=True).to(s.dtype))
-        weights = choice.impl(s, n_visible)
+        weights = choice.impl(s, n_visible.to(s.dtype))          # n_i counted in float32 by some engines
     else:
         if mask is not None:
             s = s.masked_fill(~visible, float("-inf"))

@@ -46,22 +46,30 @@ def register(app: typer.Typer) -> None:
         patch: int = typer.Option(7, "--patch", help="patch side P (quadratic): P divides the image side"),
         readout: str = typer.Option("mean", "--readout",
                                     help="mean or cls (do not mix tokens) or flatten (mixes tokens itself)"),
-        theta: str = typer.Option("fixed,learned", "--theta",
+        theta: str = typer.Option("fixed", "--theta",
                                   help="fixed (the source's setting) and/or learned, comma-separated"),
-        mixing: str = typer.Option("attention,mlp,both,neither", "--mixing",
-                                   help="arms: which sub-steps a flow step has"),
-        value: str = typer.Option("tied,free", "--value", help="tied (the flow's own value map) and/or free W_v"),
-        noise: str = typer.Option("0,0.5,1.0", "--noise", help="noise levels, in units of the pixel std"),
-        steps: str = typer.Option("0,1,2,4,8", "--steps", help="numbers of flow steps K (0 = multinomial regression)"),
-        seeds: int = typer.Option(None, "--seeds", min=1, help="number of seeds (default 5; --quick 2)"),
+        mixing: str = typer.Option(None, "--mixing",
+                                   help="arms, comma-separated: attention, shuffled (weights from another image's "
+                                        "tokens), token_mlp (a token-wise MLP with the attention step's parameter "
+                                        "count), mlp, both, neither (default: all but none; linear model: no "
+                                        "token_mlp)"),
+        value: str = typer.Option(None, "--value",
+                                  help="value maps of the attention arms: tied (the flow's own), free (learned W_v), "
+                                       "classifier (the form derived from the fixed classifier; quadratic only) "
+                                       "(default tied,classifier; linear model: tied,free)"),
+        noise: str = typer.Option("0,1.0", "--noise", help="noise levels, in units of the pixel std"),
+        steps: str = typer.Option("0,1,2,4", "--steps", help="numbers of flow steps K (0 = multinomial regression)"),
+        seeds: int = typer.Option(None, "--seeds", min=1, help="number of seeds (default 16; --quick 2)"),
         out: Path = typer.Option(None, "--out", help="folder for the figures and flow_results.json"),
         seed: int = typer.Option(0, "--seed", help="base seed"),
-        quick: bool = typer.Option(False, "--quick", help="2 seeds, 1,000 training images, 4 + 4 epochs"),
+        quick: bool = typer.Option(False, "--quick",
+                                   help="a pilot that claims nothing: 2 seeds, 1,000 training images, 4 + 4 epochs"),
         quiet: bool = typer.Option(False, "--quiet", help="no progress lines"),
         as_json: bool = typer.Option(False, "--json", help="print the result dict as JSON on the last line"),
     ) -> None:
         """Fit the multinomial regression, then test accuracy against the number of flow steps K per arm (theta fixed
-        or learned; attention / MLP / both / neither; tied or free values), a test-time flow, and sanity checks."""
+        or learned; attention / shuffled / token_mlp / MLP / both / neither; tied, free or classifier values), the
+        Holm-corrected paired comparisons, a test-time flow, and sanity checks."""
         import torch
 
         from axiomformer.flows.data import DATASETS, DataError
@@ -75,22 +83,28 @@ def register(app: typer.Typer) -> None:
                                      param_hint="--data")
         overrides = {"model": _choices(model, "--model", MODELS)[0], "patch": patch,
                      "readout": _choices(readout, "--readout", READOUTS)[0],
-                     "thetas": _choices(theta, "--theta", THETAS), "mixings": _choices(mixing, "--mixing", MIXINGS),
-                     "values": _choices(value, "--value", VALUES)}
+                     "thetas": _choices(theta, "--theta", THETAS)}
+        if mixing is not None:
+            overrides["mixings"] = _choices(mixing, "--mixing", MIXINGS)
+        if value is not None:
+            overrides["values"] = _choices(value, "--value", VALUES)
         if seeds is not None:
             overrides["seeds"] = seeds
         noise_levels = _numbers(noise, "--noise", float, "0,0.5,1.0")
         step_counts = _numbers(steps, "--steps", int, "0,1,2,4,8")
+        config = default_config(quick, **overrides)
         if not (quiet or as_json):
-            arms = f"{', '.join(overrides['mixings'])} x theta {', '.join(overrides['thetas'])}"
+            arms = f"{', '.join(config.mixings)} (values {', '.join(config.values)}) x theta {', '.join(config.thetas)}"
             typer.echo(f"flow: {data}, arms {arms}, K = {step_counts}, noise = {noise_levels}; learning rates "
                        "first, then one line per arm", err=True)
+            if out is not None:
+                typer.echo(f"writing to {out} (an interrupted run of the same protocol there is resumed)", err=True)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)     # tiny matrices: extra threads only spin on a shared machine
         try:
             result = run_flow_experiment(data, noise=noise_levels, steps=step_counts, out_dir=out,
                                          quiet=quiet or as_json, seed=seed, quick=quick, data_dir=data_dir,
-                                         config=default_config(quick, **overrides))
+                                         config=config)
         except (DataError, ValueError) as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(2) from None
@@ -130,6 +144,14 @@ def _print_tables(result: dict) -> None:
     cells = {(r["method"], r["noise"], r["K"]): r for r in result["test_time_flow"]}
     for key in dict.fromkeys((r["method"], r["noise"]) for r in result["test_time_flow"]):
         table.add_row(key[0], f"{key[1]:g}", *(_ci(cells[(*key, k)]) for k in ks))
+    console.print(table)
+    table = Table(title=f"Paired comparisons (a - b, same seeds), Holm over all {len(result['comparisons'])}")
+    for col in ("a - b", "theta", "K", "noise", "diff [95% t]", "p_holm", "verdict"):
+        table.add_column(col)
+    for c, e in zip(result["comparisons"], result["equivalence"]["rows"]):
+        diff = {"acc_mean": c["diff"], "ci_low": c["ci_low"], "ci_high": c["ci_high"]}
+        table.add_row(f"{c['a']} - {c['b']}", c["theta"], str(c["K"]), f"{c['noise']:g}", _ci(diff),
+                      f"{c['p_holm']:.2g}", e["verdict"])
     console.print(table)
     oracle = result["sanity"]["oracle_flow"]
     console.print(f"sanity (not a result): oracle flow with TRUE labels, loss {oracle['loss_first']:.4f} -> "

@@ -2,11 +2,39 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+
+@contextlib.contextmanager
+def interrupts_end_at_once():
+    """Ctrl-C handling of ``axiomformer study`` (a command-line entry point: it sets the process's SIGINT handler
+    for the block and restores it). The first Ctrl-C raises ``KeyboardInterrupt``: the study stops its workers at
+    once, keeps every finished run and the command prints one line. A second Ctrl-C, while that cleanup runs, ends
+    the process at once with one line and exit code 130, no traceback (workers die with their parent)."""
+    def second(signum, frame):
+        os.write(2, b"\ninterrupted again: stopped at once; finished runs are stored\n")
+        os._exit(130)
+
+    def first(signum, frame):
+        signal.signal(signal.SIGINT, second)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():      # signal handlers live on the main thread
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def register(app: typer.Typer) -> None:
@@ -49,15 +77,19 @@ def register(app: typer.Typer) -> None:
                 cfg = validate_config({"seeds": seeds}, base=cfg.model_dump(), source="--seeds")
         except StudyConfigError as err:
             raise typer.BadParameter(str(err), param_hint="--config") from None
+        if cfg.seeds < 2:
+            raise typer.BadParameter(f"seeds must be >= 2 (a paired interval needs two reported seeds), got "
+                                     f"{cfg.seeds}", param_hint="--config/--seeds")
         out_dir = out or Path("runs") / f"study-{datetime.now():%Y%m%d-%H%M%S}"
         try:
-            summary = run_study(cfg, out_dir, backend=backend, address=address, progress=progress)
+            with interrupts_end_at_once():
+                summary = run_study(cfg, out_dir, backend=backend, address=address, progress=progress)
         except StudyError as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            typer.echo(f"\ninterrupted: finished runs are stored in {out_dir}/results.sqlite; "
-                       f"rerun with --out {out_dir} to resume", err=True)
+            typer.echo(f"\ninterrupted: the runs in progress were stopped (not stored); finished runs are stored in "
+                       f"{out_dir}/results.sqlite; rerun with --out {out_dir} to resume", err=True)
             raise typer.Exit(130) from None
         typer.echo(f"trained {summary.trained} run(s) ({summary.already_stored} already stored) in "
                    f"{summary.seconds:.1f} s; report: {summary.report.get('markdown')}, {summary.report.get('html')}")
@@ -81,6 +113,11 @@ def register(app: typer.Typer) -> None:
             paths = build_report(directory)
         except FileNotFoundError as err:
             raise typer.BadParameter(str(err), param_hint="DIRECTORY") from None
+        except PermissionError as err:
+            if not as_json:
+                raise
+            # The verdicts need only reading: a read-only study folder still answers --json.
+            typer.echo(f"note: report files not rewritten ({err.filename}: {err.strerror})", err=True)
         if as_json:
             typer.echo(json.dumps(study_json(directory), indent=1))
         else:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
 from axiomformer.errors import UserInputError, expect_folder
+
+if TYPE_CHECKING:
+    from axiomformer.train import TrainConfig, TrainResult
 
 
 def parse_task_options(items: list[str]) -> dict:
@@ -57,6 +60,8 @@ def register(app: typer.Typer) -> None:
         eval_every: int | None = typer.Option(None, "--eval-every", help="steps between evaluations"),
         eval_batches: int | None = typer.Option(None, "--eval-batches",
                                                    help="batches in the validation set and in the test set"),
+        test_batches: int | None = typer.Option(None, "--test-batches",
+                                                help="batches in the test set (default: --eval-batches)"),
         grad_clip: float | None = typer.Option(None, "--grad-clip", help="global gradient-norm clip (1.0)"),
         patience: int | None = typer.Option(None, "--patience",
                                                help="stop after this many evaluations without a better validation "
@@ -101,7 +106,7 @@ def register(app: typer.Typer) -> None:
             _print_result(result, as_json, checkpoint)
 
 
-def _config(fields: dict):
+def _config(fields: dict) -> TrainConfig:
     """The validated ``TrainConfig`` (its task built once to check the task options); bad input is one error line."""
     from pydantic import ValidationError
 
@@ -120,7 +125,7 @@ def _config(fields: dict):
     return config
 
 
-def _print_result(result, as_json: bool, checkpoint: Path | None) -> None:
+def _print_result(result: TrainResult, as_json: bool, checkpoint: Path | None) -> None:
     """The result on stdout: one JSON line, or two readable lines (and where the checkpoint went)."""
     if as_json:
         typer.echo(json.dumps(result.summary()))

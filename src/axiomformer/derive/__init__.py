@@ -12,11 +12,40 @@ measured on the module before the step (violated) and after it (holds); see ``do
 """
 
 from axiomformer.derive.chain import (
-    FINAL_TOL, SDPA_TOL, STEPS, TOLERANCE, VACUOUS_BELOW, VACUOUS_FACTOR, Chain, Step, StepDef, run_chain, run_derivation, scale_argument,
+    FINAL_TOL,
+    SDPA_TOL,
+    STEPS,
+    TOLERANCE,
+    VACUOUS_BELOW,
+    VACUOUS_FACTOR,
+    Chain,
+    Step,
+    StepDef,
+    run_chain,
+    run_derivation,
+    scale_argument,
 )
 from axiomformer.derive.modules import PLANTS, GeneralForm, RowRelevance, StandardForm, visible
 from axiomformer.derive.render import to_markdown, to_text
 
-__all__ = ["FINAL_TOL", "PLANTS", "SDPA_TOL", "VACUOUS_FACTOR", "STEPS", "TOLERANCE", "VACUOUS_BELOW", "Chain", "GeneralForm", "RowRelevance",
-           "StandardForm", "Step", "StepDef", "run_chain", "run_derivation", "scale_argument", "to_markdown",
-           "to_text", "visible"]
+__all__ = [
+    "FINAL_TOL",
+    "PLANTS",
+    "SDPA_TOL",
+    "STEPS",
+    "TOLERANCE",
+    "VACUOUS_BELOW",
+    "VACUOUS_FACTOR",
+    "Chain",
+    "GeneralForm",
+    "RowRelevance",
+    "StandardForm",
+    "Step",
+    "StepDef",
+    "run_chain",
+    "run_derivation",
+    "scale_argument",
+    "to_markdown",
+    "to_text",
+    "visible",
+]

@@ -9,8 +9,9 @@ Source: Somani, "A Minimal Route to Transformer Attention" (``docs/SOURCES.md``)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -139,7 +140,7 @@ class Step:
     def to_dict(self) -> dict[str, Any]:
         """``{"id", "assumption", "property", "violation_before", "error_after", "tolerance", "passed", "vacuous",
         "label"}``; a non-finite measurement is reported as 1e30."""
-        finite = lambda v: v if math.isfinite(v) else 1e30  # noqa: E731
+        finite = lambda v: v if math.isfinite(v) else 1e30
         return {"id": self.id, "assumption": self.spec.assumption, "property": self.spec.property,
                 "violation_before": finite(self.violation_before), "error_after": finite(self.error_after),
                 "tolerance": self.tolerance, "passed": self.passed, "vacuous": self.vacuous,
@@ -194,9 +195,9 @@ class Chain:
         """``{"passed", "first_failed_step", "unlocalized", "reason", "final_vs_sdpa_rel_err", "final_tolerance",
         "final_vs_sdpa_max_abs_err", "scale_argument", "steps": [...]}`` (plus ``"plant"`` when a wrong step was
         planted). ``"first_failed_step": null`` with ``"unlocalized": true`` is a failure no step explains."""
-        finite = lambda v: v if math.isfinite(v) else 1e30  # noqa: E731
+        rel_err = self.final_vs_sdpa_rel_err if math.isfinite(self.final_vs_sdpa_rel_err) else 1e30
         out = {"passed": self.passed, "first_failed_step": self.first_failed_step, "unlocalized": self.unlocalized,
-               "reason": self.reason, "final_vs_sdpa_rel_err": finite(self.final_vs_sdpa_rel_err),
+               "reason": self.reason, "final_vs_sdpa_rel_err": rel_err,
                "final_tolerance": FINAL_TOL, "final_vs_sdpa_max_abs_err": self.final_vs_sdpa_max_abs_err,
                "scale_argument": self.scale_argument, "steps": [s.to_dict() for s in self.steps]}
         if self.plant is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
+import types
 
 import torch
 import torch.nn.functional as F
@@ -79,7 +80,7 @@ class RowRelevance(nn.Module):
         h = h.masked_fill(~mask, 0.0)
         return h / ((1 - self.c) + self.c * h.sum(-1, keepdim=True))
 
-    def softmax(self, power: float = 0.5) -> "RowRelevance":
+    def softmax(self, power: float = 0.5) -> RowRelevance:
         """A new row map: softmax(s * d ** -power); A5 uses power 0.5, i.e. softmax(s / sqrt(d))."""
         r = RowRelevance()
         r.a, r.b, r.c, r.power = 0.0, 1.0, 1.0, power
@@ -118,7 +119,7 @@ class GeneralForm(nn.Module):
         self.m, self.n, self.g, self.p = m, n, g, p
 
     @classmethod
-    def general(cls, d: int, hidden: int = 16, seed: int = 0, plant: str | None = None) -> "GeneralForm":
+    def general(cls, d: int, hidden: int = 16, seed: int = 0, plant: str | None = None) -> GeneralForm:
         """The module before A0: every term present, raw-score row map, seeded (PyTorch's default init)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -130,15 +131,18 @@ class GeneralForm(nn.Module):
     def _parts(self) -> dict:
         return {name: getattr(self, name) for name in ("order", "m", "n", "g", "p")}
 
-    def _clone(self) -> "GeneralForm":
+    def _clone(self) -> GeneralForm:
         """A shallow copy of the same class (a subclass that overrides a part or ``forward`` stays itself down the
         chain) whose own term slots can be changed without touching this module; parameters stay shared."""
         other = copy.copy(self)
         other._modules, other._parameters, other._buffers = (dict(self._modules), dict(self._parameters),
                                                               dict(self._buffers))
+        for name, value in list(vars(other).items()):          # a method patched onto this instance follows it
+            if isinstance(value, types.MethodType) and value.__self__ is self:
+                object.__setattr__(other, name, types.MethodType(value.__func__, other))
         return other
 
-    def without(self, part: str) -> "GeneralForm":
+    def without(self, part: str) -> GeneralForm:
         """The next module: the same (shared) parameters with term ``part`` removed. Under plant A0 the position
         bias stays (that is the plant)."""
         other = self._clone()
@@ -146,7 +150,7 @@ class GeneralForm(nn.Module):
             setattr(other, part, None)
         return other
 
-    def with_softmax(self) -> "GeneralForm":
+    def with_softmax(self) -> GeneralForm:
         """The A5 module: the row map becomes softmax(s / sqrt(d)) (without the temperature under plant A5)."""
         other = self._clone()
         other.r = self.r.softmax(power=0.0 if self.plant == "A5" else 0.5)

@@ -51,7 +51,8 @@ def to_markdown(chain: Chain) -> str:
            "`forward` composes the parts is caught at its step; A4 and A5 on the score and the row map. A failure "
            "that no step explains fails the final comparison and is reported as **unlocalized** "
            "(`first_failed_step: null`, `unlocalized: true`, with the reason). `forced` / `choice`: whether the "
-           "source calls the step forced by the constraints or a choice. `axiomformer derive --plant A0` .. `A5` plants the standard wrong version "
+           "source calls the step forced by the constraints or a choice. `axiomformer derive --plant A0` .. `A5` "
+           "plants the standard wrong version "
            "of one step in every module; the chain then fails first at that step.", ""]
     if chain.plant:
         out += [f"**Planted at {chain.plant}: {PLANTS[chain.plant]}.**", ""]

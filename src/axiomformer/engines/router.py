@@ -40,7 +40,9 @@ from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poiso
 from axiomformer.engines.reference import ReferenceEngine
 from axiomformer.engines.sdpa import SDPAEngine
 from axiomformer.engines.sparse import SparseEngine
-from axiomformer.engines.validate import as_problem_4d, check_window, empty_output, problem_shape
+from axiomformer.engines.validate import (
+    as_problem_4d, check_per_head, check_window, empty_output, problem_shape,
+)
 from axiomformer.spec import AttentionSpec
 
 ENGINES: dict[str, Any] = {}
@@ -228,6 +230,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
     """
     target = problem_shape(q, k, v)
     mask, bias = as_problem_4d("mask", mask, target), as_problem_4d("bias", bias, target)
+    check_per_head("alibi_slopes", alibi_slopes, target)
+    check_per_head("scale", scale, target)
     if parts is None:
         if spec is None:
             heads = q.shape[1]

@@ -123,6 +123,43 @@ def _start(x: Tensor, kind: str) -> Tensor:
     return t
 
 
+def _michelot_step(point: Tensor, s1: Tensor, c: Tensor, gap: Tensor, same: Tensor) -> tuple[Tensor, ...]:
+    """One sparsemax pass of :func:`_threshold` on its open rows: (done, value, next point, next state).
+
+    Michelot's step (s1 - 1) / |S| from a lower point keeps all of S above it: the row is then exact (value)."""
+    step = (s1 - 1.0) / c
+    ahead = (step >= 0) & (step * gap < 1.0)
+    done = ahead | same | torch.isnan(s1)
+    value = torch.where(ahead, point + step, point)
+    return done, value, point + step, c
+
+
+def _entmax15_step(point: Tensor, s1: Tensor, s2: Tensor, c: Tensor, gap: Tensor, same: Tensor,
+                   state: Tensor) -> tuple[Tensor, ...]:
+    """One 1.5-entmax pass of :func:`_threshold` on its open rows: (done, value, next point, next state).
+
+    The root u on S of sum (h - u)^2 = 1 gives tau = point + u when S is final; ``state`` carries the support size
+    at the previous point and the last point below tau with its sums (for Newton's step)."""
+    f = s2 - 1.0
+    disc = s1 * s1 - c * f
+    u = f / (s1 + disc.clamp_min(0.0).sqrt())           # root on S, tau = point + u if S is final
+    lower = f >= 0
+    valid = disc >= 0
+    ahead = lower & valid & (u * gap < 1.0)
+    done = ahead | same | torch.isnan(s1)
+    value = torch.where(ahead, point + u, point)
+    lows = torch.where(lower, torch.cat([point, s1, s2], dim=-1), state[:, 1:])
+    newton = lows[:, :1] + (lows[:, 2:] - 1.0) / (2.0 * lows[:, 1:2])
+    root = point + u
+    # From a lower point: its root (an upper bound unless S is final; Newton's step if there is no root);
+    # from an upper point: the better of its root and Newton's step from the last lower point (both lower
+    # bounds), unless rounding puts Newton's step at or above the point (then the root).
+    better = torch.fmax(root, newton)
+    point = torch.where(lower, torch.where(valid, root, newton), torch.where(better < point, better, root))
+    state = torch.cat([torch.where(point == root, c, float("nan")), lows], dim=-1)
+    return done, value, point, state
+
+
 def _threshold(x: Tensor, kind: str, work: Tensor | None = None, work2: Tensor | None = None) -> Tensor:
     """Per-row threshold tau (rows, 1) of a (rows, n) block.
 
@@ -160,31 +197,9 @@ def _threshold(x: Tensor, kind: str, work: Tensor | None = None, work2: Tensor |
         # support, is the root on its own, f(point) = 0 (this also settles rows where rounding makes f(point) < 0).
         same = c == state[:, :1]
         if kind == "sparsemax":
-            step = (s1 - 1.0) / c
-            # Michelot's step from a lower point keeps all of S above it: exact.
-            ahead = (step >= 0) & (step * gap < 1.0)
-            done = ahead | same | torch.isnan(s1)
-            value = torch.where(ahead, point + step, point)
-            point = point + step
-            state = c
+            done, value, point, state = _michelot_step(point, s1, c, gap, same)
         else:
-            f = s2 - 1.0
-            disc = s1 * s1 - c * f
-            u = f / (s1 + disc.clamp_min(0.0).sqrt())           # root on S, tau = point + u if S is final
-            lower = f >= 0
-            valid = disc >= 0
-            ahead = lower & valid & (u * gap < 1.0)
-            done = ahead | same | torch.isnan(s1)
-            value = torch.where(ahead, point + u, point)
-            lows = torch.where(lower, torch.cat([point, s1, s2], dim=-1), state[:, 1:])
-            newton = lows[:, :1] + (lows[:, 2:] - 1.0) / (2.0 * lows[:, 1:2])
-            root = point + u
-            # From a lower point: its root (an upper bound unless S is final; Newton's step if there is no root);
-            # from an upper point: the better of its root and Newton's step from the last lower point (both lower
-            # bounds), unless rounding puts Newton's step at or above the point (then the root).
-            better = torch.fmax(root, newton)
-            point = torch.where(lower, torch.where(valid, root, newton), torch.where(better < point, better, root))
-            state = torch.cat([torch.where(point == root, c, float("nan")), lows], dim=-1)
+            done, value, point, state = _entmax15_step(point, s1, s2, c, gap, same, state)
         done = done.view(-1)
         if live is not None:
             done &= live

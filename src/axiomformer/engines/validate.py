@@ -83,3 +83,21 @@ def empty_output(q: Tensor, k: Tensor, v: Tensor, target: tuple[int, int, int, i
     out = torch.broadcast_to(out, target[:3] + (v.shape[-1],))
     weights_dtype = torch.promote_types(q.dtype, torch.float32)
     return out, torch.zeros(target, dtype=weights_dtype, device=q.device)
+
+
+def check_per_head(name: str, t, target: tuple[int, int, int, int]) -> None:
+    """A per-head tensor argument (``alibi_slopes`` (heads,), a tensor ``scale`` broadcastable to
+    (batch, heads, 1, 1)) fits the problem.
+
+    Raises:
+        ValueError: naming both shapes.
+    """
+    if not isinstance(t, Tensor):
+        return
+    if name == "alibi_slopes":
+        if t.dim() != 1 or t.shape[0] != target[1]:
+            raise ValueError(f"alibi_slopes of shape {_shape(t)} must be (heads,) = ({target[1]},)")
+        return
+    want = (target[0], target[1], 1, 1)
+    if t.dim() > 4 or any(size not in (1, w) for size, w in zip(t.shape[::-1], want[::-1])):
+        raise ValueError(f"{name} of shape {_shape(t)} does not broadcast to (batch, heads, 1, 1) = {want}")

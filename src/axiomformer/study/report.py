@@ -109,6 +109,32 @@ def _headline(d: StudyData) -> list:
     return [Heading("Accuracy: model x task"), table]
 
 
+def _selection(d: StudyData) -> list:
+    """Validation accuracy of every selection run per model and learning rate (the chosen rate marked)."""
+    from axiomformer.study.stages import choose_lr, selection_groups
+
+    groups = selection_groups(d.config, d.all_rows)
+    if not groups:
+        return []
+    lrs = sorted({lr for group in groups.values() for lr, _ in group if lr is not None})
+    table = Table(["model", "task", *(f"lr {lr:g}" for lr in lrs)])
+    for (label, task, seq_len), group in groups.items():
+        by_lr, best = dict(group), choose_lr(group)
+        cells = []
+        for lr in lrs:
+            rows = by_lr.get(lr) or []
+            accs = [(r.get("outcome") or {}).get("val_accuracy") for r in rows]
+            accs = [a for a in accs if a is not None]
+            mark = " (best)" if best == lr else ""
+            cells.append(f"{statistics.fmean(accs):.3f}{mark}" if accs else "—")
+        table.rows.append([label, f"{task}@{seq_len}", *cells])
+    table.note = ("Validation accuracy of the learning-rate selection runs (mean over the selection seeds, which are "
+                  "never reported); `—`: not tried; `(best)`: the rate the cell reports at. A best rate at the edge "
+                  "of those tried is widened (up to `lr_widen` times) and, if still at the edge, flagged in the "
+                  "accuracy table.")
+    return [Heading("Learning-rate selection"), table]
+
+
 def _params(d: StudyData) -> list:
     tol = (d.config.get("model") or {}).get("tolerance", 0.10)
     table = Table(["model", *map(_task_name, d.tasks), "max deviation"])
@@ -253,7 +279,7 @@ def _provenance(d: StudyData) -> list:
         ["hosts", ", ".join(sorted({str(r["host"]) for r in rows})) or "—"],
         ["total training seconds (wall, summed over runs)", f"{sum(r['seconds'] or 0 for r in rows):,.1f}"],
         ["total training CPU seconds", f"{sum(r.get('cpu_seconds') or 0 for r in rows):,.1f}"],
-        ["last `axiomformer study` call", (f"{last.get('seconds')} s wall, {last.get('trained')} run(s) trained, "
+        ["last `axiomformer study` call that trained", (f"{last.get('seconds')} s wall, {last.get('trained')} run(s) trained, "
                                            f"backend {last.get('backend')}, workers {last.get('workers')}, "
                                            f"{last.get('cpu_count')} CPUs, load average {last.get('load_average_start')}"
                                            f" -> {last.get('load_average_end')}") if last else "—"],
@@ -271,7 +297,8 @@ def main_sections(d: StudyData, figures_dir: Path, pilot_note: list | None = Non
     figures = draw_figures(d, figures_dir)
     curves = [Image(f"figures/{path.name}", f"accuracy against sequence length on {name.split(':')[1]}")
               for name, path in figures.items() if name.startswith("length:")]
-    return [*answer, Heading("Details"), *_headline(d), *curves, *_params(d), *_audits(d), *_throughput(d),
+    return [*answer, Heading("Details"), *_headline(d), *curves, *_selection(d), *_params(d), *_audits(d),
+            *_throughput(d),
             *_derive(d), *_flow(d), *_failures(d), *_provenance(d)]
 
 

@@ -63,7 +63,8 @@ def execute(train_config: dict[str, Any], threads: int | None = None, workdir: s
             save_state: str | None = None) -> dict[str, Any]:
     """Train one run and return ``TrainResult.to_dict()`` (the function every backend calls, in any process).
 
-    The trainer measures ``peak_mem_mb`` itself (:class:`axiomformer.memory.PeakMemory`). The first run of a
+    The trainer measures ``peak_mem_mb`` itself (:class:`axiomformer.memory.PeakMemory`); a reading of 0 (no growth
+    seen) is stored as None with ``memory_source`` saying it was unavailable. The first run of a
     (task, model kind) in a process is preceded by a 2-step warm-up, so that one-time initialization (library loading,
     first allocations) is not counted as the model's memory **(our choice)**.
 
@@ -92,6 +93,11 @@ def execute(train_config: dict[str, Any], threads: int | None = None, workdir: s
     out = result.to_dict() if hasattr(result, "to_dict") else dict(result)
     out["cpu_seconds"] = time.process_time() - cpu
     out["memory_source"] = out.get("memory_method") or "trainer"
+    if not out.get("peak_mem_mb"):
+        # Training allocates (activations, gradients): no growth over the level at the start means the method could
+        # not see this run's peak, not that it had none.
+        out["peak_mem_mb"] = None
+        out["memory_source"] = f"unavailable: no growth measured ({out['memory_source']})"
     return out
 
 
@@ -127,7 +133,7 @@ def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
         "memory_source": result.get("memory_source"), "engine": result.get("engine"), "losses": result.get("losses"),
         "train_config": run.train_config,
         "outcome": {"lr": run.train_config.get("lr"), **{k: result.get(k) for k in (
-            "val_accuracy", "val_loss", "best_step", "converged", "stop_reason", "history", "extra")}},
+            "val_accuracy", "val_loss", "best_step", "converged", "stop_reason", "history", "extra", "n_test")}},
         **provenance(), "backend": backend, "host": platform.node(),
     }
 
@@ -149,11 +155,66 @@ def _serial(runs: list[Run], threads: int | None, workdir: str) -> Iterator[Outc
             yield run, err
 
 
+def _die_with_parent(parent: int) -> None:
+    """Make this worker exit when the study process that started it dies, even by ``kill -9``: Linux's
+    parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), else a watchdog thread that polls the parent."""
+    import ctypes
+    import signal
+    import threading
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0:           # PR_SET_PDEATHSIG = 1
+            if os.getppid() != parent:                              # the parent died before the prctl
+                os._exit(1)
+            return
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def worker_init(parent: int, started=None) -> None:
+    """Initializer of a study worker process: the study process alone answers Ctrl-C (a terminal's Ctrl-C reaches
+    the whole process group; the workers ignore it and are stopped by the study), the worker exits when the study
+    process dies (:func:`_die_with_parent`), and it reports its pid on ``started`` (so the study can stop it)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
+    if started is not None:
+        started.put(os.getpid())
+
+
+def _stop_workers(started) -> None:
+    """SIGKILL every worker that reported its pid: their runs are dropped (a rerun trains them). They are this
+    process's unreaped children, so no pid can have been reused."""
+    import signal
+
+    while not started.empty():
+        try:
+            os.kill(started.get(), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _pool(runs: list[Run], threads: int | None, workers: int, workdir: str) -> Iterator[Outcome]:
+    """Runs on ``workers`` spawned processes, yielded as they finish. On Ctrl-C (or any early exit of the caller)
+    the queued runs are cancelled and the runs in progress stopped at once: none of them is stored, and a rerun
+    trains them. A worker that dies (e.g. out of memory) fails its run (``BrokenProcessPool``)."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    executor = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    context = multiprocessing.get_context("spawn")
+    started = context.SimpleQueue()
+    executor = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=worker_init,
+                                   initargs=(os.getpid(), started))
+    finished = False
     try:
         pending = {executor.submit(execute_in_worker, run.train_config, threads or 1, *_args(run, workdir)): run
                    for run in runs}
@@ -163,8 +224,12 @@ def _pool(runs: list[Run], threads: int | None, workers: int, workdir: str) -> I
                 run = pending.pop(future)
                 err = future.exception()
                 yield run, (err if err is not None else future.result())
+        finished = True
     finally:
-        executor.shutdown(wait=False, cancel_futures=True)
+        if not finished:
+            _stop_workers(started)
+        executor.shutdown(wait=finished, cancel_futures=True)
+        started.close()
 
 
 def _import_ray():
@@ -214,13 +279,19 @@ class StudySummary:
     report: dict[str, Path] = field(default_factory=dict)
 
 
+def _num(value: Any, fmt: str) -> str:
+    """``value`` formatted, or "n/a" for a missing or non-numeric one (a diverged run has no loss)."""
+    return format(value, fmt) if isinstance(value, (int, float)) and not isinstance(value, bool) else "n/a"
+
+
 def _status(run: Run, result: dict[str, Any]) -> str:
-    tps = result.get("tokens_per_second") or 0.0
+    tps = result.get("tokens_per_second")
     return (f"{run.model.label:<22} {run.task_label:<12} seed {run.seed} lr {run.train_config.get('lr')}: "
-            f"test acc {result.get('accuracy', float('nan')):.3f} (val {result.get('val_accuracy') or 0.0:.3f}, "
+            f"test acc {_num(result.get('accuracy'), '.3f')} (val {_num(result.get('val_accuracy'), '.3f')}, "
             f"{result.get('steps')} steps, {result.get('stop_reason')})"
-            f"  loss {result.get('loss', float('nan')):.3f}  {result.get('seconds', 0.0):5.1f} s"
-            f"  {tps / 1e3:6.1f}k tok/s  params {result.get('params')}  [{result.get('engine')}]")
+            f"  loss {_num(result.get('loss'), '.3f')}  {_num(result.get('seconds'), '5.1f')} s"
+            f"  {_num(tps / 1e3 if isinstance(tps, (int, float)) else None, '6.1f')}k tok/s"
+            f"  params {result.get('params')}  [{result.get('engine')}]")
 
 
 def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local", address: str | None = None,
@@ -290,7 +361,7 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local
             _sections(store, sections_todo, console, bar, task_id)
             bar.update(task_id, description="done")
         summary.seconds = time.perf_counter() - start
-        store.set_meta("last_invocation", {
+        _record_invocation(store, {
             "seconds": round(summary.seconds, 2), "trained": summary.trained, "backend": backend,
             "workers": config.resolved_workers() if backend == "local" else None,
             "load_average_start": load_start, "load_average_end": _load(), "cpu_count": os.cpu_count()})
@@ -299,6 +370,18 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local
 
         summary.report = build_report(out_dir)
     return summary
+
+
+def _record_invocation(store: ResultsStore, record: dict[str, Any]) -> None:
+    """Keep the provenance of every call (meta ``invocations``, oldest first, each with its UTC time) and, as
+    ``last_invocation`` (what the report shows), the last call that trained something: a rerun of a finished study
+    trains nothing and must not replace the record of the real run."""
+    from datetime import datetime, timezone
+
+    record = {**record, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    store.set_meta("invocations", [*store.get_meta("invocations", []), record])
+    if record["trained"] or store.get_meta("last_invocation") is None:
+        store.set_meta("last_invocation", record)
 
 
 def _set_planned(store: ResultsStore, planned: dict[str, Run]) -> None:

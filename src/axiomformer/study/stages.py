@@ -115,12 +115,10 @@ def selection_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]:
         return stage
 
     def report(stored: Stored) -> list[Run]:
-        out = []
-        for cell in all_cells:
-            lr = _chosen(config, cell, stored or {})
-            if lr != "missing":
-                out += [make_run(config, cell, seed, lr) for seed in range(config.seeds)]
-        return out
+        # seed-major: an interrupted study holds the same seeds for every cell, so its comparisons stay paired
+        chosen = [(cell, _chosen(config, cell, stored or {})) for cell in all_cells]
+        return [make_run(config, cell, seed, lr) for seed in range(config.seeds) for cell, lr in chosen
+                if lr != "missing"]
 
     return [select, *(widen(k) for k in range(1, config.lr_widen + 1)), report]
 

@@ -131,19 +131,23 @@ def clopper_pearson(successes: int, trials: int, level: float = CONFIDENCE) -> I
 def cell_interval(values: Sequence[float], n_test: int | None = None, level: float = CONFIDENCE) -> Interval:
     """A cell's mean test accuracy over seeds with a valid interval.
 
-    Two or more seeds: :func:`t_interval` (``method`` ``"t over seeds"``). One run: :func:`clopper_pearson` over its
-    ``n_test`` scored test items (``"Clopper-Pearson over n_test items"``), or no interval when ``n_test`` is unknown.
+    Two or more seeds that differ: :func:`t_interval` (``method`` ``"t over seeds"``). One run, or seeds that all
+    give the same value: :func:`clopper_pearson` over the ``n_test`` scored test items of one run (``"Clopper-Pearson
+    over test items"``), never a zero-width ``[x, x]``; no interval when ``n_test`` is unknown.
 
     Raises:
         ValueError: no finite value.
     """
     data = _clean(values)
-    if data.size >= 2:
+    if data.size >= 2 and (float(data.std(ddof=1)) > 0 or not n_test):
         out = t_interval(data, level)
         return Interval(out.estimate, out.low, out.high, "t over seeds", level, out.n)
-    if data.size == 1 and n_test:
+    if n_test and data.size >= 1:
+        # one run, or every seed the same (a zero-width t interval would claim certainty): the exact interval over
+        # the test items of one run
         out = clopper_pearson(int(round(float(data[0]) * n_test)), int(n_test), level)
-        return Interval(float(data[0]), out.low, out.high, "Clopper-Pearson over test items", level, 1)
+        method = "Clopper-Pearson over test items" + (" (every seed equal)" if data.size > 1 else "")
+        return Interval(float(data[0]), out.low, out.high, method, level, int(data.size))
     return t_interval(data, level)
 
 

@@ -66,14 +66,15 @@ def _n_test(key: str) -> int | None:
         config = TrainConfig(**{k: v for k, v in tc.items() if k != "init_from"})
         task = make_task(config.task, seq_len=config.seq_len, **config.task_options)
         return sum(int((task.batch(config.batch_size, seed=i, split="test")[1] != IGNORE).sum())
-                   for i in range(config.eval_batches))
+                   for i in range(config.test_batches or config.eval_batches))
     except (ValueError, TypeError, KeyError, RuntimeError):
         return None
 
 
 def n_test_items(row: dict[str, Any]) -> int | None:
     """Scored test items of a stored run: its own record when it has one, else recounted from its training config
-    (the test set is a pure function of task, options, batch size and ``eval_batches``); ``None`` if it cannot be."""
+    (the test set is a pure function of task, options, batch size and ``test_batches`` or ``eval_batches``); ``None``
+    if it cannot be."""
     stored = (row.get("outcome") or {}).get("n_test")
     if stored is not None:
         return int(stored)
@@ -91,20 +92,25 @@ def _converged(runs: dict[int, dict[str, Any]]) -> bool:
     return all((r.get("outcome") or {}).get("converged", True) for r in runs.values())
 
 
+def _labels(d: "StudyData") -> list[str]:
+    """The sweep's models, then any other label of the reported rows (a suite's arms), in first-seen order."""
+    return list(dict.fromkeys([m["label"] for m in d.models] + [r["label"] for r in d.rows]))
+
+
 def cell_stats(d: "StudyData") -> list[CellStat]:
     """Mean test accuracy per (model, task, length) with a valid 95 % interval (``statistics.cell_interval``)."""
     cells = _by_cell(d)
     out = []
     for task, seq_len in d.tasks:
-        for m in d.models:
-            runs = cells.get((m["label"], task, seq_len))
+        for label in _labels(d):
+            runs = cells.get((label, task, seq_len))
             if not runs:
                 continue
             seeds = sorted(runs)
             n_test = n_test_items(runs[seeds[0]])
             ci = cell_interval([runs[s]["accuracy"] for s in seeds], n_test)
-            ident = (m["label"], task, seq_len)
-            out.append(CellStat(m["label"], f"{task}@{seq_len}", seq_len, ci.estimate, ci.low, ci.high, ci.method,
+            ident = (label, task, seq_len)
+            out.append(CellStat(label, f"{task}@{seq_len}", seq_len, ci.estimate, ci.low, ci.high, ci.method,
                                 len(seeds), n_test, d.lrs.get(ident), ident in d.lr_edges, _converged(runs), seeds))
     return out
 
@@ -117,25 +123,48 @@ def design(d: "StudyData") -> dict[str, Any]:
 
     selection = selection_seeds_of(cfg)
     reason = None
-    if "selection_seeds" not in cfg:
+    if "selection_seeds" not in cfg and any(s < seeds for s in selection):
         reason = ("store written by a previous version: its selection seed was also a reported seed; rerun the "
                   "study for verdicts")
     elif cfg.get("pilot"):
         reason = "a pilot run (quick preset): it claims nothing"
     elif seeds < int(cfg.get("min_seeds", 10)):
         reason = f"{seeds} reported seeds, fewer than the preset's minimum of {cfg.get('min_seeds', 10)}"
-    primary, secondary = families(d)
+    else:
+        finished = max((len(runs) for runs in _by_cell(d).values()), default=0)
+        if d.rows and finished < int(cfg.get("min_seeds", 10)):
+            reason = (f"a partial store: {finished} of {seeds} reported seeds finished, fewer than the preset's "
+                      f"minimum of {cfg.get('min_seeds', 10)}; rerun the same command with the same --out to resume")
+    contrasts = suite_contrasts(d)
+    if contrasts is None:
+        primary, secondary = families(d)
+        primary_names, secondary_names = [m for m, _ in primary], [m for m, _ in secondary]
+    else:
+        primary_names = [c.model for c in contrasts if c.family == "primary"]
+        secondary_names = [c.model for c in contrasts if c.family != "primary"]
     return {"selection_seeds": selection, "reported_seeds": list(range(seeds)),
             "alpha": float(cfg.get("alpha", ALPHA)), "correction": CORRECTION,
             "margin": float(cfg.get("margin", MARGIN)), "power": POWER, "min_seeds": int(cfg.get("min_seeds", 10)),
             "pilot": reason is not None, "pilot_reason": reason,
-            "primary_task": f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks else None,
-            "primary": sorted({m for m, _ in primary}, key=_model_order(d)),
-            "secondary": sorted({m for m, _ in secondary}, key=_model_order(d))}
+            "primary_task": f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks and (_wanted(d) or contrasts) else None,
+            "primary": sorted(set(primary_names), key=_model_order(d)),
+            "secondary": sorted(set(secondary_names), key=_model_order(d))}
+
+
+def suite_contrasts(d: "StudyData") -> list | None:
+    """The contrasts of the store's suite (``Suite.comparisons``), or ``None`` for a suite that compares every model
+    with the standard one (the main suite) or is not registered."""
+    from axiomformer.study.registry import get_suite
+
+    try:
+        suite = get_suite(d.suite)
+    except ValueError:
+        return None
+    return None if suite.comparisons is None else list(suite.comparisons(d))
 
 
 def _model_order(d: "StudyData"):
-    order = {m["label"]: i for i, m in enumerate(d.models)}
+    order = {label: i for i, label in enumerate(_labels(d))}
     return lambda label: order.get(label, len(order))
 
 
@@ -149,13 +178,19 @@ def _pairs(d: "StudyData") -> list[tuple[str, tuple[str, int]]]:
 def families(d: "StudyData") -> tuple[list, list]:
     """(primary, secondary) lists of (model, (task, length)): primary = the config's ``primary`` models on the first
     task (every comparison when ``primary`` is empty)."""
-    wanted = {p.replace(" ", "") for p in d.config.get("primary") or []}
     labels = {m["label"]: m for m in d.models}
+    wanted = _wanted(d)
     primary_labels = {label for label in labels if not wanted or label in wanted or _relax_text(labels[label]) in wanted}
     pairs = _pairs(d)
     first = d.tasks[0] if d.tasks else None
     primary = [p for p in pairs if p[0] in primary_labels and (not wanted or p[1] == first)]
     return primary, [p for p in pairs if p not in primary]
+
+
+def _wanted(d: "StudyData") -> set[str]:
+    """The config's ``primary`` labels that name a model of this study."""
+    known = {m["label"] for m in d.models} | {_relax_text(m) for m in d.models}
+    return {p.replace(" ", "") for p in d.config.get("primary") or []} & known
 
 
 def _relax_text(model: dict[str, Any]) -> str:
@@ -181,6 +216,11 @@ def _family_verdicts(d: "StudyData", pairs: list, info: dict[str, Any]) -> list[
 def verdicts(d: "StudyData") -> list[tuple[Verdict, int, str]]:
     """``(verdict, seq_len, family)`` for every comparison: the primary family first, then the secondary one."""
     info = design(d)
+    contrasts = suite_contrasts(d)
+    if contrasts is not None:
+        from axiomformer.study.contrasts import contrast_verdicts
+
+        return contrast_verdicts(info, contrasts)
     primary, secondary = families(d)
     return ([(v, n, "primary") for v, n in _family_verdicts(d, primary, info)]
             + [(v, n, "secondary") for v, n in _family_verdicts(d, secondary, info)])
@@ -202,5 +242,5 @@ def to_json(d: "StudyData") -> dict[str, Any]:
             "verdicts": [v.to_dict() for v, _, _ in found]}
 
 
-__all__ = ["CellStat", "REFERENCE", "cell_stats", "comparisons", "design", "families", "n_test_items", "to_json",
+__all__ = ["CellStat", "REFERENCE", "cell_stats", "comparisons", "design", "families", "n_test_items", "suite_contrasts", "to_json",
            "verdicts"]

@@ -4,10 +4,11 @@
 q, k, v from one ``hidden_states`` tensor, so the adapter feeds it ``hidden_states = [q | k | v]`` (width 3*dim) and,
 on a float64 copy, replaces its ``query`` / ``key`` / ``value`` linears by slices of that input — ``query`` and ``key``
 keep their pretrained biases after the slice (b_q adds b_q.k_j to the scores, a per-key content term the A4 checks see;
-the report's notes say so), ``value`` keeps the pretrained W_v and b_v after its slice. The forward pass itself stays transformers' own ``BertSelfAttention.forward`` and the
-model's registered attention function (``sdpa``, ``eager``, or ``axiomformer``). This follows the audit's convention
-for every target **(its choice, see axiomformer.audit.adapters)**: query/key projections are the identity (no
-assumption constrains them), the value map is the object of A3 and is kept; BERT's output dense is outside
+the report's notes say so), ``value`` keeps the pretrained W_v and b_v after its slice. The forward pass itself stays
+transformers' own ``BertSelfAttention.forward`` and the model's registered attention function (``sdpa``, ``eager``,
+or ``axiomformer``). This follows the audit's convention for every target **(its choice, see
+axiomformer.audit.adapters)**: query/key projection weights are the identity (no assumption constrains them), the
+value map is the object of A3 and is kept; BERT's output dense is outside
 ``attention.self`` and outside the audit.
 
 Importing this module registers, with :func:`axiomformer.audit.register_adapter`:

@@ -14,15 +14,15 @@ from axiomformer.tasks.digits import DigitsTask
 from axiomformer.tasks.induction import InductionTask
 from axiomformer.tasks.mqar import MQARTask
 from axiomformer.tasks.multiset import DistinctTask, MajorityTask
-from axiomformer.tasks.needle import NeedleTask
+from axiomformer.tasks.needle import KeyValueNeedleTask, NeedleTask
 from axiomformer.tasks.order import ReverseTask, SortTask
 from axiomformer.tasks.selective_copy import SelectiveCopyTask
 from axiomformer.tasks.text import TextTask
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls
-    for cls in (CopyTask, MQARTask, SelectiveCopyTask, NeedleTask, InductionTask, DigitsTask, TextTask,
-                MajorityTask, DistinctTask, SortTask, ReverseTask)
+    for cls in (CopyTask, MQARTask, SelectiveCopyTask, NeedleTask, KeyValueNeedleTask, InductionTask, DigitsTask,
+                TextTask, MajorityTask, DistinctTask, SortTask, ReverseTask)
 }
 """Every task by name."""
 

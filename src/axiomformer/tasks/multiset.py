@@ -12,7 +12,10 @@ Tokens: symbols ``0 .. S-1``; the ``distinct`` answers are the tokens ``S .. 2S-
 so both targets are ids of the vocabulary **(our choice: the models' output head is tied to the embedding)**.
 Generation **(our choice)**: ``majority`` draws a favoured symbol and then every token with weight 3 for it and 1 for
 each other symbol, redrawing rows whose mode is tied; ``distinct`` draws k uniformly from 1..min(S, T), k distinct
-symbols, one copy of each and T - k more from those k, shuffled.
+symbols, one copy of each and T - k more from those k, shuffled. ``min_distinct`` (default 1) raises the smallest k:
+with k = 1 there are only S sequences (one symbol repeated), and the train/val/test split by example (tasks.base)
+holds some of them out of training entirely, so a held-out set would test answers the model never saw; k >= 2 keeps
+every answer's example space large.
 """
 
 from __future__ import annotations
@@ -40,22 +43,28 @@ class MultisetTask(SyntheticTask):
     Args:
         seq_len: sequence length T >= 2.
         num_symbols: S symbols (default 8).
-        target: ``majority`` (chance 1/S) or ``distinct`` (chance 1/min(S, T)).
+        target: ``majority`` (chance 1/S) or ``distinct`` (chance 1/(min(S, T) - min_distinct + 1)).
+        min_distinct: ``distinct`` only: the fewest distinct symbols in a row (default 1).
 
     Raises:
-        ValueError: an unknown target (naming the choices) or non-positive sizes.
+        ValueError: an unknown target (naming the choices), non-positive sizes, or ``min_distinct`` above
+            ``min(S, T)``.
     """
 
     name = "multiset"
 
-    def __init__(self, seq_len: int, num_symbols: int = 8, target: str = "majority"):
+    def __init__(self, seq_len: int, num_symbols: int = 8, target: str = "majority", min_distinct: int = 1):
         self.seq_len = positive("seq_len", seq_len, 2)
         self.num_symbols = positive("num_symbols", num_symbols, 2)
         if target not in TARGETS:
             raise ValueError(f"unknown multiset target {target!r}; choose one of: {', '.join(TARGETS)}")
         self.target = target
+        self.min_distinct = positive("min_distinct", min_distinct)
+        top = min(self.num_symbols, self.seq_len)
+        if self.min_distinct > top:
+            raise ValueError(f"min_distinct={self.min_distinct} exceeds min(num_symbols, seq_len) = {top}")
         self.vocab_size = 2 * self.num_symbols
-        self.chance = 1.0 / (self.num_symbols if target == "majority" else min(self.num_symbols, self.seq_len))
+        self.chance = 1.0 / (self.num_symbols if target == "majority" else top - self.min_distinct + 1)
 
     def _majority_rows(self, rng: np.random.Generator, n: int) -> np.ndarray:
         s, out, have = self.num_symbols, [], 0
@@ -72,7 +81,7 @@ class MultisetTask(SyntheticTask):
 
     def _distinct_rows(self, rng: np.random.Generator, n: int) -> np.ndarray:
         s, t = self.num_symbols, self.seq_len
-        k = rng.integers(1, min(s, t) + 1, size=n)
+        k = rng.integers(self.min_distinct, min(s, t) + 1, size=n)
         symbols = np.argsort(rng.random((n, s)), axis=1)                       # a random order of the symbols
         pick = np.arange(t)[None, :] % k[:, None]                              # 0..k-1 each at least once
         pick = np.where(np.arange(t)[None, :] < k[:, None], pick, rng.integers(0, 1 << 30, size=(n, t)) % k[:, None])
@@ -99,5 +108,5 @@ class DistinctTask(MultisetTask):
 
     name = "distinct"
 
-    def __init__(self, seq_len: int, num_symbols: int = 8):
-        super().__init__(seq_len, num_symbols, target="distinct")
+    def __init__(self, seq_len: int, num_symbols: int = 8, min_distinct: int = 1):
+        super().__init__(seq_len, num_symbols, target="distinct", min_distinct=min_distinct)

@@ -187,10 +187,31 @@ def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
     return fig, list(axes)
 
 
+def finite_prefix(curve: list) -> list[float]:
+    """A stored loss curve up to its first missing or non-finite value (a diverged run stops at a NaN loss, which
+    the store keeps as None)."""
+    out = []
+    for value in curve:
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            break
+        out.append(value)
+    return out
+
+
 def save(fig, folder: Path, name: str) -> Path:
+    """Write ``fig`` as ``folder/name.png``. Axes on a log scale with nothing positive to show (every run of a panel
+    diverged or is missing) fall back to a linear scale instead of failing the report."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
-    fig.savefig(path, dpi=110)
+    try:
+        fig.savefig(path, dpi=110)
+    except ValueError as err:
+        if "log-scaled" not in str(err):
+            raise
+        for ax in fig.axes:
+            ax.set_xscale("linear")
+            ax.set_yscale("linear")
+        fig.savefig(path, dpi=110)
     return path
 
 
@@ -203,3 +224,132 @@ def errorbar(ax, xs: list[float], values: list[list[float]], label: str, **style
         lows.append(0.0 if math.isnan(low) else mean - low)
         highs.append(0.0 if math.isnan(high) else high - mean)
     ax.errorbar(xs, means, yerr=[lows, highs], label=label, capsize=3, marker="o", **style)
+
+
+# ---------------------------------------------------------------------------------------------------- verdicts
+def verdict_sentence(v, margin: float) -> str:
+    """One sentence per verdict of a contrast (``a vs b``: the difference is a - b), generated from its interval."""
+    a, _, b = v.model.partition(" vs ")
+    ci = ("no interval (fewer than two paired seeds)" if v.ci_low is None
+          else f"{v.diff:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}]")
+    where = f"{v.task}: {a} against {b}"
+    if v.verdict == "forced":
+        return f"{where}: lower, difference {ci}, the whole interval below 0."
+    if v.verdict == "better":
+        return f"{where}: higher, difference {ci}, the whole interval above 0."
+    if v.verdict == "free":
+        return f"{where}: equivalent within ±{margin:g}, difference {ci}."
+    if v.verdict == "pilot":
+        return f"{where}: pilot, claims nothing ({ci})."
+    need = ("more than 10,000" if v.seeds_needed is None else f"about {v.seeds_needed}")
+    mde = "" if v.mde is None else f"; detects {v.mde:.3f} at 80 % power with {v.n_seeds} seeds"
+    why = "a side did not converge" if (v.ci_low is not None and -margin < v.ci_low and v.ci_high < margin) \
+        else "the interval includes 0 and reaches beyond the margin"
+    return f"{where}: not yet known, difference {ci} ({why}{mde}; a decision needs {need} seeds)."
+
+
+def _verdict_table(found: list, family: str):
+    from axiomformer.study.render import Table
+
+    table = Table(["question", "comparison (a vs b)", "task, where", "verdict", "a - b [interval]", "seeds",
+                   "converged", "what a decision would take"])
+    for v, _, fam in found:
+        if fam != family:
+            continue
+        ci = "—" if v.ci_low is None else f"{v.diff:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}]"
+        need = (f"decided with {v.n_seeds} seeds" if v.verdict in ("forced", "better", "free") else
+                ("—" if v.verdict == "pilot" else
+                 f"mde {'—' if v.mde is None else f'{v.mde:.3f}'}; "
+                 f"{'> 10,000' if v.seeds_needed is None else v.seeds_needed} seeds"))
+        table.rows.append([v.assumption, v.model, v.task, v.verdict, ci, str(v.n_seeds),
+                           "yes" if v.converged else "no", need])
+    return table
+
+
+def verdict_blocks(d, figures_dir: Path, *, question: str, facts: list[str] | None = None) -> list:
+    """The suite's answer, generated from its verdicts (``study.summary.verdicts``, the same objects as
+    ``report --json``): the design line, a table per family, one sentence per verdict, a figure of the differences
+    with their intervals and the ±margin band; ``facts``: what holds by construction (stated, not tested)."""
+    from axiomformer.study.render import Heading, Image, Paragraph
+    from axiomformer.study.summary import design, verdicts
+
+    info = design(d)
+    found = verdicts(d)
+    seeds = info["reported_seeds"]
+    lead = (f"Question: {question} Reported seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}), learning rates chosen on "
+            f"selection seeds {info['selection_seeds']} (never reported); each family's intervals are paired t, "
+            f"Bonferroni over the family (jointly >= {1 - info['alpha']:.0%}); verdicts: forced (a - b below 0), "
+            f"better (above 0), free (inside ±{info['margin']:g} and converged), inconclusive otherwise.")
+    if info["pilot"]:
+        lead += f" Every verdict is `pilot`: {info['pilot_reason']}."
+    out: list = [Heading("The answer", 2), Paragraph(lead)]
+    if facts:
+        out += [Paragraph("By construction (stated, not tested): " + " ".join(facts))]
+    if not found:
+        return out + [Paragraph("No comparisons: no paired runs stored.")]
+    for family in ("primary", "secondary"):
+        members = [v for v, _, f in found if f == family]
+        if not members:
+            continue
+        if family == "secondary":
+            out.append(Heading("Secondary comparisons (their own family)", 3))
+        out += [_verdict_table(found, family),
+                Paragraph(" ".join(verdict_sentence(v, info["margin"]) for v in members))]
+    path = draw_contrasts(found, info["margin"], figures_dir / "differences.png")
+    out.append(Image(f"figures/{path.name}", "each comparison's difference a - b with its family-corrected interval "
+                                             "and the ±margin band"))
+    return out
+
+
+def draw_contrasts(found: list, margin: float, path: Path) -> Path:
+    """Every comparison's difference with its interval (none drawn where there is none), the ±``margin`` band,
+    coloured by verdict; non-finite differences are left out, never drawn."""
+    from matplotlib.patches import Patch
+
+    from axiomformer.study.figures import COLORS
+
+    fig, (ax,) = new_figure(1, width=8.0, height=0.34 * max(1, len(found)) + 1.8)
+    ax.axvspan(-margin, margin, color="tab:green", alpha=0.12, linewidth=0)
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    for y, (v, _, family) in enumerate(found):
+        color = COLORS.get(v.verdict, "black")
+        if v.ci_low is not None and math.isfinite(v.ci_low) and math.isfinite(v.ci_high):
+            ax.plot([v.ci_low, v.ci_high], [y, y], color=color, linewidth=2.2, solid_capstyle="butt")
+        if math.isfinite(v.diff):
+            ax.plot([v.diff], [y], marker="o" if family == "primary" else "s", color=color, markersize=5)
+    ax.set_yticks(range(len(found)), [f"{v.model} / {v.task}" + ("" if f == "primary" else " (secondary)")
+                                      for v, _, f in found], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"a - b (paired by seed; family-corrected interval; band: ±{margin:g})")
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], fontsize=7, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    return save(fig, path.parent, path.stem)
+
+
+def diverged_blocks(d) -> list:
+    """A note naming every stored run whose training loss became non-finite (``stop_reason == "nonfinite"``) or
+    whose test accuracy is not a number: recorded as diverged, left out of every mean and comparison where its
+    accuracy is not finite (a comparison pairs only seeds finite on both sides)."""
+    from axiomformer.study.render import Heading, Paragraph
+
+    bad = [r for r in d.all_rows if (r.get("outcome") or {}).get("stop_reason") == "nonfinite"
+           or r.get("accuracy") is None or not math.isfinite(float(r["accuracy"]))]
+    if not bad:
+        return []
+    names = "; ".join(f"{r['label']} {r['task']}@{r['seq_len']} seed {r['seed']} lr {(r.get('outcome') or {}).get('lr')}"
+                      + ("" if r.get("accuracy") is not None and math.isfinite(float(r["accuracy"])) else
+                         " (no test accuracy)") for r in bad)
+    return [Heading("Diverged runs", 3), Paragraph(
+        f"{len(bad)} run(s) diverged (non-finite training loss; the tested weights are the best validation checkpoint "
+        f"before it, and a run with no finite test accuracy is left out of every mean and comparison): {names}.")]
+
+
+def seed_values(rows: Rows, label: str, task: str, seq_len: int, fn: Callable[[dict[str, Any]], Any]) -> dict:
+    """seed -> fn(row) over the finite values only (a diverged run's missing accuracy drops that seed)."""
+    return {s: v for s, v in rows.metric(label, task, seq_len, fn).items() if math.isfinite(v)}
+
+
+def converged(rows: Rows, *labels_task: tuple[str, str, int]) -> bool:
+    """Whether every reported run of every (label, task, seq_len) converged."""
+    return all((r.get("outcome") or {}).get("converged", True)
+               for key in labels_task for r in rows.seeds(*key).values())

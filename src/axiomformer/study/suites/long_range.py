@@ -1,94 +1,169 @@
 """The long-range suite (``axiomformer study --suite long-range``): accuracy against sequence length, 64 to 10,000.
 
-Models: the standard Transformer and the recurrent baselines (tanh RNN, LSTM, GRU via ``torch.nn.RNN/LSTM/GRU``),
-parameter-matched to the Transformer. Tasks:
+Models: the standard Transformer and recurrent baselines (``torch.nn.LSTM`` in the default preset; tanh RNN, LSTM
+and GRU in the full one), parameter-matched to the Transformer. Tasks:
 
 * ``needle``: one key-value pair at a position uniform over the whole sequence, the key asked at the end
   (``axiomformer.tasks.needle`` with ``shared=False``): the model must keep one item for a distance uniform in
-  ``2 .. T``, not just latch the first few tokens. Keys, values and filler use disjoint vocabularies **(our
-  choice)**: with one shared vocabulary the standard Transformer did not learn the task at T = 64 within the CPU
-  budget (measured: chance after 1,000 steps), which would leave the curve uninformative; memory *capacity* is
-  the MQAR task's job.
-* ``mqar``: multi-query associative recall with the number of pairs growing with the length (Zoology's capacity
-  setting, Arora et al. 2023; ``pairs_per_token``): a fixed-size state must eventually run out of room.
+  ``2 .. T``. Keys, values and filler use disjoint vocabularies, so the pair is marked and a *latch* (keep the one
+  value token seen) solves it: it tests retention at length, not associative recall.
+* ``needle_kv``: four such pairs with distinct keys, one key asked at the end (``KeyValueNeedleTask``): a latch
+  scores 1/4 + (3/4)/16 = 0.297; the model must bind keys to values over the whole distance.
+* ``mqar`` (full preset): multi-query associative recall with the pairs growing with the length (Zoology's capacity
+  setting, Arora et al. 2023; ``pairs_per_token``).
 
 Protocol **(our choice, stated in the report)**: a curriculum over lengths. Each (model, task) picks its learning
-rate from ``lr_grid`` on the validation split at the shortest length (selection seed 0); then, length by length, each
-model continues from its own weights at the previous length with that rate. Every model gets the same budget at
-every length (steps, batch, evaluations), so the recurrent models get as much as the Transformer; early stopping on
-validation (target accuracy or patience) may end any run sooner. A length is *solved* when the test accuracy
-reaches ``SOLVED`` (0.9).
+rate from ``lr_grid`` on the validation split at the shortest length at ``selection_seeds`` (never reported);
+then, length by length, each reported seed continues from its own weights at the previous length with that rate.
+Every model gets the same budget at every length; early stopping on validation may end a run sooner, and the report
+lists the steps each run took. Beside each curriculum run at a longer length, a *zero-shot* run (:func:`stages`)
+tests the same seed's weights trained at the shortest length only, without training. Every run is tested on
+>= ``MIN_TEST`` held-out sequences; a run *solves* a length when the Clopper-Pearson 95 % interval of its test
+accuracy lies above ``SOLVED`` (0.9).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from axiomformer.study.registry import Suite, register
 
 SOLVED = 0.9
-"""Test accuracy at which the report counts a length as solved **(our choice)**."""
+"""Accuracy a run's exact 95 % interval must clear (its lower bound) for the report to count a length as solved
+**(our choice)**."""
 
-LENGTHS = [64, 256, 1024, 4096, 10000]
+LENGTHS = [64, 10000]
 
 _NEEDLE = {"shared": False}
+
+_NEEDLE_KV = {"pairs": 4}
+"""Four pairs: a latch on one value scores 1/4 + (3/4)/16 = 0.297 (chance 1/16)."""
 
 _MQAR = {"vocab": 32, "pairs_per_token": 1 / 640}
 """32 tokens (16 keys, Zoology's distinct-key setting scaled down for CPU); pairs max(4, T/640): 4 up to T = 2,560, 6
 at 4,096, 15 at 10,000 (a 2-layer width-32 Transformer reached 0.54 test accuracy at T = 64 after 1,000 steps;
 with 128 tokens, 0.27)."""
 
+MIN_TEST = 100
+"""Scored test sequences per run at every length (one scored position per sequence on needle / needle_kv): with
+100/100 correct the Clopper-Pearson 95 % interval is [0.964, 1], so a solved length can clear ``SOLVED``."""
 
-def _length_budgets(scale: float = 1.0) -> dict[str, dict]:
-    """Per-length budgets of the default preset, sized so that the whole suite runs in about an hour of one CPU
-    thread on a shared 2-core machine (measured: one training step at T = 10,000 and batch 4 takes about 4.5 s
-    for the Transformer, 5 s for the GRU, 1.5 s for the tanh RNN and 0.3 s for the LSTM, single thread)."""
+
+def _length_budgets(scale: float = 1.0, lengths: tuple[int, ...] = (64, 256, 1024, 4096, 10000)) -> dict[str, dict]:
+    """Per-length budgets: the training budget shrinks with the length (the CPU cost of a step grows with it), the
+    test set never goes below ``MIN_TEST`` sequences (``test_batches`` x ``batch_size``); the validation set, scored
+    at every evaluation, stays small."""
     def steps(n: int) -> int:
         return max(10, int(n * scale))
 
-    return {
-        "64": {"steps": steps(1500), "batch_size": 32, "warmup": 20, "eval_every": 100, "eval_batches": 4},
-        "256": {"steps": steps(300), "batch_size": 16, "warmup": 20, "eval_every": 100, "eval_batches": 4},
-        "1024": {"steps": steps(100), "batch_size": 8, "warmup": 10, "eval_every": 50, "eval_batches": 4},
-        "4096": {"steps": steps(25), "batch_size": 4, "warmup": 5, "eval_every": 25, "eval_batches": 4},
-        "10000": {"steps": steps(15), "batch_size": 4, "warmup": 3, "eval_every": 15, "eval_batches": 6},
+    table = {
+        64: {"steps": steps(1500), "batch_size": 32, "warmup": 20, "eval_every": 100, "eval_batches": 4},
+        256: {"steps": steps(300), "batch_size": 16, "warmup": 20, "eval_every": 100, "eval_batches": 4},
+        1024: {"steps": steps(100), "batch_size": 8, "warmup": 10, "eval_every": 50, "eval_batches": 4},
+        4096: {"steps": steps(25), "batch_size": 4, "warmup": 5, "eval_every": 25, "eval_batches": 4},
+        10000: {"steps": steps(15), "batch_size": 4, "warmup": 3, "eval_every": 15, "eval_batches": 2},
     }
+    out = {}
+    for n in lengths:
+        b = dict(table[n])
+        b["test_batches"] = max(b["eval_batches"], -(-MIN_TEST // b["batch_size"]))
+        out[str(n)] = b
+    return out
 
 
-def _tasks(lengths: list[int], budgets: dict[str, dict]) -> list[dict]:
+def _tasks(lengths: list[int], budgets: dict[str, dict], mqar: bool = False) -> list[dict]:
     chosen = {k: v for k, v in budgets.items() if int(k) in lengths}
-    return [{"name": "needle", "seq_lens": lengths, "options": dict(_NEEDLE), "length_budgets": chosen},
-            {"name": "mqar", "seq_lens": lengths, "options": dict(_MQAR), "length_budgets": chosen}]
+    tasks = [{"name": "needle", "seq_lens": lengths, "options": dict(_NEEDLE), "length_budgets": chosen},
+             {"name": "needle_kv", "seq_lens": lengths, "options": dict(_NEEDLE_KV), "length_budgets": chosen}]
+    if mqar:
+        tasks.append({"name": "mqar", "seq_lens": lengths, "options": dict(_MQAR), "length_budgets": chosen})
+    return tasks
 
 
 DEFAULT = {
     "name": "axiomformer long-range study (default preset)",
-    "seeds": 2,
+    "seeds": 3,
+    "selection_seeds": [3],
+    "min_seeds": 3,
     "curriculum": True,
     "variants": ["standard"],
-    "baselines": ["rnn", "lstm", "gru"],
-    "tasks": _tasks(LENGTHS, _length_budgets()),
+    "baselines": ["lstm"],
+    "tasks": _tasks(LENGTHS, _length_budgets(lengths=tuple(LENGTHS))),
     "budget": {"lr_grid": [1e-3, 3e-3, 1e-2], "patience": 4, "target_accuracy": 0.99, "weight_decay": 0.1},
     "model": {"dim": 32, "layers": 2, "heads": 2},
     "sections": {"audit": False, "derive": False, "flow": False},
     "workers": 1,
 }
+"""Sized for about 20 minutes of one CPU core (measured per cell: docs/open_questions.md, "Long range"): the standard
+Transformer and the LSTM (the cheapest recurrent model on CPU; the GRU and the tanh RNN are in the full preset), the
+shortest and the longest length, three reported seeds and a disjoint selection seed, >= 100 test sequences per run."""
 
 QUICK = DEFAULT | {
     "name": "axiomformer long-range study (quick preset)",
-    "tasks": _tasks([64, 256], _length_budgets(0.2)),
+    "seeds": 2,
+    "selection_seeds": [2],
+    "min_seeds": 2,
+    "tasks": _tasks([64, 256], _length_budgets(0.2, lengths=(64, 256))),
 }
 
 FULL = DEFAULT | {
     "name": "axiomformer long-range study (full preset)",
-    "seeds": 3,
+    "seeds": 5,
+    "selection_seeds": [5],
+    "min_seeds": 5,
+    "baselines": ["rnn", "lstm", "gru"],
     "tasks": _tasks([64, 128, 256, 512, 1024, 2048, 4096, 10000], {
         str(n): {"steps": 2000, "batch_size": max(2, 2048 // n) if n > 256 else 32, "warmup": 50,
-                 "eval_every": 100, "eval_batches": 8, "patience": 5} for n in (64, 128, 256, 512, 1024, 2048, 4096,
-                                                                               10000)}),
+                 "eval_every": 100, "eval_batches": 8, "patience": 5,
+                 "test_batches": max(8, -(-MIN_TEST // (max(2, 2048 // n) if n > 256 else 32)))}
+        for n in (64, 128, 256, 512, 1024, 2048, 4096, 10000)}, mqar=True),
     "model": {"dim": 64, "layers": 2, "heads": 4},
     "workers": "auto",
 }
+
+
+def stages(config) -> list:
+    """The curriculum (``study.stages.curriculum_stages``) plus, at each longer length, a zero-shot run per (model,
+    task, reported seed): the weights trained at the shortest length only, tested at that length with the same test
+    set as the curriculum run there (``steps = 0``: nothing trained, one validation batch)."""
+    from axiomformer.study.long_range_report import zero_shot_label
+    from axiomformer.study.stages import choose_lr, curriculum_stages
+    from axiomformer.study.sweep import cells, make_run
+
+    all_cells = cells(config)
+    base = curriculum_stages(config, all_cells)
+    shortest = {c.task: min(x.seq_len for x in all_cells if x.task == c.task) for c in all_cells}
+    first = {(c.model.label, c.task): c for c in all_cells if c.seq_len == shortest[c.task]}
+
+    def source(cell, seed: int, stored: dict) -> str | None:
+        start = first[(cell.model.label, cell.task)]
+        by_lr: dict = {}
+        for lr in start.budget["lr_grid"]:
+            for s in config.selection_seeds:
+                by_lr.setdefault(lr, []).append(stored.get(make_run(config, start, s, lr).key))
+        lr = choose_lr(list(by_lr.items()))
+        run = None if lr == "missing" else make_run(config, start, seed, lr, save_state=True)
+        return run.state_path if run is not None and stored.get(run.key) is not None else None
+
+    def with_zero_shot(stage, index: int):
+        def run_stage(stored):
+            out = stage(stored)
+            for cell in all_cells:
+                lengths = sorted({c.seq_len for c in all_cells if c.task == cell.task})
+                if len(lengths) <= index or cell.seq_len != lengths[index]:
+                    continue
+                label = zero_shot_label(cell.model.label, shortest[cell.task])
+                zero = replace(cell, model=replace(cell.model, label=label),
+                               budget=cell.budget | {"steps": 0, "warmup": 0, "eval_batches": 1})
+                for seed in range(config.seeds):
+                    state = source(cell, seed, stored or {})
+                    if state is not None:
+                        out.append(make_run(config, zero, seed, None, init_from=state))
+            return out
+        return run_stage
+
+    return base[:2] + [with_zero_shot(stage, i) for i, stage in enumerate(base[2:], start=1)]
 
 
 def sections(d, figures_dir: Path) -> list:
@@ -97,6 +172,7 @@ def sections(d, figures_dir: Path) -> list:
     return long_range_report.sections(d, figures_dir, solved=SOLVED)
 
 
-SUITE = register(Suite(name="long-range", summary="accuracy against sequence length, 64 to 10,000 tokens: Transformer vs "
-                                         "RNN, LSTM, GRU on needle and capacity-scaled MQAR",
-              presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections))
+SUITE = register(Suite(
+    name="long-range", summary="accuracy against sequence length, 64 to 10,000 tokens: Transformer vs LSTM (GRU, RNN "
+                               "in the full preset) on needle and needle_kv, zero-shot beside the curriculum",
+    presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections, stages=stages))

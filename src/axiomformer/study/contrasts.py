@@ -1,0 +1,88 @@
+"""What a suite compares (one arm against another, paired by seed) and the verdicts, under the main study's rules.
+
+The main suite compares every model with the standard one (``study.summary``). The open-question suites ask other
+questions — a position choice against RoPE at 8 times its training length, a run's accuracy beyond its training length
+against its own accuracy at it, scale = 1 against 1/sqrt(d) at one head_dim — so each suite lists its
+:class:`Contrast` objects (``Suite.comparisons``), and this module turns them into the same verdict objects
+(``statistics.Verdict``) with the same rules: per family a paired t interval, Bonferroni over the family
+(``statistics.one_comparison``), ``forced`` / ``better`` / ``free`` / ``inconclusive``, and ``pilot`` whenever the
+design says pilot or a contrast has fewer paired seeds than ``min_seeds``. ``axiomformer report DIR --json`` prints
+them under ``verdicts`` exactly as for the main suite; the suite's report prints the same objects.
+
+Verdict fields for a contrast: ``assumption`` is the question, ``model`` names both sides (``"a vs b"``; the
+difference is a - b), ``task`` the task and where it is measured (``"sort@8 at 2L-8L"``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from axiomformer.study.statistics import POWER, PairedItem, Verdict, one_comparison
+
+FAMILIES = ("primary", "secondary")
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """One comparison: ``a - b`` over the seeds both have (seed -> value; non-finite values, e.g. a diverged run,
+    leave that seed out).
+
+    Attributes:
+        question: what it answers (the verdict's ``assumption``).
+        a_label, b_label: the two sides (the verdict's ``model`` is ``"a_label vs b_label"``).
+        task: task and where it is measured (the verdict's ``task``).
+        seq_len: the training length.
+        family: ``"primary"`` or ``"secondary"``; each family is corrected on its own.
+        a, b: seed -> value.
+        converged: both sides converged (a not-converged contrast is never ``free``).
+    """
+
+    question: str
+    a_label: str
+    b_label: str
+    task: str
+    seq_len: int
+    family: str
+    a: dict[int, float] = field(default_factory=dict)
+    b: dict[int, float] = field(default_factory=dict)
+    converged: bool = True
+
+    @property
+    def model(self) -> str:
+        return f"{self.a_label} vs {self.b_label}"
+
+    def paired(self) -> tuple[list[float], list[float]]:
+        """The values of both sides over the seeds where both are finite, in seed order."""
+        seeds = sorted(s for s in set(self.a) & set(self.b) if _finite(self.a[s]) and _finite(self.b[s]))
+        return [float(self.a[s]) for s in seeds], [float(self.b[s]) for s in seeds]
+
+
+def _finite(value: Any) -> bool:
+    return value is not None and math.isfinite(float(value))
+
+
+def contrast_verdicts(info: dict[str, Any], contrasts: list[Contrast]) -> list[tuple[Verdict, int, str]]:
+    """``(verdict, seq_len, family)`` per contrast, the primary family first; ``info`` is the report's ``design``
+    block (alpha, margin, min_seeds, pilot).
+
+    Raises:
+        ValueError: a contrast whose family is not one of :data:`FAMILIES`.
+    """
+    for c in contrasts:
+        if c.family not in FAMILIES:
+            raise ValueError(f"unknown family {c.family!r} of {c.model}; choose one of: {', '.join(FAMILIES)}")
+    out = []
+    for family in FAMILIES:
+        members = [c for c in contrasts if c.family == family]
+        for c in members:
+            a, b = c.paired()
+            pilot = bool(info["pilot"]) or len(a) < int(info["min_seeds"])
+            item = PairedItem(c.question, c.model, c.task, a, b, c.converged)
+            out.append((one_comparison(item, family_size=max(1, len(members)), alpha=info["alpha"],
+                                       margin=info["margin"], power=POWER, pilot=pilot), c.seq_len, family))
+    return out
+
+
+__all__ = ["FAMILIES", "Contrast", "contrast_verdicts"]

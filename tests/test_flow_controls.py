@@ -1,0 +1,359 @@
+"""The flow experiment's controls (issue 24): the token_mlp, shuffled and value=classifier arms, ``flow_params``, the
+Holm-corrected comparisons and their verdicts, the per-K learning rate, resuming. Every property is checked against an
+independent computation, and a planted wrong version shows that the check can fail."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import stats
+
+from axiomformer.flows import FlowNet
+from axiomformer.flows.comparisons import (
+    COMPARISON_KEYS,
+    compare_arms,
+    holm,
+    minimal_detectable,
+    paired,
+    tost,
+    verdict,
+)
+from axiomformer.flows.experiment import (
+    FlowConfig,
+    _check_disjoint,
+    build_arm,
+    choose_lrs,
+    lr_key,
+    run_flow_experiment,
+    selection_seeds,
+    train_group,
+)
+from axiomformer.flows.net import matched_hidden
+from axiomformer.flows.report import markdown
+
+
+def _net(mixing, value="tied", dim=8, tokens=4, steps=1, **kw):
+    torch.manual_seed(0)
+    return FlowNet(3, 3, dim=dim, steps=steps, model="quadratic", num_tokens=tokens, mixing=mixing, value=value, **kw)
+
+
+def _within(count: int, target: int, tol: float = 0.15) -> bool:
+    return abs(count - target) <= tol * target
+
+
+# ---- token_mlp: a token-wise MLP with the attention step's parameter count -------------------------------------
+
+@pytest.mark.parametrize("dim", [3, 5, 8, 16, 32, 64])
+def test_token_mlp_has_the_attention_steps_parameter_count_within_15_percent(dim):
+    attention = _net("attention", dim=dim)
+    control = _net("token_mlp", dim=dim)
+    phi_count = sum(p.numel() for p in attention.phis.parameters())                 # counted independently
+    mlp_count = sum(p.numel() for p in control.mlps.parameters())
+    assert phi_count == dim * dim and attention.flow_parameter_count() == phi_count
+    assert control.flow_parameter_count() == mlp_count
+    assert _within(mlp_count, phi_count)
+    h = control.mlps[0][0].out_features                                             # closed form 2dh + h + d
+    assert mlp_count == 2 * dim * h + h + dim
+    # the check can fail: the ordinary MLP (hidden 2d) is 4x the attention step at every dim
+    assert not _within(_net("mlp", dim=dim).flow_parameter_count(), phi_count)
+
+
+def test_matched_hidden_is_the_closest_width_by_exhaustive_search():
+    for dim in (3, 6, 16, 40):
+        target = dim * dim
+        best = min(range(1, 4 * dim), key=lambda h: (abs(2 * dim * h + h + dim - target), h))
+        assert matched_hidden(dim, target) == best
+
+
+def test_token_mlp_does_not_mix_tokens_and_attention_does():
+    Z = torch.randn(2, 4, 8)
+    for mixing, mixes in (("token_mlp", False), ("attention", True)):
+        net = _net(mixing)
+        Z2 = Z.clone()
+        Z2[:, 3] += 1.0                                                             # change one token
+        moved = (net.step(Z2, 0) - net.step(Z, 0))[:, :3].abs().max()               # the other tokens
+        assert (moved > 1e-6) == mixes
+
+
+def test_token_mlp_that_cannot_be_matched_is_refused():
+    with pytest.raises(ValueError, match="within 15%"):
+        _net("token_mlp", dim=4)
+    with pytest.raises(ValueError, match="needs model='quadratic'"):
+        FlowNet(3, 3, dim=8, steps=1, model="linear", mixing="token_mlp")
+
+
+# ---- shuffled: attention weights from another image's tokens ---------------------------------------------------
+
+def _independent_step(Z, W, theta, h):
+    """Z - h softmax(W theta W^T) Z theta, numpy float64, per image: W are the features the weights come from."""
+    Z, W, theta = (np.asarray(a, dtype=np.float64) for a in (Z, W, theta))
+    out = np.empty_like(Z)
+    for b in range(len(Z)):
+        s = W[b] @ theta @ W[b].T
+        a = np.exp(s - s.max(axis=1, keepdims=True))
+        a /= a.sum(axis=1, keepdims=True)
+        out[b] = Z[b] - h * a @ Z[b] @ theta
+    return out
+
+
+def test_shuffled_step_uses_the_previous_images_tokens_for_its_weights():
+    net = _net("shuffled")
+    Z = torch.randn(3, 4, 8)
+    phi = net.phis[0].detach().numpy()
+    theta = phi @ phi.T
+    got = net.step(Z, 0).detach().numpy()
+    other = Z.numpy()[[2, 0, 1]]                                                    # image b's weights: image b - 1
+    np.testing.assert_allclose(got, _independent_step(Z.numpy(), other, theta, net.step_size), atol=1e-5)
+    # the check can fail: weights from the image's own tokens (the attention arm) give another result
+    own = _independent_step(Z.numpy(), Z.numpy(), theta, net.step_size)
+    assert np.abs(got - own).max() > 1e-3
+
+
+def test_shuffled_output_depends_on_another_image_and_attention_does_not():
+    Z = torch.randn(3, 4, 8)
+    Z2 = Z.clone()
+    Z2[0] += torch.randn(4, 8)                                                      # change image 0 only
+    for mixing, leaks in (("shuffled", True), ("attention", False)):
+        net = _net(mixing)
+        change = (net.step(Z2, 0) - net.step(Z, 0))[1].abs().max()                  # image 1's output
+        assert (change > 1e-6) == leaks
+
+
+def test_shuffled_needs_two_images():
+    with pytest.raises(ValueError, match="at least 2 images"):
+        _net("shuffled")(torch.randn(1, 4, 3))
+
+
+# ---- value = classifier: the form derived from the fixed classifier ---------------------------------------------
+
+def test_classifier_value_derives_the_form_from_theta():
+    net = _net("attention", value="classifier")
+    Z = torch.randn(3, 4, 8)
+    t = net.theta.detach().numpy().astype(np.float64)
+    form = t.T @ t / np.linalg.svd(t, compute_uv=False)[0] ** 2                     # theta^T theta / ||theta||_2^2
+    np.testing.assert_allclose(net.classifier_form().detach().numpy(), form, atol=1e-6)
+    np.testing.assert_allclose(net.step(Z, 0).detach().numpy(),
+                               _independent_step(Z.numpy(), Z.numpy(), form, net.step_size), atol=1e-5)
+    assert net.flow_parameter_count() == 0 and len(net.phis) == 0
+    with torch.no_grad():                                                           # it follows theta, not a copy
+        net.theta.mul_(-2.0).add_(torch.randn_like(net.theta))
+    t2 = net.theta.detach().numpy().astype(np.float64)
+    form2 = t2.T @ t2 / np.linalg.svd(t2, compute_uv=False)[0] ** 2
+    np.testing.assert_allclose(net.step(Z, 0).detach().numpy(),
+                               _independent_step(Z.numpy(), Z.numpy(), form2, net.step_size), atol=1e-5)
+    # the check can fail: a learned phi (the tied arm) is not the classifier's form
+    tied = _net("attention", value="tied")
+    phi = tied.phis[0].detach().numpy()
+    assert np.abs(phi @ phi.T - form).max() > 1e-2
+
+
+def _trainable(net):
+    return {name for name, p in net.named_parameters() if p.requires_grad}
+
+
+def test_classifier_arm_with_theta_fixed_trains_only_the_embedding():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 3, (32,), generator=g)
+    x = torch.randn(32, 4, 3, generator=g) + F.one_hot(y, 3).float()[:, None, :]
+    cfg = FlowConfig(dim=8, batch_size=16, readout="mean")
+    fit = FlowNet(3, 3, dim=8, steps=0, model="quadratic", num_tokens=4)
+    net = build_arm(fit, cfg, "fixed", "attention", "classifier", 2, x, seed=1)
+    assert _trainable(net) == {"embed.weight", "embed.bias", "position"}
+    before = {name: p.detach().clone() for name, p in net.named_parameters()}
+    train_group([net], x, y, [0.0], [1], 2, 1e-2, cfg)
+    assert torch.equal(net.theta, before["theta"])                                  # fixed: bit-identical
+    assert not torch.equal(net.embed.weight, before["embed.weight"])                # the embedding did train
+    # the check can fail: the tied arm trains its phi too
+    tied = build_arm(fit, cfg, "fixed", "attention", "tied", 2, x, seed=1)
+    assert _trainable(tied) - {"embed.weight", "embed.bias", "position"} == {"phis.0"}
+
+
+def test_classifier_value_of_the_linear_model_is_the_tied_cross_attention():
+    torch.manual_seed(0)
+    net = FlowNet(3, 3, dim=8, steps=1, model="linear", mixing="attention", value="classifier")
+    Z = torch.randn(5, 8)
+    theta = net.theta.detach().numpy().astype(np.float64)
+    z = Z.numpy().astype(np.float64)
+    s = z @ theta.T
+    w = np.exp(s - s.max(1, keepdims=True))
+    w /= w.sum(1, keepdims=True)
+    np.testing.assert_allclose(net.step(Z, 0).detach().numpy(), z - net.step_size * w @ theta, atol=1e-5)
+    assert net.flow_parameter_count() == 0
+
+
+# ---- statistics: paired t-intervals, Holm over the whole family, equivalence, detectable difference -------------
+
+def test_paired_interval_and_p_are_the_t_formulas():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(0.6, 0.02, 7), rng.normal(0.58, 0.02, 7)
+    diff, low, high, p = paired(a, b)
+    d = a - b
+    half = stats.t.ppf(0.975, 6) * d.std(ddof=1) / np.sqrt(7)
+    assert diff == pytest.approx(d.mean()) and (low, high) == pytest.approx((d.mean() - half, d.mean() + half))
+    tstat = d.mean() / (d.std(ddof=1) / np.sqrt(7))
+    assert p == pytest.approx(2 * stats.t.sf(abs(tstat), 6))
+    # a normal-quantile interval (wrong at n = 7) is narrower by the factor 1.96 / t_0.975,6
+    assert (high - low) / 2 > stats.norm.ppf(0.975) * d.std(ddof=1) / np.sqrt(7) * 1.1
+
+
+def _holm_by_hand(p):
+    order = np.argsort(p)
+    m, out, running = len(p), np.empty(len(p)), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def test_holm_matches_statsmodels_and_the_step_down_formula():
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.array([0.01, 0.04, 0.03, 0.005, 0.2, 0.001])
+    np.testing.assert_allclose(holm(p), multipletests(p, method="holm")[1])
+    np.testing.assert_allclose(holm(p), _holm_by_hand(p))
+    assert not np.allclose(holm(p), np.minimum(1, p * len(p)))                      # it is not Bonferroni
+
+
+def _acc(seed=0):
+    rng = np.random.default_rng(seed)
+    base = rng.normal(0.5, 0.01, 6)
+    arms = {"neither": 0.0, "attention/tied": 0.03, "token_mlp": 0.05, "shuffled/tied": 0.0, "mlp": 0.1,
+            "both/tied": 0.1}
+    return {(t, a, k, s): list(base + shift + rng.normal(0, 0.01, 6))
+            for t in ("fixed", "learned") for a, shift in arms.items() for k in (1, 2) for s in (0.0, 1.0)}
+
+
+def test_comparisons_have_the_schema_and_holm_over_the_whole_family():
+    from statsmodels.stats.multitest import multipletests
+
+    acc = _acc()
+    rows, eq = compare_arms(acc, 0.02)
+    assert all(tuple(r) == COMPARISON_KEYS for r in rows)
+    assert set(COMPARISON_KEYS) == {"a", "b", "theta", "K", "noise", "diff", "ci_low", "ci_high", "p", "p_holm"}
+    # 4 pairs present (attention/tied - neither, - token_mlp, - shuffled/tied; both/tied - mlp) x 2 x 2 x 2
+    assert len(rows) == 4 * 2 * 2 * 2 and len(eq["rows"]) == len(rows)
+    for r in rows:                                                                  # each p independently
+        assert r["p"] == pytest.approx(stats.ttest_rel(acc[(r["theta"], r["a"], r["K"], r["noise"])],
+                                                       acc[(r["theta"], r["b"], r["K"], r["noise"])]).pvalue)
+    whole = multipletests([r["p"] for r in rows], method="holm")[1]
+    np.testing.assert_allclose([r["p_holm"] for r in rows], whole)
+    # the check can fail: Holm within each theta setting only gives other values
+    per_theta = np.empty(len(rows))
+    for theta in ("fixed", "learned"):
+        idx = [i for i, r in enumerate(rows) if r["theta"] == theta]
+        per_theta[idx] = multipletests([rows[i]["p"] for i in idx], method="holm")[1]
+    assert not np.allclose(per_theta, whole)
+
+
+def test_tost_is_the_larger_of_two_one_sided_t_tests():
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(0.6, 0.01, 10), rng.normal(0.6, 0.01, 10)
+    d, n, m = a - b, 10, 0.02
+    se = d.std(ddof=1) / np.sqrt(n)
+    expected = max(stats.t.sf((d.mean() + m) / se, n - 1), stats.t.cdf((d.mean() - m) / se, n - 1))
+    assert tost(a, b, m) == pytest.approx(expected)
+    assert tost(a, b + 0.05, m) > 0.5                                               # far outside the margin
+
+
+def test_minimal_detectable_difference_has_power_0_8_by_the_noncentral_t():
+    d = np.random.default_rng(2).normal(0.0, 0.015, 12)
+    family = 20
+    mdd = minimal_detectable(d, family)
+    n, alpha = len(d), 0.05 / family
+    crit = stats.t.ppf(1 - alpha / 2, n - 1)
+    nc = mdd / (d.std(ddof=1) / np.sqrt(n))
+    power = stats.nct.sf(crit, n - 1, nc) + stats.nct.cdf(-crit, n - 1, nc)
+    assert power == pytest.approx(0.8, abs=1e-3)
+    assert minimal_detectable(d, 1) < mdd                                           # a smaller family detects less
+
+
+def test_verdict_states_an_effect_only_after_holm_and_no_difference_only_with_equivalence():
+    row = {"diff": 0.01, "p_holm": 0.2}
+    assert verdict(row, {"p_tost_holm": 0.01, "mdd": 0.02}, 0.02).startswith("no difference within +-0.02")
+    assert verdict(row, {"p_tost_holm": 0.3, "mdd": 0.025}, 0.02) == "inconclusive: detectable only above 0.025"
+    assert verdict({"diff": -0.05, "p_holm": 0.01}, {"p_tost_holm": 1.0, "mdd": 0.01}, 0.02).startswith("lower")
+    # a raw p below 0.05 is not enough
+    rows, eq = compare_arms(_acc(), 0.02)
+    for r, e in zip(rows, eq["rows"]):
+        assert e["verdict"].startswith(("higher", "lower")) == (r["p_holm"] < 0.05)
+        assert e["verdict"].startswith("no difference") <= (e["p_tost_holm"] < 0.05)
+
+
+# ---- learning rate per K, on seeds never reported ---------------------------------------------------------------
+
+def test_selection_seeds_never_overlap_reported_seeds_and_overlap_is_refused():
+    cfg = FlowConfig(lr_seeds=3)
+    select = selection_seeds(cfg, 0)
+    _check_disjoint(select, [1000 * s for s in range(16)])
+    with pytest.raises(ValueError, match="overlap"):
+        _check_disjoint(select, [select[1] - 1])                                    # its seed + 1 is used too
+
+
+def test_learning_rate_is_chosen_per_k_on_validation():
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 3, (40,), generator=g)
+    x = torch.randn(40, 4, 3, generator=g) + F.one_hot(y, 3).float()[:, None, :]
+    cfg = FlowConfig(dim=6, batch_size=16, fit_epochs=1, epochs=1, lr_grid=(1e-3, 1e-2), lr_seeds=1,
+                     thetas=("fixed",), mixings=("attention", "neither"), values=("tied",))
+    chosen = choose_lrs(cfg, x, y, [0.0], [0, 1, 2], 0, lambda *a: None)
+    assert set(chosen) == {lr_key("fixed", "attention/tied", 1), lr_key("fixed", "attention/tied", 2),
+                           lr_key("fixed", "neither", 0)}
+    assert set(chosen.values()) <= {1e-3, 1e-2}
+    kept = choose_lrs(cfg, x, y, [0.0], [0, 1, 2], 0, lambda *a: None, known={lr_key("fixed", "neither", 0): 7.0})
+    assert kept[lr_key("fixed", "neither", 0)] == 7.0                               # a resumed choice is kept
+
+
+# ---- the whole run: schema, report, resume ------------------------------------------------------------------------
+
+def _tiny_run(tmp_path, monkeypatch=None):
+    from axiomformer.flows import data
+
+    g = np.random.default_rng(0)
+    n = 90
+    yy = g.integers(0, 3, n)
+    xx = g.random((n, 64)) * 0.3
+    for i, c in enumerate(yy):
+        xx[i, 16 * c: 16 * c + 16] += 0.7
+    ds = data.Dataset("tiny", xx[:60], yy[:60], xx[60:], yy[60:], 8, 3)
+    cfg = FlowConfig(patch=4, dim=6, fit_epochs=1, epochs=1, batch_size=16, seeds=3, oracle_steps=3,
+                     thetas=("fixed",), mixings=("attention", "token_mlp", "neither"), values=("tied", "classifier"))
+    return ds, cfg
+
+
+def test_run_writes_comparisons_flow_params_and_a_report_and_resumes(tmp_path, monkeypatch):
+    from axiomformer.flows import experiment
+
+    ds, cfg = _tiny_run(tmp_path)
+    monkeypatch.setattr(experiment, "load_dataset", lambda *a, **k: ds)
+    out = tmp_path / "out"
+    rng = torch.random.get_rng_state()
+    result = run_flow_experiment("tiny", noise=(0.0,), steps=(0, 1), out_dir=out, config=cfg)
+    assert torch.equal(torch.random.get_rng_state(), rng)                          # the caller's stream is untouched
+    params = {(r["arm"], r["K"]): r["flow_params"] for r in result["arms"]}
+    assert params[("attention/tied", 1)] == 36 and params[("attention/classifier", 1)] == 0
+    assert params[("token_mlp", 1)] == 2 * 6 * 2 + 2 + 6 and params[("attention/tied", 0)] == 0
+    assert params[("neither", 1)] == 0
+    pairs = {(c["a"], c["b"]) for c in result["comparisons"]}
+    assert pairs == {("attention/tied", "neither"), ("attention/tied", "token_mlp"),
+                     ("attention/classifier", "neither")}
+    saved = json.loads((out / "flow_results.json").read_text())
+    assert saved["comparisons"] == json.loads(json.dumps(result["comparisons"]))
+    text = (out / "flow_results.md").read_text()
+    assert text == markdown(saved) and "p_holm" in text and "flow_params" in text
+    # resume: a partial store with every arm finished is used as it is (no training: the accuracies are the same
+    # even though the training function now fails)
+    (out / "flow_results.partial.json").write_text(json.dumps(saved))
+    monkeypatch.setattr(experiment, "train_arm", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained")))
+    again = run_flow_experiment("tiny", noise=(0.0,), steps=(0, 1), out_dir=out, config=cfg)
+    assert [r["acc"] for r in again["arms"]] == [r["acc"] for r in saved["arms"]]
+    assert not (out / "flow_results.partial.json").exists()
+    # a partial store of another protocol is not used
+    other = dict(saved, seeds=[7, 8, 9])
+    (out / "flow_results.partial.json").write_text(json.dumps(other))
+    with pytest.raises(AssertionError, match="trained"):
+        run_flow_experiment("tiny", noise=(0.0,), steps=(0, 1), out_dir=out, config=cfg)
