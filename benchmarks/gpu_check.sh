@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The GPU paths in one go (under 10 minutes on one GPU): the CUDA-marked tests (every engine against the reference in
-# fp32 and bf16, the compiled flex engine, the trainer on CUDA), then `axiomformer bench --device cuda`.
+# The GPU paths in one go (under 10 minutes on one GPU): the CUDA-marked tests (every registered engine -- sdpa, linear,
+# elementwise, sparse, chunked, flex -- against the reference in fp32, and in bf16 where the engine takes half types;
+# the compiled flex engine; the trainer on CUDA), the engine matrix's routing on CUDA (the router's kind holds the
+# device, so CUDA problems get decisions of their own), then `axiomformer bench --device cuda` (x-transformers' math
+# and flash rows included).
 # Output: benchmarks/results/gpu/{environment.txt,tests.txt,bench.log,bench.json,bench.md,bench.png}
 # (or under $OUT when set, e.g. on a lent device machine). Run from anywhere: bash benchmarks/gpu_check.sh
 set -uo pipefail
@@ -22,7 +25,7 @@ cat "$DEST/environment.txt"
 
 status=0
 # 1. The CUDA tests (a few minutes at most, mostly compiling flex_attention).
-timeout 240 python -m pytest -q -m cuda -rs tests/test_cuda.py 2>&1 | tee "$DEST/tests.txt"
+timeout 300 python -m pytest -q -m cuda -rs tests/test_cuda.py tests/test_engine_matrix.py 2>&1 | tee "$DEST/tests.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 # 2. The benchmark on CUDA: the full variant list, fallback to --quick when it would not finish in time.

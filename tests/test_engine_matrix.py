@@ -61,7 +61,7 @@ def case_spec(axis: str, name: str, scenario: str) -> AttentionSpec | None:
     return spec
 
 
-def _inputs(scenario: str):
+def _inputs(scenario: str, device: str = "cpu"):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(BATCH, Q_LEN, DIM, generator=g)
     kv = torch.randn(BATCH, K_LEN, DIM, generator=g)
@@ -74,14 +74,14 @@ def _inputs(scenario: str):
         bias = torch.randn(Q_LEN, K_LEN, generator=g)
         bias[0, 2:5] = float("-inf")
         kwargs["attn_mask"] = bias
-    return x, kv, kwargs
+    return x.to(device), kv.to(device), {key: value.to(device) for key, value in kwargs.items()}
 
 
-def run_case(spec: AttentionSpec, scenario: str, engine: str):
+def run_case(spec: AttentionSpec, scenario: str, engine: str, device: str = "cpu"):
     """Output and gradients (inputs, then every parameter) of one cell on one engine; None if it declines."""
-    x, kv, kwargs = _inputs(scenario)
+    x, kv, kwargs = _inputs(scenario, device)
     torch.manual_seed(3)
-    att = Attention(spec, engine=engine).eval()
+    att = Attention(spec, engine=engine).to(device).eval()
     x, kv = x.requires_grad_(), kv.requires_grad_()
     try:
         if scenario == "kv_decode":
@@ -95,9 +95,10 @@ def run_case(spec: AttentionSpec, scenario: str, engine: str):
             return None
         raise
     assert att.last_engine == engine
-    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    (out * torch.linspace(-1, 1, out.numel(), device=device).view_as(out)).sum().backward()
     grads = [x.grad if x.grad is not None else torch.zeros(()), kv.grad]
-    return [out.detach()] + grads + [p.grad if p.grad is not None else torch.zeros(()) for p in att.parameters()]
+    tensors = [out.detach()] + grads + [p.grad if p.grad is not None else torch.zeros(()) for p in att.parameters()]
+    return [t.cpu() for t in tensors]
 
 
 def mismatches(got: list, expected: list) -> list[str]:
@@ -111,17 +112,17 @@ def mismatches(got: list, expected: list) -> list[str]:
     return bad
 
 
-def cell_failures(axis: str, name: str, scenario: str, engines=None) -> dict[str, list[str]]:
+def cell_failures(axis: str, name: str, scenario: str, engines=None, device: str = "cpu") -> dict[str, list[str]]:
     """{engine: mismatches} for every engine that accepts the cell and differs from the reference engine."""
     spec = case_spec(axis, name, scenario)
     if spec is None:
         return {}
-    expected = run_case(spec, scenario, "reference")
+    expected = run_case(spec, scenario, "reference", device)
     failures = {}
     for engine in engines or ENGINE_ORDER:
         if engine == "reference":
             continue
-        got = run_case(spec, scenario, engine)
+        got = run_case(spec, scenario, engine, device)
         if got is not None and (bad := mismatches(got, expected)):
             failures[engine] = bad
     return failures
@@ -131,6 +132,16 @@ def cell_failures(axis: str, name: str, scenario: str, engines=None) -> dict[str
 @pytest.mark.parametrize("axis, name", CHOICES, ids=[f"{a}={n}" for a, n in CHOICES])
 def test_every_engine_that_accepts_a_choice_computes_what_the_reference_does(axis, name, scenario):
     assert cell_failures(axis, name, scenario) == {}
+
+
+@pytest.mark.cuda
+def test_the_matrix_on_cuda():
+    # The router's kind holds the device: CUDA problems get their own decisions (flex among them), checked alike.
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    failures = {(axis, name, scenario): got for axis, name in CHOICES for scenario in SCENARIOS
+                if (got := cell_failures(axis, name, scenario, device="cuda"))}
+    assert failures == {}
 
 
 def test_the_matrix_runs_every_fast_engine_somewhere():

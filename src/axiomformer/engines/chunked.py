@@ -37,6 +37,7 @@ from axiomformer.engines.base import EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, REFERENCE_MAX_ELEMENTS, Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem, block_mask, causal_key_end, row_scale, slice_block
 from axiomformer.engines.reference import contribute, scaled_scores
+from axiomformer.precision import compute_dtype
 
 __all__ = ["DEFAULT_BUDGET", "REFERENCE_MAX_ELEMENTS", "ChunkedEngine", "attend_chunk", "chunked_attention"]
 
@@ -85,7 +86,7 @@ def _visible_count(problem: AttentionProblem, qs: slice, k_end: int, key_chunk: 
     if not isinstance(total, Tensor):
         total = torch.tensor(float(total), device=problem.q.device).view(1, 1, 1, 1)
     # A row with no visible key is normalized over every key, then zeroed, as in ``normalize``.
-    return torch.where(total > 0, total, problem.k_len).float()
+    return torch.where(total > 0, total, problem.k_len).to(compute_dtype(problem.q.dtype))
 
 
 def _dropout(weights: Tensor, problem: AttentionProblem) -> Tensor:
@@ -105,7 +106,8 @@ def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tens
         blocks = _key_blocks(problem, qs, k_end, key_chunk)
         n_visible = _visible_count(problem, qs, k_end, key_chunk)
         if n_visible is None:
-            n_visible = torch.full((1, 1, 1, 1), float(problem.k_len), device=q.device)
+            n_visible = torch.full((1, 1, 1, 1), float(problem.k_len), device=q.device,
+                                   dtype=compute_dtype(q.dtype))
         out = None
         for ks in blocks:
             weights = normalize(_scores(parts, problem, q, k[..., ks, :], qs, ks), block_mask(problem, qs, ks),
