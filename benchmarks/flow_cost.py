@@ -16,10 +16,17 @@ import torch
 from axiomformer.flows.data import load_dataset
 from axiomformer.flows.experiment import default_config, fit_classifiers, prepare, train_arm
 
-ARMS = [("attention/tied", "attention", "tied"), ("attention/classifier", "attention", "classifier"),
-        ("shuffled/tied", "shuffled", "tied"), ("shuffled/classifier", "shuffled", "classifier"),
-        ("token_mlp", "token_mlp", "none"), ("mlp", "mlp", "none"), ("both/tied", "both", "tied"),
-        ("both/classifier", "both", "classifier"), ("neither", "neither", "none")]
+ARMS = [
+    ("attention/tied", "attention", "tied"),
+    ("attention/classifier", "attention", "classifier"),
+    ("shuffled/tied", "shuffled", "tied"),
+    ("shuffled/classifier", "shuffled", "classifier"),
+    ("token_mlp", "token_mlp", "none"),
+    ("mlp", "mlp", "none"),
+    ("both/tied", "both", "tied"),
+    ("both/classifier", "both", "classifier"),
+    ("neither", "neither", "none"),
+]
 
 
 def main(nets: int = 6) -> None:

@@ -24,8 +24,7 @@ from axiomformer.flows.report import markdown
 def merge(results: list[dict]) -> dict:
     first = results[0]
     for other in results[1:]:
-        for key in ("data", "n_train", "n_test", "model", "patch", "readout", "noise", "K", "seeds",
-                    "test_time_flow"):
+        for key in ("data", "n_train", "n_test", "model", "patch", "readout", "noise", "K", "seeds", "test_time_flow"):
             if other[key] != first[key]:
                 raise ValueError(f"runs disagree on {key!r}: they are not parts of one experiment")
     merged = dict(first)

@@ -47,10 +47,14 @@ def main(path: str, family: int, effect: float) -> None:
     for key, sd in sds.items():
         print(f"{key}: sd of paired differences {sd:.4f}")
     alpha = 0.05 / family
-    for name, sd in (("median", float(np.median(list(sds.values())))),
-                     ("75th percentile", float(np.percentile(list(sds.values()), 75)))):
-        print(f"{name} sd {sd:.4f}: seeds for D = {effect} at alpha {alpha:.4g}, power 0.8: "
-              f"{seeds_needed(sd, effect, alpha)}")
+    for name, sd in (
+        ("median", float(np.median(list(sds.values())))),
+        ("75th percentile", float(np.percentile(list(sds.values()), 75))),
+    ):
+        print(
+            f"{name} sd {sd:.4f}: seeds for D = {effect} at alpha {alpha:.4g}, power 0.8: "
+            f"{seeds_needed(sd, effect, alpha)}"
+        )
 
 
 if __name__ == "__main__":
@@ -60,6 +64,7 @@ if __name__ == "__main__":
         if flag in args:
             i = args.index(flag)
             opts[flag] = args[i + 1]
-            del args[i: i + 2]
-    main(args[0] if args else "benchmarks/results/flow/power_source.json", int(opts["--family"]),
-         float(opts["--effect"]))
+            del args[i : i + 2]
+    main(
+        args[0] if args else "benchmarks/results/flow/power_source.json", int(opts["--family"]), float(opts["--effect"])
+    )

@@ -26,7 +26,7 @@ PAIRWISE = ("contribution=joint", "score=additive", "score=mlp")
 
 
 def variants() -> list[str]:
-    """"standard" and every single-axis relaxation (feature maps other than elu with the linear normalizer),
+    """ "standard" and every single-axis relaxation (feature maps other than elu with the linear normalizer),
     the :data:`PAIRWISE` ones last."""
     base = AttentionSpec.standard(64, 4, causal=True)
     found = ["standard"]
@@ -59,8 +59,13 @@ def run(relax: str, timeout: float) -> dict:
     if done.returncode != 0:
         return {"variant": relax, "status": "failed: " + (done.stderr.strip().splitlines() or ["?"])[-1][:120]}
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"variant": relax, "status": "ok", "seconds": round(result["seconds"], 1),
-            "peak_mem_mb": round(result["peak_mem_mb"], 1), "engine": result["engine"]}
+    return {
+        "variant": relax,
+        "status": "ok",
+        "seconds": round(result["seconds"], 1),
+        "peak_mem_mb": round(result["peak_mem_mb"], 1),
+        "engine": result["engine"],
+    }
 
 
 def main() -> None:
@@ -73,11 +78,18 @@ def main() -> None:
     for relax in chosen:
         rows.append(run(relax, args.timeout))
         print(json.dumps(rows[-1]), flush=True)
-    lines = [f"`needle`, L = {SEQ_LEN}, batch 1, dim 64, 4 heads, 2 layers: one training step and one eval batch per "
-             "variant, each in a fresh process; peak memory as the trainer measures it (`TrainResult.peak_mem_mb`).", "",
-             "| variant | status | seconds | peak MiB | engine |", "|---|---|---|---|---|"]
-    lines += [f"| {r['variant']} | {r['status']} | {r.get('seconds', '')} | {r.get('peak_mem_mb', '')} | "
-              f"{r.get('engine', '')} |" for r in rows]
+    lines = [
+        f"`needle`, L = {SEQ_LEN}, batch 1, dim 64, 4 heads, 2 layers: one training step and one eval batch per "
+        "variant, each in a fresh process; peak memory as the trainer measures it (`TrainResult.peak_mem_mb`).",
+        "",
+        "| variant | status | seconds | peak MiB | engine |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['variant']} | {r['status']} | {r.get('seconds', '')} | {r.get('peak_mem_mb', '')} | "
+        f"{r.get('engine', '')} |"
+        for r in rows
+    ]
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
     print(OUT)

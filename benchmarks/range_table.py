@@ -14,14 +14,25 @@ import re
 import sys
 from pathlib import Path
 
-TIME_GOALS = {"standard": 1.05, "score=cosine": 1.3, "score=neg_l2": 1.3, "position=rope": 1.3,
-              "position=alibi": 1.3, "normalizer=softmax1": 1.3, "normalizer=sigmoid": 1.5, "normalizer=relu": 1.5,
-              "normalizer=sparsemax": 2.0, "normalizer=entmax15": 2.0}
+TIME_GOALS = {
+    "standard": 1.05,
+    "score=cosine": 1.3,
+    "score=neg_l2": 1.3,
+    "position=rope": 1.3,
+    "position=alibi": 1.3,
+    "normalizer=softmax1": 1.3,
+    "normalizer=sigmoid": 1.5,
+    "normalizer=relu": 1.5,
+    "normalizer=sparsemax": 2.0,
+    "normalizer=entmax15": 2.0,
+}
 FASTER_THAN_SDPA_AT_4096 = ("normalizer=linear", "window=256")
 
 
-ROW = re.compile(r"^(\S+)\s+(\S+)\s+L=(\d+)\s+causal=(\w+)\s+([\d.]+) ms \(\s*([\d.]+)x SDPA ([\d.]+) ms\)\s+"
-                 r"peak\s+([\d.]+) MiB \(SDPA ([\d.]+)\)")
+ROW = re.compile(
+    r"^(\S+)\s+(\S+)\s+L=(\d+)\s+causal=(\w+)\s+([\d.]+) ms \(\s*([\d.]+)x SDPA ([\d.]+) ms\)\s+"
+    r"peak\s+([\d.]+) MiB \(SDPA ([\d.]+)\)"
+)
 
 
 def parse_log(text: str) -> list[dict]:
@@ -29,9 +40,19 @@ def parse_log(text: str) -> list[dict]:
     rows = []
     for line in text.splitlines():
         if m := ROW.match(line):
-            rows.append({"variant": m[1], "engine": m[2], "seq_len": int(m[3]), "causal": m[4] == "True",
-                         "ms": float(m[5]), "ratio_vs_sdpa": float(m[6]), "sdpa_ms": float(m[7]),
-                         "peak_mem_mb": float(m[8]), "sdpa_peak_mem_mb": float(m[9])})
+            rows.append(
+                {
+                    "variant": m[1],
+                    "engine": m[2],
+                    "seq_len": int(m[3]),
+                    "causal": m[4] == "True",
+                    "ms": float(m[5]),
+                    "ratio_vs_sdpa": float(m[6]),
+                    "sdpa_ms": float(m[7]),
+                    "peak_mem_mb": float(m[8]),
+                    "sdpa_peak_mem_mb": float(m[9]),
+                }
+            )
     return rows
 
 
@@ -69,8 +90,11 @@ def holds(row: dict, ratio: float) -> bool | None:
 def table(runs: list[list[dict]]) -> str:
     keyed = [{(r["variant"], r["engine"], r["seq_len"]): r for r in rows} for rows in runs]
     keys = list(dict.fromkeys(k for run in keyed for k in run))
-    lines = ["| variant | engine | L | ratio to SDPA per run | range | goal | time goal | peak MiB (SDPA) | "
-             "memory <= 2x SDPA |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| variant | engine | L | ratio to SDPA per run | range | goal | time goal | peak MiB (SDPA) | "
+        "memory <= 2x SDPA |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for key in keys:
         rows = [run[key] for run in keyed if key in run]
         ratios = [r["ratio_vs_sdpa"] for r in rows]
@@ -78,14 +102,22 @@ def table(runs: list[list[dict]]) -> str:
         if verdicts[0] is None:
             verdict = "-"
         else:
-            verdict = "met" if all(verdicts) else ("NOT met" if not any(verdicts) else
-                                                   f"met in {sum(verdicts)} of {len(verdicts)} runs")
+            verdict = (
+                "met"
+                if all(verdicts)
+                else ("NOT met" if not any(verdicts) else f"met in {sum(verdicts)} of {len(verdicts)} runs")
+            )
         peak, sdpa_peak = max(r["peak_mem_mb"] for r in rows), max(r["sdpa_peak_mem_mb"] for r in rows)
-        memory = "-" if key[2] < 4096 or key[1].startswith("x-transformers") else (
-            "met" if peak <= 2 * sdpa_peak else "NOT met")
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {', '.join(f'{x:.2f}' for x in ratios)} | "
-                     f"{min(ratios):.2f}-{max(ratios):.2f} | {goal(rows[0])} | {verdict} | {peak:.0f} ({sdpa_peak:.0f}) | "
-                     f"{memory} |")
+        memory = (
+            "-"
+            if key[2] < 4096 or key[1].startswith("x-transformers")
+            else ("met" if peak <= 2 * sdpa_peak else "NOT met")
+        )
+        lines.append(
+            f"| {key[0]} | {key[1]} | {key[2]} | {', '.join(f'{x:.2f}' for x in ratios)} | "
+            f"{min(ratios):.2f}-{max(ratios):.2f} | {goal(rows[0])} | {verdict} | {peak:.0f} ({sdpa_peak:.0f}) | "
+            f"{memory} |"
+        )
     return "\n".join(lines) + "\n"
 
 

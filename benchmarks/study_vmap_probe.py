@@ -29,8 +29,16 @@ def main() -> None:
     models = []
     for seed in range(SEEDS):
         torch.manual_seed(seed)
-        models.append(build_model("transformer", vocab_size=task.vocab_size, dim=32, num_layers=2, max_len=32,
-                                  spec=AttentionSpec.standard(32, 2, causal=True)))
+        models.append(
+            build_model(
+                "transformer",
+                vocab_size=task.vocab_size,
+                dim=32,
+                num_layers=2,
+                max_len=32,
+                spec=AttentionSpec.standard(32, 2, causal=True),
+            )
+        )
     batches = [task.batch(32, seed=s) for s in range(SEEDS)]
     cpu = time.process_time()
     for _ in range(STEPS):
@@ -52,7 +60,7 @@ def main() -> None:
             vmap(grad(loss))(params, buffers, xs, ys)
         stacked = time.process_time() - cpu
         out = {"serial_cpu_s": serial, "vmap_cpu_s": stacked, "speedup": serial / stacked}
-    except Exception as err:  # noqa: BLE001 - the probe reports what fails under vmap
+    except Exception as err:
         out = {"serial_cpu_s": serial, "vmap_error": f"{type(err).__name__}: {err}"[:300]}
     print(json.dumps({"seeds": SEEDS, "steps": STEPS, **out}))
 

@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--lengths", default="1024,4096,16384")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    torch.set_num_threads(1)                  # a one-token step gains nothing from a second thread on a busy machine
+    torch.set_num_threads(1)  # a one-token step gains nothing from a second thread on a busy machine
     lengths = [int(x) for x in args.lengths.split(",")]
     rows = []
     for length, (ms, stored) in zip(lengths, decode_ms(lengths)):
@@ -59,8 +59,9 @@ def main() -> None:
         print(f"T={length:>6}: decode step {ms:7.3f} ms (median of 32), cache holds {stored} positions")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(),
-                                        "rows": rows}, indent=1))
+        args.out.write_text(
+            json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def key_content_bias(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> T
 
 def per_coordinate_temperature(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
     """Coordinate m of the output uses softmax(tau_m q.k / sqrt(d)): a vector of relevances per key (A2)."""
-    cols = [_sdpa(t * q, k, v[..., m:m + 1], causal) for m, t in enumerate(TEMPERATURES.tolist())]
+    cols = [_sdpa(t * q, k, v[..., m : m + 1], causal) for m, t in enumerate(TEMPERATURES.tolist())]
     return torch.cat(cols, dim=-1)
 
 
@@ -113,6 +113,7 @@ def query_row_bias(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Ten
 def two_heads_mixed_values(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
     """Two heads (head_dim 8) whose values are v W_v^T before the split: W_v mixes the heads' inputs."""
     b, n, d = q.shape
+
     def split(t: Tensor) -> Tensor:
         return t.view(b, t.shape[1], 2, d // 2).transpose(1, 2)
 
@@ -122,14 +123,22 @@ def two_heads_mixed_values(q: Tensor, k: Tensor, v: Tensor, causal: bool = False
 
 
 WRONG = {
-    "query_output_gate": query_output_gate, "query_scalar_gate": query_scalar_gate,
-    "value_reading_score": value_reading_score, "scalable_softmax": scalable_softmax,
-    "key_content_bias": key_content_bias, "per_coordinate_temperature": per_coordinate_temperature,
-    "key_gated_values": key_gated_values, "tanh_after_sum": tanh_after_sum, "faint_output_gate": faint_output_gate,
+    "query_output_gate": query_output_gate,
+    "query_scalar_gate": query_scalar_gate,
+    "value_reading_score": value_reading_score,
+    "scalable_softmax": scalable_softmax,
+    "key_content_bias": key_content_bias,
+    "per_coordinate_temperature": per_coordinate_temperature,
+    "key_gated_values": key_gated_values,
+    "tanh_after_sum": tanh_after_sum,
+    "faint_output_gate": faint_output_gate,
 }
 IN_CLASS = {
-    "own_value_map": own_value_map, "bilinear_score": bilinear_score, "fixed_output_map": fixed_output_map,
-    "query_row_bias": query_row_bias, "two_heads_mixed_values": two_heads_mixed_values,
+    "own_value_map": own_value_map,
+    "bilinear_score": bilinear_score,
+    "fixed_output_map": fixed_output_map,
+    "query_row_bias": query_row_bias,
+    "two_heads_mixed_values": two_heads_mixed_values,
 }
 
 
@@ -185,8 +194,14 @@ def two_heads_with_projections(q: Tensor, k: Tensor, v: Tensor, causal: bool = F
     return _merge(_two_heads(q, k, vv, causal)) @ _mat(W_OUT, v).T + 1.0
 
 
-WRONG.update({"gated_two_heads": gated_two_heads, "head_scalar_gates": head_scalar_gates,
-              "value_norm_score": value_norm_score, "silu_after_sum": silu_after_sum})
+WRONG.update(
+    {
+        "gated_two_heads": gated_two_heads,
+        "head_scalar_gates": head_scalar_gates,
+        "value_norm_score": value_norm_score,
+        "silu_after_sum": silu_after_sum,
+    }
+)
 IN_CLASS_MIXED_HEADS = {"two_heads_with_projections": two_heads_with_projections}
 HEADS = {"two_heads_mixed_values": 2, "gated_two_heads": 2, "head_scalar_gates": 2, "two_heads_with_projections": 2}
 """Heads of the functions that have more than one."""

@@ -25,8 +25,9 @@ def loop_over_queries(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> 
     for i in range(q.shape[1]):
         end = i + offset + 1 if causal else k.shape[1]
         kk, vv = k[:, :end], v[:, :end]
-        rows.append(torch.nn.functional.scaled_dot_product_attention(q[:, None, i:i + 1], kk[:, None],
-                                                                     vv[:, None])[:, 0])
+        rows.append(
+            torch.nn.functional.scaled_dot_product_attention(q[:, None, i : i + 1], kk[:, None], vv[:, None])[:, 0]
+        )
     return torch.cat(rows, dim=1)
 
 

@@ -20,7 +20,8 @@ if __name__ == "__main__":
         assert created, "not launched by torchrun with more than one process"
         parallel = DataParallel.current(config.device)
         result = train(config, progress=False, checkpoint_dir=out / "checkpoint")
-        (out / f"rank{parallel.rank}.json").write_text(json.dumps({"losses": result.losses,
-                                                                    "accuracy": result.accuracy}))
+        (out / f"rank{parallel.rank}.json").write_text(
+            json.dumps({"losses": result.losses, "accuracy": result.accuracy})
+        )
         if parallel.main:
             (out / "result.json").write_text(json.dumps(result.to_dict()))

@@ -16,7 +16,7 @@ import sys
 
 from axiomformer.study import runner, store
 
-mode = sys.argv[1] if __name__ == "__main__" else "worker"      # spawned workers import this file again
+mode = sys.argv[1] if __name__ == "__main__" else "worker"  # spawned workers import this file again
 stored = []
 real_add, real_close, real_init = store.ResultsStore.add_run, store.ResultsStore.close, runner.worker_init
 
@@ -38,7 +38,7 @@ def add_run(self, row):
 
 def close(self):
     if mode == "twice" and stored:
-        os.kill(os.getpid(), signal.SIGINT)          # the second Ctrl-C, while the study cleans up
+        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, while the study cleans up
     real_close(self)
 
 
@@ -54,5 +54,5 @@ if __name__ == "__main__":
     store.ResultsStore.add_run, store.ResultsStore.close = add_run, close
     from axiomformer.cli import app
 
-    sys.argv = ["axiomformer", *sys.argv[sys.argv.index("--") + 1:]]
+    sys.argv = ["axiomformer", *sys.argv[sys.argv.index("--") + 1 :]]
     app()

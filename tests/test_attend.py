@@ -60,15 +60,27 @@ def test_the_implied_output_check_catches_weights_from_a_second_draw(monkeypatch
 
 
 # ---------------------------------------------------------------------------------------------- double backward
-DOUBLE_BACKWARD_SPECS = ["standard", "causal=true", "normalizer=sigmoid", "normalizer=relu,causal=true",
-                         "normalizer=sparsemax", "normalizer=linear,causal=true", "position=alibi,causal=true",
-                         "position=rope", "score=cosine,scale=learned", "score=neg_l2", "score=bilinear",
-                         "normalizer=gumbel_softmax", "aggregator=mlp,value=mlp", "contribution=joint"]
+DOUBLE_BACKWARD_SPECS = [
+    "standard",
+    "causal=true",
+    "normalizer=sigmoid",
+    "normalizer=relu,causal=true",
+    "normalizer=sparsemax",
+    "normalizer=linear,causal=true",
+    "position=alibi,causal=true",
+    "position=rope",
+    "score=cosine,scale=learned",
+    "score=neg_l2",
+    "score=bilinear",
+    "normalizer=gumbel_softmax",
+    "aggregator=mlp,value=mlp",
+    "contribution=joint",
+]
 
 
 def _second_order(att: Attention, x: torch.Tensor, **kwargs):
     x = x.clone().requires_grad_()
-    g, = torch.autograd.grad(att(x, **kwargs).pow(2).sum(), x, create_graph=True)
+    (g,) = torch.autograd.grad(att(x, **kwargs).pow(2).sum(), x, create_graph=True)
     g.pow(2).sum().backward()
     return [x.grad] + [p.grad for p in att.parameters() if p.grad is not None]
 
@@ -84,13 +96,16 @@ def test_second_order_gradients_match_the_reference_engine(relax, engine):
     ref = Attention(spec, engine="reference").eval()
     got, expected = _second_order(fast, x), _second_order(ref, x)
     assert len(got) == len(expected)
-    floor = 1e-3 * max(float(b.norm()) for b in expected)            # gradients that are zero in exact arithmetic
+    floor = 1e-3 * max(float(b.norm()) for b in expected)  # gradients that are zero in exact arithmetic
     for i, (a, b) in enumerate(zip(got, expected)):
         assert float((a - b).norm()) <= 1e-3 * max(float(b.norm()), floor), i
 
 
-@pytest.mark.xfail(strict=True, reason="entmax15's backward in the entmax package takes sqrt(p), whose derivative is "
-                                       "infinite at p = 0: second-order gradients are NaN on every engine")
+@pytest.mark.xfail(
+    strict=True,
+    reason="entmax15's backward in the entmax package takes sqrt(p), whose derivative is "
+    "infinite at p = 0: second-order gradients are NaN on every engine",
+)
 def test_second_order_gradients_of_entmax15_are_finite():
     att = Attention(AttentionSpec.standard(DIM, HEADS).relax(normalizer="entmax15"), engine="reference")
     assert all(bool(torch.isfinite(g).all()) for g in _second_order(att, torch.randn(2, 7, DIM)))
@@ -110,8 +125,9 @@ def test_sdpa_with_dropout_names_the_double_backward_switch_and_the_switch_works
 @pytest.mark.parametrize("normalizer", NORMALIZERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_a_mask_value_at_the_dtype_minimum_blocks_the_key_for_every_normalizer_and_engine(normalizer, dtype):
-    spec = AttentionSpec.standard(DIM, HEADS, causal=False).relax(normalizer=normalizer,
-                                                                  **required_fields("normalizer", normalizer))
+    spec = AttentionSpec.standard(DIM, HEADS, causal=False).relax(
+        normalizer=normalizer, **required_fields("normalizer", normalizer)
+    )
     x = torch.randn(2, 6, DIM, generator=torch.Generator().manual_seed(2))
     keep = torch.ones(2, 6, dtype=torch.bool)
     keep[0, 4:] = False
@@ -126,7 +142,7 @@ def test_a_mask_value_at_the_dtype_minimum_blocks_the_key_for_every_normalizer_a
                 with torch.no_grad():
                     by_padding = att(x.to(dtype), key_padding_mask=keep)
                     by_value = att(x.to(dtype), attn_mask=additive)
-            except ValueError:                                  # the engine does not run this spec
+            except ValueError:  # the engine does not run this spec
                 continue
             assert bool(torch.isfinite(by_value).all()), (engine, mask_dtype)
             # The two may take different routes (float32 arithmetic or not): rounding of the dtype only.
@@ -156,7 +172,7 @@ def test_a_row_blocked_by_a_float16_minimum_mask_is_zero_on_every_engine():
             except ValueError:
                 continue
             assert torch.equal(out[0, 0], torch.zeros(4, dtype=torch.half)) and torch.equal(w[0, 0, 0], torch.zeros(2))
-            expected = v[0, 0] if normalizer != "sigmoid" else None              # row 1 sees key 0 only
+            expected = v[0, 0] if normalizer != "sigmoid" else None  # row 1 sees key 0 only
             if expected is not None:
                 torch.testing.assert_close(out[0, 1].float(), expected, rtol=1e-3, atol=1e-3)
 
@@ -182,7 +198,7 @@ def test_the_graph_break_check_sees_a_host_sync(monkeypatch):
     real = router.zero_rows_without_keys
 
     def syncing(out, problem):
-        return out if bool(out.isnan().any()) else real(out, problem)     # a value read back to the host
+        return out if bool(out.isnan().any()) else real(out, problem)  # a value read back to the host
 
     monkeypatch.setattr(router, "zero_rows_without_keys", syncing)
     torch._dynamo.reset()
@@ -196,12 +212,12 @@ def test_exclusive_prefix_sums_never_see_a_later_term():
     x = torch.randn(1, 1, 6, 3, dtype=torch.float32)
     start = torch.randn(1, 1, 3)
     huge = x.clone()
-    huge[..., 3, :] = 1e9                                                 # a huge chunk 3: prefixes 0..3 exclude it
+    huge[..., 3, :] = 1e9  # a huge chunk 3: prefixes 0..3 exclude it
     expected = torch.stack([start[0, 0].double() + x[0, 0, :i].double().sum(0) for i in range(6)])
     torch.testing.assert_close(exclusive_cumsum(x, start)[0, 0].double(), expected)
     assert torch.equal(exclusive_cumsum(huge, start)[..., :4, :], exclusive_cumsum(x, start)[..., :4, :])
 
-    def subtracted(t):                                                    # the planted form: inclusive minus own term
+    def subtracted(t):  # the planted form: inclusive minus own term
         return torch.cumsum(t, dim=2) - t + start.unsqueeze(2)
 
     assert not torch.equal(subtracted(huge)[..., :4, :], subtracted(x)[..., :4, :])
@@ -216,7 +232,7 @@ def test_causal_linear_attention_is_prefix_invariant_with_a_huge_future_token(en
     x[:, -1] *= 1000.0
     with torch.no_grad():
         full, prefix = att(x)[:, :-1], att(x[:, :-1])
-        cache_past = att(x[:, :-1], x, x)                               # queries with a key past (q_offset = 1)
+        cache_past = att(x[:, :-1], x, x)  # queries with a key past (q_offset = 1)
     assert float((full - prefix).abs().max()) <= 1e-6 * float(prefix.abs().max())
     assert bool(torch.isfinite(cache_past).all())
 
@@ -258,7 +274,7 @@ def test_the_cached_route_is_the_decision_for_every_problem_of_a_mixed_sequence(
     att = Attention(AttentionSpec.standard(8, 2, causal=True).relax(normalizer="linear"))
     parts = att.plan
     problems = []
-    for q_len, k_len in ((4, 4), (6, 4), (4, 6), (4, 4)):           # q_offset = k_len - q_len: 0, -2, 2, 0
+    for q_len, k_len in ((4, 4), (6, 4), (4, 6), (4, 4)):  # q_offset = k_len - q_len: 0, -2, 2, 0
         q, k = torch.randn(1, 2, q_len, 4), torch.randn(1, 2, k_len, 4)
         key_only, full = torch.ones(1, 1, 1, k_len, dtype=torch.bool), torch.ones(1, 1, q_len, k_len, dtype=torch.bool)
         for mask in (None, key_only, full):

@@ -29,7 +29,7 @@ def _small_chunks(monkeypatch):
 
 
 def _spec(normalizer: str, causal: bool = False) -> AttentionSpec:
-    causal = causal or bool(required_fields("normalizer", normalizer))      # stick_breaking: causal only
+    causal = causal or bool(required_fields("normalizer", normalizer))  # stick_breaking: causal only
     return AttentionSpec.standard(DIM, HEADS, causal=causal).relax(normalizer=normalizer)
 
 
@@ -54,8 +54,8 @@ def test_queries_past_the_last_key_equal_the_explicit_top_left_mask(normalizer, 
     out = _runs(normalizer, engine, q=q, k=k, v=v, causal=True, q_offset=0)
     if out is None:
         return
-    explicit = torch.ones(6, 3, dtype=torch.bool).tril()                      # query i sees keys j <= i
-    if required_fields("normalizer", normalizer):      # causal only: the top-left rule through the causal flag
+    explicit = torch.ones(6, 3, dtype=torch.bool).tril()  # query i sees keys j <= i
+    if required_fields("normalizer", normalizer):  # causal only: the top-left rule through the causal flag
         expected = attend(q, k, v, spec=_spec(normalizer), causal=True, q_offset=0, engine="reference").out
     else:
         expected = attend(q, k, v, spec=_spec(normalizer), mask=explicit, engine="reference").out
@@ -82,7 +82,7 @@ def test_a_fully_masked_row_past_the_last_key_is_zero(engine):
 @pytest.mark.parametrize("engine", ["sdpa", "chunked", "reference"])
 def test_a_non_finite_key_reaches_exactly_the_queries_that_see_it_past_the_last_key(engine):
     q, k, v = _qkv(5, 3)
-    k[:, :, 2] = float("nan")                     # key 2 is seen by queries 2, 3, 4 (top-left: j <= i)
+    k[:, :, 2] = float("nan")  # key 2 is seen by queries 2, 3, 4 (top-left: j <= i)
     out = attend(q, k, v, causal=True, q_offset=0, engine=engine).out
     assert torch.isfinite(out[:, :, :2]).all()
     assert torch.isnan(out[:, :, 2:]).all()
@@ -98,13 +98,24 @@ def test_empty_sequences_give_sdpas_empty_or_zero_output(normalizer, engine, q_l
     out = _runs(normalizer, engine, q=q, k=k, v=v, causal=causal)
     if out is None:
         return
-    expected = F.scaled_dot_product_attention(q, k, v)                 # SDPA's math path: empty, or zeros
+    expected = F.scaled_dot_product_attention(q, k, v)  # SDPA's math path: empty, or zeros
     assert out.shape == expected.shape and torch.equal(out, expected)
 
 
-@pytest.mark.parametrize("relax", ["standard", "causal=true", "position=rope", "position=alibi,causal=true",
-                                   "position=learned", "normalizer=linear,causal=true", "window=2,causal=true",
-                                   "aggregator=mlp", "normalizer=sparsemax"])
+@pytest.mark.parametrize(
+    "relax",
+    [
+        "standard",
+        "causal=true",
+        "position=rope",
+        "position=alibi,causal=true",
+        "position=learned",
+        "normalizer=linear,causal=true",
+        "window=2,causal=true",
+        "aggregator=mlp",
+        "normalizer=sparsemax",
+    ],
+)
 @pytest.mark.parametrize("q_len, k_len", [(0, 3), (3, 0), (0, 0)])
 def test_an_attention_layer_takes_empty_sequences_forward_and_backward(relax, q_len, k_len):
     att = Attention(AttentionSpec.standard(DIM, HEADS).relax(relax))
@@ -113,7 +124,7 @@ def test_an_attention_layer_takes_empty_sequences_forward_and_backward(relax, q_
     out, weights = att(x, y, y, need_weights=True)
     assert out.shape == (2, q_len, DIM) and torch.equal(out, torch.zeros_like(out))
     assert weights.shape == (2, HEADS, q_len, k_len)
-    out.sum().backward()                                                 # differentiable, every gradient zero
+    out.sum().backward()  # differentiable, every gradient zero
     assert torch.equal(x.grad, torch.zeros_like(x)) and torch.equal(y.grad, torch.zeros_like(y))
 
 
@@ -125,7 +136,7 @@ def test_masks_of_every_rank_that_broadcast_to_the_problem_equal_sdpa(engine, ki
     q, k, v = _qkv(6, 5)
     m = torch.rand(shape) > 0.3 if kind == "mask" else torch.randn(shape)
     if kind == "mask":
-        m[..., 0] = True                                  # no empty rows: SDPA gives NaN for those
+        m[..., 0] = True  # no empty rows: SDPA gives NaN for those
     with sdpa_kernel(SDPBackend.MATH):
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
     out = attend(q, k, v, engine=engine, **{kind: m}).out
@@ -136,7 +147,7 @@ def test_masks_of_every_rank_that_broadcast_to_the_problem_equal_sdpa(engine, ki
 @pytest.mark.parametrize("kind", ["mask", "bias"])
 @pytest.mark.parametrize("shape", [(4, 6, 5), (3, 1, 6, 5), (2, 2, 2, 6, 5), (6, 4), (7,)])
 def test_a_mask_that_only_broadcasts_with_the_problem_is_refused_naming_both_shapes(kind, shape):
-    q, k, v = _qkv(6, 5)                                  # (batch, heads, q_len, k_len) = (2, 2, 6, 5)
+    q, k, v = _qkv(6, 5)  # (batch, heads, q_len, k_len) = (2, 2, 6, 5)
     m = torch.ones(shape, dtype=torch.bool) if kind == "mask" else torch.zeros(shape)
     with pytest.raises(ValueError) as err:
         attend(q, k, v, **{kind: m})
@@ -145,7 +156,7 @@ def test_a_mask_that_only_broadcasts_with_the_problem_is_refused_naming_both_sha
 
 @pytest.mark.parametrize("shape", [(2, 3, 3), (2, 2, 3, 3), (1, 4, 3, 3)])
 def test_an_mha_style_mask_is_refused_by_the_layer_naming_both_shapes(shape):
-    att = Attention(AttentionSpec.standard(4, 2))                    # batch 1, heads 2
+    att = Attention(AttentionSpec.standard(4, 2))  # batch 1, heads 2
     with pytest.raises(ValueError) as err:
         att(torch.randn(1, 3, 4), attn_mask=torch.ones(shape, dtype=torch.bool))
     assert str(tuple(shape)) in str(err.value) and "(1, 2, 3, 3)" in str(err.value)
@@ -202,7 +213,7 @@ def test_per_head_arguments_of_the_wrong_shape_are_refused_naming_both_shapes():
         attend(q, k, v, causal=True, alibi_slopes=torch.ones(3))
     with pytest.raises(ValueError, match=r"scale of shape \(1, 3, 1, 1\) does not broadcast"):
         attend(q, k, v, scale=torch.ones(1, 3, 1, 1))
-    attend(q, k, v, scale=torch.ones(1, 2, 1, 1))                       # the learned per-head temperature fits
+    attend(q, k, v, scale=torch.ones(1, 2, 1, 1))  # the learned per-head temperature fits
 
 
 def test_a_kv_cache_of_another_batch_is_refused_naming_both_shapes():

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from axiomformer import AXES, Attention, AttentionSpec
-from axiomformer.spec import required_fields
 from axiomformer.axes.position import alibi_slopes
+from axiomformer.spec import required_fields
 
 DIM, HEADS = 16, 4
 NORMALIZERS = AXES["normalizer"]
@@ -57,8 +57,14 @@ def test_standard_spec_equals_multihead_attention(batch_first, causal, padded):
         pad[2, 3:] = True
     causal_block = torch.triu(torch.ones(7, 7, dtype=torch.bool), 1)  # MHA polarity: True = may NOT attend
     xin = x if batch_first else x.transpose(0, 1)
-    expected, expected_w = mha(xin, xin, xin, key_padding_mask=pad if padded else None,
-                               attn_mask=causal_block if causal else None, average_attn_weights=False)
+    expected, expected_w = mha(
+        xin,
+        xin,
+        xin,
+        key_padding_mask=pad if padded else None,
+        attn_mask=causal_block if causal else None,
+        average_attn_weights=False,
+    )
     expected = expected if batch_first else expected.transpose(0, 1)
     if causal:
         att = Attention.from_multihead_attention(mha, causal=True).eval()
@@ -76,8 +82,19 @@ def _engine_run(spec, engine, x, **kwargs):
     return out.detach(), xx.grad, att
 
 
-@pytest.mark.parametrize("relax", ["standard", "position=rope", "position=alibi", "scale=learned", "scale=none",
-                                   "value=identity", "aggregator=mlp", "position=sinusoidal"])
+@pytest.mark.parametrize(
+    "relax",
+    [
+        "standard",
+        "position=rope",
+        "position=alibi",
+        "scale=learned",
+        "scale=none",
+        "value=identity",
+        "aggregator=mlp",
+        "position=sinusoidal",
+    ],
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_sdpa_and_reference_engines_agree_forward_and_backward(relax, causal):
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(relax)
@@ -111,10 +128,11 @@ def test_auto_engine_routes_standard_to_sdpa_and_relaxations_elsewhere():
 def test_every_choice_of_every_axis_runs_forward_and_backward_with_a_fully_padded_sample(causal):
     x = torch.randn(3, 6, DIM)
     pad = torch.ones(3, 6, dtype=torch.bool)
-    pad[1] = False          # a fully padded sample
+    pad[1] = False  # a fully padded sample
     pad[2, 4:] = False
-    specs = list(single_axis_specs(causal)) + [AttentionSpec.standard(DIM, HEADS, causal=causal).relax(c)
-                                               for c in COMBINATIONS]
+    specs = list(single_axis_specs(causal)) + [
+        AttentionSpec.standard(DIM, HEADS, causal=causal).relax(c) for c in COMBINATIONS
+    ]
     for spec in specs:
         att = Attention(spec).train()
         xx = x.clone().requires_grad_(True)
@@ -132,7 +150,7 @@ def test_fully_masked_row_gives_zeros_with_finite_gradients_for_every_normalizer
     att = Attention(spec).train()
     x = torch.randn(2, 5, DIM, requires_grad=True)
     mask = torch.ones(5, 5, dtype=torch.bool)
-    mask[2] = False           # query 2 sees nothing
+    mask[2] = False  # query 2 sees nothing
     out, w = att(x, attn_mask=mask, need_weights=True)
     (out.square().sum()).backward()
     assert (out[:, 2] == 0).all() and (w[:, :, 2] == 0).all()
@@ -147,8 +165,8 @@ def test_nan_in_a_masked_key_does_not_reach_the_output_for_every_normalizer(norm
     pad = torch.ones(2, 6, dtype=torch.bool)
     pad[0, 2] = False
     x_nan = x.clone()
-    x_nan[0, 2] = float("nan")      # padded key of sample 0
-    x_nan[1, 5] = float("nan")      # last token of sample 1: causally invisible to every earlier query
+    x_nan[0, 2] = float("nan")  # padded key of sample 0
+    x_nan[1, 5] = float("nan")  # last token of sample 1: causally invisible to every earlier query
     clean = att(x, key_padding_mask=pad)
     dirty = att(x_nan, key_padding_mask=pad)
     torch.testing.assert_close(dirty[0, [0, 1, 3, 4, 5]], clean[0, [0, 1, 3, 4, 5]])
@@ -159,8 +177,10 @@ def test_nan_in_a_masked_key_does_not_reach_the_output_for_every_normalizer(norm
 @pytest.mark.parametrize("normalizer", NORMALIZERS)
 def test_appending_masked_keys_changes_nothing_for_every_normalizer(normalizer):
     if required_fields("normalizer", normalizer):
-        pytest.skip("causal only: appended keys move the bottom-right causal alignment (tests/test_relaxations.py "
-                    "appends padded keys to a causal stick-breaking layer)")
+        pytest.skip(
+            "causal only: appended keys move the bottom-right causal alignment (tests/test_relaxations.py "
+            "appends padded keys to a causal stick-breaking layer)"
+        )
     spec = AttentionSpec.standard(DIM, HEADS).relax(normalizer=normalizer)
     att = Attention(spec).eval()
     q, kv = torch.randn(2, 4, DIM), torch.randn(2, 5, DIM)
@@ -176,6 +196,7 @@ def test_weights_of_the_normalizers_match_their_formulas():
     from entmax import sparsemax
 
     from axiomformer.axes.normalizer import normalize
+
     torch.testing.assert_close(normalize(s, None, "softmax"), torch.softmax(s, -1))
     torch.testing.assert_close(normalize(s, None, "sigmoid"), 1 / (1 + torch.exp(-(s - math.log(5)))))
     torch.testing.assert_close(normalize(s, None, "relu"), s.clamp(min=0) / 5)
@@ -209,8 +230,11 @@ def test_alibi_attention_equals_softmax_of_biased_scores(heads):
     _, w = att(x, need_weights=True)
     q = att.q_proj(x).view(1, 6, heads, -1).transpose(1, 2)
     k = att.k_proj(x).view(1, 6, heads, -1).transpose(1, 2)
-    slopes = torch.tensor([2.0 ** -(8 * (h + 1) / heads) for h in range(heads)]) if heads == 8 else \
-        torch.tensor([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3])
+    slopes = (
+        torch.tensor([2.0 ** -(8 * (h + 1) / heads) for h in range(heads)])
+        if heads == 8
+        else torch.tensor([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8, 2.0**-1, 2.0**-3])
+    )
     i, j = torch.arange(6).view(-1, 1), torch.arange(6).view(1, -1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(48 // heads) - slopes.view(-1, 1, 1) * (i - j)
     scores = scores.masked_fill(j > i, float("-inf"))
@@ -225,7 +249,7 @@ def test_rope_matches_complex_rotation_and_is_relative():
     pos = torch.arange(5) + 3
     rotated = att.position.rotate(x, pos)
     # Independent formula: pair (i, i + hd/2) as a complex number, multiply by exp(i * p * 10000^(-2i/hd)).
-    z = torch.complex(x[..., : hd // 2].double(), x[..., hd // 2:].double())
+    z = torch.complex(x[..., : hd // 2].double(), x[..., hd // 2 :].double())
     theta = 10000.0 ** (-torch.arange(0, hd, 2).double() / hd)
     z = z * torch.exp(1j * pos.double().view(-1, 1) * theta)
     expected = torch.cat([z.real, z.imag], dim=-1).float()
@@ -239,6 +263,7 @@ def test_rope_matches_complex_rotation_and_is_relative():
 
 def test_sinusoidal_table_matches_vaswani():
     from axiomformer.axes.position import sinusoidal_table
+
     table = sinusoidal_table(torch.arange(4), 6)
     for p in range(4):
         for i in range(3):
@@ -263,18 +288,19 @@ def test_causal_mask_is_bottom_right_aligned_for_shorter_queries():
     att = Attention(spec).eval()
     x = torch.randn(1, 8, DIM)
     full = att(x)
-    last3 = att(x[:, 5:], x)           # queries 5..7 against all 8 keys
+    last3 = att(x[:, 5:], x)  # queries 5..7 against all 8 keys
     torch.testing.assert_close(last3, full[:, 5:], atol=1e-6, rtol=1e-5)
 
 
 def test_kv_cache_decoding_equals_full_forward():
     from axiomformer import KVCache
+
     for relax in ("standard", "position=rope", "position=alibi", "normalizer=sigmoid", "position=learned"):
         att = Attention(AttentionSpec.standard(DIM, HEADS, causal=True).relax(relax)).eval()
         x = torch.randn(2, 9, DIM)
         full = att(x)
         cache = KVCache()
-        parts = [att(x[:, :4], cache=cache)] + [att(x[:, t:t + 1], cache=cache) for t in range(4, 9)]
+        parts = [att(x[:, :4], cache=cache)] + [att(x[:, t : t + 1], cache=cache) for t in range(4, 9)]
         assert (torch.cat(parts, 1) - full).abs().max().item() <= 1e-5, relax
 
 
@@ -316,9 +342,14 @@ def test_float_attn_mask_is_added_to_scores_like_sdpa():
 @pytest.mark.parametrize("q_len,k_len", [(5, 5), (3, 7), (7, 3)])
 def test_rows_without_keys_equals_the_full_mask_scan(causal, q_len, k_len):
     from axiomformer.engines import AttentionProblem
+
     g = torch.Generator().manual_seed(5)
     q, k = torch.randn(2, 3, q_len, 4), torch.randn(2, 3, k_len, 4)
-    for mask in (None, torch.rand(2, 1, 1, k_len, generator=g) > 0.6, torch.rand(2, 3, q_len, k_len, generator=g) > 0.7):
+    for mask in (
+        None,
+        torch.rand(2, 1, 1, k_len, generator=g) > 0.6,
+        torch.rand(2, 3, q_len, k_len, generator=g) > 0.7,
+    ):
         problem = AttentionProblem(q=q, k=k, v=k, causal=causal, mask=mask, q_offset=k_len - q_len)
         full = problem.full_mask()
         expected = None if full is None else ~torch.broadcast_to(full, (2, 3, q_len, k_len)).any(-1)

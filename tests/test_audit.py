@@ -26,57 +26,75 @@ from axiomformer.spec import AXES
 NA = {"causality", "nan_isolation"}
 NA_SHIFT = NA | {"shift_invariance"}
 NA_WEIGHTS = NA | {"bilinear_scores", "bilinear_fit"}
-NA_NONLINEAR = NA | {"scalar_relevance"}                   # not linear in the values: no weights per coordinate
+NA_NONLINEAR = NA | {"scalar_relevance"}  # not linear in the values: no weights per coordinate
 EXPECTED = {
     "standard": (set(), NA),
-    "aggregator=mlp": ({"token_additivity", "linearity", "head_independence"}, NA_NONLINEAR),   # rho mixes heads
-    "aggregator=gate": ({"scalar_relevance", "head_independence"}, NA_SHIFT),   # a gate from the whole query
+    "aggregator=mlp": ({"token_additivity", "linearity", "head_independence"}, NA_NONLINEAR),  # rho mixes heads
+    "aggregator=gate": ({"scalar_relevance", "head_independence"}, NA_SHIFT),  # a gate from the whole query
     "contribution=joint": ({"homogeneity", "linearity"}, NA_NONLINEAR),
-    "value=identity": ({"learned_values"}, NA),                        # inside A3; learned_values is a design check
+    "value=identity": ({"learned_values"}, NA),  # inside A3; learned_values is a design check
     "value=mlp": ({"linearity"}, NA_NONLINEAR),
-    "score=bilinear": (set(), NA),                                     # inside A4: a reparametrization of dot
+    "score=bilinear": (set(), NA),  # inside A4: a reparametrization of dot
     "score=additive": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
     "score=cosine": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
     "score=neg_l2": ({"bilinear_scores", "bilinear_fit"}, NA_SHIFT),
     "score=mlp": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
-    "score=talking_heads": ({"bilinear_fit", "head_independence"}, NA_SHIFT),   # logits mixed across heads
+    "score=talking_heads": ({"bilinear_fit", "head_independence"}, NA_SHIFT),  # logits mixed across heads
     "normalizer=sigmoid": ({"weights_sum_to_one", "shift_invariance", "length_scale"}, NA_WEIGHTS),  # bias -log n
     "normalizer=relu": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
     "normalizer=sparsemax": ({"ratio_independence", "length_scale"}, NA_WEIGHTS),
     "normalizer=entmax15": ({"ratio_independence", "length_scale"}, NA_WEIGHTS),
-    "normalizer=gumbel_softmax": ({"deterministic"}, NA),               # a softmax in eval; samples in training
+    "normalizer=gumbel_softmax": ({"deterministic"}, NA),  # a softmax in eval; samples in training
     "normalizer=linear": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
-    "normalizer=entmax_alpha": ({"ratio_independence", "length_scale"}, NA_WEIGHTS),   # like entmax15 at its start
-    "normalizer=softmax1": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),   # the sink takes 1 - sum u
-    "normalizer=diff": ({"nonnegative_weights", "weights_sum_to_one", "ratio_independence", "scale_entropy",
-                         "length_scale"}, NA_WEIGHTS),                   # signed weights, rows sum to 1 - lambda
-    "normalizer=stick_breaking": ({"set_symmetry", "weights_sum_to_one", "shift_invariance"},
-                                  {"bilinear_scores", "bilinear_fit"}),  # causal; the nearest keys first
+    "normalizer=entmax_alpha": ({"ratio_independence", "length_scale"}, NA_WEIGHTS),  # like entmax15 at its start
+    "normalizer=softmax1": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),  # the sink takes 1 - sum u
+    "normalizer=diff": (
+        {"nonnegative_weights", "weights_sum_to_one", "ratio_independence", "scale_entropy", "length_scale"},
+        NA_WEIGHTS,
+    ),  # signed weights, rows sum to 1 - lambda
+    "normalizer=stick_breaking": (
+        {"set_symmetry", "weights_sum_to_one", "shift_invariance"},
+        {"bilinear_scores", "bilinear_fit"},
+    ),  # causal; the nearest keys first
     "normalizer=softmax_sink": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
     "normalizer=softpick": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
-    "normalizer=topk": ({"length_scale"}, NA | {"bilinear_fit"}),       # 8 keys, topk=8: only longer rows differ
+    "normalizer=topk": ({"length_scale"}, NA | {"bilinear_fit"}),  # 8 keys, topk=8: only longer rows differ
     "scale=none": ({"scale_entropy"}, NA),
     "scale=learned": ({"scale_entropy"}, NA),
-    "scale=log_n": ({"length_scale"}, NA),                              # the temperature follows log n
+    "scale=log_n": ({"length_scale"}, NA),  # the temperature follows log n
     "position=sinusoidal": ({"set_symmetry", "bilinear_scores", "bilinear_fit", "length_scale"}, NA_SHIFT),
     "position=learned": ({"set_symmetry", "bilinear_scores", "bilinear_fit", "length_scale"}, NA_SHIFT),
-    "position=rope": ({"set_symmetry", "bilinear_fit"}, NA_SHIFT),     # relative: prepending tokens changes nothing
+    "position=rope": ({"set_symmetry", "bilinear_fit"}, NA_SHIFT),  # relative: prepending tokens changes nothing
     "position=alibi": ({"set_symmetry", "bilinear_scores", "bilinear_fit"}, NA_SHIFT),
-    "position=forget": ({"set_symmetry", "bilinear_scores", "bilinear_fit", "head_independence"},
-                        {"shift_invariance"}),                           # causal; gates read the whole key input
+    "position=forget": (
+        {"set_symmetry", "bilinear_scores", "bilinear_fit", "head_independence"},
+        {"shift_invariance"},
+    ),  # causal; gates read the whole key input
     "standard, causal": (set(), set()),
-    "torch SDPA": (set(), NA | {"homogeneity", "learned_values", "head_independence"}),   # a function: no contribution
+    "torch SDPA": (set(), NA | {"homogeneity", "learned_values", "head_independence"}),  # a function: no contribution
     # or value map, one head of the full width
-    "torch SDPA, causal": ({"nan_isolation"}, {"homogeneity", "learned_values", "head_independence"}),   # 0 * NaN
+    "torch SDPA, causal": ({"nan_isolation"}, {"homogeneity", "learned_values", "head_independence"}),  # 0 * NaN
     "torch MHA": (set(), NA | {"homogeneity"}),
     "torch MHA, causal": ({"nan_isolation"}, {"homogeneity"}),
-    "tanh RNN": ({"set_symmetry", "token_additivity", "linearity", "value_free_relevance", "parallel"},
-                 NA_NONLINEAR | {"homogeneity", "learned_values", "bilinear_scores", "bilinear_fit",
-                                 "nonnegative_weights", "weights_sum_to_one", "ratio_independence", "scale_entropy",
-                                 "length_scale", "head_independence"}),
+    "tanh RNN": (
+        {"set_symmetry", "token_additivity", "linearity", "value_free_relevance", "parallel"},
+        NA_NONLINEAR
+        | {
+            "homogeneity",
+            "learned_values",
+            "bilinear_scores",
+            "bilinear_fit",
+            "nonnegative_weights",
+            "weights_sum_to_one",
+            "ratio_independence",
+            "scale_entropy",
+            "length_scale",
+            "head_independence",
+        },
+    ),
 }
 CANDIDATES = {
-    "aggregator=mlp": "A1; A4 or A1",        # the local Jacobian factors through the query: after the sum
+    "aggregator=mlp": "A1; A4 or A1",  # the local Jacobian factors through the query: after the sum
     "aggregator=gate": "A1 or A2; A4 or A1",
     "score=talking_heads": "A4; A4 or A1",
     "normalizer=diff": "A5; A5 or A1; A5 or A4",
@@ -86,8 +104,8 @@ CANDIDATES = {
     "normalizer=topk": "A5 or A4",
     "scale=log_n": "A5 or A4",
     "position=forget": "A0; A4 or A0; A4 or A1 or A0",
-    "contribution=joint": "A2",              # additive, but factors through neither query nor key
-    "value=mlp": "A3",                       # factors through the key: a nonlinearity of each value
+    "contribution=joint": "A2",  # additive, but factors through neither query nor key
+    "value=mlp": "A3",  # factors through the key: a nonlinearity of each value
     "score=cosine": "A4; A5 or A4",
     "normalizer=sigmoid": "A5 or A1; A5; A5 or A4",
     "normalizer=sparsemax": "A5; A5 or A4",
@@ -122,8 +140,7 @@ def test_relaxation_matrix_matches_the_pinned_pattern(matrix):
 
 
 def test_standard_mha_and_sdpa_pass_every_assumption_check(matrix):
-    for label in ("standard", "standard, causal", "torch SDPA", "torch SDPA, causal", "torch MHA",
-                  "torch MHA, causal"):
+    for label in ("standard", "standard, causal", "torch SDPA", "torch SDPA, causal", "torch MHA", "torch MHA, causal"):
         report = matrix[label].report
         assert report.passed, label
         assert all(c.passed is not False for c in report.checks if c.assumption not in NOT_ASSUMPTIONS), label
@@ -131,7 +148,7 @@ def test_standard_mha_and_sdpa_pass_every_assumption_check(matrix):
 
 def test_every_single_axis_relaxation_fails_its_own_axis_or_is_a_documented_exception(matrix):
     relaxations = [row for row in matrix.values() if row.axis is not None]
-    assert len(relaxations) == sum(len(AXES[axis]) - 1 for axis in AXIS_TAG)       # one row per relaxation
+    assert len(relaxations) == sum(len(AXES[axis]) - 1 for axis in AXIS_TAG)  # one row per relaxation
     for row in relaxations:
         assert row.tag == AXIS_TAG[row.axis]
         assert row.own_axis_failed is (row.label not in OWN_AXIS_EXCEPTIONS), row.label
@@ -143,15 +160,27 @@ def test_tanh_rnn_fails_set_symmetry_and_parallel(matrix):
     assert report["set_symmetry"].passed is False and report["parallel"].passed is False
 
 
-@pytest.mark.parametrize("check,label", [
-    ("set_symmetry", "position=rope"), ("token_additivity", "aggregator=mlp"),
-    ("homogeneity", "contribution=joint"), ("linearity", "value=mlp"), ("learned_values", "value=identity"),
-    ("bilinear_scores", "score=cosine"), ("bilinear_fit", "score=neg_l2"), ("parallel", "tanh RNN"),
-    ("weights_sum_to_one", "normalizer=sigmoid"), ("shift_invariance", "normalizer=sigmoid"),
-    ("ratio_independence", "normalizer=sparsemax"), ("scale_entropy", "scale=none"),
-    ("deterministic", "normalizer=gumbel_softmax"), ("nan_isolation", "torch SDPA, causal"),
-    ("head_independence", "score=talking_heads"), ("length_scale", "scale=log_n"),
-])
+@pytest.mark.parametrize(
+    "check,label",
+    [
+        ("set_symmetry", "position=rope"),
+        ("token_additivity", "aggregator=mlp"),
+        ("homogeneity", "contribution=joint"),
+        ("linearity", "value=mlp"),
+        ("learned_values", "value=identity"),
+        ("bilinear_scores", "score=cosine"),
+        ("bilinear_fit", "score=neg_l2"),
+        ("parallel", "tanh RNN"),
+        ("weights_sum_to_one", "normalizer=sigmoid"),
+        ("shift_invariance", "normalizer=sigmoid"),
+        ("ratio_independence", "normalizer=sparsemax"),
+        ("scale_entropy", "scale=none"),
+        ("deterministic", "normalizer=gumbel_softmax"),
+        ("nan_isolation", "torch SDPA, causal"),
+        ("head_independence", "score=talking_heads"),
+        ("length_scale", "scale=log_n"),
+    ],
+)
 def test_check_fails_where_its_property_is_broken(matrix, check, label):
     c = matrix[label].report[check]
     # learned_values fails when the value map is the identity, i.e. when its distance from I is within tolerance.
@@ -179,7 +208,7 @@ def test_causality_uses_finite_changes_so_torch_sdpa_passes_and_nan_is_its_own_c
 
 
 def test_nonnegative_weights_fails_for_a_signed_kernel():
-    report = run_audit("spec:normalizer=linear,feature_map=identity")      # phi(q).phi(k) = q.k can be negative
+    report = run_audit("spec:normalizer=linear,feature_map=identity")  # phi(q).phi(k) = q.k can be negative
     assert report["nonnegative_weights"].passed is False
 
 
@@ -209,11 +238,11 @@ def test_homogeneity_fails_an_exposed_u_squared_contribution_and_passes_u_times_
 # Each function of tests/audit_bank.py with the checks it must fail; every other check must not fail.
 BANK = {
     "loop_over_queries": set(),
-    "u_squared": {"weights_sum_to_one"},                    # A2 is not identifiable apart from A5 on (q, k, v) -> out
+    "u_squared": {"weights_sum_to_one"},  # A2 is not identifiable apart from A5 on (q, k, v) -> out
     "key_order_weights": {"set_symmetry", "bilinear_scores", "bilinear_fit"},
     "tanh_values": {"linearity"},
     "unscaled_softmax": {"scale_entropy"},
-    "query_mixing": {"parallel", "bilinear_fit", "length_scale"},   # its scores depend on the other queries
+    "query_mixing": {"parallel", "bilinear_fit", "length_scale"},  # its scores depend on the other queries
 }
 
 
@@ -242,7 +271,7 @@ def test_mha_adapter_converts_mask_polarity_and_matches_axiomformer():
         w_ours = ours.weights(q, k, causal=causal).double()
         assert torch.allclose(theirs.weights(q, k, causal=causal), w_ours, atol=1e-6)
     w = theirs.weights(q, k, causal=True)
-    assert float(w[..., 0, 1:].detach().abs().max()) == 0.0                   # query 0 sees key 0 only
+    assert float(w[..., 0, 1:].detach().abs().max()) == 0.0  # query 0 sees key 0 only
 
 
 def test_audit_accepts_objects_and_strings():
@@ -286,8 +315,13 @@ def test_audit_cli_json_and_bad_target():
         assert c["passed"] in (True, False, None)
     assert {c["name"] for c in data["checks"] if c["passed"] is False} == set()
     a4 = [c for c in data["checks"] if c["assumption"] == "A4"]
-    assert {c["name"] for c in a4} == {"value_free_relevance", "bilinear_scores", "bilinear_fit", "parallel",
-                                       "head_independence"}
+    assert {c["name"] for c in a4} == {
+        "value_free_relevance",
+        "bilinear_scores",
+        "bilinear_fit",
+        "parallel",
+        "head_independence",
+    }
     assert all(c["passed"] is True for c in a4)
     bad = CliRunner().invoke(app, ["audit", "spec:scor=cosine"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
@@ -302,7 +336,7 @@ def test_tanh_rnn_target_reads_values_in_order():
     rnn = tanh_rnn(8)
     v = torch.randn(1, 5, 8, dtype=torch.float64)
     out = rnn(v, v, v)
-    assert torch.allclose(rnn(v[:, :3], v[:, :3], v[:, :3]), out[:, :3])   # a prefix does not see the future
+    assert torch.allclose(rnn(v[:, :3], v[:, :3], v[:, :3]), out[:, :3])  # a prefix does not see the future
 
 
 def test_audit_cli_on_module_targets_of_the_bank():
@@ -338,8 +372,13 @@ def test_audit_and_derive_are_packages_that_import_no_layer_above_them():
     above = ("axiomformer.surgery", "axiomformer.study", "axiomformer.commands", "axiomformer.cli")
     for path in [*(root / "audit").glob("*.py"), *(root / "derive").glob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             strings = [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) else []
             for name in names + [s for s in strings if s.startswith("axiomformer.")]:
                 assert not name.startswith(above), f"{path.name} imports {name}"

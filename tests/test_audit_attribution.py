@@ -18,14 +18,21 @@ from axiomformer.audit.probe import leading_direction, rank1_residual, tolerance
 from axiomformer.cli import app
 
 NOT_CAUSAL = {"causality", "nan_isolation"}
-NO_WEIGHTS = {"bilinear_scores", "bilinear_fit", "nonnegative_weights", "weights_sum_to_one", "ratio_independence",
-              "scale_entropy", "length_scale"}
+NO_WEIGHTS = {
+    "bilinear_scores",
+    "bilinear_fit",
+    "nonnegative_weights",
+    "weights_sum_to_one",
+    "ratio_independence",
+    "scale_entropy",
+    "length_scale",
+}
 # name -> {failed check: candidates}, predicted by theory (docs/audit.md), non-causal audit.
 EXPECTED = {
     # out_i = g(q_i) * sum_j w_ij v_j: coordinates see different weights; the same map as per-coordinate relevances
     # that factor through the query (A2), so both candidates.
     "query_output_gate": {"scalar_relevance": ["A1", "A2"]},
-    "faint_output_gate": {"scalar_relevance": ["A1", "A2"]},           # strength 1e-6, float64 tolerance 1e-9
+    "faint_output_gate": {"scalar_relevance": ["A1", "A2"]},  # strength 1e-6, float64 tolerance 1e-9
     # rows sum to 1 + tanh(q.w): a normalizer that does not normalize, a query-side scalar rho, or (the contribution
     # map being invisible) a contribution g(u) v after a normalizer.
     "query_scalar_gate": {"weights_sum_to_one": ["A5", "A1", "A2"]},
@@ -37,14 +44,17 @@ EXPECTED = {
     "key_content_bias": {"bilinear_scores": ["A4"], "bilinear_fit": ["A4"]},
     # a temperature set by the query's norm: doubling q rescales each row's scores by one factor, the same map as a
     # score nonlinear in q.
-    "query_norm_temperature": {"bilinear_scores": ["A4", "A5"], "bilinear_fit": ["A4", "A5"],
-                               "scale_entropy": ["A5", "A4"]},
+    "query_norm_temperature": {
+        "bilinear_scores": ["A4", "A5"],
+        "bilinear_fit": ["A4", "A5"],
+        "scale_entropy": ["A5", "A4"],
+    },
     "per_coordinate_temperature": {"scalar_relevance": ["A2"]},
     "key_gated_values": {"scalar_relevance": ["A2", "A3"]},
     "tanh_after_sum": {"token_additivity": ["A1"], "linearity": ["A1"]},
     "silu_after_sum": {"token_additivity": ["A1"], "linearity": ["A1"]},
-    "gated_two_heads": {"scalar_relevance": ["A1", "A2"], "head_independence": ["A4", "A1"]},   # the gate reads q
-    "context_gate": {"scalar_relevance": ["A1", "A2", "A3"]},      # a gate from every key: rho, relevance or values
+    "gated_two_heads": {"scalar_relevance": ["A1", "A2"], "head_independence": ["A4", "A1"]},  # the gate reads q
+    "context_gate": {"scalar_relevance": ["A1", "A2", "A3"]},  # a gate from every key: rho, relevance or values
     "head_scalar_gates": {"weights_sum_to_one": ["A5", "A1", "A2"]},
     "value_norm_score": {"token_additivity": ["A4"], "linearity": ["A4"], "value_free_relevance": ["A4"]},
 }
@@ -66,8 +76,9 @@ def test_wrong_function_fails_where_theory_says_with_its_candidates(name):
     assert _failures(report) == EXPECTED[name], report.to_text()
 
 
-@pytest.mark.parametrize("name", ["query_output_gate", "query_scalar_gate", "value_reading_score", "scalable_softmax",
-                                  "key_content_bias"])
+@pytest.mark.parametrize(
+    "name", ["query_output_gate", "query_scalar_gate", "value_reading_score", "scalable_softmax", "key_content_bias"]
+)
 def test_verdicts_hold_with_a_causal_mask(name):
     report = _audit(bank.WRONG[name], causal=True)
     assert _failures(report) == {**EXPECTED[name], **CAUSAL_EXTRA.get(name, {})}, report.to_text()
@@ -79,8 +90,10 @@ def test_in_class_functions_pass_every_assumption_check(name, causal):
     report = _audit(bank.IN_CLASS[name], causal)
     assert report.passed and not _failures(report), report.to_text()
     # the weights are measured, not n/a, also for a function with its own value map
-    assert all(report[c].passed is True for c in ("scalar_relevance", "weights_sum_to_one", "bilinear_fit",
-                                                   "ratio_independence", "length_scale")), report.to_text()
+    assert all(
+        report[c].passed is True
+        for c in ("scalar_relevance", "weights_sum_to_one", "bilinear_fit", "ratio_independence", "length_scale")
+    ), report.to_text()
 
 
 @pytest.mark.parametrize("causal", [None, True])
@@ -108,8 +121,15 @@ def test_several_candidates_are_explained_in_text_and_markdown():
 
 
 def test_every_candidate_is_explained_where_there_are_several():
-    reports = [_audit(fn) for fn in bank.WRONG.values()] + [run_audit(t) for t in (
-        "spec:normalizer=sigmoid", "spec:position=learned", "spec:score=cosine", "module:audit_bank:u_squared")]
+    reports = [_audit(fn) for fn in bank.WRONG.values()] + [
+        run_audit(t)
+        for t in (
+            "spec:normalizer=sigmoid",
+            "spec:position=learned",
+            "spec:score=cosine",
+            "module:audit_bank:u_squared",
+        )
+    ]
     seen = 0
     for report in reports:
         for c in report.checks:
@@ -150,14 +170,14 @@ def test_mha_keeps_its_projection_biases_and_the_query_bias_fails_a4():
     assert any("b_q.k_j" in n and "per-key content term" in n for n in report.notes)
     assert any("key projection bias" in n for n in report.notes)
     assert "notes" in report.to_dict() and "b_q.k_j" in report.to_text()
-    default = run_audit(nn.MultiheadAttention(16, 2, batch_first=True))   # PyTorch initialises the biases to 0
+    default = run_audit(nn.MultiheadAttention(16, 2, batch_first=True))  # PyTorch initialises the biases to 0
     assert default.passed and not default.notes
 
 
 def test_mha_with_only_a_key_bias_passes_the_key_bias_is_a_row_constant():
     mha = _mha_with_biases()
     with torch.no_grad():
-        mha.in_proj_bias[:16].zero_()                                   # keep b_k and b_v only
+        mha.in_proj_bias[:16].zero_()  # keep b_k and b_v only
     assert run_audit(mha).passed
 
 
@@ -171,20 +191,22 @@ def test_tolerances_follow_the_targets_dtype():
     assert report32.passed and report32["linearity"].tolerance == 1e-4, report32.to_text()
     report64 = run_audit(bank.own_value_map)
     assert report64["linearity"].tolerance == 1e-9
-    assert run_audit("spec:standard")["weights_sum_to_one"].tolerance == 1e-4   # float32 normalizers
-    assert run_audit(bank.faint_output_gate)["scalar_relevance"].statistic < 1e-5   # caught only by a tight tol
-    rounding = run_audit(bank.softmax_in_float32)                 # float64 in and out, a float32 softmax inside
+    assert run_audit("spec:standard")["weights_sum_to_one"].tolerance == 1e-4  # float32 normalizers
+    assert run_audit(bank.faint_output_gate)["scalar_relevance"].statistic < 1e-5  # caught only by a tight tol
+    rounding = run_audit(bank.softmax_in_float32)  # float64 in and out, a float32 softmax inside
     assert rounding["weights_sum_to_one"].tolerance == 1e-4 and rounding.passed
 
 
 def test_rank1_residual_is_exact_for_rank_one_and_positive_otherwise():
     g = torch.Generator().manual_seed(0)
-    u, a = torch.randn(3, 40, 1, generator=g, dtype=torch.float64), torch.randn(3, 1, 12, generator=g,
-                                                                             dtype=torch.float64)
+    u, a = (
+        torch.randn(3, 40, 1, generator=g, dtype=torch.float64),
+        torch.randn(3, 1, 12, generator=g, dtype=torch.float64),
+    )
     assert rank1_residual(u * a) < 1e-14
     noise = 1e-3 * torch.randn(3, 40, 12, generator=g, dtype=torch.float64)
     best = float((torch.linalg.svdvals(u * a + noise)[..., 1:].pow(2).sum() / (u * a + noise).pow(2).sum()).sqrt())
-    assert best <= rank1_residual(u * a + noise) <= 1.5 * best                 # near the SVD's optimum
+    assert best <= rank1_residual(u * a + noise) <= 1.5 * best  # near the SVD's optimum
     direction = leading_direction(u * a)
     assert torch.allclose(direction.abs(), (a / a.norm(dim=-1, keepdim=True)).squeeze(1).abs(), atol=1e-12)
 

@@ -12,15 +12,41 @@ from typer.testing import CliRunner
 from axiomformer import bench
 from axiomformer.cli import app
 
-FIELDS = {"variant": str, "engine": str, "seq_len": int, "causal": bool, "ms": float, "sdpa_ms": float,
-          "ratio_vs_sdpa": float, "peak_mem_mb": float, "sdpa_peak_mem_mb": float}
+FIELDS = {
+    "variant": str,
+    "engine": str,
+    "seq_len": int,
+    "causal": bool,
+    "ms": float,
+    "sdpa_ms": float,
+    "ratio_vs_sdpa": float,
+    "peak_mem_mb": float,
+    "sdpa_peak_mem_mb": float,
+}
 
 
 def test_bench_json_last_line_has_the_documented_rows(tmp_path):
-    result = CliRunner().invoke(app, [
-        "bench", "--lengths", "48,80", "--variants", "standard;normalizer=sigmoid;normalizer=linear", "--json",
-        "--out", str(tmp_path), "--heads", "2", "--head-dim", "8", "--repeats", "1", "--threads", "1",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--lengths",
+            "48,80",
+            "--variants",
+            "standard;normalizer=sigmoid;normalizer=linear",
+            "--json",
+            "--out",
+            str(tmp_path),
+            "--heads",
+            "2",
+            "--head-dim",
+            "8",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output.strip().splitlines()[-1])
     assert set(payload) == {"device", "torch", "rows"} and payload["torch"] == torch.__version__
@@ -34,9 +60,14 @@ def test_bench_json_last_line_has_the_documented_rows(tmp_path):
     engines = {(r["variant"], r["engine"]) for r in rows}
     xt = {("standard", "x-transformers"), ("standard", "x-transformers-flash")}
     assert (xt <= engines) == (importlib.util.find_spec("x_transformers") is not None)
-    assert engines - xt == {("standard", "sdpa"), ("normalizer=sigmoid", "elementwise"), ("normalizer=linear", "linear"),
-                       ("standard", "reference"), ("normalizer=sigmoid", "reference"),
-                       ("normalizer=linear", "reference")}
+    assert engines - xt == {
+        ("standard", "sdpa"),
+        ("normalizer=sigmoid", "elementwise"),
+        ("normalizer=linear", "linear"),
+        ("standard", "reference"),
+        ("normalizer=sigmoid", "reference"),
+        ("normalizer=linear", "reference"),
+    }
     assert {(r["seq_len"], r["causal"]) for r in rows} == {(48, True), (80, True), (48, False), (80, False)}
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert "peak memory:" in (tmp_path / "bench.md").read_text()
@@ -53,19 +84,19 @@ def test_bench_rejects_bad_lengths_and_variants(tmp_path):
 def test_timings_are_interleaved_a_b_a_b():
     calls = []
     bench.interleaved_ms(lambda: calls.append("a"), lambda: calls.append("b"), torch.device("cpu"), repeats=3)
-    assert calls == ["a", "b"] * 4                                   # one warm-up pair, then three timed pairs
+    assert calls == ["a", "b"] * 4  # one warm-up pair, then three timed pairs
 
 
 def test_peak_memory_meter_sees_a_torch_allocation_of_known_size():
     from axiomformer.memory import owning_process_memory
 
-    with owning_process_memory():                                     # as the bench command runs it
+    with owning_process_memory():  # as the bench command runs it
         meter = bench.PeakMemory(torch.device("cpu"), allocator_modes=True)
-    n = 16 * 2**20 // 4                                               # 16 MiB of float32
+    n = 16 * 2**20 // 4  # 16 MiB of float32
 
     def allocate_and_touch():
         x = torch.ones(n)
-        y = x * 2                                                    # two live 16 MiB tensors at the peak
+        y = x * 2  # two live 16 MiB tensors at the peak
         del x, y
 
     peak = meter.measure(allocate_and_touch)

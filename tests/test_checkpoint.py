@@ -22,9 +22,11 @@ def test_a_wrapped_model_saves_the_keys_of_the_model_it_wraps(tmp_path, wrap):
     ids = torch.randint(0, 11, (2, 6))
     with torch.no_grad():
         expected = model(ids)
-    wrapped = {"compile": lambda m: torch.compile(m, backend="eager"),
-               "data_parallel": nn.DataParallel,
-               "compile_of_data_parallel": lambda m: torch.compile(nn.DataParallel(m), backend="eager")}[wrap](model)
+    wrapped = {
+        "compile": lambda m: torch.compile(m, backend="eager"),
+        "data_parallel": nn.DataParallel,
+        "compile_of_data_parallel": lambda m: torch.compile(nn.DataParallel(m), backend="eager"),
+    }[wrap](model)
     assert unwrap_model(wrapped) is model
     save_checkpoint(tmp_path, wrapped)
     loaded, _ = load_checkpoint(tmp_path)

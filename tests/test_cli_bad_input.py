@@ -63,7 +63,7 @@ def test_store_that_is_not_a_results_store_is_left_untouched(command, store, req
     before = _digest(folder)
     result, text = _invoke([*command, folder])
     _assert_one_clear_line(result, text, str(folder / "results.sqlite"), "not an axiomformer results store")
-    assert _digest(folder) == before                   # same files, same bytes, nothing added
+    assert _digest(folder) == before  # same files, same bytes, nothing added
 
 
 def test_study_out_is_a_file(a_file):
@@ -85,11 +85,14 @@ def test_report_missing_folder(tmp_path):
     assert not (tmp_path / "nowhere").exists()
 
 
-@pytest.mark.parametrize("target, fragment", [
-    ("module:os:getcwd", "expected a callable (q, k, v) -> out"),
-    ("module:no_such_module_xyz:fn", "No module named"),
-    ("spec:normalizer=nope", "choose one of"),
-])
+@pytest.mark.parametrize(
+    "target, fragment",
+    [
+        ("module:os:getcwd", "expected a callable (q, k, v) -> out"),
+        ("module:no_such_module_xyz:fn", "No module named"),
+        ("spec:normalizer=nope", "choose one of"),
+    ],
+)
 def test_audit_bad_target(target, fragment):
     result, text = _invoke(["audit", target])
     _assert_one_clear_line(result, text, target if target.startswith("module:os") else "", fragment)
@@ -151,6 +154,7 @@ def test_a_bug_is_not_disguised_as_bad_input(monkeypatch):
 
     def broken(self, *args, **kwargs):
         raise RuntimeError("a bug")
+
     monkeypatch.setattr(AttentionSpec, "describe", broken)
     result, _ = _invoke(["spec", "A4=cosine"])
     assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)

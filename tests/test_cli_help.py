@@ -69,7 +69,7 @@ def test_a_piped_table_is_never_truncated(capsys):
     for column in ("relaxation", "cosine", "retrieval agreement", "untrained new parameters"):
         table.add_column(column)
     table.add_row(long_cell, "0.9", "1.0", "-")
-    output_console().print(table)                              # stdout is captured: not a terminal
+    output_console().print(table)  # stdout is captured: not a terminal
     out = capsys.readouterr().out
     assert long_cell in out and "…" not in out
     assert max(len(line) for line in out.splitlines()) < 400  # as wide as the table needs, no wider

@@ -80,7 +80,7 @@ def test_every_choice_traces_without_a_graph_break(axis, name, padded):
 def test_every_choice_compiles_at_most_two_graphs_over_twelve_lengths(axis, name):
     graphs, worst = graphs_over_lengths(_layer(axis, name))
     assert graphs <= MAX_GRAPHS, f"{graphs} graphs for {len(LENGTHS)} lengths"
-    assert worst <= 1e-5, worst                          # the compiled routes compute what the eager ones do
+    assert worst <= 1e-5, worst  # the compiled routes compute what the eager ones do
 
 
 # ---------------------------------------------------------------------------------------------- the checks can fail
@@ -91,7 +91,7 @@ def test_the_recompile_check_sees_a_python_loop_over_the_length(monkeypatch):
     real = router.zero_rows_without_keys
 
     def looping(out, problem):
-        parts = [out[..., start:start + 4, :] for start in range(0, out.shape[-2], 4)]
+        parts = [out[..., start : start + 4, :] for start in range(0, out.shape[-2], 4)]
         return real(torch.cat(parts, dim=-2), problem)
 
     monkeypatch.setattr(router, "zero_rows_without_keys", looping)

@@ -27,10 +27,20 @@ error is only the rounding of inputs and outputs (0.0056 on the standard spec, C
 weights to bf16 before multiplying the values (sdpa: 0.020-0.025 there, about 5 unit roundoffs), hence 0.02."""
 
 DIM, HEADS, BATCH, Q_LEN, K_LEN = 32, 2, 2, 37, 70
-ENGINE_CASES = [("sdpa", "standard"), ("sdpa", "A4=cosine"), ("sdpa", "position=rope"), ("linear", "A5=linear"),
-                ("chunked", "A5=sigmoid"), ("chunked", "A5=sparsemax"), ("chunked", "A4=additive"),
-                ("elementwise", "A5=sigmoid"), ("elementwise", "A5=relu"), ("sparse", "A5=sparsemax"),
-                ("sparse", "A5=entmax15"), ("flex", "position=alibi")]
+ENGINE_CASES = [
+    ("sdpa", "standard"),
+    ("sdpa", "A4=cosine"),
+    ("sdpa", "position=rope"),
+    ("linear", "A5=linear"),
+    ("chunked", "A5=sigmoid"),
+    ("chunked", "A5=sparsemax"),
+    ("chunked", "A4=additive"),
+    ("elementwise", "A5=sigmoid"),
+    ("elementwise", "A5=relu"),
+    ("sparse", "A5=sparsemax"),
+    ("sparse", "A5=entmax15"),
+    ("flex", "position=alibi"),
+]
 """(engine, spec) pairs: each engine on specs it runs exactly."""
 UNMASKED = ("elementwise", "sparse")
 """Engines whose closed forms take at most a causal mask, in float32/64: run without the key padding mask."""
@@ -46,7 +56,7 @@ def _inputs(device: str, dtype: torch.dtype):
 
 
 def _run(spec: AttentionSpec, engine: str, device: str, dtype: torch.dtype, padded: bool = True):
-    torch.manual_seed(3)                                       # identical parameters for every engine
+    torch.manual_seed(3)  # identical parameters for every engine
     att = Attention(spec, engine=engine).to(device, dtype).eval()
     x, kv, keep = _inputs(device, dtype)
     x.requires_grad_()
@@ -73,7 +83,7 @@ def test_engine_matches_the_float32_reference(engine, relax, device, dtype, monk
         pytest.skip("the flex engine runs on CUDA only (no FlexAttention backward on CPU)")
     if engine in UNMASKED and dtype != "fp32":
         pytest.skip(f"the {engine} engine runs float32/64 only (half types go to the chunked engine)")
-    monkeypatch.setitem(ENGINES, "flex", FlexEngine())        # a fresh engine: no compile failure remembered
+    monkeypatch.setitem(ENGINES, "flex", FlexEngine())  # a fresh engine: no compile failure remembered
     spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax(relax)
     padded = engine not in UNMASKED
     actual, ran = _run(spec, engine, device, DTYPES[dtype], padded)
@@ -96,7 +106,7 @@ def test_compiled_flex_engine_runs_alibi_on_cuda(monkeypatch):
     monkeypatch.setitem(ENGINES, "flex", engine)
     monkeypatch.delenv("AXIOMFORMER_ENGINE", raising=False)
     spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax("position=alibi")
-    actual, ran = _run(spec, "auto", "cuda", torch.float32)   # automatic routing picks flex on CUDA
+    actual, ran = _run(spec, "auto", "cuda", torch.float32)  # automatic routing picks flex on CUDA
     expected, _ = _run(spec, "reference", "cuda", torch.float32)
     assert ran == "flex"
     assert engine.failed == {} and engine._kernel() is not None  # compiled, not fallen back
@@ -116,8 +126,9 @@ def test_relative_errors_catch_a_wrong_engine():
 def test_trainer_on_device_starts_from_the_cpu_loss(device):
     from axiomformer.train import TrainConfig, train
 
-    config = dict(task="needle", seq_len=16, steps=4, dim=32, layers=1, batch_size=8, eval_batches=1,
-                  target_accuracy=None)
+    config = dict(
+        task="needle", seq_len=16, steps=4, dim=32, layers=1, batch_size=8, eval_batches=1, target_accuracy=None
+    )
     on_device = train(TrainConfig(**config, device=device), progress=False)
     on_cpu = train(TrainConfig(**config, device="cpu"), progress=False)
     assert len(on_device.losses) == 4 and all(map(torch.isfinite, torch.tensor(on_device.losses)))

@@ -29,8 +29,17 @@ from axiomformer.derive import (
 from axiomformer.derive import properties as prop
 
 STEP_IDS = ["A0", "A1", "A2", "A3", "A4", "A5"]
-STEP_FIELDS = {"id", "assumption", "property", "violation_before", "error_after", "tolerance", "passed", "vacuous",
-               "label"}
+STEP_FIELDS = {
+    "id",
+    "assumption",
+    "property",
+    "violation_before",
+    "error_after",
+    "tolerance",
+    "passed",
+    "vacuous",
+    "label",
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +54,7 @@ def _x(d=8, seed=0):
 def test_every_step_is_non_vacuous_and_passes_and_the_last_matches_sdpa(chain):
     assert [s.id for s in chain.steps] == STEP_IDS
     for s in chain.steps:
-        assert s.violation_before > 1e-2 and not s.vacuous, s.id            # the module before clearly violates
+        assert s.violation_before > 1e-2 and not s.vacuous, s.id  # the module before clearly violates
         assert s.error_after <= s.tolerance and s.passed, s.id
     assert chain.final_vs_sdpa_max_abs_err <= SDPA_TOL
     assert chain.passed and chain.first_failed_step is None
@@ -53,7 +62,13 @@ def test_every_step_is_non_vacuous_and_passes_and_the_last_matches_sdpa(chain):
 
 def test_labels_follow_the_source(chain):
     assert {s.id: s.spec.label for s in chain.steps} == {
-        "A0": "forced", "A1": "choice", "A2": "forced", "A3": "forced", "A4": "choice", "A5": "choice"}
+        "A0": "forced",
+        "A1": "choice",
+        "A2": "forced",
+        "A3": "forced",
+        "A4": "choice",
+        "A5": "choice",
+    }
 
 
 @pytest.mark.parametrize("step", STEP_IDS)
@@ -72,7 +87,7 @@ def _a0_module(**replace) -> GeneralForm:
 
 
 def test_a_linear_rho_makes_a1_vacuous_not_passed():
-    linear = nn.Linear(8, 8, bias=False).double()                   # rho(z) = z + W z is linear: already additive
+    linear = nn.Linear(8, 8, bias=False).double()  # rho(z) = z + W z is linear: already additive
     chain = run_chain(_a0_module(p=linear), _x())
     a1 = chain.steps[1]
     assert a1.vacuous and not a1.passed and a1.violation_before < 1e-12
@@ -81,16 +96,16 @@ def test_a_linear_rho_makes_a1_vacuous_not_passed():
 
 
 def test_an_already_proportional_contribution_makes_a2_vacuous_not_passed():
-    chain = run_chain(_a0_module(g=None), _x())                    # phi = u v(x) from the start
+    chain = run_chain(_a0_module(g=None), _x())  # phi = u v(x) from the start
     a2 = chain.steps[2]
     assert a2.vacuous and not a2.passed and chain.first_failed_step == "A2"
 
 
 def test_homogeneity_tells_u_times_v_from_u_squared_weighting():
     x = _x()
-    module = GeneralForm.general(8).without("p").without("g")              # as at the A2 step: rho = identity
+    module = GeneralForm.general(8).without("p").without("g")  # as at the A2 step: rho = identity
     assert prop.homogeneity(module, x, 0) < 1e-12
-    module.plant = "A2"                                            # phi = u |u| v(x)
+    module.plant = "A2"  # phi = u |u| v(x)
     assert prop.homogeneity(module, x, 0) > 0.5
 
 
@@ -107,14 +122,14 @@ def test_bilinear_fit_recovers_m_and_reports_a_reparametrization_of_dot():
     x = _x()
     module = GeneralForm.general(8).without("order").without("m")
     residual, rank, from_dot = prop.bilinear_fit(module, x, 0)
-    expected_m = module.w_q.weight.T @ module.w_k.weight             # s = x_i^T W_q^T W_k x_j
+    expected_m = module.w_q.weight.T @ module.w_k.weight  # s = x_i^T W_q^T W_k x_j
     assert residual < 1e-12 and rank == 8 and from_dot > 0.1
     with torch.no_grad():
         module.w_q.weight.copy_(torch.eye(8))
         module.w_k.weight.copy_(2 * torch.eye(8))
-    assert prop.bilinear_fit(module, x, 0)[2] < 1e-12                 # 2 x_i . x_j: a dot product up to scale
+    assert prop.bilinear_fit(module, x, 0)[2] < 1e-12  # 2 x_i . x_j: a dot product up to scale
     assert not torch.allclose(expected_m, 2 * torch.eye(8, dtype=torch.float64))
-    module.plant = "A4"                                             # cosine: not bilinear
+    module.plant = "A4"  # cosine: not bilinear
     assert prop.bilinear_fit(module, x, 0)[0] > 0.05
 
 
@@ -123,7 +138,7 @@ def test_entropy_spread_is_zero_with_the_scale_and_large_without():
     assert prop.entropy_spread(module, 0) < 1e-9
     module.plant = "A5"
     assert prop.entropy_spread(module.with_softmax(), 0) > 0.1
-    assert prop.entropy_spread(GeneralForm.general(8), 0) is None   # raw scores are no distribution
+    assert prop.entropy_spread(GeneralForm.general(8), 0) is None  # raw scores are no distribution
 
 
 def test_softmax_endpoint_of_the_relevance_family_is_torch_softmax():
@@ -136,7 +151,7 @@ def test_softmax_endpoint_of_the_relevance_family_is_torch_softmax():
 def test_var_qk_grows_like_d_and_the_scale_keeps_entropy():
     sa = scale_argument(samples=4096)
     for d, var in zip(sa["dims"], sa["var_qk"]):
-        assert abs(var / d - 1) < 0.1                               # Var(q.k) = d for unit-variance entries
+        assert abs(var / d - 1) < 0.1  # Var(q.k) = d for unit-variance entries
     assert max(sa["entropy_scaled"]) - min(sa["entropy_scaled"]) < 0.1
     unscaled = sa["entropy_unscaled"]
     assert unscaled[0] > unscaled[1] > unscaled[2] and unscaled[2] < 0.5 * sa["entropy_scaled"][2]
@@ -146,8 +161,17 @@ def test_derive_json_is_one_object_with_the_named_fields():
     result = CliRunner().invoke(app, ["derive", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output.strip().splitlines()[-1])
-    assert set(data) == {"passed", "first_failed_step", "unlocalized", "reason", "final_vs_sdpa_rel_err",
-                         "final_tolerance", "final_vs_sdpa_max_abs_err", "scale_argument", "steps"}
+    assert set(data) == {
+        "passed",
+        "first_failed_step",
+        "unlocalized",
+        "reason",
+        "final_vs_sdpa_rel_err",
+        "final_tolerance",
+        "final_vs_sdpa_max_abs_err",
+        "scale_argument",
+        "steps",
+    }
     assert data["passed"] is True and data["first_failed_step"] is None and data["unlocalized"] is False
     assert [s["id"] for s in data["steps"]] == STEP_IDS
     for s in data["steps"]:
@@ -195,7 +219,7 @@ class NonlinearAfterAggregate(GeneralForm):
 
     def forward(self, x, context=None, causal=False, relevance=None):
         y = super().forward(x, context, causal, relevance)
-        return y + STRENGTH * y ** 3
+        return y + STRENGTH * y**3
 
 
 class LateOrderBias(GeneralForm):
@@ -224,19 +248,20 @@ def _general(cls, d=8, seed=0):
     return cls(base.d, base.w_q, base.w_k, base.w_v, base.r, base.order, base.m, base.n, base.g, base.p)
 
 
-@pytest.mark.parametrize("cls,step", [(NonlinearPhiOutsideValue, "A3"), (NonlinearAfterAggregate, "A1"),
-                                      (LateOrderBias, "A0")])
+@pytest.mark.parametrize(
+    "cls,step", [(NonlinearPhiOutsideValue, "A3"), (NonlinearAfterAggregate, "A1"), (LateOrderBias, "A0")]
+)
 def test_a_departure_in_the_composition_fails_first_at_its_step_at_strength_1e_6(cls, step):
     chain = run_chain(_general(cls), _x())
     assert chain.first_failed_step == step and not chain.passed and not chain.unlocalized, to_text(chain)
     failed = next(s for s in chain.steps if s.id == step)
-    assert failed.error_after > failed.tolerance and failed.error_after < 1e-3          # a faint departure
+    assert failed.error_after > failed.tolerance and failed.error_after < 1e-3  # a faint departure
 
 
 def test_an_order_dependence_beyond_the_tokens_of_x_is_seen_by_a0_not_a4():
-    x = _x()                                                          # 6 tokens
+    x = _x()  # 6 tokens
     module = _general(LateOrderBias).without("order")
-    assert prop.set_symmetry(module, x, 0) > 1e-8                     # the A0 probe is 3 d = 24 tokens long
+    assert prop.set_symmetry(module, x, 0) > 1e-8  # the A0 probe is 3 d = 24 tokens long
     assert prop.fit_length(module) <= max(x.shape[1], 3 * module.d)
 
 
@@ -271,7 +296,7 @@ def test_a_method_patched_onto_the_general_module_follows_it_down_the_chain():
 
     def forward(self, x, context=None, causal=False, relevance=None):
         y = base_forward(self, x, context, causal, relevance)
-        return y + STRENGTH * y ** 3
+        return y + STRENGTH * y**3
 
     general.forward = types.MethodType(forward, general)
     chain = run_chain(general, _x())

@@ -29,13 +29,17 @@ def test_every_choice_has_a_row_with_how_it_relaxes_and_its_source():
 
 
 def test_a_new_choice_makes_the_readme_stale_and_missing_markers_are_refused():
-    SCALES.register(Choice("planted", "scale = 3", "a planted choice", lambda module, n: 3.0,
-                           relaxes="A5's temperature: planted"), origin="planted-package")
+    SCALES.register(
+        Choice("planted", "scale = 3", "a planted choice", lambda module, n: 3.0, relaxes="A5's temperature: planted"),
+        origin="planted-package",
+    )
     try:
         text = README.read_text(encoding="utf-8")
         assert replace_table(text) != text
-        assert "| `scale` | `planted` | scale = 3 | A5's temperature: planted | a planted choice (package " \
-               "planted-package) |" in design_space_table()
+        assert (
+            "| `scale` | `planted` | scale = 3 | A5's temperature: planted | a planted choice (package "
+            "planted-package) |" in design_space_table()
+        )
     finally:
         SCALES.unregister("planted")
     with pytest.raises(ValueError, match="markers"):

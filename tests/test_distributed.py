@@ -16,13 +16,26 @@ from axiomformer.train import TrainConfig, evaluate, masked_loss, train
 
 TESTS = Path(__file__).parent
 SRC = TESTS.parent / "src"
-CONFIG = dict(task="needle", seq_len=16, steps=8, dim=32, layers=1, batch_size=8, eval_every=4, eval_batches=3,
-              target_accuracy=None, device="cpu")
+CONFIG = dict(
+    task="needle",
+    seq_len=16,
+    steps=8,
+    dim=32,
+    layers=1,
+    batch_size=8,
+    eval_every=4,
+    eval_batches=3,
+    target_accuracy=None,
+    device="cpu",
+)
 
 
 def _torchrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-        [str(SRC), str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -80,35 +93,51 @@ def test_two_processes_match_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_command_line_prints_once_and_matches(tmp_path):
-    args = ["--task", "needle", "--seq-len", "16", "--steps", "6", "--dim", "32", "--layers", "1",
-            "--batch-size", "8", "--device", "cpu", "--json"]
+    args = [
+        "--task",
+        "needle",
+        "--seq-len",
+        "16",
+        "--steps",
+        "6",
+        "--dim",
+        "32",
+        "--layers",
+        "1",
+        "--batch-size",
+        "8",
+        "--device",
+        "cpu",
+        "--json",
+    ]
     done = _torchrun("-m", "axiomformer", "train", *args, "--checkpoint", str(tmp_path / "ckpt"))
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1  # rank 0 alone prints
     two = json.loads(lines[0])
-    one = train(TrainConfig(task="needle", seq_len=16, steps=6, dim=32, layers=1, batch_size=8, device="cpu"),
-                progress=False)
+    one = train(
+        TrainConfig(task="needle", seq_len=16, steps=6, dim=32, layers=1, batch_size=8, device="cpu"), progress=False
+    )
     assert two["loss"] == pytest.approx(one.loss, rel=1e-4)
     assert load_checkpoint(tmp_path / "ckpt")[1]["result"]["steps"] == 6
 
 
 def test_each_rank_draws_its_own_stream_and_the_same_seed_draws_it_again():
     def draws(rank: int) -> torch.Tensor:
-        torch.manual_seed(5)                       # what train() does on every rank before building the model
+        torch.manual_seed(5)  # what train() does on every rank before building the model
         DataParallel(rank, 2, torch.device("cpu")).seed_random_draws(5)
         return torch.rand(64)
 
     rank0, rank1 = draws(0), draws(1)
     assert not torch.equal(rank0, rank1)
-    assert torch.equal(rank0, draws(0)) and torch.equal(rank1, draws(1))            # reproducible per rank
+    assert torch.equal(rank0, draws(0)) and torch.equal(rank1, draws(1))  # reproducible per rank
     torch.manual_seed(5)
-    assert torch.equal(rank0, torch.rand(64))                  # rank 0 keeps the single-process stream
+    assert torch.equal(rank0, torch.rand(64))  # rank 0 keeps the single-process stream
 
 
 @pytest.mark.slow
 def test_under_torchrun_the_ranks_draw_different_dropout_masks(tmp_path, monkeypatch):
     config = dict(CONFIG, steps=1, dim=16, batch_size=4, eval_every=1, eval_batches=1, spec="dropout=0.5")
-    monkeypatch.setenv("AXIOMFORMER_ENGINE", "reference")                  # F.dropout draws the mask
+    monkeypatch.setenv("AXIOMFORMER_ENGINE", "reference")  # F.dropout draws the mask
     _torchrun(str(TESTS / "ddp_mask_worker.py"), str(tmp_path), json.dumps(config))
     m0, m1 = (json.loads((tmp_path / f"mask{r}.json").read_text()) for r in range(2))
     assert m0 is not None and m1 is not None and len(m0) == len(m1)

@@ -36,17 +36,21 @@ def test_doctest_lines_become_fenced_code():
     fences = _load("griffe_doctest_fences")
     text = "Intro.\n\n>>> f(1)\n['a']\n\nAfter.\n```python\n>>> kept\n```"
     assert fences.fence_examples(text) == (
-        "Intro.\n\n```python\n>>> f(1)\n['a']\n```\n\nAfter.\n```python\n>>> kept\n```")
+        "Intro.\n\n```python\n>>> f(1)\n['a']\n```\n\nAfter.\n```python\n>>> kept\n```"
+    )
 
 
 def test_rst_simple_tables_become_markdown_tables_with_continuation_rows():
     pytest.importorskip("griffe")
     fences = _load("griffe_doctest_fences")
-    text = ("Intro.\n\n=====  ==========\nfield  meaning\n=====  ==========\nscore  the score, s_ij = q.k\n"
-            "       over the keys\nvalue  v(x) = W_v x\n=====  ==========\n\nAfter.")
+    text = (
+        "Intro.\n\n=====  ==========\nfield  meaning\n=====  ==========\nscore  the score, s_ij = q.k\n"
+        "       over the keys\nvalue  v(x) = W_v x\n=====  ==========\n\nAfter."
+    )
     assert fences.rst_tables(text) == (
         "Intro.\n\n| field | meaning |\n|---|---|\n| score | the score, s_ij = q.k over the keys |\n"
-        "| value | v(x) = W_v x |\n\nAfter.")
+        "| value | v(x) = W_v x |\n\nAfter."
+    )
 
 
 def test_every_rst_table_in_a_public_docstring_is_converted():
@@ -61,11 +65,11 @@ def test_every_rst_table_in_a_public_docstring_is_converted():
     left = []
     for info in pkgutil.walk_packages(axiomformer.__path__, "axiomformer."):
         if info.name.endswith("__main__"):
-            continue                               # runs the command line on import
+            continue  # runs the command line on import
         try:
             module = importlib.import_module(info.name)
         except ImportError:
-            continue                               # an optional extra (transformers, ray) is absent
+            continue  # an optional extra (transformers, ray) is absent
         converted = fences.rst_tables(module.__doc__ or "")
         if any(fences.BORDER.match(line) for line in converted.splitlines()):
             left.append(info.name)
@@ -78,8 +82,10 @@ def test_math_becomes_mathml_and_a_bad_formula_names_itself():
     from mkdocs.exceptions import PluginError
 
     hooks = _load("docs_hooks")
-    page = ('<p>Inline <span class="arithmatex">\\(a^2\\)</span> and</p>'
-            '<div class="arithmatex">\\[ \\frac{q^\\top k}{\\sqrt{d}} \\]</div>')
+    page = (
+        '<p>Inline <span class="arithmatex">\\(a^2\\)</span> and</p>'
+        '<div class="arithmatex">\\[ \\frac{q^\\top k}{\\sqrt{d}} \\]</div>'
+    )
     out = hooks.typeset(page)
     assert 'class="arithmatex"' not in out and out.count("<math") == 2 and "<mfrac>" in out and "<msqrt>" in out
     assert 'display="block"' in out and 'display="inline"' in out
@@ -91,8 +97,10 @@ def test_math_becomes_mathml_and_a_bad_formula_names_itself():
 
 def test_results_tables_keep_every_scalar_field_and_align_text_left():
     results = _load("docs_results")
-    records = [{"model": "standard", "mean": 0.75, "ci_low": None, "seeds": [0, 1]},
-               {"model": "A4=cosine", "mean": 0.9, "verdict": "free"}]
+    records = [
+        {"model": "standard", "mean": 0.75, "ci_low": None, "seeds": [0, 1]},
+        {"model": "A4=cosine", "mean": 0.9, "verdict": "free"},
+    ]
     lines = results.table(records).splitlines()
     assert lines[0] == "| model | mean | ci_low | verdict |"
     assert lines[1] == "|:---|---:|---:|:---|"

@@ -19,8 +19,9 @@ from test_report_browser import CHROMIUM, DRIVER, REQUIRED, browser  # noqa: F40
 ROOT = Path(__file__).resolve().parent.parent
 MATH_PAGES = ("SOURCES.md", "derive.md")
 
-pytestmark = pytest.mark.skipif(not REQUIRED and (CHROMIUM is None or DRIVER is None),
-                                reason="headless Chromium or chromedriver absent")
+pytestmark = pytest.mark.skipif(
+    not REQUIRED and (CHROMIUM is None or DRIVER is None), reason="headless Chromium or chromedriver absent"
+)
 
 INSPECT_MATH = """
 const maths = Array.from(document.querySelectorAll('math'));
@@ -49,9 +50,14 @@ def build_math_pages(out: Path) -> Path:
         shutil.copy(ROOT / "docs" / name, docs / name)
     raw = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     config = {key: raw[key] for key in ("site_name", "theme", "markdown_extensions", "use_directory_urls")}
-    config.update(docs_dir=str(docs), site_dir=str(out / "site"), nav=list(MATH_PAGES), plugins=[],
-                  hooks=[str(ROOT / "tools" / "docs_hooks.py")],
-                  validation={"links": {"not_found": "ignore", "unrecognized_links": "ignore"}})
+    config.update(
+        docs_dir=str(docs),
+        site_dir=str(out / "site"),
+        nav=list(MATH_PAGES),
+        plugins=[],
+        hooks=[str(ROOT / "tools" / "docs_hooks.py")],
+        validation={"links": {"not_found": "ignore", "unrecognized_links": "ignore"}},
+    )
     (out / "mkdocs.yml").write_text(yaml.safe_dump(config))
     build(load_config(str(out / "mkdocs.yml")))
     return out / "site"
@@ -70,7 +76,7 @@ def inspect_math(driver, page: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_docs_math_is_typeset_offline_in_chromium(browser, tmp_path):  # noqa: F811 - pytest fixture
+def test_docs_math_is_typeset_offline_in_chromium(browser, tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("latex2mathml")
     site = build_math_pages(tmp_path)
@@ -83,9 +89,15 @@ def test_docs_math_is_typeset_offline_in_chromium(browser, tmp_path):  # noqa: F
     # The same inspection catches LaTeX left raw, and a formula that is not laid out as mathematics.
     page = site / "SOURCES.html"
     planted = page.with_name("planted.html")
-    planted.write_text(page.read_text().replace("</article>", (
-        "<p>$$ y = \\frac{a}{b} $$</p><math><mfrac><mrow style='display:block'><mi>a</mi></mrow>"
-        "<mrow style='position:relative; top:-3em'><mi>b</mi></mrow></mfrac></math></article>")))
+    planted.write_text(
+        page.read_text().replace(
+            "</article>",
+            (
+                "<p>$$ y = \\frac{a}{b} $$</p><math><mfrac><mrow style='display:block'><mi>a</mi></mrow>"
+                "<mrow style='position:relative; top:-3em'><mi>b</mi></mrow></mfrac></math></article>"
+            ),
+        )
+    )
     caught = inspect_math(browser, planted)
     assert "$$" in caught["raw_latex"] and "\\frac" in caught["raw_latex"]
     assert caught["flat_fractions"], caught["fractions"]

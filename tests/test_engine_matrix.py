@@ -47,7 +47,7 @@ def case_spec(axis: str, name: str, scenario: str) -> AttentionSpec | None:
         return None
     causal = scenario in ("causal", "alibi", "window", "kv_decode")
     if not causal and required_fields(axis, name):
-        return None                                   # defined only under a causal mask
+        return None  # defined only under a causal mask
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal)
     spec = spec.relax({axis: name})
     if axis == "topk":
@@ -86,8 +86,8 @@ def run_case(spec: AttentionSpec, scenario: str, engine: str, device: str = "cpu
     try:
         if scenario == "kv_decode":
             cache = KVCache()
-            att(kv[:, :-1], cache=cache)                                  # prefill 8 tokens
-            out = att(kv[:, -1:], cache=cache)                            # decode the 9th
+            att(kv[:, :-1], cache=cache)  # prefill 8 tokens
+            out = att(kv[:, -1:], cache=cache)  # decode the 9th
         else:
             out = att(x, kv, **kwargs)
     except ValueError as err:
@@ -139,17 +139,25 @@ def test_the_matrix_on_cuda():
     # The router's kind holds the device: CUDA problems get their own decisions (flex among them), checked alike.
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    failures = {(axis, name, scenario): got for axis, name in CHOICES for scenario in SCENARIOS
-                if (got := cell_failures(axis, name, scenario, device="cuda"))}
+    failures = {
+        (axis, name, scenario): got
+        for axis, name in CHOICES
+        for scenario in SCENARIOS
+        if (got := cell_failures(axis, name, scenario, device="cuda"))
+    }
     assert failures == {}
 
 
 def test_the_matrix_runs_every_fast_engine_somewhere():
     # Guards against a matrix that checks nothing: each CPU engine is accepted by some cell.
     ran = set()
-    for axis, name, scenario in (("score", "dot", "causal"), ("normalizer", "linear", "causal"),
-                                 ("normalizer", "sigmoid", "causal"), ("normalizer", "sparsemax", "none"),
-                                 ("score", "additive", "causal")):
+    for axis, name, scenario in (
+        ("score", "dot", "causal"),
+        ("normalizer", "linear", "causal"),
+        ("normalizer", "sigmoid", "causal"),
+        ("normalizer", "sparsemax", "none"),
+        ("score", "additive", "causal"),
+    ):
         for engine in ENGINE_ORDER:
             if run_case(case_spec(axis, name, scenario), scenario, engine) is not None:
                 ran.add(engine)
@@ -171,8 +179,9 @@ class _ForgetsTheBias(SDPAEngine):
 def test_a_planted_wrong_fast_path_is_caught_in_exactly_the_cells_it_gets_wrong():
     register_engine(_ForgetsTheBias(), before="sdpa")
     try:
-        caught = {scenario: cell_failures("score", "cosine", scenario, engines=["forgets_bias"])
-                  for scenario in SCENARIOS}
+        caught = {
+            scenario: cell_failures("score", "cosine", scenario, engines=["forgets_bias"]) for scenario in SCENARIOS
+        }
     finally:
         unregister_engine("forgets_bias")
     wrong = {scenario for scenario, failures in caught.items() if failures}
@@ -186,8 +195,9 @@ def test_a_planted_wrong_closed_form_backward_is_caught_on_the_rowwise_engine(mo
     choice = NORMALIZERS["softpick"]
     right = choice.extra["vjp"]
     monkeypatch.setitem(choice.extra, "vjp", lambda z, u, g, delta, **o: right(z, u, g, 0 * delta, **o))
-    caught = {scenario: cell_failures("normalizer", "softpick", scenario, engines=["rowwise"])
-              for scenario in SCENARIOS}
+    caught = {
+        scenario: cell_failures("normalizer", "softpick", scenario, engines=["rowwise"]) for scenario in SCENARIOS
+    }
     wrong = {scenario for scenario, failures in caught.items() if failures}
-    assert wrong == {"none", "causal", "kv_decode"}, caught    # the cells rowwise accepts (at most a causal mask)
+    assert wrong == {"none", "causal", "kv_decode"}, caught  # the cells rowwise accepts (at most a causal mask)
     assert all(all(f.startswith("grad") for f in failures["rowwise"]) for failures in caught.values() if failures)

@@ -10,17 +10,15 @@ import torch
 
 from axiomformer import Attention, AttentionSpec
 from axiomformer.engines import ENGINES, AttentionProblem, problem_kind
-from axiomformer.engines.reference import ReferenceEngine
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.flex import FlexEngine
 from axiomformer.engines.linear import LinearEngine
+from axiomformer.engines.reference import ReferenceEngine
 from axiomformer.engines.sdpa import alibi_column_ok
 
 DIM, HEADS, BATCH = 16, 2, 2
-Q_LEN, K_LEN = 37, 70            # not multiples of the chunk size 16
+Q_LEN, K_LEN = 37, 70  # not multiples of the chunk size 16
 MASKS = ("none", "key_padding", "bool", "float")
-
-
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +41,7 @@ def _inputs(q_len: int, k_len: int, masks: str, causal: bool):
         kwargs["key_padding_mask"] = keep
     elif masks == "bool":
         allowed = torch.rand(q_len, k_len, generator=g) > 0.3
-        allowed[3] = False                                            # a query with no visible key
+        allowed[3] = False  # a query with no visible key
         kwargs["attn_mask"] = allowed
     elif masks == "float":
         kwargs["attn_mask"] = torch.randn(BATCH, 1, q_len, k_len, generator=g)
@@ -51,7 +49,7 @@ def _inputs(q_len: int, k_len: int, masks: str, causal: bool):
 
 
 def _run(spec, engine: str, x, kv, **kwargs):
-    torch.manual_seed(3)                                              # identical parameters for every engine
+    torch.manual_seed(3)  # identical parameters for every engine
     att = Attention(spec, engine=engine).eval()
     x = x.clone().requires_grad_()
     kv = kv.clone().requires_grad_()
@@ -84,8 +82,18 @@ def _check_against_reference(engine: str, relax: str, causal: bool, masks: str, 
     _assert_close(fast, _run(spec, "reference", x, kv, **kwargs))
 
 
-SDPA_SPECS = ("standard", "A4=cosine", "A4=cosine,scale=learned", "A4=neg_l2", "A4=neg_l2,scale=learned",
-              "A4=bilinear", "position=rope", "position=alibi", "position=alibi,A4=neg_l2", "A1=mlp,A3=mlp")
+SDPA_SPECS = (
+    "standard",
+    "A4=cosine",
+    "A4=cosine,scale=learned",
+    "A4=neg_l2",
+    "A4=neg_l2,scale=learned",
+    "A4=bilinear",
+    "position=rope",
+    "position=alibi",
+    "position=alibi,A4=neg_l2",
+    "A1=mlp,A3=mlp",
+)
 
 
 @pytest.mark.parametrize("relax", SDPA_SPECS)
@@ -96,9 +104,21 @@ def test_sdpa_engine_matches_reference_forward_and_backward(relax, causal, k_len
         _check_against_reference("sdpa", relax, causal, masks, k_len)
 
 
-CHUNKED_SPECS = ("A5=sigmoid", "A5=relu", "A5=sparsemax", "A5=entmax15", "A5=linear", "A4=additive",
-                 "A4=mlp,A5=sigmoid", "A2=joint", "A2=joint,A5=relu", "A4=neg_l2,A5=sigmoid",
-                 "position=alibi,A5=entmax15", "A4=cosine,A5=relu,scale=learned", "standard")
+CHUNKED_SPECS = (
+    "A5=sigmoid",
+    "A5=relu",
+    "A5=sparsemax",
+    "A5=entmax15",
+    "A5=linear",
+    "A4=additive",
+    "A4=mlp,A5=sigmoid",
+    "A2=joint",
+    "A2=joint,A5=relu",
+    "A4=neg_l2,A5=sigmoid",
+    "position=alibi,A5=entmax15",
+    "A4=cosine,A5=relu,scale=learned",
+    "standard",
+)
 
 
 @pytest.mark.parametrize("relax", CHUNKED_SPECS)
@@ -112,7 +132,7 @@ def test_chunked_engine_matches_reference_forward_and_backward(relax, causal):
 @pytest.mark.parametrize("relax", ["A5=linear", "A5=linear,feature_map=relu", "A5=linear,position=rope"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_linear_engine_matches_reference_forward_and_backward(relax, causal):
-    for k_len in (Q_LEN, K_LEN):                                      # k_len > q_len: a KV-cache-like past
+    for k_len in (Q_LEN, K_LEN):  # k_len > q_len: a KV-cache-like past
         for masks in ("none", "key_padding"):
             _check_against_reference("linear", relax, causal, masks, k_len)
 
@@ -124,12 +144,23 @@ def test_linear_engine_declines_masks_that_depend_on_the_query():
         assert _run(spec, "auto", x, kv, **kwargs)[2] == expected
 
 
-@pytest.mark.parametrize("relax, causal, expected", [
-    ("standard", False, "sdpa"), ("A4=cosine", True, "sdpa"), ("A4=neg_l2", False, "sdpa"),
-    ("position=rope", True, "sdpa"), ("position=alibi", True, "sdpa"), ("A5=sigmoid", True, "elementwise"),
-    ("A5=relu", False, "elementwise"), ("A5=sparsemax", True, "sparse"), ("A5=entmax15", False, "sparse"),
-    ("A2=joint", True, "chunked"), ("A4=mlp", False, "chunked"), ("A5=linear", True, "linear"),
-])
+@pytest.mark.parametrize(
+    "relax, causal, expected",
+    [
+        ("standard", False, "sdpa"),
+        ("A4=cosine", True, "sdpa"),
+        ("A4=neg_l2", False, "sdpa"),
+        ("position=rope", True, "sdpa"),
+        ("position=alibi", True, "sdpa"),
+        ("A5=sigmoid", True, "elementwise"),
+        ("A5=relu", False, "elementwise"),
+        ("A5=sparsemax", True, "sparse"),
+        ("A5=entmax15", False, "sparse"),
+        ("A2=joint", True, "chunked"),
+        ("A4=mlp", False, "chunked"),
+        ("A5=linear", True, "linear"),
+    ],
+)
 def test_auto_routing_follows_which_assumptions_hold(relax, causal, expected, monkeypatch):
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(relax)
     x, kv, _ = _inputs(Q_LEN, Q_LEN, "none", causal)
@@ -146,7 +177,7 @@ def test_sdpa_folds_causal_alibi_only_within_float32_precision():
         k = torch.zeros(1, 2, k_len, 8, dtype=dtype)
         return AttentionProblem(q=q, k=k, v=k, causal=causal, alibi_slopes=slopes, q_offset=k_len - 4)
 
-    assert alibi_column_ok(problem(4096, torch.float32))               # 0.5 * 2048 <= 2^10
+    assert alibi_column_ok(problem(4096, torch.float32))  # 0.5 * 2048 <= 2^10
     assert not alibi_column_ok(problem(4100, torch.float32))
     assert not alibi_column_ok(problem(5000, torch.float32))
     assert alibi_column_ok(problem(5000, torch.float64))
@@ -154,8 +185,14 @@ def test_sdpa_folds_causal_alibi_only_within_float32_precision():
     assert not alibi_column_ok(problem(100, torch.bfloat16))
 
 
-ENGINE_SPECS = [("sdpa", "standard"), ("sdpa", "A4=neg_l2"), ("chunked", "A5=sigmoid"), ("chunked", "A5=sparsemax"),
-                ("chunked", "A2=joint"), ("linear", "A5=linear")]
+ENGINE_SPECS = [
+    ("sdpa", "standard"),
+    ("sdpa", "A4=neg_l2"),
+    ("chunked", "A5=sigmoid"),
+    ("chunked", "A5=sparsemax"),
+    ("chunked", "A2=joint"),
+    ("linear", "A5=linear"),
+]
 
 
 @pytest.mark.parametrize("engine, relax", ENGINE_SPECS)
@@ -163,8 +200,8 @@ def test_fully_masked_rows_give_zeros_with_finite_gradients_in_every_engine(engi
     spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax(relax)
     x, kv, _ = _inputs(Q_LEN, Q_LEN, "none", True)
     keep = torch.ones(BATCH, Q_LEN, dtype=torch.bool)
-    keep[1] = False                                                   # sample 1 has no visible key at all
-    keep[0, :5] = False                                               # sample 0: its first 5 queries see nothing
+    keep[1] = False  # sample 1 has no visible key at all
+    keep[0, :5] = False  # sample 0: its first 5 queries see nothing
     out, grads, ran = _run(spec, engine, x, kv, key_padding_mask=keep)
     assert ran == engine
     assert torch.equal(out[1], torch.zeros_like(out[1])) and torch.equal(out[0, :5], torch.zeros_like(out[0, :5]))
@@ -181,11 +218,11 @@ def test_nan_in_a_masked_key_never_reaches_the_outputs_in_every_engine(engine, r
     out, grads, ran = _run(spec, engine, x, kv, key_padding_mask=keep)
     assert ran == engine
     assert bool(torch.isfinite(out).all())
-    assert bool(torch.isfinite(grads[0]).all())                        # the queries' gradient
+    assert bool(torch.isfinite(grads[0]).all())  # the queries' gradient
     expected = _run(spec, "reference", x, kv, key_padding_mask=keep)
     torch.testing.assert_close(out, expected[0], rtol=1e-4, atol=1e-5)
     # A visible NaN key poisons exactly the outputs of the queries that may see it, as in the reference.
-    if engine == "linear":                                            # takes key-only masks: all of sample 0 sees it
+    if engine == "linear":  # takes key-only masks: all of sample 0 sees it
         out, _, _ = _run(spec, engine, x, kv)
         assert bool(torch.isnan(out[0]).all()) and bool(torch.isfinite(out[1]).all())
         return
@@ -238,15 +275,26 @@ def test_chunked_engine_saves_no_full_score_matrix_for_backward(relax):
 def test_flex_score_and_mask_mods_reproduce_the_reference():
     # flex_attention has no backward on CPU and compiles slowly there, so its mods are checked eagerly, forward.
     engine = FlexEngine(compile=False, devices=("cpu",))
-    for relax, causal in (("position=alibi", True), ("position=alibi,A4=neg_l2", False),
-                          ("position=alibi,A4=cosine,scale=learned", True)):
+    for relax, causal in (
+        ("position=alibi", True),
+        ("position=alibi,A4=neg_l2", False),
+        ("position=alibi,A4=cosine,scale=learned", True),
+    ):
         att = Attention(AttentionSpec.standard(DIM, HEADS, causal=causal).relax(relax)).eval()
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(BATCH, HEADS, n, DIM // HEADS, generator=g) for n in (Q_LEN, K_LEN, K_LEN))
         keep = torch.ones(BATCH, 1, 1, K_LEN, dtype=torch.bool)
         keep[1, ..., 2:] = False
-        problem = AttentionProblem(q=q, k=k, v=v, causal=causal, mask=keep, alibi_slopes=att.position.slopes,
-                                   q_offset=K_LEN - Q_LEN, scale=att.scale())
+        problem = AttentionProblem(
+            q=q,
+            k=k,
+            v=v,
+            causal=causal,
+            mask=keep,
+            alibi_slopes=att.position.slopes,
+            q_offset=K_LEN - Q_LEN,
+            scale=att.scale(),
+        )
         parts = att.plan
         assert engine.accepts(parts, problem_kind(parts, problem))
         with torch.no_grad(), warnings.catch_warnings():
@@ -255,7 +303,7 @@ def test_flex_score_and_mask_mods_reproduce_the_reference():
             expected, _ = ReferenceEngine()(parts, problem)
         assert not engine.failed
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
-    assert not FlexEngine().accepts(parts, problem_kind(parts, problem))                   # on CPU the default flex engine stands aside
+    assert not FlexEngine().accepts(parts, problem_kind(parts, problem))  # on CPU the default flex engine stands aside
 
 
 def test_flex_failure_is_logged_once_and_falls_back(caplog, monkeypatch):
@@ -273,7 +321,7 @@ def test_flex_failure_is_logged_once_and_falls_back(caplog, monkeypatch):
         second = _run(spec, "auto", x, kv)
     assert "cpu" in engine.failed
     assert sum("flex_attention failed" in r.message for r in caplog.records) == 1
-    assert first[2] == second[2] == "sdpa"                           # the router fell back on the failing call
+    assert first[2] == second[2] == "sdpa"  # the router fell back on the failing call
     _assert_close(first, _run(spec, "reference", x, kv))
 
 
@@ -286,8 +334,7 @@ def test_elementwise_closed_form_backward_matches_reference(monkeypatch, kind, c
 
     calls = []
     real = elementwise.ElementwiseAttention.apply
-    monkeypatch.setattr(elementwise.ElementwiseAttention, "apply",
-                        staticmethod(lambda *a: calls.append(1) or real(*a)))
+    monkeypatch.setattr(elementwise.ElementwiseAttention, "apply", staticmethod(lambda *a: calls.append(1) or real(*a)))
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(normalizer=kind, scale=scale)
     g = torch.Generator().manual_seed(11)
     x, kv = torch.randn(BATCH, Q_LEN, DIM, generator=g), torch.randn(BATCH, k_len, DIM, generator=g)

@@ -32,7 +32,7 @@ def truth(x: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
         d1 = dp_dalpha_at_one(x)
         return torch.softmax(x, -1) + (alpha - 1) * d1, d1
     h = 1e-6
-    run = lambda a: entmax_bisect(x, a, -1, n_iter=200)                     # noqa: E731
+    run = lambda a: entmax_bisect(x, a, -1, n_iter=200)
     return run(alpha), (run(alpha + h) - run(alpha - h)) / (2 * h)
 
 
@@ -44,8 +44,9 @@ def test_weights_and_dp_dalpha_from_float32_scores_match_float64_over_the_whole_
     x = X.float()
     a = torch.tensor(alpha, dtype=torch.float64, requires_grad=True)
     p = entmax_alpha(x, a)
-    grads = torch.stack([torch.autograd.grad(p[r, i], a, retain_graph=True)[0]
-                         for r in range(2) for i in range(5)]).view(2, 5)
+    grads = torch.stack(
+        [torch.autograd.grad(p[r, i], a, retain_graph=True)[0] for r in range(2) for i in range(5)]
+    ).view(2, 5)
     p_ref, g_ref = truth(X, alpha)
     assert p.dtype == torch.float32
     torch.testing.assert_close(p.double(), p_ref, rtol=0, atol=2e-6)
@@ -82,7 +83,7 @@ def test_the_learned_alpha_keeps_alpha_minus_one_above_zero_and_its_gradient(the
     (p[0, 0, 0, 2]).backward()
     grad = module.alpha_raw.grad[0]
     beta = math.log1p(math.exp(theta))
-    expected = float(truth(X[0:1], 1 + beta)[1][0, 2]) * (1 - math.exp(-beta))    # dalpha/dtheta = sigmoid(theta)
+    expected = float(truth(X[0:1], 1 + beta)[1][0, 2]) * (1 - math.exp(-beta))  # dalpha/dtheta = sigmoid(theta)
     assert math.isfinite(float(grad))
     assert float(grad) == pytest.approx(expected, rel=1e-2, abs=1e-12)
 

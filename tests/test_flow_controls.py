@@ -13,15 +13,7 @@ import torch.nn.functional as F
 from scipy import stats
 
 from axiomformer.flows import FlowNet
-from axiomformer.flows.comparisons import (
-    COMPARISON_KEYS,
-    compare_arms,
-    holm,
-    minimal_detectable,
-    paired,
-    tost,
-    verdict,
-)
+from axiomformer.flows.comparisons import COMPARISON_KEYS, compare_arms, holm, minimal_detectable, paired, tost, verdict
 from axiomformer.flows.experiment import (
     FlowConfig,
     _check_disjoint,
@@ -47,16 +39,17 @@ def _within(count: int, target: int, tol: float = 0.15) -> bool:
 
 # ---- token_mlp: a token-wise MLP with the attention step's parameter count -------------------------------------
 
+
 @pytest.mark.parametrize("dim", [3, 5, 8, 16, 32, 64])
 def test_token_mlp_has_the_attention_steps_parameter_count_within_15_percent(dim):
     attention = _net("attention", dim=dim)
     control = _net("token_mlp", dim=dim)
-    phi_count = sum(p.numel() for p in attention.phis.parameters())                 # counted independently
+    phi_count = sum(p.numel() for p in attention.phis.parameters())  # counted independently
     mlp_count = sum(p.numel() for p in control.mlps.parameters())
     assert phi_count == dim * dim and attention.flow_parameter_count() == phi_count
     assert control.flow_parameter_count() == mlp_count
     assert _within(mlp_count, phi_count)
-    h = control.mlps[0][0].out_features                                             # closed form 2dh + h + d
+    h = control.mlps[0][0].out_features  # closed form 2dh + h + d
     assert mlp_count == 2 * dim * h + h + dim
     # the check can fail: the ordinary MLP (hidden 2d) is 4x the attention step at every dim
     assert not _within(_net("mlp", dim=dim).flow_parameter_count(), phi_count)
@@ -74,8 +67,8 @@ def test_token_mlp_does_not_mix_tokens_and_attention_does():
     for mixing, mixes in (("token_mlp", False), ("attention", True)):
         net = _net(mixing)
         Z2 = Z.clone()
-        Z2[:, 3] += 1.0                                                             # change one token
-        moved = (net.step(Z2, 0) - net.step(Z, 0))[:, :3].abs().max()               # the other tokens
+        Z2[:, 3] += 1.0  # change one token
+        moved = (net.step(Z2, 0) - net.step(Z, 0))[:, :3].abs().max()  # the other tokens
         assert (moved > 1e-6) == mixes
 
 
@@ -87,6 +80,7 @@ def test_token_mlp_that_cannot_be_matched_is_refused():
 
 
 # ---- shuffled: attention weights from another image's tokens ---------------------------------------------------
+
 
 def _independent_step(Z, W, theta, h):
     """Z - h softmax(W theta W^T) Z theta, numpy float64, per image: W are the features the weights come from."""
@@ -106,7 +100,7 @@ def test_shuffled_step_uses_the_previous_images_tokens_for_its_weights():
     phi = net.phis[0].detach().numpy()
     theta = phi @ phi.T
     got = net.step(Z, 0).detach().numpy()
-    other = Z.numpy()[[2, 0, 1]]                                                    # image b's weights: image b - 1
+    other = Z.numpy()[[2, 0, 1]]  # image b's weights: image b - 1
     np.testing.assert_allclose(got, _independent_step(Z.numpy(), other, theta, net.step_size), atol=1e-5)
     # the check can fail: weights from the image's own tokens (the attention arm) give another result
     own = _independent_step(Z.numpy(), Z.numpy(), theta, net.step_size)
@@ -116,10 +110,10 @@ def test_shuffled_step_uses_the_previous_images_tokens_for_its_weights():
 def test_shuffled_output_depends_on_another_image_and_attention_does_not():
     Z = torch.randn(3, 4, 8)
     Z2 = Z.clone()
-    Z2[0] += torch.randn(4, 8)                                                      # change image 0 only
+    Z2[0] += torch.randn(4, 8)  # change image 0 only
     for mixing, leaks in (("shuffled", True), ("attention", False)):
         net = _net(mixing)
-        change = (net.step(Z2, 0) - net.step(Z, 0))[1].abs().max()                  # image 1's output
+        change = (net.step(Z2, 0) - net.step(Z, 0))[1].abs().max()  # image 1's output
         assert (change > 1e-6) == leaks
 
 
@@ -130,21 +124,24 @@ def test_shuffled_needs_two_images():
 
 # ---- value = classifier: the form derived from the fixed classifier ---------------------------------------------
 
+
 def test_classifier_value_derives_the_form_from_theta():
     net = _net("attention", value="classifier")
     Z = torch.randn(3, 4, 8)
     t = net.theta.detach().numpy().astype(np.float64)
-    form = t.T @ t / np.linalg.svd(t, compute_uv=False)[0] ** 2                     # theta^T theta / ||theta||_2^2
+    form = t.T @ t / np.linalg.svd(t, compute_uv=False)[0] ** 2  # theta^T theta / ||theta||_2^2
     np.testing.assert_allclose(net.classifier_form().detach().numpy(), form, atol=1e-6)
-    np.testing.assert_allclose(net.step(Z, 0).detach().numpy(),
-                               _independent_step(Z.numpy(), Z.numpy(), form, net.step_size), atol=1e-5)
+    np.testing.assert_allclose(
+        net.step(Z, 0).detach().numpy(), _independent_step(Z.numpy(), Z.numpy(), form, net.step_size), atol=1e-5
+    )
     assert net.flow_parameter_count() == 0 and len(net.phis) == 0
-    with torch.no_grad():                                                           # it follows theta, not a copy
+    with torch.no_grad():  # it follows theta, not a copy
         net.theta.mul_(-2.0).add_(torch.randn_like(net.theta))
     t2 = net.theta.detach().numpy().astype(np.float64)
     form2 = t2.T @ t2 / np.linalg.svd(t2, compute_uv=False)[0] ** 2
-    np.testing.assert_allclose(net.step(Z, 0).detach().numpy(),
-                               _independent_step(Z.numpy(), Z.numpy(), form2, net.step_size), atol=1e-5)
+    np.testing.assert_allclose(
+        net.step(Z, 0).detach().numpy(), _independent_step(Z.numpy(), Z.numpy(), form2, net.step_size), atol=1e-5
+    )
     # the check can fail: a learned phi (the tied arm) is not the classifier's form
     tied = _net("attention", value="tied")
     phi = tied.phis[0].detach().numpy()
@@ -166,8 +163,8 @@ def test_classifier_arm_with_theta_fixed_trains_only_the_embedding():
     assert _trainable(net) == {"embed.weight", "embed.bias", "position"}
     before = {name: p.detach().clone() for name, p in net.named_parameters()}
     train_group([net], x, y, [0.0], [1], 2, 1e-2, cfg)
-    assert torch.equal(net.theta, before["theta"])                                  # fixed: bit-identical
-    assert not torch.equal(net.embed.weight, before["embed.weight"])                # the embedding did train
+    assert torch.equal(net.theta, before["theta"])  # fixed: bit-identical
+    assert not torch.equal(net.embed.weight, before["embed.weight"])  # the embedding did train
     # the check can fail: the tied arm trains its phi too
     tied = build_arm(fit, cfg, "fixed", "attention", "tied", 2, x, seed=1)
     assert _trainable(tied) - {"embed.weight", "embed.bias", "position"} == {"phis.0"}
@@ -187,6 +184,7 @@ def test_classifier_value_of_the_linear_model_is_the_tied_cross_attention():
 
 
 # ---- statistics: paired t-intervals, Holm over the whole family, equivalence, detectable difference -------------
+
 
 def test_paired_interval_and_p_are_the_t_formulas():
     rng = np.random.default_rng(0)
@@ -216,16 +214,27 @@ def test_holm_matches_statsmodels_and_the_step_down_formula():
     p = np.array([0.01, 0.04, 0.03, 0.005, 0.2, 0.001])
     np.testing.assert_allclose(holm(p), multipletests(p, method="holm")[1])
     np.testing.assert_allclose(holm(p), _holm_by_hand(p))
-    assert not np.allclose(holm(p), np.minimum(1, p * len(p)))                      # it is not Bonferroni
+    assert not np.allclose(holm(p), np.minimum(1, p * len(p)))  # it is not Bonferroni
 
 
 def _acc(seed=0):
     rng = np.random.default_rng(seed)
     base = rng.normal(0.5, 0.01, 6)
-    arms = {"neither": 0.0, "attention/tied": 0.03, "token_mlp": 0.05, "shuffled/tied": 0.0, "mlp": 0.1,
-            "both/tied": 0.1}
-    return {(t, a, k, s): list(base + shift + rng.normal(0, 0.01, 6))
-            for t in ("fixed", "learned") for a, shift in arms.items() for k in (1, 2) for s in (0.0, 1.0)}
+    arms = {
+        "neither": 0.0,
+        "attention/tied": 0.03,
+        "token_mlp": 0.05,
+        "shuffled/tied": 0.0,
+        "mlp": 0.1,
+        "both/tied": 0.1,
+    }
+    return {
+        (t, a, k, s): list(base + shift + rng.normal(0, 0.01, 6))
+        for t in ("fixed", "learned")
+        for a, shift in arms.items()
+        for k in (1, 2)
+        for s in (0.0, 1.0)
+    }
 
 
 def test_comparisons_have_the_schema_and_holm_over_the_whole_family():
@@ -237,9 +246,12 @@ def test_comparisons_have_the_schema_and_holm_over_the_whole_family():
     assert set(COMPARISON_KEYS) == {"a", "b", "theta", "K", "noise", "diff", "ci_low", "ci_high", "p", "p_holm"}
     # 4 pairs present (attention/tied - neither, - token_mlp, - shuffled/tied; both/tied - mlp) x 2 x 2 x 2
     assert len(rows) == 4 * 2 * 2 * 2 and len(eq["rows"]) == len(rows)
-    for r in rows:                                                                  # each p independently
-        assert r["p"] == pytest.approx(stats.ttest_rel(acc[(r["theta"], r["a"], r["K"], r["noise"])],
-                                                       acc[(r["theta"], r["b"], r["K"], r["noise"])]).pvalue)
+    for r in rows:  # each p independently
+        assert r["p"] == pytest.approx(
+            stats.ttest_rel(
+                acc[(r["theta"], r["a"], r["K"], r["noise"])], acc[(r["theta"], r["b"], r["K"], r["noise"])]
+            ).pvalue
+        )
     whole = multipletests([r["p"] for r in rows], method="holm")[1]
     np.testing.assert_allclose([r["p_holm"] for r in rows], whole)
     # the check can fail: Holm within each theta setting only gives other values
@@ -257,7 +269,7 @@ def test_tost_is_the_larger_of_two_one_sided_t_tests():
     se = d.std(ddof=1) / np.sqrt(n)
     expected = max(stats.t.sf((d.mean() + m) / se, n - 1), stats.t.cdf((d.mean() - m) / se, n - 1))
     assert tost(a, b, m) == pytest.approx(expected)
-    assert tost(a, b + 0.05, m) > 0.5                                               # far outside the margin
+    assert tost(a, b + 0.05, m) > 0.5  # far outside the margin
 
 
 def test_minimal_detectable_difference_has_power_0_8_by_the_noncentral_t():
@@ -269,7 +281,7 @@ def test_minimal_detectable_difference_has_power_0_8_by_the_noncentral_t():
     nc = mdd / (d.std(ddof=1) / np.sqrt(n))
     power = stats.nct.sf(crit, n - 1, nc) + stats.nct.cdf(-crit, n - 1, nc)
     assert power == pytest.approx(0.8, abs=1e-3)
-    assert minimal_detectable(d, 1) < mdd                                           # a smaller family detects less
+    assert minimal_detectable(d, 1) < mdd  # a smaller family detects less
 
 
 def test_verdict_states_an_effect_only_after_holm_and_no_difference_only_with_equivalence():
@@ -286,29 +298,43 @@ def test_verdict_states_an_effect_only_after_holm_and_no_difference_only_with_eq
 
 # ---- learning rate per K, on seeds never reported ---------------------------------------------------------------
 
+
 def test_selection_seeds_never_overlap_reported_seeds_and_overlap_is_refused():
     cfg = FlowConfig(lr_seeds=3)
     select = selection_seeds(cfg, 0)
     _check_disjoint(select, [1000 * s for s in range(16)])
     with pytest.raises(ValueError, match="overlap"):
-        _check_disjoint(select, [select[1] - 1])                                    # its seed + 1 is used too
+        _check_disjoint(select, [select[1] - 1])  # its seed + 1 is used too
 
 
 def test_learning_rate_is_chosen_per_k_on_validation():
     g = torch.Generator().manual_seed(0)
     y = torch.randint(0, 3, (40,), generator=g)
     x = torch.randn(40, 4, 3, generator=g) + F.one_hot(y, 3).float()[:, None, :]
-    cfg = FlowConfig(dim=6, batch_size=16, fit_epochs=1, epochs=1, lr_grid=(1e-3, 1e-2), lr_seeds=1,
-                     thetas=("fixed",), mixings=("attention", "neither"), values=("tied",))
+    cfg = FlowConfig(
+        dim=6,
+        batch_size=16,
+        fit_epochs=1,
+        epochs=1,
+        lr_grid=(1e-3, 1e-2),
+        lr_seeds=1,
+        thetas=("fixed",),
+        mixings=("attention", "neither"),
+        values=("tied",),
+    )
     chosen = choose_lrs(cfg, x, y, [0.0], [0, 1, 2], 0, lambda *a: None)
-    assert set(chosen) == {lr_key("fixed", "attention/tied", 1), lr_key("fixed", "attention/tied", 2),
-                           lr_key("fixed", "neither", 0)}
+    assert set(chosen) == {
+        lr_key("fixed", "attention/tied", 1),
+        lr_key("fixed", "attention/tied", 2),
+        lr_key("fixed", "neither", 0),
+    }
     assert set(chosen.values()) <= {1e-3, 1e-2}
     kept = choose_lrs(cfg, x, y, [0.0], [0, 1, 2], 0, lambda *a: None, known={lr_key("fixed", "neither", 0): 7.0})
-    assert kept[lr_key("fixed", "neither", 0)] == 7.0                               # a resumed choice is kept
+    assert kept[lr_key("fixed", "neither", 0)] == 7.0  # a resumed choice is kept
 
 
 # ---- the whole run: schema, report, resume ------------------------------------------------------------------------
+
 
 def _tiny_run(tmp_path, monkeypatch=None):
     from axiomformer.flows import data
@@ -318,10 +344,20 @@ def _tiny_run(tmp_path, monkeypatch=None):
     yy = g.integers(0, 3, n)
     xx = g.random((n, 64)) * 0.3
     for i, c in enumerate(yy):
-        xx[i, 16 * c: 16 * c + 16] += 0.7
+        xx[i, 16 * c : 16 * c + 16] += 0.7
     ds = data.Dataset("tiny", xx[:60], yy[:60], xx[60:], yy[60:], 8, 3)
-    cfg = FlowConfig(patch=4, dim=6, fit_epochs=1, epochs=1, batch_size=16, seeds=3, oracle_steps=3,
-                     thetas=("fixed",), mixings=("attention", "token_mlp", "neither"), values=("tied", "classifier"))
+    cfg = FlowConfig(
+        patch=4,
+        dim=6,
+        fit_epochs=1,
+        epochs=1,
+        batch_size=16,
+        seeds=3,
+        oracle_steps=3,
+        thetas=("fixed",),
+        mixings=("attention", "token_mlp", "neither"),
+        values=("tied", "classifier"),
+    )
     return ds, cfg
 
 
@@ -333,14 +369,17 @@ def test_run_writes_comparisons_flow_params_and_a_report_and_resumes(tmp_path, m
     out = tmp_path / "out"
     rng = torch.random.get_rng_state()
     result = run_flow_experiment("tiny", noise=(0.0,), steps=(0, 1), out_dir=out, config=cfg)
-    assert torch.equal(torch.random.get_rng_state(), rng)                          # the caller's stream is untouched
+    assert torch.equal(torch.random.get_rng_state(), rng)  # the caller's stream is untouched
     params = {(r["arm"], r["K"]): r["flow_params"] for r in result["arms"]}
     assert params[("attention/tied", 1)] == 36 and params[("attention/classifier", 1)] == 0
     assert params[("token_mlp", 1)] == 2 * 6 * 2 + 2 + 6 and params[("attention/tied", 0)] == 0
     assert params[("neither", 1)] == 0
     pairs = {(c["a"], c["b"]) for c in result["comparisons"]}
-    assert pairs == {("attention/tied", "neither"), ("attention/tied", "token_mlp"),
-                     ("attention/classifier", "neither")}
+    assert pairs == {
+        ("attention/tied", "neither"),
+        ("attention/tied", "token_mlp"),
+        ("attention/classifier", "neither"),
+    }
     saved = json.loads((out / "flow_results.json").read_text())
     assert saved["comparisons"] == json.loads(json.dumps(result["comparisons"]))
     text = (out / "flow_results.md").read_text()

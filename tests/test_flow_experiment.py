@@ -9,10 +9,9 @@ import struct
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
-
 import torch
 import torch.nn.functional as F
+from typer.testing import CliRunner
 
 from axiomformer.cli import app
 from axiomformer.flows import DataError, FlowNet, load_dataset, read_idx
@@ -22,7 +21,11 @@ from axiomformer.flows.inference_flow import _pseudo_label_step, label_free_flow
 
 
 def _idx_bytes(array: np.ndarray) -> bytes:
-    return bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape) + array.astype(np.uint8).tobytes()
+    return (
+        bytes([0, 0, 0x08, array.ndim])
+        + struct.pack(f">{array.ndim}I", *array.shape)
+        + array.astype(np.uint8).tobytes()
+    )
 
 
 def _write(path, array, gz):
@@ -32,13 +35,15 @@ def _write(path, array, gz):
 
 def _fake_fashion(folder, n_train=60, n_test=30, side=8, gz=True, seed=0):
     rng = np.random.default_rng(seed)
+
     # Three classes, each a bright block in its own region plus noise: learnable from a few dozen images.
     def images(n):
         y = rng.integers(0, 3, n)
         x = rng.integers(0, 60, (n, side, side))
         for i, c in enumerate(y):
-            x[i, 2 * c: 2 * c + 3, :] += 180
+            x[i, 2 * c : 2 * c + 3, :] += 180
         return x.clip(0, 255), y
+
     (xtr, ytr), (xte, yte) = images(n_train), images(n_test)
     for key, arr in (("train_images", xtr), ("train_labels", ytr), ("test_images", xte), ("test_labels", yte)):
         _write(folder / (FASHION_FILES[key] + (".gz" if gz else "")), arr, gz)
@@ -54,20 +59,23 @@ def test_idx_reader_round_trips_raw_and_gzipped_files(tmp_path, gz):
 
 @pytest.mark.parametrize("gz", [True, False])
 def test_fashion_mnist_loader_reads_the_four_standard_files(tmp_path, gz):
-    xtr, ytr, xte, yte = _fake_fashion(tmp_path, gz=gz)
+    xtr, _ytr, _xte, yte = _fake_fashion(tmp_path, gz=gz)
     ds = load_dataset("fashion-mnist", tmp_path)
     assert ds.x_train.shape == (60, 64) and ds.side == 8 and ds.num_classes == 3
     np.testing.assert_allclose(ds.x_train, xtr.reshape(60, -1) / 255.0)
     np.testing.assert_array_equal(ds.y_test, yte)
 
 
-@pytest.mark.parametrize("corrupt,match", [
-    (lambda p: p.write_bytes(b"\x08\x03\x00\x00garbage"), "bad magic"),
-    (lambda p: p.write_bytes(_idx_bytes(np.zeros((4, 8, 8)))[:-5]), "declares shape"),
-    (lambda p: p.write_bytes(bytes([0, 0, 0x0D, 1]) + struct.pack(">I", 1) + b"\x00" * 4), "data type 0x0d"),
-    (lambda p: p.write_bytes(b"\x1f\x8b\x08 not really gzip"), "malformed gzip"),
-    (lambda p: p.unlink(), "missing data file"),
-])
+@pytest.mark.parametrize(
+    "corrupt,match",
+    [
+        (lambda p: p.write_bytes(b"\x08\x03\x00\x00garbage"), "bad magic"),
+        (lambda p: p.write_bytes(_idx_bytes(np.zeros((4, 8, 8)))[:-5]), "declares shape"),
+        (lambda p: p.write_bytes(bytes([0, 0, 0x0D, 1]) + struct.pack(">I", 1) + b"\x00" * 4), "data type 0x0d"),
+        (lambda p: p.write_bytes(b"\x1f\x8b\x08 not really gzip"), "malformed gzip"),
+        (lambda p: p.unlink(), "missing data file"),
+    ],
+)
 def test_missing_or_malformed_idx_file_gives_an_error_naming_the_file(tmp_path, corrupt, match):
     _fake_fashion(tmp_path, gz=False)
     target = tmp_path / FASHION_FILES["train_images"]
@@ -122,18 +130,20 @@ def _tiny_tokens(n=48, tokens=4, width=3, seed=0):
 def test_fixed_theta_is_bit_identical_after_training_and_the_rest_moves(group):
     x, y = _tiny_tokens()
     cfg = FlowConfig(batch_size=16)
-    nets = [FlowNet(3, 3, dim=6, steps=2, model="quadratic", num_tokens=4, mixing="both").freeze_classifier()
-            for _ in range(group)]
+    nets = [
+        FlowNet(3, 3, dim=6, steps=2, model="quadratic", num_tokens=4, mixing="both").freeze_classifier()
+        for _ in range(group)
+    ]
     before = [(n.theta.detach().clone(), n.embed.weight.detach().clone()) for n in nets]
     train_group(nets, x, y, [0.5] * group, list(range(group)), 2, 1e-2, cfg)
     for net, (theta, embed) in zip(nets, before):
         assert net.theta.requires_grad is False
-        assert torch.equal(net.theta, theta)                    # bit-identical
-        assert not torch.equal(net.embed.weight, embed)         # the features' parameters did train
+        assert torch.equal(net.theta, theta)  # bit-identical
+        assert not torch.equal(net.embed.weight, embed)  # the features' parameters did train
     learned = FlowNet(3, 3, dim=6, steps=2, model="quadratic", num_tokens=4, mixing="both")
     theta = learned.theta.detach().clone()
     train(learned, x, y, 0.5, 2, 1e-2, 0, cfg)
-    assert not torch.equal(learned.theta, theta)                # the check can fail: a learned theta moves
+    assert not torch.equal(learned.theta, theta)  # the check can fail: a learned theta moves
 
 
 def test_training_side_by_side_equals_training_alone():
@@ -150,14 +160,14 @@ def test_training_side_by_side_equals_training_alone():
     train(b1, x, y, 1.0, 2, 1e-2, 2, cfg)
     for p, q in zip([*a.parameters(), *b.parameters()], [*a1.parameters(), *b1.parameters()]):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    assert not torch.equal(a.embed.weight, b.embed.weight)     # different noise and batches: different networks
+    assert not torch.equal(a.embed.weight, b.embed.weight)  # different noise and batches: different networks
 
 
 @pytest.mark.parametrize("readout,invariant", [("mean", True), ("cls", True), ("flatten", False)])
 def test_readout_is_invariant_to_permuting_tokens_unless_it_mixes_them(readout, invariant):
     torch.manual_seed(0)
     net = FlowNet(3, 3, dim=6, steps=2, model="quadratic", num_tokens=5, mixing="both", readout=readout)
-    first = 1 if readout == "cls" else 0                        # the class token stays in front
+    first = 1 if readout == "cls" else 0  # the class token stays in front
     Z = torch.randn(4, 5 + first, 6)
     perm = torch.cat([torch.arange(first), first + torch.randperm(5, generator=torch.Generator().manual_seed(1))])
     assert not torch.equal(perm, torch.arange(len(perm)))
@@ -173,7 +183,7 @@ def test_readout_is_invariant_to_permuting_tokens_unless_it_mixes_them(readout, 
 
 def test_t_interval_matches_the_t_table():
     mean, low, high = t_interval([0.5, 0.6, 0.7])
-    half = 4.302653 * 0.1 / 3 ** 0.5                            # t_{0.975, 2} from the table, s = 0.1
+    half = 4.302653 * 0.1 / 3**0.5  # t_{0.975, 2} from the table, s = 0.1
     assert mean == pytest.approx(0.6) and low == pytest.approx(0.6 - half) and high == pytest.approx(0.6 + half)
     assert t_interval([0.4]) == (0.4, None, None)
 
@@ -186,7 +196,7 @@ def test_pseudo_label_step_is_a_descent_step_for_its_pseudo_labels():
     Z = net.embed_inputs(_tiny_tokens()[0]).detach()
     logits = net.classify(Z)
     C = F.one_hot(logits.argmax(-1), 3).float()
-    loss = lambda Z: -(C * torch.log_softmax(net.classify(Z), -1)).sum()  # noqa: E731
+    loss = lambda Z: -(C * torch.log_softmax(net.classify(Z), -1)).sum()
     h = 4 / float(torch.linalg.matrix_norm(net.theta.detach(), ord=2)) ** 2
     assert loss(_pseudo_label_step(net, Z, h)) < loss(Z).detach()
     out = label_free_flow(net, _tiny_tokens()[0], _tiny_tokens()[1], [0, 1, 3])
@@ -214,9 +224,28 @@ def test_cli_flow_rejects_unknown_readout_naming_the_choices():
 def test_cli_flow_json_on_tiny_fashion_mnist(tmp_path):
     _fake_fashion(tmp_path)
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["flow", "--data", "fashion-mnist", "--data-dir", str(tmp_path), "--patch", "4",
-                                      "--noise", "0,0.5", "--steps", "0,1", "--theta", "fixed,learned", "--quick",
-                                      "--json", "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "flow",
+            "--data",
+            "fashion-mnist",
+            "--data-dir",
+            str(tmp_path),
+            "--patch",
+            "4",
+            "--noise",
+            "0,0.5",
+            "--steps",
+            "0,1",
+            "--theta",
+            "fixed,learned",
+            "--quick",
+            "--json",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output.strip().splitlines()[-1])
     assert payload["data"] == "fashion-mnist" and (payload["n_train"], payload["n_test"]) == (60, 30)
@@ -226,12 +255,14 @@ def test_cli_flow_json_on_tiny_fashion_mnist(tmp_path):
     assert {r["theta"] for r in payload["arms"]} == {"fixed", "learned"}
     assert {r["mixing"] for r in payload["arms"]} == {"attention", "shuffled", "token_mlp", "mlp", "both", "neither"}
     assert {r["value"] for r in payload["arms"] if r["mixing"] in ("attention", "both", "shuffled")} == {
-        "tied", "classifier"}
+        "tied",
+        "classifier",
+    }
     # attention, shuffled and both x (tied, classifier), token_mlp, mlp, neither: 9 arms x 2 thetas x 2 K x 2 noise
     assert len(payload["arms"]) == 2 * 9 * 2 * 2 and all(r["n_seeds"] == 2 for r in payload["arms"])
     assert all(0.0 <= r["acc_mean"] <= 1.0 and r["ci_low"] <= r["acc_mean"] <= r["ci_high"] for r in payload["arms"])
     k0 = {(r["theta"], r["noise"], r["acc_mean"]) for r in payload["arms"] if r["K"] == 0}
-    assert len(k0) == 2 * 2                                    # K = 0 is one network per theta setting and noise
+    assert len(k0) == 2 * 2  # K = 0 is one network per theta setting and noise
     assert {(r["method"], r["K"]) for r in payload["test_time_flow"]} >= {("pseudo_label", 1), ("attention_term", 1)}
     assert payload["sanity"]["oracle_flow"]["monotone"] is True
     assert not any("oracle" in str(r) for r in payload["arms"] + payload["test_time_flow"])

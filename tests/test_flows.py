@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 
 import pytest
 import torch
@@ -10,14 +11,24 @@ import torch.nn.functional as F
 
 from axiomformer.attention import Attention
 from axiomformer.flows import (
-    FlowNet, cross_attention, euler, feature_gradient, flow_rhs, flow_terms, integrate, lie_trotter,
-    multinomial_loss, project_to_sphere, quadratic_weights, rk4, self_attention, strang, theta_from_phi,
+    FlowNet,
+    cross_attention,
+    euler,
+    feature_gradient,
+    flow_rhs,
+    flow_terms,
+    integrate,
+    lie_trotter,
+    multinomial_loss,
+    project_to_sphere,
+    quadratic_weights,
+    rk4,
+    self_attention,
+    strang,
+    theta_from_phi,
     vector_fields,
 )
 from axiomformer.spec import AttentionSpec
-
-
-
 
 F64 = torch.float64
 
@@ -26,7 +37,7 @@ def _linear_problem(seed=0, n=9, d=5, K=4, batch=()):
     g = torch.Generator().manual_seed(seed)
     Z = torch.randn(*batch, n, d, generator=g, dtype=F64)
     theta = torch.randn(K, d, generator=g, dtype=F64)
-    C = torch.softmax(3 * torch.randn(*batch, n, K, generator=g, dtype=F64), -1)   # soft targets, rows sum to 1
+    C = torch.softmax(3 * torch.randn(*batch, n, K, generator=g, dtype=F64), -1)  # soft targets, rows sum to 1
     return Z, theta, C
 
 
@@ -91,13 +102,14 @@ def test_quadratic_drop_is_the_gradient_with_respect_to_the_queries_only():
 
 def test_quadratic_symmetrize_is_twice_the_query_gradient_for_symmetrized_targets():
     Z, theta, C = _quadratic_problem(seed=2)
-    C_sym = (C + C.T) / 2                      # rows sum to one because C is doubly stochastic
+    C_sym = (C + C.T) / 2  # rows sum to one because C is doubly stochastic
     want = 2 * _autograd(lambda z: _query_only_loss(z, Z, theta, C_sym), Z)
     assert (feature_gradient(Z, theta, C, "quadratic", "symmetrize") - want).abs().max() <= 1e-10
 
 
-@pytest.mark.parametrize("model,term", [("linear", "keep"), ("quadratic", "keep"), ("quadratic", "drop"),
-                                        ("quadratic", "symmetrize")])
+@pytest.mark.parametrize(
+    "model,term", [("linear", "keep"), ("quadratic", "keep"), ("quadratic", "drop"), ("quadratic", "symmetrize")]
+)
 def test_flow_right_hand_side_is_minus_the_gradient_direction(model, term):
     Z, theta, C = _linear_problem() if model == "linear" else _quadratic_problem(seed=3)
     attention, label = flow_terms(Z, theta, C, model, term)
@@ -129,11 +141,11 @@ def test_bad_arguments_name_the_choices():
         multinomial_loss(Z, theta, C[:, :2])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference(model):
     Z, theta, C = _linear_problem(seed=5, n=6) if model == "linear" else _quadratic_problem(seed=5, n=6)
     A, B = vector_fields(theta, C, model)
-    return Z, A, B, rk4(lambda z: A(z) + B(z), Z, 1 / 2048, 2048)       # "exact" solution at T = 1
+    return Z, A, B, rk4(lambda z: A(z) + B(z), Z, 1 / 2048, 2048)  # "exact" solution at T = 1
 
 
 def _errors(method, model, steps=(16, 32, 64)):
@@ -142,16 +154,19 @@ def _errors(method, model, steps=(16, 32, 64)):
 
 
 def _ratios(errs):
-    return [a / b for a, b in zip(errs, errs[1:])]
+    return [a / b for a, b in itertools.pairwise(errs)]
 
 
 @pytest.mark.parametrize("model", ["linear", "quadratic"])
-@pytest.mark.parametrize("method, low, high", [
-    ("euler", 1.7, 2.4),             # first order: halving the step halves the error (ratio 2)
-    ("rk4", 13.0, 19.5),             # fourth order: ratio 16
-    ("lie_trotter", 1.6, 2.4),       # first-order splitting: ratio 2
-    ("strang", 3.4, 4.8),            # second-order splitting: ratio 4
-])
+@pytest.mark.parametrize(
+    "method, low, high",
+    [
+        ("euler", 1.7, 2.4),  # first order: halving the step halves the error (ratio 2)
+        ("rk4", 13.0, 19.5),  # fourth order: ratio 16
+        ("lie_trotter", 1.6, 2.4),  # first-order splitting: ratio 2
+        ("strang", 3.4, 4.8),  # second-order splitting: ratio 4
+    ],
+)
 def test_integrators_converge_at_their_order(model, method, low, high):
     assert all(low < r < high for r in _ratios(_errors(method, model)))
 
@@ -255,8 +270,9 @@ def test_flownet_step_is_attention_then_mlp_with_residuals(share, blocks):
 
 def test_flownet_free_value_keeps_the_flow_weights_and_learns_the_values():
     torch.manual_seed(3)
-    net = FlowNet(4, 3, dim=6, steps=1, model="quadratic", num_tokens=5, mixing="attention", value="free",
-                  step_size=0.3)
+    net = FlowNet(
+        4, 3, dim=6, steps=1, model="quadratic", num_tokens=5, mixing="attention", value="free", step_size=0.3
+    )
     Z = net.embed_inputs(torch.randn(2, 5, 4))
     theta = net.phis[0] @ net.phis[0].T
     want = Z + 0.3 * quadratic_weights(Z, theta) @ Z @ net.values[0]
@@ -266,8 +282,10 @@ def test_flownet_free_value_keeps_the_flow_weights_and_learns_the_values():
     torch.testing.assert_close(tied.step(Z, 0), Z - 0.3 * self_attention(Z, theta))
 
 
-@pytest.mark.parametrize("mixing,attention,mlp", [("attention", True, False), ("mlp", False, True),
-                                                  ("both", True, True), ("neither", False, False)])
+@pytest.mark.parametrize(
+    "mixing,attention,mlp",
+    [("attention", True, False), ("mlp", False, True), ("both", True, True), ("neither", False, False)],
+)
 def test_flownet_mixing_arm_has_exactly_its_sublayers(mixing, attention, mlp):
     net = FlowNet(4, 3, dim=6, steps=2, model="quadratic", num_tokens=5, mixing=mixing)
     assert (len(net.phis) > 0) == attention and (len(net.mlps) > 0) == mlp
@@ -294,7 +312,7 @@ def test_flownet_bad_choice_names_the_valid_ones():
 def _unnormalized_linear(seed=0):
     g = torch.Generator().manual_seed(seed)
     Z, theta = torch.randn(2, 6, 4, generator=g, dtype=F64), torch.randn(3, 4, generator=g, dtype=F64)
-    return Z, theta, 2 * torch.rand(2, 6, 3, generator=g, dtype=F64)          # row sums far from 1
+    return Z, theta, 2 * torch.rand(2, 6, 3, generator=g, dtype=F64)  # row sums far from 1
 
 
 def _unnormalized_quadratic(seed=0):
@@ -324,8 +342,10 @@ def test_unnormalized_targets_use_the_general_formula_that_matches_autograd():
 
 def test_symmetrize_rejects_targets_whose_rows_do_not_sum_to_one():
     Z, theta, C = _unnormalized_quadratic()
-    for call in (lambda: feature_gradient(Z, theta, C, "quadratic", "symmetrize"),
-                 lambda: flow_terms(Z, theta, C, "quadratic", "symmetrize"),
-                 lambda: vector_fields(theta, C, "quadratic", "symmetrize")):
+    for call in (
+        lambda: feature_gradient(Z, theta, C, "quadratic", "symmetrize"),
+        lambda: flow_terms(Z, theta, C, "quadratic", "symmetrize"),
+        lambda: vector_fields(theta, C, "quadratic", "symmetrize"),
+    ):
         with pytest.raises(ValueError, match="rows sum to 1"):
             call()

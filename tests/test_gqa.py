@@ -31,8 +31,18 @@ def _as_multi_head(gqa: Attention) -> Attention:
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2])
-@pytest.mark.parametrize("relax", ["standard", "causal=true", "normalizer=sigmoid,causal=true", "position=rope",
-                                   "position=alibi,causal=true", "normalizer=linear,causal=true", "score=cosine"])
+@pytest.mark.parametrize(
+    "relax",
+    [
+        "standard",
+        "causal=true",
+        "normalizer=sigmoid,causal=true",
+        "position=rope",
+        "position=alibi,causal=true",
+        "normalizer=linear,causal=true",
+        "score=cosine",
+    ],
+)
 def test_grouped_query_attention_equals_multi_head_attention_with_shared_key_value_heads(kv_heads, relax):
     spec = AttentionSpec.standard(DIM, HEADS).relax(relax).relax(num_kv_heads=kv_heads)
     torch.manual_seed(0)
@@ -65,7 +75,7 @@ def test_the_kv_cache_holds_the_key_value_heads_and_decodes_like_the_full_forwar
     x = torch.randn(1, 6, DIM)
     full = att(x)
     cache = KVCache()
-    steps = [att(x[:, i:i + 1], cache=cache) for i in range(6)]
+    steps = [att(x[:, i : i + 1], cache=cache) for i in range(6)]
     assert cache.k.shape == (1, 1, 6, DIM // HEADS)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-6)
 

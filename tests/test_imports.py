@@ -10,6 +10,7 @@ import axiomformer
 
 ROOT = Path(axiomformer.__file__).parent
 
+
 def _module_name(path: Path, root: Path) -> str:
     parts = ("axiomformer",) + path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1]) if parts[-1] == "__init__" else ".".join(parts)
@@ -127,7 +128,9 @@ def test_the_cycle_check_follows_importlib_targets(tmp_path):
     package = tmp_path / "axiomformer"
     (package / "plugins").mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    (package / "core.py").write_text("import importlib\ndef load(n):\n    return importlib.import_module(f'axiomformer.plugins.{n}')\n")
+    (package / "core.py").write_text(
+        "import importlib\ndef load(n):\n    return importlib.import_module(f'axiomformer.plugins.{n}')\n"
+    )
     (package / "plugins" / "__init__.py").write_text("")
     (package / "plugins" / "one.py").write_text("from axiomformer import core\n")
     graph = import_graph(package)

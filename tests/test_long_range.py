@@ -10,8 +10,8 @@ from scipy.stats import beta
 from axiomformer.study import validate_config
 from axiomformer.study.long_range_report import SeedResult, exact_interval, zero_shot_label
 from axiomformer.study.suites import get_suite
-from axiomformer.tasks import make_task, row_hash
 from axiomformer.tasks import base as task_base
+from axiomformer.tasks import make_task, row_hash
 
 
 def shared_sequences(task, batches: int = 6, batch_size: int = 16) -> dict[tuple[str, str], int]:
@@ -26,8 +26,13 @@ def shared_sequences(task, batches: int = 6, batch_size: int = 16) -> dict[tuple
     return {(a, b): len(seen[a] & seen[b]) for a, b in (("train", "val"), ("train", "test"), ("val", "test"))}
 
 
-LONG_RANGE_TASKS = [("needle", {"shared": False}), ("needle", {"pairs": 4}), ("needle_kv", {}), ("needle", {"shared": True}),
-                    ("mqar", {"vocab": 32, "pairs_per_token": 1 / 640})]
+LONG_RANGE_TASKS = [
+    ("needle", {"shared": False}),
+    ("needle", {"pairs": 4}),
+    ("needle_kv", {}),
+    ("needle", {"shared": True}),
+    ("mqar", {"vocab": 32, "pairs_per_token": 1 / 640}),
+]
 
 
 @pytest.mark.parametrize("name,options", LONG_RANGE_TASKS)
@@ -63,12 +68,12 @@ def test_several_pair_needle_asks_one_of_its_keys_and_a_latch_scores_about_one_i
     for row, target in zip(x, y[:, -1]):
         body = row[:-1]
         key_positions = np.flatnonzero(body < k)
-        assert len(key_positions) == p and len(set(body[key_positions])) == p      # p distinct keys, nothing else
-        assert np.all(np.diff(key_positions) >= 2)                              # pairs do not overlap
+        assert len(key_positions) == p and len(set(body[key_positions])) == p  # p distinct keys, nothing else
+        assert np.all(np.diff(key_positions) >= 2)  # pairs do not overlap
         assert np.all((body[key_positions + 1] >= k) & (body[key_positions + 1] < 2 * k))
         asked = np.flatnonzero(body == row[-1])
-        assert len(asked) == 1 and target == body[asked[0] + 1]                  # the value after the asked key
-        latch_right += int(body[key_positions[0] + 1] == target)                 # a latch: keep the first value
+        assert len(asked) == 1 and target == body[asked[0] + 1]  # the value after the asked key
+        latch_right += int(body[key_positions[0] + 1] == target)  # a latch: keep the first value
     assert abs(latch_right / len(x) - (1 / p + (1 - 1 / p) / k)) < 0.035  # values may coincide
 
 
@@ -101,10 +106,10 @@ def _row(acc, n, stop="target"):
 
 
 def test_solved_needs_the_lower_bound_above_the_line_not_the_point():
-    assert SeedResult.of(_row(1.0, 100), 0.9).solved            # [0.964, 1]
-    assert not SeedResult.of(_row(0.95, 100), 0.9).solved       # 0.95 >= 0.9, but the interval reaches 0.887
-    assert not SeedResult.of(_row(1.0, 24), 0.9).solved         # 24/24: [0.858, 1]
-    assert not SeedResult.of(_row(1.0, None), 0.9).solved       # unknown n: no interval, no claim
+    assert SeedResult.of(_row(1.0, 100), 0.9).solved  # [0.964, 1]
+    assert not SeedResult.of(_row(0.95, 100), 0.9).solved  # 0.95 >= 0.9, but the interval reaches 0.887
+    assert not SeedResult.of(_row(1.0, 24), 0.9).solved  # 24/24: [0.858, 1]
+    assert not SeedResult.of(_row(1.0, None), 0.9).solved  # unknown n: no interval, no claim
     diverged = SeedResult.of(_row(None, 100, stop="nonfinite"), 0.9)
     assert diverged.diverged and not diverged.solved and "diverged" in diverged.text()
 

@@ -10,8 +10,6 @@ from axiomformer.checkpoint import load_checkpoint, save_checkpoint
 from axiomformer.models import MODEL_KINDS, RecurrentLM, TransformerLM, build_model, count_parameters
 from axiomformer.spec import AttentionSpec
 
-
-
 VOCAB = 11
 
 
@@ -28,12 +26,13 @@ def test_every_model_maps_ids_to_causal_logits(kind):
     changed = ids.clone()
     changed[:, 12:] = (changed[:, 12:] + 1) % VOCAB
     with torch.no_grad():
-        assert torch.allclose(model(changed)[:, :12], logits[:, :12], atol=1e-6)   # the future cannot leak back
+        assert torch.allclose(model(changed)[:, :12], logits[:, :12], atol=1e-6)  # the future cannot leak back
         assert not torch.allclose(model(changed)[:, 12:], logits[:, 12:], atol=1e-3)
 
 
-@pytest.mark.parametrize("relax", ["standard", "position=rope", "position=alibi", "position=learned",
-                                   "normalizer=sigmoid"])
+@pytest.mark.parametrize(
+    "relax", ["standard", "position=rope", "position=alibi", "position=learned", "normalizer=sigmoid"]
+)
 def test_incremental_decoding_equals_the_full_forward(relax):
     spec = AttentionSpec.standard(16, 4, causal=True).relax(relax)
     model = tiny("transformer", spec=spec)
@@ -41,8 +40,8 @@ def test_incremental_decoding_equals_the_full_forward(relax):
     with torch.no_grad():
         full = model(ids)
         caches = model.new_caches()
-        pieces = [model(ids[:, :7], caches=caches)]                             # multi-token prefill
-        pieces += [model(ids[:, t:t + 1], caches=caches) for t in range(7, 21)]  # then one token at a time
+        pieces = [model(ids[:, :7], caches=caches)]  # multi-token prefill
+        pieces += [model(ids[:, t : t + 1], caches=caches) for t in range(7, 21)]  # then one token at a time
     assert caches[0].length == 21
     assert (torch.cat(pieces, dim=1) - full).abs().max().item() <= 1e-5
 
@@ -68,8 +67,14 @@ def test_transformer_rejects_sequences_beyond_max_len_and_a_cache_without_causal
 
 
 def test_build_model_overrides_spec_width_and_causality():
-    model = build_model("transformer", vocab_size=VOCAB, dim=32, num_layers=1, max_len=50,
-                        spec=AttentionSpec.standard(64, 2).relax("A4=cosine"))
+    model = build_model(
+        "transformer",
+        vocab_size=VOCAB,
+        dim=32,
+        num_layers=1,
+        max_len=50,
+        spec=AttentionSpec.standard(64, 2).relax("A4=cosine"),
+    )
     spec = model.blocks[0].attn.spec
     assert (spec.dim, spec.num_heads, spec.causal, spec.score, spec.max_len) == (32, 2, True, "cosine", 50)
 
@@ -97,7 +102,7 @@ def test_checkpoint_round_trip_restores_the_model(tmp_path, kind, relax):
     model = tiny(kind, spec=spec)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)     # not the initialization: the weights must come from the file
+            p.add_(torch.randn_like(p) * 0.1)  # not the initialization: the weights must come from the file
     save_checkpoint(tmp_path, model, note="round trip")
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["note"] == "round trip" and config["model"]["kind"] == kind

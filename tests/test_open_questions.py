@@ -29,7 +29,7 @@ def test_hard_gumbel_spec_builds_and_returns_one_hot_rows_in_training():
     x = torch.randn(3, 9, 32, requires_grad=True)
     out, weights = layer(x, need_weights=True)
     assert _is_one_hot_rows(weights)
-    out.square().sum().backward()               # straight-through: the soft sample's gradient reaches the input
+    out.square().sum().backward()  # straight-through: the soft sample's gradient reaches the input
     assert x.grad is not None and x.grad.abs().sum() > 0
     # The check itself can fail: soft Gumbel weights are not one-hot.
     soft = Attention(spec.relax("gumbel_hard=false")).train()
@@ -61,10 +61,10 @@ def test_router_sends_non_default_gumbel_in_eval_to_an_engine_that_applies_it(op
     q, k, v = (torch.randn(2, 2, 7, 8) for _ in range(3))
     got = attend(q, k, v, spec=spec)
     tau, hard = spec.gumbel_tau, spec.gumbel_hard
-    scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(~torch.ones(7, 7, dtype=torch.bool).tril(),
-                                                                  float("-inf"))
-    weights = (torch.nn.functional.one_hot(scores.argmax(-1), 7).float() if hard
-               else torch.softmax(scores / tau, -1))
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(
+        ~torch.ones(7, 7, dtype=torch.bool).tril(), float("-inf")
+    )
+    weights = torch.nn.functional.one_hot(scores.argmax(-1), 7).float() if hard else torch.softmax(scores / tau, -1)
     assert torch.allclose(got.out, weights @ v, atol=1e-5)
     assert at_defaults(spec) == (engine is not None) and (engine is None or got.engine == engine)
     assert got.engine != "sdpa" or not options
@@ -96,14 +96,28 @@ def test_non_positive_gumbel_tau_is_rejected_naming_the_field(tau):
 def test_gumbel_temperature_anneals_exponentially_to_its_final_value():
     assert gumbel_tau_at(0, 11, 1.0, 0.5) == 1.0
     assert gumbel_tau_at(10, 11, 1.0, 0.5) == pytest.approx(0.5)
-    assert gumbel_tau_at(5, 11, 1.0, 0.25) == pytest.approx(0.5)   # geometric midpoint
+    assert gumbel_tau_at(5, 11, 1.0, 0.25) == pytest.approx(0.5)  # geometric midpoint
     model = TransformerLM(AttentionSpec.standard(16, 2, causal=True).relax("normalizer=gumbel_softmax"), 10, 2, 8)
     assert set_gumbel_tau(model, 0.3) == 2
     assert all(b.attn.spec.gumbel_tau == 0.3 for b in model.blocks)
     seen = {}
-    train(TrainConfig(task="needle", seq_len=8, dim=16, heads=2, layers=1, steps=4, eval_every=4, eval_batches=1,
-                      spec="normalizer=gumbel_softmax", gumbel_tau_final=0.5, device="cpu"), progress=False,
-          on_end=lambda m, t: seen.update(tau=m.blocks[0].attn.spec.gumbel_tau) or {})
+    train(
+        TrainConfig(
+            task="needle",
+            seq_len=8,
+            dim=16,
+            heads=2,
+            layers=1,
+            steps=4,
+            eval_every=4,
+            eval_batches=1,
+            spec="normalizer=gumbel_softmax",
+            gumbel_tau_final=0.5,
+            device="cpu",
+        ),
+        progress=False,
+        on_end=lambda m, t: seen.update(tau=m.blocks[0].attn.spec.gumbel_tau) or {},
+    )
     assert seen["tau"] == pytest.approx(0.5)
 
 
@@ -113,8 +127,11 @@ def _permutation_invariant(task, seed: int = 0) -> bool:
     inputs, targets = task.sample(np.random.default_rng(seed), 64)
     rng = np.random.default_rng(seed + 1)
     shuffled = np.stack([row[rng.permutation(len(row))] for row in inputs])
-    again = multiset_targets(shuffled, task.target, task.num_symbols) if hasattr(task, "target") else (
-        shuffled[:, ::-1] if task.kind == "reverse" else np.sort(shuffled, axis=1))
+    again = (
+        multiset_targets(shuffled, task.target, task.num_symbols)
+        if hasattr(task, "target")
+        else (shuffled[:, ::-1] if task.kind == "reverse" else np.sort(shuffled, axis=1))
+    )
     again = np.repeat(again[:, None], inputs.shape[1], axis=1) if again.ndim == 1 else again
     return bool((again == targets).all())
 
@@ -123,8 +140,8 @@ def _permutation_invariant(task, seed: int = 0) -> bool:
 def test_set_task_target_is_invariant_to_permuting_its_input(name):
     task = make_task(name, seq_len=12)
     assert _permutation_invariant(task)
-    inputs, targets = task.batch(16, seed=3, split="train")
-    assert (targets == targets[:, :1]).all()          # the same answer at every position
+    _inputs, targets = task.batch(16, seed=3, split="train")
+    assert (targets == targets[:, :1]).all()  # the same answer at every position
     assert _permutation_invariant(task, seed=7)
 
 
@@ -170,8 +187,19 @@ def test_extrapolation_lengths_are_evaluated_without_retraining():
 
 
 def test_training_is_the_same_with_and_without_extrapolation_and_probes():
-    base = dict(task="majority", seq_len=8, dim=16, heads=2, layers=1, steps=6, eval_every=6, eval_batches=1,
-                causal=False, input_position="none", device="cpu")
+    base = dict(
+        task="majority",
+        seq_len=8,
+        dim=16,
+        heads=2,
+        layers=1,
+        steps=6,
+        eval_every=6,
+        eval_batches=1,
+        causal=False,
+        input_position="none",
+        device="cpu",
+    )
     plain = train(TrainConfig(**base), progress=False)
     probed = train(TrainConfig(**base, eval_lengths=[16, 64], probes=["init_entropy"]), progress=False)
     assert plain.losses == probed.losses and plain.accuracy == probed.accuracy
@@ -209,7 +237,7 @@ def test_entropy_at_initialization_matches_the_closed_form(scale, d):
 
 def test_without_the_scale_large_head_dims_freeze_the_attention_at_initialization():
     n = 64
-    assert math.isnan(entropy_closed_form(n, 128.0))            # sigma^2 = d beyond 2 log n: frozen phase
+    assert math.isnan(entropy_closed_form(n, 128.0))  # sigma^2 = d beyond 2 log n: frozen phase
     assert _measured_entropy("none", 128, n) < 1.0 < _measured_entropy("inv_sqrt_d", 128, n)
     with pytest.raises(ValueError):
         entropy_closed_form(0, 1.0)

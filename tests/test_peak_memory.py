@@ -34,11 +34,11 @@ def test_every_run_in_a_reused_process_shows_its_own_peak():
     if memory._malloc_trim() is None:
         pytest.skip("no glibc")
     peaks = _three_peaks()
-    assert all(p > 30 for p in peaks), peaks                      # 47 MiB of blocks each time
+    assert all(p > 30 for p in peaks), peaks  # 47 MiB of blocks each time
 
 
 def test_the_peak_check_sees_heap_reuse_without_the_trim(monkeypatch):
-    monkeypatch.setattr(memory, "_malloc_trim", lambda: None)       # the old meter
+    monkeypatch.setattr(memory, "_malloc_trim", lambda: None)  # the old meter
     peaks = _three_peaks()
     assert min(peaks[1:]) < 10, peaks
 

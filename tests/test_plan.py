@@ -11,8 +11,7 @@ import torch
 
 from axiomformer import Attention, AttentionSpec, KVCache
 from axiomformer.axes import registry
-from axiomformer.engines import ENGINE_ORDER, ENGINES, route_cache_clear, route_cache_size
-from axiomformer.engines import router
+from axiomformer.engines import ENGINE_ORDER, ENGINES, route_cache_clear, route_cache_size, router
 from axiomformer.spec import AXES
 
 CHOICES = [(axis, name) for axis, names in AXES.items() for name in names]
@@ -23,10 +22,12 @@ def lookups(monkeypatch):
     """Counts every registry lookup by name (``Registry.__getitem__`` and ``Registry.has``)."""
     seen = collections.Counter()
     real_get, real_has = registry.Registry.__getitem__, registry.Registry.has
-    monkeypatch.setattr(registry.Registry, "__getitem__", lambda self, name: seen.update([self.axis])
-                        or real_get(self, name))
-    monkeypatch.setattr(registry.Registry, "has", lambda self, name, trait: seen.update([self.axis])
-                        or real_has(self, name, trait))
+    monkeypatch.setattr(
+        registry.Registry, "__getitem__", lambda self, name: seen.update([self.axis]) or real_get(self, name)
+    )
+    monkeypatch.setattr(
+        registry.Registry, "has", lambda self, name, trait: seen.update([self.axis]) or real_has(self, name, trait)
+    )
     return seen
 
 
@@ -43,7 +44,7 @@ def test_a_forward_looks_up_no_choice_by_name(axis, name, lookups):
     x = torch.randn(2, 9, 16)
     keep = torch.ones(2, 9, dtype=torch.bool)
     keep[1, 7:] = False
-    att(x)                                                # the plan is resolved here, once
+    att(x)  # the plan is resolved here, once
     lookups.clear()
     att(x, key_padding_mask=keep).sum().backward()
     att(x)
@@ -55,8 +56,9 @@ def test_the_lookup_check_sees_a_lookup_per_forward(lookups, monkeypatch):
 
     att = _layer("normalizer", "sigmoid")
     real = Attention._attend_heads
-    monkeypatch.setattr(Attention, "_attend_heads", lambda self, *a: NORMALIZERS[self.spec.normalizer] and
-                        real(self, *a))
+    monkeypatch.setattr(
+        Attention, "_attend_heads", lambda self, *a: NORMALIZERS[self.spec.normalizer] and real(self, *a)
+    )
     att(torch.randn(1, 5, 16))
     lookups.clear()
     att(torch.randn(1, 5, 16))
@@ -66,10 +68,10 @@ def test_the_lookup_check_sees_a_lookup_per_forward(lookups, monkeypatch):
 def test_replacing_the_spec_resolves_a_new_plan():
     att = _layer("normalizer", "gumbel_softmax", gumbel_tau=0.7)
     first = att.plan
-    assert att.plan is first                              # resolved once
+    assert att.plan is first  # resolved once
     att.spec = att.spec.relax(gumbel_tau=0.5)
     assert att.plan is not first and att.plan.options["tau"] == 0.5
-    assert att.plan.key == first.key                      # the route key holds no option values (only: at defaults?)
+    assert att.plan.key == first.key  # the route key holds no option values (only: at defaults?)
 
 
 # ---------------------------------------------------------------------------------------------- the router's cache
@@ -111,8 +113,11 @@ def test_the_cache_is_bounded(monkeypatch):
 def test_the_bound_check_sees_an_unbounded_cache(monkeypatch):
     # Plant the old key: the lengths in it. Every new length then adds an entry.
     real = router.problem_kind
-    monkeypatch.setattr(router, "problem_kind",
-                        lambda plan, problem: real(plan, problem)._replace(dtype=(problem.q.dtype, problem.k_len)))
+    monkeypatch.setattr(
+        router,
+        "problem_kind",
+        lambda plan, problem: real(plan, problem)._replace(dtype=(problem.q.dtype, problem.k_len)),
+    )
     monkeypatch.setattr(router, "ROUTE_CACHE_MAX", 10**6)
     route_cache_clear()
     att = _layer("score", "dot")
@@ -122,18 +127,27 @@ def test_the_bound_check_sees_an_unbounded_cache(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------- last_engine
-@pytest.mark.parametrize("relax, causal", [("standard", True), ("normalizer=sigmoid", True),
-                                           ("normalizer=sparsemax", False), ("normalizer=linear", True),
-                                           ("score=additive", True), ("position=alibi", True)])
+@pytest.mark.parametrize(
+    "relax, causal",
+    [
+        ("standard", True),
+        ("normalizer=sigmoid", True),
+        ("normalizer=sparsemax", False),
+        ("normalizer=linear", True),
+        ("score=additive", True),
+        ("position=alibi", True),
+    ],
+)
 def test_last_engine_names_the_engine_whose_kernel_ran(relax, causal, monkeypatch):
     ran = []
     for name in ENGINE_ORDER:
         engine = ENGINES[name]
         real = type(engine).__call__
-        monkeypatch.setattr(type(engine), "__call__", lambda self, *a, _real=real, **k: ran.append(self.name)
-                            or _real(self, *a, **k))
+        monkeypatch.setattr(
+            type(engine), "__call__", lambda self, *a, _real=real, **k: ran.append(self.name) or _real(self, *a, **k)
+        )
     att = Attention(AttentionSpec.standard(16, 2, causal=causal).relax(relax))
-    for n in (6, 300):                                    # small (reference) and large enough for a fast path
+    for n in (6, 300):  # small (reference) and large enough for a fast path
         ran.clear()
         att(torch.randn(1, n, 16))
         assert ran == [att.last_engine]

@@ -15,7 +15,9 @@ NORMALIZERS = ("softmax", "sigmoid", "linear", "sparsemax")
 
 def _layer(position: str, normalizer: str, causal: bool = True, dim: int = 8) -> Attention:
     torch.manual_seed(1)
-    return Attention(AttentionSpec.standard(dim, 2, causal=causal).relax(position=position, normalizer=normalizer)).eval()
+    return Attention(
+        AttentionSpec.standard(dim, 2, causal=causal).relax(position=position, normalizer=normalizer)
+    ).eval()
 
 
 def _left_padded(real: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,8 +76,8 @@ def test_kv_cache_continues_padded_positions(position):
         prefill = att(padded[:, :5], key_padding_mask=keep[:, :5], cache=cache)
         torch.testing.assert_close(prefill[:, 2:], full[:, :3], atol=1e-5, rtol=1e-5)
         for t in range(5, 8):
-            step = att(padded[:, t:t + 1], key_padding_mask=keep[:, :t + 1], cache=cache)
-            torch.testing.assert_close(step, full[:, t - 2:t - 1], atol=1e-5, rtol=1e-5)
+            step = att(padded[:, t : t + 1], key_padding_mask=keep[:, : t + 1], cache=cache)
+            torch.testing.assert_close(step, full[:, t - 2 : t - 1], atol=1e-5, rtol=1e-5)
         assert cache.positions[0, 2:].tolist() == list(range(6))
 
 
@@ -87,7 +89,7 @@ def test_kv_cache_without_mask_continues_stored_positions():
         shifted = att(x, position_ids=torch.arange(10, 15))
         cache = KVCache()
         att(x[:, :3], position_ids=torch.arange(10, 13), cache=cache)
-        step = att(x[:, 3:5], cache=cache)                     # continues at 13, 14
+        step = att(x[:, 3:5], cache=cache)  # continues at 13, 14
     torch.testing.assert_close(step, shifted[:, 3:], atol=1e-5, rtol=1e-5)
 
 
@@ -95,8 +97,9 @@ def test_kv_cache_without_mask_continues_stored_positions():
 def test_transformer_lm_left_padding_and_cache(position):
     spec = AttentionSpec.standard(16, 2, causal=True, position=position)
     torch.manual_seed(0)
-    model = TransformerLM(spec, vocab_size=11, num_layers=2, max_len=16,
-                          input_position="learned" if position == "none" else "auto").eval()
+    model = TransformerLM(
+        spec, vocab_size=11, num_layers=2, max_len=16, input_position="learned" if position == "none" else "auto"
+    ).eval()
     ids = torch.randint(0, 11, (1, 5))
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], 1)
     keep = torch.ones(1, 8, dtype=torch.bool)
@@ -122,7 +125,7 @@ def test_learned_negative_positions_take_the_first_row():
     att = _layer("learned", "softmax", causal=False)
     q, kv = torch.randn(1, 7, 8), torch.randn(1, 5, 8)
     with torch.no_grad():
-        out = att(q, kv)                                       # queries at -2 .. 4
+        out = att(q, kv)  # queries at -2 .. 4
         clipped = att(q, kv, position_ids=torch.tensor([0, 0, 0, 1, 2, 3, 4]), key_position_ids=torch.arange(5))
     torch.testing.assert_close(out, clipped)
 

@@ -25,7 +25,7 @@ from axiomformer.spec import AXES
 HEADS, HEAD_DIM = 2, 4
 DIM = HEADS * HEAD_DIM
 ENGINE_NAMES = ["auto", "reference", "chunked", "sdpa", "linear"]
-NORMALIZERS = [n for n in AXES["normalizer"]]
+NORMALIZERS = list(AXES["normalizer"])
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,7 @@ def truth64(normalizer: str, q, k, v, scale: float, causal: bool):
     blocked = s.masked_fill(~visible, float("-inf"))
     w = {
         "softmax": lambda: torch.softmax(blocked, -1),
-        "gumbel_softmax": lambda: torch.softmax(blocked, -1),                       # eval, tau = 1
+        "gumbel_softmax": lambda: torch.softmax(blocked, -1),  # eval, tau = 1
         "sigmoid": lambda: torch.sigmoid(s - n.log()) * visible,
         "relu": lambda: torch.relu(s) / n * visible,
         "sparsemax": lambda: sparsemax(blocked, -1),
@@ -86,7 +86,7 @@ def test_float64_inputs_are_computed_in_float64_on_every_engine(normalizer, engi
     result = _run(normalizer, engine, q, k, v, causal)
     if result is None:
         return
-    _, expected = truth64(normalizer, q, k, v, HEAD_DIM ** -0.5, causal)
+    _, expected = truth64(normalizer, q, k, v, HEAD_DIM**-0.5, causal)
     assert result.out.dtype == torch.float64
     torch.testing.assert_close(result.out, expected, rtol=1e-11, atol=1e-12)
 
@@ -97,10 +97,10 @@ def test_float64_weights_are_float64_and_rows_sum_to_one_within_float64(normaliz
         pytest.skip("truth64 has no closed form for this normalizer yet (its formula is tested in test_relaxations)")
     q, k, v = (torch.randn(2, HEADS, n, HEAD_DIM, dtype=torch.float64) for n in (5, 6, 6))
     weights = _run(normalizer, "auto", q, k, v, False, need_weights=True).weights
-    expected, _ = truth64(normalizer, q, k, v, HEAD_DIM ** -0.5, False)
+    expected, _ = truth64(normalizer, q, k, v, HEAD_DIM**-0.5, False)
     assert weights.dtype == torch.float64
     torch.testing.assert_close(weights, expected, rtol=1e-11, atol=1e-12)
-    if normalizer not in ("sigmoid", "relu", "softmax1", "linear"):       # the ones that are distributions
+    if normalizer not in ("sigmoid", "relu", "softmax1", "linear"):  # the ones that are distributions
         torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)), rtol=0, atol=1e-13)
 
 
@@ -111,7 +111,7 @@ def test_rows_of_every_distribution_normalizer_sum_to_one_within_its_dtype(norma
         pytest.skip("not a distribution over the keys")
     scores = (torch.randn(3, HEADS, 7, 11) * 4).to(dtype)
     weights = normalize(scores, None, normalizer)
-    assert weights.dtype == torch.float32                     # computed in max(dtype, float32)
+    assert weights.dtype == torch.float32  # computed in max(dtype, float32)
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, HEADS, 7), rtol=0, atol=4e-7)
 
 
@@ -136,7 +136,7 @@ def test_the_float64_check_sees_a_float32_reference(monkeypatch):
 
     monkeypatch.setattr(reference, "compute_dtype", lambda *dtypes: torch.float32)
     q, k, v = (torch.randn(2, HEADS, n, HEAD_DIM, dtype=torch.float64) for n in (5, 6, 6))
-    _, expected = truth64("softmax", q, k, v, HEAD_DIM ** -0.5, False)
+    _, expected = truth64("softmax", q, k, v, HEAD_DIM**-0.5, False)
     out = attend(q, k, v, engine="reference").out
     assert float((out - expected).abs().max()) > 1e-10
 
@@ -159,7 +159,7 @@ def test_float16_scores_beyond_the_float16_range_stay_finite_and_correctly_round
     expected_w, expected = truth64(normalizer, q, q, v, 0.25, False)
     assert torch.isfinite(result.out).all()
     # The float64 result on the same float16 inputs, rounded once to float16, is the best any float16 output can be.
-    assert float((result.out.double() - expected).abs().max()) <= 2 ** -10 * float(expected.abs().max()) + 1e-3
+    assert float((result.out.double() - expected).abs().max()) <= 2**-10 * float(expected.abs().max()) + 1e-3
     if result.weights is not None:
         assert torch.isfinite(result.weights).all()
         torch.testing.assert_close(result.weights.double(), expected_w, rtol=1e-5, atol=1e-6)
@@ -185,4 +185,4 @@ def test_the_float16_check_sees_scores_multiplied_in_float16(monkeypatch):
 
 
 def test_scale_constant_matches_math():
-    assert HEAD_DIM ** -0.5 == pytest.approx(1 / math.sqrt(HEAD_DIM))
+    assert HEAD_DIM**-0.5 == pytest.approx(1 / math.sqrt(HEAD_DIM))

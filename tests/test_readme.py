@@ -30,4 +30,4 @@ def test_readme_links_to_files_that_exist():
 
 def test_readme_test_and_study_commands_are_the_documented_ones():
     assert "```bash\naxiomformer study\n```" in README and "```bash\npython -m pytest -q\n```" in README
-    assert "torch==" not in README          # no pin claimed to choose the CPU or CUDA build
+    assert "torch==" not in README  # no pin claimed to choose the CPU or CUDA build

@@ -32,19 +32,20 @@ def _independent_normalizers():
         "softmax": softmax,
         "sigmoid": lambda s: 1 / (1 + torch.exp(-(s - math.log(s.shape[-1])))),
         "relu": lambda s: s.clamp(min=0) / s.shape[-1],
-        "sparsemax": lambda s: sparsemax(s, dim=-1),              # the entmax package's sort-based reference
+        "sparsemax": lambda s: sparsemax(s, dim=-1),  # the entmax package's sort-based reference
         "entmax15": lambda s: entmax15(s, dim=-1),
-        "gumbel_softmax": softmax,                                 # outside training
+        "gumbel_softmax": softmax,  # outside training
         "linear": lambda k: k / (k.sum(-1, keepdim=True) + 1e-6),
-        "entmax_alpha": lambda s: entmax15(s, dim=-1),              # its alpha starts at 1.5 (params default)
+        "entmax_alpha": lambda s: entmax15(s, dim=-1),  # its alpha starts at 1.5 (params default)
         "softmax1": lambda s: torch.exp(s.double()) / (1 + torch.exp(s.double()).sum(-1, keepdim=True)),
         # diff reads its input as the two halves' scores stacked on the first dimension; lambda starts at 0.2.
         "diff": lambda s: softmax(s[0]) - 0.2 * softmax(s[1]),
         "stick_breaking": _stick_breaking_loop,
         "softmax_sink": lambda s: torch.exp(s.double()) / (1 + torch.exp(s.double()).sum(-1, keepdim=True)),
-        "softpick": lambda s: (torch.exp(s.double()) - 1).clamp(min=0)
-        / ((torch.exp(s.double()) - 1).abs().sum(-1, keepdim=True) + 1e-6),
-        "topk": softmax,                                           # 7 keys, topk = 8: every key kept
+        "softpick": lambda s: (
+            (torch.exp(s.double()) - 1).clamp(min=0) / ((torch.exp(s.double()) - 1).abs().sum(-1, keepdim=True) + 1e-6)
+        ),
+        "topk": softmax,  # 7 keys, topk = 8: every key kept
     }
 
 
@@ -117,8 +118,9 @@ def test_every_normalizer_keeps_the_promises_of_its_traits(name):
 def test_the_trait_check_catches_a_choice_that_claims_a_trait_it_does_not_have():
     liar = Choice("liar", "u = sigmoid(s)", "planted", lambda s, training: torch.sigmoid(s), frozenset({"softmax"}))
     assert trait_violations(liar) == ["softmax"]
-    sinkless = Choice("sinkless", "u = softmax(s)", "planted", lambda s, training: torch.softmax(s, -1),
-                      frozenset({"sink"}))
+    sinkless = Choice(
+        "sinkless", "u = softmax(s)", "planted", lambda s, training: torch.softmax(s, -1), frozenset({"sink"})
+    )
     assert trait_violations(sinkless) == ["sink"]
 
 
@@ -132,7 +134,7 @@ def test_every_dot_form_reproduces_its_score_up_to_a_per_query_constant(name):
     q2, k2, scale2, extras = SCORES[name].extra["dot_form"](module, q, k, scale)
     logits = scale2 * q2 @ k2.transpose(-2, -1) + sum((qc * kc.transpose(-2, -1) for qc, kc in extras), 0.0)
     gap = logits - scale * module(q, k)
-    torch.testing.assert_close(gap, gap[..., :1].expand_as(gap), rtol=1e-5, atol=1e-5)     # constant in j
+    torch.testing.assert_close(gap, gap[..., :1].expand_as(gap), rtol=1e-5, atol=1e-5)  # constant in j
     if SCORES.has(name, "dot_form_exact"):
         torch.testing.assert_close(gap, torch.zeros_like(gap), rtol=1e-5, atol=1e-5)
 
@@ -165,8 +167,14 @@ def test_entmax_alpha_at_1_5_and_2_is_the_sort_based_entmax_and_sparsemax_and_al
 
 
 # ---------------------------------------------------------------------------------------------- engines
-@pytest.mark.parametrize("axis, name", [(axis, c.name) for axis in ("normalizer", "score", "position", "contribution",
-                                                                     "feature_map") for c in REGISTRIES[axis]])
+@pytest.mark.parametrize(
+    "axis, name",
+    [
+        (axis, c.name)
+        for axis in ("normalizer", "score", "position", "contribution", "feature_map")
+        for c in REGISTRIES[axis]
+    ],
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_choice_runs_the_same_on_every_engine_that_accepts_it_as_on_the_reference(axis, name, causal):
     if not causal and required_fields(axis, name):
@@ -194,8 +202,15 @@ def test_every_choice_runs_the_same_on_every_engine_that_accepts_it_as_on_the_re
         att = Attention(spec).eval()
         q = torch.zeros(2, HEADS, 6, DIM // HEADS)
         k = torch.zeros(2, HEADS, 9, DIM // HEADS)
-        problem = AttentionProblem(q=q, k=k, v=k, causal=causal, mask=keep[:, None, None], q_offset=3,
-                                   alibi_slopes=att.position.slopes if name == "alibi" else None)
+        problem = AttentionProblem(
+            q=q,
+            k=k,
+            v=k,
+            causal=causal,
+            mask=keep[:, None, None],
+            q_offset=3,
+            alibi_slopes=att.position.slopes if name == "alibi" else None,
+        )
         if not ENGINES[engine].accepts(att.plan, problem_kind(att.plan, problem)):
             continue
         got = run(engine)

@@ -39,9 +39,12 @@ CHOICES = {
 """Issue 26's items 1-10, as relax strings (topk below the key count, a softcap the scores reach)."""
 
 NEW_PARAMETERS = {
-    "gate": ["aggregator.gate.weight", "aggregator.gate.bias"], "diff": ["normalizer.diff_lambda"],
-    "log_n": ["scale.log_n_coef"], "forget": ["position.forget_gate.weight", "position.forget_gate.bias"],
-    "softmax_sink": ["normalizer.sink_logit"], "talking_heads": ["score_fn.mix"],
+    "gate": ["aggregator.gate.weight", "aggregator.gate.bias"],
+    "diff": ["normalizer.diff_lambda"],
+    "log_n": ["scale.log_n_coef"],
+    "forget": ["position.forget_gate.weight", "position.forget_gate.bias"],
+    "softmax_sink": ["normalizer.sink_logit"],
+    "talking_heads": ["score_fn.mix"],
 }
 CAUSAL_ONLY = {"stick_breaking", "forget"}
 
@@ -61,7 +64,7 @@ def _stick_breaking(s: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     u = torch.zeros_like(s)
     for j in range(s.shape[-1]):
         keep = torch.ones_like(s[..., 0])
-        for m in range(j + 1, s.shape[-1]):                      # visible keys after j (the causal mask: m <= i)
+        for m in range(j + 1, s.shape[-1]):  # visible keys after j (the causal mask: m <= i)
             keep = keep * (1 - beta[..., m])
         u[..., j] = beta[..., j] * keep
     return u
@@ -69,7 +72,7 @@ def _stick_breaking(s: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 def _topk(s: torch.Tensor, visible: torch.Tensor, k: int) -> torch.Tensor:
     ranked = s.masked_fill(~visible, -math.inf).sort(-1, descending=True).values
-    kth = ranked[..., min(k, s.shape[-1]) - 1: min(k, s.shape[-1])]
+    kth = ranked[..., min(k, s.shape[-1]) - 1 : min(k, s.shape[-1])]
     return _masked_softmax(s, visible & (s >= kth))
 
 
@@ -77,7 +80,7 @@ def reference_weights(att: Attention, x: torch.Tensor, visible: torch.Tensor, na
     """u (batch, heads, q, k) of choice ``name`` from the formula of its paper (issue 26's statement of it)."""
     spec = att.spec
     q, k = _heads(att.q_proj(x)), _heads(att.k_proj(x))
-    s = q @ k.transpose(-2, -1) / math.sqrt(HD)                            # s_ij = q_i . k_j / sqrt(head_dim)
+    s = q @ k.transpose(-2, -1) / math.sqrt(HD)  # s_ij = q_i . k_j / sqrt(head_dim)
     if name == "diff":
         h = HD // 2
         s1 = q[..., :h] @ k[..., :h].transpose(-2, -1) / math.sqrt(h)
@@ -90,8 +93,8 @@ def reference_weights(att: Attention, x: torch.Tensor, visible: torch.Tensor, na
     if name == "stick_breaking":
         return _stick_breaking(s, visible)
     if name == "forget":
-        log_f = torch.nn.functional.logsigmoid(att.position.forget_gate(x)).transpose(1, 2)   # (batch, heads, seq)
-        log_f = log_f * keep[:, None, :]                                                      # padding: no token
+        log_f = torch.nn.functional.logsigmoid(att.position.forget_gate(x)).transpose(1, 2)  # (batch, heads, seq)
+        log_f = log_f * keep[:, None, :]  # padding: no token
         idx = torch.arange(x.shape[1])
         between = (idx.view(1, -1, 1) < idx.view(1, 1, -1)) & (idx.view(1, 1, -1) <= idx.view(-1, 1, 1))  # j<l<=i
         s = s + torch.einsum("ijl,bhl->bhij", between.double(), log_f)
@@ -113,7 +116,7 @@ def reference_weights(att: Attention, x: torch.Tensor, visible: torch.Tensor, na
 def reference_output(att: Attention, x: torch.Tensor, visible: torch.Tensor, name: str, keep: torch.Tensor):
     u = reference_weights(att, x, visible, name, keep)
     y = (u @ _heads(att.v_proj(x))).transpose(1, 2).reshape(x.shape)
-    if name == "gate":                                                     # y <- sigmoid(W_g x + b_g) * y
+    if name == "gate":  # y <- sigmoid(W_g x + b_g) * y
         y = torch.sigmoid(x @ att.aggregator.gate.weight.T + att.aggregator.gate.bias) * y
     return att.out_proj(y), u
 
@@ -122,7 +125,7 @@ def _layer(name: str, causal: bool, seed: int = 0) -> Attention:
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(CHOICES[name])
     torch.manual_seed(seed)
     att = Attention(spec).double().train()
-    with torch.no_grad():                       # move every new parameter off its initial value, so none is special
+    with torch.no_grad():  # move every new parameter off its initial value, so none is special
         for pname in NEW_PARAMETERS.get(name, []):
             p = att.get_parameter(pname)
             p.add_(0.3 * torch.randn_like(p))
@@ -133,8 +136,8 @@ def _inputs(causal: bool):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, LEN, DIM, generator=g, dtype=torch.float64) * 1.5
     keep = torch.ones(2, LEN, dtype=torch.bool)
-    keep[0, 2] = False                                   # a padded key inside the sequence
-    keep[1, LEN - 2:] = False                            # right padding
+    keep[0, 2] = False  # a padded key inside the sequence
+    keep[1, LEN - 2 :] = False  # right padding
     visible = keep[:, None, None, :].expand(2, 1, LEN, LEN)
     if causal:
         visible = visible & torch.ones(LEN, LEN, dtype=torch.bool).tril()
@@ -151,7 +154,7 @@ def test_weights_output_and_gradients_equal_the_papers_formula(name, causal):
     out, w = att(x, key_padding_mask=keep, need_weights=True)
     ref_out, ref_w = reference_output(att, x, visible, name, keep)
     torch.testing.assert_close(w.double(), ref_w, rtol=1e-5, atol=1e-6)
-    real = keep.unsqueeze(-1) | (visible.any(-1).squeeze(1).unsqueeze(-1))       # rows with a visible key
+    real = keep.unsqueeze(-1) | (visible.any(-1).squeeze(1).unsqueeze(-1))  # rows with a visible key
     torch.testing.assert_close(out * real, ref_out * real, rtol=1e-5, atol=1e-6)
 
     # Backward: the fast route (no weights asked) against autograd through the reference formula.
@@ -179,14 +182,14 @@ def test_decoding_through_the_kv_cache_gives_the_rows_of_the_full_computation(na
     att = _layer(name, causal=True).eval()
     x, keep, _ = _inputs(True)
     keep = torch.ones_like(keep)
-    keep[1, :2] = False                                              # left padding, the usual decoding layout
+    keep[1, :2] = False  # left padding, the usual decoding layout
     with torch.no_grad():
         full = att(x, key_padding_mask=keep)
         cache = KVCache()
         steps = [att(x[:, :3], key_padding_mask=keep[:, :3], cache=cache)]
         for t in range(3, LEN):
-            steps.append(att(x[:, t:t + 1], key_padding_mask=keep[:, :t + 1], cache=cache))
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-6)      # float32 normalizers
+            steps.append(att(x[:, t : t + 1], key_padding_mask=keep[:, : t + 1], cache=cache))
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-6)  # float32 normalizers
 
 
 # ---------------------------------------------------------------------------------------------- special cases
@@ -204,7 +207,7 @@ def test_softmax_sink_starts_as_softmax1_and_forget_with_constant_gates_is_alibi
     torch.manual_seed(0)
     alibi = Attention(spec.relax(position="alibi")).double()
     m = alibi.position.slopes.double()
-    with torch.no_grad():                                    # log f_l = -m_h for every token: f = exp(-m_h)
+    with torch.no_grad():  # log f_l = -m_h for every token: f = exp(-m_h)
         for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
             forget.get_submodule(name).load_state_dict(alibi.get_submodule(name).state_dict())
         forget.position.forget_gate.weight.zero_()
@@ -266,16 +269,22 @@ def test_topk_keeps_k_keys_per_row_and_at_least_one():
 
 
 # ---------------------------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("changes, message", [
-    ("normalizer=topk,topk=0", r"topk must be an int >= 1"),
-    ("softcap=-1", r"softcap must be a finite float >= 0 \(0 = off\)"),
-    ("normalizer=stick_breaking", r"normalizer='stick_breaking' is defined only under a causal mask: it needs "
-                                  r"causal=True"),
-    ("position=forget", r"position='forget' is defined only under a causal mask: it needs causal=True"),
-    ("normalizer=diff,dim=12,num_heads=4", r"needs an even head_dim \(>= 2\), got head_dim=3"),
-    ("normalizer=diff,score=bilinear", r"needs a score without head_dim-sized parameters \(one of: dot, cosine"),
-    ("normalizer=linear,softcap=5", r"softcap caps scores"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ("normalizer=topk,topk=0", r"topk must be an int >= 1"),
+        ("softcap=-1", r"softcap must be a finite float >= 0 \(0 = off\)"),
+        (
+            "normalizer=stick_breaking",
+            r"normalizer='stick_breaking' is defined only under a causal mask: it needs "
+            r"causal=True",
+        ),
+        ("position=forget", r"position='forget' is defined only under a causal mask: it needs causal=True"),
+        ("normalizer=diff,dim=12,num_heads=4", r"needs an even head_dim \(>= 2\), got head_dim=3"),
+        ("normalizer=diff,score=bilinear", r"needs a score without head_dim-sized parameters \(one of: dot, cosine"),
+        ("normalizer=linear,softcap=5", r"softcap caps scores"),
+    ],
+)
 def test_bad_relaxations_are_one_line_value_errors_naming_the_valid_range(changes, message):
     with pytest.raises(ValueError, match=message) as info:
         AttentionSpec.standard(DIM, HEADS).relax(changes)
@@ -314,15 +323,43 @@ def test_a_scale_registered_without_a_value_is_refused_by_attend_not_silently_on
 # ---------------------------------------------------------------------------------------------- training
 @pytest.mark.parametrize("name", list(CHOICES))
 def test_training_runs_and_every_new_parameter_moves(name):
-    config = TrainConfig(task="copy", seq_len=12, dim=16, layers=1, steps=4, batch_size=4, eval_batches=1,
-                         eval_every=4, task_options={"vocab": 4}, spec=CHOICES[name], seed=0)
+    config = TrainConfig(
+        task="copy",
+        seq_len=12,
+        dim=16,
+        layers=1,
+        steps=4,
+        batch_size=4,
+        eval_batches=1,
+        eval_every=4,
+        task_options={"vocab": 4},
+        spec=CHOICES[name],
+        seed=0,
+    )
     result = train(config, progress=False)
     assert len(result.losses) == 4 and all(math.isfinite(v) for v in result.losses)
 
 
 def test_train_command_takes_a_relaxation_as_spec():
-    result = CliRunner().invoke(app, ["train", "--task", "copy", "--seq-len", "12", "--dim", "16", "--layers", "1",
-                                      "--steps", "2", "--spec", "normalizer=topk,topk=2", "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--task",
+            "copy",
+            "--seq-len",
+            "12",
+            "--dim",
+            "16",
+            "--layers",
+            "1",
+            "--steps",
+            "2",
+            "--spec",
+            "normalizer=topk,topk=2",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
 
 
@@ -340,8 +377,9 @@ def test_the_transformers_adapter_runs_sinks_and_softcap_as_registry_choices_wit
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64) * 2 for _ in range(3))
     sinks = torch.tensor([0.7, -0.4], dtype=torch.float64, requires_grad=True)
-    out, w = hf_attention.axiomformer_attention_forward(Module(), q, k, v, None, scaling=0.3, softcap=3.0,
-                                                        s_aux=sinks, output_attentions=True)
+    out, w = hf_attention.axiomformer_attention_forward(
+        Module(), q, k, v, None, scaling=0.3, softcap=3.0, s_aux=sinks, output_attentions=True
+    )
     out.square().sum().backward()
     grad = sinks.grad.clone()
     # Gemma 2 / GPT-OSS eager, written out: capped scaled logits, the sink joins the softmax and is dropped.

@@ -21,8 +21,9 @@ DRIVER = shutil.which("chromedriver")
 REQUIRED = os.environ.get("AXIOMFORMER_REQUIRE_BROWSER") == "1"
 """Set by ``.ci/run``: there a missing browser, driver or Selenium is a failure, not a skip."""
 
-pytestmark = pytest.mark.skipif(not REQUIRED and (CHROMIUM is None or DRIVER is None),
-                                reason="headless Chromium or chromedriver absent")
+pytestmark = pytest.mark.skipif(
+    not REQUIRED and (CHROMIUM is None or DRIVER is None), reason="headless Chromium or chromedriver absent"
+)
 
 INSPECT = """
 const images = Array.from(document.images).map(i => [i.getAttribute('src'), i.complete, i.naturalWidth]);
@@ -42,8 +43,13 @@ def browser():
         webdriver = pytest.importorskip("selenium.webdriver")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1280,2000"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,2000",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=DRIVER))
@@ -57,7 +63,8 @@ def inspect_page(driver, page: Path) -> dict:
     found = driver.execute_script(INSPECT)
     folder = page.resolve().parent.as_uri() + "/"
     return {
-        "images": found["images"], "tables": found["tables"],
+        "images": found["images"],
+        "tables": found["tables"],
         "broken_images": [src for src, complete, width in found["images"] if not complete or width == 0],
         "empty_tables": [i for i, (rows, height) in enumerate(found["tables"]) if rows == 0 or height <= 0],
         "console_errors": [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"],
@@ -85,10 +92,16 @@ def test_study_report_renders_in_chromium(browser, tmp_path):
 
     # The same inspection catches a broken figure, an empty table, a console error and a remote script.
     planted = out / "planted.html"
-    planted.write_text(report.read_text().replace("</body>", (
-        '<img src="figures/missing.png"><table><tbody></tbody></table>'
-        "<script>console.error('planted')</script>"
-        '<script src="https://cdn.example.invalid/lib.js"></script></body>')))
+    planted.write_text(
+        report.read_text().replace(
+            "</body>",
+            (
+                '<img src="figures/missing.png"><table><tbody></tbody></table>'
+                "<script>console.error('planted')</script>"
+                '<script src="https://cdn.example.invalid/lib.js"></script></body>'
+            ),
+        )
+    )
     caught = inspect_page(browser, planted)
     assert caught["broken_images"] == ["figures/missing.png"]
     assert caught["empty_tables"] == [len(seen["tables"])]

@@ -28,7 +28,8 @@ def test_relative_where_the_score_of_rotated_vectors_is(score, normalizer):
     assert _shift_change(score, normalizer) < 1e-5
 
 
-@pytest.mark.parametrize("score, normalizer", [("dot", "linear"), ("bilinear", "softmax"), ("additive", "softmax"),
-                                               ("mlp", "softmax")])
+@pytest.mark.parametrize(
+    "score, normalizer", [("dot", "linear"), ("bilinear", "softmax"), ("additive", "softmax"), ("mlp", "softmax")]
+)
 def test_absolute_where_documented(score, normalizer):
     assert _shift_change(score, normalizer) > 1e-4

@@ -16,8 +16,13 @@ from axiomformer import Attention, AttentionSpec
 ROOT = Path(axiomformer.__file__).parent
 
 FORBIDDEN = {
-    "environment write": ((r"os\.environ\s*\[[^\]]*\]\s*=|os\.environ\.(setdefault|update|pop)\(|os\.putenv\(|"
-                          r"del os\.environ"), ()),
+    "environment write": (
+        (
+            r"os\.environ\s*\[[^\]]*\]\s*=|os\.environ\.(setdefault|update|pop)\(|os\.putenv\(|"
+            r"del os\.environ"
+        ),
+        (),
+    ),
     "flush-to-zero": (r"set_flush_denormal\(", ("runtime.py",)),
     "thread count": (r"set_num_threads\(", ("runtime.py", "commands/")),
     "pyplot backend switch": (r"matplotlib\.use\(|import matplotlib\.pyplot", ()),
@@ -29,8 +34,15 @@ FORBIDDEN = {
 ``runtime.py``, and the meter of ``memory.py`` (whose resets run only inside ``owning_process_memory``, tested
 below)."""
 
-SEEDING = {("torch", "manual_seed"), ("torch", "seed"), ("cuda", "manual_seed"), ("cuda", "manual_seed_all"),
-           ("random", "seed"), ("np.random", "seed"), ("numpy.random", "seed")}
+SEEDING = {
+    ("torch", "manual_seed"),
+    ("torch", "seed"),
+    ("cuda", "manual_seed"),
+    ("cuda", "manual_seed_all"),
+    ("random", "seed"),
+    ("np.random", "seed"),
+    ("numpy.random", "seed"),
+}
 """Calls that seed a process-global random generator; allowed only inside ``with ...fork_rng(...)`` or
 ``with seeded(...)`` (``axiomformer.runtime``), which put the caller's state back."""
 
@@ -49,9 +61,10 @@ def unscoped_seeding(root: Path = ROOT) -> list[str]:
         scoped: set[int] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.With) and any(
-                    isinstance(item.context_expr, ast.Call)
-                    and _dotted(item.context_expr.func).split(".")[-1] in ("fork_rng", "seeded")
-                    for item in node.items):
+                isinstance(item.context_expr, ast.Call)
+                and _dotted(item.context_expr.func).split(".")[-1] in ("fork_rng", "seeded")
+                for item in node.items
+            ):
                 scoped.update(id(inner) for inner in ast.walk(node))
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and id(node) not in scoped:
@@ -104,8 +117,9 @@ def test_library_code_seeds_no_global_generator_outside_a_scope():
 
 def test_the_seeding_scan_catches_a_planted_global_seed_and_passes_a_scoped_one(tmp_path):
     (tmp_path / "bad.py").write_text("import torch\n\ndef f():\n    torch.manual_seed(0)\n    return 1\n")
-    (tmp_path / "ok.py").write_text("import torch\n\ndef f():\n    with torch.random.fork_rng(devices=[]):\n"
-                                    "        torch.manual_seed(0)\n")
+    (tmp_path / "ok.py").write_text(
+        "import torch\n\ndef f():\n    with torch.random.fork_rng(devices=[]):\n        torch.manual_seed(0)\n"
+    )
     (tmp_path / "np_bad.py").write_text("import numpy as np\nnp.random.seed(3)\n")
     assert unscoped_seeding(tmp_path) == ["bad.py:4", "np_bad.py:2"]
 
@@ -116,12 +130,14 @@ def test_train_leaves_the_callers_random_stream_where_it_was():
     torch.manual_seed(1234)
     expected = torch.rand(3)
     torch.manual_seed(1234)
-    first = train(TrainConfig(task="copy", seq_len=8, steps=2, dim=16, layers=1, eval_batches=1, eval_every=2),
-                  progress=False)
+    first = train(
+        TrainConfig(task="copy", seq_len=8, steps=2, dim=16, layers=1, eval_batches=1, eval_every=2), progress=False
+    )
     assert torch.equal(torch.rand(3), expected)
-    second = train(TrainConfig(task="copy", seq_len=8, steps=2, dim=16, layers=1, eval_batches=1, eval_every=2),
-                   progress=False)
-    assert first.losses == second.losses                    # still reproducible from config.seed alone
+    second = train(
+        TrainConfig(task="copy", seq_len=8, steps=2, dim=16, layers=1, eval_batches=1, eval_every=2), progress=False
+    )
+    assert first.losses == second.losses  # still reproducible from config.seed alone
 
 
 class _Recorder:
@@ -151,7 +167,7 @@ def test_the_memory_meter_resets_nothing_outside_owning_process_memory(monkeypat
     assert (libc.calls, writes, meter.method) == ([], [], memory.FALLBACK_METHOD)
     if not Path("/proc/self/clear_refs").exists():
         return
-    with memory.owning_process_memory():                     # the command line's scope: the exact method
+    with memory.owning_process_memory():  # the command line's scope: the exact method
         meter = memory.PeakMemory("cpu", allocator_modes=True)
         meter.measure(lambda: torch.ones(1000).sum())
     assert "mallopt" in libc.calls and writes and meter.method == memory.RSS_STRICT_METHOD

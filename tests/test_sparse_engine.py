@@ -8,8 +8,7 @@ import torch
 from entmax import entmax15, sparsemax
 
 from axiomformer import AttentionSpec
-from axiomformer.engines import ENGINES, AttentionProblem, problem_kind
-from axiomformer.engines import sparse
+from axiomformer.engines import ENGINES, AttentionProblem, problem_kind, sparse
 from axiomformer.engines.chunked import ChunkedEngine
 from test_engines import BATCH, DIM, HEADS, K_LEN, Q_LEN, _assert_close, _run
 
@@ -37,21 +36,21 @@ def _rows(dtype: torch.dtype) -> list[torch.Tensor]:
     """Blocks of rows (r, n): random at several scales, ties, all-equal, peaked, masked (-inf), length 1, long."""
     g = torch.Generator().manual_seed(5)
     blocks = [torch.randn(64, n, generator=g) * sd for n in (2, 7, 40, 300) for sd in (0.05, 1.0, 6.0)]
-    blocks.append(torch.randn(8, 3000, generator=g))                             # long rows: the sketch path
-    blocks.append(torch.randn(8, 3000, generator=g) * 0.02)                      # long and flat: large supports
-    ties = torch.randint(0, 3, (32, 50), generator=g).float()                    # many exact ties
-    ties[0] = 1.0                                                                 # an all-equal row
+    blocks.append(torch.randn(8, 3000, generator=g))  # long rows: the sketch path
+    blocks.append(torch.randn(8, 3000, generator=g) * 0.02)  # long and flat: large supports
+    ties = torch.randint(0, 3, (32, 50), generator=g).float()  # many exact ties
+    ties[0] = 1.0  # an all-equal row
     ties[1, :] = 0.0
-    ties[1, 7] = 2.0                                                              # 2.0 = max, 0.0 = max - 2: boundary
+    ties[1, 7] = 2.0  # 2.0 = max, 0.0 = max - 2: boundary
     blocks.append(ties)
     peaked = torch.randn(16, 100, generator=g)
-    peaked[:, 3] += 50.0                                                          # one dominant entry
+    peaked[:, 3] += 50.0  # one dominant entry
     blocks.append(peaked)
     masked = torch.randn(16, 60, generator=g) * 2
-    masked[:, 10:] = float("-inf")                                                # masked keys
-    masked[0, 1:] = float("-inf")                                                 # a single visible key
+    masked[:, 10:] = float("-inf")  # masked keys
+    masked[0, 1:] = float("-inf")  # a single visible key
     blocks.append(masked)
-    blocks.append(torch.randn(16, 1, generator=g))                                # length-1 rows
+    blocks.append(torch.randn(16, 1, generator=g))  # length-1 rows
     return [b.to(dtype) for b in blocks]
 
 
@@ -71,7 +70,7 @@ def test_rows_left_open_by_the_iteration_cap_get_the_sort_based_threshold(kind, 
     left_open = []
     real = sparse._fallback
     monkeypatch.setattr(sparse, "_fallback", lambda x, kind: left_open.append(x.shape[0]) or real(x, kind))
-    z = torch.randn(64, 500) * 0.1                    # flat rows: one pass settles few of them
+    z = torch.randn(64, 500) * 0.1  # flat rows: one pass settles few of them
     x = z if kind == "sparsemax" else z / 2
     tau = sparse._threshold(x, kind)
     assert left_open and 0 < left_open[0] <= 64
@@ -88,14 +87,14 @@ def test_rows_left_open_by_the_iteration_cap_get_the_sort_based_threshold(kind, 
 def test_sparse_path_matches_reference_forward_and_backward(kind, causal, scale, calls):
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(normalizer=kind, scale=scale)
     g = torch.Generator().manual_seed(11)
-    for k_len in (Q_LEN, K_LEN):                    # K_LEN > Q_LEN: bottom-right aligned causal cross attention
-        for spread in (1.0, 4.0):                   # flat rows (wide supports) and peaked ones (a few keys)
+    for k_len in (Q_LEN, K_LEN):  # K_LEN > Q_LEN: bottom-right aligned causal cross attention
+        for spread in (1.0, 4.0):  # flat rows (wide supports) and peaked ones (a few keys)
             x = torch.randn(BATCH, Q_LEN, DIM, generator=g) * spread
             kv = torch.randn(BATCH, k_len, DIM, generator=g) * spread
             calls.clear()
             fast = _run(spec, "sparse", x, kv)
             assert calls == [kind], "the sparse path did not run"
-            _assert_close(fast, _run(spec, "reference", x, kv))     # every gradient, the learned scale's too
+            _assert_close(fast, _run(spec, "reference", x, kv))  # every gradient, the learned scale's too
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -150,14 +149,14 @@ def test_nan_in_a_key_poisons_exactly_the_queries_that_see_it(kind, calls):
     spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax(normalizer=kind)
     g = torch.Generator().manual_seed(4)
     x, kv = torch.randn(BATCH, Q_LEN, DIM, generator=g), torch.randn(BATCH, K_LEN, DIM, generator=g)
-    kv[0, 50] = float("nan")                        # bottom-right causal: queries 50 - 33 = 17.. see key 50
+    kv[0, 50] = float("nan")  # bottom-right causal: queries 50 - 33 = 17.. see key 50
     out, grads, _ = _run(spec, "sparse", x, kv)
     assert calls == [kind]
     expected, _, _ = _run(spec, "reference", x, kv)
     assert bool(torch.isnan(out[0, 17:]).all()) and bool(torch.isfinite(out[0, :17]).all())
     assert bool(torch.isfinite(out[1]).all())
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5, equal_nan=True)
-    assert bool(torch.isfinite(grads[0]).all())     # the queries' gradient
+    assert bool(torch.isfinite(grads[0]).all())  # the queries' gradient
 
 
 def _accepts(att, problem) -> bool:
@@ -191,5 +190,5 @@ def test_weights_sum_to_one_when_every_score_is_large(kind):
     q[..., 0], k[..., 0] = 60.0, 50.0
     ones = torch.ones(1, n, 1)
     for causal in (False, True):
-        total = sparse.SparseAttention.apply(q, k, ones, 1.0, kind, causal, 0, 64)       # sum_j p_ij per query
+        total = sparse.SparseAttention.apply(q, k, ones, 1.0, kind, causal, 0, 64)  # sum_j p_ij per query
         torch.testing.assert_close(total, torch.ones_like(total), atol=1e-4, rtol=0)

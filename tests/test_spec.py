@@ -15,10 +15,13 @@ def test_standard_spec_holds_every_assumption():
 def test_every_axis_starts_with_its_standard_choice_and_keeps_the_published_ones():
     # The registries may grow (tests/test_registries.py checks each choice); none of these may disappear.
     published = {
-        "aggregator": ("identity", "mlp"), "contribution": ("proportional", "joint"),
-        "value": ("linear", "identity", "mlp"), "score": ("dot", "bilinear", "additive", "cosine", "neg_l2", "mlp"),
+        "aggregator": ("identity", "mlp"),
+        "contribution": ("proportional", "joint"),
+        "value": ("linear", "identity", "mlp"),
+        "score": ("dot", "bilinear", "additive", "cosine", "neg_l2", "mlp"),
         "normalizer": ("softmax", "sigmoid", "relu", "sparsemax", "entmax15", "gumbel_softmax", "linear"),
-        "scale": ("inv_sqrt_d", "none", "learned"), "position": ("none", "sinusoidal", "learned", "rope", "alibi"),
+        "scale": ("inv_sqrt_d", "none", "learned"),
+        "position": ("none", "sinusoidal", "learned", "rope", "alibi"),
     }
     for axis, choices in published.items():
         assert AXES[axis][0] == choices[0] and set(choices) <= set(AXES[axis]), axis
@@ -43,12 +46,19 @@ def test_relax_parses_typed_fields():
 
 @pytest.mark.parametrize(
     "axis, expected",
-    [("aggregator", "A1"), ("contribution", "A2"), ("value", "A3"), ("score", "A4"), ("normalizer", "A5"), ("scale", "A5")],
+    [
+        ("aggregator", "A1"),
+        ("contribution", "A2"),
+        ("value", "A3"),
+        ("score", "A4"),
+        ("normalizer", "A5"),
+        ("scale", "A5"),
+    ],
 )
 def test_each_relaxation_breaks_only_its_own_assumption(axis, expected):
     for choice in AXES[axis][1:]:
         held = AttentionSpec.standard(32, 4).relax({axis: choice, **required_fields(axis, choice)}).assumptions()
-        ordered = ["A0"] if REGISTRIES[axis].has(choice, "ordered") else []       # stick-breaking reads key order
+        ordered = ["A0"] if REGISTRIES[axis].has(choice, "ordered") else []  # stick-breaking reads key order
         assert [a for a, ok in held.items() if not ok] == ordered + [expected], (axis, choice)
 
 

@@ -17,8 +17,20 @@ import pytest
 
 from axiomformer.study.store import ResultsStore, StoreError
 
-ROW = dict(key="k1", label="standard", model="transformer", spec="", assumptions={}, task="copy", seq_len=8,
-           task_config={}, seed=0, dim=16, layers=1, train_config={})
+ROW = dict(
+    key="k1",
+    label="standard",
+    model="transformer",
+    spec="",
+    assumptions={},
+    task="copy",
+    seq_len=8,
+    task_config={},
+    seed=0,
+    dim=16,
+    layers=1,
+    train_config={},
+)
 
 
 def _store_with_one_run(folder: Path) -> Path:
@@ -45,7 +57,7 @@ def test_a_closed_store_is_one_file_and_reading_it_leaves_no_side_files(tmp_path
 def test_a_reader_sees_what_a_live_writer_committed(tmp_path):
     with ResultsStore(tmp_path) as writer:
         writer.add_run(ROW)
-        assert (tmp_path / "results.sqlite-wal").exists()                 # the writer is live: WAL mode
+        assert (tmp_path / "results.sqlite-wal").exists()  # the writer is live: WAL mode
         with ResultsStore(tmp_path, readonly=True) as reader:
             assert reader.count() == 1
 
@@ -70,13 +82,13 @@ def test_a_full_disk_is_reported_as_a_full_disk_and_nothing_is_half_written(tmp_
     with ResultsStore(tmp_path) as store:
         store.add_run(ROW)
         pages = store.conn.execute("PRAGMA page_count").fetchone()[0]
-        store.conn.execute(f"PRAGMA max_page_count = {pages}")                # the disk is full from here on
+        store.conn.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full from here on
         with pytest.raises(StoreError, match="full") as err:
             store.add_run(dict(ROW, key="k2", losses=[0.5] * 20000))
         assert "rollback" not in str(err.value)
         assert store.count() == 1 and store.finished_keys() == {"k1"}
-        store.conn.execute(f"PRAGMA max_page_count = {2 ** 30}")
-        store.add_run(dict(ROW, key="k2"))                                    # and the store goes on
+        store.conn.execute(f"PRAGMA max_page_count = {2**30}")
+        store.add_run(dict(ROW, key="k2"))  # and the store goes on
         assert store.count() == 2
 
 
@@ -97,16 +109,26 @@ def test_an_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
 
             def execute(self, sql, params=()):
                 self.calls += 1
-                if self.calls == 3:                       # after the INSERT, before the COMMIT
+                if self.calls == 3:  # after the INSERT, before the COMMIT
                     raise KeyboardInterrupt
                 return self.cur.execute(sql, params)
 
             def __getattr__(self, name):
                 return getattr(self.cur, name)
 
-        monkeypatch.setattr(store, "conn", type("C", (), {"cursor": lambda self: Interrupting(),
-                                                          "in_transaction": property(lambda self: True),
-                                                          "execute": lambda self, *a: real().execute(*a)})())
+        monkeypatch.setattr(
+            store,
+            "conn",
+            type(
+                "C",
+                (),
+                {
+                    "cursor": lambda self: Interrupting(),
+                    "in_transaction": property(lambda self: True),
+                    "execute": lambda self, *a: real().execute(*a),
+                },
+            )(),
+        )
         with pytest.raises(KeyboardInterrupt):
             store.add_run(ROW)
         monkeypatch.undo()
@@ -133,12 +155,15 @@ def test_a_store_in_a_read_only_folder_is_read_and_writing_says_why(tmp_path):
     os.chmod(folder / "results.sqlite", stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     os.chmod(folder, stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
     try:
-        script = ("import sys\nfrom axiomformer.study.store import ResultsStore, StoreError\n"
-                  "with ResultsStore(sys.argv[1]) as s:\n    print(s.count(), s.get_meta('config')['name'])\n"
-                  "    try:\n        s.set_meta('x', 1)\n    except StoreError as e:\n        print('refused', e)\n")
+        script = (
+            "import sys\nfrom axiomformer.study.store import ResultsStore, StoreError\n"
+            "with ResultsStore(sys.argv[1]) as s:\n    print(s.count(), s.get_meta('config')['name'])\n"
+            "    try:\n        s.set_meta('x', 1)\n    except StoreError as e:\n        print('refused', e)\n"
+        )
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        done = subprocess.run(prefix + [sys.executable, "-c", script, str(folder)], capture_output=True, text=True,
-                              env=env, timeout=120)
+        done = subprocess.run(
+            prefix + [sys.executable, "-c", script, str(folder)], capture_output=True, text=True, env=env, timeout=120
+        )
         assert done.returncode == 0, done.stderr
         lines = done.stdout.splitlines()
         assert lines[0] == "1 archived"
@@ -172,12 +197,22 @@ def test_report_in_a_read_only_folder_answers_json_and_refuses_files_in_one_line
     os.chmod(folder, stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MPLBACKEND": "Agg"}
     try:
-        files = subprocess.run(prefix + [sys.executable, "-m", "axiomformer", "report", str(folder)],
-                               capture_output=True, text=True, env=env, timeout=300)
+        files = subprocess.run(
+            prefix + [sys.executable, "-m", "axiomformer", "report", str(folder)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
         assert files.returncode == 2 and "Traceback" not in files.stderr
         assert len(files.stderr.strip().splitlines()) == 1 and files.stderr.startswith("error: ")
-        verdicts = subprocess.run(prefix + [sys.executable, "-m", "axiomformer", "report", str(folder), "--json"],
-                                  capture_output=True, text=True, env=env, timeout=300)
+        verdicts = subprocess.run(
+            prefix + [sys.executable, "-m", "axiomformer", "report", str(folder), "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
         assert verdicts.returncode == 0, verdicts.stderr
         assert json.loads(verdicts.stdout)["cells"]
         assert _side_files(folder) == []

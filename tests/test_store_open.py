@@ -12,7 +12,7 @@ from axiomformer.study.store import ResultsStore
 
 def _hold_lock(path, seconds):
     other = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-    other.execute("BEGIN IMMEDIATE")                    # another process half-way through creating the store
+    other.execute("BEGIN IMMEDIATE")  # another process half-way through creating the store
     timer = threading.Timer(seconds, lambda: (other.execute("COMMIT"), other.close()))
     timer.start()
     return timer
@@ -40,4 +40,4 @@ def test_store_open_waits_for_the_other_opener(tmp_path):
         assert store.get_meta("hello") == 1
         assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     timer.join()
-    assert time.monotonic() - start >= 0.4                      # it waited for the lock rather than failing
+    assert time.monotonic() - start >= 0.4  # it waited for the lock rather than failing

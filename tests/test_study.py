@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import statistics
 import textwrap
 
 import pytest
@@ -13,17 +12,28 @@ from typer.testing import CliRunner
 from axiomformer.cli import app
 from axiomformer.spec import AttentionSpec
 from axiomformer.study import (
-    ResultsStore, StudyConfigError, default_config, default_sweep, load_config, models, plan,
-    run_study, validate_config,
+    ResultsStore,
+    StudyConfigError,
+    default_config,
+    default_sweep,
+    load_config,
+    models,
+    plan,
+    run_study,
+    validate_config,
 )
 from axiomformer.study.report import assumption_of
 from axiomformer.study.stages import plan_all
-from axiomformer.study.statistics import mean_interval
 from axiomformer.study.sweep import match_width, match_widths
 
 
-def tiny_study_toml(name: str = "tiny study", seeds: int = 2, variants: tuple = ("standard", "A5=sigmoid"),
-                    baselines: tuple = ("rnn",), steps: int = 8) -> str:
+def tiny_study_toml(
+    name: str = "tiny study",
+    seeds: int = 2,
+    variants: tuple = ("standard", "A5=sigmoid"),
+    baselines: tuple = ("rnn",),
+    steps: int = 8,
+) -> str:
     """A study config small enough for a unit test (1-layer width-16 models, needle at lengths 8 and 12)."""
     return textwrap.dedent("""
     name = "{name}"
@@ -54,15 +64,15 @@ def tiny_study_toml(name: str = "tiny study", seeds: int = 2, variants: tuple = 
     [[tasks]]
     name = "needle"
     seq_lens = [8, 12]
-""").format(name=name, seeds=seeds, steps=steps, variants=json.dumps(list(variants)),
-               baselines=json.dumps(list(baselines)))
+""").format(
+        name=name, seeds=seeds, steps=steps, variants=json.dumps(list(variants)), baselines=json.dumps(list(baselines))
+    )
 
 
 TINY = tiny_study_toml()
 
 
-
-@pytest.fixture()
+@pytest.fixture
 def tiny_toml(tmp_path):
     path = tmp_path / "tiny.toml"
     path.write_text(TINY)
@@ -119,9 +129,27 @@ def test_malformed_toml_is_reported_with_the_file_name(tmp_path):
 # ---------------------------------------------------------------------------------------------------- sweep
 def test_full_sweep_has_every_variant_and_baseline_of_the_issue():
     labels = [m.label for m in models(default_config(preset="full"))]
-    expected = ["standard", "A1=mlp", "A2=joint", "A3=mlp", "A4=cosine", "A4=neg_l2", "A4=additive", "A5=sigmoid",
-                "A5=sparsemax", "A5=gumbel_softmax", "A5=linear", "scale=none", "position=none",
-                "position=sinusoidal", "position=rope", "position=alibi", "rnn", "lstm", "gru"]
+    expected = [
+        "standard",
+        "A1=mlp",
+        "A2=joint",
+        "A3=mlp",
+        "A4=cosine",
+        "A4=neg_l2",
+        "A4=additive",
+        "A5=sigmoid",
+        "A5=sparsemax",
+        "A5=gumbel_softmax",
+        "A5=linear",
+        "scale=none",
+        "position=none",
+        "position=sinusoidal",
+        "position=rope",
+        "position=alibi",
+        "rnn",
+        "lstm",
+        "gru",
+    ]
     assert labels == expected
     # position=none is the standard spec without the model's input encoding: no position signal at all (NoPE).
     nope = next(m for m in models(default_config(preset="full")) if m.label == "position=none")
@@ -131,16 +159,21 @@ def test_full_sweep_has_every_variant_and_baseline_of_the_issue():
     assert {"majority", "mqar", "needle", "digits"} <= set(tasks) and default_config().seeds >= 10
     assert len(default_config().budget.lr_grid) == 3
     quick = default_config(quick=True)
-    assert set(m.label for m in models(quick)) <= set(expected) and "standard" in [m.label for m in models(quick)]
+    assert {m.label for m in models(quick)} <= set(expected) and "standard" in [m.label for m in models(quick)]
     assert quick.seeds >= 2 and quick.pilot and len(quick.budget.lr_grid) >= 2
 
 
 def test_model_labels_name_the_relaxed_assumption():
-    assert [assumption_of(x) for x in ("standard", "A4=cosine", "scale=none", "position=rope")] == \
-        ["none", "A4", "A5 (scale)", "position"]
+    assert [assumption_of(x) for x in ("standard", "A4=cosine", "scale=none", "position=rope")] == [
+        "none",
+        "A4",
+        "A5 (scale)",
+        "position",
+    ]
     assert assumption_of("gru", "gru") == "A0"
-    cfg = validate_config({"variants": ["score=cosine", "A4=cosine", "normalizer=sigmoid,A4=cosine"]},
-                          base=default_sweep(quick=True))
+    cfg = validate_config(
+        {"variants": ["score=cosine", "A4=cosine", "normalizer=sigmoid,A4=cosine"]}, base=default_sweep(quick=True)
+    )
     assert [m.label for m in models(cfg) if m.kind == "transformer"] == ["A4=cosine", "A4=cosine,A5=sigmoid"]
 
 
@@ -171,10 +204,21 @@ def test_default_sweep_parameter_counts_are_matched_within_ten_percent():
         if key in checked:
             continue
         checked.add(key)
-        spec = AttentionSpec.standard(tc["dim"], tc["heads"], causal=True).relax(tc["spec"]) \
-            if tc["model"] == "transformer" else None
-        n = count_parameters(build_model(tc["model"], vocab_size=task.vocab_size, dim=tc["dim"],
-                                         num_layers=tc["layers"], max_len=tc["seq_len"], spec=spec))
+        spec = (
+            AttentionSpec.standard(tc["dim"], tc["heads"], causal=True).relax(tc["spec"])
+            if tc["model"] == "transformer"
+            else None
+        )
+        n = count_parameters(
+            build_model(
+                tc["model"],
+                vocab_size=task.vocab_size,
+                dim=tc["dim"],
+                num_layers=tc["layers"],
+                max_len=tc["seq_len"],
+                spec=spec,
+            )
+        )
         assert n == run.expected_params
         if run.model.label == "standard":
             reference[(run.task, run.seq_len)] = n
@@ -187,14 +231,25 @@ def test_default_sweep_parameter_counts_are_matched_within_ten_percent():
 def test_every_model_gets_the_same_training_budget_and_learning_rate_grid():
     cfg = default_config()
     runs = plan(cfg)  # the selection stage: every cell at every learning rate of the grid
-    budget_keys = ("steps", "batch_size", "warmup", "weight_decay", "grad_clip", "eval_batches", "eval_every",
-                   "target_accuracy", "patience", "layers")
+    budget_keys = (
+        "steps",
+        "batch_size",
+        "warmup",
+        "weight_decay",
+        "grad_clip",
+        "eval_batches",
+        "eval_every",
+        "target_accuracy",
+        "patience",
+        "layers",
+    )
     for task in {(r.task, r.seq_len) for r in runs}:
-        budgets = {json.dumps({k: r.train_config[k] for k in budget_keys}) for r in runs
-                   if (r.task, r.seq_len) == task}
+        budgets = {json.dumps({k: r.train_config[k] for k in budget_keys}) for r in runs if (r.task, r.seq_len) == task}
         assert len(budgets) == 1, task
-        grids = {m.label: sorted(r.lr for r in runs if (r.task, r.seq_len) == task and r.model.label == m.label)
-                 for m in models(cfg)}
+        grids = {
+            m.label: sorted(r.lr for r in runs if (r.task, r.seq_len) == task and r.model.label == m.label)
+            for m in models(cfg)
+        }
         assert all(g == sorted(cfg.budget.lr_grid) for g in grids.values()), task
     assert {r.seed for r in runs} == set(cfg.selection_seeds) and not set(cfg.selection_seeds) & set(range(cfg.seeds))
 
@@ -202,25 +257,41 @@ def test_every_model_gets_the_same_training_budget_and_learning_rate_grid():
 def test_run_keys_are_unique_stable_and_change_with_the_budget():
     cfg = validate_config({}, base=default_sweep(quick=True))
     keys = [r.key for r in plan(cfg)]
-    assert len(keys) == len(set(keys)) == len(models(cfg)) * len(cfg.budget.lr_grid) * sum(
-        len(t.seq_lens) for t in cfg.tasks)
+    assert (
+        len(keys)
+        == len(set(keys))
+        == len(models(cfg)) * len(cfg.budget.lr_grid) * sum(len(t.seq_lens) for t in cfg.tasks)
+    )
     assert keys == [r.key for r in plan(cfg)]
     other = validate_config({"budget": {"steps": cfg.budget.steps + 1}}, base=cfg.model_dump())
     assert not set(keys) & {r.key for r in plan(other)}
 
 
 def test_impossible_parameter_matching_is_an_error():
-    cfg = validate_config({"model": {"tolerance": 0.0001}, "variants": ["A3=mlp"], "baselines": []},
-                          base=default_sweep(quick=True))
+    cfg = validate_config(
+        {"model": {"tolerance": 0.0001}, "variants": ["A3=mlp"], "baselines": []}, base=default_sweep(quick=True)
+    )
     with pytest.raises(ValueError, match="cannot match parameters of A3=mlp"):
         match_widths(cfg, models(cfg))
 
 
 # ---------------------------------------------------------------------------------------------------- store
 def test_store_keeps_one_row_per_key(tmp_path):
-    row = {"key": "k1", "label": "standard", "model": "transformer", "spec": "standard", "assumptions": {"A1": True},
-           "task": "needle", "seq_len": 8, "task_config": {}, "seed": 0, "dim": 16, "layers": 1,
-           "train_config": {"steps": 1}, "accuracy": 0.5}
+    row = {
+        "key": "k1",
+        "label": "standard",
+        "model": "transformer",
+        "spec": "standard",
+        "assumptions": {"A1": True},
+        "task": "needle",
+        "seq_len": 8,
+        "task_config": {},
+        "seed": 0,
+        "dim": 16,
+        "layers": 1,
+        "train_config": {"steps": 1},
+        "accuracy": 0.5,
+    }
     with ResultsStore(tmp_path) as store:
         assert store.add_run(row) is True
         assert store.add_run(row | {"accuracy": 0.9}) is False
@@ -243,8 +314,9 @@ def test_study_writes_store_report_and_figures_and_a_rerun_trains_nothing(tiny_t
     with ResultsStore(out) as store:
         planned = plan_all(cfg, {r["key"]: r for r in store.runs()})
     db = sqlite3.connect(out / "results.sqlite")
-    rows = db.execute("SELECT key, label, seed, accuracy, params, git_commit, package_version, assumptions "
-                      "FROM runs").fetchall()
+    rows = db.execute(
+        "SELECT key, label, seed, accuracy, params, git_commit, package_version, assumptions FROM runs"
+    ).fetchall()
     assert sorted(r[0] for r in rows) == sorted(r.key for r in planned)
     assert all(r[6] for r in rows)
     report = (out / "report.md").read_text()
@@ -254,15 +326,23 @@ def test_study_writes_store_report_and_figures_and_a_rerun_trains_nothing(tiny_t
     # the headline cell of standard@8, recomputed from the store: the lr with the best validation accuracy at the
     # selection seed 1000 (ties: lower validation loss, then the smaller lr), then the mean over the reported seeds
     # 0 and 1 at that lr (the selection seed is never among them), with its Student-t interval
-    seed0 = [(json.loads(o)["val_accuracy"], -json.loads(o)["val_loss"], -json.loads(t)["lr"], json.loads(t)["lr"])
-             for o, t in db.execute("SELECT outcome, train_config FROM runs WHERE label='standard' AND seq_len=8 "
-                                    "AND seed=1000")]
+    seed0 = [
+        (json.loads(o)["val_accuracy"], -json.loads(o)["val_loss"], -json.loads(t)["lr"], json.loads(t)["lr"])
+        for o, t in db.execute(
+            "SELECT outcome, train_config FROM runs WHERE label='standard' AND seq_len=8 AND seed=1000"
+        )
+    ]
     lr = max(seed0)[3]
-    first = [a for a, t, seed in db.execute("SELECT accuracy, train_config, seed FROM runs WHERE label='standard' "
-                                            "AND seq_len=8") if json.loads(t)["lr"] == lr and seed < 2]
+    first = [
+        a
+        for a, t, seed in db.execute(
+            "SELECT accuracy, train_config, seed FROM runs WHERE label='standard' AND seq_len=8"
+        )
+        if json.loads(t)["lr"] == lr and seed < 2
+    ]
     from axiomformer.study.statistics import cell_interval
 
-    ci = cell_interval(first, n_test=8)   # 1 test batch of 8 sequences, one scored position each
+    ci = cell_interval(first, n_test=8)  # 1 test batch of 8 sequences, one scored position each
     mean, low, high = ci.estimate, ci.low, ci.high
     assert len(first) == 2 and f"{mean:.3f} [{low:.3f}, {high:.3f}] lr {lr:g}" in report
     assert "Failed or missing runs" not in report  # selection-only runs are stored, not missing
@@ -296,8 +376,18 @@ def test_report_command_rebuilds_the_report_from_the_store(tiny_toml, tmp_path):
     answer = json.loads(CliRunner().invoke(app, ["report", str(out), "--json"]).output)
     assert len(answer["cells"]) == 3 * 2 and len(answer["comparisons"]) == 2 * 2  # 2 non-standard models x 2
     for cell in answer["cells"]:
-        assert {"model", "task", "mean", "ci_low", "ci_high", "ci_method", "n_seeds", "n_test", "lr",
-                "converged"} <= set(cell)
+        assert {
+            "model",
+            "task",
+            "mean",
+            "ci_low",
+            "ci_high",
+            "ci_method",
+            "n_seeds",
+            "n_test",
+            "lr",
+            "converged",
+        } <= set(cell)
         assert cell["n_seeds"] == 2 and cell["ci_low"] <= cell["mean"] <= cell["ci_high"]
         assert cell["ci_method"].startswith(("t over seeds", "Clopper-Pearson")) and cell["n_test"] == 8
     for comp in answer["comparisons"]:
@@ -333,8 +423,10 @@ def _quiet():
 def test_report_tables_align_text_left_and_numbers_right():
     from axiomformer.study.render import Table, numeric_columns, to_html, to_markdown
 
-    table = Table(["model", "needle@32", "verdict", "p (Holm)"],
-                  [["standard", "1.000 [1.000, 1.000]", "free", "1"], ["rnn", "0.057 [0.039, 0.070]*", "forced", "–"]])
+    table = Table(
+        ["model", "needle@32", "verdict", "p (Holm)"],
+        [["standard", "1.000 [1.000, 1.000]", "free", "1"], ["rnn", "0.057 [0.039, 0.070]*", "forced", "–"]],
+    )
     assert numeric_columns(table) == [False, True, False, True]
     assert "|:---|---:|:---|---:|" in to_markdown([table])
     page = to_html([table], "t")
@@ -352,8 +444,9 @@ def test_no_accuracy_against_length_figure_for_a_single_length(tmp_path, monkeyp
         models: list = []
 
     drawn = []
-    monkeypatch.setattr(figures, "_accuracy_vs_length",
-                        lambda d, stats, task, lengths, path: drawn.append((task, lengths)) or path)
+    monkeypatch.setattr(
+        figures, "_accuracy_vs_length", lambda d, stats, task, lengths, path: drawn.append((task, lengths)) or path
+    )
     monkeypatch.setattr(summary, "cell_stats", lambda d: [])
     monkeypatch.setattr(summary, "comparisons", lambda d: [])
     out = figures.draw_figures(Data(), tmp_path)

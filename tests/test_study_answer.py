@@ -15,22 +15,58 @@ from axiomformer.cli import app
 from axiomformer.study import ResultsStore, default_config, validate_config
 from axiomformer.study.statistics import agrees, t_interval
 
-TRAIN = {"task": "needle", "seq_len": 8, "model": "transformer", "spec": "standard", "dim": 16, "layers": 1,
-         "heads": 2, "batch_size": 8, "eval_batches": 2, "steps": 10, "lr": 1e-3, "device": "cpu"}
+TRAIN = {
+    "task": "needle",
+    "seq_len": 8,
+    "model": "transformer",
+    "spec": "standard",
+    "dim": 16,
+    "layers": 1,
+    "heads": 2,
+    "batch_size": 8,
+    "eval_batches": 2,
+    "steps": 10,
+    "lr": 1e-3,
+    "device": "cpu",
+}
 
 
 def _config(seeds: int, **extra) -> dict:
-    return {"suite": "main", "name": "planted", "seeds": seeds, "selection_seeds": [1000], "margin": 0.02,
-            "min_seeds": 10, "variants": ["standard", "A4=cosine", "A5=sigmoid"], "baselines": [],
-            "primary": ["A4=cosine", "A5=sigmoid"], "tasks": [{"name": "needle", "seq_lens": [8]}],
-            "budget": {"lr_grid": [1e-3]}, "sections": {"audit": False, "derive": False, "flow": False}} | extra
+    return {
+        "suite": "main",
+        "name": "planted",
+        "seeds": seeds,
+        "selection_seeds": [1000],
+        "margin": 0.02,
+        "min_seeds": 10,
+        "variants": ["standard", "A4=cosine", "A5=sigmoid"],
+        "baselines": [],
+        "primary": ["A4=cosine", "A5=sigmoid"],
+        "tasks": [{"name": "needle", "seq_lens": [8]}],
+        "budget": {"lr_grid": [1e-3]},
+        "sections": {"audit": False, "derive": False, "flow": False},
+    } | extra
 
 
 def _row(label: str, seed: int, accuracy: float, converged: bool = True) -> dict:
-    return {"key": f"{label}|needle@8|seed={seed}", "label": label, "model": "transformer", "spec": label,
-            "assumptions": {}, "task": "needle", "seq_len": 8, "task_config": {"chance": 1 / 16}, "seed": seed,
-            "dim": 16, "layers": 1, "heads": 2, "params": 100, "accuracy": accuracy, "train_config": TRAIN,
-            "outcome": {"lr": 1e-3, "val_accuracy": accuracy, "val_loss": 1.0, "converged": converged}}
+    return {
+        "key": f"{label}|needle@8|seed={seed}",
+        "label": label,
+        "model": "transformer",
+        "spec": label,
+        "assumptions": {},
+        "task": "needle",
+        "seq_len": 8,
+        "task_config": {"chance": 1 / 16},
+        "seed": seed,
+        "dim": 16,
+        "layers": 1,
+        "heads": 2,
+        "params": 100,
+        "accuracy": accuracy,
+        "train_config": TRAIN,
+        "outcome": {"lr": 1e-3, "val_accuracy": accuracy, "val_loss": 1.0, "converged": converged},
+    }
 
 
 def planted_store(path, values: dict[str, list[float]], config: dict, converged: dict | None = None):
@@ -56,21 +92,30 @@ def _answer(path) -> dict:
 def test_planted_difference_equivalence_and_noise_give_verdicts_that_agree_with_their_intervals(tmp_path):
     rng = np.random.default_rng(0)
     ref = rng.normal(0.8, 0.02, 10)
-    values = {"standard": list(ref), "A4=cosine": list(ref - 0.1 + rng.normal(0, 0.01, 10)),
-              "A5=sigmoid": list(ref + rng.normal(0, 0.003, 10))}
+    values = {
+        "standard": list(ref),
+        "A4=cosine": list(ref - 0.1 + rng.normal(0, 0.01, 10)),
+        "A5=sigmoid": list(ref + rng.normal(0, 0.003, 10)),
+    }
     answer = _answer(planted_store(tmp_path / "s", values, _config(10)))
     design = answer["design"]
-    assert design == design | {"selection_seeds": [1000], "reported_seeds": list(range(10)), "alpha": 0.05,
-                               "correction": "bonferroni", "margin": 0.02, "pilot": False}
+    assert design == design | {
+        "selection_seeds": [1000],
+        "reported_seeds": list(range(10)),
+        "alpha": 0.05,
+        "correction": "bonferroni",
+        "margin": 0.02,
+        "pilot": False,
+    }
     verdicts = {v["model"]: v for v in answer["verdicts"]}
     for v in verdicts.values():
         assert agrees(v) and v["n_seeds"] == 10 and v["ci_method"] == "paired t, Bonferroni over 2"
         diffs = np.subtract(values[v["model"]], values["standard"])
-        ref_ci = t_interval(diffs, 1 - 0.05 / 2)   # computed here, independently of the report
+        ref_ci = t_interval(diffs, 1 - 0.05 / 2)  # computed here, independently of the report
         assert (v["ci_low"], v["ci_high"]) == pytest.approx((ref_ci.low, ref_ci.high))
     assert verdicts["A4=cosine"]["verdict"] == "forced" and verdicts["A5=sigmoid"]["verdict"] == "free"
     for cell in answer["cells"]:
-        assert cell["ci_method"] == "t over seeds" and cell["n_test"] == 16   # 2 batches of 8, one scored position
+        assert cell["ci_method"] == "t over seeds" and cell["n_test"] == 16  # 2 batches of 8, one scored position
     report = (tmp_path / "s" / "report.md").read_text()
     assert report.index("## The answer") < report.index("differences.png") < report.index("## Details")
     assert "no detectable difference" not in report
@@ -80,8 +125,11 @@ def test_planted_difference_equivalence_and_noise_give_verdicts_that_agree_with_
 def test_a_not_converged_cell_is_never_free_and_noise_stays_not_yet_known(tmp_path):
     rng = np.random.default_rng(1)
     ref = rng.normal(0.8, 0.02, 10)
-    values = {"standard": list(ref), "A4=cosine": list(ref + rng.normal(0, 0.003, 10)),
-              "A5=sigmoid": list(ref + rng.normal(0, 0.1, 10))}
+    values = {
+        "standard": list(ref),
+        "A4=cosine": list(ref + rng.normal(0, 0.003, 10)),
+        "A5=sigmoid": list(ref + rng.normal(0, 0.1, 10)),
+    }
     answer = _answer(planted_store(tmp_path / "s", values, _config(10), converged={"A4=cosine": False}))
     verdicts = {v["model"]: v for v in answer["verdicts"]}
     assert -0.02 < verdicts["A4=cosine"]["ci_low"] and verdicts["A4=cosine"]["ci_high"] < 0.02
@@ -98,12 +146,15 @@ def test_fewer_seeds_than_the_preset_minimum_or_a_pilot_claims_nothing(tmp_path)
         answer = _answer(planted_store(tmp_path / name, values, config))
         assert answer["design"]["pilot"] and answer["design"]["pilot_reason"]
         assert {v["verdict"] for v in answer["verdicts"]} == {"pilot"}
-        assert all(v["ci_low"] is not None for v in answer["verdicts"])   # the interval is still printed
+        assert all(v["ci_low"] is not None for v in answer["verdicts"])  # the interval is still printed
 
 
 def test_a_partial_store_says_so_and_claims_nothing(tmp_path):
-    values = {"standard": [0.8, 0.81, 0.79, 0.8], "A4=cosine": [0.1, 0.12, 0.11, 0.1],
-              "A5=sigmoid": [0.8, 0.8, 0.81, 0.8]}
+    values = {
+        "standard": [0.8, 0.81, 0.79, 0.8],
+        "A4=cosine": [0.1, 0.12, 0.11, 0.1],
+        "A5=sigmoid": [0.8, 0.8, 0.81, 0.8],
+    }
     answer = _answer(planted_store(tmp_path / "partial", values, _config(10)))
     assert "partial store: 4 of 10" in answer["design"]["pilot_reason"]
     assert {v["verdict"] for v in answer["verdicts"]} == {"pilot"} and answer["verdicts"][0]["n_seeds"] == 4
@@ -111,10 +162,10 @@ def test_a_partial_store_says_so_and_claims_nothing(tmp_path):
 
 def test_a_store_of_the_previous_version_renders_with_pilot_verdicts_and_stays_unchanged(tmp_path):
     old = {k: v for k, v in _config(3).items() if k not in ("selection_seeds", "margin", "min_seeds", "primary")}
-    old["selection_seed"] = 0     # the previous version: the selection seed was also a reported seed
+    old["selection_seed"] = 0  # the previous version: the selection seed was also a reported seed
     values = {"standard": [0.8, 0.81, 0.79], "A4=cosine": [0.1, 0.12, 0.11], "A5=sigmoid": [0.8, 0.8, 0.81]}
     path = planted_store(tmp_path / "old", values, old | {"selection_seed": 0})
-    with ResultsStore(path) as store:   # the old layout: seed 0 is both the selection run and a reported run
+    with ResultsStore(path) as store:  # the old layout: seed 0 is both the selection run and a reported run
         assert {r["seed"] for r in store.runs()} == {0, 1, 2}
     before = hashlib.sha256((path / "results.sqlite").read_bytes()).hexdigest()
     answer = _answer(path)
@@ -123,12 +174,15 @@ def test_a_store_of_the_previous_version_renders_with_pilot_verdicts_and_stays_u
     assert hashlib.sha256((path / "results.sqlite").read_bytes()).hexdigest() == before
 
 
-@pytest.mark.parametrize("text, message", [
-    ("seeds = 1\n", "seeds must be >= 2"),
-    ("margin = 0\n", "margin must be > 0"),
-    ("margin = -0.1\n", "margin must be > 0"),
-    ("seeds = 3\nselection_seeds = [2, 1000]\n", "overlap the reported seeds"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("seeds = 1\n", "seeds must be >= 2"),
+        ("margin = 0\n", "margin must be > 0"),
+        ("margin = -0.1\n", "margin must be > 0"),
+        ("seeds = 3\nselection_seeds = [2, 1000]\n", "overlap the reported seeds"),
+    ],
+)
 def test_bad_design_configs_fail_in_one_line_with_exit_2(tmp_path, text, message):
     path = tmp_path / "bad.toml"
     path.write_text(text)
@@ -153,7 +207,9 @@ def test_presets_keep_selection_and_reported_seeds_apart_and_quick_is_a_pilot():
 def test_quick_study_then_report_json_gives_pilot_verdicts_on_disjoint_seeds(tmp_path):
     # the acceptance flow, on the quick preset shrunk to a few steps (the preset's pilot flag and seeds unchanged)
     shrink = tmp_path / "shrink.toml"
-    shrink.write_text("workers = 1\nthreads = 1\n[budget]\nsteps = 6\neval_every = 3\neval_batches = 1\nbatch_size = 8\n")
+    shrink.write_text(
+        "workers = 1\nthreads = 1\n[budget]\nsteps = 6\neval_every = 3\neval_batches = 1\nbatch_size = 8\n"
+    )
     out = tmp_path / "quick"
     result = CliRunner().invoke(app, ["study", "--quick", "--config", str(shrink), "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output

@@ -20,18 +20,36 @@ TESTS = Path(__file__).parent
 
 def _config(tmp_path: Path, workers: int = 1, steps: int = 4) -> Path:
     path = tmp_path / "study.toml"
-    path.write_text(tiny_study_toml(name="interrupt test", seeds=2, variants=("standard", "A4=cosine"),
-                                    baselines=("gru",), steps=steps).replace("workers = 1", f"workers = {workers}"))
+    path.write_text(
+        tiny_study_toml(
+            name="interrupt test", seeds=2, variants=("standard", "A4=cosine"), baselines=("gru",), steps=steps
+        ).replace("workers = 1", f"workers = {workers}")
+    )
     return path
 
 
 def _drive(mode: str, config: Path, out: Path, **kwargs) -> subprocess.CompletedProcess:
-    env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([str(TESTS.parent / "src"), str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, str(TESTS / "study_interrupt_driver.py"), mode, "--", "study", "--config",
-               str(config), "--out", str(out), "--no-progress"]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, start_new_session=True,
-                          **kwargs)
+    env = dict(
+        os.environ,
+        MPLBACKEND="Agg",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join([str(TESTS.parent / "src"), str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    )
+    command = [
+        sys.executable,
+        str(TESTS / "study_interrupt_driver.py"),
+        mode,
+        "--",
+        "study",
+        "--config",
+        str(config),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    return subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=600, start_new_session=True, **kwargs
+    )
 
 
 def _keys(out: Path) -> list[str]:
@@ -54,7 +72,7 @@ def test_ctrl_c_after_the_kth_run_exits_130_with_one_line_and_resumes(tmp_path):
     assert "Traceback" not in done.stderr
     lines = _stderr_lines(done)
     assert len(lines) == 1 and lines[0].startswith("interrupted:") and f"--out {out}" in lines[0]
-    assert len(_keys(out)) == 2                                # the interrupt came right after the second run
+    assert len(_keys(out)) == 2  # the interrupt came right after the second run
     resumed = _drive("none", config, out)
     assert resumed.returncode == 0, resumed.stderr
     keys = _keys(out)
@@ -140,10 +158,11 @@ def test_workers_exit_when_the_study_is_killed(tmp_path):
     # A driver that starts the study's worker pool with runs that never end, reports the worker pids, and waits.
     (tmp_path / "sleeper.py").write_text("import time\n\n\ndef forever(*args):\n    time.sleep(3600)\n")
     (tmp_path / "driver.py").write_text(DRIVER)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(TESTS.parent / "src"),
-                                                      os.environ.get("PYTHONPATH", "")]))
-    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py")], stdout=subprocess.PIPE, text=True,
-                              env=env)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(tmp_path), str(TESTS.parent / "src"), os.environ.get("PYTHONPATH", "")]),
+    )
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py")], stdout=subprocess.PIPE, text=True, env=env)
     try:
         workers = [int(p) for p in driver.stdout.readline().split()]
         assert len(workers) == 2

@@ -10,15 +10,34 @@ from axiomformer.study import ResultsStore, default_sweep, run_study, validate_c
 ray = pytest.importorskip("ray")
 
 SIX_RUNS = {
-    "name": "ray test", "seeds": 2, "variants": ["standard"], "baselines": ["gru"], "threads": 1, "workers": 1,
+    "name": "ray test",
+    "seeds": 2,
+    "variants": ["standard"],
+    "baselines": ["gru"],
+    "threads": 1,
+    "workers": 1,
     "model": {"dim": 16, "heads": 2, "layers": 1},
     "budget": {"steps": 6, "batch_size": 8, "eval_batches": 1, "warmup": 2, "lr_grid": [3e-3]},
     "sections": {"audit": False, "derive": False, "flow": False},
     "tasks": [{"name": "needle", "seq_lens": [8]}],
 }
 
-COMPARED = ("label", "task", "seq_len", "seed", "dim", "params", "accuracy", "loss", "steps", "losses", "engine",
-            "train_config", "assumptions", "outcome")
+COMPARED = (
+    "label",
+    "task",
+    "seq_len",
+    "seed",
+    "dim",
+    "params",
+    "accuracy",
+    "loss",
+    "steps",
+    "losses",
+    "engine",
+    "train_config",
+    "assumptions",
+    "outcome",
+)
 
 
 def _runs(out) -> dict[str, dict]:
@@ -35,7 +54,7 @@ def test_ray_backend_gives_the_same_results_as_the_local_backend(tmp_path):
         remote = run_study(config, tmp_path / "ray", backend="ray", progress=False, console=Console(quiet=True))
     finally:
         ray.shutdown()
-    assert local.trained == remote.trained == 6 and not remote.failed   # 2 models x (1 selection run + 2 seeds)
+    assert local.trained == remote.trained == 6 and not remote.failed  # 2 models x (1 selection run + 2 seeds)
     a, b = _runs(tmp_path / "local"), _runs(tmp_path / "ray")
     assert a.keys() == b.keys() and len(a) == 6
     for key in a:

@@ -84,8 +84,18 @@ def test_the_status_line_of_a_diverged_run_says_n_a():
     class Run:
         model, task_label, seed, train_config = Model(), "needle@8", 0, {"lr": 1e5}
 
-    line = _status(Run(), {"accuracy": 0.0, "loss": None, "val_accuracy": None, "seconds": None,
-                           "tokens_per_second": None, "stop_reason": "nonfinite", "steps": 3})
+    line = _status(
+        Run(),
+        {
+            "accuracy": 0.0,
+            "loss": None,
+            "val_accuracy": None,
+            "seconds": None,
+            "tokens_per_second": None,
+            "stop_reason": "nonfinite",
+            "steps": 3,
+        },
+    )
     assert "loss n/a" in line and "nonfinite" in line
 
 
@@ -114,8 +124,13 @@ def test_a_rerun_that_trains_nothing_keeps_the_record_of_the_real_run(diverged_s
         config = store.get_meta("config")
     from axiomformer.study.config import validate_config
 
-    summary = run_study(validate_config(config, source="stored config"), copy, progress=False,
-                        console=Console(quiet=True), write_report=False)
+    summary = run_study(
+        validate_config(config, source="stored config"),
+        copy,
+        progress=False,
+        console=Console(quiet=True),
+        write_report=False,
+    )
     assert summary.trained == 0
     with ResultsStore(copy, readonly=True) as store:
         assert store.get_meta("last_invocation") == real

@@ -18,8 +18,11 @@ from test_study import tiny_study_toml
 
 def _config(tmp_path, steps: int, seeds: int):
     path = tmp_path / "study.toml"
-    path.write_text(tiny_study_toml(name="resume test", seeds=seeds, variants=("standard", "A4=cosine"),
-                                    baselines=("gru",), steps=steps))
+    path.write_text(
+        tiny_study_toml(
+            name="resume test", seeds=seeds, variants=("standard", "A4=cosine"), baselines=("gru",), steps=steps
+        )
+    )
     return path
 
 
@@ -74,10 +77,24 @@ def _drive(mode: str, path, out) -> subprocess.CompletedProcess:
     """``axiomformer study`` in a subprocess that signals itself at a fixed point of its work (after the K-th stored
     run: ``tests/study_interrupt_driver.py``), so the test does not depend on timing."""
     tests = os.path.dirname(__file__)
-    env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
-        [os.path.join(tests, "..", "src"), tests, os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, os.path.join(tests, "study_interrupt_driver.py"), mode, "--", "study", "--config",
-               str(path), "--out", str(out), "--no-progress"]
+    env = dict(
+        os.environ,
+        MPLBACKEND="Agg",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join([os.path.join(tests, "..", "src"), tests, os.environ.get("PYTHONPATH", "")]),
+    )
+    command = [
+        sys.executable,
+        os.path.join(tests, "study_interrupt_driver.py"),
+        mode,
+        "--",
+        "study",
+        "--config",
+        str(path),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, start_new_session=True)
 
 
@@ -88,12 +105,12 @@ def test_killed_then_ctrl_c_study_resumes_without_losing_or_duplicating_runs(tmp
     total = len(plan(config)) + 3 * 2 * 2  # selection (3 models x 2 lengths x 2 lrs) + seeds 0, 1 per cell
     out = tmp_path / "study"
 
-    first = _drive("kill-after-run-2", path, out)             # kill -9 right after the second stored run
+    first = _drive("kill-after-run-2", path, out)  # kill -9 right after the second stored run
     assert first.returncode == -signal.SIGKILL
     killed = _rows(out)
     assert len(killed) == 2
 
-    second = _drive("after-run-1", path, out)                  # Ctrl-C right after one more stored run
+    second = _drive("after-run-1", path, out)  # Ctrl-C right after one more stored run
     assert second.returncode == 130, second.stderr
     assert "interrupted" in second.stderr and f"--out {out}" in second.stderr
     assert "Traceback" not in second.stderr

@@ -12,8 +12,19 @@ import numpy as np
 import pytest
 
 from axiomformer.study.statistics import (
-    VERDICT_KEYS, PairedItem, agrees, cell_interval, clopper_pearson, decide, holm, mde, one_comparison,
-    paired_family, seeds_needed, t_interval, tost_p,
+    VERDICT_KEYS,
+    PairedItem,
+    agrees,
+    cell_interval,
+    clopper_pearson,
+    decide,
+    holm,
+    mde,
+    one_comparison,
+    paired_family,
+    seeds_needed,
+    t_interval,
+    tost_p,
 )
 
 
@@ -52,8 +63,14 @@ def test_the_percentile_bootstrap_of_three_values_would_fail_the_same_coverage_c
     from scipy.stats import bootstrap
 
     def percentile(data):
-        res = bootstrap((data,), np.mean, method="percentile", n_resamples=500, random_state=np.random.default_rng(0),
-                        vectorized=True)
+        res = bootstrap(
+            (data,),
+            np.mean,
+            method="percentile",
+            n_resamples=500,
+            random_state=np.random.default_rng(0),
+            vectorized=True,
+        )
         return res.confidence_interval.low, res.confidence_interval.high
 
     assert _coverage(3, percentile, reps=400) < 0.85
@@ -103,7 +120,7 @@ def test_a_one_run_cell_gets_an_exact_binomial_interval_never_a_point():
     assert out.low == pytest.approx(0.025 ** (1 / 1024)) and out.high == 1.0 and out.low < 1.0
     many = cell_interval([0.5, 0.6, 0.7], n_test=1024)
     assert many.method == "t over seeds" and many.low < 0.6 < many.high
-    same = cell_interval([1.0, 1.0, 1.0], n_test=128)   # three seeds at 128/128: not the point [1, 1]
+    same = cell_interval([1.0, 1.0, 1.0], n_test=128)  # three seeds at 128/128: not the point [1, 1]
     assert same.method.startswith("Clopper-Pearson") and same.low == pytest.approx(0.025 ** (1 / 128))
 
 
@@ -115,8 +132,8 @@ def test_tost_against_a_hand_calculation_and_statsmodels():
     se = sd / math.sqrt(n)
     from scipy.stats import t
 
-    p_low = t.sf((mean + margin) / se, n - 1)       # H0: mean <= -margin
-    p_high = t.cdf((mean - margin) / se, n - 1)     # H0: mean >= +margin
+    p_low = t.sf((mean + margin) / se, n - 1)  # H0: mean <= -margin
+    p_high = t.cdf((mean - margin) / se, n - 1)  # H0: mean >= +margin
     assert tost_p(d, margin) == pytest.approx((p_low, p_high), rel=1e-10)
     from statsmodels.stats.weightstats import ttost_paired
 
@@ -153,7 +170,7 @@ def test_decide_rules():
     assert decide(-0.1, -0.01, 0.02) == "forced"
     assert decide(0.01, 0.1, 0.02) == "better"
     assert decide(-0.01, 0.015, 0.02) == "free"
-    assert decide(-0.01, 0.015, 0.02, converged=False) == "inconclusive"   # never free when not converged
+    assert decide(-0.01, 0.015, 0.02, converged=False) == "inconclusive"  # never free when not converged
     assert decide(-0.03, 0.01, 0.02) == "inconclusive"
     assert decide(-0.1, -0.01, 0.02, pilot=True) == "pilot"
     assert decide(None, None, 0.02) == "inconclusive"
@@ -193,8 +210,10 @@ def test_verdicts_agree_with_their_intervals_and_p_values_on_random_families():
     rng = np.random.default_rng(5)
     for _ in range(40):
         n = int(rng.integers(2, 15))
-        items = [_item(rng.normal(0.8 + rng.normal(0, 0.03), rng.uniform(0.001, 0.05), n), rng.normal(0.8, 0.02, n))
-                 for _ in range(int(rng.integers(1, 9)))]
+        items = [
+            _item(rng.normal(0.8 + rng.normal(0, 0.03), rng.uniform(0.001, 0.05), n), rng.normal(0.8, 0.02, n))
+            for _ in range(int(rng.integers(1, 9)))
+        ]
         for v in paired_family(items, margin=0.02):
             d = v.to_dict()
             assert tuple(d) == VERDICT_KEYS and agrees(d)
@@ -211,7 +230,7 @@ def test_agrees_catches_a_verdict_that_contradicts_its_interval():
 
 def test_pilot_claims_nothing_whatever_the_data():
     v = one_comparison(_item([0.5, 0.52, 0.51], [0.7, 0.71, 0.69]), pilot=True)
-    assert v.verdict == "pilot" and v.ci_high < 0   # the interval is still printed
+    assert v.verdict == "pilot" and v.ci_high < 0  # the interval is still printed
 
 
 def test_bad_pairs_and_margins_are_rejected():

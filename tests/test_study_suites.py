@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import textwrap
 from pathlib import Path
@@ -49,25 +50,47 @@ def test_long_range_default_covers_64_to_10000_for_the_transformer_and_a_recurre
 
 
 def _row(label, seed, lr, val, acc, seq_len=8, init=None):
-    return {"key": f"{label}{seed}{lr}{seq_len}", "label": label, "task": "needle", "seq_len": seq_len, "seed": seed,
-            "accuracy": acc, "train_config": {"lr": lr, **({"init_from": init} if init else {})},
-            "outcome": {"val_accuracy": val, "val_loss": 1.0}}
+    return {
+        "key": f"{label}{seed}{lr}{seq_len}",
+        "label": label,
+        "task": "needle",
+        "seq_len": seq_len,
+        "seed": seed,
+        "accuracy": acc,
+        "train_config": {"lr": lr, **({"init_from": init} if init else {})},
+        "outcome": {"val_accuracy": val, "val_loss": 1.0},
+    }
 
 
 def test_choice_is_the_best_validation_run_and_only_its_rate_is_reported():
-    rows = [_row("m", 0, 1e-3, 0.5, 0.9), _row("m", 0, 3e-3, 0.8, 0.1), _row("m", 1, 3e-3, None, 0.2),
-            _row("m", 1, 1e-3, None, 0.95)]
+    rows = [
+        _row("m", 0, 1e-3, 0.5, 0.9),
+        _row("m", 0, 3e-3, 0.8, 0.1),
+        _row("m", 1, 3e-3, None, 0.2),
+        _row("m", 1, 1e-3, None, 0.95),
+    ]
     reported, lrs = reported_rows({"seeds": 2}, rows)
     assert lrs == {("m", "needle", 8): 3e-3}
     assert sorted(r["accuracy"] for r in reported) == [0.1, 0.2]  # test accuracy plays no part in the choice
-    assert choose_lr([(1e-3, {"outcome": {"val_accuracy": 0.5, "val_loss": 2.0}}),
-                      (3e-3, {"outcome": {"val_accuracy": 0.5, "val_loss": 1.0}}), (1e-2, None)]) == 3e-3
+    assert (
+        choose_lr(
+            [
+                (1e-3, {"outcome": {"val_accuracy": 0.5, "val_loss": 2.0}}),
+                (3e-3, {"outcome": {"val_accuracy": 0.5, "val_loss": 1.0}}),
+                (1e-2, None),
+            ]
+        )
+        == 3e-3
+    )
     assert choose_lr([(1e-3, None)]) == "missing"
 
 
 def test_curriculum_reports_longer_lengths_at_the_rate_chosen_at_the_shortest():
-    rows = [_row("m", 0, 1e-3, 0.2, 0.3), _row("m", 0, 1e-2, 0.9, 0.8),
-            _row("m", 0, 1e-2, 0.0, 0.6, seq_len=16, init="states/a.safetensors")]
+    rows = [
+        _row("m", 0, 1e-3, 0.2, 0.3),
+        _row("m", 0, 1e-2, 0.9, 0.8),
+        _row("m", 0, 1e-2, 0.0, 0.6, seq_len=16, init="states/a.safetensors"),
+    ]
     reported, lrs = reported_rows({"seeds": 1, "curriculum": True}, rows)
     assert lrs == {("m", "needle", 8): 1e-2, ("m", "needle", 16): 1e-2} and len(reported) == 2
 
@@ -112,11 +135,11 @@ def test_curriculum_warm_starts_each_length_from_the_previous_one_and_resumes(tm
     assert not summary.failed and summary.trained == 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 * 2
     with ResultsStore(out) as store:
         rows = store.runs()
-    reported, lrs = reported_rows(cfg.model_dump(), rows)
+    reported, _lrs = reported_rows(cfg.model_dump(), rows)
     for label in ("standard", "gru"):
         chain = sorted((r for r in reported if r["label"] == label and r["seed"] == 0), key=lambda r: r["seq_len"])
         assert [r["seq_len"] for r in chain] == [8, 12, 16]
-        for prev, run in zip(chain, chain[1:]):
+        for prev, run in itertools.pairwise(chain):
             assert run["train_config"]["init_from"] == state_path(prev["key"])
             assert run["train_config"]["lr"] == chain[0]["train_config"]["lr"]
         assert all((out / state_path(r["key"])).is_file() for r in chain)

@@ -26,16 +26,33 @@ def _result(run, accuracy: float | None, *, diverged: bool = False) -> dict:
     if tc.get("eval_lengths"):
         extra.setdefault("end", {})["length_accuracy"] = {
             str(n): {"accuracy": None if accuracy is None else accuracy * 0.9, "loss": 1.0, "chance": 0.1}
-            for n in tc["eval_lengths"]}
+            for n in tc["eval_lengths"]
+        }
     if "sampled_eval" in (tc.get("probes") or []):
         extra.setdefault("end", {})["sampled_accuracy"] = accuracy
     if "init_entropy" in (tc.get("probes") or []):
         extra["init"] = {"init_entropy": [{"entropy": 2.5, "score_var": 0.3, "closed_form": 2.6}]}
     losses = [2.0, 1.5, None if diverged else 1.0]
-    return {"accuracy": accuracy, "loss": None if diverged else 1.0, "steps": 3, "seconds": 0.1, "params": 100,
-            "tokens_per_second": 1.0, "peak_mem_mb": 1.0, "engine": "reference", "losses": losses, "chance": 0.1,
-            "val_accuracy": 0.5, "val_loss": 1.0, "best_step": 2, "converged": True,
-            "stop_reason": "nonfinite" if diverged else "target", "history": [], "extra": extra, "n_test": 1024}
+    return {
+        "accuracy": accuracy,
+        "loss": None if diverged else 1.0,
+        "steps": 3,
+        "seconds": 0.1,
+        "params": 100,
+        "tokens_per_second": 1.0,
+        "peak_mem_mb": 1.0,
+        "engine": "reference",
+        "losses": losses,
+        "chance": 0.1,
+        "val_accuracy": 0.5,
+        "val_loss": 1.0,
+        "best_step": 2,
+        "converged": True,
+        "stop_reason": "nonfinite" if diverged else "target",
+        "history": [],
+        "extra": extra,
+        "n_test": 1024,
+    }
 
 
 def plant(out, suite: str, preset: str, value, *, diverged_label: str | None = None):
@@ -59,8 +76,16 @@ def plant(out, suite: str, preset: str, value, *, diverged_label: str | None = N
                 row = _row(run, result, "local")
                 store.add_run(row)
                 stored[run.key] = row
-                planned.append({"key": run.key, "label": run.model.label, "task": run.task, "seq_len": run.seq_len,
-                                "seed": run.seed, "expected_params": None})
+                planned.append(
+                    {
+                        "key": run.key,
+                        "label": run.model.label,
+                        "task": run.task,
+                        "seq_len": run.seq_len,
+                        "seed": run.seed,
+                        "expected_params": None,
+                    }
+                )
         store.set_meta("planned", planned)
     return cfg
 
@@ -69,8 +94,12 @@ def _noise(seed: int) -> float:
     return float(np.random.default_rng(seed).normal(0.0, 0.005))
 
 
-TARGET = {"positions": ("position=sinusoidal", "position=rope"), "rho": ("attn-only rho=mlp", "attn-only rho=identity"),
-          "scale": ("d=16 scale=none", "d=16 scale=inv_sqrt_d"), "gumbel": ("gumbel hard", "softmax")}
+TARGET = {
+    "positions": ("position=sinusoidal", "position=rope"),
+    "rho": ("attn-only rho=mlp", "attn-only rho=identity"),
+    "scale": ("d=16 scale=none", "d=16 scale=inv_sqrt_d"),
+    "gumbel": ("gumbel hard", "softmax"),
+}
 """Per suite, one comparison ``a vs b`` of its own, planted with a - b = -0.2."""
 
 
@@ -81,17 +110,24 @@ def test_planted_difference_is_found_where_it_was_planted_and_every_verdict_agre
     data = study_json(tmp_path / suite)
     assert {"design", "cells", "comparisons", "verdicts"} <= set(data)
     assert data["design"]["reported_seeds"] and not set(data["design"]["reported_seeds"]) & set(
-        data["design"]["selection_seeds"])
+        data["design"]["selection_seeds"]
+    )
     assert data["cells"] and all(c["ci_method"] and c["n_test"] == 1024 for c in data["cells"])
     assert data["verdicts"] and all(set(VERDICT_KEYS) == set(v) for v in data["verdicts"])
     assert all(agrees(v) for v in data["verdicts"]), [v for v in data["verdicts"] if not agrees(v)]
     assert all(v["n_seeds"] >= 5 and v["verdict"] != "pilot" for v in data["verdicts"])
-    hit = [v for v in data["verdicts"] if v["model"].split(" vs ")[0].startswith(a.replace("position=", ""))
-           and v["verdict"] in ("forced", "better")]
+    hit = [
+        v
+        for v in data["verdicts"]
+        if v["model"].split(" vs ")[0].startswith(a.replace("position=", "")) and v["verdict"] in ("forced", "better")
+    ]
     assert hit, "the planted difference was not found"
     # attributed correctly: a comparison between two arms both planted at 0.7 is never called different
-    assert all(v["verdict"] not in ("forced", "better") or a.replace("position=", "") in v["model"]
-               for v in data["verdicts"] if "at 2L-8L vs" not in v["model"])
+    assert all(
+        v["verdict"] not in ("forced", "better") or a.replace("position=", "") in v["model"]
+        for v in data["verdicts"]
+        if "at 2L-8L vs" not in v["model"]
+    )
 
 
 @pytest.mark.parametrize("suite", SUITES)
@@ -123,8 +159,9 @@ def test_contrast_verdicts_reject_an_unknown_family():
     info = {"pilot": False, "min_seeds": 2, "alpha": 0.05, "margin": 0.02}
     with pytest.raises(ValueError, match="primary, secondary"):
         contrast_verdicts(info, [Contrast("q", "a", "b", "t", 8, "tertiary", {0: 1.0, 1: 1.0}, {0: 0.0, 1: 0.0})])
-    (v, _, _), = contrast_verdicts(info, [Contrast("q", "a", "b", "t", 8, "primary", {0: 1.0, 1: math.nan, 2: 0.9},
-                                                   {0: 0.5, 1: 0.5, 2: 0.4})])
+    ((v, _, _),) = contrast_verdicts(
+        info, [Contrast("q", "a", "b", "t", 8, "primary", {0: 1.0, 1: math.nan, 2: 0.9}, {0: 0.5, 1: 0.5, 2: 0.4})]
+    )
     assert v.n_seeds == 2 and v.diff == pytest.approx(0.5)
 
 

@@ -33,9 +33,9 @@ def test_every_preset_validates_and_plans_its_arms(name, preset):
 
 def test_interval_is_the_studys_t_interval():
     mean, low, high = interval([0.5, 0.7, 0.9, None])
-    half = 4.302652729911275 * 0.2 / 3 ** 0.5        # t_{0.975, 2} x sd / sqrt(n), by hand
+    half = 4.302652729911275 * 0.2 / 3**0.5  # t_{0.975, 2} x sd / sqrt(n), by hand
     assert (mean, low, high) == pytest.approx((0.7, 0.7 - half, 0.7 + half))
-    assert all(x != x for x in interval([0.4])[1:])                      # one seed: no interval
+    assert all(x != x for x in interval([0.4])[1:])  # one seed: no interval
 
 
 def test_conclusion_claims_only_what_the_paired_test_supports():
@@ -44,18 +44,22 @@ def test_conclusion_claims_only_what_the_paired_test_supports():
     assert "a is higher than b" in conclude([("t", "a", "b", a, b)])
     noisy = conclude([("t", "a", "b", {0: 0.9, 1: 0.3, 2: 0.6}, {0: 0.5, 1: 0.5, 2: 0.52})])
     assert "higher" not in noisy and "Not yet known" in noisy
-    single = conclude([("t", "a", "b", {0: 0.9, 7: 0.2}, {0: 0.1})])      # one shared seed only
+    single = conclude([("t", "a", "b", {0: 0.9, 7: 0.2}, {0: 0.1})])  # one shared seed only
     assert "higher" not in single and "no claim" in single
 
 
 @pytest.mark.slow
 def test_a_tiny_rho_study_writes_a_report_with_figures(tmp_path):
     suite = get_suite("rho")
-    data = suite.preset("quick") | {"seeds": 2, "workers": 1, "threads": 1,
-                                    "budget": suite.preset("quick")["budget"] | {"steps": 3, "eval_every": 3},
-                                    "tasks": [{"name": "majority", "seq_lens": [6]}]}
+    data = suite.preset("quick") | {
+        "seeds": 2,
+        "workers": 1,
+        "threads": 1,
+        "budget": suite.preset("quick")["budget"] | {"steps": 3, "eval_every": 3},
+        "tasks": [{"name": "majority", "seq_lens": [6]}],
+    }
     summary = run_study(validate_config(data), tmp_path, progress=False)
-    assert summary.failed == [] and summary.trained == 12   # 4 arms x (1 selection run at seed 1000 + 2 reported seeds)
+    assert summary.failed == [] and summary.trained == 12  # 4 arms x (1 selection run at seed 1000 + 2 reported seeds)
     text = (tmp_path / "report.md").read_text()
     assert "## The answer" in text and "attn-only rho=identity" in text and "[" in text
     assert (tmp_path / "figures" / "rho_accuracy.png").stat().st_size > 0

@@ -10,14 +10,22 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
-from typer.testing import CliRunner  # noqa: E402
+from typer.testing import CliRunner
 
-from axiomformer.cli import app  # noqa: E402
-from axiomformer.surgery import (  # noqa: E402
-    AxiomSelfAttention, SurgeryError, attention_layers, builtin_sentences, hf_attention_mask, mean_pool,
-    nearest_neighbours, relax_model, replace_attention, retrieval_agreement,
+from axiomformer.cli import app
+from axiomformer.surgery import (
+    AxiomSelfAttention,
+    SurgeryError,
+    attention_layers,
+    builtin_sentences,
+    hf_attention_mask,
+    mean_pool,
+    nearest_neighbours,
+    relax_model,
+    replace_attention,
+    retrieval_agreement,
 )
-from axiomformer.surgery.metrics import clone_model, embed, last_hidden_states, tokenize  # noqa: E402
+from axiomformer.surgery.metrics import clone_model, embed, last_hidden_states, tokenize
 
 # Lengths differ a lot, so the batch carries padding.
 SENTENCES = [
@@ -38,7 +46,7 @@ def minilm():
     batches = tokenize(tokenizer, SENTENCES, batch_size=len(SENTENCES))
     assert not bool(batches[0]["attention_mask"].bool().all()), "the test batch must contain padding"
     reference = last_hidden_states(model, batches)
-    yield model, tokenizer, batches, reference, replace_attention(clone_model(model))
+    return model, tokenizer, batches, reference, replace_attention(clone_model(model))
 
 
 def _max_err(a, b):
@@ -49,11 +57,12 @@ def _max_err(a, b):
 def test_standard_replacement_reproduces_last_hidden_state_with_padding(minilm, engine, monkeypatch):
     _, _, batches, reference, replaced = minilm
     if engine == "reference":
-        monkeypatch.setenv("AXIOMFORMER_ENGINE", "reference")   # the plain einsum engine, independent of SDPA
+        monkeypatch.setenv("AXIOMFORMER_ENGINE", "reference")  # the plain einsum engine, independent of SDPA
     err = _max_err(reference, last_hidden_states(replaced, batches))
     assert err <= 1e-4
     assert {w.attention.last_engine for w in attention_layers(replaced)} == (
-        {"reference"} if engine == "reference" else {"sdpa"})
+        {"reference"} if engine == "reference" else {"sdpa"}
+    )
 
 
 def test_replacement_carries_bert_weights_and_keeps_bert_output_sublayer(minilm):
@@ -69,7 +78,7 @@ def test_replacement_carries_bert_weights_and_keeps_bert_output_sublayer(minilm)
         assert ours.spec.is_standard and ours.spec.num_heads == 12 and ours.spec.dim == 384
     block = replaced.encoder.layer[0].attention
     assert isinstance(block.self, AxiomSelfAttention) and isinstance(block.output.dense, torch.nn.Identity)
-    assert isinstance(block.output.LayerNorm, torch.nn.LayerNorm)        # BERT keeps its residual + LayerNorm
+    assert isinstance(block.output.LayerNorm, torch.nn.LayerNorm)  # BERT keeps its residual + LayerNorm
 
 
 def test_registered_attention_function_reproduces_the_model_without_module_swap(minilm):
@@ -88,11 +97,11 @@ def test_registered_attention_function_reproduces_the_model_without_module_swap(
 
 def test_hf_float_mask_becomes_bool_mask_true_may_attend():
     dtype_min = torch.finfo(torch.float32).min
-    eager = torch.tensor([0.0, 0.0, dtype_min]).view(1, 1, 1, 3)            # transformers' eager padding mask
+    eager = torch.tensor([0.0, 0.0, dtype_min]).view(1, 1, 1, 3)  # transformers' eager padding mask
     assert torch.equal(hf_attention_mask(eager), torch.tensor([True, True, False]).view(1, 1, 1, 3))
     as_bool = torch.tensor([True, False]).view(1, 1, 1, 2)
     assert hf_attention_mask(as_bool) is as_bool and hf_attention_mask(None) is None
-    biased = torch.tensor([0.5, -float("inf")]).view(1, 1, 1, 2)           # a genuine bias survives as a float mask
+    biased = torch.tensor([0.5, -float("inf")]).view(1, 1, 1, 2)  # a genuine bias survives as a float mask
     converted = hf_attention_mask(biased)
     assert converted[..., 0] == 0.5 and math.isinf(float(converted[..., 1]))
 
@@ -103,7 +112,7 @@ def _bert_sigmoid_attention(bert_layer, x, real):
     sa, dense = bert_layer.attention.self, bert_layer.attention.output.dense
     b, n, d = x.shape
     heads = sa.num_attention_heads
-    split = lambda t: t.view(b, n, heads, d // heads).transpose(1, 2)  # noqa: E731
+    split = lambda t: t.view(b, n, heads, d // heads).transpose(1, 2)
     q, k, v = split(sa.query(x)), split(sa.key(x)), split(sa.value(x))
     s = q @ k.transpose(-1, -2) / math.sqrt(d // heads)
     n_real = real.sum(-1).float().view(b, 1, 1, 1)
@@ -124,7 +133,7 @@ def test_relaxed_layer_applies_the_new_normalizer_to_the_pretrained_weights(mini
             expected = _bert_sigmoid_attention(model.encoder.layer[0], x, real)
             got, _ = layer0(x, attention_mask=real[:, None, None, :])
     finally:
-        layer0.attention = standard                                     # the fixture stays standard
+        layer0.attention = standard  # the fixture stays standard
     assert torch.allclose(got[real], expected[real], atol=1e-5)
 
 
@@ -133,7 +142,7 @@ def test_relax_model_touches_only_the_selected_layers(minilm):
     relaxed = relax_model(clone_model(model), "normalizer=sigmoid", layers=[0, 1])
     kinds = [w.spec.normalizer for w in attention_layers(relaxed)]
     assert kinds == ["sigmoid", "sigmoid", "softmax", "softmax", "softmax", "softmax"]
-    relax_model(relaxed, "A4=cosine", layers=[1])                            # relaxations accumulate
+    relax_model(relaxed, "A4=cosine", layers=[1])  # relaxations accumulate
     assert attention_layers(relaxed)[1].spec.relaxed_axes() == {"score": "cosine", "normalizer": "sigmoid"}
 
 
@@ -157,7 +166,7 @@ def test_relax_model_rejects_bad_layer_and_unknown_choice(minilm):
         relax_model(replaced, "normalizer=sigmoid", layers=[6])
     with pytest.raises(ValueError, match="choose one of"):
         relax_model(replaced, "normalizer=sofmax")
-    assert all(w.spec.is_standard for w in attention_layers(replaced))     # nothing was changed
+    assert all(w.spec.is_standard for w in attention_layers(replaced))  # nothing was changed
 
 
 def test_mean_pooled_embedding_does_not_depend_on_padding(minilm):
@@ -174,9 +183,10 @@ def test_mean_pool_averages_only_real_tokens():
 
 def _brute_force_neighbours(x):
     rows = x.double().tolist()
-    cos = lambda a, b: sum(p * q for p, q in zip(a, b)) / math.sqrt(sum(p * p for p in a) * sum(q * q for q in b))  # noqa: E731
-    return torch.tensor([max((j for j in range(len(rows)) if j != i), key=lambda j: cos(rows[i], rows[j]))
-                         for i in range(len(rows))])
+    cos = lambda a, b: sum(p * q for p, q in zip(a, b)) / math.sqrt(sum(p * p for p in a) * sum(q * q for q in b))
+    return torch.tensor(
+        [max((j for j in range(len(rows)) if j != i), key=lambda j: cos(rows[i], rows[j])) for i in range(len(rows))]
+    )
 
 
 def test_nearest_neighbours_match_brute_force_and_agreement_counts_matches():
@@ -194,8 +204,9 @@ def test_builtin_sentence_list_has_at_least_50_distinct_sentences():
 
 
 def test_non_bert_model_raises_clear_surgery_error():
-    not_bert = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, batch_first=True), num_layers=1,
-                                           enable_nested_tensor=False)
+    not_bert = torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(8, 2, batch_first=True), num_layers=1, enable_nested_tensor=False
+    )
     with pytest.raises(SurgeryError, match="TransformerEncoder has no BERT-style self-attention"):
         replace_attention(not_bert)
 
@@ -220,15 +231,17 @@ def test_cli_json_last_line_has_the_documented_fields(tmp_path, minilm, monkeypa
     model, tokenizer, batches, reference, replaced = minilm
     # Loading and the audit are tested on their own; reuse the fixture's model and stub the audit to stay fast.
     monkeypatch.setattr("axiomformer.surgery.metrics.load_model", lambda model_dir=None: (model, tokenizer))
-    monkeypatch.setattr("axiomformer.surgery.audit_adapter.audit_layer0",
-                        lambda m: {"target": type(m).__name__, "checks": [], "text": "stub"})
+    monkeypatch.setattr(
+        "axiomformer.surgery.audit_adapter.audit_layer0",
+        lambda m: {"target": type(m).__name__, "checks": [], "text": "stub"},
+    )
     file = tmp_path / "s.txt"
     file.write_text("\n".join(SENTENCES) + "\n")
     result, text = _cli(["--sentences", str(file), "--relax", "scale=none", "--layers", "5", "--json"])
     assert result.exit_code == 0, text
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["model"] == "all-MiniLM-L6-v2 (bundled)" and out["standard_max_abs_err"] <= 1e-4
-    assert out["audit"] == {"target": "BertModel", "checks": []}             # the original model is audited
+    assert out["audit"] == {"target": "BertModel", "checks": []}  # the original model is audited
     (row,) = out["relaxations"]
     assert set(row) == {"spec", "cosine", "retrieval_agreement"} and row["spec"] == "scale=none"
     # Independent check of the cosine: relax the last layer in-process and compare embeddings by hand.
@@ -238,7 +251,7 @@ def test_cli_json_last_line_has_the_documented_fields(tmp_path, minilm, monkeypa
         after = embed(relax_model(replaced, "scale=none", layers=[5]), tokenize(tokenizer, SENTENCES))
     finally:
         layer5.attention = standard
-    before = mean_pool(reference[0], batches[0]["attention_mask"])      # padding does not change embeddings
+    before = mean_pool(reference[0], batches[0]["attention_mask"])  # padding does not change embeddings
     expected = float(F.cosine_similarity(before, after).mean())
     assert row["cosine"] == pytest.approx(expected, abs=1e-5) and row["cosine"] < 0.9999
     assert row["retrieval_agreement"] in (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -252,9 +265,9 @@ def test_hf_audit_adapter_weights_and_outputs_follow_the_softmax_formula(minilm)
     adapter = HFSelfAttentionAdapter(bert)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 5, 384, generator=g, dtype=torch.float64) for _ in range(3))
-    heads = lambda t: t.view(2, 5, 12, 32).transpose(1, 2)  # noqa: E731
-    q_b, k_b = q + bert.query.bias.double(), k + bert.key.bias.double()          # projection biases are kept
-    w = torch.softmax(heads(q_b) @ heads(k_b).transpose(-1, -2) / math.sqrt(32), dim=-1)    # Vaswani et al., eq. 1
+    heads = lambda t: t.view(2, 5, 12, 32).transpose(1, 2)
+    q_b, k_b = q + bert.query.bias.double(), k + bert.key.bias.double()  # projection biases are kept
+    w = torch.softmax(heads(q_b) @ heads(k_b).transpose(-1, -2) / math.sqrt(32), dim=-1)  # Vaswani et al., eq. 1
     values = heads(v @ bert.value.weight.double().T + bert.value.bias.double())
     expected = (w @ values).transpose(1, 2).reshape(2, 5, 384)
     assert torch.allclose(adapter.weights(q, k), w, atol=1e-10)
@@ -270,19 +283,20 @@ def test_audit_of_pretrained_bert_attention_passes_every_applicable_check_but_it
     model, _, _, _, _ = minilm
     result = audit_layer0(model)
     verdicts = {c["name"]: c["passed"] for c in result["checks"]}
-    assert verdicts.pop("causality") is None                      # BERT is bidirectional: n/a, not a vacuous pass
+    assert verdicts.pop("causality") is None  # BERT is bidirectional: n/a, not a vacuous pass
     assert verdicts.pop("nan_isolation") is None
-    assert verdicts.pop("homogeneity") is None                    # A2 is not identifiable apart from A5 here
-    assert verdicts.pop("shift_invariance") is None               # the scores are not a bilinear q.k ...
+    assert verdicts.pop("homogeneity") is None  # A2 is not identifiable apart from A5 here
+    assert verdicts.pop("shift_invariance") is None  # the scores are not a bilinear q.k ...
     failed = {c["name"]: c["candidates"] for c in result["checks"] if c["passed"] is False}
-    assert failed == {"bilinear_scores": ["A4"], "bilinear_fit": ["A4"]}, result["text"]   # ... because of b_q.k_j
+    assert failed == {"bilinear_scores": ["A4"], "bilinear_fit": ["A4"]}, result["text"]  # ... because of b_q.k_j
     assert any("b_q.k_j" in note for note in result["notes"])
     assert all(v for k, v in verdicts.items() if k not in failed), result["text"]
-    assert "sdpa" in result["target"]                              # transformers' own attention function ran
+    assert "sdpa" in result["target"]  # transformers' own attention function ran
     bert = copy.deepcopy(model.encoder.layer[0].attention.self)
     with torch.no_grad():
-        bert.query.bias.zero_()                                    # without b_q, every applicable check passes
+        bert.query.bias.zero_()  # without b_q, every applicable check passes
     assert run_audit(bert).passed
+
 
 def test_save_pretrained_after_surgery_is_refused_and_writes_nothing(minilm, tmp_path):
     model, *_, replaced = minilm
@@ -292,5 +306,5 @@ def test_save_pretrained_after_surgery_is_refused_and_writes_nothing(minilm, tmp
     relaxed = relax_model(clone_model(model), "normalizer=sigmoid")
     with pytest.raises(SurgeryError):
         relaxed.save_pretrained(tmp_path / "relaxed")
-    model.save_pretrained(tmp_path / "original")                 # the model before surgery still saves
+    model.save_pretrained(tmp_path / "original")  # the model before surgery still saves
     assert (tmp_path / "original" / "config.json").is_file()

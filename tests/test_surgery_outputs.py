@@ -9,12 +9,18 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from axiomformer.surgery import attention_layers, relax_model, replace_attention  # noqa: E402
+from axiomformer.surgery import attention_layers, relax_model, replace_attention
 
 
 def _bert():
-    config = transformers.BertConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=64, initializer_range=0.3)
+    config = transformers.BertConfig(
+        vocab_size=61,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        initializer_range=0.3,
+    )
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -34,10 +40,10 @@ def _maps(model, batch):
 @pytest.mark.parametrize("asked_before", [True, False])
 def test_output_attentions_after_surgery(asked_before):
     model, batch = _bert()
-    if asked_before:                                                  # transformers' capture hooks installed now
+    if asked_before:  # transformers' capture hooks installed now
         expected = _maps(model, batch)
     else:
-        twin, _ = _bert()                                             # same seed, same weights, hooks only there
+        twin, _ = _bert()  # same seed, same weights, hooks only there
         expected = _maps(twin, batch)
     replace_attention(model)
     after = _maps(model, batch)
@@ -46,19 +52,19 @@ def test_output_attentions_after_surgery(asked_before):
     for ours, eager in zip(after, expected):
         torch.testing.assert_close(ours.transpose(1, 2)[real], eager.transpose(1, 2)[real], atol=1e-5, rtol=1e-5)
     with torch.no_grad():
-        assert model(**batch).attentions is None                     # not asked, not computed
+        assert model(**batch).attentions is None  # not asked, not computed
 
 
 def test_relaxed_layers_return_their_own_maps():
     model, batch = _bert()
     relax_model(model, "normalizer=sigmoid", layers=[0])
     maps = _maps(model, batch)
-    assert float(maps[0].sum(-1).max()) != pytest.approx(1.0)      # sigmoid weights do not sum to one
+    assert float(maps[0].sum(-1).max()) != pytest.approx(1.0)  # sigmoid weights do not sum to one
     torch.testing.assert_close(maps[1].sum(-1), torch.ones_like(maps[1].sum(-1)), atol=1e-5, rtol=1e-5)
 
 
 def test_head_mask_and_unknown_arguments_are_refused():
-    model, batch = _bert()
+    model, _batch = _bert()
     replace_attention(model)
     layer = attention_layers(model)[0]
     x = torch.randn(1, 3, 32)

@@ -25,12 +25,12 @@ def test_copy_targets_are_the_first_half_in_order(seq_len):
     pad = seq_len % 2
     n = seq_len // 2
     for xi, yi in zip(x, y):
-        xi, yi = xi[pad:], yi[pad:]                      # odd lengths carry one PAD in front
+        xi, yi = xi[pad:], yi[pad:]  # odd lengths carry one PAD in front
         data = xi[:n]
         assert xi[n] == task.sep
-        assert list(xi[n + 1:]) == list(data[: n - 1])   # the copy is fed back, shifted by one
+        assert list(xi[n + 1 :]) == list(data[: n - 1])  # the copy is fed back, shifted by one
         assert (yi[:n] == IGNORE).all()
-        assert list(yi[n:]) == list(data)                # at SEP predict x_1, at x_j predict x_{j+1}
+        assert list(yi[n:]) == list(data)  # at SEP predict x_1, at x_j predict x_{j+1}
     assert (x[:, :pad] == task.pad).all() and (y[:, :pad] == IGNORE).all()
 
 
@@ -40,7 +40,7 @@ def test_mqar_queries_recall_the_value_paired_with_their_key():
     x, y = rows(task, n=32)
     for xi, yi in zip(x, y):
         keys, values = xi[0:12:2], xi[1:12:2]
-        assert len(set(keys)) == len(keys)                                  # keys unique within the sequence
+        assert len(set(keys)) == len(keys)  # keys unique within the sequence
         assert ((0 <= keys) & (keys < half)).all() and ((half <= values) & (values < task.vocab)).all()
         pairs = dict(zip(keys.tolist(), values.tolist()))
         scored = np.flatnonzero(yi != IGNORE)
@@ -48,8 +48,8 @@ def test_mqar_queries_recall_the_value_paired_with_their_key():
         asked = xi[scored].tolist()
         assert len(set(asked)) == len(asked)
         for p in scored:
-            assert yi[p] == pairs[int(xi[p])]                               # the value stored with the key
-            assert xi[p + 1] == yi[p]                                       # then revealed, as in Zoology
+            assert yi[p] == pairs[int(xi[p])]  # the value stored with the key
+            assert xi[p + 1] == yi[p]  # then revealed, as in Zoology
         rest = np.setdiff1d(np.arange(12, 64), np.concatenate([scored, scored + 1]))
         assert (xi[rest] == task.noise).all()
 
@@ -72,7 +72,7 @@ def test_selective_copy_targets_are_the_scattered_tokens_in_order():
         assert len(data) == 5
         assert xi[c] == task.sep and (yi[:c] == IGNORE).all()
         assert list(yi[c:]) == list(data)
-        assert list(xi[c + 1:]) == list(data[:-1])
+        assert list(xi[c + 1 :]) == list(data[:-1])
 
 
 def test_needle_asks_at_the_end_for_the_value_stored_near_the_start():
@@ -147,7 +147,7 @@ def test_text_windows_predict_the_next_character_from_their_own_region(tmp_path)
     path.write_text(text)
     task = make_task("text", seq_len=20, path=str(path), eval_fraction=0.2)
     assert task.vocab_size == len(set(text))
-    cut = int(round(len(text) * 0.8))
+    cut = round(len(text) * 0.8)
     middle = cut + (len(text) - cut) // 2
     for split, region in (("train", text[:cut]), ("val", text[cut:middle]), ("test", text[middle:])):
         x, y = task.batch(8, seed=1, split=split)
@@ -173,14 +173,14 @@ def test_train_and_eval_share_no_example_even_in_a_tiny_example_space(name):
     task = make_task(name, **SMALL[name])
     train = {row.tobytes() for seed in range(4) for row in task.batch(128, seed=seed, split="train")[0].numpy()}
     evals = {row.tobytes() for seed in range(4) for row in task.batch(128, seed=seed, split="eval")[0].numpy()}
-    assert len(train) < 4 * 128 and len(evals) < 4 * 128     # the space is small: examples repeat within a split
+    assert len(train) < 4 * 128 and len(evals) < 4 * 128  # the space is small: examples repeat within a split
     assert not train & evals
 
 
 def _any_task(name: str, tmp_path):
     if name == "text":
         path = tmp_path / "book.txt"
-        letters = np.random.default_rng(0).integers(0, 26, size=20000)   # aperiodic: windows do not recur by chance
+        letters = np.random.default_rng(0).integers(0, 26, size=20000)  # aperiodic: windows do not recur by chance
         path.write_text("".join(chr(97 + int(i)) for i in letters))
         return make_task("text", seq_len=16, path=str(path))
     return make_task(name, seq_len=64 if name == "digits" else 16)
@@ -189,8 +189,10 @@ def _any_task(name: str, tmp_path):
 @pytest.mark.parametrize("name", list(TASKS))
 def test_no_input_appears_in_more_than_one_of_train_val_test(name, tmp_path):
     task = _any_task(name, tmp_path)
-    seen = {split: {row.tobytes() for seed in range(6) for row in task.batch(64, seed=seed, split=split)[0].numpy()}
-            for split in ("train", "val", "test")}
+    seen = {
+        split: {row.tobytes() for seed in range(6) for row in task.batch(64, seed=seed, split=split)[0].numpy()}
+        for split in ("train", "val", "test")
+    }
     assert not seen["train"] & seen["val"], name
     assert not seen["train"] & seen["test"], name
     assert not seen["val"] & seen["test"], name
@@ -201,7 +203,9 @@ def test_the_disjointness_check_catches_a_shared_pool(monkeypatch):
     import axiomformer.tasks.digits as digits
 
     pools = digits.load_split()
-    monkeypatch.setattr(digits, "load_split", lambda fraction=0.25: pools | {"test": pools["eval"], "val": pools["eval"]})
+    monkeypatch.setattr(
+        digits, "load_split", lambda fraction=0.25: pools | {"test": pools["eval"], "val": pools["eval"]}
+    )
     task = make_task("digits", seq_len=64)
     val = {row.tobytes() for seed in range(4) for row in task.batch(64, seed=seed, split="val")[0].numpy()}
     test = {row.tobytes() for seed in range(4) for row in task.batch(64, seed=seed, split="test")[0].numpy()}
@@ -226,8 +230,6 @@ def test_unknown_task_option_or_split_names_the_choices():
         make_task("copy", seq_len=8).batch(2, seed=0, split="tst")
 
 
-
-
 def test_shared_needle_key_occurs_once_before_the_query_and_the_pair_is_anywhere():
     task = make_task("needle", seq_len=40, num_keys=6, shared=True)
     x, y = rows(task, n=512)
@@ -250,10 +252,11 @@ def test_uniform_needle_with_disjoint_vocabularies_reaches_the_whole_sequence():
 
 
 def test_mqar_pairs_scale_with_the_length():
-    counts = {n: make_task("mqar", seq_len=n, vocab=32, pairs_per_token=1 / 640).num_pairs
-              for n in (64, 1024, 4096, 10_000)}
+    counts = {
+        n: make_task("mqar", seq_len=n, vocab=32, pairs_per_token=1 / 640).num_pairs for n in (64, 1024, 4096, 10_000)
+    }
     assert counts == {64: 4, 1024: 4, 4096: 6, 10_000: 15}
-    x, y = rows(make_task("mqar", seq_len=4096, vocab=32, pairs_per_token=1 / 640), n=2)
+    _x, y = rows(make_task("mqar", seq_len=4096, vocab=32, pairs_per_token=1 / 640), n=2)
     assert int((y != IGNORE).sum()) == 2 * 6
     with pytest.raises(ValueError, match="pairs_per_token"):
         make_task("mqar", seq_len=64, pairs_per_token=0.01, num_pairs=3)

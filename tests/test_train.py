@@ -13,10 +13,17 @@ from axiomformer.cli import app
 from axiomformer.tasks import TASKS, make_task
 from axiomformer.train import MIN_LR_RATIO, TASK_DEFAULTS, TrainConfig, evaluate, lr_factor, train
 
-
-
-TINY = dict(task="copy", seq_len=12, dim=16, layers=1, steps=6, batch_size=4, eval_batches=1, eval_every=3,
-            task_options={"vocab": 4})
+TINY = dict(
+    task="copy",
+    seq_len=12,
+    dim=16,
+    layers=1,
+    steps=6,
+    batch_size=4,
+    eval_batches=1,
+    eval_every=3,
+    task_options={"vocab": 4},
+)
 
 
 @pytest.mark.parametrize("model", ["transformer", "gru"])
@@ -34,7 +41,7 @@ def test_unset_fields_take_the_task_defaults_and_explicit_none_disables_early_st
         assert getattr(config, name) == value
     assert TrainConfig(task="needle", target_accuracy=None).target_accuracy is None
     assert TrainConfig(task="needle", steps=7).steps == 7
-    assert TrainConfig(task="needle", seq_len=10_000).batch_size == 1          # long sequences, small batches
+    assert TrainConfig(task="needle", seq_len=10_000).batch_size == 1  # long sequences, small batches
     assert TrainConfig(dim=30).heads == 1 and TrainConfig(dim=64).heads == 4
 
 
@@ -53,7 +60,7 @@ def test_schedule_warms_up_linearly_then_decays_by_cosine():
     warmup, total = 10, 110
     assert [lr_factor(s, warmup, total) for s in range(3)] == pytest.approx([0.1, 0.2, 0.3])
     assert lr_factor(warmup, warmup, total) == pytest.approx(1.0)
-    mid = lr_factor(warmup + 50, warmup, total)                                  # half way: cos(pi/2) = 0
+    mid = lr_factor(warmup + 50, warmup, total)  # half way: cos(pi/2) = 0
     assert mid == pytest.approx(MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5)
     assert lr_factor(total, warmup, total) == pytest.approx(MIN_LR_RATIO)
 
@@ -78,7 +85,7 @@ def test_evaluate_scores_only_the_scored_positions():
     acc, loss = evaluate(right, [(inputs, targets)])
     assert acc == 1.0 and loss == pytest.approx(0.0, abs=1e-6)
     acc, loss = evaluate(wrong, [(inputs, targets)])
-    assert acc == 0.0 and loss == pytest.approx(50.0, rel=1e-4)      # logit gap 50 -> cross-entropy ~ 50 nats
+    assert acc == 0.0 and loss == pytest.approx(50.0, rel=1e-4)  # logit gap 50 -> cross-entropy ~ 50 nats
 
 
 def test_early_stop_ends_training_at_the_first_evaluation_that_reaches_the_target():
@@ -105,21 +112,57 @@ def test_train_checkpoint_reloads_to_the_same_eval_accuracy(tmp_path):
 
 
 def test_cli_json_last_line_has_the_summary_fields():
-    out = CliRunner().invoke(app, ["train", "--task", "copy", "--seq-len", "12", "--dim", "16", "--layers", "1",
-                                   "--steps", "2", "--batch-size", "2", "--eval-batches", "1", "--quiet", "--json",
-                                   "-o", "vocab=4", "--model", "lstm"])
+    out = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--task",
+            "copy",
+            "--seq-len",
+            "12",
+            "--dim",
+            "16",
+            "--layers",
+            "1",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--eval-batches",
+            "1",
+            "--quiet",
+            "--json",
+            "-o",
+            "vocab=4",
+            "--model",
+            "lstm",
+        ],
+    )
     assert out.exit_code == 0, out.output
     line = json.loads(out.stdout.strip().splitlines()[-1])
-    assert set(line) == {"task", "model", "spec", "seq_len", "accuracy", "loss", "steps", "seconds", "params",
-                         "tokens_per_second"}
+    assert set(line) == {
+        "task",
+        "model",
+        "spec",
+        "seq_len",
+        "accuracy",
+        "loss",
+        "steps",
+        "seconds",
+        "params",
+        "tokens_per_second",
+    }
     assert line["model"] == "lstm" and line["steps"] == 2 and line["seq_len"] == 12
 
 
-@pytest.mark.parametrize("args, choices", [
-    (["--task", "mqr"], ", ".join(TASKS)),
-    (["--model", "mamba"], "transformer, rnn, lstm, gru"),
-    (["--task", "mqar", "-o", "pairs=3"], "num_pairs"),
-])
+@pytest.mark.parametrize(
+    "args, choices",
+    [
+        (["--task", "mqr"], ", ".join(TASKS)),
+        (["--model", "mamba"], "transformer, rnn, lstm, gru"),
+        (["--task", "mqar", "-o", "pairs=3"], "num_pairs"),
+    ],
+)
 def test_cli_bad_names_exit_2_naming_the_choices(args, choices):
     out = CliRunner().invoke(app, ["train", *args, "--steps", "1", "--quiet"])
     assert out.exit_code == 2

@@ -36,12 +36,12 @@ def _pair(spec_window: AttentionSpec, engine: str):
 def test_window_equals_full_attention_with_the_band_mask_written_out(causal, relax, engine):
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(relax).relax(window=5)
     windowed, plain = _pair(spec, engine)
-    x = torch.randn(2, 150, DIM, generator=torch.Generator().manual_seed(1))      # longer than one 64-query block
+    x = torch.randn(2, 150, DIM, generator=torch.Generator().manual_seed(1))  # longer than one 64-query block
     try:
         out = windowed(x)
-    except ValueError:                                                 # the engine does not run this spec
+    except ValueError:  # the engine does not run this spec
         return
-    if relax == "position=alibi":                                     # ALiBi's bias depends on causal too
+    if relax == "position=alibi":  # ALiBi's bias depends on causal too
         plain = Attention(AttentionSpec(**{**spec.to_dict(), "window": 0}), engine="reference")
         plain.load_state_dict(windowed.state_dict())
     expected = plain(x, attn_mask=band(150, 150, 5, causal))
@@ -52,7 +52,7 @@ def test_window_equals_full_attention_with_the_band_mask_written_out(causal, rel
 def test_window_engines_match_the_reference_backward_with_key_padding(engine):
     spec = AttentionSpec.standard(DIM, HEADS, causal=True, window=7)
     keep = torch.ones(2, 90, dtype=torch.bool)
-    keep[0, 40:50] = False                                             # queries 46..49 of sample 0 see nothing
+    keep[0, 40:50] = False  # queries 46..49 of sample 0 see nothing
     x = torch.randn(2, 90, DIM)
     grads = []
     for name in (engine, "reference"):
@@ -75,7 +75,7 @@ def test_window_decoding_with_the_kv_cache_gives_the_rows_of_the_full_computatio
     att = Attention(spec).eval()
     x = torch.randn(1, 12, DIM)
     cache = KVCache()
-    steps = torch.cat([att(x[:, i:i + 1], cache=cache) for i in range(12)], dim=1)
+    steps = torch.cat([att(x[:, i : i + 1], cache=cache) for i in range(12)], dim=1)
     torch.testing.assert_close(steps, att(x), rtol=1e-5, atol=1e-6)
 
 
@@ -106,12 +106,12 @@ def test_a_window_cache_keeps_only_the_window_and_decodes_the_full_forward(posit
     layer = Attention(AttentionSpec.standard(16, 2, causal=True).relax(window=window, position=position)).eval()
     tokens = torch.randn(2, steps, 16)
     keep = torch.ones(2, steps, dtype=torch.bool)
-    keep[1, 4] = False                                            # a padded token in the middle of row 1
+    keep[1, 4] = False  # a padded token in the middle of row 1
     cache = KVCache()
     with torch.no_grad():
         outs = []
         for t in range(steps):
-            outs.append(layer(tokens[:, t:t + 1], cache=cache, key_padding_mask=keep[:, :t + 1]))
+            outs.append(layer(tokens[:, t : t + 1], cache=cache, key_padding_mask=keep[:, : t + 1]))
             assert cache.length == min(t + 1, window - 1) and cache.seen == t + 1
         full = layer(tokens, key_padding_mask=keep)
     torch.testing.assert_close(torch.cat(outs, 1), full, rtol=1e-5, atol=1e-6)
@@ -136,6 +136,6 @@ def test_the_decode_check_catches_a_cache_that_drops_a_visible_key(monkeypatch):
     tokens = torch.randn(1, 8, 16)
     cache = KVCache()
     with torch.no_grad():
-        outs = torch.cat([layer(tokens[:, t:t + 1], cache=cache) for t in range(8)], 1)
+        outs = torch.cat([layer(tokens[:, t : t + 1], cache=cache) for t in range(8)], 1)
         full = layer(tokens)
     assert float((outs - full).abs().max()) > 1e-3

@@ -36,6 +36,7 @@ def _tool(name: str):
         spec.loader.exec_module(module)
     return sys.modules[name]
 
+
 AXIS_MODULE = {"feature_map": "normalizer"}
 """Axes documented in another axis's module (the linear kernel's feature map belongs to A5's normalizer)."""
 
@@ -54,14 +55,18 @@ def design_space() -> str:
     from axiomformer.spec import ALIASES, ASSUMPTIONS, AXES
 
     alias = {axis: name for name, axis in ALIASES.items()}
-    parts = ["## Every choice\n\nOne row per registry entry: its formula, the assumption it relaxes and how, and its "
-             "source.\n\n" + design_space_table()]
+    parts = [
+        "## Every choice\n\nOne row per registry entry: its formula, the assumption it relaxes and how, and its "
+        "source.\n\n" + design_space_table()
+    ]
     for axis, choices in AXES.items():
         doc = _axis_doc(axis)
         missing = [c for c in choices if not re.search(rf"(?<![\w]){re.escape(c)}(?![\w])", doc)]
         if missing:
-            raise PluginError(f"design space: the docstring of the module of axis {axis!r} does not document "
-                              f"choice(s) {', '.join(missing)}")
+            raise PluginError(
+                f"design space: the docstring of the module of axis {axis!r} does not document "
+                f"choice(s) {', '.join(missing)}"
+            )
         title = f"{axis} ({alias[axis]})" if axis in alias else axis
         head = f"**Assumption {alias[axis]}**: {ASSUMPTIONS[alias[axis]]}.\n\n" if axis in alias else ""
         listed = ", ".join(f"`{c}`" + (" (standard)" if i == 0 else "") for i, c in enumerate(choices))
@@ -93,10 +98,13 @@ def routing() -> str:
     from axiomformer.spec import AXES, AttentionSpec
 
     base = AttentionSpec.standard(32, 4, causal=True, max_len=16)
-    variants = ["standard"] + [f"{axis}={choice}" for axis, choices in AXES.items() if axis != "feature_map"
-                               for choice in choices[1:]]
-    rows = ["| spec | engine (training, causal, 2 x 16 tokens, CPU) | engine with `need_weights=True` |",
-            "|---|---|---|"]
+    variants = ["standard"] + [
+        f"{axis}={choice}" for axis, choices in AXES.items() if axis != "feature_map" for choice in choices[1:]
+    ]
+    rows = [
+        "| spec | engine (training, causal, 2 x 16 tokens, CPU) | engine with `need_weights=True` |",
+        "|---|---|---|",
+    ]
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 16, 32, generator=generator)
     for variant in variants:
@@ -127,8 +135,13 @@ def audit_matrix() -> str:
     return matrix_markdown(relaxation_matrix())
 
 
-GENERATORS = {"design-space-table": design_space_table, "design-space": design_space, "routing": routing,
-              "engines": engines, "audit-matrix": audit_matrix}
+GENERATORS = {
+    "design-space-table": design_space_table,
+    "design-space": design_space,
+    "routing": routing,
+    "engines": engines,
+    "audit-matrix": audit_matrix,
+}
 
 _RESULTS_MARKER = re.compile(r"<!-- generated: results ([\w-]+) -->")
 
@@ -167,7 +180,7 @@ def latex_to_mathml(latex: str, display: bool) -> str:
         mathml = convert(latex, display="block" if display else "inline")
     except Exception as err:  # latex2mathml raises its own exception types
         raise PluginError(f"math: cannot typeset {latex!r}: {type(err).__name__} {err}") from err
-    unknown = re.findall(r">(\\[A-Za-z]+)<", mathml)     # a command latex2mathml does not know stays as text
+    unknown = re.findall(r">(\\[A-Za-z]+)<", mathml)  # a command latex2mathml does not know stays as text
     if unknown:
         raise PluginError(f"math: cannot typeset {latex!r}: unknown command(s) {', '.join(unknown)}")
     return mathml
@@ -175,14 +188,16 @@ def latex_to_mathml(latex: str, display: bool) -> str:
 
 def typeset(content: str) -> str:
     """Every arithmatex span/div of a rendered page as MathML."""
+
     def one(match: re.Match) -> str:
         body = html.unescape(match.group(2)).strip()
         for start, end in _DELIMITERS.items():
             if body.startswith(start) and body.endswith(end) and len(body) >= len(start) + len(end):
-                body = body[len(start):len(body) - len(end)]
+                body = body[len(start) : len(body) - len(end)]
                 break
         display = match.group(1) == "div"
         return latex_to_mathml(body.strip(), display)
+
     return _MATH.sub(one, content)
 
 

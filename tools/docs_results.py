@@ -59,10 +59,15 @@ def table(records: list[dict[str, Any]]) -> str:
         columns += [k for k, v in record.items() if k not in columns and _scalar(v)]
     if not columns:
         return ""
-    numeric = {c: all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool)
-                      for r in records if r.get(c) is not None) for c in columns}
-    lines = ["| " + " | ".join(columns) + " |",
-             "|" + "|".join("---:" if numeric[c] else ":---" for c in columns) + "|"]
+    numeric = {
+        c: all(
+            isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool)
+            for r in records
+            if r.get(c) is not None
+        )
+        for c in columns
+    }
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---:" if numeric[c] else ":---" for c in columns) + "|"]
     lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in records[:ROW_LIMIT]]
     if len(records) > ROW_LIMIT:
         lines.append(f"\n({len(records) - ROW_LIMIT} more rows in the store.)")
@@ -82,8 +87,9 @@ def render(data: dict[str, Any], level: int = 3, first: tuple[str, ...] = FIRST)
             parts.append(f"- **{key}**: {', '.join(_cell(v) for v in value)}\n")
         elif isinstance(value, dict) and value:
             flat = {k: (v if _scalar(v) else json.dumps(v)[:200]) for k, v in value.items()}
-            parts.append(f"{'#' * level} {key}\n\n" + "\n".join(f"- **{k}**: {_cell(v)}" for k, v in flat.items())
-                         + "\n")
+            parts.append(
+                f"{'#' * level} {key}\n\n" + "\n".join(f"- **{k}**: {_cell(v)}" for k, v in flat.items()) + "\n"
+            )
     return "\n".join(parts)
 
 
@@ -105,8 +111,10 @@ def figures(store: Path) -> str:
 
 
 def _unreadable(store: Path, err: Exception) -> str:
-    text = (f"!!! warning \"Not readable by this build\"\n    `{store.relative_to(ROOT).as_posix()}` could not be "
-            f"read: {type(err).__name__}: {_cell(str(err))}\n")
+    text = (
+        f'!!! warning "Not readable by this build"\n    `{store.relative_to(ROOT).as_posix()}` could not be '
+        f"read: {type(err).__name__}: {_cell(str(err))}\n"
+    )
     report = store / "report.md"
     if report.is_file():
         text += "\nThe report committed with the store:\n\n" + _demoted(report.read_text())
@@ -154,8 +162,10 @@ def summary_line(data: dict[str, Any]) -> str:
     comparisons = data.get("comparisons") or []
     cells = data.get("cells") or []
     significant = sum(1 for c in comparisons if c.get("significant"))
-    return (f"{len(cells)} cells; {len(comparisons)} comparisons with the standard model, {significant} of them "
-            f"significant after Holm's correction.")
+    return (
+        f"{len(cells)} cells; {len(comparisons)} comparisons with the standard model, {significant} of them "
+        f"significant after Holm's correction."
+    )
 
 
 def json_section(path: Path, title: str, first: tuple[str, ...] = ()) -> str:
@@ -187,8 +197,9 @@ PAGES = {
     "study": lambda: study_section(RESULTS / "study-default", "The default study"),
     "long-range": lambda: study_section(RESULTS / "long-range", "The long-range suite"),
     "suites": suites,
-    "flow": lambda: json_section(RESULTS / "flow" / "flow_results.json", "The flow experiment",
-                                 first=("comparisons", "arms")),
+    "flow": lambda: json_section(
+        RESULTS / "flow" / "flow_results.json", "The flow experiment", first=("comparisons", "arms")
+    ),
     "bench": lambda: json_section(RESULTS / "bench.json", "The bench", first=("rows",)),
 }
 """The generators of ``<!-- generated: results NAME -->``."""
@@ -198,5 +209,7 @@ def figure_files(config: Any) -> list[Any]:
     """Every PNG under ``benchmarks/results`` as a file of the site at ``results/store/<its path there>``."""
     from mkdocs.structure.files import File
 
-    return [File.generated(config, f"{FIGURE_URI}/{p.relative_to(RESULTS).as_posix()}", abs_src_path=str(p))
-            for p in sorted(RESULTS.rglob("*.png"))]
+    return [
+        File.generated(config, f"{FIGURE_URI}/{p.relative_to(RESULTS).as_posix()}", abs_src_path=str(p))
+        for p in sorted(RESULTS.rglob("*.png"))
+    ]

@@ -49,7 +49,7 @@ def rst_tables(text: str) -> str:
                 else:
                     rows.append(cells)
             i += 1
-        i += 1                                              # the closing border
+        i += 1  # the closing border
         out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
     return "\n".join(out)

@@ -29,8 +29,18 @@ _LAZY = {
     "run_derivation": "axiomformer.derive",
 }
 
-__all__ = ["ALIASES", "ASSUMPTIONS", "AXES", "Attention", "AttentionSpec", "AuditReport", "KVCache", "__version__",
-           "run_audit", "run_derivation"]
+__all__ = [
+    "ALIASES",
+    "ASSUMPTIONS",
+    "AXES",
+    "Attention",
+    "AttentionSpec",
+    "AuditReport",
+    "KVCache",
+    "__version__",
+    "run_audit",
+    "run_derivation",
+]
 
 if TYPE_CHECKING:
     from axiomformer.attention import Attention, KVCache

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from axiomformer.axes import (
-    Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value,
-)
+from axiomformer.axes import Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value
 from axiomformer.axes.position import TokenPositions, alibi_slope_list, token_positions
 from axiomformer.engines import Attended, Plan, attend
 from axiomformer.engines.problem import rows_without_keys, visible_counts
@@ -64,8 +62,10 @@ class KVCache:
         """
         for name, old, new in (("keys", self.k, k), ("values", self.v, v)):
             if old is not None and (old.shape[:2] != new.shape[:2] or old.shape[-1] != new.shape[-1]):
-                raise ValueError(f"new {name} of shape {tuple(new.shape)} do not fit the cached {name} of shape "
-                                 f"{tuple(old.shape)} (batch, heads and head_dim must match; reset() the cache)")
+                raise ValueError(
+                    f"new {name} of shape {tuple(new.shape)} do not fit the cached {name} of shape "
+                    f"{tuple(old.shape)} (batch, heads and head_dim must match; reset() the cache)"
+                )
         self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
         return self.k, self.v
@@ -89,8 +89,11 @@ class KVCache:
         if new.default and self.positions is None:
             return torch.arange(self.start, past + new.k.shape[-1], device=new.k.device)
         k = new.k if new.k.dim() == 2 else new.k.unsqueeze(0)
-        old = (self.positions if self.positions is not None
-               else torch.arange(self.start, past, device=k.device).unsqueeze(0))
+        old = (
+            self.positions
+            if self.positions is not None
+            else torch.arange(self.start, past, device=k.device).unsqueeze(0)
+        )
         rows = max(k.shape[0], old.shape[0])
         self.positions = torch.cat([old.expand(rows, -1), k.expand(rows, -1)], dim=-1)
         return self.positions
@@ -136,12 +139,12 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim = spec.num_heads, spec.head_dim
         self.q_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
         self.k_proj = nn.Linear(spec.dim, spec.kv_dim, bias=spec.bias)
-        self.v_proj = build_value(spec)                       # A3
-        self.score_fn = build_score(spec)                     # A4
-        self.scale = Scale(spec)                              # A5 temperature
-        self.normalizer = Normalizer(spec)                    # A5
-        self.contribution = build_contribution(spec)          # A2
-        self.aggregator = build_aggregator(spec)              # A1
+        self.v_proj = build_value(spec)  # A3
+        self.score_fn = build_score(spec)  # A4
+        self.scale = Scale(spec)  # A5 temperature
+        self.normalizer = Normalizer(spec)  # A5
+        self.contribution = build_contribution(spec)  # A2
+        self.aggregator = build_aggregator(spec)  # A1
         self.position = Position(spec)
         self.out_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
         self.last_engine: str | None = None
@@ -172,7 +175,7 @@ class Attention(nn.Module):
     def _split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
         b, n, width = x.shape
         heads = heads or self.num_heads
-        return x.view(b, n, heads, width // heads).transpose(1, 2)      # explicit head_dim: n may be 0
+        return x.view(b, n, heads, width // heads).transpose(1, 2)  # explicit head_dim: n may be 0
 
     def _merge_heads(self, x: Tensor) -> Tensor:
         b, heads, n, head_dim = x.shape
@@ -184,8 +187,9 @@ class Attention(nn.Module):
             if x.dim() != 3 or x.shape[-1] != dim:
                 raise ValueError(f"{name} must be (batch, seq, dim={dim}); got shape {tuple(x.shape)}")
         if not query.shape[0] == key.shape[0] == value.shape[0]:
-            raise ValueError(f"batch sizes differ: query {tuple(query.shape)}, key {tuple(key.shape)}, "
-                             f"value {tuple(value.shape)}")
+            raise ValueError(
+                f"batch sizes differ: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+            )
         if key.shape[1] != value.shape[1]:
             raise ValueError(f"key and value lengths differ: key {tuple(key.shape)}, value {tuple(value.shape)}")
 
@@ -243,19 +247,19 @@ class Attention(nn.Module):
         # Position enters through the query/key inputs (sinusoidal, learned) or by rotating q and k (RoPE).
         q = self._split_heads(self.q_proj(self.position.encode_inputs(query, pos.q)))
         k = self._split_heads(self.k_proj(self.position.encode_inputs(key, pos.k)), self.spec.kv_heads)
-        v = self._split_heads(self.v_proj(value), self.spec.kv_heads)                   # A3
+        v = self._split_heads(self.v_proj(value), self.spec.kv_heads)  # A3
         q, k = self.position.rotate(q, pos.q), self.position.rotate(k, pos.k)
         all_k_pos = pos.k
         if cache is not None:
             all_k_pos = cache.key_positions(pos)
-            k, v = cache.append(k, v)                    # the cache holds kv_heads heads (GQA's memory saving)
+            k, v = cache.append(k, v)  # the cache holds kv_heads heads (GQA's memory saving)
         k_len = k.shape[-2]
         q_offset = k_len - q_len
         mask, bias = prepare_masks(attn_mask, key_padding_mask, batch, self.num_heads, q_len, k_len)
         alibi = self.position.score_bias(pos, all_k_pos, self.spec.causal)
-        if alibi is not None:                                  # ALiBi from token positions, as a score bias
+        if alibi is not None:  # ALiBi from token positions, as a score bias
             bias = alibi if bias is None else bias + alibi
-        if "decay" in self.plan.position_traits:               # the forget gates' decay, as a score bias
+        if "decay" in self.plan.position_traits:  # the forget gates' decay, as a score bias
             sums = self.position.forget_sums(key, key_padding_mask, cache.decay if cache is not None else None)
             if cache is not None:
                 cache.decay = sums
@@ -265,7 +269,7 @@ class Attention(nn.Module):
         if cache is not None and self.spec.window:
             # The next query, at position p, sees p - window + 1 .. p: the last window - 1 stored keys and its own.
             cache.keep_last(self.spec.window - 1)
-        out = self.out_proj(self.aggregator(self._merge_heads(result.out), query))      # A1
+        out = self.out_proj(self.aggregator(self._merge_heads(result.out), query))  # A1
         if mask is not None or (self.spec.causal and q_offset < 0) or self.spec.window:
             # The heads' rows are zero already; rho and W_o's bias would make the output row non-zero.
             empty = rows_without_keys(mask, self.spec.causal, q_len, k_len, q_offset, query.device, self.spec.window)
@@ -273,40 +277,84 @@ class Attention(nn.Module):
                 out = out.masked_fill(empty.all(1).unsqueeze(-1), 0.0)
         return (out, result.weights) if need_weights else out
 
-    def _positions(self, query, key, q_len, past, cache, position_ids, key_position_ids,
-                   key_padding_mask) -> TokenPositions:
+    def _positions(
+        self, query, key, q_len, past, cache, position_ids, key_position_ids, key_padding_mask
+    ) -> TokenPositions:
         """Token positions of the queries and new keys (absolute: a cache's dropped tokens count)."""
         new_k_len = key.shape[1]
         k_len = past + new_k_len
-        if self.plan.position_traits or cache is not None:   # positions are read, or kept by the cache
-            return token_positions(q_len, new_k_len, past, query.device, position_ids=position_ids,
-                                   key_position_ids=key_position_ids, key_padding_mask=key_padding_mask,
-                                   cached=cache.positions if cache is not None else None,
-                                   self_attention=key is query)
+        if self.plan.position_traits or cache is not None:  # positions are read, or kept by the cache
+            return token_positions(
+                q_len,
+                new_k_len,
+                past,
+                query.device,
+                position_ids=position_ids,
+                key_position_ids=key_position_ids,
+                key_padding_mask=key_padding_mask,
+                cached=cache.positions if cache is not None else None,
+                self_attention=key is query,
+            )
         # No value of the positions is read: no need to derive them.
-        return TokenPositions(torch.arange(k_len - q_len, k_len, device=query.device),
-                              torch.arange(past, k_len, device=query.device), default=True)
+        return TokenPositions(
+            torch.arange(k_len - q_len, k_len, device=query.device),
+            torch.arange(past, k_len, device=query.device),
+            default=True,
+        )
 
-    def _attend_heads(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
-                      q_offset: int, index_alibi: bool, need_weights: bool, engine: str) -> Attended:
+    def _attend_heads(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        q_offset: int,
+        index_alibi: bool,
+        need_weights: bool,
+        engine: str,
+    ) -> Attended:
         """GQA's head sharing, then the engine the router picks for this layer's plan (A2, A4, A5)."""
         groups = self.num_heads // k.shape[1]
-        if groups > 1:                                   # key/value head g serves query heads g * groups ...
+        if groups > 1:  # key/value head g serves query heads g * groups ...
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        scale = self.scale(visible_counts(mask, self.spec.causal, q.shape[-2], k.shape[-2], q_offset, q.device,
-                                          self.spec.window) if self.scale.per_row else None)     # log_n: per row
+        scale = self.scale(
+            visible_counts(mask, self.spec.causal, q.shape[-2], k.shape[-2], q_offset, q.device, self.spec.window)
+            if self.scale.per_row
+            else None
+        )  # log_n: per row
         result = attend(
-            q, k, v, parts=self.plan, mask=mask, bias=bias, scale=scale, causal=self.spec.causal,
+            q,
+            k,
+            v,
+            parts=self.plan,
+            mask=mask,
+            bias=bias,
+            scale=scale,
+            causal=self.spec.causal,
             q_offset=q_offset,
             alibi_slopes=self.position.slopes if self.spec.position == "alibi" and index_alibi else None,
-            dropout_p=self.spec.dropout, training=self.training, need_weights=need_weights, engine=engine,
+            dropout_p=self.spec.dropout,
+            training=self.training,
+            need_weights=need_weights,
+            engine=engine,
             double_backward=self.double_backward,
         )
         self.last_engine = result.engine
         return result
 
-    def core(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, bias: Tensor | None = None,
-             q_offset: int | None = None, need_weights: bool = False, engine: str | None = None) -> Attended:
+    def core(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        q_offset: int | None = None,
+        need_weights: bool = False,
+        engine: str | None = None,
+    ) -> Attended:
         """What ``forward`` runs between the projections and the output projection, on head-split tensors.
 
         RoPE at the index positions (query i at ``q_offset + i``, key j at j), GQA's head sharing, ALiBi, the
@@ -330,8 +378,10 @@ class Attention(nn.Module):
                 (``position="forget"``'s gates), which only ``forward`` has.
         """
         if "decay" in self.plan.position_traits:
-            raise ValueError(f"position={self.spec.position!r} reads the key inputs x_l for its gates; core() sees "
-                             f"only projected q, k, v: call the layer (forward) instead")
+            raise ValueError(
+                f"position={self.spec.position!r} reads the key inputs x_l for its gates; core() sees "
+                f"only projected q, k, v: call the layer (forward) instead"
+            )
         q_len, k_len = q.shape[-2], k.shape[-2]
         q_offset = k_len - q_len if q_offset is None else q_offset
         q = self.position.rotate(q, torch.arange(q_offset, q_offset + q_len, device=q.device))
@@ -340,7 +390,7 @@ class Attention(nn.Module):
 
     # ------------------------------------------------------------------ interop
     @classmethod
-    def from_multihead_attention(cls, mha: nn.MultiheadAttention, *, causal: bool = False, **spec_fields) -> "Attention":
+    def from_multihead_attention(cls, mha: nn.MultiheadAttention, *, causal: bool = False, **spec_fields) -> Attention:
         """A standard-spec Attention carrying the weights of ``mha`` (``batch_first`` either way).
 
         Our ``forward`` is always batch-first and takes ``key_padding_mask`` with True = real token, whereas ``mha``
@@ -352,10 +402,13 @@ class Attention(nn.Module):
         if mha.bias_k is not None or mha.add_zero_attn:
             raise ValueError("add_bias_kv and add_zero_attn have no counterpart in AttentionSpec")
         if not mha._qkv_same_embed_dim:
-            raise ValueError(f"kdim={mha.kdim}, vdim={mha.vdim} differ from embed_dim={mha.embed_dim}; "
-                             "AttentionSpec needs key/value inputs of width dim")
-        spec = AttentionSpec.standard(mha.embed_dim, mha.num_heads, causal=causal,
-                                      bias=mha.in_proj_bias is not None, dropout=mha.dropout).relax(spec_fields)
+            raise ValueError(
+                f"kdim={mha.kdim}, vdim={mha.vdim} differ from embed_dim={mha.embed_dim}; "
+                "AttentionSpec needs key/value inputs of width dim"
+            )
+        spec = AttentionSpec.standard(
+            mha.embed_dim, mha.num_heads, causal=causal, bias=mha.in_proj_bias is not None, dropout=mha.dropout
+        ).relax(spec_fields)
         module = cls(spec).to(device=mha.in_proj_weight.device, dtype=mha.in_proj_weight.dtype)
         w_q, w_k, w_v = mha.in_proj_weight.detach().chunk(3, dim=0)
         with torch.no_grad():

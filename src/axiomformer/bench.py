@@ -22,27 +22,63 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from axiomformer.attention import Attention
-from axiomformer.memory import PeakMemory
 from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, problem_kind
+from axiomformer.memory import PeakMemory
 from axiomformer.runtime import seeded
 from axiomformer.spec import REGISTRIES, AttentionSpec, required_fields
 
-QUICK_VARIANTS = ("standard", "score=cosine", "score=neg_l2", "position=rope", "position=alibi", "normalizer=sigmoid",
-                  "normalizer=relu", "normalizer=sparsemax", "normalizer=entmax15", "normalizer=linear",
-                  "normalizer=softmax1", "window=256", "normalizer=stick_breaking", "normalizer=softpick",
-                  "scale=log_n", "normalizer=topk", "softcap=30")
+QUICK_VARIANTS = (
+    "standard",
+    "score=cosine",
+    "score=neg_l2",
+    "position=rope",
+    "position=alibi",
+    "normalizer=sigmoid",
+    "normalizer=relu",
+    "normalizer=sparsemax",
+    "normalizer=entmax15",
+    "normalizer=linear",
+    "normalizer=softmax1",
+    "window=256",
+    "normalizer=stick_breaking",
+    "normalizer=softpick",
+    "scale=log_n",
+    "normalizer=topk",
+    "softcap=30",
+)
 """The variants with a speed goal (see benchmarks/RESULTS.md)."""
 
-FULL_VARIANTS = QUICK_VARIANTS + ("score=bilinear", "score=additive", "score=mlp", "contribution=joint",
-                                  "normalizer=entmax_alpha", "normalizer=linear,feature_map=taylor",
-                                  "normalizer=diff", "normalizer=softmax_sink", "score=talking_heads")
+FULL_VARIANTS = QUICK_VARIANTS + (
+    "score=bilinear",
+    "score=additive",
+    "score=mlp",
+    "contribution=joint",
+    "normalizer=entmax_alpha",
+    "normalizer=linear,feature_map=taylor",
+    "normalizer=diff",
+    "normalizer=softmax_sink",
+    "score=talking_heads",
+)
 """Every variant whose attention core differs (``aggregator=gate`` acts after the core, ``position=forget`` reads the
 layer's inputs: both need the whole layer, which ``Attention.core`` is not)."""
 
-GOALS = {"standard": 1.05, "score=cosine": 1.3, "score=neg_l2": 1.3, "position=rope": 1.3, "position=alibi": 1.3,
-         "normalizer=softmax1": 1.3, "normalizer=sigmoid": 1.5, "normalizer=relu": 1.5, "normalizer=sparsemax": 2.0,
-         "normalizer=entmax15": 2.0, "scale=log_n": 1.3, "normalizer=softpick": 1.5, "softcap=30": 1.5,
-         "normalizer=topk": 2.0, "normalizer=stick_breaking": 2.0}
+GOALS = {
+    "standard": 1.05,
+    "score=cosine": 1.3,
+    "score=neg_l2": 1.3,
+    "position=rope": 1.3,
+    "position=alibi": 1.3,
+    "normalizer=softmax1": 1.3,
+    "normalizer=sigmoid": 1.5,
+    "normalizer=relu": 1.5,
+    "normalizer=sparsemax": 2.0,
+    "normalizer=entmax15": 2.0,
+    "scale=log_n": 1.3,
+    "normalizer=softpick": 1.5,
+    "softcap=30": 1.5,
+    "normalizer=topk": 2.0,
+    "normalizer=stick_breaking": 2.0,
+}
 """Time goals as a multiple of SDPA's (issues 25 and 26); the linear normalizer and window=256 must beat causal SDPA
 at L = 4096, and every variant's peak memory stay within 2x SDPA's there."""
 
@@ -76,6 +112,7 @@ def _sync(device: torch.device) -> None:
 def _step(forward, inputs: list[Tensor], grad: Tensor):
     """Forward + backward; ``call.clear()`` drops the gradients of the last call (before measuring memory, so that
     the freed old gradients do not offset the new ones)."""
+
     def clear():
         for t in inputs:
             t.grad = None
@@ -136,7 +173,7 @@ def _cases(variants, length: int, is_causal: bool, heads: int, head_dim: int, re
     for relax in variants:
         spec = AttentionSpec.standard(heads * head_dim, heads, causal=True).relax(relax)
         if not is_causal and any(required_fields(axis, getattr(spec, axis)) for axis in REGISTRIES):
-            continue                                     # defined only under a causal mask (stick_breaking)
+            continue  # defined only under a causal mask (stick_breaking)
         spec = AttentionSpec.standard(heads * head_dim, heads, causal=is_causal).relax(relax)
         with seeded(0):
             module = Attention(spec).to(dev)
@@ -171,8 +208,11 @@ def run_bench(
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     meter = PeakMemory(dev, allocator_modes=True)
     settings = [(is_causal, length) for is_causal in causal for length in lengths]
-    xt_attend = {(is_causal, row): _x_transformers_attend(is_causal, flash) for is_causal in causal
-                 for row, flash in XT_ROWS.items()}
+    xt_attend = {
+        (is_causal, row): _x_transformers_attend(is_causal, flash)
+        for is_causal in causal
+        for row, flash in XT_ROWS.items()
+    }
 
     def steps(is_causal: bool, length: int):
         """(key, step) pairs: SDPA's first (key None), then each case's, then x-transformers'."""
@@ -180,7 +220,7 @@ def run_bench(
         yield None, _step(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal), [q, k, v], grad)
         for spec, module, engine in _cases(variants, length, is_causal, heads, head_dim, reference_max_len, dev):
             name = "reference" if engine == "reference" else _route(module, q, k, v)
-            call = (lambda m=module, e=name: attention_core(m, q, k, v, e)[0])
+            call = lambda m=module, e=name: attention_core(m, q, k, v, e)[0]
             yield (spec.variant, name), _step(call, [q, k, v] + list(module.parameters()), grad)
         for row in XT_ROWS:
             if xt_attend[(is_causal, row)] is not None:
@@ -190,12 +230,14 @@ def run_bench(
     for is_causal, length in settings:
         for key, step in steps(is_causal, length):
             step.clear()
-            meter.measure(step)                                 # warm-up (lazy initialization, first-call caches)
+            meter.measure(step)  # warm-up (lazy initialization, first-call caches)
             step.clear()
             memory[(is_causal, length, key)] = meter.measure(step)
             name = "baseline F.scaled_dot_product_attention" if key is None else "/".join(key)
-            log(f"memory  L={length} {'causal' if is_causal else 'full'}  {name}: "
-                f"{memory[(is_causal, length, key)]:.1f} MiB")
+            log(
+                f"memory  L={length} {'causal' if is_causal else 'full'}  {name}: "
+                f"{memory[(is_causal, length, key)]:.1f} MiB"
+            )
 
     rows: list[Row] = []
     for is_causal, length in settings:
@@ -206,8 +248,19 @@ def run_bench(
                 sdpa = step
                 continue
             ms, sdpa_ms = interleaved_ms(step, sdpa, dev, repeats)
-            rows.append(Row(key[0], key[1], length, is_causal, round(ms, 3), round(sdpa_ms, 3),
-                            round(ms / sdpa_ms, 3), round(memory[(is_causal, length, key)], 1), round(sdpa_mem, 1)))
+            rows.append(
+                Row(
+                    key[0],
+                    key[1],
+                    length,
+                    is_causal,
+                    round(ms, 3),
+                    round(sdpa_ms, 3),
+                    round(ms / sdpa_ms, 3),
+                    round(memory[(is_causal, length, key)], 1),
+                    round(sdpa_mem, 1),
+                )
+            )
             log(_describe(rows[-1]))
     return rows, meter.method
 
@@ -219,9 +272,16 @@ def _route(module, q, k, v) -> str:
     engine at every length so that its rows are comparable across lengths.)
     """
     spec = module.spec
-    problem = AttentionProblem(q=q, k=k, v=v, causal=spec.causal, training=module.training,
-                               dropout_p=spec.dropout, window=spec.window,
-                               alibi_slopes=module.position.slopes if spec.position == "alibi" else None)
+    problem = AttentionProblem(
+        q=q,
+        k=k,
+        v=v,
+        causal=spec.causal,
+        training=module.training,
+        dropout_p=spec.dropout,
+        window=spec.window,
+        alibi_slopes=module.position.slopes if spec.position == "alibi" else None,
+    )
     kind = problem_kind(module.plan, problem)
     for name in ENGINE_ORDER:
         if ENGINES[name].accepts(module.plan, kind):
@@ -230,9 +290,11 @@ def _route(module, q, k, v) -> str:
 
 
 def _describe(row: Row) -> str:
-    return (f"{row.variant:<22} {row.engine:<14} L={row.seq_len:<6} causal={str(row.causal):<5} "
-            f"{row.ms:9.1f} ms ({row.ratio_vs_sdpa:5.2f}x SDPA {row.sdpa_ms:.1f} ms)  "
-            f"peak {row.peak_mem_mb:8.1f} MiB (SDPA {row.sdpa_peak_mem_mb:.1f})")
+    return (
+        f"{row.variant:<22} {row.engine:<14} L={row.seq_len:<6} causal={row.causal!s:<5} "
+        f"{row.ms:9.1f} ms ({row.ratio_vs_sdpa:5.2f}x SDPA {row.sdpa_ms:.1f} ms)  "
+        f"peak {row.peak_mem_mb:8.1f} MiB (SDPA {row.sdpa_peak_mem_mb:.1f})"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- reports
@@ -245,18 +307,24 @@ def goal_report(rows: list[Row]) -> list[str]:
         if mine:
             worst = max(mine, key=lambda r: r.ratio_vs_sdpa)
             verdict = "met" if worst.ratio_vs_sdpa <= limit else "NOT met"
-            lines.append(f"{variant}: time <= {limit}x SDPA: {verdict} (worst {worst.ratio_vs_sdpa:.2f}x at "
-                         f"L={worst.seq_len}, causal={worst.causal})")
+            lines.append(
+                f"{variant}: time <= {limit}x SDPA: {verdict} (worst {worst.ratio_vs_sdpa:.2f}x at "
+                f"L={worst.seq_len}, causal={worst.causal})"
+            )
     linear = [r for r in auto if r.variant == "normalizer=linear" and r.causal and r.seq_len >= 4096]
     if linear:
         verdict = "met" if all(r.ms < r.sdpa_ms for r in linear) else "NOT met"
-        lines.append(f"normalizer=linear: faster than causal SDPA at L>=4096: {verdict} "
-                     f"({', '.join(f'L={r.seq_len}: {r.ratio_vs_sdpa:.2f}x' for r in linear)})")
+        lines.append(
+            f"normalizer=linear: faster than causal SDPA at L>=4096: {verdict} "
+            f"({', '.join(f'L={r.seq_len}: {r.ratio_vs_sdpa:.2f}x' for r in linear)})"
+        )
     windowed = [r for r in auto if r.variant == "window=256" and r.causal and r.seq_len >= 4096]
     if windowed:
         verdict = "met" if all(r.ms < r.sdpa_ms for r in windowed) else "NOT met"
-        lines.append(f"window=256: faster than full causal SDPA at L>=4096: {verdict} "
-                     f"({', '.join(f'L={r.seq_len}: {r.ratio_vs_sdpa:.2f}x' for r in windowed)})")
+        lines.append(
+            f"window=256: faster than full causal SDPA at L>=4096: {verdict} "
+            f"({', '.join(f'L={r.seq_len}: {r.ratio_vs_sdpa:.2f}x' for r in windowed)})"
+        )
     if auto:
         longest = max(r.seq_len for r in auto)
         at_longest = [r for r in auto if r.seq_len == longest]
@@ -268,14 +336,26 @@ def goal_report(rows: list[Row]) -> list[str]:
 
 def markdown(rows: list[Row], device: str, method: str) -> str:
     """A Markdown report: the machine, the memory method, the goals and every row."""
-    lines = [f"device: {device}; torch {torch.__version__}; threads {torch.get_num_threads()}",
-             f"peak memory: {method}", "", "## Goals", ""]
+    lines = [
+        f"device: {device}; torch {torch.__version__}; threads {torch.get_num_threads()}",
+        f"peak memory: {method}",
+        "",
+        "## Goals",
+        "",
+    ]
     lines += [f"- {line}" for line in goal_report(rows)]
-    lines += ["", "## Rows", "", "| variant | engine | L | causal | ms | SDPA ms | x SDPA | peak MiB | SDPA peak MiB |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Rows",
+        "",
+        "| variant | engine | L | causal | ms | SDPA ms | x SDPA | peak MiB | SDPA peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r.variant} | {r.engine} | {r.seq_len} | {r.causal} | {r.ms} | {r.sdpa_ms} | "
-                     f"{r.ratio_vs_sdpa} | {r.peak_mem_mb} | {r.sdpa_peak_mem_mb} |")
+        lines.append(
+            f"| {r.variant} | {r.engine} | {r.seq_len} | {r.causal} | {r.ms} | {r.sdpa_ms} | "
+            f"{r.ratio_vs_sdpa} | {r.peak_mem_mb} | {r.sdpa_peak_mem_mb} |"
+        )
     return "\n".join(lines) + "\n"
 
 

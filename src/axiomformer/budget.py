@@ -11,8 +11,19 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-BUDGET_FIELDS = ("steps", "batch_size", "lr", "warmup", "weight_decay", "grad_clip", "eval_every", "eval_batches",
-                 "test_batches", "target_accuracy", "patience")
+BUDGET_FIELDS = (
+    "steps",
+    "batch_size",
+    "lr",
+    "warmup",
+    "weight_decay",
+    "grad_clip",
+    "eval_every",
+    "eval_batches",
+    "test_batches",
+    "target_accuracy",
+    "patience",
+)
 """Every field of :class:`Budget`, in the order the CLI and the docs list them."""
 
 

@@ -27,7 +27,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):          # what torch.compile returns
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # what torch.compile returns
             model = model._orig_mod
         else:
             return model

@@ -23,9 +23,9 @@ class _Commands(TyperGroup):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except typer.TyperException as err:          # typer's usage errors (BadParameter, NoSuchOption, ...)
+        except typer.TyperException as err:  # typer's usage errors (BadParameter, NoSuchOption, ...)
             if type(err).__name__ == "NoArgsIsHelpError" or not hasattr(err, "format_message"):
-                raise                                   # help on a bare command is not an error line
+                raise  # help on a bare command is not an error line
             message = err.format_message()
         except UserInputError as err:
             message = str(err)
@@ -83,7 +83,7 @@ def _register_all() -> None:
             raise
         module.register(app)
     for info in app.registered_commands:
-        if info.cls in (None, TyperCommand):    # typer's default class: make it ours
+        if info.cls in (None, TyperCommand):  # typer's default class: make it ours
             info.cls = _Command
 
 

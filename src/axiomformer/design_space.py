@@ -17,6 +17,7 @@ from axiomformer.spec import ALIASES, FIELD_RELAXATIONS, REGISTRIES
 BEGIN, END = "<!-- design-space table: generated -->", "<!-- design-space table: end -->"
 """The markers around the generated table in the README."""
 
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -28,8 +29,9 @@ def design_space_table() -> str:
     for axis, registry in REGISTRIES.items():
         tag = alias.get(axis, "")
         for i, choice in enumerate(registry):
-            how = choice.relaxes or ((f"— (standard: {tag} holds)" if axis in alias else "— (standard)") if i == 0
-                                     else "—")
+            how = choice.relaxes or (
+                (f"— (standard: {tag} holds)" if axis in alias else "— (standard)") if i == 0 else "—"
+            )
             origin = registry.origin(choice.name)
             source = choice.source + ("" if origin == "axiomformer" else f" (package {origin})")
             lines.append(f"| `{axis}` | `{choice.name}` | {_cell(choice.formula)} | {_cell(how)} | {_cell(source)} |")
@@ -50,7 +52,7 @@ def replace_table(text: str) -> str:
     return head + BEGIN + "\n" + design_space_table() + END + rest.split(END, 1)[1]
 
 
-if __name__ == "__main__":                                   # python -m axiomformer.design_space README.md
+if __name__ == "__main__":  # python -m axiomformer.design_space README.md
     for name in sys.argv[1:]:
         path = Path(name)
         path.write_text(replace_table(path.read_text(encoding="utf-8")), encoding="utf-8")

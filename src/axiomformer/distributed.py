@@ -16,19 +16,18 @@ process.
 
 from __future__ import annotations
 
-import hashlib
-
 import contextlib
+import hashlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from axiomformer.tasks import IGNORE
 from axiomformer.runtime import reseed_within_scope
+from axiomformer.tasks import IGNORE
 
 
 def launched_by_torchrun() -> bool:
@@ -104,7 +103,7 @@ class DataParallel:
     device: torch.device
 
     @classmethod
-    def current(cls, device: str = "auto") -> "DataParallel":
+    def current(cls, device: str = "auto") -> DataParallel:
         """The initialized default process group, or a world of one process on ``device``."""
         if dist.is_available() and dist.is_initialized():
             return cls(dist.get_rank(), dist.get_world_size(), rank_device(device, _local_rank()))
@@ -118,8 +117,10 @@ class DataParallel:
     def check_batch(self, batch_size: int) -> None:
         """Raises ValueError unless ``batch_size`` (the global batch) splits evenly over the ranks."""
         if batch_size % self.world_size:
-            raise ValueError(f"--batch-size {batch_size} (the global batch) must be divisible by the number of "
-                             f"processes {self.world_size}")
+            raise ValueError(
+                f"--batch-size {batch_size} (the global batch) must be divisible by the number of "
+                f"processes {self.world_size}"
+            )
 
     def seed_random_draws(self, seed: int) -> None:
         """Give this rank its own stream of random draws (dropout masks, Gumbel noise) after the model is built.
@@ -148,7 +149,7 @@ class DataParallel:
         if self.world_size > 1:
             rows = inputs.shape[0] // self.world_size
             start = self.rank * rows
-            inputs, targets = inputs[start:start + rows], targets[start:start + rows]
+            inputs, targets = inputs[start : start + rows], targets[start : start + rows]
         return inputs.to(self.device), targets.to(self.device), scored
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, global_scored: int) -> torch.Tensor:
@@ -177,8 +178,11 @@ class DataParallel:
         """Sum (correct, scored, loss_sum) over the ranks (float64 all-reduce)."""
         if self.world_size == 1:
             return correct, scored, loss_sum
-        totals = torch.tensor([correct, scored, loss_sum], dtype=torch.float64,
-                              device=self.device if dist.get_backend() == "nccl" else "cpu")
+        totals = torch.tensor(
+            [correct, scored, loss_sum],
+            dtype=torch.float64,
+            device=self.device if dist.get_backend() == "nccl" else "cpu",
+        )
         dist.all_reduce(totals)
         correct, scored, loss_sum = totals.tolist()
         return correct, scored, loss_sum

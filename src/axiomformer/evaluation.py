@@ -35,8 +35,7 @@ def eval_counts(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, ..
 
 
 @torch.no_grad()
-def eval_counts_as_is(model: torch.nn.Module,
-                      batches: Sequence[tuple[torch.Tensor, ...]]) -> tuple[int, int, float]:
+def eval_counts_as_is(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, ...]]) -> tuple[int, int, float]:
     """:func:`eval_counts` in whatever mode the model is (e.g. training mode: Gumbel noise on)."""
     correct = total = 0
     loss_sum = 0.0

@@ -18,7 +18,7 @@ from torch import Tensor
 
 
 def _as_4d(attn_mask: Tensor) -> Tensor:
-    if attn_mask.dim() == 1:                              # (k_len,): the same keys for every query
+    if attn_mask.dim() == 1:  # (k_len,): the same keys for every query
         return attn_mask.view(1, 1, 1, -1)
     if attn_mask.dim() == 2:
         return attn_mask.unsqueeze(0).unsqueeze(0)
@@ -26,17 +26,14 @@ def _as_4d(attn_mask: Tensor) -> Tensor:
         return attn_mask.unsqueeze(1)
     if attn_mask.dim() == 4:
         return attn_mask
-    raise ValueError(f"attn_mask must have 1 to 4 dimensions (k_len,) ... (batch, heads, q_len, k_len); "
-                     f"got shape {tuple(attn_mask.shape)}")
+    raise ValueError(
+        f"attn_mask must have 1 to 4 dimensions (k_len,) ... (batch, heads, q_len, k_len); "
+        f"got shape {tuple(attn_mask.shape)}"
+    )
 
 
 def prepare_masks(
-    attn_mask: Tensor | None,
-    key_padding_mask: Tensor | None,
-    batch: int,
-    heads: int,
-    q_len: int,
-    k_len: int,
+    attn_mask: Tensor | None, key_padding_mask: Tensor | None, batch: int, heads: int, q_len: int, k_len: int
 ) -> tuple[Tensor | None, Tensor | None]:
     """Combine ``attn_mask`` and ``key_padding_mask`` into (bool mask, float bias), each 4-D or None.
 
@@ -57,18 +54,22 @@ def prepare_masks(
         if key_padding_mask.dtype != torch.bool:
             raise ValueError(f"key_padding_mask must be bool (True = real token), got dtype {key_padding_mask.dtype}")
         if tuple(key_padding_mask.shape) != (batch, k_len):
-            raise ValueError(f"key_padding_mask has shape {tuple(key_padding_mask.shape)}; expected (batch, k_len) "
-                             f"= {(batch, k_len)}")
+            raise ValueError(
+                f"key_padding_mask has shape {tuple(key_padding_mask.shape)}; expected (batch, k_len) "
+                f"= {(batch, k_len)}"
+            )
         mask = key_padding_mask[:, None, None, :]
     if attn_mask is not None:
         am = _as_4d(attn_mask)
-        if any(size not in (1, want) for size, want in zip(am.shape, target)):    # broadcasts *to*, not *with*
-            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
-                             f"(batch, heads, q_len, k_len) = {target}")
+        if any(size not in (1, want) for size, want in zip(am.shape, target)):  # broadcasts *to*, not *with*
+            raise ValueError(
+                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                f"(batch, heads, q_len, k_len) = {target}"
+            )
         if am.dtype == torch.bool:
             mask = am if mask is None else mask & am
         elif am.is_floating_point():
-            allowed = am > torch.finfo(am.dtype).min               # also False for -inf and NaN
+            allowed = am > torch.finfo(am.dtype).min  # also False for -inf and NaN
             mask = allowed if mask is None else mask & allowed
             bias = am.masked_fill(~allowed, 0.0)
         else:

@@ -34,11 +34,13 @@ from collections.abc import Callable, Iterator
 import torch
 
 RSS_METHOD = "peak resident set size (Linux VmHWM reset by /proc/self/clear_refs)"
-RSS_STRICT_METHOD = ("peak resident set size (Linux VmHWM reset by /proc/self/clear_refs; glibc mmap threshold 64 KiB "
-                     "while measuring)")
+RSS_STRICT_METHOD = (
+    "peak resident set size (Linux VmHWM reset by /proc/self/clear_refs; glibc mmap threshold 64 KiB while measuring)"
+)
 CUDA_METHOD = "torch.cuda.max_memory_allocated (allocator peak minus memory allocated before)"
-CUDA_READ_METHOD = ("torch.cuda.max_memory_allocated growth (peak not reset: an earlier, larger peak of the process "
-                    "hides this one)")
+CUDA_READ_METHOD = (
+    "torch.cuda.max_memory_allocated growth (peak not reset: an earlier, larger peak of the process hides this one)"
+)
 FALLBACK_METHOD = "ru_maxrss growth (torch.profiler allocation replay for single calls)"
 
 _owned = 0
@@ -107,7 +109,7 @@ class PeakMemory:
                 self._trim = _malloc_trim()
                 return RSS_METHOD
             self._libc = ctypes.CDLL("libc.so.6")
-            _ = self._libc.mallopt                          # AttributeError where there is no glibc
+            _ = self._libc.mallopt  # AttributeError where there is no glibc
             return RSS_STRICT_METHOD
         except (OSError, AttributeError):
             return FALLBACK_METHOD
@@ -115,8 +117,8 @@ class PeakMemory:
     def _allocator(self, strict: bool) -> None:
         """glibc's mmap and trim thresholds: 64 KiB while measuring (strict), 32 MiB / 64 MiB otherwise (fast)."""
         mmap_threshold, trim_threshold = (1 << 16, 1 << 16) if strict else (32 << 20, 64 << 20)
-        self._libc.mallopt(-3, mmap_threshold)              # M_MMAP_THRESHOLD (fixed: no dynamic raise)
-        self._libc.mallopt(-1, trim_threshold)              # M_TRIM_THRESHOLD
+        self._libc.mallopt(-3, mmap_threshold)  # M_MMAP_THRESHOLD (fixed: no dynamic raise)
+        self._libc.mallopt(-1, trim_threshold)  # M_TRIM_THRESHOLD
 
     def start(self) -> None:
         """Begin a measurement: reset the peak and remember the current level."""
@@ -132,12 +134,12 @@ class PeakMemory:
                 self._allocator(strict=True)
                 self._libc.malloc_trim(0)
             elif self._trim is not None:
-                self._trim(0)                                # free heap pages back to the OS (module docstring)
+                self._trim(0)  # free heap pages back to the OS (module docstring)
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
             self._base = _status_bytes("VmRSS:")
         else:
-            self._base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
+            self._base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
     def stop(self) -> float:
         """Peak since :meth:`start`, above the level at the start, in MiB."""

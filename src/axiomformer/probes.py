@@ -65,7 +65,7 @@ def _row_entropy_and_variance(module: Attention, x: torch.Tensor) -> tuple[float
     q = module._split_heads(module.q_proj(module.position.encode_inputs(x, positions)))
     k = module._split_heads(module.k_proj(module.position.encode_inputs(x, positions)))
     q, k = module.position.rotate(q, positions), module.position.rotate(k, positions)
-    scores = (module.score_fn(q[..., -1:, :], k) * module.scale()).float()        # (batch, heads, 1, seq)
+    scores = (module.score_fn(q[..., -1:, :], k) * module.scale()).float()  # (batch, heads, 1, seq)
     _, weights = module(x, need_weights=True)
     row = weights[..., -1, :].float().clamp_min(0)
     entropy = -(row * row.clamp_min(1e-30).log()).sum(-1)
@@ -76,8 +76,10 @@ def init_entropy(model: nn.Module, batches: Sequence[tuple[torch.Tensor, ...]]) 
     """Per layer: measured entropy of the last query row, score variance, ``log n`` and the closed form."""
     layers = _attention_layers(model)
     inputs_seen: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(layers))}
-    handles = [layer.register_forward_pre_hook(
-        lambda mod, args, i=i: inputs_seen[i].append(args[0].detach())) for i, layer in enumerate(layers)]
+    handles = [
+        layer.register_forward_pre_hook(lambda mod, args, i=i: inputs_seen[i].append(args[0].detach()))
+        for i, layer in enumerate(layers)
+    ]
     try:
         for inputs, _ in batches:
             model(inputs)
@@ -89,13 +91,21 @@ def init_entropy(model: nn.Module, batches: Sequence[tuple[torch.Tensor, ...]]) 
         x = torch.cat(inputs_seen[i])
         entropy, var = _row_entropy_and_variance(layer, x)
         n = x.shape[1]
-        out.append({"layer": i, "entropy": entropy, "score_var": var, "log_n": math.log(n),
-                    "closed_form": entropy_closed_form(n, var)})
+        out.append(
+            {
+                "layer": i,
+                "entropy": entropy,
+                "score_var": var,
+                "log_n": math.log(n),
+                "closed_form": entropy_closed_form(n, var),
+            }
+        )
     return {"init_entropy": out}
 
 
-def sampled_accuracy(model: nn.Module, batches: Sequence[tuple[torch.Tensor, ...]],
-                     draws: int = SAMPLED_DRAWS) -> dict[str, Any]:
+def sampled_accuracy(
+    model: nn.Module, batches: Sequence[tuple[torch.Tensor, ...]], draws: int = SAMPLED_DRAWS
+) -> dict[str, Any]:
     """Accuracy with the normalizer's training-time sampling on (the model's forward in training mode, gradients
     off), one value per draw. Refuses a model with attention dropout, which training mode would also switch on."""
     if any(layer.spec.dropout > 0 for layer in _attention_layers(model)):
@@ -109,8 +119,9 @@ def sampled_accuracy(model: nn.Module, batches: Sequence[tuple[torch.Tensor, ...
     return {"sampled_accuracy": sum(accuracies) / len(accuracies), "sampled_accuracies": accuracies}
 
 
-def length_accuracy(model: nn.Module, task_name: str, options: dict, lengths: list[int], batch_size: int,
-                    eval_batches: int) -> dict[str, Any]:
+def length_accuracy(
+    model: nn.Module, task_name: str, options: dict, lengths: list[int], batch_size: int, eval_batches: int
+) -> dict[str, Any]:
     """Eval accuracy and loss at each of ``lengths`` (the task rebuilt at that length, test split, the same batch
     seeds as the trainer's evaluation), the model as it is: no parameter changes, no gradient."""
     from axiomformer.tasks import make_task

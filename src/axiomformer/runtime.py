@@ -37,8 +37,9 @@ def seeded(seed: int, devices: Sequence[torch.device | str | int] = ()) -> Itera
     Inside the block, draws without an explicit generator (parameter initialization, dropout, Gumbel noise) are a
     pure function of ``seed``; after it, the caller's random stream continues as if the block had not run.
     """
-    cuda = [torch.device(d).index or 0 for d in devices
-            if not isinstance(d, int) and torch.device(d).type == "cuda"] + [d for d in devices if isinstance(d, int)]
+    cuda = [
+        torch.device(d).index or 0 for d in devices if not isinstance(d, int) and torch.device(d).type == "cuda"
+    ] + [d for d in devices if isinstance(d, int)]
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
         yield

@@ -38,8 +38,14 @@ from axiomformer.axes.score import SCORES
 from axiomformer.axes.value import VALUES
 
 REGISTRIES: dict[str, Registry] = {
-    "aggregator": AGGREGATORS, "contribution": CONTRIBUTIONS, "value": VALUES, "score": SCORES,
-    "normalizer": NORMALIZERS, "scale": SCALES, "position": POSITIONS, "feature_map": FEATURE_MAPS,
+    "aggregator": AGGREGATORS,
+    "contribution": CONTRIBUTIONS,
+    "value": VALUES,
+    "score": SCORES,
+    "normalizer": NORMALIZERS,
+    "scale": SCALES,
+    "position": POSITIONS,
+    "feature_map": FEATURE_MAPS,
 }
 """The registry of every axis (``axes/<axis>.py``): each choice with its formula, source, implementation, traits."""
 
@@ -64,15 +70,18 @@ ASSUMPTIONS: dict[str, str] = {
 """The assumptions of the derivation, in words: A0 (order, the ``position`` axis) and the five A1..A5."""
 
 FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
-    "softcap": ("scores <- softcap * tanh(scores / softcap) before any normalizer (0 = off)",
-                "A4: the score becomes softcap * tanh(q . k / (softcap sqrt(d))), a bounded function of q . k",
-                "Gemma Team 2024, Gemma 2, sec. 2"),
+    "softcap": (
+        "scores <- softcap * tanh(scores / softcap) before any normalizer (0 = off)",
+        "A4: the score becomes softcap * tanh(q . k / (softcap sqrt(d))), a bounded function of q . k",
+        "Gemma Team 2024, Gemma 2, sec. 2",
+    )
 }
 """Fields that relax an assumption without being an axis: formula, assumption relaxed and how, source (the
 design-space table's rows)."""
 
 ECONOMIES = ("num_kv_heads", "window")
 """Fields that are not assumptions but the field's usual economies (0 = off); :attr:`AttentionSpec.variant` names them."""
+
 
 def required_fields(axis: str, name: str) -> dict[str, Any]:
     """Fields a choice needs beside itself: ``{"causal": True}`` for a choice defined only under a causal mask
@@ -148,7 +157,7 @@ class AttentionSpec:
 
     def __post_init__(self) -> None:
         for name, registry in REGISTRIES.items():
-            registry[getattr(self, name)]                          # ValueError naming the choices
+            registry[getattr(self, name)]  # ValueError naming the choices
 
         if not isinstance(self.dim, int) or self.dim <= 0:
             raise ValueError(f"dim must be a positive int, got {self.dim!r}")
@@ -160,15 +169,21 @@ class AttentionSpec:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.max_len <= 0:
             raise ValueError(f"max_len must be positive, got {self.max_len!r}")
-        if not isinstance(self.num_kv_heads, int) or self.num_kv_heads < 0 or (
-                self.num_kv_heads and self.num_heads % self.num_kv_heads):
-            raise ValueError(f"num_kv_heads must be 0 (= num_heads) or divide num_heads={self.num_heads}, "
-                             f"got {self.num_kv_heads!r}")
+        if (
+            not isinstance(self.num_kv_heads, int)
+            or self.num_kv_heads < 0
+            or (self.num_kv_heads and self.num_heads % self.num_kv_heads)
+        ):
+            raise ValueError(
+                f"num_kv_heads must be 0 (= num_heads) or divide num_heads={self.num_heads}, got {self.num_kv_heads!r}"
+            )
         if not isinstance(self.window, int) or self.window < 0:
             raise ValueError(f"window must be a non-negative int (0 = every key), got {self.window!r}")
         if self.kv_heads != self.num_heads and self.value == "identity":
-            raise ValueError(f"value='identity' keeps the width dim={self.dim} and cannot give "
-                             f"num_kv_heads={self.num_kv_heads} value heads; use value='linear' or 'mlp'")
+            raise ValueError(
+                f"value='identity' keeps the width dim={self.dim} and cannot give "
+                f"num_kv_heads={self.num_kv_heads} value heads; use value='linear' or 'mlp'"
+            )
         tau = self.gumbel_tau
         if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau <= 0:
             raise ValueError(f"gumbel_tau must be a finite float > 0, got {self.gumbel_tau!r}")
@@ -192,27 +207,35 @@ class AttentionSpec:
             raise ValueError(f"softcap must be a finite float >= 0 (0 = off), got {self.softcap!r}")
         for axis in ("normalizer", "position"):
             if REGISTRIES[axis].has(getattr(self, axis), "causal") and not self.causal:
-                raise ValueError(f"{axis}={getattr(self, axis)!r} is defined only under a causal mask: it needs "
-                                 f"causal=True, got causal=False")
+                raise ValueError(
+                    f"{axis}={getattr(self, axis)!r} is defined only under a causal mask: it needs "
+                    f"causal=True, got causal=False"
+                )
         if NORMALIZERS.has(self.normalizer, "halves"):
             if self.head_dim % 2:
-                raise ValueError(f"normalizer={self.normalizer!r} splits each head's query and key in two halves "
-                                 f"and needs an even head_dim (>= 2), got head_dim={self.head_dim}")
+                raise ValueError(
+                    f"normalizer={self.normalizer!r} splits each head's query and key in two halves "
+                    f"and needs an even head_dim (>= 2), got head_dim={self.head_dim}"
+                )
             if not SCORES.has(self.score, "any_width"):
                 valid = ", ".join(c.name for c in SCORES if c.has("any_width"))
-                raise ValueError(f"normalizer={self.normalizer!r} scores half-width queries and keys and needs a score "
-                                 f"without head_dim-sized parameters (one of: {valid}), got score={self.score!r}")
+                raise ValueError(
+                    f"normalizer={self.normalizer!r} scores half-width queries and keys and needs a score "
+                    f"without head_dim-sized parameters (one of: {valid}), got score={self.score!r}"
+                )
         if cap and NORMALIZERS.has(self.normalizer, "kernel"):
-            raise ValueError(f"softcap caps scores, and normalizer={self.normalizer!r} has none (a kernel replaces "
-                             f"them): it needs softcap=0, got softcap={self.softcap!r}")
+            raise ValueError(
+                f"softcap caps scores, and normalizer={self.normalizer!r} has none (a kernel replaces "
+                f"them): it needs softcap=0, got softcap={self.softcap!r}"
+            )
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def standard(cls, dim: int = 64, num_heads: int = 4, causal: bool = False, **kwargs: Any) -> "AttentionSpec":
+    def standard(cls, dim: int = 64, num_heads: int = 4, causal: bool = False, **kwargs: Any) -> AttentionSpec:
         """Standard multi-head scaled dot-product attention: every assumption A1..A5 holds."""
         return cls(dim=dim, num_heads=num_heads, causal=causal, **kwargs)
 
-    def relax(self, changes: str | dict[str, Any] | None = None, **kwargs: Any) -> "AttentionSpec":
+    def relax(self, changes: str | dict[str, Any] | None = None, **kwargs: Any) -> AttentionSpec:
         """Return a new spec with some fields changed.
 
         Args:
@@ -245,7 +268,7 @@ class AttentionSpec:
         return dataclasses.replace(self, **updates)
 
     @classmethod
-    def from_string(cls, text: str, **base: Any) -> "AttentionSpec":
+    def from_string(cls, text: str, **base: Any) -> AttentionSpec:
         """``AttentionSpec(**base).relax(text)``; ``text`` may be ``"standard"`` or a relax string."""
         return cls(**base).relax(text)
 
@@ -322,8 +345,12 @@ class AttentionSpec:
         """``"standard"`` or the relax string of the non-standard axes, e.g. ``"score=cosine,normalizer=sigmoid"``,
         followed by the economies in use (``num_kv_heads``, ``window``), e.g. ``"window=256"``, and the normalizer's
         options that differ from their defaults (``gumbel_tau``, ``gumbel_hard``), e.g. ``"gumbel_tau=0.5"``."""
-        relaxed = {**self.relaxed_axes(), **{k: getattr(self, k) for k in ECONOMIES if getattr(self, k)},
-                   **({"softcap": f"{self.softcap:g}"} if self.softcap else {}), **changed_options(self)}
+        relaxed = {
+            **self.relaxed_axes(),
+            **{k: getattr(self, k) for k in ECONOMIES if getattr(self, k)},
+            **({"softcap": f"{self.softcap:g}"} if self.softcap else {}),
+            **changed_options(self),
+        }
         return ",".join(f"{k}={v}" for k, v in relaxed.items()) if relaxed else "standard"
 
     @property
@@ -336,8 +363,11 @@ class AttentionSpec:
         held = self.assumptions()
         broken = [a for a, ok in held.items() if not ok]
         shape = f"dim={self.dim} heads={self.num_heads} head_dim={self.head_dim}"
-        shape += (f" kv_heads={self.kv_heads}" if self.kv_heads != self.num_heads else "") + (
-            f" window={self.window}" if self.window else "") + (" causal" if self.causal else "")
+        shape += (
+            (f" kv_heads={self.kv_heads}" if self.kv_heads != self.num_heads else "")
+            + (f" window={self.window}" if self.window else "")
+            + (" causal" if self.causal else "")
+        )
         if self.is_standard:
             return f"standard attention: {shape}; A0-A5 hold"
         relaxed = {**self.relaxed_axes(), **({"softcap": f"{self.softcap:g}"} if self.softcap else {})}
@@ -350,7 +380,7 @@ class AttentionSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "AttentionSpec":
+    def from_dict(cls, data: dict[str, Any]) -> AttentionSpec:
         """Build from :meth:`to_dict` output; unknown keys raise ``ValueError`` naming the valid ones."""
         names = cls.field_names()
         unknown = [k for k in data if k not in names]

@@ -39,8 +39,14 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
 GENERIC_DEFAULTS: dict[str, Any] = {
-    "steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup": 50, "eval_every": 100, "eval_batches": 4,
-    "target_accuracy": None, "patience": None,
+    "steps": 1000,
+    "batch_size": 32,
+    "lr": 3e-3,
+    "warmup": 50,
+    "eval_every": 100,
+    "eval_batches": 4,
+    "target_accuracy": None,
+    "patience": None,
 }
 """Defaults of the tunable fields for a task without its own entry in ``TASK_DEFAULTS``."""
 
@@ -144,8 +150,7 @@ class TrainConfig(Budget):
     def attention_spec(self) -> AttentionSpec:
         """``AttentionSpec.standard(dim, heads, causal=causal, max_len=max_len or seq_len).relax(spec)``."""
         heads = self.heads if self.heads is not None else default_heads(self.dim)
-        return AttentionSpec.standard(self.dim, heads, causal=self.causal,
-                                      max_len=self.model_max_len).relax(self.spec)
+        return AttentionSpec.standard(self.dim, heads, causal=self.causal, max_len=self.model_max_len).relax(self.spec)
 
     @property
     def model_max_len(self) -> int:
@@ -208,8 +213,18 @@ class TrainResult:
     stop_reason: str = "steps"
     n_test: int = 0
 
-    SUMMARY_KEYS = ("task", "model", "spec", "seq_len", "accuracy", "loss", "steps", "seconds", "params",
-                    "tokens_per_second")
+    SUMMARY_KEYS = (
+        "task",
+        "model",
+        "spec",
+        "seq_len",
+        "accuracy",
+        "loss",
+        "steps",
+        "seconds",
+        "params",
+        "tokens_per_second",
+    )
 
     def to_dict(self) -> dict:
         """JSON-ready dict of every field (non-finite floats become None)."""
@@ -265,13 +280,16 @@ def set_gumbel_tau(model: torch.nn.Module, tau: float) -> int:
 def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     """AdamW (Loshchilov & Hutter 2019); weight decay only on matrices (not biases, norms) **(as nanoGPT)**."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.98))
 
 
-def evaluate(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, ...]],
-             parallel: DataParallel | None = None) -> tuple[float, float]:
+def evaluate(
+    model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, ...]], parallel: DataParallel | None = None
+) -> tuple[float, float]:
     """(accuracy, mean loss) over the scored positions of ``batches``, the model in eval mode; with ``parallel`` (a
     :class:`axiomformer.distributed.DataParallel`), ``batches`` is this rank's share and the counts are summed over
     every rank first, so all ranks get the figures of the whole eval set."""
@@ -285,10 +303,16 @@ def _ratios(correct: float, total: float, loss_sum: float) -> tuple[float, float
     return correct / max(1, total), loss_sum / max(1, total)
 
 
-def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | Path | None = None,
-          log: Callable[[str], None] | None = None, save_state: str | Path | None = None,
-          on_init: Callable[[torch.nn.Module, Any], dict] | None = None,
-          on_end: Callable[[torch.nn.Module, Any], dict] | None = None) -> TrainResult:
+def train(
+    config: TrainConfig,
+    *,
+    progress: bool = True,
+    checkpoint_dir: str | Path | None = None,
+    log: Callable[[str], None] | None = None,
+    save_state: str | Path | None = None,
+    on_init: Callable[[torch.nn.Module, Any], dict] | None = None,
+    on_end: Callable[[torch.nn.Module, Any], dict] | None = None,
+) -> TrainResult:
     """Train ``config.model`` on ``config.task``, select on validation, report test.
 
     Evaluates on the validation split every ``eval_every`` steps and after the last one, keeps the weights of the
@@ -328,8 +352,17 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
         meter.start()
         start = time.perf_counter()
         run = _Run()
-        _loop(run, config, task, spec, model, parallel, val_set, progress=progress and parallel.main,
-              log=log if parallel.main else None)
+        _loop(
+            run,
+            config,
+            task,
+            spec,
+            model,
+            parallel,
+            val_set,
+            progress=progress and parallel.main,
+            log=log if parallel.main else None,
+        )
         run.best.restore(model)
         test_accuracy, test_loss, n_test = _test_counts(model, test_set, parallel)
         seconds = time.perf_counter() - start
@@ -338,16 +371,33 @@ def train(config: TrainConfig, *, progress: bool = True, checkpoint_dir: str | P
             extra["end"] = _callback(on_end, model, task)
     window = config.patience or 3
     converged = run.stop_reason in ("target", "patience") or (
-        run.stop_reason == "steps" and len(run.history) - run.best.index >= window)
+        run.stop_reason == "steps" and len(run.history) - run.best.index >= window
+    )
     result = TrainResult(
-        task=config.task, model=config.model, spec=spec.variant if spec is not None else config.spec,
-        seq_len=config.seq_len, accuracy=test_accuracy, loss=test_loss, steps=run.steps_done, seconds=seconds,
+        task=config.task,
+        model=config.model,
+        spec=spec.variant if spec is not None else config.spec,
+        seq_len=config.seq_len,
+        accuracy=test_accuracy,
+        loss=test_loss,
+        steps=run.steps_done,
+        seconds=seconds,
         params=count_parameters(model),
         tokens_per_second=run.steps_done * config.batch_size * config.seq_len / max(run.train_seconds, 1e-9),
-        peak_mem_mb=peak, memory_method=meter.method, engine=",".join(dict.fromkeys(run.engines)),
-        losses=torch.stack(run.losses).cpu().tolist() if run.losses else [], history=run.history,
-        chance=task.chance, config=config.model_dump(), val_accuracy=run.best.accuracy, val_loss=run.best.loss,
-        best_step=run.best.step, converged=converged, stop_reason=run.stop_reason, extra=extra, n_test=n_test,
+        peak_mem_mb=peak,
+        memory_method=meter.method,
+        engine=",".join(dict.fromkeys(run.engines)),
+        losses=torch.stack(run.losses).cpu().tolist() if run.losses else [],
+        history=run.history,
+        chance=task.chance,
+        config=config.model_dump(),
+        val_accuracy=run.best.accuracy,
+        val_loss=run.best.loss,
+        best_step=run.best.step,
+        converged=converged,
+        stop_reason=run.stop_reason,
+        extra=extra,
+        n_test=n_test,
     )
     if parallel.main:
         _save(model, config, result, save_state, checkpoint_dir)
@@ -359,11 +409,20 @@ def _build(config: TrainConfig, device: torch.device) -> tuple[Any, AttentionSpe
     the global generators (seeded by the caller) or from ``config.init_from``."""
     task = make_task(config.task, seq_len=config.seq_len, **config.task_options)
     spec = config.attention_spec() if config.model == "transformer" else None
-    options: dict[str, Any] = ({"input_position": config.input_position, "causal": config.causal,
-                                "mlp_ratio": config.mlp_ratio}
-               if spec is not None else {})
-    model = build_model(config.model, vocab_size=task.vocab_size, dim=config.dim, num_layers=config.layers,
-                        max_len=config.model_max_len, spec=spec, **options).to(device)
+    options: dict[str, Any] = (
+        {"input_position": config.input_position, "causal": config.causal, "mlp_ratio": config.mlp_ratio}
+        if spec is not None
+        else {}
+    )
+    model = build_model(
+        config.model,
+        vocab_size=task.vocab_size,
+        dim=config.dim,
+        num_layers=config.layers,
+        max_len=config.model_max_len,
+        spec=spec,
+        **options,
+    ).to(device)
     if config.init_from is not None:
         _load_state(model, config.init_from)
     return task, spec, model
@@ -373,12 +432,15 @@ def _eval_set(task: Any, config: TrainConfig, parallel: DataParallel, split: str
     """This rank's share of the ``split`` set: batches ``task.batch(batch_size, seed=i, split=split)``, ``i`` below
     ``eval_batches`` (validation) or ``test_batches`` (test; ``eval_batches`` when unset)."""
     count = (config.test_batches or config.eval_batches) if split == "test" else config.eval_batches
-    return [tuple(t.to(parallel.device) for t in task.batch(config.batch_size, seed=i, split=split))
-            for i in parallel.eval_indices(count)]
+    return [
+        tuple(t.to(parallel.device) for t in task.batch(config.batch_size, seed=i, split=split))
+        for i in parallel.eval_indices(count)
+    ]
 
 
-def _test_counts(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, ...]],
-                 parallel: DataParallel) -> tuple[float, float, int]:
+def _test_counts(
+    model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, ...]], parallel: DataParallel
+) -> tuple[float, float, int]:
     """(accuracy, mean loss, scored positions) of the test set (:func:`evaluate`), the positions summed over every
     rank."""
     from axiomformer.tasks import IGNORE
@@ -401,13 +463,23 @@ class _Run:
     best: _Best = field(default_factory=lambda: _Best())
 
 
-def _loop(run: _Run, config: TrainConfig, task: Any, spec: AttentionSpec | None, model: torch.nn.Module,
-          parallel: DataParallel, val_set: list, *, progress: bool, log: Callable[[str], None] | None) -> None:
+def _loop(
+    run: _Run,
+    config: TrainConfig,
+    task: Any,
+    spec: AttentionSpec | None,
+    model: torch.nn.Module,
+    parallel: DataParallel,
+    val_set: list,
+    *,
+    progress: bool,
+    log: Callable[[str], None] | None,
+) -> None:
     """Train until the budget is spent or a stop rule fires, evaluating on ``val_set``; fills ``run``."""
     anneal = spec is not None and spec.normalizer == "gumbel_softmax" and config.gumbel_tau_final is not None
     model.train()
     net = parallel.wrap(model)
-    parallel.seed_random_draws(config.seed)           # each rank its own dropout masks and Gumbel noise
+    parallel.seed_random_draws(config.seed)  # each rank its own dropout masks and Gumbel noise
     optimizer = make_optimizer(model, config)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config.warmup, config.steps))
     bar = _progress_bar(progress)
@@ -433,8 +505,17 @@ def _loop(run: _Run, config: TrainConfig, task: Any, spec: AttentionSpec | None,
             run.train_seconds += time.perf_counter() - tick
             bar.update(job, advance=1)
             if run.steps_done % config.eval_every == 0 or run.steps_done == config.steps or not finite:
-                run.stop_reason = _evaluate_and_decide(run, config, model, parallel, val_set, float(loss.detach()),
-                                                       finite, log, lambda info: bar.update(job, info=info))
+                run.stop_reason = _evaluate_and_decide(
+                    run,
+                    config,
+                    model,
+                    parallel,
+                    val_set,
+                    float(loss.detach()),
+                    finite,
+                    log,
+                    lambda info: bar.update(job, info=info),
+                )
                 if run.stop_reason != "steps":
                     break
     if run.steps_done == 0:
@@ -443,9 +524,17 @@ def _loop(run: _Run, config: TrainConfig, task: Any, spec: AttentionSpec | None,
         run.engines = _engines(model)
 
 
-def _evaluate_and_decide(run: _Run, config: TrainConfig, model: torch.nn.Module, parallel: DataParallel,
-                         val_set: list, loss: float, finite: bool, log: Callable[[str], None] | None,
-                         show: Callable[[str], None]) -> str:
+def _evaluate_and_decide(
+    run: _Run,
+    config: TrainConfig,
+    model: torch.nn.Module,
+    parallel: DataParallel,
+    val_set: list,
+    loss: float,
+    finite: bool,
+    log: Callable[[str], None] | None,
+    show: Callable[[str], None],
+) -> str:
     """One validation evaluation: record it, offer the weights to ``run.best``, log, and return the stop reason
     (``"steps"`` to go on)."""
     accuracy, eval_loss = evaluate(model, val_set, parallel)
@@ -465,8 +554,13 @@ def _evaluate_and_decide(run: _Run, config: TrainConfig, model: torch.nn.Module,
     return "steps"
 
 
-def _save(model: torch.nn.Module, config: TrainConfig, result: TrainResult, save_state: str | Path | None,
-          checkpoint_dir: str | Path | None) -> None:
+def _save(
+    model: torch.nn.Module,
+    config: TrainConfig,
+    result: TrainResult,
+    save_state: str | Path | None,
+    checkpoint_dir: str | Path | None,
+) -> None:
     """Write the tested model's state dict (``save_state``) and checkpoint (``checkpoint_dir``) where asked."""
     if save_state is not None:
         from safetensors.torch import save_file
@@ -476,8 +570,12 @@ def _save(model: torch.nn.Module, config: TrainConfig, result: TrainResult, save
     if checkpoint_dir is not None:
         from axiomformer.checkpoint import save_checkpoint
 
-        save_checkpoint(checkpoint_dir, model, train=config.model_dump(), result=_finite(
-            {k: v for k, v in result.to_dict().items() if k not in ("losses",)}))
+        save_checkpoint(
+            checkpoint_dir,
+            model,
+            train=config.model_dump(),
+            result=_finite({k: v for k, v in result.to_dict().items() if k not in ("losses",)}),
+        )
 
 
 def _engines(model: torch.nn.Module) -> list[str]:
@@ -493,8 +591,11 @@ def _with_probes(config: TrainConfig, eval_set: list, user: Callable | None, pha
     if phase == "init" and "init_entropy" in config.probes and config.model == "transformer":
         wanted.append(lambda model, task: probes.init_entropy(model, eval_set))
     if phase == "end" and config.eval_lengths:
-        wanted.append(lambda model, task: probes.length_accuracy(
-            model, config.task, config.task_options, config.eval_lengths, config.batch_size, config.eval_batches))
+        wanted.append(
+            lambda model, task: probes.length_accuracy(
+                model, config.task, config.task_options, config.eval_lengths, config.batch_size, config.eval_batches
+            )
+        )
     if phase == "end" and "sampled_eval" in config.probes:
         wanted.append(lambda model, task: probes.sampled_accuracy(model, eval_set))
     if user is not None:
@@ -507,6 +608,7 @@ def _with_probes(config: TrainConfig, eval_set: list, user: Callable | None, pha
         for fn in wanted:
             out.update(fn(model, task))
         return out
+
     return run
 
 
@@ -554,11 +656,31 @@ def _progress_bar(enabled: bool) -> Progress:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[info]}"), console=Console(stderr=True), disable=not enabled,
-                    transient=False)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=Console(stderr=True),
+        disable=not enabled,
+        transient=False,
+    )
 
 
-__all__ = ["GENERIC_DEFAULTS", "TASK_DEFAULTS", "TrainConfig", "TrainResult", "eval_counts", "eval_counts_as_is",
-           "evaluate", "evaluate_as_is", "gumbel_tau_at", "lr_factor", "masked_loss", "resolve_device",
-           "set_gumbel_tau", "train"]
+__all__ = [
+    "GENERIC_DEFAULTS",
+    "TASK_DEFAULTS",
+    "TrainConfig",
+    "TrainResult",
+    "eval_counts",
+    "eval_counts_as_is",
+    "evaluate",
+    "evaluate_as_is",
+    "gumbel_tau_at",
+    "lr_factor",
+    "masked_loss",
+    "resolve_device",
+    "set_gumbel_tau",
+    "train",
+]

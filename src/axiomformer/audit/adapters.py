@@ -122,19 +122,26 @@ def _size(bias: Tensor | None) -> float:
     return 0.0 if bias is None else float(bias.detach().abs().max())
 
 
-def bias_notes(q: Tensor | None, k: Tensor | None, v: Tensor | None = None, out: Tensor | None = None,
-               ) -> tuple[str, ...]:
+def bias_notes(
+    q: Tensor | None, k: Tensor | None, v: Tensor | None = None, out: Tensor | None = None
+) -> tuple[str, ...]:
     """What each nonzero projection bias kept by an adapter contributes to the audited map."""
     notes = []
     if _size(q) > 0:
-        notes.append(f"query projection bias kept (max |b_q| = {_size(q):.3g}): it adds b_q.k_j to every score of key "
-                     "j, a per-key content term outside the strictly bilinear class (the A4 checks see it)")
+        notes.append(
+            f"query projection bias kept (max |b_q| = {_size(q):.3g}): it adds b_q.k_j to every score of key "
+            "j, a per-key content term outside the strictly bilinear class (the A4 checks see it)"
+        )
     if _size(k) > 0:
-        notes.append(f"key projection bias kept (max |b_k| = {_size(k):.3g}): it adds q_i.b_k to every score of row "
-                     "i, a row constant that a shift-invariant normalizer removes")
+        notes.append(
+            f"key projection bias kept (max |b_k| = {_size(k):.3g}): it adds q_i.b_k to every score of row "
+            "i, a row constant that a shift-invariant normalizer removes"
+        )
     if _size(v) > 0:
-        notes.append(f"value projection bias kept (max |b_v| = {_size(v):.3g}): it adds (sum_j w_ij) b_v, a constant "
-                     "offset when the weights sum to one (the probes difference it away)")
+        notes.append(
+            f"value projection bias kept (max |b_v| = {_size(v):.3g}): it adds (sum_j w_ij) b_v, a constant "
+            "offset when the weights sum to one (the probes difference it away)"
+        )
     if _size(out) > 0:
         notes.append(f"output projection bias kept (max |b_o| = {_size(out):.3g}): a constant offset of every output")
     return tuple(notes)
@@ -162,8 +169,10 @@ class AttentionAdapter(Adapter):
             setattr(m, proj, AddBias(b))
         self.notes = bias_notes(biases[0], biases[1], getattr(m.v_proj, "bias", None), biases[2])
         if any(_size(b) > 0 for b in biases):
-            self.notes += ("scale_entropy rebuilds the target at other head dims without these biases (their shape "
-                           "depends on head_dim)",)
+            self.notes += (
+                "scale_entropy rebuilds the target at other head dims without these biases (their shape "
+                "depends on head_dim)",
+            )
         self.module, self.spec = m, m.spec
         self.name = name or f"Attention({m.spec.variant})"
         self.dim, self.num_heads, self.causal = m.spec.dim, m.spec.num_heads, m.spec.causal
@@ -188,9 +197,14 @@ class AttentionAdapter(Adapter):
         # Parameters whose shape does not depend on head_dim (a learned scale, a cosine temperature) are carried
         # over: a learned number stays what it is when head_dim changes; the 1/sqrt(d) rule follows head_dim.
         own = self.original.state_dict()
-        state = {k: v for k, v in fresh.state_dict().items()}
-        state.update({k: v for k, v in own.items() if k in state and state[k].shape == v.shape and v.dim() <= 1
-                      and not k.endswith("bias")})
+        state = dict(fresh.state_dict().items())
+        state.update(
+            {
+                k: v
+                for k, v in own.items()
+                if k in state and state[k].shape == v.shape and v.dim() <= 1 and not k.endswith("bias")
+            }
+        )
         fresh.load_state_dict(state)
         return AttentionAdapter(fresh, self.name, self.seed)
 
@@ -217,29 +231,28 @@ class MultiheadAttentionAdapter(Adapter):
     supports_causal = True
     has_positions = False
 
-    def __init__(self, mha: nn.MultiheadAttention, name: str = "torch.nn.MultiheadAttention",
-                 seed: int = DEFAULT_SEED):
+    def __init__(self, mha: nn.MultiheadAttention, name: str = "torch.nn.MultiheadAttention", seed: int = DEFAULT_SEED):
         if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
-            raise ValueError("the MultiheadAttention adapter needs kdim = vdim = embed_dim, no add_bias_kv and no "
-                             "add_zero_attn")
+            raise ValueError(
+                "the MultiheadAttention adapter needs kdim = vdim = embed_dim, no add_bias_kv and no add_zero_attn"
+            )
         m = copy.deepcopy(mha).to(torch.float64).eval()
         e = m.embed_dim
         with torch.no_grad():
             m.in_proj_weight[: 2 * e].copy_(torch.eye(e, dtype=torch.float64).repeat(2, 1))
         _identity_linear(m.out_proj)
         b = m.in_proj_bias
-        q_b, k_b, v_b = (None, None, None) if b is None else (b[:e], b[e:2 * e], b[2 * e:])
+        q_b, k_b, v_b = (None, None, None) if b is None else (b[:e], b[e : 2 * e], b[2 * e :])
         self.notes = bias_notes(q_b, k_b, v_b, m.out_proj.bias)
         if any(_size(x) > 0 for x in (b, m.out_proj.bias)):
-            self.notes += ("scale_entropy rebuilds the target at other head dims with PyTorch's initial (zero) "
-                           "biases",)
+            self.notes += ("scale_entropy rebuilds the target at other head dims with PyTorch's initial (zero) biases",)
         self.module, self.name, self.seed = m, name, seed
         self.dim, self.num_heads, self.dropout = e, m.num_heads, m.dropout
 
     def _run(self, q, k, v, causal, need_weights):
         mask = None
         if causal:
-            mask = ~causal_mask(q.shape[1], k.shape[1], k.shape[1] - q.shape[1], q.device)   # True = blocked
+            mask = ~causal_mask(q.shape[1], k.shape[1], k.shape[1] - q.shape[1], q.device)  # True = blocked
         if not self.module.batch_first:
             q, k, v = (t.transpose(0, 1) for t in (q, k, v))
         out, w = self.module(q, k, v, attn_mask=mask, need_weights=need_weights, average_attn_weights=False)
@@ -253,8 +266,9 @@ class MultiheadAttentionAdapter(Adapter):
 
     def with_head_dim(self, head_dim):
         e = head_dim * self.num_heads
-        fresh = _seeded(self.seed, lambda: nn.MultiheadAttention(e, self.num_heads, dropout=self.dropout,
-                                                                 batch_first=True))
+        fresh = _seeded(
+            self.seed, lambda: nn.MultiheadAttention(e, self.num_heads, dropout=self.dropout, batch_first=True)
+        )
         return MultiheadAttentionAdapter(fresh, self.name, self.seed)
 
     def set_training(self, flag):
@@ -263,8 +277,8 @@ class MultiheadAttentionAdapter(Adapter):
 
     def value_map(self):
         e = self.module.embed_dim
-        weight = self.module.in_proj_weight[2 * e:]
-        bias = None if self.module.in_proj_bias is None else self.module.in_proj_bias[2 * e:]
+        weight = self.module.in_proj_weight[2 * e :]
+        bias = None if self.module.in_proj_bias is None else self.module.in_proj_bias[2 * e :]
         return lambda x: torch.nn.functional.linear(x, weight, bias)
 
 
@@ -276,8 +290,16 @@ class FunctionAdapter(Adapter):
     float64 inputs, float32 is used.
     """
 
-    def __init__(self, fn: Callable[..., Tensor], name: str | None = None, *, num_heads: int = 1,
-                 causal: bool = False, dim: int = DEFAULT_DIM, has_positions: bool | None = None):
+    def __init__(
+        self,
+        fn: Callable[..., Tensor],
+        name: str | None = None,
+        *,
+        num_heads: int = 1,
+        causal: bool = False,
+        dim: int = DEFAULT_DIM,
+        has_positions: bool | None = None,
+    ):
         self.fn = fn
         self.name = name or getattr(fn, "__qualname__", None) or type(fn).__name__
         self.num_heads, self.causal, self.dim, self.has_positions = num_heads, causal, dim, has_positions
@@ -302,14 +324,17 @@ class FunctionAdapter(Adapter):
                 continue
             if isinstance(out, Tensor) and out.shape[:2] == (1, 2):
                 if out.is_floating_point() and torch.finfo(out.dtype).eps > torch.finfo(dtype).eps:
-                    self.precision = out.dtype                # it computes in a lower precision than its inputs
+                    self.precision = out.dtype  # it computes in a lower precision than its inputs
                 elif dtype == torch.float64:
                     self.precision = self._measured_precision()
                 return dtype
-            failure = TypeError(f"it returned {type(out).__name__}"
-                                f"{tuple(out.shape) if isinstance(out, Tensor) else ''}")
-        raise UserInputError(f"cannot audit {self.name!r}: expected a callable (q, k, v) -> out on (batch, seq, "
-                             f"dim={self.dim}) tensors; calling it failed: {type(failure).__name__}: {failure}")
+            failure = TypeError(
+                f"it returned {type(out).__name__}{tuple(out.shape) if isinstance(out, Tensor) else ''}"
+            )
+        raise UserInputError(
+            f"cannot audit {self.name!r}: expected a callable (q, k, v) -> out on (batch, seq, "
+            f"dim={self.dim}) tensors; calling it failed: {type(failure).__name__}: {failure}"
+        )
 
     @torch.no_grad()
     def _measured_precision(self) -> torch.dtype | None:
@@ -360,6 +385,7 @@ def register_adapter(match: Any, factory: Callable[..., Adapter] | None = None, 
             (accept ``**options`` and ignore what you do not need). Without it, works as a decorator.
         first: try this adapter before the ones already registered (default), so a plug-in can override.
     """
+
     def add(f: Callable[..., Adapter]) -> Callable[..., Adapter]:
         entry = (match, f)
         _ADAPTERS.insert(0, entry) if first else _ADAPTERS.append(entry)
@@ -388,11 +414,15 @@ def make_adapter(target: Any, **options: Any) -> Adapter:
         if _matches(match, target):
             return factory(target, **options)
     if isinstance(target, str) and target.startswith("hf:"):
-        raise ValueError(f"cannot audit {target!r} yet: hf: targets are registered by importing "
-                         "axiomformer.surgery.audit_adapter (the optional 'hf' extra); the command line does that")
-    raise ValueError(f"cannot audit {target!r}; give spec:standard, spec:<relax string>, torch.nn.MultiheadAttention, "
-                     "torch.nn.functional.scaled_dot_product_attention, module:<import.path>:<attr>, an Attention, "
-                     "an AttentionSpec, an nn.MultiheadAttention or a callable (q, k, v) -> out")
+        raise ValueError(
+            f"cannot audit {target!r} yet: hf: targets are registered by importing "
+            "axiomformer.surgery.audit_adapter (the optional 'hf' extra); the command line does that"
+        )
+    raise ValueError(
+        f"cannot audit {target!r}; give spec:standard, spec:<relax string>, torch.nn.MultiheadAttention, "
+        "torch.nn.functional.scaled_dot_product_attention, module:<import.path>:<attr>, an Attention, "
+        "an AttentionSpec, an nn.MultiheadAttention or a callable (q, k, v) -> out"
+    )
 
 
 PARTS = {"score": "score_fn"}
@@ -416,7 +446,7 @@ def _spec_adapter(spec: AttentionSpec, *, seed: int = DEFAULT_SEED, **_: Any) ->
 
 
 def _spec_string(target: str, *, dim: int = DEFAULT_DIM, num_heads: int = DEFAULT_HEADS, **options: Any) -> Adapter:
-    text = target[len("spec:"):]
+    text = target[len("spec:") :]
     base = AttentionSpec.standard(dim, num_heads)
     # A choice defined only under a causal mask (stick_breaking, forget) is audited with one unless causal is given.
     chosen = base.relax(causal=True).relax(text)
@@ -428,8 +458,9 @@ def _spec_string(target: str, *, dim: int = DEFAULT_DIM, num_heads: int = DEFAUL
     return adapter
 
 
-def _mha_string(target: str, *, dim: int = DEFAULT_DIM, num_heads: int = DEFAULT_HEADS, seed: int = DEFAULT_SEED,
-                **_: Any) -> Adapter:
+def _mha_string(
+    target: str, *, dim: int = DEFAULT_DIM, num_heads: int = DEFAULT_HEADS, seed: int = DEFAULT_SEED, **_: Any
+) -> Adapter:
     mha = _seeded(seed, lambda: nn.MultiheadAttention(dim, num_heads, batch_first=True))
     return MultiheadAttentionAdapter(mha, target, seed)
 
@@ -452,8 +483,7 @@ def _module_string(target: str, **options: Any) -> Adapter:
     return adapter
 
 
-def _function(fn: Callable[..., Tensor], *, dim: int = DEFAULT_DIM, num_heads: int | None = None,
-              **_: Any) -> Adapter:
+def _function(fn: Callable[..., Tensor], *, dim: int = DEFAULT_DIM, num_heads: int | None = None, **_: Any) -> Adapter:
     if fn is torch.nn.functional.scaled_dot_product_attention:
         return _sdpa_string("torch.nn.functional.scaled_dot_product_attention", dim=dim)
     return FunctionAdapter(fn, num_heads=num_heads or 1, dim=dim)

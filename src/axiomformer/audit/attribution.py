@@ -17,41 +17,49 @@ ASSUMPTION_TAGS = ("A0", "A1", "A2", "A3", "A4", "A5", "causal")
 
 SAME_MAP = {
     ("A5", "A1"): "a normalizer whose rows do not sum to one (A5) and a query-side scalar rho times normalized "
-                  "weights (A1) are the same map at this interface",
+    "weights (A1) are the same map at this interface",
     ("A5", "A4"): "a temperature that departs from 1/sqrt(d) or depends on the number of visible keys (the A5 scale) "
-                  "and a score scaled the same way (A4) are the same map at this interface",
+    "and a score scaled the same way (A4) are the same map at this interface",
     ("A4", "A5"): "the scores are bilinear only up to a factor per row (doubling q rescales each row's scores by one "
-                  "factor, or the factor follows the number of visible keys): a row-dependent temperature (the A5 "
-                  "scale) and a score that is not one bilinear form (A4) are the same map at this interface",
+    "factor, or the factor follows the number of visible keys): a row-dependent temperature (the A5 "
+    "scale) and a score that is not one bilinear form (A4) are the same map at this interface",
     ("A1", "A2"): "the per-coordinate weights factor through the query (J_ij = c_ij R_i): an output gate, i.e. a "
-                  "query-dependent linear rho (A1), and per-coordinate relevances of that form (A2) are the same map "
-                  "at this interface",
+    "query-dependent linear rho (A1), and per-coordinate relevances of that form (A2) are the same map "
+    "at this interface",
     ("A1", "A3"): "the local Jacobian factors through both the query and the key: a nonlinear rho (A1) and a "
-                  "nonlinear value map (A3) are not told apart",
+    "nonlinear value map (A3) are not told apart",
     ("A2", "A3"): "the per-coordinate weights factor through the key (J_ij = c_ij H_j): per-coordinate relevances "
-                  "(A2) and a value map that reads more than the value (A3) are the same map at this interface",
+    "(A2) and a value map that reads more than the value (A3) are the same map at this interface",
     ("A4", "A1"): "a head's output reads the other heads' queries and keys: logits mixed across heads (A4, talking "
-                  "heads) and a rho that mixes the heads' outputs or reads the whole query (A1: an MLP, an output "
-                  "gate) are the same departure at this interface",
+    "heads) and a rho that mixes the heads' outputs or reads the whole query (A1: an MLP, an output "
+    "gate) are the same departure at this interface",
     ("A1", "A4"): "the local Jacobian factors through the key but the output is not additive over tokens: a "
-                  "nonlinear rho (A1) and a relevance that reads the values (A4) are not told apart",
+    "nonlinear rho (A1) and a relevance that reads the values (A4) are not told apart",
 }
 """Why two candidates cannot be told apart, by (first, second) candidate."""
-RATIO_SCORE = ("bilinear_fit failed, so the score of a pair may read other keys (A4), which changes the ratios of the "
-               "other weights as a normalizer other than the softmax does (A5)")
-CONTEXT_GATE = ("the per-coordinate weights factor through both the query and the key of each input, but change with "
-                "the context (a gate computed from all the tokens): a rho (A1), relevances (A2) or a value map (A3) "
-                "that reads the context are the same map at this interface")
+RATIO_SCORE = (
+    "bilinear_fit failed, so the score of a pair may read other keys (A4), which changes the ratios of the "
+    "other weights as a normalizer other than the softmax does (A5)"
+)
+CONTEXT_GATE = (
+    "the per-coordinate weights factor through both the query and the key of each input, but change with "
+    "the context (a gate computed from all the tokens): a rho (A1), relevances (A2) or a value map (A3) "
+    "that reads the context are the same map at this interface"
+)
 
-CONTRIBUTION_CAVEAT = ("the contribution map is not visible (homogeneity n/a): a contribution g(u) v with g not "
-                       "linear after a normalizer r is the same map as u v after the normalizer g(r) (A2)")
+CONTRIBUTION_CAVEAT = (
+    "the contribution map is not visible (homogeneity n/a): a contribution g(u) v with g not "
+    "linear after a normalizer r is the same map as u v after the normalizer g(r) (A2)"
+)
 WEIGHT_SHAPE = ("nonnegative_weights", "weights_sum_to_one")
 """A5 checks that a non-proportional contribution g(u) v can fail while the others pass; rows that still sum to one
 for every distribution force g to be linear, so the other A5 checks implicate A2 only when the sums fail too."""
 OTHER_WEIGHTS = ("ratio_independence", "scale_entropy", "length_scale")
 
-ORDER_CAVEAT = ("set_symmetry failed: the map is not of the form rho(sum_j phi(x_j, u_ij)), so this departure, which "
-                "alone would break {first}, may come from the order dependence (A0)")
+ORDER_CAVEAT = (
+    "set_symmetry failed: the map is not of the form rho(sum_j phi(x_j, u_ij)), so this departure, which "
+    "alone would break {first}, may come from the order dependence (A0)"
+)
 
 
 def _shape(st: dict[str, float] | None, tol: float) -> str | None:
@@ -60,7 +68,8 @@ def _shape(st: dict[str, float] | None, tol: float) -> str | None:
         return None
     by_query, by_key = st["per_query"] <= tol, st["per_key"] <= tol
     return {(True, True): "both", (True, False): "query", (False, True): "key", (False, False): "neither"}[
-        (by_query, by_key)]
+        (by_query, by_key)
+    ]
 
 
 def _nonlinear(shape: str | None, additive: bool) -> list[str]:
@@ -77,14 +86,15 @@ def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, obje
         return name in out and out[name].passed is False
 
     additive = not failed("token_additivity")
-    nonlinear = _shape(facts.get("nonlinear"), float(facts.get("fd_tol", 0.0)))   # type: ignore[arg-type]
-    linear = _shape(facts.get("linear"), float(facts.get("tol", 0.0)))            # type: ignore[arg-type]
+    nonlinear = _shape(facts.get("nonlinear"), float(facts.get("fd_tol", 0.0)))  # type: ignore[arg-type]
+    linear = _shape(facts.get("linear"), float(facts.get("tol", 0.0)))  # type: ignore[arg-type]
     row_scale = bool("bilinear_scores" in out and out["bilinear_scores"].facts.get("row_scale"))
     rules: dict[str, list[str]] = {
         "token_additivity": _nonlinear(nonlinear, False) if nonlinear else ["A1"],
         "linearity": _nonlinear(nonlinear, additive),
         "scalar_relevance": {"query": ["A1", "A2"], "key": ["A2", "A3"], "both": ["A1", "A2", "A3"]}.get(
-            linear or "", ["A2"]),
+            linear or "", ["A2"]
+        ),
         "bilinear_scores": ["A4", "A5"] if row_scale else ["A4"],
         "bilinear_fit": ["A4", "A5"] if row_scale or failed("length_scale") else ["A4"],
         "weights_sum_to_one": ["A5", "A1"],

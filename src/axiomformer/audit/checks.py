@@ -16,16 +16,7 @@ from torch import Tensor
 from axiomformer.audit.adapters import Adapter
 from axiomformer.audit.attribution import attribute
 from axiomformer.audit.normalizer_checks import length_scale, scale_entropy, shift_invariance, weight_checks
-from axiomformer.audit.probe import (
-    BIG,
-    AuditCheck,
-    Probe,
-    cannot_tell,
-    finite,
-    heads,
-    rel,
-    result,
-)
+from axiomformer.audit.probe import BIG, AuditCheck, Probe, cannot_tell, finite, heads, rel, result
 from axiomformer.audit.structure import fd_tolerance, scalar_relevance, value_free_relevance
 
 FIT_SEQ = 16
@@ -63,30 +54,43 @@ def token_additivity(p: Probe) -> AuditCheck:
         d.append(p.f(q, k, changed) - p.f(q, k, base))
     if float(d[0].abs().max()) < 1e-12:
         return cannot_tell("token_additivity", "A1", p.tol, "changing token 0's value changes nothing")
-    return result("token_additivity", "A1", rel(d[1], d[0]), p.tol,
-                  "the output change from changing token 0's value is the same whatever the other tokens' values "
-                  "(the output is a sum of per-token contributions, rho = identity up to a linear map)")
+    return result(
+        "token_additivity",
+        "A1",
+        rel(d[1], d[0]),
+        p.tol,
+        "the output change from changing token 0's value is the same whatever the other tokens' values "
+        "(the output is a sum of per-token contributions, rho = identity up to a linear map)",
+    )
 
 
 def homogeneity(p: Probe) -> AuditCheck:
     name = "homogeneity"
     phi = p.a.contribution_map()
     if phi is None:
-        return cannot_tell(name, "A2", p.tol,
-                           "only (q, k, v) -> out is visible: a contribution g(u) v with g not linear (u^2, u|u|) "
-                           "after a normalizer r is the same map as u v after the normalizer g(r), so A2 cannot be "
-                           "told apart from A5 here (a non-proportional contribution shows up in the A5 checks)")
+        return cannot_tell(
+            name,
+            "A2",
+            p.tol,
+            "only (q, k, v) -> out is visible: a contribution g(u) v with g not linear (u^2, u|u|) "
+            "after a normalizer r is the same map as u v after the normalizer g(r), so A2 cannot be "
+            "told apart from A5 here (a non-proportional contribution shows up in the A5 checks)",
+        )
     hd = p.a.dim // p.a.num_heads
     w = torch.randn(p.batch, p.a.num_heads, p.seq, p.seq, generator=p.g, dtype=torch.float64).to(p.a.dtype)
     v = p.randn(p.batch, p.a.num_heads, p.seq, hd)
     one = torch.zeros_like(w)
-    one[..., 0] = w[..., 0]                                                # the contribution of key 0 alone
+    one[..., 0] = w[..., 0]  # the contribution of key 0 alone
     with torch.no_grad():
-        stats = [rel(phi(c * u, v).double(), c * phi(u, v).double())
-                 for u in (w, one) for c in (2.0, 0.5, -1.0, 3.0)]
-    return result(name, "A2", max(stats), p.tol,
-                  "the target's contribution map phi(v, u) is homogeneous in the relevance: phi(v, c u) = c phi(v, u) "
-                  "for c in {2, 1/2, -1, 3}, for all keys at once and for key 0 alone")
+        stats = [rel(phi(c * u, v).double(), c * phi(u, v).double()) for u in (w, one) for c in (2.0, 0.5, -1.0, 3.0)]
+    return result(
+        name,
+        "A2",
+        max(stats),
+        p.tol,
+        "the target's contribution map phi(v, u) is homogeneous in the relevance: phi(v, c u) = c phi(v, u) "
+        "for c in {2, 1/2, -1, 3}, for all keys at once and for key 0 alone",
+    )
 
 
 def linearity(p: Probe) -> AuditCheck:
@@ -101,9 +105,14 @@ def linearity(p: Probe) -> AuditCheck:
     v0 = v[:, 0]
     f0, f1, f2 = at(v0), at(v0 + d1), at(v0 + d2)
     second = torch.stack([at(v0 + d1 + d2) - f1 - f2 + f0, at(v0 + 2 * d1) - 2 * f1 + f0])
-    return result("linearity", "A3", rel(second, torch.zeros_like(second), f1 - f0), p.tol,
-                  "the output is affine in each token's value (second differences in v_0 vanish): the value map is "
-                  "a linear change of coordinates (the identity and W_v x both pass)")
+    return result(
+        "linearity",
+        "A3",
+        rel(second, torch.zeros_like(second), f1 - f0),
+        p.tol,
+        "the output is affine in each token's value (second differences in v_0 vanish): the value map is "
+        "a linear change of coordinates (the identity and W_v x both pass)",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ A4
@@ -125,22 +134,32 @@ def bilinear_scores(p: Probe, weights_ok: bool, why: str) -> AuditCheck:
         return cannot_tell(name, "A4", p.tol, why)
     q, k, _ = p.qkv()
     k2 = p.randn(*k.shape)
-    recovered = [recovered_scores(p, q, k), recovered_scores(p, 2 * q, k), recovered_scores(p, q, k2),
-                 recovered_scores(p, q, k + k2)]
+    recovered = [
+        recovered_scores(p, q, k),
+        recovered_scores(p, 2 * q, k),
+        recovered_scores(p, q, k2),
+        recovered_scores(p, q, k + k2),
+    ]
     got = [t for t in recovered if t is not None]
     if len(got) < len(recovered):
         return cannot_tell(name, "A4", p.tol, "some visible key has weight 0, so its score cannot be recovered")
     s, s2q, sk2, ssum = got
     resid = torch.stack([s2q - 2 * s, ssum - s - sk2])
-    check = result(name, "A4", rel(resid, torch.zeros_like(resid), s), p.tol,
-                   "scores recovered as row-centred log-weights (exact for softmax) are linear in q and in k: "
-                   "s(2q, k) = 2 s(q, k) and s(q, k + k') = s(q, k) + s(q, k')")
+    check = result(
+        name,
+        "A4",
+        rel(resid, torch.zeros_like(resid), s),
+        p.tol,
+        "scores recovered as row-centred log-weights (exact for softmax) are linear in q and in k: "
+        "s(2q, k) = 2 s(q, k) and s(q, k + k') = s(q, k) + s(q, k')",
+    )
     # Linear in k, and doubling q rescales each row by one factor: a row-dependent temperature, or a score whose
     # dependence on q is not linear; the two are the same map here.
     factor = (s2q * s).sum(-1, keepdim=True) / (s * s).sum(-1, keepdim=True).clamp_min(1e-300)
     zero = torch.zeros_like(s)
-    check.facts["row_scale"] = bool(check.passed is False and rel(ssum - s - sk2, zero, s) <= p.tol
-                                    and rel(s2q - factor * s, zero, s2q) <= p.tol)
+    check.facts["row_scale"] = bool(
+        check.passed is False and rel(ssum - s - sk2, zero, s) <= p.tol and rel(s2q - factor * s, zero, s2q) <= p.tol
+    )
     return check
 
 
@@ -150,33 +169,45 @@ def bilinear_fit(p: Probe, weights_ok: bool, why: str) -> AuditCheck:
         return cannot_tell(name, "A4", p.tol, why)
     hd = p.a.dim // p.a.num_heads
     vis = p.visible(FIT_SEQ, FIT_SEQ)
-    per_batch = int(vis.sum()) - int((vis.sum(-1) > 0).sum())       # independent equations after row centring
-    batch = max(p.batch, -(-4 * hd * hd // max(per_batch, 1)))      # at least 4 equations per unknown of M
+    per_batch = int(vis.sum()) - int((vis.sum(-1) > 0).sum())  # independent equations after row centring
+    batch = max(p.batch, -(-4 * hd * hd // max(per_batch, 1)))  # at least 4 equations per unknown of M
     q, k = (p.randn(batch, FIT_SEQ, p.a.dim) for _ in range(2))
     s = recovered_scores(p, q, k)
     if s is None:
         return cannot_tell(name, "A4", p.tol, "some visible key has weight 0, so its score cannot be recovered")
     h = p.a.num_heads
     vis = vis.double()
-    qh, kh = (heads(t.double(), h).transpose(1, 2) for t in (q, k))               # (batch, heads, seq, head_dim)
+    qh, kh = (heads(t.double(), h).transpose(1, 2) for t in (q, k))  # (batch, heads, seq, head_dim)
     # s_ij = q_i^T M k_j + c_i; the row constant c_i drops out against the row mean of the visible keys.
-    k_mean = (vis @ kh) / vis.sum(-1, keepdim=True).clamp_min(1)                  # (batch, heads, q_len, hd)
-    centred = (kh.unsqueeze(-3) - k_mean.unsqueeze(-2)) * vis.unsqueeze(-1)       # (b, h, L, S, hd)
+    k_mean = (vis @ kh) / vis.sum(-1, keepdim=True).clamp_min(1)  # (batch, heads, q_len, hd)
+    centred = (kh.unsqueeze(-3) - k_mean.unsqueeze(-2)) * vis.unsqueeze(-1)  # (b, h, L, S, hd)
     features = torch.einsum("bhla,bhlsc->hblsac", qh, centred).reshape(h, -1, hd * hd)
     target = s.transpose(0, 1).reshape(h, -1, 1)
-    m = torch.linalg.lstsq(features, target).solution                              # (heads, hd*hd, 1)
+    m = torch.linalg.lstsq(features, target).solution  # (heads, hd*hd, 1)
     resid = float((features @ m - target).norm() / target.norm().clamp_min(1e-300))
     m = m.view(h, hd, hd)
     ranks = [int(r) for r in torch.linalg.matrix_rank(m)]
     scale = torch.diagonal(m, dim1=-2, dim2=-1).mean(-1)
-    from_dot = float(((m - scale[:, None, None] * torch.eye(hd, dtype=m.dtype)).flatten(1).norm(dim=1)
-                      / m.flatten(1).norm(dim=1).clamp_min(1e-300)).max())
-    kind = (f"M = c I with c = {float(scale.mean()):.3g}: the dot product" if from_dot < 1e-3 else
-            f"M differs from c I (relative distance {from_dot:.2g}): q^T M k is a reparametrization of the dot "
-            "product (M folds into the key projection)")
-    return result(name, "A4", finite(resid), p.tol,
-                  f"recovered scores fit s_ij = q_i^T M k_j + c_i per head by least squares (statistic: relative "
-                  f"residual); rank of M per head {ranks} <= head_dim {hd}; {kind}")
+    from_dot = float(
+        (
+            (m - scale[:, None, None] * torch.eye(hd, dtype=m.dtype)).flatten(1).norm(dim=1)
+            / m.flatten(1).norm(dim=1).clamp_min(1e-300)
+        ).max()
+    )
+    kind = (
+        f"M = c I with c = {float(scale.mean()):.3g}: the dot product"
+        if from_dot < 1e-3
+        else f"M differs from c I (relative distance {from_dot:.2g}): q^T M k is a reparametrization of the dot "
+        "product (M folds into the key projection)"
+    )
+    return result(
+        name,
+        "A4",
+        finite(resid),
+        p.tol,
+        f"recovered scores fit s_ij = q_i^T M k_j + c_i per head by least squares (statistic: relative "
+        f"residual); rank of M per head {ranks} <= head_dim {hd}; {kind}",
+    )
 
 
 def parallel(p: Probe) -> AuditCheck:
@@ -189,8 +220,9 @@ def parallel(p: Probe) -> AuditCheck:
     stats = [rel(p.f(redrawn, k, v)[:, keep], full[:, keep])]
     detail = "outputs of a subset of queries do not change when the other queries are redrawn"
     if p.a.has_positions:
-        detail += " (the target injects positions by index, so a run on a subset would move them: only the redraw " \
-                  "test runs)"
+        detail += (
+            " (the target injects positions by index, so a run on a subset would move them: only the redraw test runs)"
+        )
     elif not p.is_causal:
         try:
             stats.append(rel(p.f(q[:, keep], k, v), full[:, keep]))
@@ -199,8 +231,14 @@ def parallel(p: Probe) -> AuditCheck:
             detail += f" (a run on the subset alone failed: {err}; the target needs q_len = k_len)"
     else:
         detail += " (causal: a subset run would move the causal alignment, so only the redraw test runs)"
-    return result(name, "A4", max(stats), p.tol, detail + ": each query's output is computed on its own, in "
-                  "parallel (a loop over queries computes the same map and passes)")
+    return result(
+        name,
+        "A4",
+        max(stats),
+        p.tol,
+        detail + ": each query's output is computed on its own, in "
+        "parallel (a loop over queries computes the same map and passes)",
+    )
 
 
 def head_independence(p: Probe) -> AuditCheck:
@@ -228,11 +266,16 @@ def head_independence(p: Probe) -> AuditCheck:
     if scale < 1e-12:
         return cannot_tell(name, "A4", p.tol, "changing the heads' queries and keys changes nothing")
     stat = float((both - one - rest + base).abs().max()) / scale
-    return result(name, "A4", stat, p.tol,
-                  "the output is a sum of per-head terms, each reading only its own head's q and k (heads are "
-                  "independent, as A4's s_ij = q_i . k_j per head; a fixed map of the heads' outputs keeps it): the "
-                  "mixed second difference under a change of head 1's and the other heads' q, k, relative to the "
-                  "first differences")
+    return result(
+        name,
+        "A4",
+        stat,
+        p.tol,
+        "the output is a sum of per-head terms, each reading only its own head's q and k (heads are "
+        "independent, as A4's s_ij = q_i . k_j per head; a fixed map of the heads' outputs keeps it): the "
+        "mixed second difference under a change of head 1's and the other heads' q, k, relative to the "
+        "first differences",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ causal
@@ -242,28 +285,40 @@ def _later_changed(p: Probe, fill: str) -> tuple[Tensor, Tensor, int]:
     out = p.f(q, k, v)[:, : i0 + 1]
     qq, kk, vv = q.clone(), k.clone(), v.clone()
     for t in (qq, kk, vv):
-        t[:, i0 + 1:] = float("nan") if fill == "nan" else p.randn(p.batch, p.seq - i0 - 1, p.a.dim, scale=3.0)
+        t[:, i0 + 1 :] = float("nan") if fill == "nan" else p.randn(p.batch, p.seq - i0 - 1, p.a.dim, scale=3.0)
     return p.f(qq, kk, vv)[:, : i0 + 1], out, i0
 
 
 def causality(p: Probe) -> AuditCheck:
     if not p.is_causal:
-        return cannot_tell("causality", "causal", p.tol, "the target is not causal (audit it with causal=True / "
-                           "--causal)")
+        return cannot_tell(
+            "causality", "causal", p.tol, "the target is not causal (audit it with causal=True / --causal)"
+        )
     new, out, i0 = _later_changed(p, "random")
-    return result("causality", "causal", rel(new, out), p.tol,
-                  f"outputs at i <= {i0} do not change when the queries, keys and values after {i0} are redrawn")
+    return result(
+        "causality",
+        "causal",
+        rel(new, out),
+        p.tol,
+        f"outputs at i <= {i0} do not change when the queries, keys and values after {i0} are redrawn",
+    )
 
 
 def nan_isolation(p: Probe) -> AuditCheck:
     if not p.is_causal:
-        return cannot_tell("nan_isolation", "numerics", 0.0, "needs a causal target: no other mask is given to an "
-                           "audited map")
+        return cannot_tell(
+            "nan_isolation", "numerics", 0.0, "needs a causal target: no other mask is given to an audited map"
+        )
     new, _, i0 = _later_changed(p, "nan")
     leak = float((~torch.isfinite(new)).double().mean())
-    return result("nan_isolation", "numerics", leak, 0.0,
-                  f"NaN in the tokens after {i0} leaves the outputs at i <= {i0} finite (statistic: fraction turned "
-                  "non-finite); not an assumption: 0 * NaN = NaN in a weights-times-values product leaks it")
+    return result(
+        "nan_isolation",
+        "numerics",
+        leak,
+        0.0,
+        f"NaN in the tokens after {i0} leaves the outputs at i <= {i0} finite (statistic: fraction turned "
+        "non-finite); not an assumption: 0 * NaN = NaN in a weights-times-values product leaks it",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ design choices
@@ -273,15 +328,22 @@ def learned_values(p: Probe) -> AuditCheck:
     vmap = p.a.value_map()
     name = "learned_values"
     if vmap is None:
-        return cannot_tell(name, "design", p.tol, "the target has no value map of its own (a function of "
-                           "already-mapped values)")
+        return cannot_tell(
+            name, "design", p.tol, "the target has no value map of its own (a function of already-mapped values)"
+        )
     with torch.no_grad():
         eye = torch.eye(p.a.dim, dtype=p.a.dtype)
         linear_part = vmap(eye) - vmap(torch.zeros_like(eye))
     distance = rel(linear_part, eye)
-    return AuditCheck(name, "design", bool(distance > p.tol), finite(distance), p.tol,
-                      "the value map is a learned change of coordinates, not the fixed identity (passes when "
-                      "max |W_v - I| / max |I| exceeds the tolerance)")
+    return AuditCheck(
+        name,
+        "design",
+        bool(distance > p.tol),
+        finite(distance),
+        p.tol,
+        "the value map is a learned change of coordinates, not the fixed identity (passes when "
+        "max |W_v - I| / max |I| exceeds the tolerance)",
+    )
 
 
 def deterministic(p: Probe) -> AuditCheck:
@@ -303,6 +365,7 @@ def deterministic(p: Probe) -> AuditCheck:
 def run_checks(adapter: Adapter, causal: bool, seed: int = 0) -> list[AuditCheck]:
     """Every check, in report order: the assumptions A0..A5, causality, then the checks that are not assumptions
     (``nan_isolation``, ``learned_values``, ``deterministic``); candidates attributed from all of them."""
+
     def probe(offset: int) -> Probe:
         return Probe(adapter, causal, seed + offset)
 
@@ -312,10 +375,19 @@ def run_checks(adapter: Adapter, causal: bool, seed: int = 0) -> list[AuditCheck
     a3 = linearity(probe(4))
     value_free, nonlinear_facts = value_free_relevance(probe(5), a3, head[1])
     weight_results, usable, why = weight_checks(probe(10))
-    a4 = [value_free, bilinear_scores(probe(20), usable, why), bilinear_fit(probe(21), usable, why),
-          parallel(probe(22)), head_independence(probe(23))]
-    a5 = weight_results[:2] + [shift_invariance(probe(30), a4[1:3], scalar), weight_results[2],
-                               scale_entropy(probe(32), seed, a4[1:3]), length_scale(probe(33))]
+    a4 = [
+        value_free,
+        bilinear_scores(probe(20), usable, why),
+        bilinear_fit(probe(21), usable, why),
+        parallel(probe(22)),
+        head_independence(probe(23)),
+    ]
+    a5 = weight_results[:2] + [
+        shift_invariance(probe(30), a4[1:3], scalar),
+        weight_results[2],
+        scale_entropy(probe(32), seed, a4[1:3]),
+        length_scale(probe(33)),
+    ]
     rest = [causality(probe(40)), nan_isolation(probe(41)), learned_values(probe(42)), deterministic(probe(43))]
     p = probe(0)
     facts = {"linear": linear_facts, "nonlinear": nonlinear_facts, "tol": p.tol, "fd_tol": fd_tolerance(p)}

@@ -22,17 +22,24 @@ from axiomformer.audit.report import NOT_ASSUMPTIONS
 from axiomformer.audit.report import run_audit as audit
 from axiomformer.spec import AXES, required_fields
 
-AXIS_TAG = {"aggregator": "A1", "contribution": "A2", "value": "A3", "score": "A4", "normalizer": "A5",
-            "scale": "A5", "position": "A0"}
+AXIS_TAG = {
+    "aggregator": "A1",
+    "contribution": "A2",
+    "value": "A3",
+    "score": "A4",
+    "normalizer": "A5",
+    "scale": "A5",
+    "position": "A0",
+}
 """Which assumption each axis relaxes."""
 
 EXCEPTIONS: dict[str, str] = {
     "value=identity": "the identity is a linear change of coordinates, inside A3's class; what it gives up is a "
-                      "*learned* value map, a design choice (`learned_values`, outside the assumption columns)",
+    "*learned* value map, a design choice (`learned_values`, outside the assumption columns)",
     "score=bilinear": "q^T W k is bilinear, inside A4's class: W folds into the key projection, so it is a "
-                      "reparametrization of the dot product (`bilinear_fit` reports M != c I)",
+    "reparametrization of the dot product (`bilinear_fit` reports M != c I)",
     "normalizer=gumbel_softmax": "in eval mode Gumbel-softmax is the softmax; its difference is sampling in training, "
-                                 "a design choice (`deterministic`, outside the assumption columns)",
+    "a design choice (`deterministic`, outside the assumption columns)",
 }
 """Relaxations that fail no check of their own axis, and why: they stay inside that assumption's function class."""
 
@@ -56,8 +63,9 @@ class MatrixRow:
         assumption alone produces at the audited interface)."""
         if self.tag is None:
             return None
-        return any(c.passed is False and (c.assumption == self.tag or self.tag in c.candidates)
-                   for c in self.report.checks)
+        return any(
+            c.passed is False and (c.assumption == self.tag or self.tag in c.candidates) for c in self.report.checks
+        )
 
 
 def tanh_rnn(dim: int = 16, seed: int = 0) -> FunctionAdapter:
@@ -86,15 +94,18 @@ def relaxation_matrix(dim: int = 16, num_heads: int = 2, seed: int = 0, referenc
     for axis, relax in single_axis_relaxations():
         # A choice defined only under a causal mask is audited with one (required_fields); its label stays.
         target = ",".join([relax] + [f"{k}={v}" for k, v in required_fields(*relax.split("=", 1)).items()])
-        rows.append(MatrixRow(relax, axis, AXIS_TAG[axis],
-                              audit(f"spec:{target}", dim=dim, num_heads=num_heads, seed=seed)))
+        rows.append(
+            MatrixRow(relax, axis, AXIS_TAG[axis], audit(f"spec:{target}", dim=dim, num_heads=num_heads, seed=seed))
+        )
     if references:
-        refs = [("standard, causal", "spec:causal=true", {}),
-                ("torch SDPA", "torch.nn.functional.scaled_dot_product_attention", {}),
-                ("torch SDPA, causal", "torch.nn.functional.scaled_dot_product_attention", {"causal": True}),
-                ("torch MHA", "torch.nn.MultiheadAttention", {}),
-                ("torch MHA, causal", "torch.nn.MultiheadAttention", {"causal": True}),
-                ("tanh RNN", tanh_rnn(dim, seed), {})]
+        refs = [
+            ("standard, causal", "spec:causal=true", {}),
+            ("torch SDPA", "torch.nn.functional.scaled_dot_product_attention", {}),
+            ("torch SDPA, causal", "torch.nn.functional.scaled_dot_product_attention", {"causal": True}),
+            ("torch MHA", "torch.nn.MultiheadAttention", {}),
+            ("torch MHA, causal", "torch.nn.MultiheadAttention", {"causal": True}),
+            ("tanh RNN", tanh_rnn(dim, seed), {}),
+        ]
         for label, target, kw in refs:
             rows.append(MatrixRow(label, None, None, audit(target, dim=dim, num_heads=num_heads, seed=seed, **kw)))
     return rows
@@ -117,17 +128,22 @@ def matrix_markdown(rows: list[MatrixRow]) -> str:
     checks = [c for c in every if c[1] not in NOT_ASSUMPTIONS]
     others = [c for c in every if c[1] in NOT_ASSUMPTIONS]
     mark = {True: "pass", False: "**FAIL**", None: "n/a"}
-    head = ("| target | axis tag | " + " | ".join(f"{name} ({tag})" for name, tag in checks) + " | own axis fails | "
-            "candidates | " + " | ".join(f"{name} ({tag})" for name, tag in others) + " |")
+    head = (
+        "| target | axis tag | " + " | ".join(f"{name} ({tag})" for name, tag in checks) + " | own axis fails | "
+        "candidates | " + " | ".join(f"{name} ({tag})" for name, tag in others) + " |"
+    )
     lines = [head, "|" + "---|" * (len(every) + 4)]
     for row in rows:
         own = {None: "", True: "yes", False: "no (see note)"}[row.own_axis_failed]
         cells = " | ".join(mark[row.results[name]] for name, _ in checks)
         rest = " | ".join(mark[row.results[name]] for name, _ in others)
         lines.append(f"| {row.label} | {row.tag or ''} | {cells} | {own} | {blamed(row.report)} | {rest} |")
-    notes = ["*candidates*: for each failed assumption check, the assumptions whose violation alone produces that "
-             "departure at the (q, k, v) -> out interface; `A5 or A1` means the audit cannot tell them apart from "
-             "outside (docs/audit.md says why for each pair). Columns after *candidates* test no assumption "
-             "(design choices and numerics).", ""]
+    notes = [
+        "*candidates*: for each failed assumption check, the assumptions whose violation alone produces that "
+        "departure at the (q, k, v) -> out interface; `A5 or A1` means the audit cannot tell them apart from "
+        "outside (docs/audit.md says why for each pair). Columns after *candidates* test no assumption "
+        "(design choices and numerics).",
+        "",
+    ]
     notes += [f"- `{k}`: {v}." for k, v in EXCEPTIONS.items()]
     return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"

@@ -11,14 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-from axiomformer.audit.probe import (
-    AuditCheck,
-    Probe,
-    cannot_tell,
-    random_rotation,
-    rel,
-    result,
-)
+from axiomformer.audit.probe import AuditCheck, Probe, cannot_tell, random_rotation, rel, result
 
 ENTROPY_TOL = 0.25
 HEAD_DIMS = (8, 32, 128)
@@ -34,9 +27,14 @@ def weight_checks(p: Probe) -> tuple[list[AuditCheck], bool, str]:
     vis = p.visible(q.shape[1], k.shape[1])
     nonneg = result(names[0], "A5", max(0.0, -float(w.min())), p.tol, f"every weight is >= 0 ({how})")
     sums = w.masked_fill(~vis, 0.0).sum(-1)
-    total = result(names[1], "A5", float((sums - 1).abs().max()), p.tol,
-                    f"the weights of each query over its visible keys sum to one ({how}; probed weights are scaled "
-                    "to a mean row sum of 1, since a constant factor folds into the value map)")
+    total = result(
+        names[1],
+        "A5",
+        float((sums - 1).abs().max()),
+        p.tol,
+        f"the weights of each query over its visible keys sum to one ({how}; probed weights are scaled "
+        "to a mean row sum of 1, since a constant factor folds into the value map)",
+    )
     k2 = k.clone()
     k2[:, 0] = p.randn(p.batch, p.a.dim, scale=3.0)
     w2, how2 = p.weights(q, k2)
@@ -45,27 +43,50 @@ def weight_checks(p: Probe) -> tuple[list[AuditCheck], bool, str]:
     pair_vis = vis.clone()
     pair_vis[:, 0] = False
     pairs = pair_vis.unsqueeze(-1) & pair_vis.unsqueeze(-2)
-    ratio = result(names[2], "A5", _cross_ratio(w, w2, pairs), p.tol,
-                    "changing key 0 leaves the ratio w_ij / w_il of every other pair unchanged (Luce's choice axiom; "
-                    "with shift invariance it singles out the softmax)")
+    ratio = result(
+        names[2],
+        "A5",
+        _cross_ratio(w, w2, pairs),
+        p.tol,
+        "changing key 0 leaves the ratio w_ij / w_il of every other pair unchanged (Luce's choice axiom; "
+        "with shift invariance it singles out the softmax)",
+    )
     usable = bool(total.passed and ratio.passed)
-    why = "" if usable else "weights do not sum to one or their ratios depend on other keys, so log-weights are " \
-                            "not scores up to a row constant"
+    why = (
+        ""
+        if usable
+        else "weights do not sum to one or their ratios depend on other keys, so log-weights are "
+        "not scores up to a row constant"
+    )
     return [nonneg, total, ratio], usable, why
 
 
 def shift_invariance(p: Probe, a4: list[AuditCheck], scalar: AuditCheck | None = None) -> AuditCheck:
     if scalar is not None and scalar.passed is False:
-        return cannot_tell("shift_invariance", "A5", p.tol, "the coordinates of a head do not see one scalar "
-                           "relevance per key (scalar_relevance failed), so the keys may reach the outputs other "
-                           "than through the scores, and translating them is not a shift of the scores")
+        return cannot_tell(
+            "shift_invariance",
+            "A5",
+            p.tol,
+            "the coordinates of a head do not see one scalar "
+            "relevance per key (scalar_relevance failed), so the keys may reach the outputs other "
+            "than through the scores, and translating them is not a shift of the scores",
+        )
     if any(c.passed is False for c in a4):
-        return cannot_tell("shift_invariance", "A5", p.tol, "scores are not a bilinear q.k (an A4 check failed), so "
-                   "translating the keys is not a shift of the scores")
+        return cannot_tell(
+            "shift_invariance",
+            "A5",
+            p.tol,
+            "scores are not a bilinear q.k (an A4 check failed), so translating the keys is not a shift of the scores",
+        )
     q, k, v = p.qkv()
     t = p.randn(p.batch, 1, p.a.dim)
-    return result("shift_invariance", "A5", rel(p.f(q, k + t, v), p.f(q, k, v)), p.tol,
-                   "translating every key by the same t adds q_i.t to all scores of row i; the outputs do not change")
+    return result(
+        "shift_invariance",
+        "A5",
+        rel(p.f(q, k + t, v), p.f(q, k, v)),
+        p.tol,
+        "translating every key by the same t adds q_i.t to all scores of row i; the outputs do not change",
+    )
 
 
 def _cross_ratio(a: Tensor, b: Tensor, pairs: Tensor) -> float:
@@ -94,12 +115,20 @@ def length_scale(p: Probe) -> AuditCheck:
     vis = p.visible(p.seq, p.seq)
     pairs = vis.unsqueeze(-1) & vis.unsqueeze(-2)
     stat = _cross_ratio(short, long[..., extra:, extra:], pairs)
-    seen = (f"causal: query i sees {extra} + i + 1 keys instead of i + 1" if p.is_causal else
-            f"each query sees {p.seq + extra} keys instead of {p.seq}")
-    return result(name, "A5", stat, p.tol,
-                  f"{extra} more tokens put before the {p.seq} of the probe ({seen}) leave the ratio w_ij / w_il of "
-                  "every pair of the original keys unchanged (statistic as ratio_independence): the temperature does "
-                  f"not depend on the number of visible keys ({how})")
+    seen = (
+        f"causal: query i sees {extra} + i + 1 keys instead of i + 1"
+        if p.is_causal
+        else f"each query sees {p.seq + extra} keys instead of {p.seq}"
+    )
+    return result(
+        name,
+        "A5",
+        stat,
+        p.tol,
+        f"{extra} more tokens put before the {p.seq} of the probe ({seen}) leave the ratio w_ij / w_il of "
+        "every pair of the original keys unchanged (statistic as ratio_independence): the temperature does "
+        f"not depend on the number of visible keys ({how})",
+    )
 
 
 def _entropy_deficit(p: Probe, w: Tensor) -> tuple[float, float]:
@@ -113,8 +142,14 @@ def _entropy_deficit(p: Probe, w: Tensor) -> tuple[float, float]:
     return float(h[rows].mean()), float(deficit[rows].mean())
 
 
-def entropy_inputs(heads: int, head_dims: tuple[int, ...], batch: int = 4, n: int = 8, seed: int = 0,
-                   dtype: torch.dtype = torch.float64) -> list[tuple[Tensor, Tensor]]:
+def entropy_inputs(
+    heads: int,
+    head_dims: tuple[int, ...],
+    batch: int = 4,
+    n: int = 8,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+) -> list[tuple[Tensor, Tensor]]:
     """(q, k) at each head_dim, (batch, n, heads * head_dim), with q.k = sqrt(d) z_ij for the same z at every d.
 
     Per head, the n keys are orthogonal with norm sqrt(d) (the geometry of d-dim unit-variance random keys, which
@@ -124,14 +159,14 @@ def entropy_inputs(heads: int, head_dims: tuple[int, ...], batch: int = 4, n: in
     Needs n <= min(head_dims).
     """
     g = torch.Generator().manual_seed(seed)
-    shared = torch.randn(batch, heads, n, n, generator=g, dtype=torch.float64)      # z_ij, j < n
+    shared = torch.randn(batch, heads, n, n, generator=g, dtype=torch.float64)  # z_ij, j < n
     out = []
     for d in head_dims:
         z = torch.cat([shared, torch.randn(batch, heads, n, d - n, generator=g, dtype=torch.float64)], dim=-1)
-        rot = torch.stack([random_rotation(d, g) for _ in range(heads)])                 # (heads, d, d)
-        q = z @ rot.transpose(-1, -2)                                                # rows R z_i
+        rot = torch.stack([random_rotation(d, g) for _ in range(heads)])  # (heads, d, d)
+        q = z @ rot.transpose(-1, -2)  # rows R z_i
         k = (math.sqrt(d) * rot.transpose(-1, -2)[:, :n, :]).expand(batch, heads, n, d)  # rows sqrt(d) R e_j
-        merge = lambda t: t.transpose(1, 2).reshape(batch, n, heads * d).to(dtype)
+        merge = lambda t: t.transpose(1, 2).reshape(batch, n, heads * d).to(dtype)  # noqa: B023 - used in this iteration
         out.append((merge(q), merge(k)))
     return out
 
@@ -158,7 +193,12 @@ def scale_entropy(p: Probe, seed: int, a4: list[AuditCheck] = ()) -> AuditCheck:
     table = ", ".join(f"d={hd}: H={h:.3f} deficit={d:.3g}" for hd, h, d in zip(HEAD_DIMS, hs, ds))
     if any(c.passed is False for c in a4):
         table += "; an A4 check failed and the 1/sqrt(d) argument assumes q.k scores, so the score may be the cause"
-    return result(name, "A5", stat, ENTROPY_TOL,
-                   f"Var(q.k) = d (orthogonal keys of norm sqrt(d), Gaussian queries); the entropy deficit "
-                   f"log(n_keys) - H stays put as head_dim grows (statistic: max |log(deficit(d) / "
-                   f"deficit({HEAD_DIMS[0]}))|); {table}")
+    return result(
+        name,
+        "A5",
+        stat,
+        ENTROPY_TOL,
+        f"Var(q.k) = d (orthogonal keys of norm sqrt(d), Gaussian queries); the entropy deficit "
+        f"log(n_keys) - H stays put as head_dim grows (statistic: max |log(deficit(d) / "
+        f"deficit({HEAD_DIMS[0]}))|); {table}",
+    )

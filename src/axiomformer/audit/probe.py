@@ -61,9 +61,15 @@ class AuditCheck:
 
     def to_dict(self) -> dict[str, Any]:
         """``{"name", "assumption", "passed", "statistic", "tolerance", "detail", "candidates"}``."""
-        return {"name": self.name, "assumption": self.assumption, "passed": self.passed,
-                "statistic": self.statistic, "tolerance": self.tolerance, "detail": self.detail,
-                "candidates": list(self.candidates)}
+        return {
+            "name": self.name,
+            "assumption": self.assumption,
+            "passed": self.passed,
+            "statistic": self.statistic,
+            "tolerance": self.tolerance,
+            "detail": self.detail,
+            "candidates": list(self.candidates),
+        }
 
 
 def finite(x: float) -> float:
@@ -152,8 +158,9 @@ class Probe:
             return torch.eye(dim, dtype=torch.float64)
         return torch.linalg.qr(torch.randn(dim, MAX_DIRECTIONS, generator=self.g, dtype=torch.float64))[0]
 
-    def value_jacobian(self, q: Tensor, k: Tensor, v: Tensor | None = None,
-                       rdirs: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def value_jacobian(
+        self, q: Tensor, k: Tensor, v: Tensor | None = None, rdirs: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """How the outputs move with each key's value: (base (b, L, dim), J (b, L, S, dim, m), R (dim, m)).
 
         ``v`` None: J[:, i, j, :, c] = f(v_j = r_c, other values 0) - f(0), exact for a map affine in the values.
@@ -167,6 +174,7 @@ class Probe:
         h = 1.0 if v is None else float(torch.finfo(self.a.dtype).eps) ** (1 / 3)
         base = self.f(q, k, at)
         chunk = max(1, PROBE_ELEMENTS // max(1, b * s * max(d, base.shape[-1] * q.shape[1] // s)))
+
         def moved(idx: Tensor, step: Tensor) -> Tensor:
             """Outputs (t, b, L, dim) with value idx // m moved by step (t, 1, d), one probe per row of idx."""
             n = len(idx)
@@ -177,7 +185,7 @@ class Probe:
         cols = []
         for start in range(0, s * m, chunk):
             idx = torch.arange(start, min(start + chunk, s * m))
-            step = (h * rdirs[:, idx % m].T).to(k.dtype).unsqueeze(1)                     # (t, 1, d)
+            step = (h * rdirs[:, idx % m].T).to(k.dtype).unsqueeze(1)  # (t, 1, d)
             cols.append(moved(idx, step) - base if v is None else (moved(idx, step) - moved(idx, -step)) / (2 * h))
         jac = torch.cat(cols).view(s, m, *base.shape).permute(2, 3, 0, 4, 1)
         return base, jac, rdirs
@@ -214,11 +222,15 @@ class Probe:
         per_head = max(rank1_residual(blk.flatten(0, 2)) for blk in blocks)
         if per_head > self.tol:
             if self.a.num_heads > 1 and rank1_residual(jac.flatten(0, 2).flatten(-2), self.a.num_heads) <= self.tol:
-                return None, ("weights not recoverable per head: the Jacobians span heads-many directions, as one "
-                              "scalar relevance per key and head does, but a map after the sum mixes the heads' "
-                              "outputs, so which weights belong to which head is not identifiable")
-            return None, (f"weights not recoverable: no single scalar relevance per key (every coordinate of a head "
-                          f"does not see the same weights; rank-one residual {per_head:.2g})")
+                return None, (
+                    "weights not recoverable per head: the Jacobians span heads-many directions, as one "
+                    "scalar relevance per key and head does, but a map after the sum mixes the heads' "
+                    "outputs, so which weights belong to which head is not identifiable"
+                )
+            return None, (
+                f"weights not recoverable: no single scalar relevance per key (every coordinate of a head "
+                f"does not see the same weights; rank-one residual {per_head:.2g})"
+            )
         if k.shape[0] > jac.shape[0]:
             r = torch.randn(k.shape[-1], 1, generator=self.g, dtype=torch.float64)
             blocks = self.head_blocks(self.value_jacobian(q, k, rdirs=r / r.norm())[1])
@@ -227,7 +239,7 @@ class Probe:
     def _scaled_factor(self, blocks: Tensor, q_len: int, k_len: int) -> Tensor:
         vis = self.visible(q_len, k_len)
         out = []
-        for blk in blocks:                                                       # (b, L, S, hd * m)
+        for blk in blocks:  # (b, L, S, hd * m)
             w = blk @ leading_direction(blk.flatten(0, 2))
             sums = w.masked_fill(~vis, 0.0).sum(-1)[:, vis.any(-1)]
             c = float(sums.mean())

@@ -70,20 +70,30 @@ class AuditReport:
             lines.append(f" {section}")
             for c in self.checks:
                 if (c.assumption in NOT_ASSUMPTIONS) == own:
-                    lines.append(f"  {mark[c.passed]}  {c.assumption:<8} {c.name:<20} statistic {c.statistic:<10.3g} "
-                                 f"tol {c.tolerance:<7g} {c.detail}")
-        lines += [" departures and the assumptions that produce them"] + [f"  {d}" for d in self.departures() or
-                                                                         ["none: no assumption check failed"]]
+                    lines.append(
+                        f"  {mark[c.passed]}  {c.assumption:<8} {c.name:<20} statistic {c.statistic:<10.3g} "
+                        f"tol {c.tolerance:<7g} {c.detail}"
+                    )
+        lines += [" departures and the assumptions that produce them"] + [
+            f"  {d}" for d in self.departures() or ["none: no assumption check failed"]
+        ]
         lines += [" notes"] + [f"  {n}" for n in self.notes] if self.notes else []
         return "\n".join(lines)
 
     def to_markdown(self) -> str:
         """The report as Markdown: one table row per check (with its candidates), then the departures and notes."""
         mark = {True: "pass", False: "**FAIL**", None: "n/a"}
-        out = [f"# Audit of `{self.target}`", "", "| check | tag | verdict | statistic | tolerance | candidates |",
-               "|---|---|---|---|---|---|"]
-        out += [f"| `{c.name}` | {c.assumption} | {mark[c.passed]} | {c.statistic:.3g} | {c.tolerance:g} | "
-                f"{' or '.join(c.candidates)} |" for c in self.checks]
+        out = [
+            f"# Audit of `{self.target}`",
+            "",
+            "| check | tag | verdict | statistic | tolerance | candidates |",
+            "|---|---|---|---|---|---|",
+        ]
+        out += [
+            f"| `{c.name}` | {c.assumption} | {mark[c.passed]} | {c.statistic:.3g} | {c.tolerance:g} | "
+            f"{' or '.join(c.candidates)} |"
+            for c in self.checks
+        ]
         departures = self.departures() or ["none: no assumption check failed"]
         out += ["", "## Departures", ""] + [f"- {d}" for d in departures]
         if self.notes:
@@ -91,8 +101,9 @@ class AuditReport:
         return "\n".join(out) + "\n"
 
 
-def run_audit(target: Any, *, causal: bool | None = None, dim: int | None = None, num_heads: int | None = None,
-          seed: int = 0) -> AuditReport:
+def run_audit(
+    target: Any, *, causal: bool | None = None, dim: int | None = None, num_heads: int | None = None, seed: int = 0
+) -> AuditReport:
     """Run every check on ``target``.
 
     Args:
@@ -116,7 +127,9 @@ def run_audit(target: Any, *, causal: bool | None = None, dim: int | None = None
     adapter = make_adapter(target, **options)
     mode = bool(adapter.causal or causal)
     if causal and not (adapter.causal or adapter.supports_causal):
-        raise ValueError(f"{adapter.name} cannot apply a causal mask (a callable needs a 'causal' or 'is_causal' "
-                         "keyword); declare an always-causal callable with FunctionAdapter(fn, causal=True)")
+        raise ValueError(
+            f"{adapter.name} cannot apply a causal mask (a callable needs a 'causal' or 'is_causal' "
+            "keyword); declare an always-causal callable with FunctionAdapter(fn, causal=True)"
+        )
     name = target if isinstance(target, str) else adapter.name
     return AuditReport(name, run_checks(adapter, mode, seed), tuple(adapter.notes))

@@ -13,6 +13,17 @@ from axiomformer.axes.score import build_score
 from axiomformer.axes.value import build_value
 
 __all__ = [
-    "build_aggregator", "build_contribution", "build_score", "build_value", "Normalizer", "Scale", "feature_map",
-    "normalize", "Position", "alibi_bias", "alibi_slopes", "apply_rope", "sinusoidal_table",
+    "Normalizer",
+    "Position",
+    "Scale",
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rope",
+    "build_aggregator",
+    "build_contribution",
+    "build_score",
+    "build_value",
+    "feature_map",
+    "normalize",
+    "sinusoidal_table",
 ]

@@ -62,20 +62,35 @@ class GateAggregator(nn.Module):
 
     def forward(self, s: Tensor, x: Tensor | None = None) -> Tensor:
         if x is None or x.shape != s.shape:
-            raise ValueError(f"aggregator='gate' needs the query input x shaped like the heads' output "
-                             f"{tuple(s.shape)}, got {None if x is None else tuple(x.shape)}")
+            raise ValueError(
+                f"aggregator='gate' needs the query input x shaped like the heads' output "
+                f"{tuple(s.shape)}, got {None if x is None else tuple(x.shape)}"
+            )
         return torch.sigmoid(self.gate(x)).to(s.dtype) * s
 
 
-AGGREGATORS = Registry("aggregator", [
-    Choice("identity", "rho(s) = s", "Somani, A1; Zaheer et al. 2017, Theorem 2", lambda spec: IdentityAggregator()),
-    Choice("mlp", "rho(s) = s + W_2 GELU(W_1 s)", "our choice (see the module docstring)",
-           lambda spec: MLPAggregator(spec.dim), relaxes="A1: a learned nonlinear rho after the sum over tokens"),
-    Choice("gate", "rho(s, x_i) = sigmoid(W_g x_i + b_g) * s, elementwise, before the output projection",
-           "Qiu et al. 2025, arXiv:2505.06708, 'G1' (gated attention; Qwen3-Next)",
-           lambda spec: GateAggregator(spec.dim),
-           relaxes="A1: a multiplicative gate from the query's input after the sum over tokens"),
-])
+AGGREGATORS = Registry(
+    "aggregator",
+    [
+        Choice(
+            "identity", "rho(s) = s", "Somani, A1; Zaheer et al. 2017, Theorem 2", lambda spec: IdentityAggregator()
+        ),
+        Choice(
+            "mlp",
+            "rho(s) = s + W_2 GELU(W_1 s)",
+            "our choice (see the module docstring)",
+            lambda spec: MLPAggregator(spec.dim),
+            relaxes="A1: a learned nonlinear rho after the sum over tokens",
+        ),
+        Choice(
+            "gate",
+            "rho(s, x_i) = sigmoid(W_g x_i + b_g) * s, elementwise, before the output projection",
+            "Qiu et al. 2025, arXiv:2505.06708, 'G1' (gated attention; Qwen3-Next)",
+            lambda spec: GateAggregator(spec.dim),
+            relaxes="A1: a multiplicative gate from the query's input after the sum over tokens",
+        ),
+    ],
+)
 """Every aggregator (A1)."""
 
 

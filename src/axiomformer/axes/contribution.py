@@ -44,7 +44,7 @@ class JointContribution(nn.Module):
 
     def pair_contribution(self, weights: Tensor, v: Tensor) -> Tensor:
         """phi(v_j, u_ij) for every pair: (batch, heads, q_len, k_len, head_dim)."""
-        u = weights.to(v.dtype).unsqueeze(-1)                              # (B, H, L, S, 1)
+        u = weights.to(v.dtype).unsqueeze(-1)  # (B, H, L, S, 1)
         hidden = torch.nn.functional.gelu(self.w_v(v).unsqueeze(-3) + u * self.w_u)
         return u * (v.unsqueeze(-3) + self.out(hidden))
 
@@ -52,15 +52,31 @@ class JointContribution(nn.Module):
         return self.pair_contribution(weights, v).sum(dim=-2)
 
 
-CONTRIBUTIONS = Registry("contribution", [
-    Choice("proportional", "out_i = sum_j u_ij v_j", "Somani, A2 (phi(v, u) = u v)", lambda spec: ProportionalContribution(),
-           frozenset({"proportional"})),
-    Choice("joint", "out_i = sum_j u_ij (v_j + g([v_j, u_ij]))", "our choice (see the module docstring)",
-           lambda spec: JointContribution(spec.head_dim), frozenset({"pairwise"}),
-           {"pair_width": lambda module: max(module.w_v.out_features, module.out.out_features)},
-           relaxes="A2: a token's contribution is not proportional to its weight"),
-], {"proportional": "out = weights @ v (linear in the weights: engines may fuse it)",
-    "pairwise": "builds a (q_len, k_len, hidden) tensor; extra['pair_width'](module) is hidden"})
+CONTRIBUTIONS = Registry(
+    "contribution",
+    [
+        Choice(
+            "proportional",
+            "out_i = sum_j u_ij v_j",
+            "Somani, A2 (phi(v, u) = u v)",
+            lambda spec: ProportionalContribution(),
+            frozenset({"proportional"}),
+        ),
+        Choice(
+            "joint",
+            "out_i = sum_j u_ij (v_j + g([v_j, u_ij]))",
+            "our choice (see the module docstring)",
+            lambda spec: JointContribution(spec.head_dim),
+            frozenset({"pairwise"}),
+            {"pair_width": lambda module: max(module.w_v.out_features, module.out.out_features)},
+            relaxes="A2: a token's contribution is not proportional to its weight",
+        ),
+    ],
+    {
+        "proportional": "out = weights @ v (linear in the weights: engines may fuse it)",
+        "pairwise": "builds a (q_len, k_len, hidden) tensor; extra['pair_width'](module) is hidden",
+    },
+)
 """Every contribution (A2)."""
 
 

@@ -85,16 +85,16 @@ NORMALIZER_TRAITS = {
     "random": "draws random numbers in training",
     "sorting": "its implementation sorts each row (several row-sized temporaries)",
     "configured": "reads spec fields: extra['options'](spec) gives the keyword arguments of impl, extra['defaults'] "
-                  "their values at which every other trait holds; elsewhere only engines that call impl with "
-                  "them (reference, chunked) may run it",
+    "their values at which every other trait holds; elsewhere only engines that call impl with "
+    "them (reference, chunked) may run it",
     "parametric": "has learned parameters: extra['parameters'](spec) creates them, extra['params'](module) gives the "
-                  "keyword arguments of impl",
+    "keyword arguments of impl",
     "halves": "scores the two halves of each head's query and key apart: impl receives them stacked, (2, batch, "
-              "heads, q_len, k_len), and the score width d_k is head_dim / 2",
+    "heads, q_len, k_len), and the score width d_k is head_dim / 2",
     "causal": "defined only under a causal mask: the spec refuses causal=False",
     "ordered": "the weights depend on the order of the keys: A0 is relaxed too (the audit's set_symmetry fails)",
     "closed_vjp": "extra['vjp'](z, u, g, delta, **options) -> dL/dz in closed form, from the logits z (blocked keys "
-                  "-inf), u = impl(z), g = dL/du and delta = sum_j u_j g_j (the rowwise engine's backward)",
+    "-inf), u = impl(z), g = dL/du and delta = sum_j u_j g_j (the rowwise engine's backward)",
 }
 
 
@@ -116,7 +116,7 @@ def _gumbel_options(spec: AttentionSpec) -> dict:
 
 
 def _sparsemax(s: Tensor, training: bool, **params: Tensor) -> Tensor:
-    if torch.compiler.is_compiling():              # the package's autograd.Function breaks the graph
+    if torch.compiler.is_compiling():  # the package's autograd.Function breaks the graph
         return traceable.sparsemax(s)
     return sparsemax(s, dim=-1)
 
@@ -145,7 +145,7 @@ def _log1p_ratio(t: Tensor) -> Tensor:
     small = t.abs() < _LOG1P_SERIES
     ts = torch.where(small, t, 0.0)
     series = torch.zeros_like(ts)
-    for k in range(15, -1, -1):                                    # Horner: sum_k (-t)^k / (k + 1)
+    for k in range(15, -1, -1):  # Horner: sum_k (-t)^k / (k + 1)
         series = series * -ts + 1.0 / (k + 1)
     tb = torch.where(small, 1.0, t)
     return torch.where(small, series, torch.log1p(tb) / tb)
@@ -156,7 +156,7 @@ def _entmax_terms(x: Tensor, m: Tensor, beta: Tensor, differentiable: bool = Tru
     weights for the threshold m (beta = alpha - 1 >= 0; beta = 0 is exp(y), the softmax). Without
     ``differentiable`` the value alone (log1p(beta y) / beta is accurate, only its beta-derivative is not)."""
     finite = x > float("-inf")
-    y = torch.where(finite, x, m) - m                  # blocked keys: y = 0 here, so no 0 * inf reaches a gradient
+    y = torch.where(finite, x, m) - m  # blocked keys: y = 0 here, so no 0 * inf reaches a gradient
     t = beta * y
     inside = finite & (t > -1.0)
     ys, ts = torch.where(inside, y, 0.0), torch.where(inside, t, 0.0)
@@ -205,7 +205,7 @@ def entmax_alpha(x: Tensor, alpha: Tensor | float, alpha_minus_one: Tensor | Non
         m = (lo + hi) / 2
         for _ in range(2):
             m = torch.minimum(torch.maximum(m + _newton(xd, m, bd, False), lo), hi)
-    m = m + _newton(x, m, beta)                                   # carries dm/dx and dm/dbeta
+    m = m + _newton(x, m, beta)  # carries dm/dx and dm/dbeta
     p = _entmax_terms(x, m, beta)
     return p / p.sum(-1, keepdim=True)
 
@@ -220,8 +220,9 @@ def _newton(x: Tensor, m: Tensor, beta: Tensor, differentiable: bool = True) -> 
     return (p.sum(-1, keepdim=True) - 1.0) / g
 
 
-def _entmax_alpha(s: Tensor, training: bool, alpha: Tensor | float = 1.5, alpha_minus_one: Tensor | None = None,
-                  **params: Tensor) -> Tensor:
+def _entmax_alpha(
+    s: Tensor, training: bool, alpha: Tensor | float = 1.5, alpha_minus_one: Tensor | None = None, **params: Tensor
+) -> Tensor:
     # alpha (1, heads, 1, 1) or a float, >= 1; alpha_minus_one, when given, is alpha - 1 without the rounding of 1 +.
     return entmax_alpha(s, alpha, alpha_minus_one)
 
@@ -296,7 +297,7 @@ def _topk_options(spec: AttentionSpec) -> dict:
 # the function may overwrite) and delta = sum_j u_j g_j (= rowsum(dO * O) when out = u V), without autograd (the
 # rowwise engine's backward).
 def _softmax_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
-    return g.sub_(delta).mul_(u)                 # softmax, and topk: the softmax over the kept keys (u = 0 elsewhere)
+    return g.sub_(delta).mul_(u)  # softmax, and topk: the softmax over the kept keys (u = 0 elsewhere)
 
 
 def _softpick_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
@@ -330,61 +331,143 @@ def _linear(kernel: Tensor) -> Tensor:
     return kernel / (kernel.sum(dim=-1, keepdim=True) + LINEAR_EPS)
 
 
-NORMALIZERS = Registry("normalizer", [
-    Choice("softmax", "u = exp(s) / sum_j exp(s_j)", "Vaswani et al. 2017, eq. 1 (A5 holds with scale inv_sqrt_d)",
-           _softmax, frozenset({"row", "softmax", "softmax_in_eval", "closed_vjp"}), {"vjp": _softmax_vjp}),
-    Choice("sigmoid", "u = sigmoid(s - log n_i)", "Ramapuram et al. 2024, sigmoid attention with b = -log n",
-           _sigmoid, frozenset({"elementwise"}), relaxes="A5: each weight from its own score; rows need not sum to 1"),
-    Choice("relu", "u = relu(s) / n_i", "Wortsman et al. 2023, ReLU attention", _relu, frozenset({"elementwise"}),
-           relaxes="A5: each weight from its own score; not shift invariant, rows need not sum to 1"),
-    Choice("sparsemax", "u = argmin_{p in simplex} |p - s|^2 = relu(s - tau)", "Martins & Astudillo 2016, eq. 2",
-           _sparsemax, frozenset({"row", "sorting"}), relaxes="A5: a Euclidean projection onto the simplex; "
-           "exact zeros, weights depend on score differences linearly"),
-    Choice("entmax15", "u = relu(s / 2 - tau)^2 (1.5-entmax)", "Peters et al. 2019, eq. 10 (alpha = 1.5)",
-           _entmax15, frozenset({"row", "sorting"}), relaxes="A5: the Tsallis-1.5 regularised argmax; exact zeros"),
-    Choice("gumbel_softmax", "u = softmax((s + g) / tau), g ~ Gumbel(0, 1), in training (one-hot argmax_j (s + g) "
-           "forward, soft backward when hard); softmax(s / tau), or one-hot argmax_j s when hard, in eval",
-           "Jang et al. 2017, eq. 1 and sec. 2.2 (straight-through)", _gumbel_softmax,
-           frozenset({"row", "softmax_in_eval", "random", "configured"}),
-           {"options": _gumbel_options, "defaults": {"tau": 1.0, "hard": False},
-            "fields": {"tau": "gumbel_tau", "hard": "gumbel_hard"}},
-           relaxes="design (A5 holds in eval): the weights are sampled in training"),
-    Choice("linear", "u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)", "Katharopoulos et al. 2020, eq. 6-7",
-           _linear, frozenset({"kernel"}), relaxes="A5 (and A4): exp(s) replaced by a kernel phi(q).phi(k)"),
-    Choice("entmax_alpha", "u = alpha-entmax(s) = relu((alpha - 1) s - tau)^(1 / (alpha - 1)), alpha_h > 1 learned "
-           "per head (initialised to 1.5); the softmax at alpha = 1", "Peters et al. 2019, eq. 8; Correia et al. "
-           "2019 (adaptively sparse transformers, learned alpha); our log1p form of the bisection (accurate for "
-           "every alpha >= 1, see entmax_alpha)", _entmax_alpha,
-           frozenset({"row", "parametric"}),
-           {"parameters": _alpha_parameters, "params": _alpha_params},
-           relaxes="A5: alpha-entmax with a learned alpha per head; exact zeros"),
-    Choice("softmax1", "u = exp(s) / (1 + sum_j exp(s_j)): softmax with a zero-logit, zero-value sink",
-           "Miller 2023, 'Attention Is Off By One' (softmax_1); the sink of Xiao et al. 2024, sec. 3.3",
-           _softmax1, frozenset({"row", "sink"}), relaxes="A5: rows may sum below 1 (a zero-logit sink)"),
-    Choice("diff", "u = softmax(q1.k1 / sqrt(d/2)) - lambda_h softmax(q2.k2 / sqrt(d/2)), q = [q1, q2], k = [k1, k2] "
-           "split in halves per head, lambda_h learned per head (from 0.2)",
-           "Ye et al. 2024, arXiv:2410.05258, eq. 1 (differential attention; its per-head normalization after the "
-           "sum is an A1 change, not part of this choice)", _diff, frozenset({"row", "parametric", "halves"}),
-           {"parameters": _diff_parameters, "params": lambda module: {"lam": module.diff_lambda.view(1, -1, 1, 1)}},
-           relaxes="A5: signed weights, the difference of two softmaxes; rows sum to 1 - lambda_h"),
-    Choice("stick_breaking", "u_ij = beta_ij prod_{visible l, j < l <= i} (1 - beta_il), beta_ij = sigmoid(s_ij)",
-           "Tan et al. 2024, arXiv:2410.17980, eq. 3 (stick-breaking attention)", _stick_breaking,
-           frozenset({"row", "causal", "ordered", "closed_vjp"}), {"vjp": _stick_breaking_vjp}, relaxes="A5 and order together: the nearest keys take their share first; "
-           "rows sum to at most 1, not shift invariant (causal only)"),
-    Choice("softmax_sink", "u = exp(s) / (exp(b_h) + sum_j exp(s_j)), a learned sink logit b_h per head (from 0)",
-           "gpt-oss (OpenAI 2025, attention sinks); softmax1 is b_h = 0 (Miller 2023)", _softmax_sink,
-           frozenset({"row", "parametric"}),
-           {"parameters": _sink_parameters, "params": lambda module: {"sink": module.sink_logit.view(1, -1, 1, 1)}},
-           relaxes="A5: rows sum below 1 by a learned amount (a sink logit per head)"),
-    Choice("softpick", "u = relu(exp(s) - 1) / (sum_j |exp(s_j) - 1| + 1e-6)",
-           "Zuhri et al. 2025, arXiv:2504.20966, eq. 2 (softpick)", _softpick, frozenset({"row", "closed_vjp"}),
-           {"vjp": _softpick_vjp}, relaxes="A5: not shift invariant; exact zeros where s <= 0; rows may sum below 1"),
-    Choice("topk", "u = softmax over each row's topk largest visible scores, 0 elsewhere (spec field topk)",
-           "Zhao et al. 2019, arXiv:1912.11637, eq. 4-5 (explicit sparse transformer)", _topk,
-           frozenset({"row", "configured", "closed_vjp"}),
-           {"options": _topk_options, "defaults": {"k": TOPK_DEFAULT}, "fields": {"k": "topk"}, "vjp": _softmax_vjp},
-           relaxes="A5: only the k largest scores of a row get weight (ratios depend on the other scores' ranks)"),
-], NORMALIZER_TRAITS)
+NORMALIZERS = Registry(
+    "normalizer",
+    [
+        Choice(
+            "softmax",
+            "u = exp(s) / sum_j exp(s_j)",
+            "Vaswani et al. 2017, eq. 1 (A5 holds with scale inv_sqrt_d)",
+            _softmax,
+            frozenset({"row", "softmax", "softmax_in_eval", "closed_vjp"}),
+            {"vjp": _softmax_vjp},
+        ),
+        Choice(
+            "sigmoid",
+            "u = sigmoid(s - log n_i)",
+            "Ramapuram et al. 2024, sigmoid attention with b = -log n",
+            _sigmoid,
+            frozenset({"elementwise"}),
+            relaxes="A5: each weight from its own score; rows need not sum to 1",
+        ),
+        Choice(
+            "relu",
+            "u = relu(s) / n_i",
+            "Wortsman et al. 2023, ReLU attention",
+            _relu,
+            frozenset({"elementwise"}),
+            relaxes="A5: each weight from its own score; not shift invariant, rows need not sum to 1",
+        ),
+        Choice(
+            "sparsemax",
+            "u = argmin_{p in simplex} |p - s|^2 = relu(s - tau)",
+            "Martins & Astudillo 2016, eq. 2",
+            _sparsemax,
+            frozenset({"row", "sorting"}),
+            relaxes="A5: a Euclidean projection onto the simplex; "
+            "exact zeros, weights depend on score differences linearly",
+        ),
+        Choice(
+            "entmax15",
+            "u = relu(s / 2 - tau)^2 (1.5-entmax)",
+            "Peters et al. 2019, eq. 10 (alpha = 1.5)",
+            _entmax15,
+            frozenset({"row", "sorting"}),
+            relaxes="A5: the Tsallis-1.5 regularised argmax; exact zeros",
+        ),
+        Choice(
+            "gumbel_softmax",
+            "u = softmax((s + g) / tau), g ~ Gumbel(0, 1), in training (one-hot argmax_j (s + g) "
+            "forward, soft backward when hard); softmax(s / tau), or one-hot argmax_j s when hard, in eval",
+            "Jang et al. 2017, eq. 1 and sec. 2.2 (straight-through)",
+            _gumbel_softmax,
+            frozenset({"row", "softmax_in_eval", "random", "configured"}),
+            {
+                "options": _gumbel_options,
+                "defaults": {"tau": 1.0, "hard": False},
+                "fields": {"tau": "gumbel_tau", "hard": "gumbel_hard"},
+            },
+            relaxes="design (A5 holds in eval): the weights are sampled in training",
+        ),
+        Choice(
+            "linear",
+            "u = K_ij / sum_j K_ij, K_ij = phi(q_i).phi(k_j)",
+            "Katharopoulos et al. 2020, eq. 6-7",
+            _linear,
+            frozenset({"kernel"}),
+            relaxes="A5 (and A4): exp(s) replaced by a kernel phi(q).phi(k)",
+        ),
+        Choice(
+            "entmax_alpha",
+            "u = alpha-entmax(s) = relu((alpha - 1) s - tau)^(1 / (alpha - 1)), alpha_h > 1 learned "
+            "per head (initialised to 1.5); the softmax at alpha = 1",
+            "Peters et al. 2019, eq. 8; Correia et al. "
+            "2019 (adaptively sparse transformers, learned alpha); our log1p form of the bisection (accurate for "
+            "every alpha >= 1, see entmax_alpha)",
+            _entmax_alpha,
+            frozenset({"row", "parametric"}),
+            {"parameters": _alpha_parameters, "params": _alpha_params},
+            relaxes="A5: alpha-entmax with a learned alpha per head; exact zeros",
+        ),
+        Choice(
+            "softmax1",
+            "u = exp(s) / (1 + sum_j exp(s_j)): softmax with a zero-logit, zero-value sink",
+            "Miller 2023, 'Attention Is Off By One' (softmax_1); the sink of Xiao et al. 2024, sec. 3.3",
+            _softmax1,
+            frozenset({"row", "sink"}),
+            relaxes="A5: rows may sum below 1 (a zero-logit sink)",
+        ),
+        Choice(
+            "diff",
+            "u = softmax(q1.k1 / sqrt(d/2)) - lambda_h softmax(q2.k2 / sqrt(d/2)), q = [q1, q2], k = [k1, k2] "
+            "split in halves per head, lambda_h learned per head (from 0.2)",
+            "Ye et al. 2024, arXiv:2410.05258, eq. 1 (differential attention; its per-head normalization after the "
+            "sum is an A1 change, not part of this choice)",
+            _diff,
+            frozenset({"row", "parametric", "halves"}),
+            {"parameters": _diff_parameters, "params": lambda module: {"lam": module.diff_lambda.view(1, -1, 1, 1)}},
+            relaxes="A5: signed weights, the difference of two softmaxes; rows sum to 1 - lambda_h",
+        ),
+        Choice(
+            "stick_breaking",
+            "u_ij = beta_ij prod_{visible l, j < l <= i} (1 - beta_il), beta_ij = sigmoid(s_ij)",
+            "Tan et al. 2024, arXiv:2410.17980, eq. 3 (stick-breaking attention)",
+            _stick_breaking,
+            frozenset({"row", "causal", "ordered", "closed_vjp"}),
+            {"vjp": _stick_breaking_vjp},
+            relaxes="A5 and order together: the nearest keys take their share first; "
+            "rows sum to at most 1, not shift invariant (causal only)",
+        ),
+        Choice(
+            "softmax_sink",
+            "u = exp(s) / (exp(b_h) + sum_j exp(s_j)), a learned sink logit b_h per head (from 0)",
+            "gpt-oss (OpenAI 2025, attention sinks); softmax1 is b_h = 0 (Miller 2023)",
+            _softmax_sink,
+            frozenset({"row", "parametric"}),
+            {"parameters": _sink_parameters, "params": lambda module: {"sink": module.sink_logit.view(1, -1, 1, 1)}},
+            relaxes="A5: rows sum below 1 by a learned amount (a sink logit per head)",
+        ),
+        Choice(
+            "softpick",
+            "u = relu(exp(s) - 1) / (sum_j |exp(s_j) - 1| + 1e-6)",
+            "Zuhri et al. 2025, arXiv:2504.20966, eq. 2 (softpick)",
+            _softpick,
+            frozenset({"row", "closed_vjp"}),
+            {"vjp": _softpick_vjp},
+            relaxes="A5: not shift invariant; exact zeros where s <= 0; rows may sum below 1",
+        ),
+        Choice(
+            "topk",
+            "u = softmax over each row's topk largest visible scores, 0 elsewhere (spec field topk)",
+            "Zhao et al. 2019, arXiv:1912.11637, eq. 4-5 (explicit sparse transformer)",
+            _topk,
+            frozenset({"row", "configured", "closed_vjp"}),
+            {"options": _topk_options, "defaults": {"k": TOPK_DEFAULT}, "fields": {"k": "topk"}, "vjp": _softmax_vjp},
+            relaxes="A5: only the k largest scores of a row get weight (ratios depend on the other scores' ranks)",
+        ),
+    ],
+    NORMALIZER_TRAITS,
+)
 """Every normalizer (A5): see the module docstring and :data:`NORMALIZER_TRAITS`."""
 
 
@@ -400,8 +483,8 @@ class _EluPlusOne(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
-        phi, = ctx.saved_tensors
-        return grad * torch.clamp(phi, max=1.0)        # differentiable again through phi (double backward)
+        (phi,) = ctx.saved_tensors
+        return grad * torch.clamp(phi, max=1.0)  # differentiable again through phi (double backward)
 
 
 def _elu_plus_one(x: Tensor) -> Tensor:
@@ -416,19 +499,35 @@ def _taylor(x: Tensor) -> Tensor:
     return torch.cat([torch.ones_like(y[..., :1]), y, outer], dim=-1)
 
 
-FEATURE_MAPS = Registry("feature_map", [
-    Choice("elu", "phi(x) = elu(x) + 1", "Katharopoulos et al. 2020, eq. 7", _elu_plus_one),
-    Choice("relu", "phi(x) = relu(x)", "Choromanski et al. 2021 (ReLU kernel of the Performer paper)", F.relu,
-           relaxes="the linear normalizer's kernel: relu features"),
-    Choice("identity", "phi(x) = x (not positive: rows may sum to about 0)", "our choice: the plain bilinear kernel",
-           lambda x: x, relaxes="the linear normalizer's kernel: the plain bilinear form (weights may be negative)"),
-    Choice("taylor", "phi(x) = [1, y, vec(y y^T) / sqrt 2], y = x / d^(1/4): phi(q).phi(k) = 1 + t + t^2 / 2 with "
-           "t = q.k / sqrt(d), the second-order Taylor expansion of exp(t); width 1 + d + d^2",
-           "Arora et al. 2024 (Based), sec. 3.1; Zhang et al. 2024 (Hedgehog), sec. 3", _taylor,
-           relaxes="the linear normalizer's kernel: the second-order Taylor expansion of exp"),
-])
+FEATURE_MAPS = Registry(
+    "feature_map",
+    [
+        Choice("elu", "phi(x) = elu(x) + 1", "Katharopoulos et al. 2020, eq. 7", _elu_plus_one),
+        Choice(
+            "relu",
+            "phi(x) = relu(x)",
+            "Choromanski et al. 2021 (ReLU kernel of the Performer paper)",
+            F.relu,
+            relaxes="the linear normalizer's kernel: relu features",
+        ),
+        Choice(
+            "identity",
+            "phi(x) = x (not positive: rows may sum to about 0)",
+            "our choice: the plain bilinear kernel",
+            lambda x: x,
+            relaxes="the linear normalizer's kernel: the plain bilinear form (weights may be negative)",
+        ),
+        Choice(
+            "taylor",
+            "phi(x) = [1, y, vec(y y^T) / sqrt 2], y = x / d^(1/4): phi(q).phi(k) = 1 + t + t^2 / 2 with "
+            "t = q.k / sqrt(d), the second-order Taylor expansion of exp(t); width 1 + d + d^2",
+            "Arora et al. 2024 (Based), sec. 3.1; Zhang et al. 2024 (Hedgehog), sec. 3",
+            _taylor,
+            relaxes="the linear normalizer's kernel: the second-order Taylor expansion of exp",
+        ),
+    ],
+)
 """Kernel feature maps of the ``linear`` normalizer."""
-
 
 
 def spec_options(spec: AttentionSpec) -> dict:
@@ -463,7 +562,12 @@ def feature_map(x: Tensor, kind: str = "elu") -> Tensor:
 
 
 def normalize(
-    scores: Tensor, mask: Tensor | None, kind: str | Choice, *, training: bool = False, n_visible: Tensor | None = None,
+    scores: Tensor,
+    mask: Tensor | None,
+    kind: str | Choice,
+    *,
+    training: bool = False,
+    n_visible: Tensor | None = None,
     params: dict[str, Tensor] | None = None,
 ) -> Tensor:
     """Attention weights from scores.
@@ -503,16 +607,19 @@ def normalize(
         return choice.impl(s if mask is None else s.masked_fill(~mask, 0.0))
     if choice.has("elementwise"):
         if n_visible is None:
-            n_visible = (torch.full_like(s[..., :1], float(s.shape[-1])) if mask is None
-                         else visible.sum(dim=-1, keepdim=True).to(s.dtype))
-        weights = choice.impl(s, n_visible.to(s.dtype))          # n_i counted in float32 by some engines
+            n_visible = (
+                torch.full_like(s[..., :1], float(s.shape[-1]))
+                if mask is None
+                else visible.sum(dim=-1, keepdim=True).to(s.dtype)
+            )
+        weights = choice.impl(s, n_visible.to(s.dtype))  # n_i counted in float32 by some engines
     else:
         if mask is not None:
             s = s.masked_fill(~visible, float("-inf"))
         # A sort-based threshold fails on NaN; such rows are computed on zeros and reported as NaN.
         nan_rows = torch.isnan(s).any(dim=-1, keepdim=True)
         weights = choice.impl(s.masked_fill(nan_rows, 0.0), training, **(params or {}))
-        if choice.has("halves"):                       # two stacked score matrices made one weight matrix
+        if choice.has("halves"):  # two stacked score matrices made one weight matrix
             nan_rows = nan_rows.any(dim=0)
             mask = None if mask is None else mask[0]
         weights = weights.masked_fill(nan_rows, float("nan"))

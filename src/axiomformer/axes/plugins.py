@@ -34,11 +34,15 @@ def _load(entry: metadata.EntryPoint, package: str, axis: str, name: str) -> Cho
     loaded: Any = entry.load()
     choice = loaded if isinstance(loaded, Choice) else (loaded() if callable(loaded) else loaded)
     if not isinstance(choice, Choice):
-        raise ValueError(f"entry point {entry.name!r} of {package} ({entry.value}) gives "
-                         f"{type(choice).__name__}, not an axiomformer.axes.registry.Choice")
+        raise ValueError(
+            f"entry point {entry.name!r} of {package} ({entry.value}) gives "
+            f"{type(choice).__name__}, not an axiomformer.axes.registry.Choice"
+        )
     if choice.name != name:
-        raise ValueError(f"entry point {entry.name!r} of {package} names the {axis} choice {name!r}, but its Choice "
-                         f"is named {choice.name!r}")
+        raise ValueError(
+            f"entry point {entry.name!r} of {package} names the {axis} choice {name!r}, but its Choice "
+            f"is named {choice.name!r}"
+        )
     return choice
 
 
@@ -59,11 +63,14 @@ def load_choices(registries: dict[str, Registry], entries: list[metadata.EntryPo
         package = _package(entry)
         axis, _, name = entry.name.partition(".")
         if axis not in registries or not name:
-            raise ValueError(f"entry point {entry.name!r} of {package} in {GROUP}: expected '<axis>.<choice>' with "
-                             f"an axis of: {', '.join(registries)}")
+            raise ValueError(
+                f"entry point {entry.name!r} of {package} in {GROUP}: expected '<axis>.<choice>' with "
+                f"an axis of: {', '.join(registries)}"
+            )
         if name in registries[axis]:
-            raise ValueError(f"{axis} choice {name!r} is registered twice: by {registries[axis].origin(name)} and by "
-                             f"{package}")
+            raise ValueError(
+                f"{axis} choice {name!r} is registered twice: by {registries[axis].origin(name)} and by {package}"
+            )
         registries[axis].register(_load(entry, package, axis, name), origin=package)
         added.append(entry.name)
     return added

@@ -39,10 +39,9 @@ Choices:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -69,12 +68,13 @@ def sinusoidal_table(positions: Tensor, dim: int, dtype: torch.dtype = torch.flo
     return table
 
 
-def rope_cos_sin(positions: Tensor, head_dim: int, base: float = ROPE_BASE,
-                 dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+def rope_cos_sin(
+    positions: Tensor, head_dim: int, base: float = ROPE_BASE, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor]:
     """cos and sin of the RoPE angles p * base^(-2i/head_dim), each (len(positions), head_dim / 2), in ``dtype``
     (float32 or float64)."""
     inv_freq = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=dtype) / head_dim)
-    angle = positions.to(dtype).unsqueeze(-1) * inv_freq                # (L, head_dim / 2)
+    angle = positions.to(dtype).unsqueeze(-1) * inv_freq  # (L, head_dim / 2)
     return angle.cos(), angle.sin()
 
 
@@ -99,7 +99,7 @@ class _Rope(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         cos, sin = ctx.saved_tensors
-        return _Rope.apply(grad, cos, -sin), None, None          # differentiable again (double backward)
+        return _Rope.apply(grad, cos, -sin), None, None  # differentiable again (double backward)
 
 
 def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
@@ -114,7 +114,7 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
         raise ValueError(f"RoPE needs an even head_dim, got {x.shape[-1]}")
     work = upcast(x)
     cos, sin = rope_cos_sin(positions, x.shape[-1], base, work.dtype)
-    if positions.dim() == 2:                                       # (batch, seq, hd/2) -> (batch, 1, seq, hd/2)
+    if positions.dim() == 2:  # (batch, seq, hd/2) -> (batch, 1, seq, hd/2)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     cos, sin = cos.to(work.dtype), sin.to(work.dtype)
     if torch.compiler.is_compiling():
@@ -147,7 +147,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
 def alibi_bias(slopes: Tensor, q_positions: Tensor, k_positions: Tensor, causal: bool) -> Tensor:
     """ALiBi score bias (1 or batch, heads, q_len, k_len): -m_h (p_i - p_j), or -m_h |p_i - p_j| when not causal.
     Positions are (q_len,) and (k_len,), or per row (batch, q_len) and (batch, k_len)."""
-    slopes = upcast(slopes)                    # float64 slopes (a module in float64) keep their precision
+    slopes = upcast(slopes)  # float64 slopes (a module in float64) keep their precision
     distance = q_positions.to(slopes.dtype).unsqueeze(-1) - k_positions.to(slopes.dtype).unsqueeze(-2)
     distance = distance if causal else distance.abs()
     return -slopes.view(1, -1, 1, 1) * distance.unsqueeze(-3)
@@ -177,9 +177,9 @@ class Position(nn.Module):
             key_padding_mask: (batch, k_len) bool over every key (cached ones first), True = real token, or None.
             past: (batch, heads, past_len) the running sums a KV cache kept, or None.
         """
-        log_f = F.logsigmoid(self.forget_gate(x).float()).transpose(1, 2)         # (batch, heads, new_k_len)
+        log_f = F.logsigmoid(self.forget_gate(x).float()).transpose(1, 2)  # (batch, heads, new_k_len)
         if key_padding_mask is not None:
-            real = key_padding_mask[:, key_padding_mask.shape[-1] - x.shape[1]:].unsqueeze(1)
+            real = key_padding_mask[:, key_padding_mask.shape[-1] - x.shape[1] :].unsqueeze(1)
             log_f = torch.where(real, log_f, torch.zeros_like(log_f))
         sums = log_f.cumsum(-1)
         if past is not None and past.shape[-1]:
@@ -215,7 +215,7 @@ class Position(nn.Module):
         """RoPE on q or k (batch, heads, seq, head_dim), positions (seq,) or (batch, seq); identity otherwise."""
         return apply_rope(x, positions) if self.kind == "rope" else x
 
-    def score_bias(self, positions: "TokenPositions", k_positions: Tensor, causal: bool) -> Tensor | None:
+    def score_bias(self, positions: TokenPositions, k_positions: Tensor, causal: bool) -> Tensor | None:
         """The ALiBi bias (batch|1, heads, q_len, k_len) for positions other than the indices, else None (the
         engines then apply ALiBi from the index positions themselves, with their fast paths).
 
@@ -251,15 +251,25 @@ class TokenPositions:
 
 def _as_positions(ids: Tensor, length: int, name: str) -> Tensor:
     if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dim() not in (1, 2) or ids.shape[-1] != length:
-        raise ValueError(f"{name} must be integer positions shaped (seq,) or (batch, seq) with seq={length}; got "
-                         f"dtype {ids.dtype}, shape {tuple(ids.shape)}")
+        raise ValueError(
+            f"{name} must be integer positions shaped (seq,) or (batch, seq) with seq={length}; got "
+            f"dtype {ids.dtype}, shape {tuple(ids.shape)}"
+        )
     return ids.long()
 
 
-def token_positions(q_len: int, new_k_len: int, past: int, device: torch.device, *,
-                    position_ids: Tensor | None = None, key_position_ids: Tensor | None = None,
-                    key_padding_mask: Tensor | None = None, cached: Tensor | None = None,
-                    self_attention: bool = True) -> TokenPositions:
+def token_positions(
+    q_len: int,
+    new_k_len: int,
+    past: int,
+    device: torch.device,
+    *,
+    position_ids: Tensor | None = None,
+    key_position_ids: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
+    cached: Tensor | None = None,
+    self_attention: bool = True,
+) -> TokenPositions:
     """Resolve the positions of one call (rules 1-4 of the module docstring).
 
     Args:
@@ -275,8 +285,11 @@ def token_positions(q_len: int, new_k_len: int, past: int, device: torch.device,
     """
     k_len = past + new_k_len
     if position_ids is not None or key_position_ids is not None:
-        q = (_as_positions(position_ids, q_len, "position_ids") if position_ids is not None
-             else torch.arange(k_len - q_len, k_len, device=device))
+        q = (
+            _as_positions(position_ids, q_len, "position_ids")
+            if position_ids is not None
+            else torch.arange(k_len - q_len, k_len, device=device)
+        )
         if key_position_ids is not None:
             k = _as_positions(key_position_ids, new_k_len, "key_position_ids")
         elif self_attention and position_ids is not None and new_k_len == q_len:
@@ -284,37 +297,76 @@ def token_positions(q_len: int, new_k_len: int, past: int, device: torch.device,
         else:
             k = torch.arange(past, k_len, device=device)
         return TokenPositions(q, k, default=False)
-    usable_mask = (key_padding_mask is not None and key_padding_mask.dtype == torch.bool
-                   and key_padding_mask.dim() == 2 and key_padding_mask.shape[-1] == k_len)   # else the mask check raises
+    usable_mask = (
+        key_padding_mask is not None
+        and key_padding_mask.dtype == torch.bool
+        and key_padding_mask.dim() == 2
+        and key_padding_mask.shape[-1] == k_len
+    )  # else the mask check raises
     if usable_mask and self_attention and new_k_len == q_len:
         full = positions_from_padding(key_padding_mask)
         # Whether the mask pads on the left is read back to the host; while torch.compile traces, the positions from
         # the mask are used either way (the same values when nothing pads on the left).
-        if (cached is not None or torch.compiler.is_compiling()
-                or not torch.equal(full, torch.arange(k_len, device=device).expand_as(full))):
-            return TokenPositions(full[:, k_len - q_len:], full[:, past:], default=False)
+        if (
+            cached is not None
+            or torch.compiler.is_compiling()
+            or not torch.equal(full, torch.arange(k_len, device=device).expand_as(full))
+        ):
+            return TokenPositions(full[:, k_len - q_len :], full[:, past:], default=False)
     if cached is not None and self_attention and new_k_len == q_len:
         new = cached[:, -1:] + 1 + torch.arange(new_k_len, device=device)
         return TokenPositions(new, new, default=False)
-    return TokenPositions(torch.arange(k_len - q_len, k_len, device=device), torch.arange(past, k_len, device=device),
-                          default=True)
+    return TokenPositions(
+        torch.arange(k_len - q_len, k_len, device=device), torch.arange(past, k_len, device=device), default=True
+    )
 
 
-POSITIONS = Registry("position", [
-    Choice("none", "no position information", "Somani, A0 (permutation invariance)"),
-    Choice("sinusoidal", "PE(p, 2i) = sin(p / 10000^(2i/dim)), PE(p, 2i+1) = cos(...)", "Vaswani et al. 2017, sec. 3.5",
-           traits=frozenset({"input"}), relaxes="A0 (order re-enters): fixed encodings added to the q, k inputs"),
-    Choice("learned", "a learned (max_len, dim) table added to the inputs", "Gehring et al. 2017; Devlin et al. 2019",
-           traits=frozenset({"input"}), relaxes="A0 (order re-enters): learned encodings added to the q, k inputs"),
-    Choice("rope", "q, k rotated by angles p * 10000^(-2i/head_dim)", "Su et al. 2021, eq. 34",
-           traits=frozenset({"rotary"}), relaxes="A0 (order re-enters): q, k rotated by their positions"),
-    Choice("alibi", "score bias -m_h (p_i - p_j)", "Press et al. 2022, sec. 3", traits=frozenset({"bias"}),
-           relaxes="A0 (order re-enters): a fixed linear recency bias per head"),
-    Choice("forget", "score bias sum_{l=j+1..i} log f_l, f_l = sigmoid(w_h . x_l + b_h) per head",
-           "Lin et al. 2025, arXiv:2503.02130, eq. 5-6 (Forgetting Transformer)", traits=frozenset({"decay", "causal"}),
-           relaxes="A0 (order re-enters): a learned, data-dependent recency decay per head (causal only)"),
-], {"input": "added to the query and key inputs before their projections", "rotary": "rotates q and k",
-    "bias": "a score bias from the heads' slopes (alibi_slopes)",
-    "decay": "a score bias from learned gates on the key inputs (Position.forget_sums, Position.decay_bias)",
-    "causal": "defined only under a causal mask: the spec refuses causal=False"})
+POSITIONS = Registry(
+    "position",
+    [
+        Choice("none", "no position information", "Somani, A0 (permutation invariance)"),
+        Choice(
+            "sinusoidal",
+            "PE(p, 2i) = sin(p / 10000^(2i/dim)), PE(p, 2i+1) = cos(...)",
+            "Vaswani et al. 2017, sec. 3.5",
+            traits=frozenset({"input"}),
+            relaxes="A0 (order re-enters): fixed encodings added to the q, k inputs",
+        ),
+        Choice(
+            "learned",
+            "a learned (max_len, dim) table added to the inputs",
+            "Gehring et al. 2017; Devlin et al. 2019",
+            traits=frozenset({"input"}),
+            relaxes="A0 (order re-enters): learned encodings added to the q, k inputs",
+        ),
+        Choice(
+            "rope",
+            "q, k rotated by angles p * 10000^(-2i/head_dim)",
+            "Su et al. 2021, eq. 34",
+            traits=frozenset({"rotary"}),
+            relaxes="A0 (order re-enters): q, k rotated by their positions",
+        ),
+        Choice(
+            "alibi",
+            "score bias -m_h (p_i - p_j)",
+            "Press et al. 2022, sec. 3",
+            traits=frozenset({"bias"}),
+            relaxes="A0 (order re-enters): a fixed linear recency bias per head",
+        ),
+        Choice(
+            "forget",
+            "score bias sum_{l=j+1..i} log f_l, f_l = sigmoid(w_h . x_l + b_h) per head",
+            "Lin et al. 2025, arXiv:2503.02130, eq. 5-6 (Forgetting Transformer)",
+            traits=frozenset({"decay", "causal"}),
+            relaxes="A0 (order re-enters): a learned, data-dependent recency decay per head (causal only)",
+        ),
+    ],
+    {
+        "input": "added to the query and key inputs before their projections",
+        "rotary": "rotates q and k",
+        "bias": "a score bias from the heads' slopes (alibi_slopes)",
+        "decay": "a score bias from learned gates on the key inputs (Position.forget_sums, Position.decay_bias)",
+        "causal": "defined only under a causal mask: the spec refuses causal=False",
+    },
+)
 """Every position choice."""

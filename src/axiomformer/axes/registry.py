@@ -7,8 +7,9 @@ audit matrix and the engines' routing all follow from it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,16 @@ class Registry:
             ValueError: the name is taken (naming both registrants), or a trait is not declared.
         """
         if choice.name in self._choices:
-            raise ValueError(f"{self.axis} choice {choice.name!r} is registered twice: by "
-                             f"{self._origins.get(choice.name, 'axiomformer')} and by {origin}")
+            raise ValueError(
+                f"{self.axis} choice {choice.name!r} is registered twice: by "
+                f"{self._origins.get(choice.name, 'axiomformer')} and by {origin}"
+            )
         unknown = set(choice.traits) - set(self.traits)
         if unknown:
-            raise ValueError(f"{self.axis} choice {choice.name!r} of {origin}: traits {sorted(unknown)} are not "
-                             f"declared; declared: {sorted(self.traits)}")
+            raise ValueError(
+                f"{self.axis} choice {choice.name!r} of {origin}: traits {sorted(unknown)} are not "
+                f"declared; declared: {sorted(self.traits)}"
+            )
         self._choices[choice.name] = choice
         self._origins[choice.name] = origin
         return choice

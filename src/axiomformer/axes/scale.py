@@ -40,14 +40,14 @@ LOG_N_INIT = 0.43
 
 SCALE_TRAITS = {
     "constant": "a number fixed by the spec and the score width: extra['value'](spec, width) -> float (what "
-                "``attend`` uses when no scale is given)",
+    "``attend`` uses when no scale is given)",
     "parametric": "has learned parameters: extra['parameters'](spec, width) creates them",
     "per_row": "depends on n_i, the number of keys query i may see: impl reads n_visible",
 }
 
 
 def _inv_sqrt_d(spec: AttentionSpec, width: int) -> float:
-    from axiomformer.axes.normalizer import NORMALIZERS          # the normalizer module imports nothing of this one
+    from axiomformer.axes.normalizer import NORMALIZERS  # the normalizer module imports nothing of this one
 
     return 1.0 if NORMALIZERS.has(spec.normalizer, "kernel") else 1.0 / math.sqrt(width)
 
@@ -60,31 +60,56 @@ def _log_n_parameters(spec: AttentionSpec, width: int) -> dict[str, nn.Parameter
     return {"log_n_coef": nn.Parameter(torch.full((spec.num_heads,), LOG_N_INIT))}
 
 
-def _log_n(module: "Scale", n_visible: Tensor | None) -> Tensor:
+def _log_n(module: Scale, n_visible: Tensor | None) -> Tensor:
     if n_visible is None:
         raise ValueError("scale='log_n' needs n_visible, the number of keys each query may see")
     coef = module.log_n_coef.view(1, -1, 1, 1)
     return coef * n_visible.float().clamp_min(1.0).log() / math.sqrt(module.width)
 
 
-SCALES = Registry("scale", [
-    Choice("inv_sqrt_d", "scale = 1 / sqrt(d_k) (1 for the kernel normalizer)",
-           "Vaswani et al. 2017, eq. 1 and footnote 4; Katharopoulos et al. 2020 (no temperature in the kernel)",
-           lambda module, n: module.fixed, frozenset({"constant"}), {"value": _inv_sqrt_d}),
-    Choice("none", "scale = 1", "Luong et al. 2015 (unscaled dot score)", lambda module, n: 1.0,
-           frozenset({"constant"}), {"value": lambda spec, width: 1.0},
-           relaxes="A5's temperature: none, logits grow like sqrt(d_k)"),
-    Choice("learned", "scale_h = exp(theta_h), theta_h initialised to -log(d_k) / 2", "our choice: a per-head "
-           "temperature, as in QK-norm attention (Henry et al. 2020)",
-           lambda module, n: module.log_scale.exp().view(1, -1, 1, 1), frozenset({"parametric"}),
-           {"parameters": _learned_parameters}, relaxes="A5's temperature: learned per head"),
-    Choice("log_n", "scale_hi = c_h log(n_i) / sqrt(d_k), n_i the keys query i may see, c_h learned per head "
-           "(Scalable-Softmax)", "Nakanishi 2025, arXiv:2501.19399, eq. 2", _log_n,
-           frozenset({"parametric", "per_row"}), {"parameters": _log_n_parameters},
-           relaxes="A5's temperature: grows with log n_i, the number of keys the query sees"),
-], SCALE_TRAITS)
+SCALES = Registry(
+    "scale",
+    [
+        Choice(
+            "inv_sqrt_d",
+            "scale = 1 / sqrt(d_k) (1 for the kernel normalizer)",
+            "Vaswani et al. 2017, eq. 1 and footnote 4; Katharopoulos et al. 2020 (no temperature in the kernel)",
+            lambda module, n: module.fixed,
+            frozenset({"constant"}),
+            {"value": _inv_sqrt_d},
+        ),
+        Choice(
+            "none",
+            "scale = 1",
+            "Luong et al. 2015 (unscaled dot score)",
+            lambda module, n: 1.0,
+            frozenset({"constant"}),
+            {"value": lambda spec, width: 1.0},
+            relaxes="A5's temperature: none, logits grow like sqrt(d_k)",
+        ),
+        Choice(
+            "learned",
+            "scale_h = exp(theta_h), theta_h initialised to -log(d_k) / 2",
+            "our choice: a per-head temperature, as in QK-norm attention (Henry et al. 2020)",
+            lambda module, n: module.log_scale.exp().view(1, -1, 1, 1),
+            frozenset({"parametric"}),
+            {"parameters": _learned_parameters},
+            relaxes="A5's temperature: learned per head",
+        ),
+        Choice(
+            "log_n",
+            "scale_hi = c_h log(n_i) / sqrt(d_k), n_i the keys query i may see, c_h learned per head "
+            "(Scalable-Softmax)",
+            "Nakanishi 2025, arXiv:2501.19399, eq. 2",
+            _log_n,
+            frozenset({"parametric", "per_row"}),
+            {"parameters": _log_n_parameters},
+            relaxes="A5's temperature: grows with log n_i, the number of keys the query sees",
+        ),
+    ],
+    SCALE_TRAITS,
+)
 """A5's temperature: every scale choice (see the module docstring)."""
-
 
 
 def score_width(spec: AttentionSpec, head_dim: int | None = None) -> int:
@@ -106,8 +131,10 @@ def constant_scale(spec: AttentionSpec, head_dim: int | None = None) -> float:
     choice = SCALES[spec.scale]
     if not choice.has("constant"):
         constant = ", ".join(c.name for c in SCALES if c.has("constant"))
-        raise ValueError(f"scale={spec.scale!r} is not a constant (it has learned parameters or depends on the "
-                         f"keys a query sees); pass the temperature as scale= (Scale(spec)), or use one of: {constant}")
+        raise ValueError(
+            f"scale={spec.scale!r} is not a constant (it has learned parameters or depends on the "
+            f"keys a query sees); pass the temperature as scale= (Scale(spec)), or use one of: {constant}"
+        )
     return choice.extra["value"](spec, score_width(spec, head_dim))
 
 

@@ -64,7 +64,7 @@ class AdditiveScore(nn.Module):
         self.weight = nn.Parameter(torch.randn(num_heads, head_dim) / head_dim**0.5)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        hidden = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3))            # (B, H, L, S, hd)
+        hidden = torch.tanh(q.unsqueeze(-2) + k.unsqueeze(-3))  # (B, H, L, S, hd)
         return torch.einsum("bhlsd,hd->bhls", hidden, self.weight.to(hidden.dtype))
 
 
@@ -88,7 +88,7 @@ class _UnitRows(torch.autograd.Function):
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
         inv = norm.clamp_min(ctx.eps).reciprocal()
         rate = inv if scale is None else inv * scale
-        dot = (grad * x).sum(-1, keepdim=True)                                   # x . g per row
+        dot = (grad * x).sum(-1, keepdim=True)  # x . g per row
         coeff = rate * inv * inv * dot * (norm > ctx.eps)
         grad_x = grad * rate - x * coeff
         grad_scale = None
@@ -147,7 +147,7 @@ class MLPScore(nn.Module):
         self.out = nn.Linear(hidden, 1)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        hidden = F.gelu(self.w_q(q).unsqueeze(-2) + self.w_k(k).unsqueeze(-3))   # (B, H, L, S, hidden)
+        hidden = F.gelu(self.w_q(q).unsqueeze(-2) + self.w_k(k).unsqueeze(-3))  # (B, H, L, S, hidden)
         return self.out(hidden).squeeze(-1)
 
 
@@ -192,41 +192,84 @@ def _dot_form_neg_l2(module, q, k, scale):
 
 SCORE_TRAITS = {
     "dot_form": "extra['dot_form'] gives the scores as a dot product of transformed queries and keys, up to a "
-                "per-query constant (see above)",
+    "per-query constant (see above)",
     "dot_form_exact": "the dot form keeps the logits exactly (no per-query constant)",
     "plain_dot": "s = q . k exactly, with no learned part",
     "pairwise": "builds a (q_len, k_len, hidden) tensor per pair; extra['pair_width'](module) is hidden",
     "any_width": "the module scores queries and keys of any width (no parameter sized by head_dim)",
     "starts_standard": "its learned parameters start where it computes the standard choice exactly; "
-                       "extra['move'](module, generator) moves them off that point (the audit of a spec audits the "
-                       "relaxation, not its starting point)",
+    "extra['move'](module, generator) moves them off that point (the audit of a spec audits the "
+    "relaxation, not its starting point)",
 }
 
-SCORES = Registry("score", [
-    Choice("dot", "s = q . k", "Vaswani et al. 2017, eq. 1 (A4 holds)", lambda spec: DotScore(),
-           frozenset({"dot_form", "dot_form_exact", "plain_dot", "any_width"}), {"dot_form": _dot_form_dot}),
-    Choice("bilinear", "s = q^T W_h k", "Luong et al. 2015, 'general' score",
-           lambda spec: BilinearScore(spec.num_heads, spec.head_dim), frozenset({"dot_form", "dot_form_exact"}),
-           {"dot_form": _dot_form_bilinear}, relaxes="none (inside A4's class): W_h folds into the key projection"),
-    Choice("additive", "s = w_h . tanh(q + k)", "Bahdanau et al. 2015, eq. 6",
-           lambda spec: AdditiveScore(spec.num_heads, spec.head_dim), frozenset({"pairwise"}),
-           {"pair_width": lambda module: module.weight.shape[-1]},
-           relaxes="A4: a nonlinear function of q + k, not an inner product"),
-    Choice("cosine", "s = tau_h cos(q, k)", "Henry et al. 2020, QK-norm",
-           lambda spec: CosineScore(spec.num_heads, spec.head_dim),
-           frozenset({"dot_form", "dot_form_exact", "any_width"}), {"dot_form": _dot_form_cosine},
-           relaxes="A4: q and k normalised to unit length before the inner product"),
-    Choice("neg_l2", "s = -|q - k|^2", "Kim et al. 2021, L2 attention", lambda spec: NegL2Score(),
-           frozenset({"dot_form", "any_width"}), {"dot_form": _dot_form_neg_l2},
-           relaxes="A4: a negative squared distance (adds -|k|^2 per key)"),
-    Choice("mlp", "s = w_2 . GELU(W_q' q + W_k' k + b) + c", "our choice: an MLP on [q; k]",
-           lambda spec: MLPScore(spec.head_dim), frozenset({"pairwise"}),
-           {"pair_width": lambda module: module.w_q.out_features}, relaxes="A4: a learned nonlinear score"),
-    Choice("talking_heads", "s_h = sum_g P_hg q_g . k_g, P a learned H x H matrix from the identity",
-           "Shazeer et al. 2020, arXiv:2003.02436, sec. 4 (talking-heads attention, the logits' projection)",
-           lambda spec: TalkingHeadsScore(spec.num_heads), frozenset({"any_width", "starts_standard"}),
-           {"move": _move_mix}, relaxes="A4: heads stop being independent, the logits are mixed across heads before the normalizer"),
-], SCORE_TRAITS)
+SCORES = Registry(
+    "score",
+    [
+        Choice(
+            "dot",
+            "s = q . k",
+            "Vaswani et al. 2017, eq. 1 (A4 holds)",
+            lambda spec: DotScore(),
+            frozenset({"dot_form", "dot_form_exact", "plain_dot", "any_width"}),
+            {"dot_form": _dot_form_dot},
+        ),
+        Choice(
+            "bilinear",
+            "s = q^T W_h k",
+            "Luong et al. 2015, 'general' score",
+            lambda spec: BilinearScore(spec.num_heads, spec.head_dim),
+            frozenset({"dot_form", "dot_form_exact"}),
+            {"dot_form": _dot_form_bilinear},
+            relaxes="none (inside A4's class): W_h folds into the key projection",
+        ),
+        Choice(
+            "additive",
+            "s = w_h . tanh(q + k)",
+            "Bahdanau et al. 2015, eq. 6",
+            lambda spec: AdditiveScore(spec.num_heads, spec.head_dim),
+            frozenset({"pairwise"}),
+            {"pair_width": lambda module: module.weight.shape[-1]},
+            relaxes="A4: a nonlinear function of q + k, not an inner product",
+        ),
+        Choice(
+            "cosine",
+            "s = tau_h cos(q, k)",
+            "Henry et al. 2020, QK-norm",
+            lambda spec: CosineScore(spec.num_heads, spec.head_dim),
+            frozenset({"dot_form", "dot_form_exact", "any_width"}),
+            {"dot_form": _dot_form_cosine},
+            relaxes="A4: q and k normalised to unit length before the inner product",
+        ),
+        Choice(
+            "neg_l2",
+            "s = -|q - k|^2",
+            "Kim et al. 2021, L2 attention",
+            lambda spec: NegL2Score(),
+            frozenset({"dot_form", "any_width"}),
+            {"dot_form": _dot_form_neg_l2},
+            relaxes="A4: a negative squared distance (adds -|k|^2 per key)",
+        ),
+        Choice(
+            "mlp",
+            "s = w_2 . GELU(W_q' q + W_k' k + b) + c",
+            "our choice: an MLP on [q; k]",
+            lambda spec: MLPScore(spec.head_dim),
+            frozenset({"pairwise"}),
+            {"pair_width": lambda module: module.w_q.out_features},
+            relaxes="A4: a learned nonlinear score",
+        ),
+        Choice(
+            "talking_heads",
+            "s_h = sum_g P_hg q_g . k_g, P a learned H x H matrix from the identity",
+            "Shazeer et al. 2020, arXiv:2003.02436, sec. 4 (talking-heads attention, the logits' projection)",
+            lambda spec: TalkingHeadsScore(spec.num_heads),
+            frozenset({"any_width", "starts_standard"}),
+            {"move": _move_mix},
+            relaxes="A4: heads stop being independent, the logits are mixed across heads before the normalizer",
+        ),
+    ],
+    SCORE_TRAITS,
+)
 """Every score (A4): formula, source, module factory ``impl(spec)`` and traits."""
 
 

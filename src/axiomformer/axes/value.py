@@ -22,15 +22,28 @@ if TYPE_CHECKING:
     from axiomformer.spec import AttentionSpec
 
 
-VALUES = Registry("value", [
-    Choice("linear", "v(x) = W_v x + b_v", "Somani, A3",
-           lambda spec: nn.Linear(spec.dim, spec.kv_dim, bias=spec.bias)),
-    Choice("identity", "v(x) = x", "our choice: A3's simplest special case", lambda spec: nn.Identity(),
-           relaxes="none (inside A3's class): the identity is linear; only the learned value map is given up"),
-    Choice("mlp", "v(x) = W_2 GELU(W_1 x)", "our choice: a non-linear value map",
-           lambda spec: two_layer_mlp(spec.dim, 2 * spec.dim, spec.kv_dim, bias=spec.bias),
-           relaxes="A3: a nonlinear value map"),
-])
+VALUES = Registry(
+    "value",
+    [
+        Choice(
+            "linear", "v(x) = W_v x + b_v", "Somani, A3", lambda spec: nn.Linear(spec.dim, spec.kv_dim, bias=spec.bias)
+        ),
+        Choice(
+            "identity",
+            "v(x) = x",
+            "our choice: A3's simplest special case",
+            lambda spec: nn.Identity(),
+            relaxes="none (inside A3's class): the identity is linear; only the learned value map is given up",
+        ),
+        Choice(
+            "mlp",
+            "v(x) = W_2 GELU(W_1 x)",
+            "our choice: a non-linear value map",
+            lambda spec: two_layer_mlp(spec.dim, 2 * spec.dim, spec.kv_dim, bias=spec.bias),
+            relaxes="A3: a nonlinear value map",
+        ),
+    ],
+)
 """Every value map (A3)."""
 
 

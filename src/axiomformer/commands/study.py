@@ -8,7 +8,6 @@ import signal
 import threading
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -19,6 +18,7 @@ def interrupts_end_at_once():
     for the block and restores it). The first Ctrl-C raises ``KeyboardInterrupt``: the study stops its workers at
     once, keeps every finished run and the command prints one line. A second Ctrl-C, while that cleanup runs, ends
     the process at once with one line and exit code 130, no traceback (workers die with their parent)."""
+
     def second(signum, frame):
         os.write(2, b"\ninterrupted again: stopped at once; finished runs are stored\n")
         os._exit(130)
@@ -27,7 +27,7 @@ def interrupts_end_at_once():
         signal.signal(signal.SIGINT, second)
         raise KeyboardInterrupt
 
-    if threading.current_thread() is not threading.main_thread():      # signal handlers live on the main thread
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live on the main thread
         yield
         return
     previous = signal.signal(signal.SIGINT, first)
@@ -40,17 +40,23 @@ def interrupts_end_at_once():
 def register(app: typer.Typer) -> None:
     @app.command("study")
     def study_command(
-        suite: str = typer.Option("main", "--suite", help="which study: main | long-range | positions | rho | scale | "
-                                                           "gumbel (docs/study.md, docs/open_questions.md)"),
+        suite: str = typer.Option(
+            "main",
+            "--suite",
+            help="which study: main | long-range | positions | rho | scale | "
+            "gumbel (docs/study.md, docs/open_questions.md)",
+        ),
         quick: bool = typer.Option(False, "--quick", help="the quick preset (about 3 minutes on 2 cores)"),
-        preset: Optional[str] = typer.Option(None, "--preset", help="quick | default | full (full: the complete "
-                                                                    "protocol, for Ray or a GPU)"),
-        config: Optional[Path] = typer.Option(None, "--config", help="TOML study file, merged over the built-in sweep"),
-        out: Optional[Path] = typer.Option(None, "--out", help="out dir (default runs/study-<timestamp>/); "
-                                                                "an existing one is resumed"),
-        seeds: Optional[int] = typer.Option(None, "--seeds", min=1, help="seeds per run (overrides the config)"),
+        preset: str | None = typer.Option(
+            None, "--preset", help="quick | default | full (full: the complete protocol, for Ray or a GPU)"
+        ),
+        config: Path | None = typer.Option(None, "--config", help="TOML study file, merged over the built-in sweep"),
+        out: Path | None = typer.Option(
+            None, "--out", help="out dir (default runs/study-<timestamp>/); an existing one is resumed"
+        ),
+        seeds: int | None = typer.Option(None, "--seeds", min=1, help="seeds per run (overrides the config)"),
         backend: str = typer.Option("local", "--backend", help="local | ray"),
-        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (with --backend ray)"),
+        address: str | None = typer.Option(None, "--address", help="Ray cluster address (with --backend ray)"),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="show the overall progress bar"),
     ) -> None:
         """Run a study suite (default: relax each assumption of the derivation), every model under one matched budget
@@ -61,8 +67,9 @@ def register(app: typer.Typer) -> None:
         from axiomformer.study.sweep import default_sweep
 
         if backend not in BACKENDS:
-            raise typer.BadParameter(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}",
-                                     param_hint="--backend")
+            raise typer.BadParameter(
+                f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}", param_hint="--backend"
+            )
         if address and backend != "ray":
             raise typer.BadParameter("--address is only used with --backend ray", param_hint="--address")
         if quick and preset not in (None, "quick"):
@@ -78,8 +85,10 @@ def register(app: typer.Typer) -> None:
         except StudyConfigError as err:
             raise typer.BadParameter(str(err), param_hint="--config") from None
         if cfg.seeds < 2:
-            raise typer.BadParameter(f"seeds must be >= 2 (a paired interval needs two reported seeds), got "
-                                     f"{cfg.seeds}", param_hint="--config/--seeds")
+            raise typer.BadParameter(
+                f"seeds must be >= 2 (a paired interval needs two reported seeds), got {cfg.seeds}",
+                param_hint="--config/--seeds",
+            )
         out_dir = out or Path("runs") / f"study-{datetime.now():%Y%m%d-%H%M%S}"
         try:
             with interrupts_end_at_once():
@@ -88,11 +97,16 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"error: {err}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            typer.echo(f"\ninterrupted: the runs in progress were stopped (not stored); finished runs are stored in "
-                       f"{out_dir}/results.sqlite; rerun with --out {out_dir} to resume", err=True)
+            typer.echo(
+                f"\ninterrupted: the runs in progress were stopped (not stored); finished runs are stored in "
+                f"{out_dir}/results.sqlite; rerun with --out {out_dir} to resume",
+                err=True,
+            )
             raise typer.Exit(130) from None
-        typer.echo(f"trained {summary.trained} run(s) ({summary.already_stored} already stored) in "
-                   f"{summary.seconds:.1f} s; report: {summary.report.get('markdown')}, {summary.report.get('html')}")
+        typer.echo(
+            f"trained {summary.trained} run(s) ({summary.already_stored} already stored) in "
+            f"{summary.seconds:.1f} s; report: {summary.report.get('markdown')}, {summary.report.get('html')}"
+        )
         if summary.failed:
             typer.echo(f"{len(summary.failed)} run(s) failed (see the report); rerun to retry them", err=True)
             raise typer.Exit(1)
@@ -100,9 +114,13 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     def report_command(
         directory: Path = typer.Argument(..., help="a study out dir (holds results.sqlite)"),
-        as_json: bool = typer.Option(False, "--json", help="print the verdicts as JSON on stdout: cells (mean, "
-                                                           "95% CI, seeds, lr, converged) and comparisons with the "
-                                                           "standard model (paired difference, CI, Holm p)"),
+        as_json: bool = typer.Option(
+            False,
+            "--json",
+            help="print the verdicts as JSON on stdout: cells (mean, "
+            "95% CI, seeds, lr, converged) and comparisons with the "
+            "standard model (paired difference, CI, Holm p)",
+        ),
     ) -> None:
         """Rebuild report.md, report.html and figures/ of a study from its results.sqlite alone."""
         import json

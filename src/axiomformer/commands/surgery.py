@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -18,8 +17,9 @@ def _parse_layers(text: str | None) -> list[int] | None:
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise typer.BadParameter(f"expected comma-separated layer indices such as '0,1', got {text!r}",
-                                 param_hint="--layers") from None
+        raise typer.BadParameter(
+            f"expected comma-separated layer indices such as '0,1', got {text!r}", param_hint="--layers"
+        ) from None
 
 
 def _fmt(x: float) -> str:
@@ -29,15 +29,21 @@ def _fmt(x: float) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("surgery")
     def surgery_command(
-        model_dir: Optional[Path] = typer.Option(None, "--model-dir",
-                                                 help="Hugging Face BERT-family model folder (default: the bundled "
-                                                      "all-MiniLM-L6-v2 of the 'hf' extra)"),
-        relax: Optional[List[str]] = typer.Option(None, "--relax",
-                                                  help="relax string, e.g. 'normalizer=sigmoid'; repeat for several "
-                                                       "(default: a built-in set of single-axis relaxations)"),
-        sentences: Optional[Path] = typer.Option(None, "--sentences", help="text file, one sentence a line "
-                                                                           "(default: the built-in list)"),
-        layers: Optional[str] = typer.Option(None, "--layers", help="comma-separated layers to relax (default: all)"),
+        model_dir: Path | None = typer.Option(
+            None,
+            "--model-dir",
+            help="Hugging Face BERT-family model folder (default: the bundled all-MiniLM-L6-v2 of the 'hf' extra)",
+        ),
+        relax: list[str] | None = typer.Option(
+            None,
+            "--relax",
+            help="relax string, e.g. 'normalizer=sigmoid'; repeat for several "
+            "(default: a built-in set of single-axis relaxations)",
+        ),
+        sentences: Path | None = typer.Option(
+            None, "--sentences", help="text file, one sentence a line (default: the built-in list)"
+        ),
+        layers: str | None = typer.Option(None, "--layers", help="comma-separated layers to relax (default: all)"),
         seed: int = typer.Option(0, "--seed", help="seed of the parameters a relaxation adds (left untrained)"),
         as_json: bool = typer.Option(False, "--json", help="print the result as one JSON line"),
     ) -> None:
@@ -47,8 +53,11 @@ def register(app: typer.Typer) -> None:
         from axiomformer.surgery.audit_adapter import audit_layer0
 
         layer_list = _parse_layers(layers)
-        typer.echo(f"surgery: loading {model_dir or 'the bundled all-MiniLM-L6-v2'}, then "
-                   f"{len(relax) if relax else 'the built-in'} relaxation(s), each one forward pass", err=True)
+        typer.echo(
+            f"surgery: loading {model_dir or 'the bundled all-MiniLM-L6-v2'}, then "
+            f"{len(relax) if relax else 'the built-in'} relaxation(s), each one forward pass",
+            err=True,
+        )
         try:
             texts = read_sentences(sentences) if sentences is not None else None
             report = run_surgery(model_dir, relax or None, texts, layers=layer_list, seed=seed, audit_fn=audit_layer0)
@@ -65,8 +74,9 @@ def register(app: typer.Typer) -> None:
         console = output_console()
         where = "all layers" if report.layers is None else f"layers {report.layers}"
         console.print(f"model: {report.model}; {report.n_sentences} sentences; relaxations applied to {where}")
-        console.print(f"standard spec reproduces the original last hidden state: max abs err "
-                      f"{report.standard_max_abs_err:.2e}")
+        console.print(
+            f"standard spec reproduces the original last hidden state: max abs err {report.standard_max_abs_err:.2e}"
+        )
         table = Table(title="embedding change per relaxation (vs the original model)")
         for column in ("relaxation", "cosine", "retrieval agreement", "untrained new parameters"):
             table.add_column(column)
@@ -75,4 +85,4 @@ def register(app: typer.Typer) -> None:
             table.add_row(row["spec"], _fmt(row["cosine"]), _fmt(row["retrieval_agreement"]), fresh)
         console.print(table)
         if report.audit is not None:
-            typer.echo(report.audit.get("text") or json.dumps(report.audit))   # plain: no re-wrapping by rich
+            typer.echo(report.audit.get("text") or json.dumps(report.audit))  # plain: no re-wrapping by rich

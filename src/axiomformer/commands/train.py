@@ -55,20 +55,26 @@ def register(app: typer.Typer) -> None:
         warmup: int | None = typer.Option(None, help="linear warmup steps (default: the task's)"),
         seed: int = typer.Option(0, help="seed of the model and the training data"),
         target_accuracy: float | None = typer.Option(
-            None, "--target-accuracy", help="stop once eval accuracy reaches it (default: the task's)"),
+            None, "--target-accuracy", help="stop once eval accuracy reaches it (default: the task's)"
+        ),
         no_early_stop: bool = typer.Option(False, "--no-early-stop", help="train all steps"),
         eval_every: int | None = typer.Option(None, "--eval-every", help="steps between evaluations"),
-        eval_batches: int | None = typer.Option(None, "--eval-batches",
-                                                   help="batches in the validation set and in the test set"),
-        test_batches: int | None = typer.Option(None, "--test-batches",
-                                                help="batches in the test set (default: --eval-batches)"),
+        eval_batches: int | None = typer.Option(
+            None, "--eval-batches", help="batches in the validation set and in the test set"
+        ),
+        test_batches: int | None = typer.Option(
+            None, "--test-batches", help="batches in the test set (default: --eval-batches)"
+        ),
         grad_clip: float | None = typer.Option(None, "--grad-clip", help="global gradient-norm clip (1.0)"),
-        patience: int | None = typer.Option(None, "--patience",
-                                               help="stop after this many evaluations without a better validation "
-                                                    "score (default: never)"),
+        patience: int | None = typer.Option(
+            None,
+            "--patience",
+            help="stop after this many evaluations without a better validation score (default: never)",
+        ),
         device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda | cuda:N"),
-        task_option: list[str] = typer.Option([], "--task-option", "-o",
-                                              help="task option key=value, repeatable (e.g. -o path=book.txt)"),
+        task_option: list[str] = typer.Option(
+            [], "--task-option", "-o", help="task option key=value, repeatable (e.g. -o path=book.txt)"
+        ),
         threads: int | None = typer.Option(None, help="torch CPU threads (default: torch's)"),
         checkpoint: Path | None = typer.Option(None, "--checkpoint", help="save the model here (safetensors+JSON)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or eval log"),
@@ -91,8 +97,20 @@ def register(app: typer.Typer) -> None:
         expect_folder(checkpoint, "--checkpoint")
         if no_early_stop:
             fields["target_accuracy"] = None
-        config = _config(dict(task=task, seq_len=seq_len, model=model, spec=spec, layers=layers, dim=dim, seed=seed,
-                              device=device, task_options=parse_task_options(task_option), **fields))
+        config = _config(
+            dict(
+                task=task,
+                seq_len=seq_len,
+                model=model,
+                spec=spec,
+                layers=layers,
+                dim=dim,
+                seed=seed,
+                device=device,
+                task_options=parse_task_options(task_option),
+                **fields,
+            )
+        )
         if threads is not None:
             torch.set_num_threads(threads)
         log = None if quiet or as_json else (lambda line: typer.echo(line, err=True))
@@ -117,9 +135,12 @@ def _config(fields: dict) -> TrainConfig:
         config = TrainConfig(**fields)
         make_task(config.task, seq_len=config.seq_len, **config.task_options)
     except ValidationError as err:
-        _fail("; ".join(e["msg"].removeprefix("Value error, ") + (f" ({'.'.join(map(str, e['loc']))})"
-                                                                      if e["loc"] else "")
-                        for e in err.errors()))
+        _fail(
+            "; ".join(
+                e["msg"].removeprefix("Value error, ") + (f" ({'.'.join(map(str, e['loc']))})" if e["loc"] else "")
+                for e in err.errors()
+            )
+        )
     except ValueError as err:
         _fail(str(err))
     return config
@@ -130,10 +151,14 @@ def _print_result(result: TrainResult, as_json: bool, checkpoint: Path | None) -
     if as_json:
         typer.echo(json.dumps(result.summary()))
         return
-    typer.echo(f"{result.task} seq_len={result.seq_len} {result.model} spec={result.spec} "
-               f"engine={result.engine} params={result.params}")
-    typer.echo(f"test accuracy {result.accuracy:.4f} (chance {result.chance:.4f}; validation "
-               f"{result.val_accuracy:.4f} at step {result.best_step})  test loss {result.loss:.4f}  "
-               f"steps {result.steps}  {result.seconds:.1f}s  {result.tokens_per_second:,.0f} tokens/s")
+    typer.echo(
+        f"{result.task} seq_len={result.seq_len} {result.model} spec={result.spec} "
+        f"engine={result.engine} params={result.params}"
+    )
+    typer.echo(
+        f"test accuracy {result.accuracy:.4f} (chance {result.chance:.4f}; validation "
+        f"{result.val_accuracy:.4f} at step {result.best_step})  test loss {result.loss:.4f}  "
+        f"steps {result.steps}  {result.seconds:.1f}s  {result.tokens_per_second:,.0f} tokens/s"
+    )
     if checkpoint is not None:
         typer.echo(f"checkpoint: {checkpoint}")

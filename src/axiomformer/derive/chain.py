@@ -55,59 +55,91 @@ class StepDef:
 
 
 STEPS: tuple[StepDef, ...] = (
-    StepDef("A0", "symmetry: once relevances are known, the output does not depend on the order of the visible "
-                  "tokens (Deep Sets, Zaheer et al. 2017, Thm 2)",
-            "set symmetry: permuting the visible tokens (keys and values together) leaves every y_i unchanged, "
-            "causal and not, on the composed map, over at least as many tokens as the A4 fit", "forced",
-            "y_i = rho( sum_j phi(x_j, u_ij) ), j over the visible tokens",
-            r"y_i = \rho\Big(\sum_{j} \phi(x_j, u_{ij})\Big)",
-            lambda m: m.without("order"), prop.set_symmetry,
-            "an order dependence that the probe's random tokens and permutations do not excite, or one beyond the "
-            "probe's length (3 d tokens, as long as the A4 fit, so the fit cannot see an order dependence A0 missed)"),
-    StepDef("A1", "simplicity: the aggregator rho is the identity",
-            "additivity: with the relevances frozen, the output for a token set is the sum of the outputs for two "
-            "disjoint parts of it, on the aggregator and on the composed forward (any linear rho passes: it folds "
-            "into W_v)", "choice",
-            "y_i = sum_j phi(x_j, u_ij)", r"y_i = \sum_j \phi(x_j, u_{ij})",
-            lambda m: m.without("p"), prop.additivity,
-            "a linear rho from the identity: a linear rho folds into W_v, so it lies inside A1's class (a chain whose "
-            "rho is already linear reports A1 vacuous); a rho that is linear but depends on the query (an output "
-            "gate) is additive too, so no step sees it and the final comparison reports it as unlocalized"),
-    StepDef("A2", "relevance-contribution proportionality: scaling u_ij by k scales token j's contribution by k",
-            "homogeneity of the contribution map: phi(x, k u) = k phi(x, u) for k in {2, 1/2, -1, 3}, on the "
-            "contribution and on the composed forward with relevances k u", "forced",
-            "y_i = sum_j u_ij v(x_j)", r"y_i = \sum_j u_{ij}\, v(x_j)",
-            lambda m: m.without("g"), prop.homogeneity,
-            "u v(x) from u h(x) for any other h: homogeneity says nothing about how the contribution depends on the "
-            "token (that is A3)"),
-    StepDef("A3", "linear change of coordinates: v(x) = W_v x",
-            "linearity of the value map: second differences v(a+b) - v(a) - v(b) + v(0) and v(2a) - 2v(a) + v(0) "
-            "vanish, for value() and for the composed forward as a function of the tokens at frozen relevances "
-            "(phi linear in x at fixed u)", "forced",
-            "y_i = sum_j u_ij W_v x_j", r"y_i = \sum_j u_{ij}\, W_v x_j",
-            lambda m: m.without("n"), prop.value_linearity,
-            "an affine value map W_v x + b from a linear one (second differences vanish for both)"),
-    StepDef("A4", "efficient parallel scoring: relevance from the score s_ij = q_i . k_j, q = W_q x, k = W_k x "
-                  "(parallel scoring is forced; the dot product among parallel scores is a choice)",
-            "bilinear score: s(x_i, x_j) = x_i^T M x_j with rank(M) <= head_dim; M fitted by least squares, "
-            "relative residual (plus 1 if the rank is too high)", "choice",
-            "y_i = sum_j r(s_i)_j W_v x_j, s_ij = (W_q x_i) . (W_k x_j)",
-            r"y_i = \sum_j r(s_{i\cdot})_j\, W_v x_j,\quad s_{ij} = (W_q x_i)^\top (W_k x_j)",
-            lambda m: m.without("m"), prop.bilinear_violation,
-            "the dot product from any other bilinear form x^T M x' (q^T W k is a reparametrization: W folds into "
-            "W_k); with one head, head_dim = d and the rank bound cannot bind; measured on score() only, so a "
-            "score departure in how forward uses it is left to the final comparison (unlocalized)"),
-    StepDef("A5", "normalization: relevance is relative (shift-invariant), sums to one, is differentiable, and the "
-                  "1/sqrt(d) keeps the logits O(1)",
-            "normalizer: shift invariance r(s + c) = r(s), ratio independence, rows sum to one, non-negative, and "
-            "the attention entropy stays put as head_dim grows with Var(q.k) = d (the 1/sqrt(d) argument)",
-            "choice",
-            "y_i = sum_j softmax_j(q_i . k_j / sqrt(d)) W_v x_j",
-            r"y_i = \sum_j \mathrm{softmax}_j\!\Big(\frac{q_i^\top k_j}{\sqrt{d}}\Big)\, W_v x_j",
-            lambda m: m.with_softmax(), prop.normalizer_violation,
-            "a temperature c / sqrt(d) from 1 / sqrt(d): the entropy stays put for any constant c; measured on the "
-            "row map r only, so a departure in how forward applies it is left to the final comparison "
-            "(unlocalized)"),
+    StepDef(
+        "A0",
+        "symmetry: once relevances are known, the output does not depend on the order of the visible "
+        "tokens (Deep Sets, Zaheer et al. 2017, Thm 2)",
+        "set symmetry: permuting the visible tokens (keys and values together) leaves every y_i unchanged, "
+        "causal and not, on the composed map, over at least as many tokens as the A4 fit",
+        "forced",
+        "y_i = rho( sum_j phi(x_j, u_ij) ), j over the visible tokens",
+        r"y_i = \rho\Big(\sum_{j} \phi(x_j, u_{ij})\Big)",
+        lambda m: m.without("order"),
+        prop.set_symmetry,
+        "an order dependence that the probe's random tokens and permutations do not excite, or one beyond the "
+        "probe's length (3 d tokens, as long as the A4 fit, so the fit cannot see an order dependence A0 missed)",
+    ),
+    StepDef(
+        "A1",
+        "simplicity: the aggregator rho is the identity",
+        "additivity: with the relevances frozen, the output for a token set is the sum of the outputs for two "
+        "disjoint parts of it, on the aggregator and on the composed forward (any linear rho passes: it folds "
+        "into W_v)",
+        "choice",
+        "y_i = sum_j phi(x_j, u_ij)",
+        r"y_i = \sum_j \phi(x_j, u_{ij})",
+        lambda m: m.without("p"),
+        prop.additivity,
+        "a linear rho from the identity: a linear rho folds into W_v, so it lies inside A1's class (a chain whose "
+        "rho is already linear reports A1 vacuous); a rho that is linear but depends on the query (an output "
+        "gate) is additive too, so no step sees it and the final comparison reports it as unlocalized",
+    ),
+    StepDef(
+        "A2",
+        "relevance-contribution proportionality: scaling u_ij by k scales token j's contribution by k",
+        "homogeneity of the contribution map: phi(x, k u) = k phi(x, u) for k in {2, 1/2, -1, 3}, on the "
+        "contribution and on the composed forward with relevances k u",
+        "forced",
+        "y_i = sum_j u_ij v(x_j)",
+        r"y_i = \sum_j u_{ij}\, v(x_j)",
+        lambda m: m.without("g"),
+        prop.homogeneity,
+        "u v(x) from u h(x) for any other h: homogeneity says nothing about how the contribution depends on the "
+        "token (that is A3)",
+    ),
+    StepDef(
+        "A3",
+        "linear change of coordinates: v(x) = W_v x",
+        "linearity of the value map: second differences v(a+b) - v(a) - v(b) + v(0) and v(2a) - 2v(a) + v(0) "
+        "vanish, for value() and for the composed forward as a function of the tokens at frozen relevances "
+        "(phi linear in x at fixed u)",
+        "forced",
+        "y_i = sum_j u_ij W_v x_j",
+        r"y_i = \sum_j u_{ij}\, W_v x_j",
+        lambda m: m.without("n"),
+        prop.value_linearity,
+        "an affine value map W_v x + b from a linear one (second differences vanish for both)",
+    ),
+    StepDef(
+        "A4",
+        "efficient parallel scoring: relevance from the score s_ij = q_i . k_j, q = W_q x, k = W_k x "
+        "(parallel scoring is forced; the dot product among parallel scores is a choice)",
+        "bilinear score: s(x_i, x_j) = x_i^T M x_j with rank(M) <= head_dim; M fitted by least squares, "
+        "relative residual (plus 1 if the rank is too high)",
+        "choice",
+        "y_i = sum_j r(s_i)_j W_v x_j, s_ij = (W_q x_i) . (W_k x_j)",
+        r"y_i = \sum_j r(s_{i\cdot})_j\, W_v x_j,\quad s_{ij} = (W_q x_i)^\top (W_k x_j)",
+        lambda m: m.without("m"),
+        prop.bilinear_violation,
+        "the dot product from any other bilinear form x^T M x' (q^T W k is a reparametrization: W folds into "
+        "W_k); with one head, head_dim = d and the rank bound cannot bind; measured on score() only, so a "
+        "score departure in how forward uses it is left to the final comparison (unlocalized)",
+    ),
+    StepDef(
+        "A5",
+        "normalization: relevance is relative (shift-invariant), sums to one, is differentiable, and the "
+        "1/sqrt(d) keeps the logits O(1)",
+        "normalizer: shift invariance r(s + c) = r(s), ratio independence, rows sum to one, non-negative, and "
+        "the attention entropy stays put as head_dim grows with Var(q.k) = d (the 1/sqrt(d) argument)",
+        "choice",
+        "y_i = sum_j softmax_j(q_i . k_j / sqrt(d)) W_v x_j",
+        r"y_i = \sum_j \mathrm{softmax}_j\!\Big(\frac{q_i^\top k_j}{\sqrt{d}}\Big)\, W_v x_j",
+        lambda m: m.with_softmax(),
+        prop.normalizer_violation,
+        "a temperature c / sqrt(d) from 1 / sqrt(d): the entropy stays put for any constant c; measured on the "
+        "row map r only, so a departure in how forward applies it is left to the final comparison "
+        "(unlocalized)",
+    ),
 )
 
 
@@ -141,10 +173,17 @@ class Step:
         """``{"id", "assumption", "property", "violation_before", "error_after", "tolerance", "passed", "vacuous",
         "label"}``; a non-finite measurement is reported as 1e30."""
         finite = lambda v: v if math.isfinite(v) else 1e30
-        return {"id": self.id, "assumption": self.spec.assumption, "property": self.spec.property,
-                "violation_before": finite(self.violation_before), "error_after": finite(self.error_after),
-                "tolerance": self.tolerance, "passed": self.passed, "vacuous": self.vacuous,
-                "label": self.spec.label}
+        return {
+            "id": self.id,
+            "assumption": self.spec.assumption,
+            "property": self.spec.property,
+            "violation_before": finite(self.violation_before),
+            "error_after": finite(self.error_after),
+            "tolerance": self.tolerance,
+            "passed": self.passed,
+            "vacuous": self.vacuous,
+            "label": self.spec.label,
+        }
 
 
 @dataclass
@@ -181,11 +220,13 @@ class Chain:
         """Why the chain failed without a failed step (None unless :attr:`unlocalized`)."""
         if not self.unlocalized:
             return None
-        return (f"every step's property holds, but the A5 module differs from scaled_dot_product_attention on the "
-                f"same projections by {self.final_vs_sdpa_rel_err:.3g} (relative; tolerance {FINAL_TOL:g}) and "
-                f"{self.final_vs_sdpa_max_abs_err:.3g} (max abs, with axiomformer's Attention; tolerance "
-                f"{SDPA_TOL:g}): the departure is in something no step measures (the composition is measured "
-                "for A0-A3 only; the score and the row map as named parts)")
+        return (
+            f"every step's property holds, but the A5 module differs from scaled_dot_product_attention on the "
+            f"same projections by {self.final_vs_sdpa_rel_err:.3g} (relative; tolerance {FINAL_TOL:g}) and "
+            f"{self.final_vs_sdpa_max_abs_err:.3g} (max abs, with axiomformer's Attention; tolerance "
+            f"{SDPA_TOL:g}): the departure is in something no step measures (the composition is measured "
+            "for A0-A3 only; the score and the row map as named parts)"
+        )
 
     @property
     def passed(self) -> bool:
@@ -196,17 +237,25 @@ class Chain:
         "final_vs_sdpa_max_abs_err", "scale_argument", "steps": [...]}`` (plus ``"plant"`` when a wrong step was
         planted). ``"first_failed_step": null`` with ``"unlocalized": true`` is a failure no step explains."""
         rel_err = self.final_vs_sdpa_rel_err if math.isfinite(self.final_vs_sdpa_rel_err) else 1e30
-        out = {"passed": self.passed, "first_failed_step": self.first_failed_step, "unlocalized": self.unlocalized,
-               "reason": self.reason, "final_vs_sdpa_rel_err": rel_err,
-               "final_tolerance": FINAL_TOL, "final_vs_sdpa_max_abs_err": self.final_vs_sdpa_max_abs_err,
-               "scale_argument": self.scale_argument, "steps": [s.to_dict() for s in self.steps]}
+        out = {
+            "passed": self.passed,
+            "first_failed_step": self.first_failed_step,
+            "unlocalized": self.unlocalized,
+            "reason": self.reason,
+            "final_vs_sdpa_rel_err": rel_err,
+            "final_tolerance": FINAL_TOL,
+            "final_vs_sdpa_max_abs_err": self.final_vs_sdpa_max_abs_err,
+            "scale_argument": self.scale_argument,
+            "steps": [s.to_dict() for s in self.steps],
+        }
         if self.plant is not None:
             out["plant"] = self.plant
         return out
 
 
-def scale_argument(dims: tuple[int, ...] = SCALE_DIMS, n_keys: int = 64, samples: int = 4096,
-                   seed: int = 0) -> dict[str, Any]:
+def scale_argument(
+    dims: tuple[int, ...] = SCALE_DIMS, n_keys: int = 64, samples: int = 4096, seed: int = 0
+) -> dict[str, Any]:
     """The 1/sqrt(d) argument on random vectors (Somani A5; Vaswani et al. 2017, footnote 4).
 
     For q, k with i.i.d. unit-variance entries, Var(q.k) = d. With ``n_keys`` keys per query, the mean attention
@@ -216,8 +265,15 @@ def scale_argument(dims: tuple[int, ...] = SCALE_DIMS, n_keys: int = 64, samples
         ``{"dims", "var_qk", "entropy_scaled", "entropy_unscaled", "max_entropy", "n_keys", "samples"}``.
     """
     g = torch.Generator().manual_seed(seed)
-    out: dict[str, Any] = {"dims": list(dims), "var_qk": [], "entropy_scaled": [], "entropy_unscaled": [],
-                           "max_entropy": math.log(n_keys), "n_keys": n_keys, "samples": samples}
+    out: dict[str, Any] = {
+        "dims": list(dims),
+        "var_qk": [],
+        "entropy_scaled": [],
+        "entropy_unscaled": [],
+        "max_entropy": math.log(n_keys),
+        "n_keys": n_keys,
+        "samples": samples,
+    }
 
     def entropy(logits: Tensor) -> float:
         p = torch.softmax(logits, dim=-1)
@@ -254,8 +310,9 @@ def run_chain(general: GeneralForm, x: Tensor, seed: int = 0, plant: str | None 
     return Chain(steps, final, scale_argument(seed=seed), plant, max(rels))
 
 
-def run_derivation(seed: int = 0, plant: str | None = None, d: int = 8, hidden: int = 16, batch: int = 2,
-                   seq: int = 6) -> Chain:
+def run_derivation(
+    seed: int = 0, plant: str | None = None, d: int = 8, hidden: int = 16, batch: int = 2, seq: int = 6
+) -> Chain:
     """Build the chain A0 -> A5 and check every step's property on seeded float64 tokens x (batch, seq, d).
 
     Args:

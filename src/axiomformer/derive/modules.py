@@ -107,9 +107,20 @@ class GeneralForm(nn.Module):
     Forward: ``x`` (batch, L, d) queries, ``context`` (batch, S, d) keys/values (default ``x``) -> (batch, L, d).
     """
 
-    def __init__(self, d: int, w_q: nn.Linear, w_k: nn.Linear, w_v: nn.Linear, r: RowRelevance,
-                 order: Tensor | None, m: MLP | None, n: MLP | None, g: MLP | None, p: MLP | None,
-                 plant: str | None = None):
+    def __init__(
+        self,
+        d: int,
+        w_q: nn.Linear,
+        w_k: nn.Linear,
+        w_v: nn.Linear,
+        r: RowRelevance,
+        order: Tensor | None,
+        m: MLP | None,
+        n: MLP | None,
+        g: MLP | None,
+        p: MLP | None,
+        plant: str | None = None,
+    ):
         super().__init__()
         if plant is not None and plant not in PLANTS:
             raise ValueError(f"unknown plant {plant!r}; choose one of: {', '.join(PLANTS)}")
@@ -135,9 +146,12 @@ class GeneralForm(nn.Module):
         """A shallow copy of the same class (a subclass that overrides a part or ``forward`` stays itself down the
         chain) whose own term slots can be changed without touching this module; parameters stay shared."""
         other = copy.copy(self)
-        other._modules, other._parameters, other._buffers = (dict(self._modules), dict(self._parameters),
-                                                              dict(self._buffers))
-        for name, value in list(vars(other).items()):          # a method patched onto this instance follows it
+        other._modules, other._parameters, other._buffers = (
+            dict(self._modules),
+            dict(self._parameters),
+            dict(self._buffers),
+        )
+        for name, value in list(vars(other).items()):  # a method patched onto this instance follows it
             if isinstance(value, types.MethodType) and value.__self__ is self:
                 object.__setattr__(other, name, types.MethodType(value.__func__, other))
         return other
@@ -197,8 +211,9 @@ class GeneralForm(nn.Module):
             z = z + self.p(z)
         return torch.tanh(z) if self.plant == "A1" else z
 
-    def forward(self, x: Tensor, context: Tensor | None = None, causal: bool = False,
-                relevance: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, context: Tensor | None = None, causal: bool = False, relevance: Tensor | None = None
+    ) -> Tensor:
         """y (batch, L, d). ``relevance`` (batch, L, S): use these u_ij instead of r(s(x, context)), so that the
         checks of A1-A3 can measure the composed map with the relevances frozen."""
         ctx = x if context is None else context

@@ -52,7 +52,7 @@ def set_symmetry(module: GeneralForm, x: Tensor, seed: int) -> float:
     y = module(x, x, causal=True)
     for i in range(1, n):
         prefix = torch.randperm(i + 1, generator=g)
-        ctx = torch.cat([x[:, prefix], x[:, i + 1:]], dim=1)
+        ctx = torch.cat([x[:, prefix], x[:, i + 1 :]], dim=1)
         errs.append(rel(module(x, ctx, causal=True)[:, i], y[:, i], y))
     return max(errs)
 
@@ -98,8 +98,10 @@ def homogeneity(module: GeneralForm, x: Tensor, seed: int) -> float:
     g = _gen(seed)
     u = torch.randn(x.shape[0], x.shape[1], x.shape[1], generator=g, dtype=DTYPE)
     base, y = module.contribution(x, u), module(x, x, relevance=u)
-    return max(max(rel(module.contribution(x, k * u), k * base), rel(module(x, x, relevance=k * u), k * y))
-               for k in (2.0, 0.5, -1.0, 3.0))
+    return max(
+        max(rel(module.contribution(x, k * u), k * base), rel(module(x, x, relevance=k * u), k * y))
+        for k in (2.0, 0.5, -1.0, 3.0)
+    )
 
 
 @torch.no_grad()
@@ -136,7 +138,7 @@ def bilinear_fit(module: GeneralForm, x: Tensor, seed: int) -> tuple[float, int,
     d = module.d
     n = fit_length(module)
     xi, xj = (torch.randn(1, n, d, generator=g, dtype=DTYPE) for _ in range(2))
-    s = module.score(xi, xj)[0].reshape(-1)                                   # (n * n,)
+    s = module.score(xi, xj)[0].reshape(-1)  # (n * n,)
     features = torch.einsum("ia,jb->ijab", xi[0], xj[0]).reshape(n * n, d * d)
     m = torch.linalg.lstsq(features, s.unsqueeze(-1)).solution.reshape(d, d)
     residual = float((features @ m.reshape(-1) - s).norm() / s.norm().clamp_min(1e-300))

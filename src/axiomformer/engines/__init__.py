@@ -41,10 +41,39 @@ from axiomformer.engines.base import Engine, EngineBase
 from axiomformer.engines.plan import Parts, Plan, ProblemKind, problem_kind
 from axiomformer.engines.problem import AttentionProblem, causal_mask
 from axiomformer.engines.router import (
-    ENGINE_ORDER, ENGINES, ROUTE_CACHE_MAX, Attended, attend, default_parts, prefer_engine, register_engine, route,
-    route_cache_clear, route_cache_size, unregister_engine,
+    ENGINE_ORDER,
+    ENGINES,
+    ROUTE_CACHE_MAX,
+    Attended,
+    attend,
+    default_parts,
+    prefer_engine,
+    register_engine,
+    route,
+    route_cache_clear,
+    route_cache_size,
+    unregister_engine,
 )
 
-__all__ = ["AttentionProblem", "Attended", "ENGINES", "ENGINE_ORDER", "Engine", "EngineBase", "Parts", "Plan",
-           "ProblemKind", "ROUTE_CACHE_MAX", "attend", "causal_mask", "default_parts", "prefer_engine",
-           "problem_kind", "register_engine", "route", "route_cache_clear", "route_cache_size", "unregister_engine"]
+__all__ = [
+    "ENGINES",
+    "ENGINE_ORDER",
+    "ROUTE_CACHE_MAX",
+    "Attended",
+    "AttentionProblem",
+    "Engine",
+    "EngineBase",
+    "Parts",
+    "Plan",
+    "ProblemKind",
+    "attend",
+    "causal_mask",
+    "default_parts",
+    "prefer_engine",
+    "problem_kind",
+    "register_engine",
+    "route",
+    "route_cache_clear",
+    "route_cache_size",
+    "unregister_engine",
+]

@@ -9,7 +9,7 @@ path stays the fast one.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,8 +19,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 DOUBLE_BACKWARD_HINT = "use Attention(..., double_backward=True) (or attend(..., double_backward=True))"
 
 
-def differentiable_backward(exact: Callable[..., Tensor], inputs: Sequence, grad_out: Tensor,
-                            needs: Sequence[bool]) -> list:
+def differentiable_backward(
+    exact: Callable[..., Tensor], inputs: Sequence, grad_out: Tensor, needs: Sequence[bool]
+) -> list:
     """Vector-Jacobian products of ``exact(*inputs)`` with ``grad_out`` for the inputs in ``needs``, as a graph.
 
     ``inputs`` are the tensors a ``torch.autograd.Function`` saved (with their history when the outer backward
@@ -42,16 +43,19 @@ class _SDPA(torch.autograd.Function):
     """``F.scaled_dot_product_attention`` (fused kernels, first order) with a math-backend second order."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool,
-                scale: float) -> Tensor:
+    def forward(
+        ctx, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, scale: float
+    ) -> Tensor:
         ctx.save_for_backward(q, k, v, attn_mask)
         ctx.options = (dropout_p, is_causal, scale)
         needs = ctx.needs_input_grad[:4]
         with torch.enable_grad():
-            leaves = [None if t is None else t.detach().requires_grad_(need) for t, need in zip((q, k, v, attn_mask),
-                                                                                                 needs)]
-            out = F.scaled_dot_product_attention(*leaves[:3], attn_mask=leaves[3], dropout_p=dropout_p,
-                                                 is_causal=is_causal, scale=scale)
+            leaves = [
+                None if t is None else t.detach().requires_grad_(need) for t, need in zip((q, k, v, attn_mask), needs)
+            ]
+            out = F.scaled_dot_product_attention(
+                *leaves[:3], attn_mask=leaves[3], dropout_p=dropout_p, is_causal=is_causal, scale=scale
+            )
         ctx.graph = (leaves, out)
         return out.detach()
 
@@ -61,10 +65,13 @@ class _SDPA(torch.autograd.Function):
         dropout_p, is_causal, scale = ctx.options
         if torch.is_grad_enabled():
             if dropout_p > 0:
-                raise RuntimeError("second-order gradients through SDPA with dropout would redraw the dropout mask; "
-                                   + DOUBLE_BACKWARD_HINT)
-            grads = differentiable_backward(lambda q, k, v, m: _math_sdpa(q, k, v, m, is_causal, scale),
-                                            ctx.saved_tensors, grad_out, needs)
+                raise RuntimeError(
+                    "second-order gradients through SDPA with dropout would redraw the dropout mask; "
+                    + DOUBLE_BACKWARD_HINT
+                )
+            grads = differentiable_backward(
+                lambda q, k, v, m: _math_sdpa(q, k, v, m, is_causal, scale), ctx.saved_tensors, grad_out, needs
+            )
         else:
             leaves, out = ctx.graph
             wanted = [t for t, need in zip(leaves, needs) if need]
@@ -73,14 +80,22 @@ class _SDPA(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
-def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
-         is_causal: bool = False, scale: float | None = None) -> Tensor:
+def sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Tensor:
     """``F.scaled_dot_product_attention`` whose backward is differentiable again (see the module docstring).
 
     Under ``torch.compile``, or when nothing needs a gradient, it is the plain call.
     """
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, attn_mask))
     if torch.compiler.is_compiling() or not needs_grad:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                                              scale=scale)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )
     return _SDPA.apply(q, k, v, attn_mask, dropout_p, is_causal, scale)

@@ -42,8 +42,9 @@ class Engine(Protocol):
 
     def twice_differentiable(self, kind: ProblemKind) -> bool: ...
 
-    def __call__(self, plan: Plan, problem: AttentionProblem,
-                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]: ...
+    def __call__(
+        self, plan: Plan, problem: AttentionProblem, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]: ...
 
 
 class EngineBase:
@@ -63,6 +64,7 @@ class EngineBase:
         """Whether second-order gradients of problems of this kind are exact on this engine."""
         return self.double_backward
 
-    def __call__(self, plan: Plan, problem: AttentionProblem,
-                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def __call__(
+        self, plan: Plan, problem: AttentionProblem, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         raise NotImplementedError

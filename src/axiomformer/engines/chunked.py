@@ -65,7 +65,7 @@ def _key_blocks(problem: AttentionProblem, qs: slice, k_end: int, size: int) -> 
     blocks left of the diagonal need no mask at all."""
     if not problem.causal:
         return _blocks(k_end, size)
-    split = min(k_end, max(0, problem.q_offset + qs.start + 1))     # keys every query of the chunk may see
+    split = min(k_end, max(0, problem.q_offset + qs.start + 1))  # keys every query of the chunk may see
     return _blocks(split, size) + [slice(split + b.start, split + b.stop) for b in _blocks(k_end - split, size)]
 
 
@@ -95,8 +95,9 @@ def _dropout(weights: Tensor, problem: AttentionProblem) -> Tensor:
     return weights
 
 
-def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tensor, *, qs: slice,
-                 key_chunk: int) -> Tensor:
+def attend_chunk(
+    parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tensor, *, qs: slice, key_chunk: int
+) -> Tensor:
     """Output rows ``qs`` (batch, heads, len(qs), head_dim_v) in max(v dtype, float32) from the keys ``k``/``v`` (the
     first k_end ones)."""
     kind = parts.normalizer_choice
@@ -106,12 +107,16 @@ def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tens
         blocks = _key_blocks(problem, qs, k_end, key_chunk)
         n_visible = _visible_count(problem, qs, k_end, key_chunk)
         if n_visible is None:
-            n_visible = torch.full((1, 1, 1, 1), float(problem.k_len), device=q.device,
-                                   dtype=compute_dtype(q.dtype))
+            n_visible = torch.full((1, 1, 1, 1), float(problem.k_len), device=q.device, dtype=compute_dtype(q.dtype))
         out = None
         for ks in blocks:
-            weights = normalize(_scores(parts, problem, q, k[..., ks, :], qs, ks), block_mask(problem, qs, ks),
-                                kind, training=problem.training, n_visible=n_visible)
+            weights = normalize(
+                _scores(parts, problem, q, k[..., ks, :], qs, ks),
+                block_mask(problem, qs, ks),
+                kind,
+                training=problem.training,
+                n_visible=n_visible,
+            )
             part = contribute(parts.contribution, _dropout(weights, problem), v[..., ks, :])
             out = part if out is None else out + part
         return out
@@ -119,8 +124,13 @@ def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tens
         scores = _scores(parts, problem, q, k, qs, blocks[0])
     else:
         scores = torch.cat([_scores(parts, problem, q, k[..., ks, :], qs, ks) for ks in blocks], dim=-1)
-    weights = normalize(scores, block_mask(problem, qs, slice(0, k_end)), kind, training=problem.training,
-                        params=parts.normalizer_params())
+    weights = normalize(
+        scores,
+        block_mask(problem, qs, slice(0, k_end)),
+        kind,
+        training=problem.training,
+        params=parts.normalizer_params(),
+    )
     weights = _dropout(weights, problem)
     if parts.proportional or len(blocks) == 1:
         return contribute(parts.contribution, weights, v)
@@ -132,12 +142,16 @@ def attend_chunk(parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tens
 
 
 # ---------------------------------------------------------------------------------------------- the engine
-def chunked_attention(parts, problem: AttentionProblem, k: Tensor, v: Tensor, query_chunk: int,
-                      key_chunk: int) -> Tensor:
+def chunked_attention(
+    parts, problem: AttentionProblem, k: Tensor, v: Tensor, query_chunk: int, key_chunk: int
+) -> Tensor:
     """Attention output (batch, heads, q_len, head_dim_v), ``query_chunk`` queries at a time, each checkpointed."""
     q = problem.q
     needs_grad = torch.is_grad_enabled() and (
-        q.requires_grad or k.requires_grad or v.requires_grad or any(p.requires_grad for p in parts.parameters())
+        q.requires_grad
+        or k.requires_grad
+        or v.requires_grad
+        or any(p.requires_grad for p in parts.parameters())
         or (isinstance(problem.scale, Tensor) and problem.scale.requires_grad)
     )
     outs = []
@@ -162,8 +176,9 @@ class ChunkedEngine(EngineBase):
 
     name = "chunked"
 
-    def __init__(self, memory_budget: int = DEFAULT_BUDGET, query_chunk: int | None = None,
-                 key_chunk: int | None = None):
+    def __init__(
+        self, memory_budget: int = DEFAULT_BUDGET, query_chunk: int | None = None, key_chunk: int | None = None
+    ):
         self.memory_budget = memory_budget
         self.query_chunk = query_chunk
         self.key_chunk = key_chunk

@@ -51,7 +51,7 @@ class _Chunk:
         """Zero the weights of keys after each query's diagonal, in place (only the diagonal block is touched)."""
         if self.diagonal is not None:
             first, hidden = self.diagonal
-            w[..., first:self.end].masked_fill_(hidden, 0.0)
+            w[..., first : self.end].masked_fill_(hidden, 0.0)
         return w
 
 
@@ -96,8 +96,8 @@ class ElementwiseAttention(torch.autograd.Function):
         k_len = k.shape[-2]
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         for c in _chunks(q.shape[-2], size, offset, causal, k_len, q):
-            w = _chunk_weights(_query_operand(q[:, c.rows], kind, c), k[:, :c.end], kind, c)
-            out[:, c.rows] = torch.bmm(w, v[:, :c.end])
+            w = _chunk_weights(_query_operand(q[:, c.rows], kind, c), k[:, : c.end], kind, c)
+            out[:, c.rows] = torch.bmm(w, v[:, : c.end])
         ctx.save_for_backward(q, k, v)
         ctx.kind, ctx.causal, ctx.offset, ctx.size = kind, causal, offset, size
         return out
@@ -106,26 +106,29 @@ class ElementwiseAttention(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         q, k, v = ctx.saved_tensors
         kind = ctx.kind
-        if torch.is_grad_enabled():                      # create_graph=True: a differentiable backward
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
             grads = differentiable_backward(
-                lambda q, k, v: exact_elementwise(q, k, v, kind, ctx.causal, ctx.offset), (q, k, v), grad_out,
-                ctx.needs_input_grad[:3])
+                lambda q, k, v: exact_elementwise(q, k, v, kind, ctx.causal, ctx.offset),
+                (q, k, v),
+                grad_out,
+                ctx.needs_input_grad[:3],
+            )
             return (*grads, None, None, None, None)
         grad_out = grad_out.contiguous()
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for c in _chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q):
-            q_c, k_c, v_c, g = q[:, c.rows], k[:, :c.end], v[:, :c.end], grad_out[:, c.rows]
-            w = _chunk_weights(_query_operand(q_c, kind, c), k[:, :c.end], kind, c)
-            grad_v[:, :c.end] += torch.bmm(w.transpose(-2, -1), g)     # one batched call (a strided baddbmm_ loops)
+            q_c, k_c, v_c, g = q[:, c.rows], k[:, : c.end], v[:, : c.end], grad_out[:, c.rows]
+            w = _chunk_weights(_query_operand(q_c, kind, c), k[:, : c.end], kind, c)
+            grad_v[:, : c.end] += torch.bmm(w.transpose(-2, -1), g)  # one batched call (a strided baddbmm_ loops)
             if kind == "sigmoid":
-                grad_s = torch.bmm(g, v_c.transpose(-2, -1))                      # dL/du
-                grad_s.mul_(w.addcmul_(w, w, value=-1.0))                         # dL/du * u (1 - u)
+                grad_s = torch.bmm(g, v_c.transpose(-2, -1))  # dL/du
+                grad_s.mul_(w.addcmul_(w, w, value=-1.0))  # dL/du * u (1 - u)
             else:
                 # relu: u = relu(s / n), du/ds = [u > 0] / n; the 1/n_i is applied to the rows of dL/dy first.
                 grad_s = torch.bmm(g / c.n, v_c.transpose(-2, -1))
-                grad_s.mul_(w.sign_())                              # [u > 0] (u >= 0); also 0 at masked keys
+                grad_s.mul_(w.sign_())  # [u > 0] (u >= 0); also 0 at masked keys
             grad_q[:, c.rows] = torch.bmm(grad_s, k_c)
-            grad_k[:, :c.end] += torch.bmm(grad_s.transpose(-2, -1), q_c)
+            grad_k[:, : c.end] += torch.bmm(grad_s.transpose(-2, -1), q_c)
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
@@ -134,8 +137,10 @@ def elementwise_attention(plan: Plan, problem: AttentionProblem, chunk: int) -> 
     scale = problem.scale
     q = problem.q * (scale.to(problem.q.dtype) if isinstance(scale, Tensor) else scale)
     batch, heads = q.shape[0], q.shape[1]
-    q3, k3, v3 = (torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
-                  for t in (q, problem.k, problem.v))
+    q3, k3, v3 = (
+        torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
+        for t in (q, problem.k, problem.v)
+    )
     out = ElementwiseAttention.apply(q3, k3, v3, plan.kind, problem.causal, problem.q_offset, chunk)
     return out.view(batch, heads, *out.shape[1:])
 

@@ -42,8 +42,9 @@ def flex_mods(problem: AttentionProblem):
             distance = distance if causal else distance.abs()
             return score - slopes[h] * distance
 
-    keep = None if problem.mask is None else problem.mask.reshape(problem.mask.shape[0], -1)   # (B|1, k_len)
+    keep = None if problem.mask is None else problem.mask.reshape(problem.mask.shape[0], -1)  # (B|1, k_len)
     if causal or keep is not None:
+
         def mask_mod(b, h, q_idx, kv_idx):
             ok = kv_idx >= 0
             if causal:
@@ -61,7 +62,7 @@ class EngineUnavailable(RuntimeError):
 
 def _rows_with_keys(problem: AttentionProblem) -> Tensor | None:
     """(batch|1, 1, q_len, 1) bool: queries with a visible key, from the key padding mask and the causal horizon."""
-    horizon = problem.q_positions                                          # last visible key of each query
+    horizon = problem.q_positions  # last visible key of each query
     if problem.mask is None:
         return (horizon >= 0).view(1, 1, -1, 1) if problem.causal else None
     keep = problem.mask.reshape(problem.mask.shape[0], problem.k_len)
@@ -94,7 +95,8 @@ class FlexEngine(EngineBase):
             and not kind.bias
             and not plan.spec.softcap
             and not kind.window
-            and kind.mask in ("none", "key") and not kind.mask_heads
+            and kind.mask in ("none", "key")
+            and not kind.mask_heads
             and not kind.dropout
         )
 
@@ -119,8 +121,7 @@ class FlexEngine(EngineBase):
         block_mask = None
         if mask_mod is not None:
             batch = problem.mask.shape[0] if problem.mask is not None and problem.mask.shape[0] > 1 else None
-            block_mask = create_block_mask(mask_mod, batch, None, problem.q_len, problem.k_len,
-                                           device=str(q.device))
+            block_mask = create_block_mask(mask_mod, batch, None, problem.q_len, problem.k_len, device=str(q.device))
         out = self._kernel()(q, k_dot, v, score_mod=score_mod, block_mask=block_mask, scale=float(scale))
         out = out[..., :head_dim_v]
         has_key = _rows_with_keys(problem)
@@ -129,9 +130,12 @@ class FlexEngine(EngineBase):
     def __call__(self, parts: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
         try:
             return self.attend(parts, problem, problem.k, problem.v), None
-        except Exception as err:  # noqa: BLE001 - any compile/lowering failure means: use another engine
+        except Exception as err:
             device = problem.q.device.type
             self.failed[device] = f"{type(err).__name__}: {err}"
-            logger.warning("flex_attention failed on %s (%s); falling back to the next engine", device,
-                           self.failed[device].splitlines()[0][:200])
+            logger.warning(
+                "flex_attention failed on %s (%s); falling back to the next engine",
+                device,
+                self.failed[device].splitlines()[0][:200],
+            )
             raise EngineUnavailable(self.failed[device]) from err

@@ -68,7 +68,7 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, q_offset: int, chunk
 
     phi_k and v hold k_len = q_offset + L keys; the first ``q_offset`` are visible to every query.
     """
-    batch, heads, length, dim = phi_q.shape
+    batch, heads, length, _dim = phi_q.shape
     past_k, phi_k = phi_k[..., :q_offset, :], phi_k[..., q_offset:, :]
     past_v, v = v[..., :q_offset, :], v[..., q_offset:, :]
     pad = (-length) % chunk
@@ -83,7 +83,7 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, q_offset: int, chunk
     ksum = exclusive_cumsum(ksum, past_k.sum(-2))
     # In place where autograd allows it (a matmul's backward reads its inputs, not its output): one (L x chunk)
     # block and one (L x dv) block fewer at the peak.
-    within = torch.matmul(cq, ck.transpose(-2, -1)).tril_()               # (B, H, n, chunk, chunk)
+    within = torch.matmul(cq, ck.transpose(-2, -1)).tril_()  # (B, H, n, chunk, chunk)
     num = torch.matmul(within, cv).add_(torch.matmul(cq, state))
     den = torch.matmul(cq, ksum.unsqueeze(-1)).add_(within.sum(-1, keepdim=True))
     num = num.reshape(batch, heads, n * chunk, -1)[..., :length, :]
@@ -106,7 +106,7 @@ def linear_attention(problem: AttentionProblem, k: Tensor, v: Tensor, phi, chunk
     phi_k = phi(k.to(dtype))
     v32 = v.to(dtype)
     if problem.mask is not None:
-        keep = problem.mask.squeeze(-2).unsqueeze(-1)                    # (B|1, H|1, k_len, 1)
+        keep = problem.mask.squeeze(-2).unsqueeze(-1)  # (B|1, H|1, k_len, 1)
         phi_k = phi_k * keep
     phi_k = torch.broadcast_to(phi_k, phi_q.shape[:2] + phi_k.shape[2:])
     if problem.causal:

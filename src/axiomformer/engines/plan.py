@@ -14,8 +14,8 @@ annealed temperature reuses one routing decision.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -95,18 +95,28 @@ class Plan:
         choice = NORMALIZERS[spec.normalizer]
         score = SCORES[spec.score]
         resolved = {
-            "normalizer_choice": choice, "normalizer_traits": choice.traits, "score_traits": score.traits,
+            "normalizer_choice": choice,
+            "normalizer_traits": choice.traits,
+            "score_traits": score.traits,
             "contribution_traits": CONTRIBUTIONS[spec.contribution].traits,
             "position_traits": POSITIONS[spec.position].traits,
-            "dot_form": score.extra.get("dot_form"), "feature_map": FEATURE_MAPS[spec.feature_map].impl,
-            "options": spec_options(spec), "at_defaults": at_defaults(spec),
+            "dot_form": score.extra.get("dot_form"),
+            "feature_map": FEATURE_MAPS[spec.feature_map].impl,
+            "options": spec_options(spec),
+            "at_defaults": at_defaults(spec),
             "params_fn": choice.extra["params"] if "parametric" in choice.traits else None,
             "pair_width": _pair_width(spec, self.score_fn, self.contribution),
         }
         resolved["per_row_scale"] = SCALES.has(spec.scale, "per_row")
-        resolved["key"] = (spec.normalizer, spec.score, spec.contribution,
-                           spec.feature_map if "kernel" in choice.traits else None, resolved["at_defaults"],
-                           bool(spec.softcap), resolved["per_row_scale"])
+        resolved["key"] = (
+            spec.normalizer,
+            spec.score,
+            spec.contribution,
+            spec.feature_map if "kernel" in choice.traits else None,
+            resolved["at_defaults"],
+            bool(spec.softcap),
+            resolved["per_row_scale"],
+        )
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
 
@@ -180,7 +190,7 @@ def _alibi_span_ok(problem, max_slope: float | None) -> bool:
         return False
     if max_slope is None:
         if torch.compiler.is_compiling():
-            return False                 # no host read while tracing: take the materialized (exact) path
+            return False  # no host read while tracing: take the materialized (exact) path
         max_slope = float(problem.alibi_slopes.abs().max())
     center = (problem.k_len - 1) // 2
     return max_slope * max(center, problem.k_len - 1 - center) <= ALIBI_F32_MAX_SPAN
@@ -206,11 +216,18 @@ def problem_kind(plan: Plan, problem: Any) -> ProblemKind:
     q, mask = problem.q, problem.mask
     rows = q.shape[0] * q.shape[1]
     return ProblemKind(
-        device=q.device.type, dtype=q.dtype, mask=mask_kind(mask),
+        device=q.device.type,
+        dtype=q.dtype,
+        mask=mask_kind(mask),
         mask_heads=mask is not None and mask.dim() == 4 and mask.shape[1] != 1,
-        bias=problem.bias is not None, alibi=alibi_form(problem, plan.alibi_max_slope), causal=problem.causal,
-        aligned=problem.q_offset == problem.k_len - problem.q_len, offset_ok=problem.q_offset >= 0,
-        training=problem.training, dropout=problem.training and problem.dropout_p > 0, window=bool(problem.window),
+        bias=problem.bias is not None,
+        alibi=alibi_form(problem, plan.alibi_max_slope),
+        causal=problem.causal,
+        aligned=problem.q_offset == problem.k_len - problem.q_len,
+        offset_ok=problem.q_offset >= 0,
+        training=problem.training,
+        dropout=problem.training and problem.dropout_p > 0,
+        window=bool(problem.window),
         large=rows * problem.q_len * problem.k_len * plan.pair_width > REFERENCE_MAX_ELEMENTS,
         compiling=torch.compiler.is_compiling(),
     )
@@ -219,10 +236,18 @@ def problem_kind(plan: Plan, problem: Any) -> ProblemKind:
 def plain_dot(plan: Plan, kind: ProblemKind) -> bool:
     """Dot scores, proportional contributions, no soft-capping, one scale for every query, no mask but the causal one,
     no bias, ALiBi, window or dropout, float32/64: the problems whose weights are a function of one row of q k^T alone (the closed-form engines')."""
-    return ("plain_dot" in plan.score_traits and plan.proportional and not plan.spec.softcap
-            and not plan.per_row_scale and kind.mask == "none" and not kind.bias
-            and kind.alibi == "none" and not kind.dropout and not kind.window
-            and kind.dtype in (torch.float32, torch.float64))
+    return (
+        "plain_dot" in plan.score_traits
+        and plan.proportional
+        and not plan.spec.softcap
+        and not plan.per_row_scale
+        and kind.mask == "none"
+        and not kind.bias
+        and kind.alibi == "none"
+        and not kind.dropout
+        and not kind.window
+        and kind.dtype in (torch.float32, torch.float64)
+    )
 
 
 def closed_form_chunk(problem, memory_budget: int, blocks: int, most: int = 128) -> int:

@@ -35,8 +35,9 @@ def causal_mask(q_len: int, k_len: int, q_offset: int, device: torch.device | No
     return j <= i
 
 
-def window_mask(q_len: int, k_len: int, q_offset: int, window: int, causal: bool,
-                device: torch.device | None = None) -> Tensor:
+def window_mask(
+    q_len: int, k_len: int, q_offset: int, window: int, causal: bool, device: torch.device | None = None
+) -> Tensor:
     """Bool (q_len, k_len), True = inside the sliding window of ``window`` keys.
 
     Query i sits at position p_i = q_offset + i. Causal: key j is inside iff p_i - window < j (with the causal rule
@@ -48,8 +49,9 @@ def window_mask(q_len: int, k_len: int, q_offset: int, window: int, causal: bool
     return (j > i - window) if causal else ((j - i).abs() < window)
 
 
-def visible_range(q_len: int, k_len: int, q_offset: int, window: int, causal: bool,
-                  device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+def visible_range(
+    q_len: int, k_len: int, q_offset: int, window: int, causal: bool, device: torch.device | None = None
+) -> tuple[Tensor, Tensor]:
     """(first, stop), each (q_len,) int64: the keys first..stop - 1 that the causal rule and the window leave visible
     to each query (first >= stop when none), clamped to 0..k_len."""
     p = torch.arange(q_len, device=device) + q_offset
@@ -62,7 +64,7 @@ def count_in_range(flags: Tensor, first: Tensor, stop: Tensor) -> Tensor:
     """(..., q_len) int: how many of ``flags`` (..., k_len) bool lie in first..stop - 1 of each query (one cumsum,
     no (q_len x k_len) tensor, no Python loop over the length)."""
     sums = torch.cumsum(flags.to(torch.int32), dim=-1)
-    sums = torch.cat([torch.zeros_like(sums[..., :1]), sums], dim=-1)                  # sums[..., j] = flags[:j]
+    sums = torch.cat([torch.zeros_like(sums[..., :1]), sums], dim=-1)  # sums[..., j] = flags[:j]
     return (sums[..., stop] - sums[..., first]).clamp_min(0)
 
 
@@ -74,8 +76,15 @@ def _key_flags(mask: Tensor | None) -> Tensor | None:
     return mask[..., 0, :]
 
 
-def rows_without_keys(mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int,
-                      device: torch.device | None = None, window: int = 0) -> Tensor | None:
+def rows_without_keys(
+    mask: Tensor | None,
+    causal: bool,
+    q_len: int,
+    k_len: int,
+    q_offset: int,
+    device: torch.device | None = None,
+    window: int = 0,
+) -> Tensor | None:
     """(batch|1, heads|1, q_len) bool marking queries with no visible key, or None when every query has one.
 
     Reads ``mask`` (bool, True = may attend, at most (batch, heads, q_len, k_len)), the causal rule j <= q_offset + i
@@ -98,8 +107,15 @@ def rows_without_keys(mask: Tensor | None, causal: bool, q_len: int, k_len: int,
     return ~visible.any(-1)
 
 
-def visible_counts(mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int,
-                   device: torch.device | None = None, window: int = 0) -> Tensor:
+def visible_counts(
+    mask: Tensor | None,
+    causal: bool,
+    q_len: int,
+    k_len: int,
+    q_offset: int,
+    device: torch.device | None = None,
+    window: int = 0,
+) -> Tensor:
     """n_i, the number of keys query i may attend to, float32 (batch|1, heads|1, q_len, 1).
 
     Reads ``mask`` (bool, True = may attend, broadcastable to (batch, heads, q_len, k_len)), the bottom-right causal
@@ -189,8 +205,10 @@ class AttentionProblem:
 
     def rows_without_keys(self) -> Tensor | None:
         """(batch|1, heads|1, q_len) bool marking queries with no visible key (see :func:`rows_without_keys`)."""
-        return rows_without_keys(self.mask, self.causal, self.q_len, self.k_len, self.q_offset, self.q.device,
-                                 self.window)
+        return rows_without_keys(
+            self.mask, self.causal, self.q_len, self.k_len, self.q_offset, self.q.device, self.window
+        )
+
 
 # ---------------------------------------------------------------------------------------------- query chunks
 def per_row_scale(scale) -> bool:
@@ -208,8 +226,9 @@ def causal_key_end(start: int, stop: int, offset: int, causal: bool, k_len: int)
     return min(k_len, max(1, offset + stop)) if causal else k_len
 
 
-def causal_diagonal(start: int, stop: int, end: int, offset: int, causal: bool,
-                    device: torch.device | None = None) -> tuple[int, Tensor] | None:
+def causal_diagonal(
+    start: int, stop: int, end: int, offset: int, causal: bool, device: torch.device | None = None
+) -> tuple[int, Tensor] | None:
     """(first, hidden) for the queries start..stop - 1 against the keys 0..end - 1, or None when none is hidden.
 
     Query start + r (absolute position offset + start + r) sees the keys j <= offset + start + r, so keys before
@@ -239,13 +258,15 @@ def block_mask(problem: AttentionProblem, qs: slice, ks: slice) -> Tensor | None
     """``problem.full_mask()[..., qs, ks]`` without building the full mask; None when the block is fully visible."""
     mask = slice_block(problem.mask, qs, ks)
     if problem.causal and ks.stop - 1 > problem.q_offset + qs.start:
-        causal = causal_mask(qs.stop - qs.start, ks.stop - ks.start, problem.q_offset + qs.start - ks.start,
-                             problem.q.device)
+        causal = causal_mask(
+            qs.stop - qs.start, ks.stop - ks.start, problem.q_offset + qs.start - ks.start, problem.q.device
+        )
         mask = causal if mask is None else mask & causal
     if problem.window:
         offset = problem.q_offset + qs.start - ks.start
-        band = window_mask(qs.stop - qs.start, ks.stop - ks.start, offset, problem.window, problem.causal,
-                           problem.q.device)
+        band = window_mask(
+            qs.stop - qs.start, ks.stop - ks.start, offset, problem.window, problem.causal, problem.q.device
+        )
         mask = band if mask is None else mask & band
     return mask
 
@@ -271,8 +292,9 @@ def nonfinite_hits(problem: AttentionProblem, bad: Tensor, chunk: int = 256) -> 
     if mask is None or mask.shape[-2] == 1:
         keep = _key_flags(mask)
         seen = torch.broadcast_to(bad if keep is None else bad & keep, (batch, heads, problem.k_len))
-        first, stop = visible_range(problem.q_len, problem.k_len, problem.q_offset, problem.window, problem.causal,
-                                    problem.q.device)
+        first, stop = visible_range(
+            problem.q_len, problem.k_len, problem.q_offset, problem.window, problem.causal, problem.q.device
+        )
         return (count_in_range(seen, first, stop) > 0).unsqueeze(-1)
     size = problem.q_len if torch.compiler.is_compiling() else chunk
     hits = []
@@ -298,7 +320,7 @@ def clean_nonfinite(problem: AttentionProblem) -> tuple[Tensor, Tensor, Tensor |
     """
     bad = nonfinite_keys(problem.k, problem.v)
     if _reads_are_free(problem.k) and not bool(bad.any()):
-        return problem.k, problem.v, None              # nothing to clean: no copies of k and v
+        return problem.k, problem.v, None  # nothing to clean: no copies of k and v
     keep = ~bad.unsqueeze(-1)
     return torch.where(keep, problem.k, 0.0), torch.where(keep, problem.v, 0.0), bad
 

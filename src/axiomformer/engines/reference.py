@@ -52,19 +52,27 @@ def scaled_scores(parts: Plan, q: Tensor, k: Tensor, scale, bias: Tensor | None)
     if "kernel" in parts.normalizer_traits:
         # Katharopoulos et al. 2020, eq. 6: the kernel phi(q).phi(k) takes the place of exp(scaled score); a float
         # bias b multiplies it by exp(b), as it would multiply exp(s) inside a softmax.
-        scores = torch.matmul(parts.feature_map(scaled_query(q.to(dtype), scale)),
-                              parts.feature_map(k.to(dtype)).transpose(-2, -1))
+        scores = torch.matmul(
+            parts.feature_map(scaled_query(q.to(dtype), scale)), parts.feature_map(k.to(dtype)).transpose(-2, -1)
+        )
         return scores if bias is None else scores * bias.to(dtype).exp()
     if "halves" in parts.normalizer_traits:
         # Differential attention: the two halves of each head scored apart, stacked (2, batch, heads, q_len, k_len).
         h = q.shape[-1] // 2
-        scores = torch.stack([call_in(parts.score_fn, (q[..., :h], k[..., :h]), dtype),
-                              call_in(parts.score_fn, (q[..., h:], k[..., h:]), dtype)]) * scale
+        scores = (
+            torch.stack(
+                [
+                    call_in(parts.score_fn, (q[..., :h], k[..., :h]), dtype),
+                    call_in(parts.score_fn, (q[..., h:], k[..., h:]), dtype),
+                ]
+            )
+            * scale
+        )
     else:
         scores = call_in(parts.score_fn, (q, k), dtype) * scale
     cap = parts.spec.softcap
     if cap:
-        scores = cap * torch.tanh(scores / cap)      # Gemma 2's soft-capping, before any bias
+        scores = cap * torch.tanh(scores / cap)  # Gemma 2's soft-capping, before any bias
     return scores if bias is None else scores + bias.to(dtype)
 
 
@@ -72,8 +80,13 @@ def attention_weights(parts: Plan, problem: AttentionProblem, k: Tensor | None =
     """Attention weights (batch, heads, q_len, k_len) in max(input dtype, float32), before dropout."""
     k = problem.k if k is None else k
     scores = scaled_scores(parts, problem.q, k, problem.scale, problem.full_bias())
-    return normalize(scores, problem.full_mask(), parts.normalizer_choice, training=problem.training,
-                     params=parts.normalizer_params())
+    return normalize(
+        scores,
+        problem.full_mask(),
+        parts.normalizer_choice,
+        training=problem.training,
+        params=parts.normalizer_params(),
+    )
 
 
 class ReferenceEngine(EngineBase):

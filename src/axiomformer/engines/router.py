@@ -41,9 +41,7 @@ from axiomformer.engines.reference import ReferenceEngine
 from axiomformer.engines.rowwise import RowwiseEngine
 from axiomformer.engines.sdpa import SDPAEngine
 from axiomformer.engines.sparse import SparseEngine
-from axiomformer.engines.validate import (
-    as_problem_4d, check_per_head, check_window, empty_output, problem_shape,
-)
+from axiomformer.engines.validate import as_problem_4d, check_per_head, check_window, empty_output, problem_shape
 from axiomformer.spec import AttentionSpec
 
 ENGINES: dict[str, Any] = {}
@@ -111,12 +109,17 @@ def prefer_engine(name: str):
 
 
 def _usable(engine, kind, need_weights: bool, double_backward: bool) -> bool:
-    return ((engine.returns_weights or not need_weights)
-            and (not double_backward or engine.twice_differentiable(kind)))
+    return (engine.returns_weights or not need_weights) and (not double_backward or engine.twice_differentiable(kind))
 
 
-def route(parts: Plan, problem: AttentionProblem, engine: str = "auto", *, need_weights: bool = False,
-          double_backward: bool = False) -> str:
+def route(
+    parts: Plan,
+    problem: AttentionProblem,
+    engine: str = "auto",
+    *,
+    need_weights: bool = False,
+    double_backward: bool = False,
+) -> str:
     """The name of the engine that runs ``problem`` (cached per plan and kind of problem).
 
     Args:
@@ -143,7 +146,7 @@ def route(parts: Plan, problem: AttentionProblem, engine: str = "auto", *, need_
     if name is None:
         name = _decide(parts, kind, requested, explicit, need_weights, double_backward)
         if len(_ROUTES) >= ROUTE_CACHE_MAX:
-            del _ROUTES[next(iter(_ROUTES))]             # the oldest decision
+            del _ROUTES[next(iter(_ROUTES))]  # the oldest decision
         _ROUTES[key] = name
     return name
 
@@ -155,16 +158,22 @@ def _decide(plan, kind, requested, explicit, need_weights, double_backward) -> s
             return requested
         if explicit:
             if not chosen.accepts(plan, kind):
-                raise ValueError(f"engine {requested!r} cannot run {plan.spec.variant} on this problem "
-                                 f"({kind.device}, {kind.dtype}, mask={kind.mask}, alibi={kind.alibi}, "
-                                 f"window={kind.window}); use 'auto' or 'reference'")
-            raise ValueError(f"engine {requested!r} is not differentiable twice (double_backward=True); "
-                             f"use 'auto' or 'reference'")
+                raise ValueError(
+                    f"engine {requested!r} cannot run {plan.spec.variant} on this problem "
+                    f"({kind.device}, {kind.dtype}, mask={kind.mask}, alibi={kind.alibi}, "
+                    f"window={kind.window}); use 'auto' or 'reference'"
+                )
+            raise ValueError(
+                f"engine {requested!r} is not differentiable twice (double_backward=True); use 'auto' or 'reference'"
+            )
     for name in ENGINE_ORDER:
         candidate = ENGINES[name]
         worthwhile = getattr(candidate, "worthwhile", None)
-        if (_usable(candidate, kind, need_weights, double_backward) and candidate.accepts(plan, kind)
-                and (worthwhile is None or worthwhile(plan, kind))):
+        if (
+            _usable(candidate, kind, need_weights, double_backward)
+            and candidate.accepts(plan, kind)
+            and (worthwhile is None or worthwhile(plan, kind))
+        ):
             return name
     return "reference"
 
@@ -195,11 +204,26 @@ def default_parts(spec: AttentionSpec) -> Plan:
     return Plan(spec, score, contribution)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None, parts: Plan | None = None,
-           mask: Tensor | None = None, bias: Tensor | None = None, scale: float | Tensor | None = None,
-           causal: bool | None = None, q_offset: int | None = None, alibi_slopes: Tensor | None = None,
-           dropout_p: float | None = None, training: bool = False, need_weights: bool = False,
-           engine: str = "auto", double_backward: bool = False, window: int | None = None) -> Attended:
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    spec: AttentionSpec | None = None,
+    parts: Plan | None = None,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    scale: float | Tensor | None = None,
+    causal: bool | None = None,
+    q_offset: int | None = None,
+    alibi_slopes: Tensor | None = None,
+    dropout_p: float | None = None,
+    training: bool = False,
+    need_weights: bool = False,
+    engine: str = "auto",
+    double_backward: bool = False,
+    window: int | None = None,
+) -> Attended:
     """Attention of queries to keys and values, on the engine the router picks.
 
     Args:
@@ -245,18 +269,27 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
         parts = default_parts(spec)
     spec = parts.spec
     if scale is None:
-        scale = constant_scale(spec, q.shape[-1])      # ValueError for a learned or per-row scale
+        scale = constant_scale(spec, q.shape[-1])  # ValueError for a learned or per-row scale
     causal = spec.causal if causal is None else causal
     if not causal and "causal" in parts.normalizer_traits:
         raise ValueError(f"normalizer={spec.normalizer!r} is defined only under a causal mask: it needs causal=True")
     window = check_window(spec.window if window is None else window)
-    if 0 in target[2:]:                                  # no query or no key: nothing for an engine to compute
+    if 0 in target[2:]:  # no query or no key: nothing for an engine to compute
         out, weights = empty_output(q, k, v, target)
         return Attended(out, weights if need_weights else None, "reference")
     problem = AttentionProblem(
-        q=q, k=k, v=v, causal=causal, mask=mask, bias=bias,
-        alibi_slopes=alibi_slopes, q_offset=k.shape[-2] - q.shape[-2] if q_offset is None else q_offset,
-        dropout_p=spec.dropout if dropout_p is None else dropout_p, training=training, scale=scale, window=window,
+        q=q,
+        k=k,
+        v=v,
+        causal=causal,
+        mask=mask,
+        bias=bias,
+        alibi_slopes=alibi_slopes,
+        q_offset=k.shape[-2] - q.shape[-2] if q_offset is None else q_offset,
+        dropout_p=spec.dropout if dropout_p is None else dropout_p,
+        training=training,
+        scale=scale,
+        window=window,
     )
     k_clean, v_clean, bad = clean_nonfinite(problem)
     clean = dataclasses.replace(problem, k=k_clean, v=v_clean)
@@ -266,6 +299,6 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, spec: AttentionSpec | None = None
             out, weights = ENGINES[name](parts, clean, need_weights)
             break
         except EngineUnavailable:
-            _ROUTES.clear()                      # the engine's accepts() now says no on this device
+            _ROUTES.clear()  # the engine's accepts() now says no on this device
     out = poison_rows(zero_rows_without_keys(out, problem), problem, bad)
     return Attended(out, weights if need_weights else None, name)

@@ -59,7 +59,7 @@ class _Row:
 
     def grad_logits(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, factor: Tensor | None) -> Tensor:
         dz = self.vjp(t, u, g, delta, **self.options)
-        return dz if factor is None else dz.mul_(factor)          # d(c tanh(z / c))/dz = 1 - (t / c)^2
+        return dz if factor is None else dz.mul_(factor)  # d(c tanh(z / c))/dz = 1 - (t / c)^2
 
 
 def exact_rowwise(q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int) -> Tensor:
@@ -99,9 +99,13 @@ class RowwiseAttention(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         q, k, v, out = ctx.saved_tensors
         row = ctx.row
-        if torch.is_grad_enabled():                      # create_graph=True: a differentiable backward
-            grads = differentiable_backward(lambda q, k, v: exact_rowwise(q, k, v, row, ctx.causal, ctx.offset),
-                                            (q, k, v), grad_out, ctx.needs_input_grad[:3])
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+            grads = differentiable_backward(
+                lambda q, k, v: exact_rowwise(q, k, v, row, ctx.causal, ctx.offset),
+                (q, k, v),
+                grad_out,
+                ctx.needs_input_grad[:3],
+            )
             return (*grads, None, None, None, None)
         grad_out = grad_out.contiguous()
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -110,8 +114,8 @@ class RowwiseAttention(torch.autograd.Function):
             t, factor = row.logits_(torch.bmm(q_c, k_c.transpose(-2, -1)), diagonal, slope=True)
             u = row.weights(t)
             grad_v[:, :end] += torch.bmm(u.transpose(-2, -1), d_out)
-            g = torch.bmm(d_out, v_c.transpose(-2, -1))                      # dL/du
-            delta = (d_out * out[:, rows]).sum(-1, keepdim=True)            # sum_j u_j g_j
+            g = torch.bmm(d_out, v_c.transpose(-2, -1))  # dL/du
+            delta = (d_out * out[:, rows]).sum(-1, keepdim=True)  # sum_j u_j g_j
             dz = row.grad_logits(t, u, g, delta, factor)
             grad_q[:, rows] = torch.bmm(dz, k_c)
             grad_k[:, :end] += torch.bmm(dz.transpose(-2, -1), q_c)
@@ -123,8 +127,10 @@ def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int) -> Tens
     scale = problem.scale
     q = problem.q * (scale.to(problem.q.dtype) if isinstance(scale, Tensor) else scale)
     batch, heads = max(q.shape[0], problem.k.shape[0]), max(q.shape[1], problem.k.shape[1])
-    q3, k3, v3 = (torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
-                  for t in (q, problem.k, problem.v))
+    q3, k3, v3 = (
+        torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
+        for t in (q, problem.k, problem.v)
+    )
     out = RowwiseAttention.apply(q3, k3, v3, _Row(plan), problem.causal, problem.q_offset, chunk)
     return out.view(batch, heads, *out.shape[1:])
 
@@ -144,10 +150,20 @@ class RowwiseEngine(EngineBase):
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
         traits = plan.normalizer_traits
-        return ("closed_vjp" in traits and "parametric" not in traits and "plain_dot" in plan.score_traits
-                and plan.proportional and kind.mask == "none" and not kind.bias and kind.alibi == "none"
-                and not kind.dropout and not kind.window and kind.offset_ok and not kind.compiling
-                and kind.dtype in (torch.float32, torch.float64))
+        return (
+            "closed_vjp" in traits
+            and "parametric" not in traits
+            and "plain_dot" in plan.score_traits
+            and plan.proportional
+            and kind.mask == "none"
+            and not kind.bias
+            and kind.alibi == "none"
+            and not kind.dropout
+            and not kind.window
+            and kind.offset_ok
+            and not kind.compiling
+            and kind.dtype in (torch.float32, torch.float64)
+        )
 
     def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
         # One budget per block: the backward holds about six blocks (logits, weights, dL/du, the cap's slope and the

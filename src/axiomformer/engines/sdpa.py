@@ -58,7 +58,8 @@ def _with_sink(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_cau
         q = torch.cat([q.new_zeros(q.shape[:-2] + (1, q.shape[-1])), q], dim=-2)
     if attn_mask is not None:
         column = (torch.ones if attn_mask.dtype == torch.bool else torch.zeros)(
-            attn_mask.shape[:-1] + (1,), dtype=attn_mask.dtype, device=attn_mask.device)
+            attn_mask.shape[:-1] + (1,), dtype=attn_mask.dtype, device=attn_mask.device
+        )
         attn_mask = torch.cat([column, attn_mask], dim=-1)
     return q, k, v, attn_mask
 
@@ -89,8 +90,9 @@ WINDOW_CHUNK_MIN = 64
 """Fewest queries per block of the sliding-window path (blocks hold max(window, this) queries) **(our choice)**."""
 
 
-def _windowed_sdpa(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem, scale: float,
-                   dropout_p: float) -> Tensor:
+def _windowed_sdpa(
+    q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem, scale: float, dropout_p: float
+) -> Tensor:
     """Sliding-window attention in query blocks: each block reads only the keys some query of it may see, so the
     work is O(q_len (window + block)) instead of O(q_len k_len). Rows without a key are left for the router to zero."""
     window, offset, causal = problem.window, problem.q_offset, problem.causal
@@ -108,8 +110,16 @@ def _windowed_sdpa(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem, s
         if causal:
             band = band & causal_mask(stop - start, hi - lo, offset + start - lo, q.device)
         band = band | ~band.any(-1, keepdim=True)
-        outs.append(sdpa(q[..., start:stop, :], k[..., lo:hi, :], v[..., lo:hi, :], attn_mask=band,
-                         dropout_p=dropout_p, scale=scale))
+        outs.append(
+            sdpa(
+                q[..., start:stop, :],
+                k[..., lo:hi, :],
+                v[..., lo:hi, :],
+                attn_mask=band,
+                dropout_p=dropout_p,
+                scale=scale,
+            )
+        )
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
 
 
@@ -120,17 +130,20 @@ class SDPAEngine(EngineBase):
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
         traits = plan.score_traits
-        if plan.spec.softcap:                             # tanh of the logits: no fused kernel computes it
+        if plan.spec.softcap:  # tanh of the logits: no fused kernel computes it
             return False
-        if not ("dot_form" in traits and plan.proportional
-                and (plan.softmax_like(kind.training) or (plan.sink and "dot_form_exact" in traits))):
+        if not (
+            "dot_form" in traits
+            and plan.proportional
+            and (plan.softmax_like(kind.training) or (plan.sink and "dot_form_exact" in traits))
+        ):
             return False
         if kind.bias and kind.dtype not in (torch.float32, torch.float64):
             return False
         if kind.window and plan.sink:
             return False
         if kind.alibi != "none" and (plan.sink or kind.alibi != "column"):
-            return kind.alibi == "small"     # non-causal ALiBi only as a materialized float mask, while small
+            return kind.alibi == "small"  # non-causal ALiBi only as a materialized float mask, while small
         return True
 
     def twice_differentiable(self, kind: ProblemKind) -> bool:
@@ -143,7 +156,7 @@ class SDPAEngine(EngineBase):
         q, k_dot, scale, extras = dot_form(plan, problem.q, problem.k, problem.scale)
         bias = problem.bias
         if problem.alibi_slopes is not None:
-            if not sink and alibi_column_ok(problem, plan.alibi_max_slope):   # the column drops a per-query constant
+            if not sink and alibi_column_ok(problem, plan.alibi_max_slope):  # the column drops a per-query constant
                 center = (problem.k_len - 1) // 2
                 slopes = problem.alibi_slopes.to(q.dtype).view(1, -1, 1, 1)
                 positions = (problem.k_positions - center).to(q.dtype).view(1, 1, -1, 1)
@@ -157,8 +170,9 @@ class SDPAEngine(EngineBase):
         elif isinstance(scale, Tensor):
             q, scale = q * scale.to(q.dtype), 1.0
         dropout_p = problem.dropout_p if problem.training else 0.0
-        if (problem.window and problem.mask is None and bias is None
-                and not torch.compiler.is_compiling()):           # its loop over query blocks fixes the length
+        if (
+            problem.window and problem.mask is None and bias is None and not torch.compiler.is_compiling()
+        ):  # its loop over query blocks fixes the length
             return _windowed_sdpa(q, k_dot, v_in, problem, float(scale), dropout_p)[..., :head_dim_v], None
         out = _full_sdpa(q, k_dot, v_in, problem, bias, sink, float(scale), dropout_p)
         if out.shape[-1] != head_dim_v:
@@ -166,12 +180,25 @@ class SDPAEngine(EngineBase):
         return out, None
 
 
-def _full_sdpa(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem, bias: Tensor | None, sink: bool,
-               scale: float, dropout_p: float) -> Tensor:
+def _full_sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    problem: AttentionProblem,
+    bias: Tensor | None,
+    sink: bool,
+    scale: float,
+    dropout_p: float,
+) -> Tensor:
     """One SDPA call over every key, the mask and bias materialized as needed."""
     # SDPA's is_causal is aligned top-left; ours is bottom-right, which coincides only when q_len == k_len.
-    use_is_causal = (problem.causal and problem.mask is None and bias is None and problem.q_len == problem.k_len
-                     and not problem.window)
+    use_is_causal = (
+        problem.causal
+        and problem.mask is None
+        and bias is None
+        and problem.q_len == problem.k_len
+        and not problem.window
+    )
     mask = None if use_is_causal else problem.full_mask()
     if mask is not None:
         # SDPA returns NaN for a row with no visible key; such rows see every key here and are zeroed by the

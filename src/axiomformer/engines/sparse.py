@@ -84,7 +84,7 @@ def _fallback(x: Tensor, kind: str) -> Tensor:
     from entmax.activations import _entmax_threshold_and_support, _sparsemax_threshold_and_support
 
     top = x.amax(-1, keepdim=True)
-    clean = torch.where(torch.isnan(x), top, x)            # NaN rows stay NaN through ``top``
+    clean = torch.where(torch.isnan(x), top, x)  # NaN rows stay NaN through ``top``
     if kind == "sparsemax":
         tau, _ = _sparsemax_threshold_and_support(clean - top, dim=-1)
     else:
@@ -106,7 +106,7 @@ def _start(x: Tensor, kind: str) -> Tensor:
         return x.amax(-1, keepdim=True).sub_(1.0)
     sketch = x[:, : blocks * SKETCH_BLOCK].view(rows, blocks, SKETCH_BLOCK).amax(-1)
     if n > blocks * SKETCH_BLOCK:
-        sketch = torch.cat([sketch, x[:, blocks * SKETCH_BLOCK:].amax(-1, keepdim=True)], dim=-1)
+        sketch = torch.cat([sketch, x[:, blocks * SKETCH_BLOCK :].amax(-1, keepdim=True)], dim=-1)
     t = sketch.amax(-1, keepdim=True).sub_(1.0)
     h = torch.empty_like(sketch)
     for _ in range(SKETCH_STEPS):
@@ -118,7 +118,7 @@ def _start(x: Tensor, kind: str) -> Tensor:
             s1 = h.sum(-1, keepdim=True)
             step = (torch.linalg.vector_norm(h, dim=-1, keepdim=True).square_() - 1.0) / (2.0 * s1)
         t = t + step
-        if not bool((step > 0).any()):                  # converged (or NaN rows)
+        if not bool((step > 0).any()):  # converged (or NaN rows)
             break
     return t
 
@@ -134,15 +134,16 @@ def _michelot_step(point: Tensor, s1: Tensor, c: Tensor, gap: Tensor, same: Tens
     return done, value, point + step, c
 
 
-def _entmax15_step(point: Tensor, s1: Tensor, s2: Tensor, c: Tensor, gap: Tensor, same: Tensor,
-                   state: Tensor) -> tuple[Tensor, ...]:
+def _entmax15_step(
+    point: Tensor, s1: Tensor, s2: Tensor, c: Tensor, gap: Tensor, same: Tensor, state: Tensor
+) -> tuple[Tensor, ...]:
     """One 1.5-entmax pass of :func:`_threshold` on its open rows: (done, value, next point, next state).
 
     The root u on S of sum (h - u)^2 = 1 gives tau = point + u when S is final; ``state`` carries the support size
     at the previous point and the last point below tau with its sums (for Newton's step)."""
     f = s2 - 1.0
     disc = s1 * s1 - c * f
-    u = f / (s1 + disc.clamp_min(0.0).sqrt())           # root on S, tau = point + u if S is final
+    u = f / (s1 + disc.clamp_min(0.0).sqrt())  # root on S, tau = point + u if S is final
     lower = f >= 0
     valid = disc >= 0
     ahead = lower & valid & (u * gap < 1.0)
@@ -183,15 +184,15 @@ def _threshold(x: Tensor, kind: str, work: Tensor | None = None, work2: Tensor |
     # Per open row: the support size at the previous point if the current point is the root on that support (NaN:
     # it is not), then for entmax15 the last point below tau, its sum h and its sum h^2 (Newton's step; NaN: none).
     state = x.new_full((rows, 1 if kind == "sparsemax" else 4), float("nan"))
-    idx, cur, live = None, x, None        # x's rows held by ``cur`` (None: all); rows of ``cur`` still open
+    idx, cur, live = None, x, None  # x's rows held by ``cur`` (None: all); rows of ``cur`` still open
     for _ in range(MAX_ITERATIONS):
         m = cur.shape[0]
-        e = torch.sub(point, cur, out=work[: m * n].view(m, n)).clamp_max_(0.0)     # -h
+        e = torch.sub(point, cur, out=work[: m * n].view(m, n)).clamp_max_(0.0)  # -h
         s1 = e.sum(-1, keepdim=True).neg_()
         if kind == "entmax15":
             s2 = torch.linalg.vector_norm(e, dim=-1, keepdim=True).square_()
         # 1 / (-h) is -1 / h on S and +inf elsewhere: its minimum gives min_S h, its signs |S| = (n - sum) / 2.
-        gap = e.reciprocal_().amin(-1, keepdim=True).neg_()                        # 1 / min_S h
+        gap = e.reciprocal_().amin(-1, keepdim=True).neg_()  # 1 / min_S h
         c = e.sign_().sum(-1, keepdim=True).sub_(n).mul_(-0.5)
         # Level sets are nested, so an unchanged |S| means an unchanged S: the point, the root on the previous
         # support, is the root on its own, f(point) = 0 (this also settles rows where rounding makes f(point) < 0).
@@ -211,7 +212,7 @@ def _threshold(x: Tensor, kind: str, work: Tensor | None = None, work2: Tensor |
         remaining = int(live.sum())
         if remaining == 0:
             return tau
-        if remaining < COMPACT_BELOW * m:        # the finished rows leave the working block
+        if remaining < COMPACT_BELOW * m:  # the finished rows leave the working block
             keep = live.nonzero().view(-1)
             idx = keep if idx is None else idx[keep]
             cur = torch.index_select(x, 0, idx, out=work2[: idx.numel() * n].view(-1, n))
@@ -252,11 +253,12 @@ class SparseAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, scale: float | Tensor, kind: str, causal: bool, offset: int,
-                chunk: int) -> Tensor:
+    def forward(
+        ctx, q: Tensor, k: Tensor, v: Tensor, scale: float | Tensor, kind: str, causal: bool, offset: int, chunk: int
+    ) -> Tensor:
         q3, k3, v3, factor = _flat(q, k, v, scale)
         if kind == "entmax15":
-            factor = factor * 0.5                                # entmax thresholds y = z / 2
+            factor = factor * 0.5  # entmax thresholds y = z / 2
         bh, q_len, k_len = q3.shape[0], q3.shape[1], k3.shape[1]
         out = q3.new_empty(bh, q_len, v3.shape[-1])
         tau, shift = q3.new_empty(bh, q_len, 1), q3.new_empty(bh, q_len, 1)
@@ -265,11 +267,14 @@ class SparseAttention(torch.autograd.Function):
         for start in range(0, q_len, chunk):
             stop = min(start + chunk, q_len)
             rows, end = stop - start, causal_key_end(start, stop, offset, causal, k_len)
-            z = torch.bmm(q3[:, start:stop] * factor, k3[:, :end].transpose(1, 2),
-                          out=block[: bh * rows * end].view(bh, rows, end))
+            z = torch.bmm(
+                q3[:, start:stop] * factor,
+                k3[:, :end].transpose(1, 2),
+                out=block[: bh * rows * end].view(bh, rows, end),
+            )
             diag = causal_diagonal(start, stop, end, offset, causal, q3.device)
             if diag is not None:
-                z[..., diag[0]:].masked_fill_(diag[1], float("-inf"))
+                z[..., diag[0] :].masked_fill_(diag[1], float("-inf"))
             # Scores relative to the row maximum, as the entmax package works: z - tau then keeps its relative
             # precision when every score is large (|z| >> 1, where ulp(|z|) would otherwise swamp the weights).
             top = z.amax(-1, keepdim=True)
@@ -284,8 +289,9 @@ class SparseAttention(torch.autograd.Function):
             out[:, start:stop].baddbmm_(p, v3[:, :end], beta=0.0)
         # The learned scale's gradient reads the output (see ``backward``).
         keep_out = isinstance(scale, Tensor) and ctx.needs_input_grad[3]
-        ctx.save_for_backward(q, k, v, tau, shift, scale if isinstance(scale, Tensor) else None,
-                              out if keep_out else None)
+        ctx.save_for_backward(
+            q, k, v, tau, shift, scale if isinstance(scale, Tensor) else None, out if keep_out else None
+        )
         ctx.scale = None if isinstance(scale, Tensor) else scale
         ctx.kind, ctx.causal, ctx.offset, ctx.chunk = kind, causal, offset, chunk
         return out.view(q.shape[:-1] + (v.shape[-1],))
@@ -294,11 +300,14 @@ class SparseAttention(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         q, k, v, tau, shift, scale_t, out = ctx.saved_tensors
         kind, causal, offset, chunk = ctx.kind, ctx.causal, ctx.offset, ctx.chunk
-        if torch.is_grad_enabled():                      # create_graph=True: a differentiable backward
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
             scale = ctx.scale if scale_t is None else scale_t
             grads = differentiable_backward(
-                lambda q, k, v, scale: exact_sparse(q, k, v, scale, kind, causal, offset), (q, k, v, scale),
-                grad_out, ctx.needs_input_grad[:4])
+                lambda q, k, v, scale: exact_sparse(q, k, v, scale, kind, causal, offset),
+                (q, k, v, scale),
+                grad_out,
+                ctx.needs_input_grad[:4],
+            )
             return (*grads, None, None, None, None)
         need_q, need_k, need_v, need_scale = ctx.needs_input_grad[:4]
         need_scale = need_scale and out is not None
@@ -318,29 +327,32 @@ class SparseAttention(torch.autograd.Function):
             stop = min(start + chunk, q_len)
             rows, end = stop - start, causal_key_end(start, stop, offset, causal, k_len)
             k_c, v_c, do = k3[:, :end], v3[:, :end], d_out[:, start:stop]
-            q_c = q3[:, start:stop] * factor                                    # scaled queries of the chunk
-            h = torch.bmm(q_c * half if half != 1.0 else q_c, k_c.transpose(1, 2),
-                          out=block_h[: bh * rows * end].view(bh, rows, end))
-            h.sub_(shift[:, start:stop]).sub_(tau[:, start:stop]).relu_()      # relu(z - tau) or relu(y - tau)
+            q_c = q3[:, start:stop] * factor  # scaled queries of the chunk
+            h = torch.bmm(
+                q_c * half if half != 1.0 else q_c,
+                k_c.transpose(1, 2),
+                out=block_h[: bh * rows * end].view(bh, rows, end),
+            )
+            h.sub_(shift[:, start:stop]).sub_(tau[:, start:stop]).relu_()  # relu(z - tau) or relu(y - tau)
             diag = causal_diagonal(start, stop, end, offset, causal, q3.device)
             if diag is not None:
-                h[..., diag[0]:].masked_fill_(diag[1], 0.0)
-            if kind == "sparsemax":                                             # p = h
+                h[..., diag[0] :].masked_fill_(diag[1], 0.0)
+            if kind == "sparsemax":  # p = h
                 if need_v:
                     grad_v[:, :end].baddbmm_(h.transpose(1, 2), do)
-                h.sign_()                                                       # s = [p > 0]
+                h.sign_()  # s = [p > 0]
             if need_dz:
                 grad = torch.bmm(do, v_c.transpose(1, 2), out=block_g[: bh * rows * end].view(bh, rows, end))
-                grad.mul_(h)                                                    # s G or g G
+                grad.mul_(h)  # s G or g G
                 # |S| or sum g from this very h, so that sum_j dz_ij = 0 to rounding, as in entmax's backward.
                 mean = grad.sum(-1, keepdim=True).div_(h.sum(-1, keepdim=True))
-                grad.addcmul_(h, mean, value=-1.0)                              # dL/dz
-            if kind == "entmax15" and need_v:                                   # p = g^2
+                grad.addcmul_(h, mean, value=-1.0)  # dL/dz
+            if kind == "entmax15" and need_v:  # p = g^2
                 grad_v[:, :end].baddbmm_(h.square_().transpose(1, 2), do)
             if need_k:
                 grad_k[:, :end].baddbmm_(grad.transpose(1, 2), q_c)
             if need_q:
-                grad_q[:, start:stop].baddbmm_(grad, k_c, beta=0.0).mul_(factor)   # dL/dq = dL/d(scale q) scale
+                grad_q[:, start:stop].baddbmm_(grad, k_c, beta=0.0).mul_(factor)  # dL/dq = dL/d(scale q) scale
             if need_scale:
                 # dL/dscale = sum_ij dz_ij z_ij / scale. As sum_j dz_ij = 0, z_ij may be replaced by z_ij - tau_i = p_ij
                 # (sparsemax) or 2 (y_ij - tau_i) = 2 g_ij (entmax15) on the support, and sum_j dz_ij p_ij (or g_ij)
@@ -351,12 +363,21 @@ class SparseAttention(torch.autograd.Function):
         if need_scale:
             grad_factor = grad_factor.div_(factor).mul_(2.0 if kind == "entmax15" else 1.0)
             grad_scale = grad_factor.view(q.shape[:2] + (1, 1)).sum_to_size(scale_t.shape)
-        return (grad_q.view(q.shape) if need_q else None, grad_k.view(k.shape) if need_k else None,
-                grad_v.view(v.shape) if need_v else None, grad_scale, None, None, None, None)
+        return (
+            grad_q.view(q.shape) if need_q else None,
+            grad_k.view(k.shape) if need_k else None,
+            grad_v.view(v.shape) if need_v else None,
+            grad_scale,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def exact_sparse(q: Tensor, k: Tensor, v: Tensor, scale: float | Tensor, kind: str, causal: bool,
-                 offset: int) -> Tensor:
+def exact_sparse(
+    q: Tensor, k: Tensor, v: Tensor, scale: float | Tensor, kind: str, causal: bool, offset: int
+) -> Tensor:
     """The same output through the ``entmax`` package (the formula the second-order gradients differentiate)."""
     z = torch.matmul(q, k.transpose(-2, -1)) * scale
     if causal:
@@ -379,8 +400,9 @@ def sparse_attention(plan: Plan, problem: AttentionProblem, chunk: int) -> Tenso
     scale = problem.scale
     if isinstance(scale, Tensor):
         scale = scale.to(problem.q.dtype)
-    return SparseAttention.apply(problem.q, problem.k, problem.v, scale, plan.kind, problem.causal, problem.q_offset,
-                                 chunk)
+    return SparseAttention.apply(
+        problem.q, problem.k, problem.v, scale, plan.kind, problem.causal, problem.q_offset, chunk
+    )
 
 
 class SparseEngine(EngineBase):
@@ -396,8 +418,9 @@ class SparseEngine(EngineBase):
         self.memory_budget = memory_budget
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
-        return (plan.kind in KINDS and plain_dot(plan, kind) and (not kind.causal or kind.offset_ok)
-                and not kind.compiling)
+        return (
+            plan.kind in KINDS and plain_dot(plan, kind) and (not kind.causal or kind.offset_ok) and not kind.compiling
+        )
 
     def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
         return sparse_attention(plan, problem, closed_form_chunk(problem, self.memory_budget, blocks=2)), None

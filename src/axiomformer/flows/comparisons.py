@@ -99,8 +99,9 @@ def minimal_detectable(diffs: Sequence[float], family: int, power: float = POWER
     sd = float(d.std(ddof=1))
     if sd == 0.0:
         return 0.0
-    effect = TTestPower().solve_power(effect_size=None, nobs=d.size, alpha=ALPHA / max(family, 1), power=power,
-                                      alternative="two-sided")
+    effect = TTestPower().solve_power(
+        effect_size=None, nobs=d.size, alpha=ALPHA / max(family, 1), power=power, alternative="two-sided"
+    )
     return float(effect) * sd
 
 
@@ -135,10 +136,32 @@ def compare_arms(acc: dict[tuple, list[float]], margin: float) -> tuple[list[dic
                 continue
             xa, xb = acc[(theta, a, K, sigma)], acc[(theta, b, K, sigma)]
             diff, low, high, p = paired(xa, xb)
-            rows.append({"a": a, "b": b, "theta": theta, "K": K, "noise": sigma, "diff": diff, "ci_low": low,
-                         "ci_high": high, "p": p, "p_holm": 1.0})
-            extra.append({"a": a, "b": b, "theta": theta, "K": K, "noise": sigma, "p_tost": tost(xa, xb, margin),
-                          "diffs": np.subtract(xa, xb, dtype=float), "question": question})
+            rows.append(
+                {
+                    "a": a,
+                    "b": b,
+                    "theta": theta,
+                    "K": K,
+                    "noise": sigma,
+                    "diff": diff,
+                    "ci_low": low,
+                    "ci_high": high,
+                    "p": p,
+                    "p_holm": 1.0,
+                }
+            )
+            extra.append(
+                {
+                    "a": a,
+                    "b": b,
+                    "theta": theta,
+                    "K": K,
+                    "noise": sigma,
+                    "p_tost": tost(xa, xb, margin),
+                    "diffs": np.subtract(xa, xb, dtype=float),
+                    "question": question,
+                }
+            )
     for row, ph in zip(rows, holm([r["p"] for r in rows])):
         row["p_holm"] = ph
     for eq, ph in zip(extra, holm([e["p_tost"] for e in extra])):
@@ -149,5 +172,14 @@ def compare_arms(acc: dict[tuple, list[float]], margin: float) -> tuple[list[dic
     return rows, {"margin": margin, "alpha": ALPHA, "power": POWER, "rows": extra}
 
 
-__all__ = ["ALPHA", "COMPARISON_KEYS", "PAIRS", "compare_arms", "holm", "minimal_detectable", "paired", "tost",
-           "verdict"]
+__all__ = [
+    "ALPHA",
+    "COMPARISON_KEYS",
+    "PAIRS",
+    "compare_arms",
+    "holm",
+    "minimal_detectable",
+    "paired",
+    "tost",
+    "verdict",
+]

@@ -71,8 +71,10 @@ def read_idx(path: str | Path) -> np.ndarray:
     shape = struct.unpack(f">{ndim}I", raw[4:header])
     size = int(np.prod(shape))
     if len(raw) - header != size:
-        raise DataError(f"malformed IDX file {path}: header declares shape {shape} ({size} bytes) "
-                        f"but the file holds {len(raw) - header} data bytes")
+        raise DataError(
+            f"malformed IDX file {path}: header declares shape {shape} ({size} bytes) "
+            f"but the file holds {len(raw) - header} data bytes"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
 
 
@@ -97,16 +99,25 @@ def load_fashion_mnist(data_dir: str | Path) -> Dataset:
         if images.ndim != 3 or images.shape[1] != images.shape[2]:
             raise DataError(f"malformed IDX file {img_file}: expected (n, side, side) images, got {images.shape}")
         if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
-            raise DataError(f"malformed IDX file {_find(data_dir, FASHION_FILES[f'{split}_labels'])}: "
-                            f"{labels.shape} labels for {images.shape[0]} images in {img_file}")
+            raise DataError(
+                f"malformed IDX file {_find(data_dir, FASHION_FILES[f'{split}_labels'])}: "
+                f"{labels.shape} labels for {images.shape[0]} images in {img_file}"
+            )
     side = arrays["train_images"].shape[1]
     if arrays["test_images"].shape[1] != side:
         raise DataError(f"train and test images differ in size in {data_dir}")
-    flat = lambda a: a.reshape(a.shape[0], -1).astype(np.float64) / 255.0  # noqa: E731
+    flat = lambda a: a.reshape(a.shape[0], -1).astype(np.float64) / 255.0
     y_train = arrays["train_labels"].astype(np.int64)
     y_test = arrays["test_labels"].astype(np.int64)
-    return Dataset("fashion-mnist", flat(arrays["train_images"]), y_train, flat(arrays["test_images"]), y_test,
-                   side, int(max(y_train.max(), y_test.max())) + 1)
+    return Dataset(
+        "fashion-mnist",
+        flat(arrays["train_images"]),
+        y_train,
+        flat(arrays["test_images"]),
+        y_test,
+        side,
+        int(max(y_train.max(), y_test.max())) + 1,
+    )
 
 
 def load_digits_dataset(seed: int = 0, test_size: float = 0.25) -> Dataset:
@@ -116,8 +127,9 @@ def load_digits_dataset(seed: int = 0, test_size: float = 0.25) -> Dataset:
 
     bunch = load_digits()
     x = bunch.data.astype(np.float64) / 16.0
-    x_tr, x_te, y_tr, y_te = train_test_split(x, bunch.target.astype(np.int64), test_size=test_size,
-                                              random_state=seed, stratify=bunch.target)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        x, bunch.target.astype(np.int64), test_size=test_size, random_state=seed, stratify=bunch.target
+    )
     return Dataset("digits", x_tr, y_tr, x_te, y_te, 8, 10)
 
 
@@ -150,8 +162,10 @@ def load_dataset(name: str = "mnist5k", data_dir: str | Path | None = None, seed
         return load_digits_dataset(seed)
     if name == "fashion-mnist":
         if data_dir is None:
-            raise DataError("--data fashion-mnist needs --data-dir DIR holding the four IDX files "
-                            f"({', '.join(FASHION_FILES.values())}, raw or .gz)")
+            raise DataError(
+                "--data fashion-mnist needs --data-dir DIR holding the four IDX files "
+                f"({', '.join(FASHION_FILES.values())}, raw or .gz)"
+            )
         return load_fashion_mnist(data_dir)
     raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
 
@@ -163,8 +177,9 @@ def patchify(x: np.ndarray, side: int, patch: int) -> np.ndarray:
         ValueError: ``patch`` is not a positive divisor of ``side``.
     """
     if patch < 1 or side % patch:
-        raise ValueError(f"patch size {patch} does not divide the image side {side}; "
-                         f"choose a divisor of {side} (--patch)")
+        raise ValueError(
+            f"patch size {patch} does not divide the image side {side}; choose a divisor of {side} (--patch)"
+        )
     g = side // patch
     x = x.reshape(-1, g, patch, g, patch).transpose(0, 1, 3, 2, 4)
     return x.reshape(x.shape[0], g * g, patch * patch)

@@ -79,11 +79,10 @@ def default_config(quick: bool = False, **overrides) -> FlowConfig:
     batch 128, the fixed lr 3e-3 for every arm."""
     cfg = FlowConfig(lr_grid=(1e-3, 3e-3, 1e-2, 3e-2), max_train=2000, max_test=1000, seeds=16, epochs=20)
     if quick:
-        cfg = FlowConfig(seeds=2, max_train=1000, max_test=500, fit_epochs=4, epochs=4, batch_size=128,
-                         oracle_steps=50)
+        cfg = FlowConfig(seeds=2, max_train=1000, max_test=500, fit_epochs=4, epochs=4, batch_size=128, oracle_steps=50)
     for key, value in overrides.items():
         setattr(cfg, key, value)
-    if cfg.model == "linear":     # no token_mlp; the classifier value is the tied one there
+    if cfg.model == "linear":  # no token_mlp; the classifier value is the tied one there
         if "mixings" not in overrides:
             cfg.mixings = tuple(m for m in cfg.mixings if m != "token_mlp")
         if "values" not in overrides:
@@ -96,14 +95,17 @@ def _validate(cfg: FlowConfig, noise: list[float], steps: list[int]) -> None:
         bad = [v for v in values if v not in choices]
         if bad or not values:
             raise ValueError(f"unknown {name} {bad or values!r}; choose from: {', '.join(choices)}")
+
     check("model", [cfg.model], MODELS)
     check("readout", [cfg.readout], READOUTS)
     check("theta setting", list(cfg.thetas), THETAS)
     check("mixing", list(cfg.mixings), MIXINGS)
     check("value map", list(cfg.values), VALUES)
     if cfg.model == "linear" and "token_mlp" in cfg.mixings:
-        raise ValueError("mixing token_mlp needs --model quadratic (the linear model's tied attention step has no "
-                         "parameters to match)")
+        raise ValueError(
+            "mixing token_mlp needs --model quadratic (the linear model's tied attention step has no "
+            "parameters to match)"
+        )
     if any(s < 0 for s in noise) or any(k < 0 for k in steps) or not noise or not steps:
         raise ValueError(f"noise levels and steps must be non-empty and >= 0; got noise={noise}, steps={steps}")
     if cfg.seeds < 1 or cfg.epochs < 0 or cfg.fit_epochs < 0:
@@ -132,26 +134,49 @@ def prepare(ds: Dataset, cfg: FlowConfig) -> tuple[torch.Tensor, ...]:
         xtr, ytr = xtr[: cfg.max_train], ytr[: cfg.max_train]
     if cfg.max_test:
         xte, yte = xte[: cfg.max_test], yte[: cfg.max_test]
-    mu, sd = xtr.mean(), xtr.std()     # one scalar each: noise is measured in units of the pixel std
+    mu, sd = xtr.mean(), xtr.std()  # one scalar each: noise is measured in units of the pixel std
+
     def f(a):
         a = (a - mu) / sd
         if cfg.model == "quadratic":
             a = patchify(a, ds.side, cfg.patch)
         return torch.tensor(a, dtype=torch.float32)
+
     return f(xtr), torch.tensor(ytr), f(xte), torch.tensor(yte)
 
 
-def make_net(cfg: FlowConfig, x: torch.Tensor, num_classes: int, steps: int, mixing: str = "neither",
-             value: str = "tied") -> FlowNet:
+def make_net(
+    cfg: FlowConfig, x: torch.Tensor, num_classes: int, steps: int, mixing: str = "neither", value: str = "tied"
+) -> FlowNet:
     """The FlowNet of one arm for inputs shaped like ``x``."""
     tokens = x.shape[1] if cfg.model == "quadratic" else None
-    return FlowNet(x.shape[-1], num_classes, cfg.dim, steps, model=cfg.model, mixing=mixing, value=value,
-                   readout=cfg.readout, share_steps=cfg.share_steps, step_size=cfg.step_size, hidden=cfg.hidden,
-                   num_tokens=tokens, transposed_term=cfg.transposed_term)
+    return FlowNet(
+        x.shape[-1],
+        num_classes,
+        cfg.dim,
+        steps,
+        model=cfg.model,
+        mixing=mixing,
+        value=value,
+        readout=cfg.readout,
+        share_steps=cfg.share_steps,
+        step_size=cfg.step_size,
+        hidden=cfg.hidden,
+        num_tokens=tokens,
+        transposed_term=cfg.transposed_term,
+    )
 
 
-def train_group(nets: list[FlowNet], x: torch.Tensor, y: torch.Tensor, sigmas: list[float], seeds: list[int],
-                epochs: int, lr: float, cfg: FlowConfig) -> list[FlowNet]:
+def train_group(
+    nets: list[FlowNet],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    sigmas: list[float],
+    seeds: list[int],
+    epochs: int,
+    lr: float,
+    cfg: FlowConfig,
+) -> list[FlowNet]:
     """Train networks of one architecture side by side (``torch.func.vmap`` over their stacked parameters).
 
     Network m sees its own batches and noise: a generator seeded by ``seeds[m]`` draws the permutation of every epoch
@@ -177,11 +202,11 @@ def train_group(nets: list[FlowNet], x: torch.Tensor, y: torch.Tensor, sigmas: l
         for _ in range(epochs):
             perms = [torch.randperm(len(x), generator=g) for g in gens]
             for i in range(0, len(x), cfg.batch_size):
-                idx = torch.stack([perm[i: i + cfg.batch_size] for perm in perms])          # (M, b)
+                idx = torch.stack([perm[i : i + cfg.batch_size] for perm in perms])  # (M, b)
                 xb = x[idx]
                 noise = torch.stack([torch.randn(xb.shape[1:], generator=g) for g in gens])
-                logits = batched(params, buffers, xb + scale * noise)                         # (M, b, classes)
-                loss = F.cross_entropy(logits.flatten(0, 1), y[idx].flatten()) * len(nets)   # sum of per-net means
+                logits = batched(params, buffers, xb + scale * noise)  # (M, b, classes)
+                loss = F.cross_entropy(logits.flatten(0, 1), y[idx].flatten()) * len(nets)  # sum of per-net means
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -193,8 +218,9 @@ def train_group(nets: list[FlowNet], x: torch.Tensor, y: torch.Tensor, sigmas: l
     return [net.eval() for net in nets]
 
 
-def train(net: FlowNet, x: torch.Tensor, y: torch.Tensor, sigma: float, epochs: int, lr: float, seed: int,
-          cfg: FlowConfig) -> FlowNet:
+def train(
+    net: FlowNet, x: torch.Tensor, y: torch.Tensor, sigma: float, epochs: int, lr: float, seed: int, cfg: FlowConfig
+) -> FlowNet:
     """Train one network: :func:`train_group` of one (AdamW on the parameters that require grad; a frozen theta is
     not in the optimizer; cross-entropy; fresh Gaussian noise of std ``sigma`` on every batch)."""
     return train_group([net], x, y, [sigma], [seed], epochs, lr, cfg)[0]
@@ -221,8 +247,7 @@ def arm_names(cfg: FlowConfig) -> list[tuple[str, str, str]]:
     return out
 
 
-def build_arm(fit: FlowNet, cfg: FlowConfig, theta: str, mixing: str, value: str, K: int, x,
-              seed: int) -> FlowNet:
+def build_arm(fit: FlowNet, cfg: FlowConfig, theta: str, mixing: str, value: str, K: int, x, seed: int) -> FlowNet:
     """One arm's untrained network: the fitted K = 0 network ``fit``'s embedding and theta, new flow parameters
     (seeded), theta frozen if ``theta == 'fixed'``."""
     with seeded(seed):
@@ -233,8 +258,19 @@ def build_arm(fit: FlowNet, cfg: FlowConfig, theta: str, mixing: str, value: str
     return net
 
 
-def train_arm(fits: list[FlowNet], cfg: FlowConfig, theta: str, mixing: str, value: str, K: int, x, y,
-              sigmas: list[float], seeds: list[int], lr: float) -> list[FlowNet]:
+def train_arm(
+    fits: list[FlowNet],
+    cfg: FlowConfig,
+    theta: str,
+    mixing: str,
+    value: str,
+    K: int,
+    x,
+    y,
+    sigmas: list[float],
+    seeds: list[int],
+    lr: float,
+) -> list[FlowNet]:
     """Build and train one arm for every (fit, sigma, seed), side by side."""
     nets = [build_arm(f, cfg, theta, mixing, value, K, x, s) for f, s in zip(fits, seeds)]
     return train_group(nets, x, y, sigmas, [s + 1 for s in seeds], cfg.epochs, lr, cfg)
@@ -262,22 +298,30 @@ def selection_seeds(cfg: FlowConfig, seed: int) -> list[int]:
 
 def _check_disjoint(select: list[int], reported: list[int]) -> None:
     def used(seeds: list[int]) -> set[int]:
-        return {v for s in seeds for v in (s, s + 1)}     # train_arm trains with seed + 1
+        return {v for s in seeds for v in (s, s + 1)}  # train_arm trains with seed + 1
 
     if used(select) & used(reported):
         raise ValueError(f"learning-rate selection seeds {select} overlap the reported seeds {reported}")
 
 
-def choose_lrs(cfg: FlowConfig, x, y, noise: list[float], steps: list[int], seed: int, say,
-               known: dict[str, float] | None = None) -> dict[str, float]:
+def choose_lrs(
+    cfg: FlowConfig, x, y, noise: list[float], steps: list[int], seed: int, say, known: dict[str, float] | None = None
+) -> dict[str, float]:
     """One learning rate per (theta setting, arm, K), the same rule for all: the best mean validation accuracy over
     ``cfg.lr_grid`` at that K (``neither``: the K = 0 network), the median noise level, ``cfg.lr_seeds`` seeds of its
     own (:func:`selection_seeds`, disjoint from the reported seeds and never reported), on the last
     ``val_fraction`` of the training split (the test set is never used). Ties go to the smaller learning rate.
     ``known``: choices already made (a resumed run), kept as they are."""
     arms = arm_names(cfg) + ([] if "neither" in cfg.mixings else [("neither", "neither", "none")])
-    cells = list(dict.fromkeys((t, a, m, v, 0 if m == "neither" else k)
-                               for t in cfg.thetas for a, m, v in arms for k in steps if k > 0 or m == "neither"))
+    cells = list(
+        dict.fromkeys(
+            (t, a, m, v, 0 if m == "neither" else k)
+            for t in cfg.thetas
+            for a, m, v in arms
+            for k in steps
+            if k > 0 or m == "neither"
+        )
+    )
     chosen = dict(known or {})
     if len(cfg.lr_grid) < 2:
         lr = cfg.lr_grid[0] if cfg.lr_grid else cfg.lr
@@ -292,9 +336,19 @@ def choose_lrs(cfg: FlowConfig, x, y, noise: list[float], steps: list[int], seed
         if lr_key(theta, arm, k) in chosen:
             continue
         fits = fits or fit_classifiers(cfg, xt, yt, [sigma] * len(val_seeds), val_seeds)
-        scores = {lr: float(np.mean([accuracy(n, xv, yv) for n in train_arm(
-            fits, cfg, theta, mixing, value, k, xt, yt, [sigma] * len(val_seeds), val_seeds, lr)]))
-            for lr in cfg.lr_grid}
+        scores = {
+            lr: float(
+                np.mean(
+                    [
+                        accuracy(n, xv, yv)
+                        for n in train_arm(
+                            fits, cfg, theta, mixing, value, k, xt, yt, [sigma] * len(val_seeds), val_seeds, lr
+                        )
+                    ]
+                )
+            )
+            for lr in cfg.lr_grid
+        }
         chosen[lr_key(theta, arm, k)] = max(scores, key=lambda lr: (scores[lr], -lr))
         say(f"lr for theta={theta} {arm} K={k}: {chosen[lr_key(theta, arm, k)]:g}  (validation accuracy {scores})")
     return chosen
@@ -302,7 +356,7 @@ def choose_lrs(cfg: FlowConfig, x, y, noise: list[float], steps: list[int], seed
 
 def _flow_params(cfg: FlowConfig, x, num_classes: int, mixing: str, value: str, K: int) -> int:
     """An arm's ``flow_params``: the scalars of its flow steps (0 at K = 0, for ``neither`` and the classifier form)."""
-    with seeded(0):     # the count needs a network, not the caller's random stream
+    with seeded(0):  # the count needs a network, not the caller's random stream
         return make_net(cfg, x, num_classes, K, mixing, value if value != "none" else "tied").flow_parameter_count()
 
 
@@ -312,24 +366,62 @@ def _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick) -> di
     arms = []
     for (theta, arm, mixing, value, K, sigma), values in acc.items():
         mean, low, high = t_interval(values)
-        arms.append({"arm": arm, "theta": theta, "mixing": mixing, "value": value, "K": K, "noise": sigma,
-                     "flow_params": _flow_params(cfg, xtr, ds.num_classes, mixing, value, K),
-                     "acc_mean": mean, "ci_low": low, "ci_high": high, "n_seeds": len(values), "acc": values})
+        arms.append(
+            {
+                "arm": arm,
+                "theta": theta,
+                "mixing": mixing,
+                "value": value,
+                "K": K,
+                "noise": sigma,
+                "flow_params": _flow_params(cfg, xtr, ds.num_classes, mixing, value, K),
+                "acc_mean": mean,
+                "ci_low": low,
+                "ci_high": high,
+                "n_seeds": len(values),
+                "acc": values,
+            }
+        )
     flows = []
     for (method, K, sigma), values in tt.items():
         mean, low, high = t_interval(values)
-        flows.append({"method": method, "K": K, "noise": sigma, "acc_mean": mean, "ci_low": low, "ci_high": high,
-                      "n_seeds": len(values), "acc": values})
-    comparisons, equivalence = compare_arms({(t, a, k, s): v for (t, a, _, _, k, s), v in acc.items()},
-                                            cfg.equivalence_margin)
+        flows.append(
+            {
+                "method": method,
+                "K": K,
+                "noise": sigma,
+                "acc_mean": mean,
+                "ci_low": low,
+                "ci_high": high,
+                "n_seeds": len(values),
+                "acc": values,
+            }
+        )
+    comparisons, equivalence = compare_arms(
+        {(t, a, k, s): v for (t, a, _, _, k, s), v in acc.items()}, cfg.equivalence_margin
+    )
     return {
-        "data": ds.name, "n_train": len(xtr), "n_test": len(xte), "model": cfg.model,
-        "patch": cfg.patch if cfg.model == "quadratic" else None, "readout": cfg.readout,
+        "data": ds.name,
+        "n_train": len(xtr),
+        "n_test": len(xte),
+        "model": cfg.model,
+        "patch": cfg.patch if cfg.model == "quadratic" else None,
+        "readout": cfg.readout,
         "readout_mixes_tokens": cfg.model == "quadratic" and cfg.readout in MIXING_READOUTS,
-        "noise": noise, "K": steps, "seeds": seeds, "interval": INTERVAL, "arms": arms, "test_time_flow": flows,
-        "comparisons": comparisons, "equivalence": equivalence, "sanity": {}, "lr": lrs,
+        "noise": noise,
+        "K": steps,
+        "seeds": seeds,
+        "interval": INTERVAL,
+        "arms": arms,
+        "test_time_flow": flows,
+        "comparisons": comparisons,
+        "equivalence": equivalence,
+        "sanity": {},
+        "lr": lrs,
         "lr_selection_seeds": selection_seeds(cfg, seeds[0]) if len(cfg.lr_grid) > 1 else [],
-        "config": asdict(cfg), "quick": quick, "figures": [],
+        "config": asdict(cfg),
+        "quick": quick,
+        "figures": [],
     }
 
 
@@ -350,8 +442,9 @@ def _resume(out_dir, header: dict) -> tuple[dict, dict]:
         old = json.loads(path.read_text())
         if any(old.get(k) != v for k, v in header.items()):
             return {}, {}
-        return {(r["theta"], r["arm"], r["mixing"], r["value"], r["K"], r["noise"]): r["acc"]
-                for r in old["arms"]}, dict(old["lr"])
+        return {
+            (r["theta"], r["arm"], r["mixing"], r["value"], r["K"], r["noise"]): r["acc"] for r in old["arms"]
+        }, dict(old["lr"])
     except (json.JSONDecodeError, KeyError, TypeError):
         return {}, {}
 
@@ -361,31 +454,55 @@ def _train_arms(cfg, fits, xtr, ytr, runs, x_tests, yte, steps, lrs, acc, say, s
     noise = list(dict.fromkeys(r[1] for r in runs))
     sigmas, run_seeds = [r[1] for r in runs], [1000 * r[0] for r in runs]
     for theta in cfg.thetas:
-        base = None     # K = 0 and 'neither' have no flow parameters: one network, reported under every arm
+        base = None  # K = 0 and 'neither' have no flow parameters: one network, reported under every arm
         for arm, mixing, value in arm_names(cfg):
             for K in steps:
                 if all((theta, arm, mixing, value, K, s) in acc for s in noise):
                     continue
                 if K == 0 or mixing == "neither":
-                    base = base or train_arm(fits, cfg, theta, "neither", "none", 0, xtr, ytr, sigmas, run_seeds,
-                                             lrs[lr_key(theta, "neither", 0)])
+                    base = base or train_arm(
+                        fits,
+                        cfg,
+                        theta,
+                        "neither",
+                        "none",
+                        0,
+                        xtr,
+                        ytr,
+                        sigmas,
+                        run_seeds,
+                        lrs[lr_key(theta, "neither", 0)],
+                    )
                     nets = base
                 else:
-                    nets = train_arm(fits, cfg, theta, mixing, value, K, xtr, ytr, sigmas, run_seeds,
-                                     lrs[lr_key(theta, arm, K)])
+                    nets = train_arm(
+                        fits, cfg, theta, mixing, value, K, xtr, ytr, sigmas, run_seeds, lrs[lr_key(theta, arm, K)]
+                    )
                 for key in [(theta, arm, mixing, value, K, s) for s in noise]:
                     acc.pop(key, None)
                 for (_, sigma), net, x_test in zip(runs, nets, x_tests):
                     acc.setdefault((theta, arm, mixing, value, K, sigma), []).append(accuracy(net, x_test, yte))
-                say(f"theta={theta} {arm} K={K}: " + ", ".join(
-                    f"noise {sigma:g} {np.mean(acc[(theta, arm, mixing, value, K, sigma)]):.3f}" for sigma in noise)
-                    + f"  [{time.perf_counter() - t0:.0f} s wall, {time.process_time():.0f} s CPU]")
+                say(
+                    f"theta={theta} {arm} K={K}: "
+                    + ", ".join(
+                        f"noise {sigma:g} {np.mean(acc[(theta, arm, mixing, value, K, sigma)]):.3f}" for sigma in noise
+                    )
+                    + f"  [{time.perf_counter() - t0:.0f} s wall, {time.process_time():.0f} s CPU]"
+                )
             save()
 
 
-def run_flow_experiment(dataset: str = "mnist5k", noise=(0.0, 1.0), steps=(0, 1, 2, 4), out_dir=None,
-                        quiet: bool = True, seed: int = 0, quick: bool = False, data_dir=None,
-                        config: FlowConfig | None = None) -> dict:
+def run_flow_experiment(
+    dataset: str = "mnist5k",
+    noise=(0.0, 1.0),
+    steps=(0, 1, 2, 4),
+    out_dir=None,
+    quiet: bool = True,
+    seed: int = 0,
+    quick: bool = False,
+    data_dir=None,
+    config: FlowConfig | None = None,
+) -> dict:
     """Run the flow experiment (protocol in the module docstring and ``docs/flows.md``).
 
     Args:
@@ -423,22 +540,30 @@ def run_flow_experiment(dataset: str = "mnist5k", noise=(0.0, 1.0), steps=(0, 1,
     xtr, ytr, xte, yte = prepare(ds, cfg)
     seeds = [seed + i for i in range(cfg.seeds)]
     _check_disjoint(selection_seeds(cfg, seed), [1000 * s for s in seeds])
-    header = {"data": ds.name, "noise": noise, "K": steps, "seeds": seeds, "quick": quick,
-              "config": json.loads(json.dumps(asdict(cfg)))}
+    header = {
+        "data": ds.name,
+        "noise": noise,
+        "K": steps,
+        "seeds": seeds,
+        "quick": quick,
+        "config": json.loads(json.dumps(asdict(cfg))),
+    }
     acc, lrs = _resume(out_dir, header)
     if acc or lrs:
         say(f"resuming {out_dir}: {len(acc)} finished cells, {len(lrs)} learning rates")
     tt: dict[tuple, list[float]] = {}
 
     def save():
-        if out_dir is not None:     # finished arms survive an interruption
+        if out_dir is not None:  # finished arms survive an interruption
             Path(out_dir).mkdir(parents=True, exist_ok=True)
-            _write_json(Path(out_dir) / "flow_results.partial.json",
-                        _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick))
+            _write_json(
+                Path(out_dir) / "flow_results.partial.json",
+                _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick),
+            )
 
     lrs.update(choose_lrs(cfg, xtr, ytr, noise, steps, seed, say, known=lrs))
     save()
-    runs = [(s, sigma) for s in seeds for sigma in noise]          # every arm trains these side by side
+    runs = [(s, sigma) for s in seeds for sigma in noise]  # every arm trains these side by side
     fits = fit_classifiers(cfg, xtr, ytr, [r[1] for r in runs], [1000 * r[0] for r in runs])
     x_tests = [xte + sigma * fixed_noise(xte.shape, s) for s, sigma in runs]
     for (_, sigma), fit, x_test in zip(runs, fits, x_tests):
@@ -447,8 +572,9 @@ def run_flow_experiment(dataset: str = "mnist5k", noise=(0.0, 1.0), steps=(0, 1,
     say(f"fitted theta for {len(runs)} (seed, noise) runs  [{time.perf_counter() - t0:.0f} s]")
     _train_arms(cfg, fits, xtr, ytr, runs, x_tests, yte, steps, lrs, acc, say, save, t0)
     result = _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick)
-    result["sanity"] = sanity_checks(fits[runs.index((seeds[0], max(noise)))], xtr, ytr, max(noise), seeds[0],
-                                     cfg.oracle_steps)
+    result["sanity"] = sanity_checks(
+        fits[runs.index((seeds[0], max(noise)))], xtr, ytr, max(noise), seeds[0], cfg.oracle_steps
+    )
     result["runtime_s"] = round(time.perf_counter() - t0, 2)
     result["cpu_s"] = round(time.process_time() - c0, 2)
     if out_dir is not None:

@@ -26,8 +26,11 @@ def write_figures(out: Path, result: dict) -> list[str]:
 
     noise = result["noise"]
     thetas = list(dict.fromkeys(r["theta"] for r in result["arms"]))
-    tag = (f"{result['data']}, {result['model']}" + (f", patch {result['patch']}" if result["patch"] else "")
-           + f", readout {result['readout']}, {len(result['seeds'])} seeds, 95% t-intervals")
+    tag = (
+        f"{result['data']}, {result['model']}"
+        + (f", patch {result['patch']}" if result["patch"] else "")
+        + f", readout {result['readout']}, {len(result['seeds'])} seeds, 95% t-intervals"
+    )
     fig = Figure(figsize=(3.6 * len(noise), 3.0 * len(thetas) + 0.6))
     axes = fig.subplots(len(thetas), len(noise), squeeze=False, sharey=True)
     for i, theta in enumerate(thetas):
@@ -44,8 +47,12 @@ def write_figures(out: Path, result: dict) -> list[str]:
     fig = Figure(figsize=(3.6 * len(noise), 3.2))
     axes = fig.subplots(1, len(noise), squeeze=False, sharey=True)
     for j, sigma in enumerate(noise):
-        _panel(axes[0][j], [r for r in result["test_time_flow"] if r["noise"] == sigma], "method",
-               f"test-time flow, noise {sigma:g}")
+        _panel(
+            axes[0][j],
+            [r for r in result["test_time_flow"] if r["noise"] == sigma],
+            "method",
+            f"test-time flow, noise {sigma:g}",
+        )
     axes[0][0].set_ylabel("test accuracy")
     axes[0][-1].legend(fontsize=7)
     fig.suptitle("test-time flow of the fitted network's test features (theta fixed, no labels): " + tag, fontsize=8)

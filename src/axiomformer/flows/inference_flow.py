@@ -17,6 +17,8 @@ integrator and the step size, reported under "sanity" and never beside accuracie
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -64,12 +66,12 @@ def label_free_flow(net: FlowNet, x: Tensor, y: Tensor, steps, methods=LABEL_FRE
             continue
         if method == "pseudo_label":
             h = (n_tokens if net.model == "quadratic" and net.readout == "mean" else 1) / norm_sq
-            step = lambda Z: _pseudo_label_step(net, Z, h)  # noqa: E731
+            step = lambda Z: _pseudo_label_step(net, Z, h)  # noqa: B023 - used in this iteration
         elif net.model == "linear":
-            step = lambda Z: Z - cross_attention(Z, theta) / norm_sq  # noqa: E731
+            step = lambda Z: Z - cross_attention(Z, theta) / norm_sq
         else:
             theta_q = theta.T @ theta
-            step = lambda Z: Z - self_attention(Z, theta_q) / norm_sq  # noqa: E731
+            step = lambda Z: Z - self_attention(Z, theta_q) / norm_sq  # noqa: B023 - used in this iteration
         Z = Z0
         for k in range(max(steps) + 1):
             if k in steps:
@@ -99,7 +101,7 @@ def oracle_flow(Z0: Tensor, theta: Tensor, y: Tensor, steps: int) -> dict:
             Z = lie_trotter(attention, label, Z, h, 1)
         losses.append(float(multinomial_loss(Z, theta, C)) / len(Z))
         acc.append(float(((Z @ theta.T).argmax(-1) == y).double().mean()))
-    monotone = all(b <= a + 1e-12 * abs(a) for a, b in zip(losses, losses[1:]))
+    monotone = all(b <= a + 1e-12 * abs(a) for a, b in itertools.pairwise(losses))
     return {"loss": losses, "accuracy": acc, "monotone": monotone, "step_size": h}
 
 
@@ -133,13 +135,18 @@ def sanity_checks(net: FlowNet, x: Tensor, y: Tensor, sigma: float, seed: int, s
     return {
         "oracle_flow": {
             "note": "uses the TRUE training labels: the loss must fall and the accuracy must rise by construction; "
-                    "a check of the integrator and step size, not an accuracy result",
-            "noise": sigma, "steps": steps, "step_size": oracle["step_size"], "monotone": oracle["monotone"],
-            "loss_first": oracle["loss"][0], "loss_last": oracle["loss"][-1],
-            "accuracy_first": oracle["accuracy"][0], "accuracy_last": oracle["accuracy"][-1],
+            "a check of the integrator and step size, not an accuracy result",
+            "noise": sigma,
+            "steps": steps,
+            "step_size": oracle["step_size"],
+            "monotone": oracle["monotone"],
+            "loss_first": oracle["loss"][0],
+            "loss_last": oracle["loss"][-1],
+            "accuracy_first": oracle["accuracy"][0],
+            "accuracy_last": oracle["accuracy"][-1],
         },
         "soft_targets_closed_form_vs_autograd_max_abs": _soft_target_check(seed),
         "k0_and_neither_shared": "K = 0 and the 'neither' arm have no flow parameters: one network per theta "
-                                 "setting, reported under every arm",
+        "setting, reported under every arm",
         "mean_features_norm": float(np.linalg.norm(Z.numpy(), axis=-1).mean()),
     }

@@ -18,7 +18,7 @@ finite fixed point (features run off to infinity along their class embedding).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -55,8 +55,9 @@ def _sub(name: str):
     return _SUB[name]
 
 
-def _run(step: Callable[[Tensor], Tensor], Z0: Tensor, n_steps: int, project: float | None,
-         return_trajectory: bool) -> Tensor:
+def _run(
+    step: Callable[[Tensor], Tensor], Z0: Tensor, n_steps: int, project: float | None, return_trajectory: bool
+) -> Tensor:
     if n_steps < 0:
         raise ValueError(f"n_steps must be >= 0, got {n_steps}")
     if project is not None and project <= 0:
@@ -72,8 +73,9 @@ def _run(step: Callable[[Tensor], Tensor], Z0: Tensor, n_steps: int, project: fl
     return torch.stack(trajectory) if return_trajectory else Z
 
 
-def euler(f: VectorField, Z0: Tensor, h: float, n_steps: int, *, project: float | None = None,
-          return_trajectory: bool = False) -> Tensor:
+def euler(
+    f: VectorField, Z0: Tensor, h: float, n_steps: int, *, project: float | None = None, return_trajectory: bool = False
+) -> Tensor:
     """Explicit Euler for dZ/dt = f(Z), ``n_steps`` steps of size ``h``.
 
     Returns:
@@ -83,14 +85,24 @@ def euler(f: VectorField, Z0: Tensor, h: float, n_steps: int, *, project: float 
     return _run(lambda Z: euler_step(f, Z, h), Z0, n_steps, project, return_trajectory)
 
 
-def rk4(f: VectorField, Z0: Tensor, h: float, n_steps: int, *, project: float | None = None,
-        return_trajectory: bool = False) -> Tensor:
+def rk4(
+    f: VectorField, Z0: Tensor, h: float, n_steps: int, *, project: float | None = None, return_trajectory: bool = False
+) -> Tensor:
     """Classical fourth-order Runge-Kutta for dZ/dt = f(Z); returns as :func:`euler`."""
     return _run(lambda Z: rk4_step(f, Z, h), Z0, n_steps, project, return_trajectory)
 
 
-def lie_trotter(attention: VectorField, linear: VectorField, Z0: Tensor, h: float, n_steps: int, *,
-                substep: str = "euler", project: float | None = None, return_trajectory: bool = False) -> Tensor:
+def lie_trotter(
+    attention: VectorField,
+    linear: VectorField,
+    Z0: Tensor,
+    h: float,
+    n_steps: int,
+    *,
+    substep: str = "euler",
+    project: float | None = None,
+    return_trajectory: bool = False,
+) -> Tensor:
     """Lie-Trotter splitting of dZ/dt = attention(Z) + linear(Z): a full attention step, then a full linear step.
 
     With ``substep="euler"`` each step is an attention sublayer with residual followed by a linear sublayer with
@@ -100,34 +112,55 @@ def lie_trotter(attention: VectorField, linear: VectorField, Z0: Tensor, h: floa
     return _run(lambda Z: sub(linear, sub(attention, Z, h), h), Z0, n_steps, project, return_trajectory)
 
 
-def strang(attention: VectorField, linear: VectorField, Z0: Tensor, h: float, n_steps: int, *,
-           substep: str = "rk4", project: float | None = None, return_trajectory: bool = False) -> Tensor:
+def strang(
+    attention: VectorField,
+    linear: VectorField,
+    Z0: Tensor,
+    h: float,
+    n_steps: int,
+    *,
+    substep: str = "rk4",
+    project: float | None = None,
+    return_trajectory: bool = False,
+) -> Tensor:
     """Strang splitting: half a linear step, a full attention step, half a linear step (Source 2).
 
     Second order when the sub-steps are at least second order (``substep="rk4"``, the default); with
     ``substep="euler"`` the Euler sub-step error makes it first order. Returns as :func:`euler`.
     """
     sub = _sub(substep)
-    return _run(lambda Z: sub(linear, sub(attention, sub(linear, Z, h / 2), h), h / 2),
-                Z0, n_steps, project, return_trajectory)
+    return _run(
+        lambda Z: sub(linear, sub(attention, sub(linear, Z, h / 2), h), h / 2), Z0, n_steps, project, return_trajectory
+    )
 
 
 INTEGRATORS = ("euler", "rk4", "lie_trotter", "strang")
 
 
-def integrate(method: str, attention: VectorField, linear: VectorField, Z0: Tensor, h: float, n_steps: int, *,
-              project: float | None = None, return_trajectory: bool = False) -> Tensor:
+def integrate(
+    method: str,
+    attention: VectorField,
+    linear: VectorField,
+    Z0: Tensor,
+    h: float,
+    n_steps: int,
+    *,
+    project: float | None = None,
+    return_trajectory: bool = False,
+) -> Tensor:
     """Integrate dZ/dt = attention(Z) + linear(Z) with one of :data:`INTEGRATORS`.
 
     Raises:
         ValueError: unknown method (naming the valid ones).
     """
     if method == "euler":
-        return euler(lambda Z: attention(Z) + linear(Z), Z0, h, n_steps, project=project,
-                     return_trajectory=return_trajectory)
+        return euler(
+            lambda Z: attention(Z) + linear(Z), Z0, h, n_steps, project=project, return_trajectory=return_trajectory
+        )
     if method == "rk4":
-        return rk4(lambda Z: attention(Z) + linear(Z), Z0, h, n_steps, project=project,
-                   return_trajectory=return_trajectory)
+        return rk4(
+            lambda Z: attention(Z) + linear(Z), Z0, h, n_steps, project=project, return_trajectory=return_trajectory
+        )
     if method == "lie_trotter":
         return lie_trotter(attention, linear, Z0, h, n_steps, project=project, return_trajectory=return_trajectory)
     if method == "strang":

@@ -30,7 +30,7 @@ Everything is summed over rows and over leading batch dimensions of ``Z``.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -49,12 +49,15 @@ def _check(model: str, transposed_term: str, Z: Tensor, theta: Tensor, C: Tensor
     if transposed_term not in TRANSPOSED_TERMS:
         raise ValueError(f"unknown transposed_term {transposed_term!r}; choose one of: {', '.join(TRANSPOSED_TERMS)}")
     if model == "linear" and transposed_term != "keep":
-        raise ValueError("transposed_term applies to model='quadratic' only (the linear gradient has no transposed term)")
+        raise ValueError(
+            "transposed_term applies to model='quadratic' only (the linear gradient has no transposed term)"
+        )
     width = theta.shape[0] if model == "linear" else Z.shape[-2]
     if C.shape[-1] != width or C.shape[-2] != Z.shape[-2]:
         expected = "(..., n, K)" if model == "linear" else "(..., n, n)"
-        raise ValueError(f"C must be {expected} = (..., {Z.shape[-2]}, {width}) for model={model!r}; "
-                         f"got shape {tuple(C.shape)}")
+        raise ValueError(
+            f"C must be {expected} = (..., {Z.shape[-2]}, {width}) for model={model!r}; got shape {tuple(C.shape)}"
+        )
     if model == "quadratic" and theta.shape[0] == theta.shape[-1] and not torch.allclose(theta, theta.T):
         raise ValueError("quadratic theta must be symmetric (theta = phi phi^T); use theta_from_phi(phi)")
 
@@ -96,12 +99,15 @@ def _row_sums(C: Tensor) -> Tensor:
 
 def _check_rows_for(transposed_term: str, C: Tensor) -> None:
     if transposed_term == "symmetrize" and not torch.allclose(_row_sums(C), torch.ones((), dtype=C.dtype)):
-        raise ValueError("transposed_term='symmetrize' is defined for targets whose rows sum to 1 (it replaces "
-                         "sigma(N)^T by sigma(N), which needs normalized rows); use 'keep' or 'drop', or normalize C")
+        raise ValueError(
+            "transposed_term='symmetrize' is defined for targets whose rows sum to 1 (it replaces "
+            "sigma(N)^T by sigma(N), which needs normalized rows); use 'keep' or 'drop', or normalize C"
+        )
 
 
-def feature_gradient(Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear",
-                     transposed_term: str = "keep") -> Tensor:
+def feature_gradient(
+    Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear", transposed_term: str = "keep"
+) -> Tensor:
     """Closed-form dL/dZ (Source 2); for ``transposed_term`` other than ``keep`` the direction defined in the module doc.
 
     General targets: with row sums s = C 1, dL/dN = diag(s) sigma(N) - C, so the gradient is
@@ -149,8 +155,9 @@ def _label_term(Z: Tensor, theta: Tensor, C: Tensor, model: str, transposed_term
     return (C + C.transpose(-1, -2)) @ (Z @ theta)
 
 
-def flow_terms(Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear",
-               transposed_term: str = "keep") -> tuple[Tensor, Tensor]:
+def flow_terms(
+    Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear", transposed_term: str = "keep"
+) -> tuple[Tensor, Tensor]:
     """The flow right-hand side -dL/dZ split as (attention term, label term); their sum is ``flow_rhs``.
 
     linear: (-diag(s) CA(Z, theta), C theta). quadratic: keep (-(diag(s) SA + sigma(N)^T diag(s) Z theta),
@@ -172,8 +179,9 @@ def flow_rhs(Z: Tensor, theta: Tensor, C: Tensor, model: str = "linear", transpo
     return attention + label
 
 
-def vector_fields(theta: Tensor, C: Tensor, model: str = "linear",
-                  transposed_term: str = "keep") -> tuple[VectorField, VectorField]:
+def vector_fields(
+    theta: Tensor, C: Tensor, model: str = "linear", transposed_term: str = "keep"
+) -> tuple[VectorField, VectorField]:
     """The two halves of the flow as callables ``Z -> dZ/dt``: (attention field, label field), for the splittings.
 
     The label field is constant (C theta) in the linear model and linear in Z in the quadratic one; the attention
@@ -190,11 +198,21 @@ def vector_fields(theta: Tensor, C: Tensor, model: str = "linear",
         raise ValueError("transposed_term applies to model='quadratic' only")
     _check_rows_for(transposed_term, C)
     s = _row_sums(C)
-    return ((lambda Z: _attention_term(Z, theta, s, model, transposed_term)),
-            (lambda Z: _label_term(Z, theta, C, model, transposed_term)))
+    return (
+        (lambda Z: _attention_term(Z, theta, s, model, transposed_term)),
+        (lambda Z: _label_term(Z, theta, C, model, transposed_term)),
+    )
 
 
 __all__ = [
-    "MODELS", "TRANSPOSED_TERMS", "feature_gradient", "flow_rhs", "flow_terms", "logits", "multinomial_loss",
-    "quadratic_weights", "theta_from_phi", "vector_fields",
+    "MODELS",
+    "TRANSPOSED_TERMS",
+    "feature_gradient",
+    "flow_rhs",
+    "flow_terms",
+    "logits",
+    "multinomial_loss",
+    "quadratic_weights",
+    "theta_from_phi",
+    "vector_fields",
 ]

@@ -99,10 +99,24 @@ class FlowNet(nn.Module):
             within 15 % of d^2 at this ``dim``, or (at forward time) ``shuffled`` on a batch of one image.
     """
 
-    def __init__(self, in_features: int, num_classes: int, dim: int = 64, steps: int = 2, *, model: str = "linear",
-                 mixing: str = "both", value: str = "tied", readout: str = "mean", share_steps: bool = True,
-                 step_size: float = 0.5, hidden: int | None = None, project: float | None = None,
-                 num_tokens: int | None = None, transposed_term: str = "drop"):
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int,
+        dim: int = 64,
+        steps: int = 2,
+        *,
+        model: str = "linear",
+        mixing: str = "both",
+        value: str = "tied",
+        readout: str = "mean",
+        share_steps: bool = True,
+        step_size: float = 0.5,
+        hidden: int | None = None,
+        project: float | None = None,
+        num_tokens: int | None = None,
+        transposed_term: str = "drop",
+    ):
         super().__init__()
         _choice("model", model, MODELS)
         _choice("mixing", mixing, MIXINGS)
@@ -114,11 +128,14 @@ class FlowNet(nn.Module):
         if model == "quadratic" and not num_tokens:
             raise ValueError("model='quadratic' needs num_tokens (inputs are (batch, num_tokens, in_features))")
         if value == "free" and transposed_term != "drop" and model == "quadratic":
-            raise ValueError("value='free' replaces the values of the row-normalized self-attention; "
-                             "it needs transposed_term='drop'")
+            raise ValueError(
+                "value='free' replaces the values of the row-normalized self-attention; it needs transposed_term='drop'"
+            )
         if model == "linear" and mixing == "token_mlp":
-            raise ValueError("mixing=token_mlp needs model='quadratic': the linear model's tied attention step has "
-                             "no parameters to match (its keys and values are the classifier's theta)")
+            raise ValueError(
+                "mixing=token_mlp needs model='quadratic': the linear model's tied attention step has "
+                "no parameters to match (its keys and values are the classifier's theta)"
+            )
         self.model, self.steps, self.share_steps, self.step_size = model, steps, share_steps, step_size
         self.mixing, self.value, self.readout = mixing, value, readout
         self.project, self.transposed_term = project, transposed_term
@@ -129,8 +146,10 @@ class FlowNet(nn.Module):
             hidden = matched_hidden(dim, dim * dim)
             count = 2 * dim * hidden + hidden + dim
             if abs(count - dim * dim) > PARAM_TOLERANCE * dim * dim:
-                raise ValueError(f"mixing=token_mlp: no hidden width gives within 15% of the attention step's "
-                                 f"{dim * dim} parameters at dim={dim} (closest: {count}); use dim=3 or dim >= 5")
+                raise ValueError(
+                    f"mixing=token_mlp: no hidden width gives within 15% of the attention step's "
+                    f"{dim * dim} parameters at dim={dim} (closest: {count}); use dim=3 or dim >= 5"
+                )
         n_blocks = 0 if steps == 0 else (1 if share_steps else steps)
         self.embed = nn.Linear(in_features, dim)
         self.mlps = nn.ModuleList(_mlp(dim, hidden) for _ in range(n_blocks if self.use_mlp else 0))
@@ -138,8 +157,9 @@ class FlowNet(nn.Module):
         width = dim
         if model == "linear":
             if value == "free":
-                self.values = nn.ParameterList(nn.Parameter(torch.randn(num_classes, dim) / dim ** 0.5)
-                                               for _ in range(attn_blocks))
+                self.values = nn.ParameterList(
+                    nn.Parameter(torch.randn(num_classes, dim) / dim**0.5) for _ in range(attn_blocks)
+                )
         else:
             tokens = num_tokens + (1 if readout == "cls" else 0)
             self.position = nn.Parameter(torch.zeros(tokens, dim))
@@ -148,11 +168,12 @@ class FlowNet(nn.Module):
             learned_form = attn_blocks if value != "classifier" else 0
             self.phis = nn.ParameterList(nn.Parameter(torch.randn(dim, dim) / dim) for _ in range(learned_form))
             if value == "free":
-                self.values = nn.ParameterList(nn.Parameter(torch.randn(dim, dim) / dim ** 0.5)
-                                               for _ in range(attn_blocks))
+                self.values = nn.ParameterList(
+                    nn.Parameter(torch.randn(dim, dim) / dim**0.5) for _ in range(attn_blocks)
+                )
             if readout == "flatten":
                 width = tokens * dim
-        self.theta = nn.Parameter(torch.randn(num_classes, width) / width ** 0.5)
+        self.theta = nn.Parameter(torch.randn(num_classes, width) / width**0.5)
 
     @property
     def classifier_parameters(self) -> list[nn.Parameter]:
@@ -189,8 +210,10 @@ class FlowNet(nn.Module):
             return Z
         batch_dim = -3 if self.model == "quadratic" else -2
         if Z.dim() < -batch_dim or Z.shape[batch_dim] < 2:
-            raise ValueError(f"mixing='shuffled' takes its attention weights from another image of the batch; "
-                             f"got features of shape {tuple(Z.shape)} (a batch of at least 2 images is needed)")
+            raise ValueError(
+                f"mixing='shuffled' takes its attention weights from another image of the batch; "
+                f"got features of shape {tuple(Z.shape)} (a batch of at least 2 images is needed)"
+            )
         return Z.roll(1, dims=batch_dim)
 
     def _attention(self, Z: Tensor, k: int) -> Tensor:

@@ -22,16 +22,24 @@ def _accuracy_tables(result: dict) -> list[str]:
     cell = {(r["theta"], r["arm"], r["noise"], r["K"]): r for r in result["arms"]}
     lines = []
     for theta in dict.fromkeys(r["theta"] for r in result["arms"]):
-        lines += [(f"**Test accuracy, theta {theta}** (mean [95% t-interval] over seeds; flow_params = parameters "
-                   "of the flow step at K >= 1)"), "",
-                  "| arm | flow_params | noise | " + " | ".join(f"K={k}" for k in ks) + " |",
-                  "|---|---|---|" + "---|" * len(ks)]
+        lines += [
+            (
+                f"**Test accuracy, theta {theta}** (mean [95% t-interval] over seeds; flow_params = parameters "
+                "of the flow step at K >= 1)"
+            ),
+            "",
+            "| arm | flow_params | noise | " + " | ".join(f"K={k}" for k in ks) + " |",
+            "|---|---|---|" + "---|" * len(ks),
+        ]
         for arm in dict.fromkeys(r["arm"] for r in result["arms"] if r["theta"] == theta):
             params = max(cell[(theta, arm, noise[0], k)]["flow_params"] for k in ks)
             for sigma in noise:
                 rows = [cell[(theta, arm, sigma, k)] for k in ks]
-                lines.append(f"| {arm} | {params} | {sigma:g} | " + " | ".join(
-                    _cell(r["acc_mean"], r["ci_low"], r["ci_high"]) for r in rows) + " |")
+                lines.append(
+                    f"| {arm} | {params} | {sigma:g} | "
+                    + " | ".join(_cell(r["acc_mean"], r["ci_low"], r["ci_high"]) for r in rows)
+                    + " |"
+                )
         lines.append("")
     return lines
 
@@ -43,19 +51,27 @@ def _comparison_table(result: dict) -> list[str]:
     verdicts = [e["verdict"] for e in eq["rows"]]
     effects = sum(c["p_holm"] < eq["alpha"] for c in comps)
     same = sum(v.startswith("no difference") for v in verdicts)
-    lines = [(f"**Paired comparisons** (arm a minus arm b, same seeds; {len(comps)} comparisons, Holm over all of "
-              f"them). diff [95% t-interval, unadjusted]; p: paired t-test; p_holm: Holm-adjusted; p_eq: "
-              f"Holm-adjusted equivalence test (TOST) at +-{eq['margin']:g}. An effect is stated only where p_holm < "
-              f"{eq['alpha']:g}; \"no difference\" only where p_eq < {eq['alpha']:g}; otherwise the difference a "
-              f"paired t-test of these seeds detects with power {eq['power']:g} at level {eq['alpha']:g}/"
-              f"{len(comps)}."), "",
-             f"Summary: {effects} effects, {same} equivalences, {len(comps) - effects - same} inconclusive.", "",
-             "| a - b | theta | K | noise | diff [95% CI] | p | p_holm | p_eq | verdict |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            f"**Paired comparisons** (arm a minus arm b, same seeds; {len(comps)} comparisons, Holm over all of "
+            f"them). diff [95% t-interval, unadjusted]; p: paired t-test; p_holm: Holm-adjusted; p_eq: "
+            f"Holm-adjusted equivalence test (TOST) at +-{eq['margin']:g}. An effect is stated only where p_holm < "
+            f'{eq["alpha"]:g}; "no difference" only where p_eq < {eq["alpha"]:g}; otherwise the difference a '
+            f"paired t-test of these seeds detects with power {eq['power']:g} at level {eq['alpha']:g}/"
+            f"{len(comps)}."
+        ),
+        "",
+        f"Summary: {effects} effects, {same} equivalences, {len(comps) - effects - same} inconclusive.",
+        "",
+        "| a - b | theta | K | noise | diff [95% CI] | p | p_holm | p_eq | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for c, e in zip(comps, eq["rows"]):
-        lines.append(f"| {c['a']} - {c['b']} | {c['theta']} | {c['K']} | {c['noise']:g} | "
-                     f"{_diff(c['diff'], c['ci_low'], c['ci_high'])} | {c['p']:.2g} | {c['p_holm']:.2g} | "
-                     f"{e['p_tost_holm']:.2g} | {e['verdict']} |")
+        lines.append(
+            f"| {c['a']} - {c['b']} | {c['theta']} | {c['K']} | {c['noise']:g} | "
+            f"{_diff(c['diff'], c['ci_low'], c['ci_high'])} | {c['p']:.2g} | {c['p_holm']:.2g} | "
+            f"{e['p_tost_holm']:.2g} | {e['verdict']} |"
+        )
     questions = dict.fromkeys((e["a"], e["b"], e["question"]) for e in eq["rows"])
     lines += ["", "What each pair asks:", ""] + [f"- {a} - {b}: {q}" for a, b, q in questions] + [""]
     return lines
@@ -64,23 +80,48 @@ def _comparison_table(result: dict) -> list[str]:
 def markdown(result: dict) -> str:
     """The whole report as Markdown text (one string ending in a newline)."""
     ks, noise = result["K"], result["noise"]
-    lines = [(f"Data: {result['data']} ({result['n_train']} train / {result['n_test']} test), model "
-              f"{result['model']}, patch {result['patch']}, readout {result['readout']}; seeds {result['seeds']}; "
-              f"{result['interval']}.")]
+    lines = [
+        (
+            f"Data: {result['data']} ({result['n_train']} train / {result['n_test']} test), model "
+            f"{result['model']}, patch {result['patch']}, readout {result['readout']}; seeds {result['seeds']}; "
+            f"{result['interval']}."
+        )
+    ]
     if result.get("quick"):
         lines.append("**Quick run: a pilot, it claims nothing.**")
     lines += ["", *_accuracy_tables(result), *_comparison_table(result)]
-    lines += [(f"**Learning rates** (best mean validation accuracy per theta, arm and K; selection seeds "
-               f"{result.get('lr_selection_seeds', [])}, never reported)"), "", "| theta:arm:K | lr |", "|---|---|"]
+    lines += [
+        (
+            f"**Learning rates** (best mean validation accuracy per theta, arm and K; selection seeds "
+            f"{result.get('lr_selection_seeds', [])}, never reported)"
+        ),
+        "",
+        "| theta:arm:K | lr |",
+        "|---|---|",
+    ]
     lines += [f"| {k} | {v:g} |" for k, v in result["lr"].items()]
-    lines += ["", "**Test-time flow (theta fixed, test features flowed without labels)**", "",
-              "| method | noise | " + " | ".join(f"K={k}" for k in ks) + " |", "|---|---|" + "---|" * len(ks)]
+    lines += [
+        "",
+        "**Test-time flow (theta fixed, test features flowed without labels)**",
+        "",
+        "| method | noise | " + " | ".join(f"K={k}" for k in ks) + " |",
+        "|---|---|" + "---|" * len(ks),
+    ]
     tt = {(r["method"], r["noise"], r["K"]): r for r in result["test_time_flow"]}
     for method in dict.fromkeys(r["method"] for r in result["test_time_flow"]):
         for sigma in noise:
-            lines.append(f"| {method} | {sigma:g} | " + " | ".join(
-                _cell(tt[(method, sigma, k)]["acc_mean"], tt[(method, sigma, k)]["ci_low"],
-                      tt[(method, sigma, k)]["ci_high"]) for k in ks) + " |")
+            lines.append(
+                f"| {method} | {sigma:g} | "
+                + " | ".join(
+                    _cell(
+                        tt[(method, sigma, k)]["acc_mean"],
+                        tt[(method, sigma, k)]["ci_low"],
+                        tt[(method, sigma, k)]["ci_high"],
+                    )
+                    for k in ks
+                )
+                + " |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -26,8 +26,17 @@ def default_heads(dim: int) -> int:
     return 1
 
 
-def build_model(kind: str, *, vocab_size: int, dim: int, num_layers: int, max_len: int,
-                spec: AttentionSpec | None = None, causal: bool = True, **options) -> nn.Module:
+def build_model(
+    kind: str,
+    *,
+    vocab_size: int,
+    dim: int,
+    num_layers: int,
+    max_len: int,
+    spec: AttentionSpec | None = None,
+    causal: bool = True,
+    **options,
+) -> nn.Module:
     """A model mapping token ids (batch, seq) int64 -> logits (batch, seq, vocab_size).
 
     Args:
@@ -65,5 +74,13 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-__all__ = ["Block", "MODEL_KINDS", "RecurrentLM", "TransformerLM", "build_from_config", "build_model",
-           "count_parameters", "default_heads"]
+__all__ = [
+    "MODEL_KINDS",
+    "Block",
+    "RecurrentLM",
+    "TransformerLM",
+    "build_from_config",
+    "build_model",
+    "count_parameters",
+    "default_heads",
+]

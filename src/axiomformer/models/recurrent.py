@@ -37,14 +37,13 @@ class RecurrentLM(nn.Module):
                 raise ValueError(f"{name} must be positive, got {value}")
         self.kind, self.vocab_size, self.dim = kind, vocab_size, dim
         self.embed = nn.Embedding(vocab_size, dim)
-        nn.init.normal_(self.embed.weight, std=dim ** -0.5)
+        nn.init.normal_(self.embed.weight, std=dim**-0.5)
         if kind == "rnn":
             self.rnn = nn.RNN(dim, dim, num_layers, nonlinearity="tanh", batch_first=True)
         else:
             self.rnn = (nn.LSTM if kind == "lstm" else nn.GRU)(dim, dim, num_layers, batch_first=True)
         self.norm = nn.LayerNorm(dim)
-        self.config = {"kind": kind, "vocab_size": vocab_size, "dim": dim, "num_layers": num_layers,
-                       "max_len": max_len}
+        self.config = {"kind": kind, "vocab_size": vocab_size, "dim": dim, "num_layers": num_layers, "max_len": max_len}
 
     @property
     def engines(self) -> list[str]:

@@ -40,8 +40,14 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(spec.dim) if mlp_ratio > 0 else None
         self.mlp = two_layer_mlp(spec.dim, mlp_ratio * spec.dim, spec.dim) if mlp_ratio > 0 else None
 
-    def forward(self, x: Tensor, cache: KVCache | None = None, *, key_padding_mask: Tensor | None = None,
-                position_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cache: KVCache | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:
         x = x + self.attn(self.norm1(x), cache=cache, key_padding_mask=key_padding_mask, position_ids=position_ids)
         return x if self.mlp is None else x + self.mlp(self.norm2(x))
 
@@ -67,8 +73,17 @@ class TransformerLM(nn.Module):
             sequence longer than ``max_len`` or a KV cache with a non-causal spec.
     """
 
-    def __init__(self, spec: AttentionSpec, vocab_size: int, num_layers: int, max_len: int, *,
-                 mlp_ratio: int = 4, input_position: str = "auto", engine: str = "auto"):
+    def __init__(
+        self,
+        spec: AttentionSpec,
+        vocab_size: int,
+        num_layers: int,
+        max_len: int,
+        *,
+        mlp_ratio: int = 4,
+        input_position: str = "auto",
+        engine: str = "auto",
+    ):
         super().__init__()
         if mlp_ratio < 0:
             raise ValueError(f"mlp_ratio must be >= 0 (0: attention-only blocks), got {mlp_ratio}")
@@ -84,15 +99,24 @@ class TransformerLM(nn.Module):
             input_position = "sinusoidal" if spec.position == "none" else "none"
         self.input_position = input_position
         self.embed = nn.Embedding(vocab_size, spec.dim)
-        nn.init.normal_(self.embed.weight, std=spec.dim ** -0.5)
+        nn.init.normal_(self.embed.weight, std=spec.dim**-0.5)
         self.pos_embed = nn.Embedding(max_len, spec.dim) if input_position == "learned" else None
         if self.pos_embed is not None:
             nn.init.normal_(self.pos_embed.weight, std=0.02)
         self.blocks = nn.ModuleList(Block(spec, mlp_ratio=mlp_ratio, engine=engine) for _ in range(num_layers))
         self.norm = nn.LayerNorm(spec.dim)
-        self.config = {"kind": "transformer", "vocab_size": vocab_size, "dim": spec.dim, "num_layers": num_layers,
-                       "max_len": max_len, "spec": spec.to_dict(), "causal": spec.causal, "mlp_ratio": mlp_ratio,
-                       "input_position": input_position, "engine": engine}
+        self.config = {
+            "kind": "transformer",
+            "vocab_size": vocab_size,
+            "dim": spec.dim,
+            "num_layers": num_layers,
+            "max_len": max_len,
+            "spec": spec.to_dict(),
+            "causal": spec.causal,
+            "mlp_ratio": mlp_ratio,
+            "input_position": input_position,
+            "engine": engine,
+        }
 
     def new_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per layer, for incremental decoding."""
@@ -114,8 +138,14 @@ class TransformerLM(nn.Module):
             x = x + table.to(x.dtype)
         return x
 
-    def forward(self, ids: Tensor, caches: list[KVCache] | None = None, *, key_padding_mask: Tensor | None = None,
-                position_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        ids: Tensor,
+        caches: list[KVCache] | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:
         """Logits (batch, seq, vocab_size) for token ids (batch, seq) int64.
 
         Args:
@@ -137,16 +167,27 @@ class TransformerLM(nn.Module):
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"need one cache per layer ({len(self.blocks)}), got {len(caches)}")
         offset = caches[0].seen if caches is not None else 0
-        pos = token_positions(ids.shape[1], ids.shape[1], offset, ids.device, position_ids=position_ids,
-                              key_padding_mask=key_padding_mask,
-                              cached=caches[0].positions if caches is not None else None)
+        pos = token_positions(
+            ids.shape[1],
+            ids.shape[1],
+            offset,
+            ids.device,
+            position_ids=position_ids,
+            key_padding_mask=key_padding_mask,
+            cached=caches[0].positions if caches is not None else None,
+        )
         last = int(pos.q.max()) if pos.q.numel() else -1
         if offset + ids.shape[1] > self.max_len or last >= self.max_len:
-            raise ValueError(f"sequence of {offset + ids.shape[1]} tokens (last position {last}) exceeds "
-                             f"max_len={self.max_len}")
+            raise ValueError(
+                f"sequence of {offset + ids.shape[1]} tokens (last position {last}) exceeds max_len={self.max_len}"
+            )
         x = self.embed_tokens(ids, offset, pos.q)
         layer_positions = None if pos.default else pos.q
         for i, block in enumerate(self.blocks):
-            x = block(x, cache=None if caches is None else caches[i], key_padding_mask=key_padding_mask,
-                      position_ids=layer_positions)
+            x = block(
+                x,
+                cache=None if caches is None else caches[i],
+                key_padding_mask=key_padding_mask,
+                position_ids=layer_positions,
+            )
         return self.norm(x) @ self.embed.weight.t()

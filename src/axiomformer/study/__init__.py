@@ -12,17 +12,30 @@ docstring is the API), ``summary`` (cells, comparisons, verdicts: ``report --jso
 open-question suites), each registering itself; this package imports them.
 """
 
+from axiomformer.study import suites  # noqa: F401 - the built-in suites register themselves
 from axiomformer.study.config import StudyConfig, StudyConfigError, load_config, validate_config
+from axiomformer.study.registry import get_suite
 from axiomformer.study.report import build_report
 from axiomformer.study.runner import StudyError, StudySummary, run_study
-from axiomformer.study.store import ResultsStore
 from axiomformer.study.stages import plan, plan_all
-from axiomformer.study.registry import get_suite
-from axiomformer.study import suites  # noqa: F401 - the built-in suites register themselves
+from axiomformer.study.store import ResultsStore
 from axiomformer.study.sweep import DEFAULT_VARIANTS, default_config, default_sweep, models
 
 __all__ = [
-    "StudyConfig", "StudyConfigError", "load_config", "validate_config", "build_report", "StudyError",
-    "StudySummary", "run_study", "ResultsStore", "DEFAULT_VARIANTS", "default_config", "default_sweep", "models",
-    "plan", "plan_all", "get_suite",
+    "DEFAULT_VARIANTS",
+    "ResultsStore",
+    "StudyConfig",
+    "StudyConfigError",
+    "StudyError",
+    "StudySummary",
+    "build_report",
+    "default_config",
+    "default_sweep",
+    "get_suite",
+    "load_config",
+    "models",
+    "plan",
+    "plan_all",
+    "run_study",
+    "validate_config",
 ]

@@ -58,38 +58,63 @@ def sentence(v: Verdict, margin: float) -> str:
 
 
 def verdict_table(found: list[tuple[Verdict, int, str]], family: str) -> Table:
-    table = Table(["assumption", "relaxation", "task", "verdict", "difference [interval]", "p (diff.)", "p (equiv.)",
-                   "converged", "what a decision would take"])
+    table = Table(
+        [
+            "assumption",
+            "relaxation",
+            "task",
+            "verdict",
+            "difference [interval]",
+            "p (diff.)",
+            "p (equiv.)",
+            "converged",
+            "what a decision would take",
+        ]
+    )
     for v, _, fam in found:
         if fam != family:
             continue
-        table.rows.append([v.assumption, v.model, v.task, v.verdict, interval_text(v), f"{v.p_difference:.3g}",
-                           f"{v.p_equivalence:.3g}", "yes" if v.converged else "no", _need(v)])
+        table.rows.append(
+            [
+                v.assumption,
+                v.model,
+                v.task,
+                v.verdict,
+                interval_text(v),
+                f"{v.p_difference:.3g}",
+                f"{v.p_equivalence:.3g}",
+                "yes" if v.converged else "no",
+                _need(v),
+            ]
+        )
     return table
 
 
 def _method_note(info: dict[str, Any], found: list[tuple[Verdict, int, str]], family: str) -> str:
     members = [v for v, _, f in found if f == family]
     level = members[0].ci_level if members else 1 - info["alpha"]
-    return (f"Difference: test accuracy of the relaxation minus the standard model's, mean over the seeds both have, "
-            f"paired by seed (same seeds, same data order, the same test items). Interval: paired t, Bonferroni over "
-            f"the {len(members)} comparisons of this family, each at level {level:.4g}, so that all hold jointly with "
-            f"probability >= {1 - info['alpha']:.0%}. Verdicts: forced if the interval lies below 0, better if above "
-            f"0, free if it lies inside ±{info['margin']:g} (the equivalence margin; TOST at the same level) and "
-            f"both cells converged, otherwise not yet known, with the minimal detectable difference at 80 % power "
-            f"from the observed seed variance and the seeds a decision would need if the observed difference and "
-            f"variance are the true ones. p (diff.): two-sided paired t, Bonferroni-adjusted; p (equiv.): TOST, "
-            f"adjusted to the interval's level; each is below {info['alpha']:g} exactly when the interval says so.")
+    return (
+        f"Difference: test accuracy of the relaxation minus the standard model's, mean over the seeds both have, "
+        f"paired by seed (same seeds, same data order, the same test items). Interval: paired t, Bonferroni over "
+        f"the {len(members)} comparisons of this family, each at level {level:.4g}, so that all hold jointly with "
+        f"probability >= {1 - info['alpha']:.0%}. Verdicts: forced if the interval lies below 0, better if above "
+        f"0, free if it lies inside ±{info['margin']:g} (the equivalence margin; TOST at the same level) and "
+        f"both cells converged, otherwise not yet known, with the minimal detectable difference at 80 % power "
+        f"from the observed seed variance and the seeds a decision would need if the observed difference and "
+        f"variance are the true ones. p (diff.): two-sided paired t, Bonferroni-adjusted; p (equiv.): TOST, "
+        f"adjusted to the interval's level; each is below {info['alpha']:g} exactly when the interval says so."
+    )
 
 
 def _counts(found: list[tuple[Verdict, int, str]], family: str) -> str:
     members = [v.verdict for v, _, f in found if f == family]
-    parts = [f"{members.count(k)} {k}" for k in ("forced", "better", "free", "inconclusive", "pilot")
-             if members.count(k)]
+    parts = [
+        f"{members.count(k)} {k}" for k in ("forced", "better", "free", "inconclusive", "pilot") if members.count(k)
+    ]
     return ", ".join(parts) or "none"
 
 
-def answer_blocks(d: "StudyData", figures_dir: Path, pilot_note: list | None = None) -> list:
+def answer_blocks(d: StudyData, figures_dir: Path, pilot_note: list | None = None) -> list:
     """The answer, the differences figure, the secondary family (empty when there is no standard model)."""
     from axiomformer.study.summary import design, verdicts
 
@@ -103,10 +128,12 @@ def answer_blocks(d: "StudyData", figures_dir: Path, pilot_note: list | None = N
     out: list = [Heading("The answer")]
     seeds = info["reported_seeds"]
     where = f"on {info['primary_task']}" if info["primary_task"] else "(every comparison of this study)"
-    lead = (f"Question: which assumptions of attention are forced and which are free choices? Primary comparisons "
-            f"{where}: {_counts(found, 'primary')}; reported seeds {seeds[0]}..{seeds[-1]} "
-            f"({len(seeds)}), learning rates chosen on selection seeds {info['selection_seeds']} (never reported), "
-            f"equivalence margin ±{info['margin']:g} accuracy, family-wise alpha {info['alpha']:g}.")
+    lead = (
+        f"Question: which assumptions of attention are forced and which are free choices? Primary comparisons "
+        f"{where}: {_counts(found, 'primary')}; reported seeds {seeds[0]}..{seeds[-1]} "
+        f"({len(seeds)}), learning rates chosen on selection seeds {info['selection_seeds']} (never reported), "
+        f"equivalence margin ±{info['margin']:g} accuracy, family-wise alpha {info['alpha']:g}."
+    )
     if info["pilot"]:
         lead += f" Every verdict is `pilot`: {info['pilot_reason']}."
     out += [Paragraph(lead), verdict_table(found, "primary")]
@@ -120,9 +147,12 @@ def answer_blocks(d: "StudyData", figures_dir: Path, pilot_note: list | None = N
     if any(f == "secondary" for _, _, f in found):
         table = verdict_table(found, "secondary")
         table.note = _method_note(info, found, "secondary")
-        out += [Heading("Secondary comparisons (their own family)"),
-                Paragraph(f"Other relaxations and tasks, corrected as a separate family: {_counts(found, 'secondary')}."),
-                table, Paragraph(" ".join(sentence(v, info["margin"]) for v, _, f in found if f == "secondary"))]
+        out += [
+            Heading("Secondary comparisons (their own family)"),
+            Paragraph(f"Other relaxations and tasks, corrected as a separate family: {_counts(found, 'secondary')}."),
+            table,
+            Paragraph(" ".join(sentence(v, info["margin"]) for v, _, f in found if f == "secondary")),
+        ]
     return out
 
 

@@ -218,11 +218,13 @@ class StudyConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _disjoint_seeds(self) -> "StudyConfig":
+    def _disjoint_seeds(self) -> StudyConfig:
         overlap = sorted(set(self.selection_seeds) & set(range(self.seeds)))
         if overlap:
-            raise ValueError(f"selection_seeds {overlap} overlap the reported seeds 0..{self.seeds - 1}; choose "
-                             f"selection seeds >= {self.seeds} (e.g. 1000)")
+            raise ValueError(
+                f"selection_seeds {overlap} overlap the reported seeds 0..{self.seeds - 1}; choose "
+                f"selection seeds >= {self.seeds} (e.g. 1000)"
+            )
         return self
 
     @field_validator("baselines")
@@ -270,7 +272,7 @@ class StudyConfig(_Strict):
         return max(1, min(4, os.cpu_count() or 1))
 
     @model_validator(mode="after")
-    def _valid_base(self) -> "StudyConfig":
+    def _valid_base(self) -> StudyConfig:
         from axiomformer.spec import AttentionSpec
 
         AttentionSpec.standard(self.model.dim, self.model.heads, causal=True).relax(self.base_spec)
@@ -297,8 +299,7 @@ def _explain(err: ValidationError, source: str) -> StudyConfigError:
     return StudyConfigError(f"invalid study config ({source}): " + "; ".join(lines))
 
 
-def validate_config(data: dict[str, Any], *, base: dict[str, Any] | None = None,
-                    source: str = "config") -> StudyConfig:
+def validate_config(data: dict[str, Any], *, base: dict[str, Any] | None = None, source: str = "config") -> StudyConfig:
     """Validate a plain dict (merged over ``base`` when given) into a :class:`StudyConfig`.
 
     Raises:

@@ -80,8 +80,20 @@ def contrast_verdicts(info: dict[str, Any], contrasts: list[Contrast]) -> list[t
             a, b = c.paired()
             pilot = bool(info["pilot"]) or len(a) < int(info["min_seeds"])
             item = PairedItem(c.question, c.model, c.task, a, b, c.converged)
-            out.append((one_comparison(item, family_size=max(1, len(members)), alpha=info["alpha"],
-                                       margin=info["margin"], power=POWER, pilot=pilot), c.seq_len, family))
+            out.append(
+                (
+                    one_comparison(
+                        item,
+                        family_size=max(1, len(members)),
+                        alpha=info["alpha"],
+                        margin=info["margin"],
+                        power=POWER,
+                        pilot=pilot,
+                    ),
+                    c.seq_len,
+                    family,
+                )
+            )
     return out
 
 

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from axiomformer.study.report import StudyData
 
 
-def draw_figures(d: "StudyData", folder: Path) -> dict[str, Path]:
+def draw_figures(d: StudyData, folder: Path) -> dict[str, Path]:
     """Draw every figure the data allows into ``folder``.
 
     Returns:
@@ -29,12 +29,13 @@ def draw_figures(d: "StudyData", folder: Path) -> dict[str, Path]:
     for task in dict.fromkeys(t for t, _ in d.tasks):
         lengths = sorted(n for t, n in d.tasks if t == task)
         if len(lengths) > 1:
-            out[f"length:{task}"] = _accuracy_vs_length(d, stats, task, lengths,
-                                                        folder / f"{task}_accuracy_vs_length.png")
+            out[f"length:{task}"] = _accuracy_vs_length(
+                d, stats, task, lengths, folder / f"{task}_accuracy_vs_length.png"
+            )
     return out
 
 
-def _accuracy_vs_length(d: "StudyData", stats, task: str, lengths: list[int], path: Path) -> Path:
+def _accuracy_vs_length(d: StudyData, stats, task: str, lengths: list[int], path: Path) -> Path:
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
@@ -50,9 +51,17 @@ def _accuracy_vs_length(d: "StudyData", stats, task: str, lengths: list[int], pa
         lo = [c.mean - (c.ci_low if c.ci_low is not None else c.mean) for _, c in points]
         hi = [(c.ci_high if c.ci_high is not None else c.mean) - c.mean for _, c in points]
         recurrent = m["kind"] != "transformer"
-        ax.errorbar(xs, ys, yerr=[lo, hi], label=m["label"], marker="s" if recurrent else "o", capsize=3,
-                    linestyle="--" if recurrent else "-", linewidth=2.2 if recurrent or m["label"] == "standard" else 1,
-                    color="black" if m["label"] == "standard" else cmap(i % 20))
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=[lo, hi],
+            label=m["label"],
+            marker="s" if recurrent else "o",
+            capsize=3,
+            linestyle="--" if recurrent else "-",
+            linewidth=2.2 if recurrent or m["label"] == "standard" else 1,
+            color="black" if m["label"] == "standard" else cmap(i % 20),
+        )
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [str(n) for n in lengths])
     ax.set_xlabel("sequence length")
@@ -65,8 +74,13 @@ def _accuracy_vs_length(d: "StudyData", stats, task: str, lengths: list[int], pa
     return path
 
 
-COLORS = {"forced": "tab:red", "better": "tab:blue", "free": "tab:green", "inconclusive": "dimgrey",
-          "pilot": "darkgrey"}
+COLORS = {
+    "forced": "tab:red",
+    "better": "tab:blue",
+    "free": "tab:green",
+    "inconclusive": "dimgrey",
+    "pilot": "darkgrey",
+}
 
 
 def draw_differences(found, margin: float, path: Path) -> Path:
@@ -89,8 +103,9 @@ def draw_differences(found, margin: float, path: Path) -> Path:
     labels = [f"{v.assumption}: {v.model} / {v.task}{'' if f == 'primary' else ' (secondary)'}" for v, _, f in found]
     ax.set_yticks(range(len(found)), labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel(f"test accuracy minus the standard model's (paired by seed; family-corrected interval; "
-                  f"band: ±{margin:g})")
+    ax.set_xlabel(
+        f"test accuracy minus the standard model's (paired by seed; family-corrected interval; band: ±{margin:g})"
+    )
     ax.set_title("Relaxing each assumption: difference to the standard model")
     ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], fontsize=7, loc="lower right")
     ax.grid(axis="x", alpha=0.3)

@@ -27,7 +27,7 @@ def exact_interval(accuracy: float | None, n: int | None, level: float = 0.95) -
         return None
     from scipy.stats import binomtest
 
-    k = int(round(accuracy * n))
+    k = round(accuracy * n)
     ci = binomtest(k, n).proportion_ci(confidence_level=level, method="exact")
     return float(ci.low), float(ci.high)
 
@@ -52,16 +52,23 @@ class SeedResult:
     solved: bool
 
     @classmethod
-    def of(cls, row: dict[str, Any], threshold: float) -> "SeedResult":
+    def of(cls, row: dict[str, Any], threshold: float) -> SeedResult:
         outcome = row.get("outcome") or {}
         acc = row.get("accuracy")
         acc = float(acc) if acc is not None and math.isfinite(float(acc)) else None
         n = n_test(row)
         ci = exact_interval(acc, n)
         diverged = outcome.get("stop_reason") == "nonfinite" or acc is None
-        return cls(seed=int(row["seed"]), accuracy=acc, n_test=n, ci=ci, steps=int(row.get("steps") or 0),
-                   converged=bool(outcome.get("converged", True)), diverged=diverged,
-                   solved=ci is not None and ci[0] >= threshold and not diverged)
+        return cls(
+            seed=int(row["seed"]),
+            accuracy=acc,
+            n_test=n,
+            ci=ci,
+            steps=int(row.get("steps") or 0),
+            converged=bool(outcome.get("converged", True)),
+            diverged=diverged,
+            solved=ci is not None and ci[0] >= threshold and not diverged,
+        )
 
     def text(self) -> str:
         if self.accuracy is None:
@@ -86,20 +93,48 @@ def runs_json(d, *, solved: float) -> dict[str, Any]:
         for task, lengths in tasks.items():
             zero = zero_shot_label(m["label"], lengths[0])
             for n in lengths:
+
                 def pack(results: list[SeedResult]) -> list[dict[str, Any]]:
-                    return [{"seed": r.seed, "accuracy": r.accuracy, "n_test": r.n_test,
-                             "ci_low": None if r.ci is None else r.ci[0], "ci_high": None if r.ci is None else r.ci[1],
-                             "steps": r.steps, "converged": r.converged, "diverged": r.diverged, "solved": r.solved}
-                            for r in results]
+                    return [
+                        {
+                            "seed": r.seed,
+                            "accuracy": r.accuracy,
+                            "n_test": r.n_test,
+                            "ci_low": None if r.ci is None else r.ci[0],
+                            "ci_high": None if r.ci is None else r.ci[1],
+                            "steps": r.steps,
+                            "converged": r.converged,
+                            "diverged": r.diverged,
+                            "solved": r.solved,
+                        }
+                        for r in results
+                    ]
+
                 runs = pack(seed_results(d.rows, m["label"], task, n, solved))
                 shot = pack(seed_results(d.all_rows, zero, task, n, solved)) if n != lengths[0] else []
                 if runs or shot:
-                    cells.append({"model": m["label"], "task": task, "seq_len": n, "runs": runs, "zero_shot": shot,
-                                  "seeds_solving": sum(r["solved"] for r in runs)})
-    longest = {m["label"]: {t: longest_solved(d, m["label"], t, ls, solved) for t, ls in tasks.items()}
-               for m in d.models}
-    return {"long_range": {"solved": solved, "ci_method": CI_METHOD, "ci_level": 0.95, "cells": cells,
-                           "longest_solved": longest}}
+                    cells.append(
+                        {
+                            "model": m["label"],
+                            "task": task,
+                            "seq_len": n,
+                            "runs": runs,
+                            "zero_shot": shot,
+                            "seeds_solving": sum(r["solved"] for r in runs),
+                        }
+                    )
+    longest = {
+        m["label"]: {t: longest_solved(d, m["label"], t, ls, solved) for t, ls in tasks.items()} for m in d.models
+    }
+    return {
+        "long_range": {
+            "solved": solved,
+            "ci_method": CI_METHOD,
+            "ci_level": 0.95,
+            "cells": cells,
+            "longest_solved": longest,
+        }
+    }
 
 
 def longest_solved(d, label: str, task: str, lengths: list[int], solved: float) -> int | None:
@@ -197,38 +232,82 @@ def _protocol(d, solved: float) -> Paragraph:
     return Paragraph(
         f"Protocol: curriculum over lengths — each (model, task) picks its learning rate from "
         f"{(cfg.get('budget') or {}).get('lr_grid')} on the validation split at the shortest length (selection seed(s) "
-        f"{', '.join(map(str, selection))}, " + ("also reported" if overlap else "never reported") + "), then trains length by "
-        f"length from its own weights at the previous length; reported seeds: "
-        + ", ".join(str(s) for s in range(seeds)) + ". Every model gets the same steps, batch and evaluations at "
+        f"{', '.join(map(str, selection))}, "
+        + ("also reported" if overlap else "never reported")
+        + "), then trains length by "
+        "length from its own weights at the previous length; reported seeds: "
+        + ", ".join(str(s) for s in range(seeds))
+        + ". Every model gets the same steps, batch and evaluations at "
         "every length; early stopping on validation (target accuracy or patience), so the steps a run actually "
         "trained are listed per seed. Test accuracy on a held-out split (no sequence shared with training or "
         "validation) at the best validation checkpoint, with its exact binomial (Clopper-Pearson) 95 % interval over "
         f"the scored test items. A run *solves* a length when that interval's lower bound is >= {solved}; a model "
         "solves a length when every reported seed does. Zero-shot: the same seed's weights trained at the shortest "
-        "length only, tested at the longer length without training there.")
+        "length only, tested at the longer length without training there."
+    )
 
 
 def _budget_table(cfg: dict[str, Any]) -> Table:
-    budgets = Table(["task", "length", "steps (at most)", "batch", "warmup", "eval every", "val batches",
-                     "test batches", "patience"])
+    budgets = Table(
+        [
+            "task",
+            "length",
+            "steps (at most)",
+            "batch",
+            "warmup",
+            "eval every",
+            "val batches",
+            "test batches",
+            "patience",
+        ]
+    )
     for task in cfg.get("tasks") or []:
         for n in task["seq_lens"]:
-            b = {**(cfg.get("budget") or {}), **{k: v for k, v in (task.get("budget") or {}).items() if v is not None},
-                 **{k: v for k, v in ((task.get("length_budgets") or {}).get(str(n)) or {}).items() if v is not None}}
+            b = {
+                **(cfg.get("budget") or {}),
+                **{k: v for k, v in (task.get("budget") or {}).items() if v is not None},
+                **{k: v for k, v in ((task.get("length_budgets") or {}).get(str(n)) or {}).items() if v is not None},
+            }
             b.setdefault("test_batches", b.get("eval_batches"))
             if b.get("test_batches") is None:
                 b["test_batches"] = b.get("eval_batches")
-            budgets.rows.append([task["name"], str(n), *(str(b.get(k, "—")) for k in (
-                "steps", "batch_size", "warmup", "eval_every", "eval_batches", "test_batches", "patience"))])
-    budgets.note = ("The budget at each length, the same for every model; the test set holds test batches x batch "
-                    "sequences.")
+            budgets.rows.append(
+                [
+                    task["name"],
+                    str(n),
+                    *(
+                        str(b.get(k, "—"))
+                        for k in (
+                            "steps",
+                            "batch_size",
+                            "warmup",
+                            "eval_every",
+                            "eval_batches",
+                            "test_batches",
+                            "patience",
+                        )
+                    ),
+                ]
+            )
+    budgets.note = (
+        "The budget at each length, the same for every model; the test set holds test batches x batch sequences."
+    )
     return budgets
 
 
 def _task_table(d, task: str, lengths: list[int], solved: float) -> Table:
     seeds = int(d.config.get("seeds", 1))
-    table = Table(["model", "length", "test accuracy per seed [95 % CP]", "seeds solving", "steps trained per seed",
-                   f"zero-shot (trained at {lengths[0]} only) [95 % CP]", "n_test"])
+    table = Table(
+        [
+            "model",
+            "length",
+            "test accuracy per seed [95 % CP]",
+            "seeds solving",
+            "steps trained per seed",
+            f"zero-shot (trained at {lengths[0]} only) [95 % CP]",
+            "n_test",
+        ]
+    )
     for m in d.models:
         zero = zero_shot_label(m["label"], lengths[0])
         for n in lengths:
@@ -239,19 +318,29 @@ def _task_table(d, task: str, lengths: list[int], solved: float) -> Table:
                 continue
             steps = ", ".join(f"{r.steps}" + ("" if r.converged else "*") for r in results) or "—"
             ns = sorted({r.n_test for r in results + zs if r.n_test})
-            table.rows.append([
-                m["label"], str(n), "; ".join(r.text() for r in results) or "—",
-                f"{sum(r.solved for r in results)}/{max(seeds, len(results))}", steps,
-                ("; ".join(r.text() for r in zs) + f" ({sum(r.solved for r in zs)}/{len(zs)} solve)") if zs
-                else ("(trained here)" if n == lengths[0] else "—"),
-                ", ".join(map(str, ns)) or "unknown"])
+            table.rows.append(
+                [
+                    m["label"],
+                    str(n),
+                    "; ".join(r.text() for r in results) or "—",
+                    f"{sum(r.solved for r in results)}/{max(seeds, len(results))}",
+                    steps,
+                    ("; ".join(r.text() for r in zs) + f" ({sum(r.solved for r in zs)}/{len(zs)} solve)")
+                    if zs
+                    else ("(trained here)" if n == lengths[0] else "—"),
+                    ", ".join(map(str, ns)) or "unknown",
+                ]
+            )
     chance = next((r.get("task_config", {}).get("chance") for r in d.rows if r["task"] == task), None)
-    table.note = (f"Per reported seed (s0, s1, ...): test accuracy at the best validation checkpoint and its "
-                  f"Clopper-Pearson 95 % interval over n_test scored test sequences. Seeds solving: runs whose lower "
-                  f"bound is >= {solved}. Steps trained: optimizer steps actually taken at that length (early "
-                  f"stopping may end a run before its budget; * = not converged: the best validation score was "
-                  f"still improving at the last step). Zero-shot: the same seed trained at {lengths[0]} only"
-                  + (f"; chance {chance:.3f}" if chance is not None else "") + ". `—`: not run (yet).")
+    table.note = (
+        f"Per reported seed (s0, s1, ...): test accuracy at the best validation checkpoint and its "
+        f"Clopper-Pearson 95 % interval over n_test scored test sequences. Seeds solving: runs whose lower "
+        f"bound is >= {solved}. Steps trained: optimizer steps actually taken at that length (early "
+        f"stopping may end a run before its budget; * = not converged: the best validation score was "
+        f"still improving at the last step). Zero-shot: the same seed trained at {lengths[0]} only"
+        + (f"; chance {chance:.3f}" if chance is not None else "")
+        + ". `—`: not run (yet)."
+    )
     return table
 
 
@@ -263,15 +352,22 @@ def sections(d, figures_dir: Path, *, solved: float) -> list:
     out: list = [_protocol(d, solved), Heading("Budget per length", 3), _budget_table(d.config)]
     summary = Table(["model", *(f"{t}: longest solved (every seed)" for t in tasks)])
     for m in d.models:
-        summary.rows.append([m["label"], *(str(longest_solved(d, m["label"], t, ls, solved) or "none")
-                                          for t, ls in tasks.items())])
-    summary.note = (f"Longest length at which every reported seed's exact 95 % interval lies above {solved} (none: "
-                    f"no length).")
+        summary.rows.append(
+            [m["label"], *(str(longest_solved(d, m["label"], t, ls, solved) or "none") for t, ls in tasks.items())]
+        )
+    summary.note = (
+        f"Longest length at which every reported seed's exact 95 % interval lies above {solved} (none: no length)."
+    )
     out += [Heading("Longest length solved"), summary]
     for task, lengths in tasks.items():
         out += [Heading(f"{task}: accuracy against length"), _task_table(d, task, lengths, solved)]
     if d.rows:
         path = _figure(d, tasks, solved, figures_dir / "long_range_accuracy_vs_length.png")
-        out.append(Image(f"figures/{path.name}", "test accuracy against sequence length: each seed (dots), the mean "
-                                                 "over seeds (solid), the zero-shot mean (dotted, x)"))
+        out.append(
+            Image(
+                f"figures/{path.name}",
+                "test accuracy against sequence length: each seed (dots), the mean "
+                "over seeds (solid), the zero-shot mean (dotted, x)",
+            )
+        )
     return out + report.failures_block(d) + report.provenance_block(d)

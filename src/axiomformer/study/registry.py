@@ -6,9 +6,10 @@ The core never imports a suite: suites (``axiomformer.study.suites``) import thi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from axiomformer.study.config import StudyConfig
@@ -41,10 +42,10 @@ class Suite:
     name: str
     summary: str
     presets: dict[str, dict[str, Any]]
-    sections: Callable[["StudyData", Path], list]
-    stages: Callable[["StudyConfig"], list["Stage"]] | None = None
-    comparisons: Callable[["StudyData"], list] | None = None
-    extra_json: Callable[["StudyData"], dict] | None = None
+    sections: Callable[[StudyData, Path], list]
+    stages: Callable[[StudyConfig], list[Stage]] | None = None
+    comparisons: Callable[[StudyData], list] | None = None
+    extra_json: Callable[[StudyData], dict] | None = None
 
     def preset(self, name: str) -> dict[str, Any]:
         """A deep copy of preset ``name`` as a plain dict (``pilot = true`` added to ``quick``).

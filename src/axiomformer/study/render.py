@@ -110,10 +110,14 @@ def to_html(blocks: list[Block], title: str) -> str:
         elif isinstance(block, Table):
             kinds = [' class="num"' if num else "" for num in numeric_columns(block)]
             head = "".join(f"<th{k}>{_inline(h)}</th>" for k, h in zip(kinds, block.headers))
-            rows = "".join("<tr>" + "".join(f"<td{k}>{_inline(c)}</td>" for k, c in zip(kinds + [""] * len(row), row)) + "</tr>"
-                           for row in block.rows)
+            rows = "".join(
+                "<tr>" + "".join(f"<td{k}>{_inline(c)}</td>" for k, c in zip(kinds + [""] * len(row), row)) + "</tr>"
+                for row in block.rows
+            )
             body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
             if block.note:
                 body.append(f"<p>{_inline(block.note)}</p>")
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{_CSS}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{_CSS}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )

@@ -15,7 +15,7 @@ from typing import Any
 
 from axiomformer.study.render import Heading, Image, Paragraph, Table, to_html, to_markdown
 from axiomformer.study.store import ResultsStore
-from axiomformer.study.sweep import assumption_of  # noqa: F401 - part of this module's API
+from axiomformer.study.sweep import assumption_of
 
 NOT_AVAILABLE = "not available"
 
@@ -36,7 +36,8 @@ class StudyData:
         self.lr_edges = lr_at_edge(self.config, self.all_rows, self.lrs)
         self.suite = str(self.config.get("suite", "main"))
         self.models: list[dict[str, Any]] = store.get_meta("models") or [
-            {"label": r["label"], "kind": r["model"], "spec": r["spec"]} for r in {r["label"]: r for r in rows}.values()]
+            {"label": r["label"], "kind": r["model"], "spec": r["spec"]} for r in {r["label"]: r for r in rows}.values()
+        ]
         self.kind = {m["label"]: m["kind"] for m in self.models}
         self.spec = {m["label"]: m["spec"] for m in self.models}
         source = planned or self.rows
@@ -82,15 +83,19 @@ def _headline(d: StudyData) -> list:
             flagged += not c.converged
             edges += c.lr_at_grid_edge
             lr = "" if c.lr is None else f" lr {c.lr:g}"
-            cells.append(f"{c.mean:.3f}{_ci(c.ci_low, c.ci_high)}{lr}" + ("" if c.converged else " (not converged)")
-                         + (" (lr at grid edge)" if c.lr_at_grid_edge else ""))
+            cells.append(
+                f"{c.mean:.3f}{_ci(c.ci_low, c.ci_high)}{lr}"
+                + ("" if c.converged else " (not converged)")
+                + (" (lr at grid edge)" if c.lr_at_grid_edge else "")
+            )
         table.rows.append([m["label"], assumption_of(m["label"], m["kind"]), *cells])
     chance = {}
     for r in d.rows:
         chance.setdefault((r["task"], r["seq_len"]), (r.get("task_config") or {}).get("chance"))
     if any(v is not None for v in chance.values()):
-        table.rows.append(["(chance)", "", *(f"{chance[t]:.3f}" if chance.get(t) is not None else "—"
-                                             for t in d.tasks)])
+        table.rows.append(
+            ["(chance)", "", *(f"{chance[t]:.3f}" if chance.get(t) is not None else "—" for t in d.tasks)]
+        )
     cfg = d.config
     seeds = int(cfg.get("seeds", 1))
     grid = (cfg.get("budget") or {}).get("lr_grid")
@@ -98,14 +103,16 @@ def _headline(d: StudyData) -> list:
 
     methods = sorted({c.ci_method for c in stats.values()})
     items = sorted({c.n_test for c in stats.values() if c.n_test})
-    table.note = (f"Test accuracy on scored positions: mean over the reported seeds 0..{seeds - 1} with its 95 % "
-                  f"interval ({', '.join(methods) or '—'}), on the same {'/'.join(map(str, items)) or '?'} scored "
-                  f"test items for every model and seed, at the learning rate chosen for the cell (`lr`) from "
-                  f"{grid or 'one value'} (widened one step beyond an edge up to {cfg.get('lr_widen', 0)} times) by "
-                  f"mean validation accuracy at selection seeds {selection_seeds_of(cfg)}, which are never reported. "
-                  f"`not converged`: a reported run used all its steps while its validation score was still "
-                  f"improving ({flagged} cell(s)). `lr at grid edge`: the chosen rate is the smallest or largest "
-                  f"tried ({edges} cell(s)). `—`: no finished run. Columns are `task@sequence length`.")
+    table.note = (
+        f"Test accuracy on scored positions: mean over the reported seeds 0..{seeds - 1} with its 95 % "
+        f"interval ({', '.join(methods) or '—'}), on the same {'/'.join(map(str, items)) or '?'} scored "
+        f"test items for every model and seed, at the learning rate chosen for the cell (`lr`) from "
+        f"{grid or 'one value'} (widened one step beyond an edge up to {cfg.get('lr_widen', 0)} times) by "
+        f"mean validation accuracy at selection seeds {selection_seeds_of(cfg)}, which are never reported. "
+        f"`not converged`: a reported run used all its steps while its validation score was still "
+        f"improving ({flagged} cell(s)). `lr at grid edge`: the chosen rate is the smallest or largest "
+        f"tried ({edges} cell(s)). `—`: no finished run. Columns are `task@sequence length`."
+    )
     return [Heading("Accuracy: model x task"), table]
 
 
@@ -128,10 +135,12 @@ def _selection(d: StudyData) -> list:
             mark = " (best)" if best == lr else ""
             cells.append(f"{statistics.fmean(accs):.3f}{mark}" if accs else "—")
         table.rows.append([label, f"{task}@{seq_len}", *cells])
-    table.note = ("Validation accuracy of the learning-rate selection runs (mean over the selection seeds, which are "
-                  "never reported); `—`: not tried; `(best)`: the rate the cell reports at. A best rate at the edge "
-                  "of those tried is widened (up to `lr_widen` times) and, if still at the edge, flagged in the "
-                  "accuracy table.")
+    table.note = (
+        "Validation accuracy of the learning-rate selection runs (mean over the selection seeds, which are "
+        "never reported); `—`: not tried; `(best)`: the rate the cell reports at. A best rate at the edge "
+        "of those tried is widened (up to `lr_widen` times) and, if still at the edge, flagged in the "
+        "accuracy table."
+    )
     return [Heading("Learning-rate selection"), table]
 
 
@@ -153,8 +162,10 @@ def _params(d: StudyData) -> list:
             cells.append(f"{p:,} (w={width})" if p is not None else f"? (w={width})")
         worst_all = max(worst_all, worst)
         table.rows.append([m["label"], *cells, f"{worst:.1%}" + (" (over tolerance)" if worst > tol else "")])
-    table.note = (f"Trainable parameters (w = width: model dim for a Transformer, hidden size for an RNN), matched to the "
-                  f"standard Transformer within {tol:.0%}; largest deviation {worst_all:.1%}.")
+    table.note = (
+        f"Trainable parameters (w = width: model dim for a Transformer, hidden size for an RNN), matched to the "
+        f"standard Transformer within {tol:.0%}; largest deviation {worst_all:.1%}."
+    )
     return [Heading("Parameter counts"), table]
 
 
@@ -174,9 +185,16 @@ def _audits(d: StudyData) -> list:
         else:
             checks = payload.get("checks", [])
             failed = [f"{c['name']} ({c.get('assumption')})" for c in checks if c.get("passed") is False]
-            table.rows.append([m["label"], m["spec"], str(sum(c.get("passed") is True for c in checks)),
-                               str(len(failed)), str(sum(c.get("passed") is None for c in checks)),
-                               ", ".join(failed) or "none"])
+            table.rows.append(
+                [
+                    m["label"],
+                    m["spec"],
+                    str(sum(c.get("passed") is True for c in checks)),
+                    str(len(failed)),
+                    str(sum(c.get("passed") is None for c in checks)),
+                    ", ".join(failed) or "none",
+                ]
+            )
     table.note = "`axiomformer audit spec:<spec>`: property checks tied to the assumptions, run once per spec."
     return out + [table]
 
@@ -188,23 +206,31 @@ def _throughput(d: StudyData) -> list:
         if not rows:
             table.rows.append([m["label"], "—", "—", "—", "—", "0"])
             continue
-        def avg(name: str, rows=rows) -> str:  # noqa: E306
+
+        def avg(name: str, rows=rows) -> str:
             vals = [r[name] for r in rows if r.get(name) is not None]
             return f"{statistics.fmean(vals):,.1f}" if vals else "—"
+
         engines = ", ".join(sorted({str(r["engine"]) for r in rows}))
-        table.rows.append([m["label"], engines, avg("tokens_per_second"), avg("peak_mem_mb"), avg("seconds"),
-                           str(len(rows))])
+        table.rows.append(
+            [m["label"], engines, avg("tokens_per_second"), avg("peak_mem_mb"), avg("seconds"), str(len(rows))]
+        )
     sources = sorted({str(r.get("memory_source")) for r in d.rows})
-    table.note = ("Means over every run of the model (all tasks and seeds). Tokens/s are training tokens per wall-clock "
-                  "second, so they reflect the machine's load. Peak memory: the run's own peak resident-set growth on "
-                  "CPU (`VmHWM`), `torch.cuda.max_memory_allocated` on GPU (sources here: "
-                  f"{', '.join(sources) or '—'}).")
+    table.note = (
+        "Means over every run of the model (all tasks and seeds). Tokens/s are training tokens per wall-clock "
+        "second, so they reflect the machine's load. Peak memory: the run's own peak resident-set growth on "
+        "CPU (`VmHWM`), `torch.cuda.max_memory_allocated` on GPU (sources here: "
+        f"{', '.join(sources) or '—'})."
+    )
     return [Heading("Throughput and peak memory"), table]
 
 
 def _scalars(payload: dict[str, Any]) -> list[list[str]]:
-    return [[k, f"{v:.3g}" if isinstance(v, float) else str(v)] for k, v in payload.items()
-            if isinstance(v, (int, float, str, bool)) or v is None]
+    return [
+        [k, f"{v:.3g}" if isinstance(v, float) else str(v)]
+        for k, v in payload.items()
+        if isinstance(v, (int, float, str, bool)) or v is None
+    ]
 
 
 def _cached_section(d: StudyData, key: str, title: str) -> tuple[list, Any]:
@@ -221,17 +247,28 @@ def _derive(d: StudyData) -> list:
         return out
     steps = payload.get("steps", []) if isinstance(payload, dict) else []
     table = Table(["step", "label", "assumption", "violation before", "error after", "passed"])
-    num = lambda v: f"{v:.2e}" if isinstance(v, (int, float)) else str(v)  # noqa: E731
+    num = lambda v: f"{v:.2e}" if isinstance(v, (int, float)) else str(v)
     for step in steps:
         verdict = "vacuous" if step.get("vacuous") else str(step.get("passed"))
-        table.rows.append([str(step.get("id")), str(step.get("label", "")),
-                           str(step.get("assumption", "")).split(":")[0], num(step.get("violation_before")),
-                           num(step.get("error_after")), verdict])
+        table.rows.append(
+            [
+                str(step.get("id")),
+                str(step.get("label", "")),
+                str(step.get("assumption", "")).split(":")[0],
+                num(step.get("violation_before")),
+                num(step.get("error_after")),
+                verdict,
+            ]
+        )
     final = payload.get("final_vs_sdpa_max_abs_err") if isinstance(payload, dict) else None
-    table.note = ("`axiomformer derive`: each step measures its assumption's property on the module before the step "
-                  "(violated) and after it (holds). Final step against "
-                  "`torch.nn.functional.scaled_dot_product_attention`: "
-                  f"max abs error {final:.2e}." if isinstance(final, (int, float)) else "")
+    table.note = (
+        "`axiomformer derive`: each step measures its assumption's property on the module before the step "
+        "(violated) and after it (holds). Final step against "
+        "`torch.nn.functional.scaled_dot_product_attention`: "
+        f"max abs error {final:.2e}."
+        if isinstance(final, (int, float))
+        else ""
+    )
     return out + [table]
 
 
@@ -243,23 +280,35 @@ def _flow(d: StudyData) -> list:
     ks = sorted({r["K"] for r in arms})
     cells = {(r["theta"], r["arm"], r["noise"], r["K"]): r["acc_mean"] for r in arms}
     keys = list(dict.fromkeys((r["theta"], r["arm"], r["noise"]) for r in arms))
-    table = Table(["theta", "arm", "noise sigma", *(f"K={k}" for k in ks)],
-                  [[t, a, f"{n:g}", *(f"{cells[(t, a, n, k)]:.3f}" if (t, a, n, k) in cells else "—" for k in ks)]
-                   for t, a, n in keys])
-    table.note = (f"Dataset {payload.get('data')}: mean test accuracy over {len(payload.get('seeds') or [])} seeds "
-                  "after K flow steps per arm (quick protocol; intervals and the full run: axiomformer flow).")
+    table = Table(
+        ["theta", "arm", "noise sigma", *(f"K={k}" for k in ks)],
+        [
+            [t, a, f"{n:g}", *(f"{cells[(t, a, n, k)]:.3f}" if (t, a, n, k) in cells else "—" for k in ks)]
+            for t, a, n in keys
+        ],
+    )
+    table.note = (
+        f"Dataset {payload.get('data')}: mean test accuracy over {len(payload.get('seeds') or [])} seeds "
+        "after K flow steps per arm (quick protocol; intervals and the full run: axiomformer flow)."
+    )
     return out + [table]
 
 
 def _failures(d: StudyData) -> list:
     if not d.failures and not d.missing:
         return []
-    table = Table(["model", "task", "seed", "error"],
-                  [[f["label"], f"{f['task']}@{f['seq_len']}", str(f["seed"]), f["error"].strip().splitlines()[-1]]
-                   for f in d.failures])
-    return [Heading("Failed or missing runs"),
-            Paragraph(f"{d.missing} planned run(s) have no result; rerun the study with the same out dir to retry."),
-            table]
+    table = Table(
+        ["model", "task", "seed", "error"],
+        [
+            [f["label"], f"{f['task']}@{f['seq_len']}", str(f["seed"]), f["error"].strip().splitlines()[-1]]
+            for f in d.failures
+        ],
+    )
+    return [
+        Heading("Failed or missing runs"),
+        Paragraph(f"{d.missing} planned run(s) have no result; rerun the study with the same out dir to retry."),
+        table,
+    ]
 
 
 def _provenance(d: StudyData) -> list:
@@ -268,22 +317,39 @@ def _provenance(d: StudyData) -> list:
     versions = sorted({str(r["package_version"]) for r in rows})
     commits = sorted({str(r["git_commit"]) for r in rows})
     budget = d.config.get("budget", {})
-    return [Heading("Provenance"), Table(["item", "value"], [
-        ["runs", f"{len(rows)} stored, {len(d.rows)} reported (the rest: learning-rate selection)"
-         + (f" (+{d.extra_rows} from other sweeps, not shown)" if d.extra_rows else "")],
-        ["budget (every model)", ", ".join(f"{k}={v}" for k, v in budget.items() if v is not None)],
-        ["model", ", ".join(f"{k}={v}" for k, v in (d.config.get("model") or {}).items())],
-        ["base spec", str(d.config.get("base_spec", "standard"))],
-        ["package version", ", ".join(versions) or "—"], ["git commit", ", ".join(commits) or "—"],
-        ["backends", ", ".join(sorted({str(r["backend"]) for r in rows})) or "—"],
-        ["hosts", ", ".join(sorted({str(r["host"]) for r in rows})) or "—"],
-        ["total training seconds (wall, summed over runs)", f"{sum(r['seconds'] or 0 for r in rows):,.1f}"],
-        ["total training CPU seconds", f"{sum(r.get('cpu_seconds') or 0 for r in rows):,.1f}"],
-        ["last `axiomformer study` call that trained", (f"{last.get('seconds')} s wall, {last.get('trained')} run(s) trained, "
-                                           f"backend {last.get('backend')}, workers {last.get('workers')}, "
-                                           f"{last.get('cpu_count')} CPUs, load average {last.get('load_average_start')}"
-                                           f" -> {last.get('load_average_end')}") if last else "—"],
-    ])]
+    return [
+        Heading("Provenance"),
+        Table(
+            ["item", "value"],
+            [
+                [
+                    "runs",
+                    f"{len(rows)} stored, {len(d.rows)} reported (the rest: learning-rate selection)"
+                    + (f" (+{d.extra_rows} from other sweeps, not shown)" if d.extra_rows else ""),
+                ],
+                ["budget (every model)", ", ".join(f"{k}={v}" for k, v in budget.items() if v is not None)],
+                ["model", ", ".join(f"{k}={v}" for k, v in (d.config.get("model") or {}).items())],
+                ["base spec", str(d.config.get("base_spec", "standard"))],
+                ["package version", ", ".join(versions) or "—"],
+                ["git commit", ", ".join(commits) or "—"],
+                ["backends", ", ".join(sorted({str(r["backend"]) for r in rows})) or "—"],
+                ["hosts", ", ".join(sorted({str(r["host"]) for r in rows})) or "—"],
+                ["total training seconds (wall, summed over runs)", f"{sum(r['seconds'] or 0 for r in rows):,.1f}"],
+                ["total training CPU seconds", f"{sum(r.get('cpu_seconds') or 0 for r in rows):,.1f}"],
+                [
+                    "last `axiomformer study` call that trained",
+                    (
+                        f"{last.get('seconds')} s wall, {last.get('trained')} run(s) trained, "
+                        f"backend {last.get('backend')}, workers {last.get('workers')}, "
+                        f"{last.get('cpu_count')} CPUs, load average {last.get('load_average_start')}"
+                        f" -> {last.get('load_average_end')}"
+                    )
+                    if last
+                    else "—",
+                ],
+            ],
+        ),
+    ]
 
 
 def main_sections(d: StudyData, figures_dir: Path, pilot_note: list | None = None) -> list:
@@ -295,11 +361,25 @@ def main_sections(d: StudyData, figures_dir: Path, pilot_note: list | None = Non
 
     answer = answer_blocks(d, figures_dir, pilot_note)
     figures = draw_figures(d, figures_dir)
-    curves = [Image(f"figures/{path.name}", f"accuracy against sequence length on {name.split(':')[1]}")
-              for name, path in figures.items() if name.startswith("length:")]
-    return [*answer, Heading("Details"), *_headline(d), *curves, *_selection(d), *_params(d), *_audits(d),
-            *_throughput(d),
-            *_derive(d), *_flow(d), *_failures(d), *_provenance(d)]
+    curves = [
+        Image(f"figures/{path.name}", f"accuracy against sequence length on {name.split(':')[1]}")
+        for name, path in figures.items()
+        if name.startswith("length:")
+    ]
+    return [
+        *answer,
+        Heading("Details"),
+        *_headline(d),
+        *curves,
+        *_selection(d),
+        *_params(d),
+        *_audits(d),
+        *_throughput(d),
+        *_derive(d),
+        *_flow(d),
+        *_failures(d),
+        *_provenance(d),
+    ]
 
 
 def failures_block(d: StudyData) -> list:
@@ -346,12 +426,16 @@ def build_report(out_dir: str | Path) -> dict[str, Path]:
 
     figures_dir = out_dir / "figures"
     title = str(d.config.get("name", "axiomformer study"))
-    blocks = [Heading(title, 1),
-              Paragraph(f"{len(d.all_rows)} finished runs ({len(d.rows)} reported, the rest learning-rate selection), "
-                        f"{len({r['label'] for r in d.rows}) or len(d.models)} models or arms, {len(d.tasks)} task "
-                        f"settings; suite `{d.suite}`. "
-                        "Rebuild with `axiomformer report <dir>`."),
-              *get_suite(d.suite).sections(d, figures_dir)]
+    blocks = [
+        Heading(title, 1),
+        Paragraph(
+            f"{len(d.all_rows)} finished runs ({len(d.rows)} reported, the rest learning-rate selection), "
+            f"{len({r['label'] for r in d.rows}) or len(d.models)} models or arms, {len(d.tasks)} task "
+            f"settings; suite `{d.suite}`. "
+            "Rebuild with `axiomformer report <dir>`."
+        ),
+        *get_suite(d.suite).sections(d, figures_dir),
+    ]
     figures = {p.stem: p for p in sorted(figures_dir.glob("*.png"))} if figures_dir.is_dir() else {}
     md, page = out_dir / "report.md", out_dir / "report.html"
     md.write_text(to_markdown(blocks), encoding="utf-8")

@@ -20,9 +20,10 @@ import platform
 import subprocess
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from rich.console import Console
 
@@ -46,8 +47,13 @@ def provenance() -> dict[str, str | None]:
 
     commit = None
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(axiomformer.__file__).parent,
-                             capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(axiomformer.__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         if out.returncode == 0:
             commit = out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
@@ -59,8 +65,9 @@ def provenance() -> dict[str, str | None]:
 _WARM: set[tuple[str, str]] = set()
 
 
-def execute(train_config: dict[str, Any], threads: int | None = None, workdir: str | None = None,
-            save_state: str | None = None) -> dict[str, Any]:
+def execute(
+    train_config: dict[str, Any], threads: int | None = None, workdir: str | None = None, save_state: str | None = None
+) -> dict[str, Any]:
     """Train one run and return ``TrainResult.to_dict()`` (the function every backend calls, in any process).
 
     The trainer measures ``peak_mem_mb`` itself (:class:`axiomformer.memory.PeakMemory`); a reading of 0 (no growth
@@ -85,9 +92,18 @@ def execute(train_config: dict[str, Any], threads: int | None = None, workdir: s
         warm = (config.task, config.model)
         if warm not in _WARM:
             _WARM.add(warm)
-            trainer.train(config.model_copy(update={"steps": 2, "eval_batches": 1, "eval_every": 2,
-                                                    "init_from": None, "seq_len": min(config.seq_len, 64)}),
-                          progress=False)
+            trainer.train(
+                config.model_copy(
+                    update={
+                        "steps": 2,
+                        "eval_batches": 1,
+                        "eval_every": 2,
+                        "init_from": None,
+                        "seq_len": min(config.seq_len, 64),
+                    }
+                ),
+                progress=False,
+            )
         cpu = time.process_time()
         result = trainer.train(config, progress=False, save_state=root / save_state if save_state else None)
     out = result.to_dict() if hasattr(result, "to_dict") else dict(result)
@@ -115,26 +131,62 @@ def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
 
     if run.model.kind == "transformer":
         tc = run.train_config
-        assumptions: dict[str, bool] = {"A0": True, **AttentionSpec.standard(
-            tc["dim"], tc["heads"], causal=True).relax(run.model.spec).assumptions()}
+        assumptions: dict[str, bool] = {
+            "A0": True,
+            **AttentionSpec.standard(tc["dim"], tc["heads"], causal=True).relax(run.model.spec).assumptions(),
+        }
         spec = run.model.spec
     else:
         assumptions, spec = {"A0": False}, None  # a recurrent aggregator is order-dependent: A0 itself relaxed
     return {
-        "key": run.key, "label": run.model.label, "model": run.model.kind, "spec": spec, "assumptions": assumptions,
-        "task": run.task, "seq_len": run.seq_len,
-        "task_config": {"task": run.task, "seq_len": run.seq_len, "options": run.train_config.get("task_options", {}),
-                        "chance": result.get("chance")},
-        "seed": run.seed, "dim": run.train_config["dim"], "layers": run.train_config["layers"],
+        "key": run.key,
+        "label": run.model.label,
+        "model": run.model.kind,
+        "spec": spec,
+        "assumptions": assumptions,
+        "task": run.task,
+        "seq_len": run.seq_len,
+        "task_config": {
+            "task": run.task,
+            "seq_len": run.seq_len,
+            "options": run.train_config.get("task_options", {}),
+            "chance": result.get("chance"),
+        },
+        "seed": run.seed,
+        "dim": run.train_config["dim"],
+        "layers": run.train_config["layers"],
         "heads": run.train_config["heads"] if run.model.kind == "transformer" else None,
-        "params": result.get("params"), "accuracy": result.get("accuracy"), "loss": result.get("loss"),
-        "steps": result.get("steps"), "seconds": result.get("seconds"), "cpu_seconds": result.get("cpu_seconds"),
-        "tokens_per_second": result.get("tokens_per_second"), "peak_mem_mb": result.get("peak_mem_mb"),
-        "memory_source": result.get("memory_source"), "engine": result.get("engine"), "losses": result.get("losses"),
+        "params": result.get("params"),
+        "accuracy": result.get("accuracy"),
+        "loss": result.get("loss"),
+        "steps": result.get("steps"),
+        "seconds": result.get("seconds"),
+        "cpu_seconds": result.get("cpu_seconds"),
+        "tokens_per_second": result.get("tokens_per_second"),
+        "peak_mem_mb": result.get("peak_mem_mb"),
+        "memory_source": result.get("memory_source"),
+        "engine": result.get("engine"),
+        "losses": result.get("losses"),
         "train_config": run.train_config,
-        "outcome": {"lr": run.train_config.get("lr"), **{k: result.get(k) for k in (
-            "val_accuracy", "val_loss", "best_step", "converged", "stop_reason", "history", "extra", "n_test")}},
-        **provenance(), "backend": backend, "host": platform.node(),
+        "outcome": {
+            "lr": run.train_config.get("lr"),
+            **{
+                k: result.get(k)
+                for k in (
+                    "val_accuracy",
+                    "val_loss",
+                    "best_step",
+                    "converged",
+                    "stop_reason",
+                    "history",
+                    "extra",
+                    "n_test",
+                )
+            },
+        },
+        **provenance(),
+        "backend": backend,
+        "host": platform.node(),
     }
 
 
@@ -150,7 +202,7 @@ def _serial(runs: list[Run], threads: int | None, workdir: str) -> Iterator[Outc
     for run in runs:
         try:
             yield run, execute(run.train_config, threads, *_args(run, workdir))
-        except Exception as err:  # noqa: BLE001 - recorded as a failed run; Ctrl-C still propagates
+        except Exception as err:
             err.__traceback_text__ = traceback.format_exc()  # type: ignore[attr-defined]
             yield run, err
 
@@ -164,8 +216,8 @@ def _die_with_parent(parent: int) -> None:
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0:           # PR_SET_PDEATHSIG = 1
-            if os.getppid() != parent:                              # the parent died before the prctl
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) == 0:  # PR_SET_PDEATHSIG = 1
+            if os.getppid() != parent:  # the parent died before the prctl
                 os._exit(1)
             return
     except (OSError, AttributeError):
@@ -212,12 +264,15 @@ def _pool(runs: list[Run], threads: int | None, workers: int, workdir: str) -> I
 
     context = multiprocessing.get_context("spawn")
     started = context.SimpleQueue()
-    executor = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=worker_init,
-                                   initargs=(os.getpid(), started))
+    executor = ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=worker_init, initargs=(os.getpid(), started)
+    )
     finished = False
     try:
-        pending = {executor.submit(execute_in_worker, run.train_config, threads or 1, *_args(run, workdir)): run
-                   for run in runs}
+        pending = {
+            executor.submit(execute_in_worker, run.train_config, threads or 1, *_args(run, workdir)): run
+            for run in runs
+        }
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
@@ -256,7 +311,7 @@ def _ray(runs: list[Run], threads: int | None, address: str | None, workdir: str
                 run = refs.pop(ref)
                 try:
                     yield run, ray.get(ref)
-                except Exception as err:  # noqa: BLE001 - RayTaskError wraps the run's exception
+                except Exception as err:
                     yield run, err
     finally:
         for ref in refs:
@@ -286,16 +341,26 @@ def _num(value: Any, fmt: str) -> str:
 
 def _status(run: Run, result: dict[str, Any]) -> str:
     tps = result.get("tokens_per_second")
-    return (f"{run.model.label:<22} {run.task_label:<12} seed {run.seed} lr {run.train_config.get('lr')}: "
-            f"test acc {_num(result.get('accuracy'), '.3f')} (val {_num(result.get('val_accuracy'), '.3f')}, "
-            f"{result.get('steps')} steps, {result.get('stop_reason')})"
-            f"  loss {_num(result.get('loss'), '.3f')}  {_num(result.get('seconds'), '5.1f')} s"
-            f"  {_num(tps / 1e3 if isinstance(tps, (int, float)) else None, '6.1f')}k tok/s"
-            f"  params {result.get('params')}  [{result.get('engine')}]")
+    return (
+        f"{run.model.label:<22} {run.task_label:<12} seed {run.seed} lr {run.train_config.get('lr')}: "
+        f"test acc {_num(result.get('accuracy'), '.3f')} (val {_num(result.get('val_accuracy'), '.3f')}, "
+        f"{result.get('steps')} steps, {result.get('stop_reason')})"
+        f"  loss {_num(result.get('loss'), '.3f')}  {_num(result.get('seconds'), '5.1f')} s"
+        f"  {_num(tps / 1e3 if isinstance(tps, (int, float)) else None, '6.1f')}k tok/s"
+        f"  params {result.get('params')}  [{result.get('engine')}]"
+    )
 
 
-def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local", address: str | None = None,
-              progress: bool = True, console: Console | None = None, write_report: bool = True) -> StudySummary:
+def run_study(
+    config: StudyConfig,
+    out_dir: str | Path,
+    *,
+    backend: str = "local",
+    address: str | None = None,
+    progress: bool = True,
+    console: Console | None = None,
+    write_report: bool = True,
+) -> StudySummary:
     """Run (or resume) a study in ``out_dir`` and write its report.
 
     Args:
@@ -335,11 +400,20 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local
         specs = [m.spec for m in models(config) if m.kind == "transformer"] if config.sections.audit else []
         audits_todo = [s for s in dict.fromkeys(specs) if s not in store.audits()]
         stored_sections = store.sections()
-        sections_todo = [(name, fn) for name, fn, on in (("derive", derive_section, config.sections.derive),
-                                                         ("flow", flow_section, config.sections.flow))
-                         if on and name not in stored_sections]
-        console.print(f"study ({config.suite} suite): {len(stages)} stage(s), {len(first)} run(s) in the first, "
-                      f"results in {store.path} ({backend} backend)", markup=False, soft_wrap=True)
+        sections_todo = [
+            (name, fn)
+            for name, fn, on in (
+                ("derive", derive_section, config.sections.derive),
+                ("flow", flow_section, config.sections.flow),
+            )
+            if on and name not in stored_sections
+        ]
+        console.print(
+            f"study ({config.suite} suite): {len(stages)} stage(s), {len(first)} run(s) in the first, "
+            f"results in {store.path} ({backend} backend)",
+            markup=False,
+            soft_wrap=True,
+        )
         bar = _progress(console, progress)
         planned: dict[str, Run] = {}
         with bar:
@@ -355,16 +429,28 @@ def run_study(config: StudyConfig, out_dir: str | Path, *, backend: str = "local
                 summary.planned += len(new)
                 summary.already_stored += len(new) - len(todo)
                 bar.update(task_id, total=(bar.tasks[0].total or 0) + len(todo))
-                console.print(f"stage {index + 1}/{len(stages)}: {len(new)} run(s), {len(new) - len(todo)} already "
-                              f"stored, {len(todo)} to train", markup=False, soft_wrap=True)
+                console.print(
+                    f"stage {index + 1}/{len(stages)}: {len(new)} run(s), {len(new) - len(todo)} already "
+                    f"stored, {len(todo)} to train",
+                    markup=False,
+                    soft_wrap=True,
+                )
                 _train(store, config, todo, backend, address, summary, console, bar, task_id)
             _sections(store, sections_todo, console, bar, task_id)
             bar.update(task_id, description="done")
         summary.seconds = time.perf_counter() - start
-        _record_invocation(store, {
-            "seconds": round(summary.seconds, 2), "trained": summary.trained, "backend": backend,
-            "workers": config.resolved_workers() if backend == "local" else None,
-            "load_average_start": load_start, "load_average_end": _load(), "cpu_count": os.cpu_count()})
+        _record_invocation(
+            store,
+            {
+                "seconds": round(summary.seconds, 2),
+                "trained": summary.trained,
+                "backend": backend,
+                "workers": config.resolved_workers() if backend == "local" else None,
+                "load_average_start": load_start,
+                "load_average_end": _load(),
+                "cpu_count": os.cpu_count(),
+            },
+        )
     if write_report:
         from axiomformer.study.report import build_report
 
@@ -385,9 +471,22 @@ def _record_invocation(store: ResultsStore, record: dict[str, Any]) -> None:
 
 
 def _set_planned(store: ResultsStore, planned: dict[str, Run]) -> None:
-    store.set_meta("planned", [{"key": r.key, "label": r.model.label, "task": r.task, "seq_len": r.seq_len,
-                                "seed": r.seed, "lr": r.train_config.get("lr"), "dim": r.train_config["dim"],
-                                "expected_params": r.expected_params} for r in planned.values()])
+    store.set_meta(
+        "planned",
+        [
+            {
+                "key": r.key,
+                "label": r.model.label,
+                "task": r.task,
+                "seq_len": r.seq_len,
+                "seed": r.seed,
+                "lr": r.train_config.get("lr"),
+                "dim": r.train_config["dim"],
+                "expected_params": r.expected_params,
+            }
+            for r in planned.values()
+        ],
+    )
 
 
 def _load() -> list[float] | None:
@@ -398,11 +497,26 @@ def _load() -> list[float] | None:
 
 
 def _progress(console: Console, enabled: bool):
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("ETA"), TimeRemainingColumn(), console=console, disable=not enabled, transient=False)
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+        transient=False,
+    )
 
 
 def _audits(store: ResultsStore, specs: list[str], console: Console, bar, task_id) -> None:
@@ -416,7 +530,7 @@ def _audits(store: ResultsStore, specs: list[str], console: Console, bar, task_i
             console.print("audit: axiomformer.audit not available; the report will say so")
             bar.advance(task_id, len(specs) - specs.index(spec))
             return
-        except Exception as err:  # noqa: BLE001 - an audit that crashes is reported, not fatal
+        except Exception as err:
             store.put_audit(spec, {"error": f"{type(err).__name__}: {err}"})
         bar.advance(task_id)
 
@@ -432,13 +546,22 @@ def _sections(store: ResultsStore, todo: list[tuple[str, Callable[[], Any]]], co
             if not missing_module(err):
                 raise
             console.print(f"{name}: module not available; the report will say so")
-        except Exception as err:  # noqa: BLE001 - reported, not fatal, not cached (retried next time)
+        except Exception as err:
             console.print(f"{name} failed: {type(err).__name__}: {err}", style="red", markup=False, soft_wrap=True)
         bar.advance(task_id)
 
 
-def _train(store: ResultsStore, config: StudyConfig, todo: list[Run], backend: str, address: str | None,
-           summary: StudySummary, console: Console, bar, task_id) -> None:
+def _train(
+    store: ResultsStore,
+    config: StudyConfig,
+    todo: list[Run],
+    backend: str,
+    address: str | None,
+    summary: StudySummary,
+    console: Console,
+    bar,
+    task_id,
+) -> None:
     if not todo:
         return
     workdir = str(Path(store.path).parent.resolve())
@@ -454,14 +577,21 @@ def _train(store: ResultsStore, config: StudyConfig, todo: list[Run], backend: s
         n += 1
         if isinstance(result, BaseException):
             text = getattr(result, "__traceback_text__", None) or "".join(
-                traceback.format_exception(type(result), result, result.__traceback__))
+                traceback.format_exception(type(result), result, result.__traceback__)
+            )
             store.add_failure(run.key, run.model.label, run.task, run.seq_len, run.seed, text)
             summary.failed.append(run.key)
-            console.print(f"[{n}/{summary.planned}] FAILED {run.model.label} {run.task_label} seed {run.seed}: "
-                          f"{type(result).__name__}: {result}", style="red", markup=False, soft_wrap=True)
+            console.print(
+                f"[{n}/{summary.planned}] FAILED {run.model.label} {run.task_label} seed {run.seed}: "
+                f"{type(result).__name__}: {result}",
+                style="red",
+                markup=False,
+                soft_wrap=True,
+            )
         else:
             store.add_run(_row(run, result, backend))
             summary.trained += 1
-            console.print(f"[{n}/{summary.planned}] {_status(run, result)}", markup=False, highlight=False,
-                          soft_wrap=True)
+            console.print(
+                f"[{n}/{summary.planned}] {_status(run, result)}", markup=False, highlight=False, soft_wrap=True
+            )
         bar.advance(task_id)

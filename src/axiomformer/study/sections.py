@@ -51,8 +51,11 @@ def flow_section() -> Any:
     from axiomformer.flows import run_flow_experiment
     from axiomformer.flows.experiment import default_config
 
-    return _jsonable(run_flow_experiment(dataset="digits", quick=True, steps=(0, 2), noise=(0.0, 1.0),
-                                         config=default_config(True, patch=4)))
+    return _jsonable(
+        run_flow_experiment(
+            dataset="digits", quick=True, steps=(0, 2), noise=(0.0, 1.0), config=default_config(True, patch=4)
+        )
+    )
 
 
 def missing_module(err: ImportError) -> bool:

@@ -19,12 +19,13 @@ The choice itself (:func:`choose_lr`) is also what the report uses to tell repor
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from axiomformer.study.config import StudyConfig
 from axiomformer.study.sweep import Cell, CountFn, Run, cells, make_run
 
-Stored = Optional[dict[str, dict[str, Any]]]
+Stored = dict[str, dict[str, Any]] | None
 Stage = Callable[[Stored], list[Run]]
 
 
@@ -41,7 +42,7 @@ def _mean_score(rows: list[dict[str, Any]]) -> tuple[float, float]:
     return (sum(a for a, _ in scores) / len(scores), sum(b for _, b in scores) / len(scores))
 
 
-def choose_lr(candidates: list[tuple[float | None, Any]]) -> float | None | str:
+def choose_lr(candidates: list[tuple[float | None, Any]]) -> float | str | None:
     """The learning rate whose selection runs score best on average over the selection seeds
     (:func:`selection_score`); the first in grid order wins a tie. ``candidates``: ``(lr, stored rows)`` in grid order,
     the rows as a list (one per selection seed stored), one row, or ``None``. Returns ``"missing"`` when no run is
@@ -60,7 +61,7 @@ def choose_lr(candidates: list[tuple[float | None, Any]]) -> float | None | str:
 def _ratio(grid: list[float | None]) -> float:
     """The grid's geometric step (sqrt(10) for a one-value grid): how far a widened rate lies beyond the edge."""
     values = sorted(lr for lr in grid if lr is not None)
-    return values[1] / values[0] if len(values) > 1 and values[0] > 0 else 10 ** 0.5
+    return values[1] / values[0] if len(values) > 1 and values[0] > 0 else 10**0.5
 
 
 def tried_lrs(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]], widenings: int) -> list:
@@ -85,11 +86,14 @@ def tried_lrs(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]]
 
 
 def _selection(config: StudyConfig, cell: Cell, lrs: list | None = None, *, save_state: bool = False) -> list[Run]:
-    return [make_run(config, cell, seed, lr, save_state=save_state)
-            for lr in (cell.budget["lr_grid"] if lrs is None else lrs) for seed in config.selection_seeds]
+    return [
+        make_run(config, cell, seed, lr, save_state=save_state)
+        for lr in (cell.budget["lr_grid"] if lrs is None else lrs)
+        for seed in config.selection_seeds
+    ]
 
 
-def _chosen_among(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]], lrs: list) -> float | None | str:
+def _chosen_among(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]], lrs: list) -> float | str | None:
     runs = _selection(config, cell, lrs)
     by_lr: dict[Any, list] = {}
     for r in runs:
@@ -97,7 +101,7 @@ def _chosen_among(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, A
     return choose_lr(list(by_lr.items()))
 
 
-def _chosen(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]]) -> float | None | str:
+def _chosen(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]]) -> float | str | None:
     return _chosen_among(config, cell, stored, tried_lrs(config, cell, stored, config.lr_widen))
 
 
@@ -105,20 +109,26 @@ def selection_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]:
     """Stage 1: every cell at every learning rate of its grid (selection seeds). Then up to ``lr_widen`` stages that
     extend the grid of each cell whose best rate is at an edge (:func:`tried_lrs`). Last: the reported seeds at the
     chosen rate (a cell whose selection runs all failed is left out)."""
+
     def select(stored: Stored) -> list[Run]:
         return [run for cell in all_cells for run in _selection(config, cell)]
 
     def widen(rounds: int) -> Stage:
         def stage(stored: Stored) -> list[Run]:
-            return [run for cell in all_cells
-                    for run in _selection(config, cell, tried_lrs(config, cell, stored or {}, rounds))]
+            return [
+                run
+                for cell in all_cells
+                for run in _selection(config, cell, tried_lrs(config, cell, stored or {}, rounds))
+            ]
+
         return stage
 
     def report(stored: Stored) -> list[Run]:
         # seed-major: an interrupted study holds the same seeds for every cell, so its comparisons stay paired
         chosen = [(cell, _chosen(config, cell, stored or {})) for cell in all_cells]
-        return [make_run(config, cell, seed, lr) for seed in range(config.seeds) for cell, lr in chosen
-                if lr != "missing"]
+        return [
+            make_run(config, cell, seed, lr) for seed in range(config.seeds) for cell, lr in chosen if lr != "missing"
+        ]
 
     return [select, *(widen(k) for k in range(1, config.lr_widen + 1)), report]
 
@@ -132,7 +142,7 @@ def curriculum_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]
     lengths = {task: sorted({c.seq_len for c in cs}) for task, cs in by_task.items()}
     first = [c for c in all_cells if c.seq_len == lengths[c.task][0]]
     chosen: dict[tuple[str, str], float | None] = {}
-    last: dict[tuple[str, str, int], Run] = {}   # (label, task, seed) -> the run at the previous length
+    last: dict[tuple[str, str, int], Run] = {}  # (label, task, seed) -> the run at the previous length
 
     def select(stored: Stored) -> list[Run]:
         return [run for cell in first for run in _selection(config, cell, save_state=True)]
@@ -160,11 +170,18 @@ def curriculum_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]
                     previous = last.get((cell.model.label, cell.task, seed))
                     if previous is None or (stored or {}).get(previous.key) is None:
                         continue  # the chain broke (a failed run): nothing to warm-start from
-                    run = make_run(config, cell, seed, chosen[(cell.model.label, cell.task)],
-                                   init_from=previous.state_path, save_state=True)
+                    run = make_run(
+                        config,
+                        cell,
+                        seed,
+                        chosen[(cell.model.label, cell.task)],
+                        init_from=previous.state_path,
+                        save_state=True,
+                    )
                     last[(cell.model.label, cell.task, seed)] = run
                     out.append(run)
             return out
+
         return stage
 
     longest = max(len(v) for v in lengths.values())
@@ -229,8 +246,9 @@ def lr_at_edge(config: dict[str, Any], rows: list[dict[str, Any]], lrs: dict[tup
     return out
 
 
-def reported_rows(config: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]],
-                                                                                dict[tuple, float | None]]:
+def reported_rows(
+    config: dict[str, Any], rows: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[tuple, float | None]]:
     """The rows a report counts, and the chosen learning rate per (label, task, length).
 
     A row is reported when its seed is among ``0 .. seeds-1`` and its learning rate is the one chosen for its cell:

@@ -53,8 +53,9 @@ fewer than two paired seeds.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -70,8 +71,24 @@ SEEDS_CAP = 10_000
 """``seeds_needed`` above this is reported as ``None``."""
 CORRECTION = "bonferroni"
 VERDICTS = ("forced", "better", "free", "inconclusive", "pilot")
-VERDICT_KEYS = ("assumption", "model", "task", "verdict", "diff", "ci_low", "ci_high", "ci_method", "ci_level",
-                "margin", "p_difference", "p_equivalence", "n_seeds", "mde", "seeds_needed", "converged")
+VERDICT_KEYS = (
+    "assumption",
+    "model",
+    "task",
+    "verdict",
+    "diff",
+    "ci_low",
+    "ci_high",
+    "ci_method",
+    "ci_level",
+    "margin",
+    "p_difference",
+    "p_equivalence",
+    "n_seeds",
+    "mde",
+    "seeds_needed",
+    "converged",
+)
 
 
 @dataclass(frozen=True)
@@ -145,7 +162,7 @@ def cell_interval(values: Sequence[float], n_test: int | None = None, level: flo
     if n_test and data.size >= 1:
         # one run, or every seed the same (a zero-width t interval would claim certainty): the exact interval over
         # the test items of one run
-        out = clopper_pearson(int(round(float(data[0]) * n_test)), int(n_test), level)
+        out = clopper_pearson(round(float(data[0]) * n_test), int(n_test), level)
         method = "Clopper-Pearson over test items" + (" (every seed equal)" if data.size > 1 else "")
         return Interval(float(data[0]), out.low, out.high, method, level, int(data.size))
     return t_interval(data, level)
@@ -211,8 +228,9 @@ def mde(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float 
     return float(effect * sd)
 
 
-def seeds_needed(diff: float, sd: float, margin: float, alpha: float = ALPHA, power: float = POWER,
-                 cap: int = SEEDS_CAP) -> int | None:
+def seeds_needed(
+    diff: float, sd: float, margin: float, alpha: float = ALPHA, power: float = POWER, cap: int = SEEDS_CAP
+) -> int | None:
     """The fewest seeds n >= 2 at which the paired design decides with probability ``power``, if the true mean
     difference is ``diff`` and the seed-to-seed sd of the differences is ``sd``: either the difference test (two-sided,
     level ``alpha``) or the equivalence test at ``±margin`` (interval at level ``1 - alpha``) succeeds. ``None``:
@@ -221,10 +239,13 @@ def seeds_needed(diff: float, sd: float, margin: float, alpha: float = ALPHA, po
         return None
     if sd == 0.0:
         return 2
+
     def decides(n: int) -> bool:
         ns = np.array([float(n)])
-        return bool(_power_difference(abs(diff) / sd, ns, alpha)[0] >= power
-                    or _power_equivalence(diff, sd, margin, ns, alpha)[0] >= power)
+        return bool(
+            _power_difference(abs(diff) / sd, ns, alpha)[0] >= power
+            or _power_equivalence(diff, sd, margin, ns, alpha)[0] >= power
+        )
 
     # both powers grow with n: double until it decides, then bisect (about 2 log2(cap) evaluations)
     high = 2
@@ -239,8 +260,9 @@ def seeds_needed(diff: float, sd: float, margin: float, alpha: float = ALPHA, po
     return high
 
 
-def decide(ci_low: float | None, ci_high: float | None, margin: float, *, converged: bool = True,
-           pilot: bool = False) -> str:
+def decide(
+    ci_low: float | None, ci_high: float | None, margin: float, *, converged: bool = True, pilot: bool = False
+) -> str:
     """The verdict from an interval of (model - standard): ``pilot`` | ``forced`` | ``better`` | ``free`` |
     ``inconclusive`` (see the module docstring). No interval: ``inconclusive`` (or ``pilot``)."""
     if pilot:
@@ -313,16 +335,22 @@ def _p_difference(data: np.ndarray) -> float:
     return float(ttest_1samp(data, 0.0).pvalue)
 
 
-def one_comparison(item: PairedItem, *, family_size: int = 1, alpha: float = ALPHA, margin: float = MARGIN,
-                   power: float = POWER, pilot: bool = False) -> Verdict:
+def one_comparison(
+    item: PairedItem,
+    *,
+    family_size: int = 1,
+    alpha: float = ALPHA,
+    margin: float = MARGIN,
+    power: float = POWER,
+    pilot: bool = False,
+) -> Verdict:
     """One comparison of a family of ``family_size`` (Bonferroni), see :func:`paired_family`.
 
     Raises:
         ValueError: ``values`` and ``reference`` of different lengths, ``margin <= 0`` or ``family_size < 1``.
     """
     if len(item.values) != len(item.reference):
-        raise ValueError(f"paired samples must have equal lengths, got {len(item.values)} and "
-                         f"{len(item.reference)}")
+        raise ValueError(f"paired samples must have equal lengths, got {len(item.values)} and {len(item.reference)}")
     if not margin > 0 or family_size < 1:
         raise ValueError(f"need margin > 0 and family_size >= 1, got {margin} and {family_size}")
     data = np.asarray(item.values, dtype=float) - np.asarray(item.reference, dtype=float)
@@ -332,8 +360,24 @@ def one_comparison(item: PairedItem, *, family_size: int = 1, alpha: float = ALP
     n = int(data.size)
     diff = float(data.mean()) if n else float("nan")
     if n < 2:
-        return Verdict(item.assumption, item.model, item.task, decide(None, None, margin, pilot=pilot), diff, None,
-                       None, method, level, margin, 1.0, 1.0, n, None, None, item.converged)
+        return Verdict(
+            item.assumption,
+            item.model,
+            item.task,
+            decide(None, None, margin, pilot=pilot),
+            diff,
+            None,
+            None,
+            method,
+            level,
+            margin,
+            1.0,
+            1.0,
+            n,
+            None,
+            None,
+            item.converged,
+        )
     ci = t_interval(data, level)
     sd = float(data.std(ddof=1))
     p_diff = min(1.0, _p_difference(data) * family_size)
@@ -341,20 +385,44 @@ def one_comparison(item: PairedItem, *, family_size: int = 1, alpha: float = ALP
     verdict = decide(ci.low, ci.high, margin, converged=item.converged, pilot=pilot)
     decided = verdict in ("forced", "better", "free")
     need = n if decided else seeds_needed(diff, sd, margin, alpha / family_size, power)
-    return Verdict(item.assumption, item.model, item.task, verdict, diff, ci.low, ci.high, method, level, margin,
-                   p_diff, p_eq, n, mde(sd, n, alpha / family_size, power), need, item.converged)
+    return Verdict(
+        item.assumption,
+        item.model,
+        item.task,
+        verdict,
+        diff,
+        ci.low,
+        ci.high,
+        method,
+        level,
+        margin,
+        p_diff,
+        p_eq,
+        n,
+        mde(sd, n, alpha / family_size, power),
+        need,
+        item.converged,
+    )
 
 
-def paired_family(items: Sequence[PairedItem], *, alpha: float = ALPHA, margin: float = MARGIN,
-                  power: float = POWER, pilot: bool = False) -> list[Verdict]:
+def paired_family(
+    items: Sequence[PairedItem],
+    *,
+    alpha: float = ALPHA,
+    margin: float = MARGIN,
+    power: float = POWER,
+    pilot: bool = False,
+) -> list[Verdict]:
     """Verdicts for one family of comparisons, in input order, each interval Bonferroni-corrected over the family
     so that all of them hold jointly with probability at least ``1 - alpha``.
 
     Raises:
         ValueError: see :func:`one_comparison`.
     """
-    return [one_comparison(item, family_size=max(1, len(items)), alpha=alpha, margin=margin, power=power,
-                           pilot=pilot) for item in items]
+    return [
+        one_comparison(item, family_size=max(1, len(items)), alpha=alpha, margin=margin, power=power, pilot=pilot)
+        for item in items
+    ]
 
 
 def holm(pvalues: Sequence[float], *, alpha: float = ALPHA) -> list[float]:
@@ -366,8 +434,9 @@ def holm(pvalues: Sequence[float], *, alpha: float = ALPHA) -> list[float]:
     return [float(p) for p in multipletests(list(pvalues), alpha=alpha, method="holm")[1]]
 
 
-def mean_interval(values: Sequence[float], *, confidence: float = CONFIDENCE, seed: int = 0
-                  ) -> tuple[float, float | None, float | None]:
+def mean_interval(
+    values: Sequence[float], *, confidence: float = CONFIDENCE, seed: int = 0
+) -> tuple[float, float | None, float | None]:
     """``(mean, low, high)`` of :func:`t_interval` (kept for callers of the earlier API; ``seed`` is unused).
 
     Raises:
@@ -377,6 +446,28 @@ def mean_interval(values: Sequence[float], *, confidence: float = CONFIDENCE, se
     return out.estimate, out.low, out.high
 
 
-__all__ = ["ALPHA", "CONFIDENCE", "CORRECTION", "Interval", "MARGIN", "POWER", "PairedItem", "SEEDS_CAP", "VERDICTS",
-           "VERDICT_KEYS", "Verdict", "agrees", "cell_interval", "clopper_pearson", "decide", "holm", "mde",
-           "mean_interval", "one_comparison", "paired_family", "seeds_needed", "t_interval", "tost_p"]
+__all__ = [
+    "ALPHA",
+    "CONFIDENCE",
+    "CORRECTION",
+    "MARGIN",
+    "POWER",
+    "SEEDS_CAP",
+    "VERDICTS",
+    "VERDICT_KEYS",
+    "Interval",
+    "PairedItem",
+    "Verdict",
+    "agrees",
+    "cell_interval",
+    "clopper_pearson",
+    "decide",
+    "holm",
+    "mde",
+    "mean_interval",
+    "one_comparison",
+    "paired_family",
+    "seeds_needed",
+    "t_interval",
+    "tost_p",
+]

@@ -163,11 +163,15 @@ class ResultsStore:
             conn.row_factory = sqlite3.Row
             conn.execute("SELECT name FROM sqlite_master").fetchall()
         except sqlite3.OperationalError as err:
-            raise StoreError(f"cannot read {path}: {err} (its write-ahead log {path.name}-wal is folded in by "
-                             "opening the store once where its folder is writable)") from err
+            raise StoreError(
+                f"cannot read {path}: {err} (its write-ahead log {path.name}-wal is folded in by "
+                "opening the store once where its folder is writable)"
+            ) from err
         except sqlite3.DatabaseError as err:
-            raise UserInputError(f"{path} is not an axiomformer results store ({err}); expected the {FILENAME} "
-                                 "written by axiomformer study") from None
+            raise UserInputError(
+                f"{path} is not an axiomformer results store ({err}); expected the {FILENAME} "
+                "written by axiomformer study"
+            ) from None
         return conn
 
     @staticmethod
@@ -178,12 +182,16 @@ class ResultsStore:
             raise
         except sqlite3.DatabaseError as err:
             conn.close()
-            raise UserInputError(f"{path} is not an axiomformer results store ({err}); expected the {FILENAME} "
-                                 "written by axiomformer study") from None
+            raise UserInputError(
+                f"{path} is not an axiomformer results store ({err}); expected the {FILENAME} "
+                "written by axiomformer study"
+            ) from None
         if tables and "runs" not in tables:
             conn.close()
-            raise UserInputError(f"{path} is not an axiomformer results store (an SQLite database whose tables are "
-                                 f"{', '.join(sorted(tables))}); expected the {FILENAME} written by axiomformer study")
+            raise UserInputError(
+                f"{path} is not an axiomformer results store (an SQLite database whose tables are "
+                f"{', '.join(sorted(tables))}); expected the {FILENAME} written by axiomformer study"
+            )
 
     def _journal_wal(self, wait: float = 30.0) -> None:
         # Switching to WAL takes an exclusive lock that SQLite's busy timeout does not wait for, so processes
@@ -193,7 +201,7 @@ class ResultsStore:
             try:
                 self.conn.execute("PRAGMA journal_mode=WAL")
             except sqlite3.OperationalError as err:
-                if "locked" not in str(err) and "busy" not in str(err) or time.monotonic() > deadline:
+                if ("locked" not in str(err) and "busy" not in str(err)) or time.monotonic() > deadline:
                     raise
                 time.sleep(random.uniform(0.005, 0.05))
 
@@ -209,7 +217,7 @@ class ResultsStore:
                 pass
         self.conn.close()
 
-    def __enter__(self) -> "ResultsStore":
+    def __enter__(self) -> ResultsStore:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -261,8 +269,12 @@ class ResultsStore:
                 row[name] = json.dumps(row[name], sort_keys=True)
         columns = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        counts = self._transaction([(f"INSERT OR IGNORE INTO runs ({columns}) VALUES ({marks})", tuple(row.values())),
-                                    ("DELETE FROM failures WHERE key = ?", (row["key"],))])
+        counts = self._transaction(
+            [
+                (f"INSERT OR IGNORE INTO runs ({columns}) VALUES ({marks})", tuple(row.values())),
+                ("DELETE FROM failures WHERE key = ?", (row["key"],)),
+            ]
+        )
         return counts[0] == 1
 
     def runs(self) -> list[dict[str, Any]]:
@@ -281,8 +293,10 @@ class ResultsStore:
 
     # ------------------------------------------------------------------ failures
     def add_failure(self, key: str, label: str, task: str, seq_len: int, seed: int, error: str) -> None:
-        self._write("INSERT OR REPLACE INTO failures VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (key, label, task, seq_len, seed, error, _now()))
+        self._write(
+            "INSERT OR REPLACE INTO failures VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (key, label, task, seq_len, seed, error, _now()),
+        )
 
     def failures(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.conn.execute("SELECT * FROM failures ORDER BY failed_at")]
@@ -295,12 +309,16 @@ class ResultsStore:
         return {r[0]: json.loads(r[1]) for r in self.conn.execute("SELECT spec, report FROM audits")}
 
     def put_section(self, name: str, payload: Any, seconds: float | None = None) -> None:
-        self._write("INSERT OR REPLACE INTO sections VALUES (?, ?, ?, ?)",
-                    (name, json.dumps(payload, default=str), seconds, _now()))
+        self._write(
+            "INSERT OR REPLACE INTO sections VALUES (?, ?, ?, ?)",
+            (name, json.dumps(payload, default=str), seconds, _now()),
+        )
 
     def sections(self) -> dict[str, dict[str, Any]]:
-        return {r[0]: {"payload": json.loads(r[1]), "seconds": r[2]}
-                for r in self.conn.execute("SELECT name, payload, seconds FROM sections")}
+        return {
+            r[0]: {"payload": json.loads(r[1]), "seconds": r[2]}
+            for r in self.conn.execute("SELECT name, payload, seconds FROM sections")
+        }
 
     def set_meta(self, key: str, value: Any) -> None:
         self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value, default=str)))

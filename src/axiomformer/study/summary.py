@@ -28,7 +28,14 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.statistics import (
-    ALPHA, CORRECTION, MARGIN, POWER, PairedItem, Verdict, cell_interval, one_comparison,
+    ALPHA,
+    CORRECTION,
+    MARGIN,
+    POWER,
+    PairedItem,
+    Verdict,
+    cell_interval,
+    one_comparison,
 )
 from axiomformer.study.sweep import assumption_of
 
@@ -65,8 +72,10 @@ def _n_test(key: str) -> int | None:
     try:
         config = TrainConfig(**{k: v for k, v in tc.items() if k != "init_from"})
         task = make_task(config.task, seq_len=config.seq_len, **config.task_options)
-        return sum(int((task.batch(config.batch_size, seed=i, split="test")[1] != IGNORE).sum())
-                   for i in range(config.test_batches or config.eval_batches))
+        return sum(
+            int((task.batch(config.batch_size, seed=i, split="test")[1] != IGNORE).sum())
+            for i in range(config.test_batches or config.eval_batches)
+        )
     except (ValueError, TypeError, KeyError, RuntimeError):
         return None
 
@@ -81,7 +90,7 @@ def n_test_items(row: dict[str, Any]) -> int | None:
     return _n_test(json.dumps(row.get("train_config") or {}, sort_keys=True))
 
 
-def _by_cell(d: "StudyData") -> dict[tuple[str, str, int], dict[int, dict[str, Any]]]:
+def _by_cell(d: StudyData) -> dict[tuple[str, str, int], dict[int, dict[str, Any]]]:
     out: dict[tuple[str, str, int], dict[int, dict[str, Any]]] = {}
     for r in d.rows:
         out.setdefault((r["label"], r["task"], r["seq_len"]), {})[r["seed"]] = r
@@ -92,12 +101,12 @@ def _converged(runs: dict[int, dict[str, Any]]) -> bool:
     return all((r.get("outcome") or {}).get("converged", True) for r in runs.values())
 
 
-def _labels(d: "StudyData") -> list[str]:
+def _labels(d: StudyData) -> list[str]:
     """The sweep's models, then any other label of the reported rows (a suite's arms), in first-seen order."""
     return list(dict.fromkeys([m["label"] for m in d.models] + [r["label"] for r in d.rows]))
 
 
-def cell_stats(d: "StudyData") -> list[CellStat]:
+def cell_stats(d: StudyData) -> list[CellStat]:
     """Mean test accuracy per (model, task, length) with a valid 95 % interval (``statistics.cell_interval``)."""
     cells = _by_cell(d)
     out = []
@@ -110,12 +119,27 @@ def cell_stats(d: "StudyData") -> list[CellStat]:
             n_test = n_test_items(runs[seeds[0]])
             ci = cell_interval([runs[s]["accuracy"] for s in seeds], n_test)
             ident = (label, task, seq_len)
-            out.append(CellStat(label, f"{task}@{seq_len}", seq_len, ci.estimate, ci.low, ci.high, ci.method,
-                                len(seeds), n_test, d.lrs.get(ident), ident in d.lr_edges, _converged(runs), seeds))
+            out.append(
+                CellStat(
+                    label,
+                    f"{task}@{seq_len}",
+                    seq_len,
+                    ci.estimate,
+                    ci.low,
+                    ci.high,
+                    ci.method,
+                    len(seeds),
+                    n_test,
+                    d.lrs.get(ident),
+                    ident in d.lr_edges,
+                    _converged(runs),
+                    seeds,
+                )
+            )
     return out
 
 
-def design(d: "StudyData") -> dict[str, Any]:
+def design(d: StudyData) -> dict[str, Any]:
     """The ``design`` block: seeds, level, correction, margin, the families, and whether (and why) this is a pilot."""
     cfg = d.config
     seeds = int(cfg.get("seeds", 1))
@@ -124,8 +148,10 @@ def design(d: "StudyData") -> dict[str, Any]:
     selection = selection_seeds_of(cfg)
     reason = None
     if "selection_seeds" not in cfg and any(s < seeds for s in selection):
-        reason = ("store written by a previous version: its selection seed was also a reported seed; rerun the "
-                  "study for verdicts")
+        reason = (
+            "store written by a previous version: its selection seed was also a reported seed; rerun the "
+            "study for verdicts"
+        )
     elif cfg.get("pilot"):
         reason = "a pilot run (quick preset): it claims nothing"
     elif seeds < int(cfg.get("min_seeds", 10)):
@@ -133,8 +159,10 @@ def design(d: "StudyData") -> dict[str, Any]:
     else:
         finished = max((len(runs) for runs in _by_cell(d).values()), default=0)
         if d.rows and finished < int(cfg.get("min_seeds", 10)):
-            reason = (f"a partial store: {finished} of {seeds} reported seeds finished, fewer than the preset's "
-                      f"minimum of {cfg.get('min_seeds', 10)}; rerun the same command with the same --out to resume")
+            reason = (
+                f"a partial store: {finished} of {seeds} reported seeds finished, fewer than the preset's "
+                f"minimum of {cfg.get('min_seeds', 10)}; rerun the same command with the same --out to resume"
+            )
     contrasts = suite_contrasts(d)
     if contrasts is None:
         primary, secondary = families(d)
@@ -142,16 +170,23 @@ def design(d: "StudyData") -> dict[str, Any]:
     else:
         primary_names = [c.model for c in contrasts if c.family == "primary"]
         secondary_names = [c.model for c in contrasts if c.family != "primary"]
-    return {"selection_seeds": selection, "reported_seeds": list(range(seeds)),
-            "alpha": float(cfg.get("alpha", ALPHA)), "correction": CORRECTION,
-            "margin": float(cfg.get("margin", MARGIN)), "power": POWER, "min_seeds": int(cfg.get("min_seeds", 10)),
-            "pilot": reason is not None, "pilot_reason": reason,
-            "primary_task": f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks and (_wanted(d) or contrasts) else None,
-            "primary": sorted(set(primary_names), key=_model_order(d)),
-            "secondary": sorted(set(secondary_names), key=_model_order(d))}
+    return {
+        "selection_seeds": selection,
+        "reported_seeds": list(range(seeds)),
+        "alpha": float(cfg.get("alpha", ALPHA)),
+        "correction": CORRECTION,
+        "margin": float(cfg.get("margin", MARGIN)),
+        "power": POWER,
+        "min_seeds": int(cfg.get("min_seeds", 10)),
+        "pilot": reason is not None,
+        "pilot_reason": reason,
+        "primary_task": f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks and (_wanted(d) or contrasts) else None,
+        "primary": sorted(set(primary_names), key=_model_order(d)),
+        "secondary": sorted(set(secondary_names), key=_model_order(d)),
+    }
 
 
-def suite_contrasts(d: "StudyData") -> list | None:
+def suite_contrasts(d: StudyData) -> list | None:
     """The contrasts of the store's suite (``Suite.comparisons``), or ``None`` for a suite that compares every model
     with the standard one (the main suite) or is not registered."""
     from axiomformer.study.registry import get_suite
@@ -163,31 +198,38 @@ def suite_contrasts(d: "StudyData") -> list | None:
     return None if suite.comparisons is None else list(suite.comparisons(d))
 
 
-def _model_order(d: "StudyData"):
+def _model_order(d: StudyData):
     order = {label: i for i, label in enumerate(_labels(d))}
     return lambda label: order.get(label, len(order))
 
 
-def _pairs(d: "StudyData") -> list[tuple[str, tuple[str, int]]]:
+def _pairs(d: StudyData) -> list[tuple[str, tuple[str, int]]]:
     """Every (model, (task, length)) with runs of both the model and the standard model, in report order."""
     cells = _by_cell(d)
-    return [(m["label"], t) for t in d.tasks if cells.get((REFERENCE, *t)) for m in d.models
-            if m["label"] != REFERENCE and cells.get((m["label"], *t))]
+    return [
+        (m["label"], t)
+        for t in d.tasks
+        if cells.get((REFERENCE, *t))
+        for m in d.models
+        if m["label"] != REFERENCE and cells.get((m["label"], *t))
+    ]
 
 
-def families(d: "StudyData") -> tuple[list, list]:
+def families(d: StudyData) -> tuple[list, list]:
     """(primary, secondary) lists of (model, (task, length)): primary = the config's ``primary`` models on the first
     task (every comparison when ``primary`` is empty)."""
     labels = {m["label"]: m for m in d.models}
     wanted = _wanted(d)
-    primary_labels = {label for label in labels if not wanted or label in wanted or _relax_text(labels[label]) in wanted}
+    primary_labels = {
+        label for label in labels if not wanted or label in wanted or _relax_text(labels[label]) in wanted
+    }
     pairs = _pairs(d)
     first = d.tasks[0] if d.tasks else None
     primary = [p for p in pairs if p[0] in primary_labels and (not wanted or p[1] == first)]
     return primary, [p for p in pairs if p not in primary]
 
 
-def _wanted(d: "StudyData") -> set[str]:
+def _wanted(d: StudyData) -> set[str]:
     """The config's ``primary`` labels that name a model of this study."""
     known = {m["label"] for m in d.models} | {_relax_text(m) for m in d.models}
     return {p.replace(" ", "") for p in d.config.get("primary") or []} & known
@@ -197,23 +239,39 @@ def _relax_text(model: dict[str, Any]) -> str:
     return model["label"] if model["kind"] == "transformer" else model["kind"]
 
 
-def _family_verdicts(d: "StudyData", pairs: list, info: dict[str, Any]) -> list[tuple[Verdict, int]]:
+def _family_verdicts(d: StudyData, pairs: list, info: dict[str, Any]) -> list[tuple[Verdict, int]]:
     cells = _by_cell(d)
     out = []
     kinds = {m["label"]: m["kind"] for m in d.models}
     for label, (task, seq_len) in pairs:
         runs, reference = cells[(label, task, seq_len)], cells[(REFERENCE, task, seq_len)]
         seeds = sorted(set(runs) & set(reference))
-        item = PairedItem(assumption_of(label, kinds.get(label, "transformer")), label, f"{task}@{seq_len}",
-                          [runs[s]["accuracy"] for s in seeds], [reference[s]["accuracy"] for s in seeds],
-                          _converged(runs) and _converged(reference))
+        item = PairedItem(
+            assumption_of(label, kinds.get(label, "transformer")),
+            label,
+            f"{task}@{seq_len}",
+            [runs[s]["accuracy"] for s in seeds],
+            [reference[s]["accuracy"] for s in seeds],
+            _converged(runs) and _converged(reference),
+        )
         pilot = info["pilot"] or len(seeds) < info["min_seeds"]
-        out.append((one_comparison(item, family_size=max(1, len(pairs)), alpha=info["alpha"],
-                                   margin=info["margin"], power=POWER, pilot=pilot), seq_len))
+        out.append(
+            (
+                one_comparison(
+                    item,
+                    family_size=max(1, len(pairs)),
+                    alpha=info["alpha"],
+                    margin=info["margin"],
+                    power=POWER,
+                    pilot=pilot,
+                ),
+                seq_len,
+            )
+        )
     return out
 
 
-def verdicts(d: "StudyData") -> list[tuple[Verdict, int, str]]:
+def verdicts(d: StudyData) -> list[tuple[Verdict, int, str]]:
     """``(verdict, seq_len, family)`` for every comparison: the primary family first, then the secondary one."""
     info = design(d)
     contrasts = suite_contrasts(d)
@@ -222,24 +280,43 @@ def verdicts(d: "StudyData") -> list[tuple[Verdict, int, str]]:
 
         return contrast_verdicts(info, contrasts)
     primary, secondary = families(d)
-    return ([(v, n, "primary") for v, n in _family_verdicts(d, primary, info)]
-            + [(v, n, "secondary") for v, n in _family_verdicts(d, secondary, info)])
+    return [(v, n, "primary") for v, n in _family_verdicts(d, primary, info)] + [
+        (v, n, "secondary") for v, n in _family_verdicts(d, secondary, info)
+    ]
 
 
-def comparisons(d: "StudyData") -> list[tuple[Verdict, int, str]]:
+def comparisons(d: StudyData) -> list[tuple[Verdict, int, str]]:
     """The same as :func:`verdicts` (kept under this name for the report's tables and the suites)."""
     return verdicts(d)
 
 
-def to_json(d: "StudyData") -> dict[str, Any]:
+def to_json(d: StudyData) -> dict[str, Any]:
     """The ``--json`` document (see the module docstring)."""
     info = design(d)
     found = verdicts(d)
-    comps = [{"model": v.model, "task": v.task, "seq_len": n, "family": family, "diff": v.diff, "ci_low": v.ci_low,
-              "ci_high": v.ci_high, "ci_method": v.ci_method, "ci_level": v.ci_level, "p_adjusted": v.p_difference, "significant": v.p_difference < info["alpha"], "n_pairs": v.n_seeds}
-             for v, n, family in found]
-    out = {"design": info, "cells": [asdict(c) for c in cell_stats(d)], "comparisons": comps,
-           "verdicts": [v.to_dict() for v, _, _ in found]}
+    comps = [
+        {
+            "model": v.model,
+            "task": v.task,
+            "seq_len": n,
+            "family": family,
+            "diff": v.diff,
+            "ci_low": v.ci_low,
+            "ci_high": v.ci_high,
+            "ci_method": v.ci_method,
+            "ci_level": v.ci_level,
+            "p_adjusted": v.p_difference,
+            "significant": v.p_difference < info["alpha"],
+            "n_pairs": v.n_seeds,
+        }
+        for v, n, family in found
+    ]
+    out = {
+        "design": info,
+        "cells": [asdict(c) for c in cell_stats(d)],
+        "comparisons": comps,
+        "verdicts": [v.to_dict() for v, _, _ in found],
+    }
     from axiomformer.study.registry import get_suite
 
     try:
@@ -249,5 +326,15 @@ def to_json(d: "StudyData") -> dict[str, Any]:
     return out | ({k: v for k, v in extra(d).items() if k not in out} if extra is not None else {})
 
 
-__all__ = ["CellStat", "REFERENCE", "cell_stats", "comparisons", "design", "families", "n_test_items", "suite_contrasts", "to_json",
-           "verdicts"]
+__all__ = [
+    "REFERENCE",
+    "CellStat",
+    "cell_stats",
+    "comparisons",
+    "design",
+    "families",
+    "n_test_items",
+    "suite_contrasts",
+    "to_json",
+    "verdicts",
+]

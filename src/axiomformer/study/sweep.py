@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from axiomformer.spec import ALIASES, AXES, AttentionSpec
 from axiomformer.study.config import StudyConfig, validate_config
@@ -22,10 +23,18 @@ DEFAULT_VARIANTS: tuple[str, ...] = (
     "A1=mlp",
     "A2=joint",
     "A3=mlp",
-    "A4=cosine", "A4=neg_l2", "A4=additive",
-    "A5=sigmoid", "A5=sparsemax", "A5=gumbel_softmax", "A5=linear",
+    "A4=cosine",
+    "A4=neg_l2",
+    "A4=additive",
+    "A5=sigmoid",
+    "A5=sparsemax",
+    "A5=gumbel_softmax",
+    "A5=linear",
     "scale=none",
-    "position=none", "position=sinusoidal", "position=rope", "position=alibi",
+    "position=none",
+    "position=sinusoidal",
+    "position=rope",
+    "position=alibi",
 )
 """The built-in variants. The standard model adds Vaswani's sinusoidal encoding to its token embeddings (the trainer's
 ``input_position="auto"``); the variant ``position=none`` removes every position signal, input encoding included, so
@@ -101,8 +110,11 @@ def models(config: StudyConfig) -> list[ModelChoice]:
         label = "position=none" if no_position else _label(spec, base)
         if label not in seen:
             seen.add(label)
-            out.append(ModelChoice(label=label, kind="transformer", spec=spec.variant,
-                                   input_position="none" if no_position else "auto"))
+            out.append(
+                ModelChoice(
+                    label=label, kind="transformer", spec=spec.variant, input_position="none" if no_position else "auto"
+                )
+            )
     out += [ModelChoice(label=name, kind=name) for name in config.baselines]
     return out
 
@@ -122,14 +134,14 @@ def assumption_of(label: str, kind: str = "transformer") -> str:
     return "+".join(dict.fromkeys(groups))
 
 
-
 # ---------------------------------------------------------------------------------------------------- matching
 CountFn = Callable[[ModelChoice, int, int, str, dict], int]
 """``count(model, width, seq_len, task, task_options) -> trainable parameters``."""
 
 
-def count_params(model: ModelChoice, width: int, seq_len: int, task: str, options: dict, *,
-                 layers: int, heads: int) -> int:
+def count_params(
+    model: ModelChoice, width: int, seq_len: int, task: str, options: dict, *, layers: int, heads: int
+) -> int:
     """Trainable parameters of ``model`` at ``width``, built exactly as the trainer builds it.
 
     Raises:
@@ -238,8 +250,10 @@ def match_widths(config: StudyConfig, choices: list[ModelChoice], count: CountFn
     """
     m = config.model
     if count is None:
-        def count(model, width, seq_len, task, options):  # noqa: E306
+
+        def count(model, width, seq_len, task, options):
             return count_params(model, width, seq_len, task, options, layers=m.layers, heads=m.heads)
+
     base = AttentionSpec.standard(m.dim, m.heads, causal=True).relax(config.base_spec)
     reference_model = ModelChoice("standard", "transformer", base.variant)
     out = Widths()
@@ -254,7 +268,7 @@ def match_widths(config: StudyConfig, choices: list[ModelChoice], count: CountFn
                     out.width[key], out.params[key] = width, count(choice, width, seq_len, task.name, task.options)
                     continue
                 step = 1 if choice.is_baseline else m.heads
-                same = _safe(lambda w: count(choice, w, seq_len, task.name, task.options), m.dim)
+                same = _safe(lambda w: count(choice, w, seq_len, task.name, task.options), m.dim)  # noqa: B023
                 if same == target:  # already exact at the reference width (most single-axis relaxations)
                     out.width[key], out.params[key] = m.dim, target
                     continue
@@ -269,7 +283,8 @@ def match_widths(config: StudyConfig, choices: list[ModelChoice], count: CountFn
                 if abs(params - target) > m.tolerance * target:
                     raise ValueError(
                         f"cannot match parameters of {choice.label} on {task.name}@{seq_len}: best width {width} "
-                        f"gives {params} vs {target} for the standard model (tolerance {m.tolerance:.0%})")
+                        f"gives {params} vs {target} for the standard model (tolerance {m.tolerance:.0%})"
+                    )
                 out.width[key], out.params[key] = width, params
     return out
 
@@ -365,27 +380,57 @@ def cells(config: StudyConfig, *, count: CountFn | None = None) -> list[Cell]:
             budget = cell_budget(config, task, seq_len)
             for choice in choices:
                 key3 = (choice.label, task.name, seq_len)
-                out.append(Cell(model=choice, task=task.name, seq_len=seq_len, options=dict(task.options),
-                                width=widths.width[key3] if widths else config.model.dim, budget=budget,
-                                expected_params=widths.params[key3] if widths else None))
+                out.append(
+                    Cell(
+                        model=choice,
+                        task=task.name,
+                        seq_len=seq_len,
+                        options=dict(task.options),
+                        width=widths.width[key3] if widths else config.model.dim,
+                        budget=budget,
+                        expected_params=widths.params[key3] if widths else None,
+                    )
+                )
     return out
 
 
-def make_run(config: StudyConfig, cell: Cell, seed: int, lr: float | None, *, init_from: str | None = None,
-             save_state: bool = False) -> Run:
+def make_run(
+    config: StudyConfig,
+    cell: Cell,
+    seed: int,
+    lr: float | None,
+    *,
+    init_from: str | None = None,
+    save_state: bool = False,
+) -> Run:
     """The run of ``cell`` at ``seed`` and learning rate ``lr`` (``None``: the trainer's task default)."""
     budget = {k: v for k, v in cell.budget.items() if k != "lr_grid"} | {"lr": lr}
     budget = {k: v for k, v in budget.items() if v is not None or k in ("target_accuracy", "patience")}
     tc = {
-        "task": cell.task, "seq_len": cell.seq_len, "model": cell.model.kind, "spec": cell.model.spec,
-        "layers": config.model.layers, "dim": cell.width, "heads": config.model.heads, "seed": seed,
-        "device": config.device, "task_options": dict(cell.options), **budget,
+        "task": cell.task,
+        "seq_len": cell.seq_len,
+        "model": cell.model.kind,
+        "spec": cell.model.spec,
+        "layers": config.model.layers,
+        "dim": cell.width,
+        "heads": config.model.heads,
+        "seed": seed,
+        "device": config.device,
+        "task_options": dict(cell.options),
+        **budget,
     }
     if cell.model.input_position != "auto":
         tc["input_position"] = cell.model.input_position
     tc |= {name: list(value) if isinstance(value, tuple) else value for name, value in cell.model.options}
     if init_from is not None:
         tc["init_from"] = init_from
-    return Run(key=run_key(cell.model.label, cell.task, cell.seq_len, seed, tc), model=cell.model, task=cell.task,
-               seq_len=cell.seq_len, seed=seed, train_config=tc, expected_params=cell.expected_params,
-               save_state=save_state)
+    return Run(
+        key=run_key(cell.model.label, cell.task, cell.seq_len, seed, tc),
+        model=cell.model,
+        task=cell.task,
+        seq_len=cell.seq_len,
+        seed=seed,
+        train_config=tc,
+        expected_params=cell.expected_params,
+        save_state=save_state,
+    )

@@ -39,14 +39,18 @@ class _Slice(nn.Module):
         self.index, self.width = index, width
 
     def forward(self, x: Tensor) -> Tensor:
-        return x[..., self.index * self.width:(self.index + 1) * self.width]
+        return x[..., self.index * self.width : (self.index + 1) * self.width]
 
 
 def is_hf_self_attention(obj: Any) -> bool:
     """True for a transformers BERT-style self-attention module (duck-typed, transformers is not imported)."""
-    return (isinstance(obj, nn.Module) and not isinstance(obj, AxiomSelfAttention)
-            and all(isinstance(getattr(obj, n, None), nn.Linear) for n in ("query", "key", "value"))
-            and hasattr(obj, "num_attention_heads") and hasattr(obj, "config"))
+    return (
+        isinstance(obj, nn.Module)
+        and not isinstance(obj, AxiomSelfAttention)
+        and all(isinstance(getattr(obj, n, None), nn.Linear) for n in ("query", "key", "value"))
+        and hasattr(obj, "num_attention_heads")
+        and hasattr(obj, "config")
+    )
 
 
 class HFSelfAttentionAdapter(Adapter):
@@ -63,7 +67,7 @@ class HFSelfAttentionAdapter(Adapter):
     exposes_weights = True
 
     supports_causal = True
-    has_positions = False           # BERT adds positions to the embeddings, outside the attention
+    has_positions = False  # BERT adds positions to the embeddings, outside the attention
 
     def __init__(self, module: nn.Module, name: str | None = None, seed: int = 0):
         self.original, self.seed = module, seed
@@ -72,12 +76,14 @@ class HFSelfAttentionAdapter(Adapter):
         pretrained_value = m.value
         self.notes = bias_notes(m.query.bias, m.key.bias, pretrained_value.bias)
         if self.notes:
-            self.notes += ("scale_entropy rebuilds the layer at other head dims with zero biases (transformers' "
-                           "initial values; their shape depends on head_dim)",)
+            self.notes += (
+                "scale_entropy rebuilds the layer at other head dims with zero biases (transformers' "
+                "initial values; their shape depends on head_dim)",
+            )
         m.query, m.key = (nn.Sequential(_Slice(i, d), AddBias(lin.bias)) for i, lin in enumerate((m.query, m.key)))
         m.value = nn.Sequential(_Slice(2, d), pretrained_value)
         self.module, self.pretrained_value = m, pretrained_value
-        self.weight_probe = copy.copy(m)           # shares everything but its value map, which is the identity
+        self.weight_probe = copy.copy(m)  # shares everything but its value map, which is the identity
         self.weight_probe._modules = dict(m._modules, value=_Slice(2, d))
         self.name = name or f"{type(module).__name__} ({m.config._attn_implementation})"
         self.dim, self.num_heads = d, int(m.num_attention_heads)
@@ -86,14 +92,16 @@ class HFSelfAttentionAdapter(Adapter):
 
     def _run(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, module: nn.Module | None = None) -> Tensor:
         if not q.shape[1] == k.shape[1] == v.shape[1]:
-            raise ValueError(f"a self-attention needs equal q, k, v lengths; got {q.shape[1]}, {k.shape[1]}, "
-                             f"{v.shape[1]}")
+            raise ValueError(
+                f"a self-attention needs equal q, k, v lengths; got {q.shape[1]}, {k.shape[1]}, {v.shape[1]}"
+            )
         mask = None
         if causal and not self.causal:
             n = q.shape[1]
             blocked = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-            mask = torch.zeros(1, 1, n, n, dtype=q.dtype, device=q.device).masked_fill(blocked,
-                                                                                       torch.finfo(q.dtype).min)
+            mask = torch.zeros(1, 1, n, n, dtype=q.dtype, device=q.device).masked_fill(
+                blocked, torch.finfo(q.dtype).min
+            )
         return (module or self.module)(torch.cat([q, k, v], dim=-1), attention_mask=mask)[0]
 
     def __call__(self, q, k, v, *, causal=False):
@@ -105,11 +113,12 @@ class HFSelfAttentionAdapter(Adapter):
     def weights(self, q, k, *, causal=False):
         b, n, d = k.shape
         probes = torch.zeros(n, b, n, d, dtype=k.dtype, device=k.device)
-        probes[torch.arange(n), :, torch.arange(n)] = 1.0                     # probe j: v_j = 1, other values 0
-        out = self._run(q.repeat(n, 1, 1), k.repeat(n, 1, 1), probes.reshape(n * b, n, d), causal,
-                        self.weight_probe).view(n, b, q.shape[1], d)
+        probes[torch.arange(n), :, torch.arange(n)] = 1.0  # probe j: v_j = 1, other values 0
+        out = self._run(
+            q.repeat(n, 1, 1), k.repeat(n, 1, 1), probes.reshape(n * b, n, d), causal, self.weight_probe
+        ).view(n, b, q.shape[1], d)
         first = torch.arange(self.num_heads, device=k.device) * (d // self.num_heads)
-        return out[..., first].permute(1, 3, 2, 0)                           # (batch, heads, q_len, k_len)
+        return out[..., first].permute(1, 3, 2, 0)  # (batch, heads, q_len, k_len)
 
     def with_head_dim(self, head_dim):
         config = copy.deepcopy(self.original.config)
@@ -140,7 +149,7 @@ def _axiom_wrapper(target: AxiomSelfAttention, *, seed: int = 0, **_: Any) -> Ad
 def _hf_string(target: str, *, seed: int = 0, **_: Any) -> Adapter:
     from axiomformer.surgery.load import load_model
 
-    rest = target[len("hf:"):]
+    rest = target[len("hf:") :]
     folder, _, layer = rest.partition("#")
     model, _ = load_model(folder or None)
     blocks = [m for m in model.modules() if is_hf_self_attention(m)]

@@ -54,12 +54,27 @@ from axiomformer.spec import AttentionSpec
 IMPLEMENTATION = "axiomformer"
 """The name under which axiomformer registers itself with transformers (``config._attn_implementation``)."""
 
-HONOURED = ("attention_mask", "scaling", "dropout", "is_causal", "sliding_window", "softcap", "s_aux",
-            "position_bias", "output_attentions")
+HONOURED = (
+    "attention_mask",
+    "scaling",
+    "dropout",
+    "is_causal",
+    "sliding_window",
+    "softcap",
+    "s_aux",
+    "position_bias",
+    "output_attentions",
+)
 """Arguments of the transformers attention contract that change the result, all honoured."""
 
-INFORMATIONAL = ("position_ids", "cache_position", "use_cache", "output_hidden_states", "return_dict",
-                 "encoder_hidden_states")
+INFORMATIONAL = (
+    "position_ids",
+    "cache_position",
+    "use_cache",
+    "output_hidden_states",
+    "return_dict",
+    "encoder_hidden_states",
+)
 """Arguments that carry nothing the computation needs (see the module docstring)."""
 
 
@@ -82,7 +97,7 @@ def hf_attention_mask(mask: Tensor | None) -> Tensor | None:
         return mask
     if not mask.is_floating_point():
         raise ValueError(f"attention mask must be bool or float, got dtype {mask.dtype}")
-    blocked = mask <= torch.finfo(mask.dtype).min / 2            # -inf included
+    blocked = mask <= torch.finfo(mask.dtype).min / 2  # -inf included
     bias = mask.masked_fill(blocked, 0.0)
     if not bool(bias.any()):
         return ~blocked
@@ -128,12 +143,14 @@ def _plan(core: Attention, s_aux: Tensor | None) -> Plan:
 
 
 def _check_arguments(kwargs: dict) -> None:
-    unknown = sorted(name for name, value in kwargs.items()
-                     if name not in INFORMATIONAL and value is not None and value is not False)
+    unknown = sorted(
+        name for name, value in kwargs.items() if name not in INFORMATIONAL and value is not None and value is not False
+    )
     if unknown:
         raise NotImplementedError(
             f"attn_implementation={IMPLEMENTATION!r} does not support the argument(s) {', '.join(unknown)}; it "
-            f"honours {', '.join(HONOURED)} and key/value head groups (see axiomformer.surgery.hf_attention)")
+            f"honours {', '.join(HONOURED)} and key/value head groups (see axiomformer.surgery.hf_attention)"
+        )
 
 
 def _visibility(q_len: int, k_len: int, causal: bool, sliding_window: int | None, device) -> Tensor | None:
@@ -152,12 +169,22 @@ def _visibility(q_len: int, k_len: int, causal: bool, sliding_window: int | None
     return visible
 
 
-def axiomformer_attention_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                                  attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                                  is_causal: bool | None = None, sliding_window: int | None = None,
-                                  softcap: float | None = None, s_aux: Tensor | None = None,
-                                  position_bias: Tensor | None = None, output_attentions: bool | None = None,
-                                  **kwargs) -> tuple[Tensor, Tensor | None]:
+def axiomformer_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: Tensor | None = None,
+    position_bias: Tensor | None = None,
+    output_attentions: bool | None = None,
+    **kwargs,
+) -> tuple[Tensor, Tensor | None]:
     """transformers ``AttentionInterface`` function: attention computed by axiomformer's engines.
 
     Args:
@@ -179,22 +206,28 @@ def axiomformer_attention_forward(module: nn.Module, query: Tensor, key: Tensor,
     _check_arguments(kwargs)
     if sliding_window is not None and (isinstance(sliding_window, bool) or sliding_window <= 0):
         # transformers means "no window" by None; 0 or -1 read literally would be an empty band (all-zero output).
-        raise ValueError(f"sliding_window must be a positive number of keys, or None for no window; "
-                         f"got {sliding_window!r}")
+        raise ValueError(
+            f"sliding_window must be a positive number of keys, or None for no window; got {sliding_window!r}"
+        )
     batch, heads, q_len, head_dim = query.shape
     kv_heads, k_len = key.shape[1], key.shape[-2]
     if heads % kv_heads or value.shape[1] != kv_heads:
-        raise ValueError(f"query heads {heads} must be a multiple of the key/value heads (key {tuple(key.shape)}, "
-                         f"value {tuple(value.shape)})")
-    if kv_heads != heads:                                   # GQA: each key/value head serves heads/kv_heads queries
+        raise ValueError(
+            f"query heads {heads} must be a multiple of the key/value heads (key {tuple(key.shape)}, "
+            f"value {tuple(value.shape)})"
+        )
+    if kv_heads != heads:  # GQA: each key/value head serves heads/kv_heads queries
         key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
-    scaling = head_dim ** -0.5 if scaling is None else float(scaling)
+    scaling = head_dim**-0.5 if scaling is None else float(scaling)
     core = _core(heads, head_dim, None if softcap is None else float(softcap), s_aux is not None)
-    if not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-6):
-        query = query * (scaling * math.sqrt(head_dim))          # the core applies head_dim ** -0.5
-    need_weights = bool(output_attentions if output_attentions is not None
-                        else getattr(getattr(module, "config", None), "output_attentions", False))
+    if not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
+        query = query * (scaling * math.sqrt(head_dim))  # the core applies head_dim ** -0.5
+    need_weights = bool(
+        output_attentions
+        if output_attentions is not None
+        else getattr(getattr(module, "config", None), "output_attentions", False)
+    )
 
     mask, bias = prepare_masks(hf_attention_mask(attention_mask), None, batch, heads, q_len, k_len)
     if position_bias is not None:
@@ -202,14 +235,25 @@ def axiomformer_attention_forward(module: nn.Module, query: Tensor, key: Tensor,
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     causal = causal and attention_mask is None and q_len > 1
     window_bites = sliding_window is not None and k_len > sliding_window
-    flag = causal and q_len == k_len and not window_bites                          # the engines' fast causal path
+    flag = causal and q_len == k_len and not window_bites  # the engines' fast causal path
     rule = None if flag else _visibility(q_len, k_len, causal, sliding_window, query.device)
     if rule is not None:
         mask = rule.view(1, 1, q_len, k_len) if mask is None else mask & rule
-    out, weights, _ = attend(query, key, value, parts=_plan(core, s_aux), mask=mask,
-                             bias=bias, scale=core.scale(), causal=flag, q_offset=key.shape[-2] - q_len,
-                             dropout_p=dropout, training=module.training, need_weights=need_weights,
-                             engine=core.engine)
+    out, weights, _ = attend(
+        query,
+        key,
+        value,
+        parts=_plan(core, s_aux),
+        mask=mask,
+        bias=bias,
+        scale=core.scale(),
+        causal=flag,
+        q_offset=key.shape[-2] - q_len,
+        dropout_p=dropout,
+        training=module.training,
+        need_weights=need_weights,
+        engine=core.engine,
+    )
     if weights is not None:
         weights = weights[..., :k_len].to(query.dtype)
     return out.transpose(1, 2).contiguous(), weights

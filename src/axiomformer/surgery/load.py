@@ -57,11 +57,15 @@ def check_model_dir(model_dir: str | Path | None) -> Path:
     """
     folder = bundled_model_dir() if model_dir is None else Path(model_dir).expanduser()
     if not folder.is_dir():
-        raise SurgeryError(f"model directory {str(folder)!r} " + ("is a file; expected a Hugging Face model folder"
-                                                                  if folder.exists() else "does not exist"))
+        raise SurgeryError(
+            f"model directory {str(folder)!r} "
+            + ("is a file; expected a Hugging Face model folder" if folder.exists() else "does not exist")
+        )
     if not (folder / "config.json").is_file():
-        raise SurgeryError(f"model directory {str(folder)!r} has no config.json; expected a Hugging Face model folder "
-                           "saved with save_pretrained")
+        raise SurgeryError(
+            f"model directory {str(folder)!r} has no config.json; expected a Hugging Face model folder "
+            "saved with save_pretrained"
+        )
     from transformers import AutoConfig
 
     try:
@@ -70,11 +74,15 @@ def check_model_dir(model_dir: str | Path | None) -> Path:
         raise SurgeryError(f"cannot read the config in {str(folder)!r}: {err}") from None
     model_type = getattr(config, "model_type", None)
     if model_type not in BERT_FAMILY:
-        raise SurgeryError(f"model in {str(folder)!r} has model_type {model_type!r}, not a BERT-family encoder; "
-                           f"surgery supports: {', '.join(BERT_FAMILY)}")
+        raise SurgeryError(
+            f"model in {str(folder)!r} has model_type {model_type!r}, not a BERT-family encoder; "
+            f"surgery supports: {', '.join(BERT_FAMILY)}"
+        )
     if getattr(config, "is_decoder", False):
-        raise SurgeryError(f"model in {str(folder)!r} is configured as a decoder (is_decoder=True); surgery supports "
-                           "bidirectional encoders only")
+        raise SurgeryError(
+            f"model in {str(folder)!r} is configured as a decoder (is_decoder=True); surgery supports "
+            "bidirectional encoders only"
+        )
     return folder
 
 
@@ -134,8 +142,10 @@ def read_sentences(path: str | Path) -> list[str]:
     """
     file = Path(path).expanduser()
     if not file.is_file():
-        raise SurgeryError(f"sentence file {str(file)!r} " + ("is a folder; expected a text file, one sentence a line"
-                                                              if file.exists() else "does not exist"))
+        raise SurgeryError(
+            f"sentence file {str(file)!r} "
+            + ("is a folder; expected a text file, one sentence a line" if file.exists() else "does not exist")
+        )
     sentences = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
     if len(sentences) < 2:
         raise SurgeryError(f"sentence file {str(file)!r} holds {len(sentences)} sentence(s); need at least 2")

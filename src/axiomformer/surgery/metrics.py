@@ -57,8 +57,18 @@ def clone_model(model):
 
 def tokenize(tokenizer, sentences: Sequence[str], batch_size: int = 32, max_length: int = 128) -> list[dict]:
     """Padded, truncated batches (dicts of (batch, seq) int64 tensors: input_ids, attention_mask, ...)."""
-    return [dict(tokenizer(list(sentences[i:i + batch_size]), padding=True, truncation=True, max_length=max_length,
-                           return_tensors="pt")) for i in range(0, len(sentences), batch_size)]
+    return [
+        dict(
+            tokenizer(
+                list(sentences[i : i + batch_size]),
+                padding=True,
+                truncation=True,
+                max_length=max_length,
+                return_tensors="pt",
+            )
+        )
+        for i in range(0, len(sentences), batch_size)
+    ]
 
 
 @torch.no_grad()
@@ -132,17 +142,24 @@ class SurgeryReport:
 
     def to_json(self) -> dict:
         """The JSON object of ``--json`` (``audit`` included when present)."""
-        out = {"model": self.model, "standard_max_abs_err": self.standard_max_abs_err,
-               "relaxations": self.relaxations}
+        out = {"model": self.model, "standard_max_abs_err": self.standard_max_abs_err, "relaxations": self.relaxations}
         if self.audit is not None:
             out["audit"] = {k: v for k, v in self.audit.items() if k != "text"}
         return out
 
 
-def run_surgery(model_dir=None, relaxations: Sequence[str] | None = None, sentences: Sequence[str] | None = None, *,
-                layers: Sequence[int] | None = None, batch_size: int = 32, seed: int = 0,
-                on_result: Callable[[dict], None] | None = None, model_and_tokenizer=None,
-                audit_fn: Callable | None = None) -> SurgeryReport:
+def run_surgery(
+    model_dir=None,
+    relaxations: Sequence[str] | None = None,
+    sentences: Sequence[str] | None = None,
+    *,
+    layers: Sequence[int] | None = None,
+    batch_size: int = 32,
+    seed: int = 0,
+    on_result: Callable[[dict], None] | None = None,
+    model_and_tokenizer=None,
+    audit_fn: Callable | None = None,
+) -> SurgeryReport:
     """Measure the standard replacement and each relaxation on a sentence set.
 
     Args:
@@ -168,13 +185,15 @@ def run_surgery(model_dir=None, relaxations: Sequence[str] | None = None, senten
     reference = torch.cat([mean_pool(h, b["attention_mask"]) for h, b in zip(reference_hidden, batches)]).float()
 
     replaced = replace_attention(clone_model(model)).eval()
-    report = SurgeryReport(model=model_name(model_dir),
-                           standard_max_abs_err=max_abs_err(reference_hidden, last_hidden_states(replaced, batches),
-                                                            batches),
-                           n_sentences=len(sentences), layers=None if layers is None else list(layers))
+    report = SurgeryReport(
+        model=model_name(model_dir),
+        standard_max_abs_err=max_abs_err(reference_hidden, last_hidden_states(replaced, batches), batches),
+        n_sentences=len(sentences),
+        layers=None if layers is None else list(layers),
+    )
     specs = list(relaxations or DEFAULT_RELAXATIONS)
     wrappers = attention_layers(replaced)
-    for spec in specs:                                   # fail on a bad relax string before measuring anything
+    for spec in specs:  # fail on a bad relax string before measuring anything
         wrappers[0].spec.relax(spec)
     for i in layers or []:
         if not isinstance(i, int) or not 0 <= i < len(wrappers):
@@ -183,8 +202,11 @@ def run_surgery(model_dir=None, relaxations: Sequence[str] | None = None, senten
     for spec in specs:
         relaxed = relax_model(clone_model(replaced), spec, layers, seed=seed)
         after = embed(relaxed, batches)
-        row = {"spec": spec, "cosine": mean_cosine(reference, after),
-               "retrieval_agreement": retrieval_agreement(reference, after)}
+        row = {
+            "spec": spec,
+            "cosine": mean_cosine(reference, after),
+            "retrieval_agreement": retrieval_agreement(reference, after),
+        }
         report.relaxations.append(row)
         wrappers = attention_layers(relaxed)
         report.fresh_parameters[spec] = list(wrappers[layers[0] if layers else 0].fresh_parameters)

@@ -28,9 +28,14 @@ from torch import Tensor, nn
 from axiomformer.attention import Attention
 from axiomformer.spec import AttentionSpec
 from axiomformer.surgery.hf_attention import (  # noqa: F401 - re-exported
-    IMPLEMENTATION, INFORMATIONAL, axiomformer_attention_forward, hf_attention_mask, register_with_transformers,
+    IMPLEMENTATION,
+    INFORMATIONAL,
+    axiomformer_attention_forward,
+    hf_attention_mask,
+    register_with_transformers,
 )
 from axiomformer.surgery.load import SurgeryError
+
 
 # ---------------------------------------------------------------------------------------------- the replacement
 class AxiomSelfAttention(nn.Module):
@@ -65,7 +70,7 @@ class AxiomSelfAttention(nn.Module):
         self.last_weights: Tensor | None = None
 
     @classmethod
-    def adopt(cls, module: nn.Module, attention: Attention, layer_idx: int | None = None) -> "AxiomSelfAttention":
+    def adopt(cls, module: nn.Module, attention: Attention, layer_idx: int | None = None) -> AxiomSelfAttention:
         """Turn ``module`` (a transformers self-attention) into an AxiomSelfAttention running ``attention``, in
         place: its submodules (the old projections) are removed, its class becomes a subclass of both."""
         for name, _ in list(module.named_children()):
@@ -78,14 +83,23 @@ class AxiomSelfAttention(nn.Module):
     def spec(self) -> AttentionSpec:
         return self.attention.spec
 
-    def forward(self, hidden_states: Tensor, attention_mask: Tensor | None = None, cache=None,
-                encoder_hidden_states: Tensor | None = None, head_mask: Tensor | None = None,
-                output_attentions: bool | None = None, **kwargs) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        hidden_states: Tensor,
+        attention_mask: Tensor | None = None,
+        cache=None,
+        encoder_hidden_states: Tensor | None = None,
+        head_mask: Tensor | None = None,
+        output_attentions: bool | None = None,
+        **kwargs,
+    ) -> tuple[Tensor, Tensor | None]:
         if cache is not None or encoder_hidden_states is not None:
             raise NotImplementedError("surgery replaces encoder self-attention only (no KV cache, no cross-attention)")
         if head_mask is not None:
-            raise NotImplementedError("head_mask is not supported after surgery: relax or remove heads instead "
-                                      "(transformers 5 no longer passes it to BERT's attention either)")
+            raise NotImplementedError(
+                "head_mask is not supported after surgery: relax or remove heads instead "
+                "(transformers 5 no longer passes it to BERT's attention either)"
+            )
         unknown = sorted(k for k, v in kwargs.items() if k not in INFORMATIONAL and v is not None and v is not False)
         if unknown:
             raise NotImplementedError(f"surgery's BERT self-attention does not support {', '.join(unknown)}")
@@ -124,8 +138,9 @@ def _adopting_class(base: type) -> type:
     if issubclass(base, AxiomSelfAttention):
         return base
     if base not in _ADOPTING:
-        _ADOPTING[base] = type(f"Axiom{base.__name__}", (AxiomSelfAttention, base),
-                               {"__module__": __name__, "_adopted_base": base})
+        _ADOPTING[base] = type(
+            f"Axiom{base.__name__}", (AxiomSelfAttention, base), {"__module__": __name__, "_adopted_base": base}
+        )
     return _ADOPTING[base]
 
 
@@ -135,8 +150,11 @@ def _is_bert_attention_block(module: nn.Module) -> bool:
         return True
     if getattr(module, "is_cross_attention", False) or inner is None or output is None:
         return False
-    return (all(isinstance(getattr(inner, name, None), nn.Linear) for name in ("query", "key", "value"))
-            and isinstance(getattr(output, "dense", None), nn.Linear) and hasattr(output, "LayerNorm"))
+    return (
+        all(isinstance(getattr(inner, name, None), nn.Linear) for name in ("query", "key", "value"))
+        and isinstance(getattr(output, "dense", None), nn.Linear)
+        and hasattr(output, "LayerNorm")
+    )
 
 
 def attention_blocks(model: nn.Module) -> list[nn.Module]:
@@ -147,8 +165,10 @@ def attention_blocks(model: nn.Module) -> list[nn.Module]:
     """
     blocks = [m for m in model.modules() if _is_bert_attention_block(m)]
     if not blocks:
-        raise SurgeryError(f"{type(model).__name__} has no BERT-style self-attention (attention.self.query/key/value "
-                           "and attention.output.dense); surgery supports BERT-family encoders")
+        raise SurgeryError(
+            f"{type(model).__name__} has no BERT-style self-attention (attention.self.query/key/value "
+            "and attention.output.dense); surgery supports BERT-family encoders"
+        )
     return blocks
 
 
@@ -161,14 +181,22 @@ def attention_from_bert(self_attention: nn.Module, output_dense: nn.Linear) -> A
     q, k, v = self_attention.query, self_attention.key, self_attention.value
     dim, heads = q.in_features, int(self_attention.num_attention_heads)
     if q.out_features != dim or output_dense.out_features != dim:
-        raise SurgeryError(f"attention width {q.out_features} differs from model width {dim}; AttentionSpec needs "
-                           "all_head_size == hidden_size")
+        raise SurgeryError(
+            f"attention width {q.out_features} differs from model width {dim}; AttentionSpec needs "
+            "all_head_size == hidden_size"
+        )
     dropout = float(getattr(getattr(self_attention, "dropout", None), "p", 0.0))
-    spec = AttentionSpec.standard(dim, heads, causal=bool(getattr(self_attention, "is_causal", False)),
-                                  dropout=dropout, bias=q.bias is not None)
+    spec = AttentionSpec.standard(
+        dim, heads, causal=bool(getattr(self_attention, "is_causal", False)), dropout=dropout, bias=q.bias is not None
+    )
     module = Attention(spec).to(device=q.weight.device, dtype=q.weight.dtype)
     with torch.no_grad():
-        for ours, theirs in ((module.q_proj, q), (module.k_proj, k), (module.v_proj, v), (module.out_proj, output_dense)):
+        for ours, theirs in (
+            (module.q_proj, q),
+            (module.k_proj, k),
+            (module.v_proj, v),
+            (module.out_proj, output_dense),
+        ):
             ours.weight.copy_(theirs.weight)
             if ours.bias is not None:
                 ours.bias.copy_(theirs.bias)
@@ -180,7 +208,8 @@ def _refuse_save_pretrained(*args, **kwargs):
         "save_pretrained after replace_attention would write attention weights under names transformers does not "
         "know (attention.self.attention.*, no attention.output.dense): from_pretrained would silently initialise "
         "them at random. Save the model before surgery (surgery is reproducible: replace_attention and relax_model "
-        "with the same seed), or keep the replaced model's state_dict() with safetensors/torch")
+        "with the same seed), or keep the replaced model's state_dict() with safetensors/torch"
+    )
 
 
 def _block_save_pretrained(model: nn.Module) -> None:
@@ -230,8 +259,9 @@ def _transfer(old: Attention, new: Attention) -> list[str]:
     return [name for name, _ in new.named_parameters() if name not in carried]
 
 
-def relax_model(model: nn.Module, changes: str | dict, layers: Iterable[int] | None = None, *,
-                seed: int | None = 0) -> nn.Module:
+def relax_model(
+    model: nn.Module, changes: str | dict, layers: Iterable[int] | None = None, *, seed: int | None = 0
+) -> nn.Module:
     """Relax assumptions of the attention of a pretrained model, post hoc (no training), in place.
 
     Each selected layer's spec becomes ``spec.relax(changes)`` (so calls accumulate); every pretrained weight whose

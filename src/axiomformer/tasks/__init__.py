@@ -21,8 +21,20 @@ from axiomformer.tasks.text import TextTask
 
 TASKS: dict[str, type[Task]] = {
     cls.name: cls
-    for cls in (CopyTask, MQARTask, SelectiveCopyTask, NeedleTask, InductionTask, DigitsTask, TextTask,
-                MajorityTask, DistinctTask, SortTask, ReverseTask, KeyValueNeedleTask)
+    for cls in (
+        CopyTask,
+        MQARTask,
+        SelectiveCopyTask,
+        NeedleTask,
+        InductionTask,
+        DigitsTask,
+        TextTask,
+        MajorityTask,
+        DistinctTask,
+        SortTask,
+        ReverseTask,
+        KeyValueNeedleTask,
+    )
 }
 """Every task by name."""
 
@@ -44,10 +56,21 @@ def make_task(name: str, *, seq_len: int, **options) -> Task:
     valid = task_options(name)
     unknown = [key for key in options if key not in valid]
     if unknown:
-        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for task {name!r}; "
-                         f"choose from: {', '.join(valid) or '(none)'}")
+        raise ValueError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for task {name!r}; "
+            f"choose from: {', '.join(valid) or '(none)'}"
+        )
     return TASKS[name](seq_len=seq_len, **options)
 
 
-__all__ = ["IGNORE", "SPLITS", "TASKS", "SyntheticTask", "Task", "in_eval_split", "make_task", "row_hash",
-           "task_options"]
+__all__ = [
+    "IGNORE",
+    "SPLITS",
+    "TASKS",
+    "SyntheticTask",
+    "Task",
+    "in_eval_split",
+    "make_task",
+    "row_hash",
+    "task_options",
+]

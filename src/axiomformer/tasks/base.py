@@ -139,8 +139,10 @@ class SyntheticTask(Task):
                 inputs = np.concatenate(got_x)[:batch_size]
                 targets = np.concatenate(got_y)[:batch_size]
                 return torch.from_numpy(inputs).long(), torch.from_numpy(targets).long()
-        raise RuntimeError(f"{self.describe()}: could not draw {batch_size} {split} examples; the example space is "
-                           f"too small to split (raise seq_len or the vocabulary)")
+        raise RuntimeError(
+            f"{self.describe()}: could not draw {batch_size} {split} examples; the example space is "
+            f"too small to split (raise seq_len or the vocabulary)"
+        )
 
 
 def left_pad(rows: np.ndarray, seq_len: int, pad: int) -> np.ndarray:
@@ -149,5 +151,5 @@ def left_pad(rows: np.ndarray, seq_len: int, pad: int) -> np.ndarray:
     if length == seq_len:
         return rows
     out = np.full((n, seq_len), pad, dtype=np.int64)
-    out[:, seq_len - length:] = rows
+    out[:, seq_len - length :] = rows
     return out

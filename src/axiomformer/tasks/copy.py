@@ -33,9 +33,9 @@ class CopyTask(SyntheticTask):
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         data = rng.integers(0, self.vocab, size=(n, self.n))
         sep = np.full((n, 1), self.sep)
-        full = np.concatenate([data, sep, data], axis=1)                   # (n, 2 len + 1)
+        full = np.concatenate([data, sep, data], axis=1)  # (n, 2 len + 1)
         inputs, targets = full[:, :-1], full[:, 1:].copy()
-        targets[:, : self.n] = IGNORE                                      # first half: nothing to predict
+        targets[:, : self.n] = IGNORE  # first half: nothing to predict
         inputs = left_pad(inputs, self.seq_len, self.pad)
         targets = left_pad(targets, self.seq_len, IGNORE)
         return inputs, targets

@@ -37,11 +37,15 @@ def load_split(eval_fraction: float = 0.25) -> dict[str, tuple[np.ndarray, np.nd
     _, first, group = np.unique(pixels, axis=0, return_index=True, return_inverse=True)
     group = group.reshape(-1)
     train_groups, eval_groups = train_test_split(
-        np.arange(len(first)), test_size=eval_fraction, random_state=0, stratify=labels[first])
-    val_groups, test_groups = train_test_split(eval_groups, test_size=0.5, random_state=0,
-                                               stratify=labels[first][eval_groups])
-    pools = {name: np.isin(group, groups) for name, groups in (("train", train_groups), ("val", val_groups),
-                                                               ("test", test_groups), ("eval", eval_groups))}
+        np.arange(len(first)), test_size=eval_fraction, random_state=0, stratify=labels[first]
+    )
+    val_groups, test_groups = train_test_split(
+        eval_groups, test_size=0.5, random_state=0, stratify=labels[first][eval_groups]
+    )
+    pools = {
+        name: np.isin(group, groups)
+        for name, groups in (("train", train_groups), ("val", val_groups), ("test", test_groups), ("eval", eval_groups))
+    }
     return {name: (pixels[mask], labels[mask]) for name, mask in pools.items()}
 
 

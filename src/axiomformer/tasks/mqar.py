@@ -34,8 +34,14 @@ class MQARTask(SyntheticTask):
 
     name = "mqar"
 
-    def __init__(self, seq_len: int, vocab: int = 16, num_pairs: int | None = None, num_queries: int | None = None,
-                 pairs_per_token: float | None = None):
+    def __init__(
+        self,
+        seq_len: int,
+        vocab: int = 16,
+        num_pairs: int | None = None,
+        num_queries: int | None = None,
+        pairs_per_token: float | None = None,
+    ):
         self.seq_len = positive("seq_len", seq_len, 4)
         self.vocab = positive("vocab", vocab, 4)
         if self.vocab % 2:
@@ -43,8 +49,10 @@ class MQARTask(SyntheticTask):
         self.num_keys = self.vocab // 2
         if pairs_per_token is not None:
             if num_pairs is not None or not 0 < pairs_per_token <= 0.5:
-                raise ValueError(f"pairs_per_token must be in (0, 0.5] and exclusive with num_pairs, got "
-                                 f"pairs_per_token={pairs_per_token}, num_pairs={num_pairs}")
+                raise ValueError(
+                    f"pairs_per_token must be in (0, 0.5] and exclusive with num_pairs, got "
+                    f"pairs_per_token={pairs_per_token}, num_pairs={num_pairs}"
+                )
             num_pairs = max(4, int(self.seq_len * pairs_per_token))
         pairs = num_pairs if num_pairs is not None else max(1, min(self.seq_len // 16, self.num_keys // 2))
         self.num_pairs = positive("num_pairs", pairs)
@@ -56,18 +64,20 @@ class MQARTask(SyntheticTask):
         queries = num_queries if num_queries is not None else min(self.num_pairs, self.slots)
         self.num_queries = positive("num_queries", queries)
         if self.num_queries > min(self.num_pairs, self.slots):
-            raise ValueError(f"num_queries={self.num_queries} exceeds num_pairs={self.num_pairs} or the "
-                             f"{self.slots} free query slots")
+            raise ValueError(
+                f"num_queries={self.num_queries} exceeds num_pairs={self.num_pairs} or the "
+                f"{self.slots} free query slots"
+            )
         self.noise, self.pad = self.vocab, self.vocab + 1
         self.vocab_size = self.vocab + 2
         self.chance = 1.0 / self.num_keys
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         d, q, rows = self.num_pairs, self.num_queries, np.arange(n)[:, None]
-        keys = np.argsort(rng.random((n, self.num_keys)), axis=1)[:, :d]             # distinct keys per row
+        keys = np.argsort(rng.random((n, self.num_keys)), axis=1)[:, :d]  # distinct keys per row
         values = rng.integers(self.num_keys, self.vocab, size=(n, d))
         context = np.stack([keys, values], axis=2).reshape(n, 2 * d)
-        asked = np.argsort(rng.random((n, d)), axis=1)[:, :q]                        # which pairs are queried
+        asked = np.argsort(rng.random((n, d)), axis=1)[:, :q]  # which pairs are queried
         slot = np.sort(np.argsort(rng.random((n, self.slots)), axis=1)[:, :q], axis=1)
         tail = np.full((n, 2 * self.slots), self.noise, dtype=np.int64)
         tail_targets = np.full((n, 2 * self.slots), IGNORE, dtype=np.int64)

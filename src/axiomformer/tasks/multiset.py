@@ -29,7 +29,7 @@ TARGETS = ("majority", "distinct")
 
 def multiset_targets(inputs: np.ndarray, kind: str, num_symbols: int) -> np.ndarray:
     """The per-row answer (n,) of ``kind`` for token rows (n, T): a function of each row's counts only."""
-    counts = np.stack([(inputs == c).sum(axis=1) for c in range(num_symbols)], axis=1)   # (n, S)
+    counts = np.stack([(inputs == c).sum(axis=1) for c in range(num_symbols)], axis=1)  # (n, S)
     if kind == "majority":
         return counts.argmax(axis=1)
     if kind == "distinct":
@@ -82,8 +82,8 @@ class MultisetTask(SyntheticTask):
     def _distinct_rows(self, rng: np.random.Generator, n: int) -> np.ndarray:
         s, t = self.num_symbols, self.seq_len
         k = rng.integers(self.min_distinct, min(s, t) + 1, size=n)
-        symbols = np.argsort(rng.random((n, s)), axis=1)                       # a random order of the symbols
-        pick = np.arange(t)[None, :] % k[:, None]                              # 0..k-1 each at least once
+        symbols = np.argsort(rng.random((n, s)), axis=1)  # a random order of the symbols
+        pick = np.arange(t)[None, :] % k[:, None]  # 0..k-1 each at least once
         pick = np.where(np.arange(t)[None, :] < k[:, None], pick, rng.integers(0, 1 << 30, size=(n, t)) % k[:, None])
         rows = np.take_along_axis(symbols, pick, axis=1)
         return np.take_along_axis(rows, np.argsort(rng.random((n, t)), axis=1), axis=1)

@@ -45,8 +45,15 @@ class NeedleTask(SyntheticTask):
 
     name = "needle"
 
-    def __init__(self, seq_len: int, num_keys: int = 16, num_filler: int = 32, window: int | None = None,
-                 shared: bool = False, pairs: int = 1):
+    def __init__(
+        self,
+        seq_len: int,
+        num_keys: int = 16,
+        num_filler: int = 32,
+        window: int | None = None,
+        shared: bool = False,
+        pairs: int = 1,
+    ):
         self.seq_len = positive("seq_len", seq_len, 3)
         self.shared = bool(shared)
         self.num_keys = positive("num_keys", num_keys, 3 if self.shared else 1)
@@ -58,8 +65,9 @@ class NeedleTask(SyntheticTask):
         if self.pairs > self.num_keys:
             raise ValueError(f"needle: pairs={self.pairs} needs at least as many keys, got num_keys={self.num_keys}")
         if 2 * self.pairs > self.window + 1:
-            raise ValueError(f"needle: {self.pairs} pairs do not fit in a window of {self.window} positions "
-                             f"(seq_len={self.seq_len})")
+            raise ValueError(
+                f"needle: {self.pairs} pairs do not fit in a window of {self.window} positions (seq_len={self.seq_len})"
+            )
         if self.shared:
             self.vocab_size = self.num_keys
             self.chance = 1.0 / (self.num_keys - 1)
@@ -76,9 +84,9 @@ class NeedleTask(SyntheticTask):
         if self.shared:
             key = rng.integers(0, k, size=n)
             value = rng.integers(0, k - 1, size=n)
-            value += value >= key                                   # any token but the key
+            value += value >= key  # any token but the key
             inputs = rng.integers(0, k - 1, size=(n, self.seq_len))
-            inputs += inputs >= key[:, None]                        # filler avoids the key
+            inputs += inputs >= key[:, None]  # filler avoids the key
         else:
             key = rng.integers(0, k, size=n)
             value = rng.integers(k, 2 * k, size=n)
@@ -96,7 +104,7 @@ class NeedleTask(SyntheticTask):
         k, p = self.num_keys, self.pairs
         rows = np.arange(n)[:, None]
         starts = np.sort(rng.integers(0, self.window - 2 * p + 2, size=(n, p)), axis=1) + 2 * np.arange(p)
-        keys = np.argsort(rng.random((n, k)), axis=1)[:, :p]          # distinct keys per row, random order
+        keys = np.argsort(rng.random((n, k)), axis=1)[:, :p]  # distinct keys per row, random order
         values = rng.integers(k, 2 * k, size=(n, p))
         inputs = rng.integers(2 * k, self.vocab_size, size=(n, self.seq_len))
         inputs[rows, starts] = keys
@@ -119,6 +127,7 @@ class KeyValueNeedleTask(NeedleTask):
 
     name = "needle_kv"
 
-    def __init__(self, seq_len: int, num_keys: int = 16, num_filler: int = 32, window: int | None = None,
-                 pairs: int = 4):
+    def __init__(
+        self, seq_len: int, num_keys: int = 16, num_filler: int = 32, window: int | None = None, pairs: int = 4
+    ):
         super().__init__(seq_len, num_keys=num_keys, num_filler=num_filler, window=window, shared=False, pairs=pairs)

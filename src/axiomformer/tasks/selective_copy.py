@@ -29,8 +29,10 @@ class SelectiveCopyTask(SyntheticTask):
         self.num_tokens = positive("num_tokens", num_tokens if num_tokens is not None else max(1, seq_len // 8))
         self.context = self.seq_len - self.num_tokens
         if self.context < self.num_tokens:
-            raise ValueError(f"num_tokens={self.num_tokens} data tokens do not fit a context of "
-                             f"{self.context} positions at seq_len={seq_len}")
+            raise ValueError(
+                f"num_tokens={self.num_tokens} data tokens do not fit a context of "
+                f"{self.context} positions at seq_len={seq_len}"
+            )
         self.noise, self.sep = self.vocab, self.vocab + 1
         self.vocab_size = self.vocab + 2
         self.chance = 1.0 / self.vocab
@@ -41,7 +43,7 @@ class SelectiveCopyTask(SyntheticTask):
         where = np.sort(np.argsort(rng.random((n, self.context)), axis=1)[:, :k], axis=1)
         context = np.full((n, self.context), self.noise, dtype=np.int64)
         context[rows, where] = data
-        full = np.concatenate([context, np.full((n, 1), self.sep), data], axis=1)    # (n, T + 1)
+        full = np.concatenate([context, np.full((n, 1), self.sep), data], axis=1)  # (n, T + 1)
         inputs, targets = full[:, :-1], full[:, 1:].copy()
         targets[:, : self.context] = IGNORE
         return inputs, targets

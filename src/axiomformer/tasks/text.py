@@ -46,13 +46,15 @@ class TextTask(Task):
         self.chance = 1.0 / self.vocab_size
         lookup = {c: i for i, c in enumerate(self.chars)}
         ids = np.fromiter((lookup[c] for c in text), dtype=np.int64, count=len(text))
-        cut = int(round(len(ids) * (1.0 - eval_fraction)))
+        cut = round(len(ids) * (1.0 - eval_fraction))
         middle = cut + (len(ids) - cut) // 2
         self.regions = {"train": ids[:cut], "val": ids[cut:middle], "test": ids[middle:]}
         for split, region in self.regions.items():
             if len(region) < self.seq_len + 1:
-                raise ValueError(f"task 'text': the {split} region of {str(file)!r} has {len(region)} characters, "
-                                 f"fewer than seq_len + 1 = {self.seq_len + 1}; use a longer file or shorter seq_len")
+                raise ValueError(
+                    f"task 'text': the {split} region of {str(file)!r} has {len(region)} characters, "
+                    f"fewer than seq_len + 1 = {self.seq_len + 1}; use a longer file or shorter seq_len"
+                )
 
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i)] for i in ids)
@@ -65,7 +67,7 @@ class TextTask(Task):
             pick = rng.integers(0, (len(val) - self.seq_len) + (len(test) - self.seq_len), size=batch_size)
             in_test = pick >= len(val) - self.seq_len
             starts = np.where(in_test, pick - (len(val) - self.seq_len), pick)
-            windows = np.stack([(test if t else val)[s:s + self.seq_len + 1] for s, t in zip(starts, in_test)])
+            windows = np.stack([(test if t else val)[s : s + self.seq_len + 1] for s, t in zip(starts, in_test)])
             return torch.from_numpy(windows[:, :-1].copy()), torch.from_numpy(windows[:, 1:].copy())
         region = self.regions[split]
         starts = rng.integers(0, len(region) - self.seq_len, size=batch_size)

@@ -4,5 +4,10 @@ import torch
 
 from axiomformer.axes.registry import Choice
 
-RELU2 = Choice("relu2", "u = relu(s)^2", "a clashing example plugin", lambda s, n: torch.relu(s).square(),
-               frozenset({"elementwise"}))
+RELU2 = Choice(
+    "relu2",
+    "u = relu(s)^2",
+    "a clashing example plugin",
+    lambda s, n: torch.relu(s).square(),
+    frozenset({"elementwise"}),
+)

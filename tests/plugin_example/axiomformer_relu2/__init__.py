@@ -12,6 +12,11 @@ def _relu2(s: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     return torch.relu(s).square() / n
 
 
-RELU2 = Choice("relu2", "u = relu(s)^2 / n_i", "So et al. 2021 (Primer, squared ReLU), as an example plugin",
-               _relu2, frozenset({"elementwise"}),
-               relaxes="A5: each weight from its own score, squared ReLU; rows need not sum to 1")
+RELU2 = Choice(
+    "relu2",
+    "u = relu(s)^2 / n_i",
+    "So et al. 2021 (Primer, squared ReLU), as an example plugin",
+    _relu2,
+    frozenset({"elementwise"}),
+    relaxes="A5: each weight from its own score, squared ReLU; rows need not sum to 1",
+)

@@ -44,10 +44,16 @@ Adding a suite (e.g. ``positions``):
 from __future__ import annotations
 
 from axiomformer.study.registry import PRESETS, Suite, get_suite, register, registered
+
 # each registers itself on import; in this order, the order of --help and of the error naming the choices
-from axiomformer.study.suites import main  # noqa: F401, I001
-from axiomformer.study.suites import long_range  # noqa: F401, I001
-from axiomformer.study.suites import positions, rho, scale, gumbel  # noqa: F401, I001
+from axiomformer.study.suites import (  # noqa: F401
+    gumbel,
+    long_range,
+    main,
+    positions,
+    rho,
+    scale,
+)
 
 BUILTIN: tuple[str, ...] = ("main", "long-range", "positions", "rho", "scale", "gumbel")
 """The suites shipped with axiomformer (each registered by its module above)."""

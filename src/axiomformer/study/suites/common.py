@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from axiomformer.study.config import StudyConfig
 from axiomformer.study.sweep import Cell, ModelChoice, cell_budget
@@ -31,9 +32,13 @@ ArmsFn = Callable[[StudyConfig, Any, int], list[ModelChoice]]
 def arm(label: str, spec: str = "standard", **options: Any) -> ModelChoice:
     """A Transformer arm: ``spec`` (a relax string) plus ``TrainConfig`` fields (lists become tuples)."""
     frozen = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
-    return ModelChoice(label=label, kind="transformer", spec=spec,
-                       input_position=str(options.get("input_position", "auto")),
-                       options=tuple((k, v) for k, v in frozen if k != "input_position"))
+    return ModelChoice(
+        label=label,
+        kind="transformer",
+        spec=spec,
+        input_position=str(options.get("input_position", "auto")),
+        options=tuple((k, v) for k, v in frozen if k != "input_position"),
+    )
 
 
 def arm_stages(arms: ArmsFn) -> Callable[[StudyConfig], list]:
@@ -49,8 +54,16 @@ def arm_stages(arms: ArmsFn) -> Callable[[StudyConfig], list]:
             for seq_len in task.seq_lens:
                 budget = cell_budget(config, task, seq_len)
                 for choice in arms(config, task, seq_len):
-                    cells.append(Cell(model=choice, task=task.name, seq_len=seq_len, options=dict(task.options),
-                                      width=config.model.dim, budget=budget))
+                    cells.append(
+                        Cell(
+                            model=choice,
+                            task=task.name,
+                            seq_len=seq_len,
+                            options=dict(task.options),
+                            width=config.model.dim,
+                            budget=budget,
+                        )
+                    )
         return selection_stages(config, cells)
 
     return stages
@@ -65,7 +78,11 @@ def interval(values: list[float]) -> tuple[float, float, float]:
     if not values:
         return float("nan"), float("nan"), float("nan")
     out = t_interval(values)
-    return out.estimate, (float("nan") if out.low is None else out.low), (float("nan") if out.high is None else out.high)
+    return (
+        out.estimate,
+        (float("nan") if out.low is None else out.low),
+        (float("nan") if out.high is None else out.high),
+    )
 
 
 def fmt_interval(values: list[float], digits: int = 3) -> str:
@@ -79,8 +96,13 @@ def fmt_interval(values: list[float], digits: int = 3) -> str:
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}] (n={n})"
 
 
-def conclude(items: list[tuple[str, str, str, dict[int, float], dict[int, float]]], what: str = "accuracy", *,
-             margin: float = 0.02, pilot: bool = False) -> str:
+def conclude(
+    items: list[tuple[str, str, str, dict[int, float], dict[int, float]]],
+    what: str = "accuracy",
+    *,
+    margin: float = 0.02,
+    pilot: bool = False,
+) -> str:
     """One paragraph over paired comparisons ``(context, name_a, name_b, a, b)`` (a, b: seed -> value), one family
     (``statistics.paired_family``: paired t, Bonferroni over ``items``): a sentence for each interval that excludes 0,
     the equivalent ones (inside ±``margin``), then the rest as not yet known, each with its difference and interval.
@@ -93,19 +115,25 @@ def conclude(items: list[tuple[str, str, str, dict[int, float], dict[int, float]
         if len(seeds) < 2:
             untested.append(f"{context}: {name_a} vs {name_b}")
             continue
-        paired.append(PairedItem(context, name_a + "\0" + name_b, context, [a[s] for s in seeds], [b[s] for s in seeds]))
+        paired.append(
+            PairedItem(context, name_a + "\0" + name_b, context, [a[s] for s in seeds], [b[s] for s in seeds])
+        )
     decided, free, open_ = [], [], []
     for v in paired_family(paired, margin=margin, pilot=pilot):
         name_a, name_b = v.model.split("\0")
         ci = f"{v.diff:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}]"
         if v.verdict in ("forced", "better"):
-            decided.append(f"{v.task}: {name_a} is {'higher' if v.diff > 0 else 'lower'} than {name_b} ({what} "
-                           f"difference {ci}, {v.ci_method}, {v.n_seeds} seeds).")
+            decided.append(
+                f"{v.task}: {name_a} is {'higher' if v.diff > 0 else 'lower'} than {name_b} ({what} "
+                f"difference {ci}, {v.ci_method}, {v.n_seeds} seeds)."
+            )
         elif v.verdict == "free":
             free.append(f"{v.task}: {name_a} vs {name_b} ({ci})")
         else:
-            open_.append(f"{v.task}: {name_a} vs {name_b} ({ci}; a decision needs "
-                         f"{'more than 10,000' if v.seeds_needed is None else v.seeds_needed} seeds)")
+            open_.append(
+                f"{v.task}: {name_a} vs {name_b} ({ci}; a decision needs "
+                f"{'more than 10,000' if v.seeds_needed is None else v.seeds_needed} seeds)"
+            )
     out = ([f"Pilot (claims nothing): {len(paired)} comparison(s)."] if pilot else []) + decided
     if free:
         out.append(f"Equivalent within ±{margin:g} (the interval inside the margin): " + "; ".join(free) + ".")
@@ -162,12 +190,14 @@ def budget_note(config: dict[str, Any]) -> str:
     """What budget and protocol the report's numbers come from."""
     budget = config.get("budget") or {}
     grid = budget.get("lr_grid") or [budget.get("lr")]
-    return (f"Budget: at most {budget.get('steps')} steps, batch {budget.get('batch_size')}, AdamW with warmup "
-            f"{budget.get('warmup')} and cosine decay; learning rate chosen per arm and task from {grid} on the "
-            f"validation split at selection seeds {config.get('selection_seeds', [config.get('selection_seed', 0)])} (never "
-            f"reported); early stopping on validation (patience "
-            f"{budget.get('patience')}); accuracy on the held-out test split; {config.get('seeds')} seed(s) per arm. "
-            f"Model: {config.get('model', {}).get('layers')} layer(s), width {config.get('model', {}).get('dim')}.")
+    return (
+        f"Budget: at most {budget.get('steps')} steps, batch {budget.get('batch_size')}, AdamW with warmup "
+        f"{budget.get('warmup')} and cosine decay; learning rate chosen per arm and task from {grid} on the "
+        f"validation split at selection seeds {config.get('selection_seeds', [config.get('selection_seed', 0)])} (never "
+        f"reported); early stopping on validation (patience "
+        f"{budget.get('patience')}); accuracy on the held-out test split; {config.get('seeds')} seed(s) per arm. "
+        f"Model: {config.get('model', {}).get('layers')} layer(s), width {config.get('model', {}).get('dim')}."
+    )
 
 
 def closing_blocks(d) -> list:
@@ -230,8 +260,11 @@ def errorbar(ax, xs: list[float], values: list[list[float]], label: str, **style
 def verdict_sentence(v, margin: float) -> str:
     """One sentence per verdict of a contrast (``a vs b``: the difference is a - b), generated from its interval."""
     a, _, b = v.model.partition(" vs ")
-    ci = ("no interval (fewer than two paired seeds)" if v.ci_low is None
-          else f"{v.diff:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}]")
+    ci = (
+        "no interval (fewer than two paired seeds)"
+        if v.ci_low is None
+        else f"{v.diff:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}]"
+    )
     where = f"{v.task}: {a} against {b}"
     if v.verdict == "forced":
         return f"{where}: lower, difference {ci}, the whole interval below 0."
@@ -241,28 +274,48 @@ def verdict_sentence(v, margin: float) -> str:
         return f"{where}: equivalent within ±{margin:g}, difference {ci}."
     if v.verdict == "pilot":
         return f"{where}: pilot, claims nothing ({ci})."
-    need = ("more than 10,000" if v.seeds_needed is None else f"about {v.seeds_needed}")
+    need = "more than 10,000" if v.seeds_needed is None else f"about {v.seeds_needed}"
     mde = "" if v.mde is None else f"; detects {v.mde:.3f} at 80 % power with {v.n_seeds} seeds"
-    why = "a side did not converge" if (v.ci_low is not None and -margin < v.ci_low and v.ci_high < margin) \
+    why = (
+        "a side did not converge"
+        if (v.ci_low is not None and -margin < v.ci_low and v.ci_high < margin)
         else "the interval includes 0 and reaches beyond the margin"
+    )
     return f"{where}: not yet known, difference {ci} ({why}{mde}; a decision needs {need} seeds)."
 
 
 def _verdict_table(found: list, family: str):
     from axiomformer.study.render import Table
 
-    table = Table(["question", "comparison (a vs b)", "task, where", "verdict", "a - b [interval]", "seeds",
-                   "converged", "what a decision would take"])
+    table = Table(
+        [
+            "question",
+            "comparison (a vs b)",
+            "task, where",
+            "verdict",
+            "a - b [interval]",
+            "seeds",
+            "converged",
+            "what a decision would take",
+        ]
+    )
     for v, _, fam in found:
         if fam != family:
             continue
         ci = "—" if v.ci_low is None else f"{v.diff:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}]"
-        need = (f"decided with {v.n_seeds} seeds" if v.verdict in ("forced", "better", "free") else
-                ("—" if v.verdict == "pilot" else
-                 f"mde {'—' if v.mde is None else f'{v.mde:.3f}'}; "
-                 f"{'> 10,000' if v.seeds_needed is None else v.seeds_needed} seeds"))
-        table.rows.append([v.assumption, v.model, v.task, v.verdict, ci, str(v.n_seeds),
-                           "yes" if v.converged else "no", need])
+        need = (
+            f"decided with {v.n_seeds} seeds"
+            if v.verdict in ("forced", "better", "free")
+            else (
+                "—"
+                if v.verdict == "pilot"
+                else f"mde {'—' if v.mde is None else f'{v.mde:.3f}'}; "
+                f"{'> 10,000' if v.seeds_needed is None else v.seeds_needed} seeds"
+            )
+        )
+        table.rows.append(
+            [v.assumption, v.model, v.task, v.verdict, ci, str(v.n_seeds), "yes" if v.converged else "no", need]
+        )
     return table
 
 
@@ -276,10 +329,12 @@ def verdict_blocks(d, figures_dir: Path, *, question: str, facts: list[str] | No
     info = design(d)
     found = verdicts(d)
     seeds = info["reported_seeds"]
-    lead = (f"Question: {question} Reported seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}), learning rates chosen on "
-            f"selection seeds {info['selection_seeds']} (never reported); each family's intervals are paired t, "
-            f"Bonferroni over the family (jointly >= {1 - info['alpha']:.0%}); verdicts: forced (a - b below 0), "
-            f"better (above 0), free (inside ±{info['margin']:g} and converged), inconclusive otherwise.")
+    lead = (
+        f"Question: {question} Reported seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}), learning rates chosen on "
+        f"selection seeds {info['selection_seeds']} (never reported); each family's intervals are paired t, "
+        f"Bonferroni over the family (jointly >= {1 - info['alpha']:.0%}); verdicts: forced (a - b below 0), "
+        f"better (above 0), free (inside ±{info['margin']:g} and converged), inconclusive otherwise."
+    )
     if info["pilot"]:
         lead += f" Every verdict is `pilot`: {info['pilot_reason']}."
     out: list = [Heading("The answer", 2), Paragraph(lead)]
@@ -293,11 +348,17 @@ def verdict_blocks(d, figures_dir: Path, *, question: str, facts: list[str] | No
             continue
         if family == "secondary":
             out.append(Heading("Secondary comparisons (their own family)", 3))
-        out += [_verdict_table(found, family),
-                Paragraph(" ".join(verdict_sentence(v, info["margin"]) for v in members))]
+        out += [
+            _verdict_table(found, family),
+            Paragraph(" ".join(verdict_sentence(v, info["margin"]) for v in members)),
+        ]
     path = draw_contrasts(found, info["margin"], figures_dir / "differences.png")
-    out.append(Image(f"figures/{path.name}", "each comparison's difference a - b with its family-corrected interval "
-                                             "and the ±margin band"))
+    out.append(
+        Image(
+            f"figures/{path.name}",
+            "each comparison's difference a - b with its family-corrected interval and the ±margin band",
+        )
+    )
     return out
 
 
@@ -317,8 +378,11 @@ def draw_contrasts(found: list, margin: float, path: Path) -> Path:
             ax.plot([v.ci_low, v.ci_high], [y, y], color=color, linewidth=2.2, solid_capstyle="butt")
         if math.isfinite(v.diff):
             ax.plot([v.diff], [y], marker="o" if family == "primary" else "s", color=color, markersize=5)
-    ax.set_yticks(range(len(found)), [f"{v.model} / {v.task}" + ("" if f == "primary" else " (secondary)")
-                                      for v, _, f in found], fontsize=7)
+    ax.set_yticks(
+        range(len(found)),
+        [f"{v.model} / {v.task}" + ("" if f == "primary" else " (secondary)") for v, _, f in found],
+        fontsize=7,
+    )
     ax.invert_yaxis()
     ax.set_xlabel(f"a - b (paired by seed; family-corrected interval; band: ±{margin:g})")
     ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], fontsize=7, loc="lower right")
@@ -332,16 +396,27 @@ def diverged_blocks(d) -> list:
     accuracy is not finite (a comparison pairs only seeds finite on both sides)."""
     from axiomformer.study.render import Heading, Paragraph
 
-    bad = [r for r in d.all_rows if (r.get("outcome") or {}).get("stop_reason") == "nonfinite"
-           or r.get("accuracy") is None or not math.isfinite(float(r["accuracy"]))]
+    bad = [
+        r
+        for r in d.all_rows
+        if (r.get("outcome") or {}).get("stop_reason") == "nonfinite"
+        or r.get("accuracy") is None
+        or not math.isfinite(float(r["accuracy"]))
+    ]
     if not bad:
         return []
-    names = "; ".join(f"{r['label']} {r['task']}@{r['seq_len']} seed {r['seed']} lr {(r.get('outcome') or {}).get('lr')}"
-                      + ("" if r.get("accuracy") is not None and math.isfinite(float(r["accuracy"])) else
-                         " (no test accuracy)") for r in bad)
-    return [Heading("Diverged runs", 3), Paragraph(
-        f"{len(bad)} run(s) diverged (non-finite training loss; the tested weights are the best validation checkpoint "
-        f"before it, and a run with no finite test accuracy is left out of every mean and comparison): {names}.")]
+    names = "; ".join(
+        f"{r['label']} {r['task']}@{r['seq_len']} seed {r['seed']} lr {(r.get('outcome') or {}).get('lr')}"
+        + ("" if r.get("accuracy") is not None and math.isfinite(float(r["accuracy"])) else " (no test accuracy)")
+        for r in bad
+    )
+    return [
+        Heading("Diverged runs", 3),
+        Paragraph(
+            f"{len(bad)} run(s) diverged (non-finite training loss; the tested weights are the best validation checkpoint "
+            f"before it, and a run with no finite test accuracy is left out of every mean and comparison): {names}."
+        ),
+    ]
 
 
 def seed_values(rows: Rows, label: str, task: str, seq_len: int, fn: Callable[[dict[str, Any]], Any]) -> dict:
@@ -351,5 +426,6 @@ def seed_values(rows: Rows, label: str, task: str, seq_len: int, fn: Callable[[d
 
 def converged(rows: Rows, *labels_task: tuple[str, str, int]) -> bool:
     """Whether every reported run of every (label, task, seq_len) converged."""
-    return all((r.get("outcome") or {}).get("converged", True)
-               for key in labels_task for r in rows.seeds(*key).values())
+    return all(
+        (r.get("outcome") or {}).get("converged", True) for key in labels_task for r in rows.seeds(*key).values()
+    )

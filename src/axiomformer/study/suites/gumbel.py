@@ -13,11 +13,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from axiomformer.study.registry import Suite, register
 from axiomformer.study.contrasts import Contrast
+from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
-    Rows, arm, arm_stages, budget_note, closing_blocks, converged, diverged_blocks, extra, fmt_interval, interval,
-    new_figure, save, seed_values, verdict_blocks,
+    Rows,
+    arm,
+    arm_stages,
+    budget_note,
+    closing_blocks,
+    converged,
+    diverged_blocks,
+    extra,
+    fmt_interval,
+    interval,
+    new_figure,
+    save,
+    seed_values,
+    verdict_blocks,
 )
 
 TAU_FINAL = 0.5
@@ -27,8 +39,11 @@ ARMS = (
     ("softmax", "standard", {}),
     ("sparsemax", "normalizer=sparsemax", {}),
     ("gumbel soft", "normalizer=gumbel_softmax", {"gumbel_tau_final": TAU_FINAL, "probes": ["sampled_eval"]}),
-    ("gumbel hard", "normalizer=gumbel_softmax,gumbel_hard=true",
-     {"gumbel_tau_final": TAU_FINAL, "probes": ["sampled_eval"]}),
+    (
+        "gumbel hard",
+        "normalizer=gumbel_softmax,gumbel_hard=true",
+        {"gumbel_tau_final": TAU_FINAL, "probes": ["sampled_eval"]},
+    ),
 )
 
 
@@ -36,26 +51,51 @@ def arms(config, task, seq_len: int):
     return [arm(label, spec, **options) for label, spec, options in ARMS]
 
 
-_BUDGET = {"steps": 1000, "batch_size": 32, "warmup": 20, "eval_every": 50, "eval_batches": 4, "patience": 5,
-           "target_accuracy": 0.99, "lr_grid": [3e-3, 1e-2]}
-_TASKS = [{"name": "needle", "seq_lens": [32], "options": {"shared": False}},
-          {"name": "mqar", "seq_lens": [32], "options": {"vocab": 16}}]
+_BUDGET = {
+    "steps": 1000,
+    "batch_size": 32,
+    "warmup": 20,
+    "eval_every": 50,
+    "eval_batches": 4,
+    "patience": 5,
+    "target_accuracy": 0.99,
+    "lr_grid": [3e-3, 1e-2],
+}
+_TASKS = [
+    {"name": "needle", "seq_lens": [32], "options": {"shared": False}},
+    {"name": "mqar", "seq_lens": [32], "options": {"vocab": 16}},
+]
 """``needle`` in its marked layout (``shared=False``: keys, values and filler apart), where picking the one pair is
 the whole task **(our choice)**; MQAR: one key to find per query."""
-_BASE = {"variants": ["standard"], "baselines": [],
-         "model": {"dim": 32, "layers": 2, "heads": 2, "match_params": False},
-         "sections": {"audit": False, "derive": False, "flow": False}, "tasks": _TASKS,
-         "selection_seeds": [1000], "min_seeds": 5, "lr_widen": 0}
+_BASE = {
+    "variants": ["standard"],
+    "baselines": [],
+    "model": {"dim": 32, "layers": 2, "heads": 2, "match_params": False},
+    "sections": {"audit": False, "derive": False, "flow": False},
+    "tasks": _TASKS,
+    "selection_seeds": [1000],
+    "min_seeds": 5,
+    "lr_widen": 0,
+}
 DEFAULT = _BASE | {"name": "gumbel suite (default preset)", "seeds": 6, "budget": _BUDGET, "tasks": _TASKS[:1]}
 """The marked needle at 32 tokens, where softmax reaches the target within the budget and the Gumbel arms'
 seed-to-seed spread was largest in the pilot (hard: 0.312 and 1.000), hence 6 reported seeds; early stopping at the
 target accuracy; about 6 CPU-minutes. MQAR is in the full preset."""
-QUICK = _BASE | {"name": "gumbel suite (quick preset)", "seeds": 2,
-                 "budget": _BUDGET | {"steps": 200, "lr_grid": [3e-3], "patience": None, "target_accuracy": None}}
-FULL = _BASE | {"name": "gumbel suite (full preset)", "seeds": 10, "budget": _BUDGET | {"steps": 3000},
-                "lr_widen": 1,
-                "tasks": [{"name": "needle", "seq_lens": [64, 256], "options": {"shared": False}},
-                          {"name": "mqar", "seq_lens": [64], "options": {"vocab": 16}}]}
+QUICK = _BASE | {
+    "name": "gumbel suite (quick preset)",
+    "seeds": 2,
+    "budget": _BUDGET | {"steps": 200, "lr_grid": [3e-3], "patience": None, "target_accuracy": None},
+}
+FULL = _BASE | {
+    "name": "gumbel suite (full preset)",
+    "seeds": 10,
+    "budget": _BUDGET | {"steps": 3000},
+    "lr_widen": 1,
+    "tasks": [
+        {"name": "needle", "seq_lens": [64, 256], "options": {"shared": False}},
+        {"name": "mqar", "seq_lens": [64], "options": {"vocab": 16}},
+    ],
+}
 
 
 def _sampled(row: dict) -> float | None:
@@ -68,21 +108,41 @@ def comparisons(d) -> list[Contrast]:
     evaluation."""
     rows = Rows(d.rows)
     out = []
-    acc = lambda r: r.get("accuracy")  # noqa: E731
+    acc = lambda r: r.get("accuracy")
     tasks = [(t["name"], n) for t in d.config.get("tasks", []) for n in t["seq_lens"]]
     for index, (t, n) in enumerate(tasks):
         family = "primary" if index == 0 else "secondary"
         for a in ("gumbel soft", "gumbel hard"):
             for b in ("softmax", "sparsemax"):
                 if rows.seeds(a, t, n) and rows.seeds(b, t, n):
-                    out.append(Contrast("does sampling in training cost test accuracy?", a, b, f"{t}@{n}", n, family,
-                                        seed_values(rows, a, t, n, acc), seed_values(rows, b, t, n, acc),
-                                        converged(rows, (a, t, n), (b, t, n))))
+                    out.append(
+                        Contrast(
+                            "does sampling in training cost test accuracy?",
+                            a,
+                            b,
+                            f"{t}@{n}",
+                            n,
+                            family,
+                            seed_values(rows, a, t, n, acc),
+                            seed_values(rows, b, t, n, acc),
+                            converged(rows, (a, t, n), (b, t, n)),
+                        )
+                    )
         for a in ("gumbel soft", "gumbel hard"):
             if rows.seeds(a, t, n):
-                out.append(Contrast("does the noise matter at test time?", f"{a} sampled", f"{a} deterministic",
-                                    f"{t}@{n}", n, "secondary", seed_values(rows, a, t, n, _sampled),
-                                    seed_values(rows, a, t, n, acc), converged(rows, (a, t, n))))
+                out.append(
+                    Contrast(
+                        "does the noise matter at test time?",
+                        f"{a} sampled",
+                        f"{a} deterministic",
+                        f"{t}@{n}",
+                        n,
+                        "secondary",
+                        seed_values(rows, a, t, n, _sampled),
+                        seed_values(rows, a, t, n, acc),
+                        converged(rows, (a, t, n)),
+                    )
+                )
     return out
 
 
@@ -91,16 +151,25 @@ def sections(d, figures_dir: Path) -> list:
 
     rows = Rows(d.rows)
     tasks = [(t["name"], n) for t in d.config.get("tasks", []) for n in t["seq_lens"]]
-    blocks = verdict_blocks(d, figures_dir, question=(
-        "does training with Gumbel-softmax sampling (annealed, soft or hard) cost test accuracy against softmax and "
-        "sparsemax? (a - b: the Gumbel arm minus the reference, deterministic test accuracy)"))
-    blocks += [Heading("What was measured", 2), Paragraph(
-        f"Causal Transformers whose every attention layer uses softmax, sparsemax, or Gumbel-softmax with the "
-        f"temperature annealed exponentially from 1 to {TAU_FINAL} over the training steps, soft or hard "
-        "(straight-through one-hot rows). Test accuracy in two modes: deterministic (noise off: softmax(s / tau), "
-        "or the one-hot argmax of the scores when hard; for softmax and sparsemax the only mode) and sampled (the "
-        "Gumbel noise on, as in training; mean over 4 draws per seed). Mean and 95 % t interval over seeds. "
-        + budget_note(d.config))]
+    blocks = verdict_blocks(
+        d,
+        figures_dir,
+        question=(
+            "does training with Gumbel-softmax sampling (annealed, soft or hard) cost test accuracy against softmax and "
+            "sparsemax? (a - b: the Gumbel arm minus the reference, deterministic test accuracy)"
+        ),
+    )
+    blocks += [
+        Heading("What was measured", 2),
+        Paragraph(
+            f"Causal Transformers whose every attention layer uses softmax, sparsemax, or Gumbel-softmax with the "
+            f"temperature annealed exponentially from 1 to {TAU_FINAL} over the training steps, soft or hard "
+            "(straight-through one-hot rows). Test accuracy in two modes: deterministic (noise off: softmax(s / tau), "
+            "or the one-hot argmax of the scores when hard; for softmax and sparsemax the only mode) and sampled (the "
+            "Gumbel noise on, as in training; mean over 4 draws per seed). Mean and 95 % t interval over seeds. "
+            + budget_note(d.config)
+        ),
+    ]
     table = Table(["arm", *[f"{t}@{n} {mode}" for t, n in tasks for mode in ("deterministic", "sampled")]])
     for label, _, _ in ARMS:
         cells = []
@@ -120,8 +189,15 @@ def sections(d, figures_dir: Path) -> list:
                     continue
                 mean, low, high = interval(values)
                 err = [[0 if low != low else mean - low], [0 if high != high else high - mean]]
-                ax.bar(i + (j - 0.5) * 0.38, mean, 0.36, yerr=err, capsize=3, color=f"C{j}",
-                       label=mode if i == len(ARMS) - 1 else None)
+                ax.bar(
+                    i + (j - 0.5) * 0.38,
+                    mean,
+                    0.36,
+                    yerr=err,
+                    capsize=3,
+                    color=f"C{j}",
+                    label=mode if i == len(ARMS) - 1 else None,
+                )
         ax.set_xticks(range(len(ARMS)), [label for label, _, _ in ARMS], fontsize=8)
         ax.set_ylim(0, 1.02)
         ax.set_ylabel("test accuracy")
@@ -133,6 +209,14 @@ def sections(d, figures_dir: Path) -> list:
     return blocks + diverged_blocks(d) + closing_blocks(d)
 
 
-SUITE = register(Suite(name="gumbel", summary="Gumbel-softmax (annealed, soft or hard) as selection vs softmax and sparsemax, "
-              "evaluated deterministic and sampled", presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
-              sections=sections, stages=arm_stages(arms), comparisons=comparisons))
+SUITE = register(
+    Suite(
+        name="gumbel",
+        summary="Gumbel-softmax (annealed, soft or hard) as selection vs softmax and sparsemax, "
+        "evaluated deterministic and sampled",
+        presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
+        sections=sections,
+        stages=arm_stages(arms),
+        comparisons=comparisons,
+    )
+)

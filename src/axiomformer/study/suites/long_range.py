@@ -54,6 +54,7 @@ def _length_budgets(scale: float = 1.0, lengths: tuple[int, ...] = (64, 256, 102
     """Per-length budgets: the training budget shrinks with the length (the CPU cost of a step grows with it), the
     test set never goes below ``MIN_TEST`` sequences (``test_batches`` x ``batch_size``); the validation set, scored
     at every evaluation, stays small."""
+
     def steps(n: int) -> int:
         return max(10, int(n * scale))
 
@@ -74,8 +75,10 @@ def _length_budgets(scale: float = 1.0, lengths: tuple[int, ...] = (64, 256, 102
 
 def _tasks(lengths: list[int], budgets: dict[str, dict], mqar: bool = False) -> list[dict]:
     chosen = {k: v for k, v in budgets.items() if int(k) in lengths}
-    tasks = [{"name": "needle", "seq_lens": lengths, "options": dict(_NEEDLE), "length_budgets": chosen},
-             {"name": "needle_kv", "seq_lens": lengths, "options": dict(_NEEDLE_KV), "length_budgets": chosen}]
+    tasks = [
+        {"name": "needle", "seq_lens": lengths, "options": dict(_NEEDLE), "length_budgets": chosen},
+        {"name": "needle_kv", "seq_lens": lengths, "options": dict(_NEEDLE_KV), "length_budgets": chosen},
+    ]
     if mqar:
         tasks.append({"name": "mqar", "seq_lens": lengths, "options": dict(_MQAR), "length_budgets": chosen})
     return tasks
@@ -113,11 +116,22 @@ FULL = DEFAULT | {
     "selection_seeds": [5],
     "min_seeds": 5,
     "baselines": ["rnn", "lstm", "gru"],
-    "tasks": _tasks([64, 128, 256, 512, 1024, 2048, 4096, 10000], {
-        str(n): {"steps": 2000, "batch_size": max(2, 2048 // n) if n > 256 else 32, "warmup": 50,
-                 "eval_every": 100, "eval_batches": 8, "patience": 5,
-                 "test_batches": max(8, -(-MIN_TEST // (max(2, 2048 // n) if n > 256 else 32)))}
-        for n in (64, 128, 256, 512, 1024, 2048, 4096, 10000)}, mqar=True),
+    "tasks": _tasks(
+        [64, 128, 256, 512, 1024, 2048, 4096, 10000],
+        {
+            str(n): {
+                "steps": 2000,
+                "batch_size": max(2, 2048 // n) if n > 256 else 32,
+                "warmup": 50,
+                "eval_every": 100,
+                "eval_batches": 8,
+                "patience": 5,
+                "test_batches": max(8, -(-MIN_TEST // (max(2, 2048 // n) if n > 256 else 32))),
+            }
+            for n in (64, 128, 256, 512, 1024, 2048, 4096, 10000)
+        },
+        mqar=True,
+    ),
     "model": {"dim": 64, "layers": 2, "heads": 4},
     "workers": "auto",
 }
@@ -154,13 +168,17 @@ def stages(config) -> list:
                 if len(lengths) <= index or cell.seq_len != lengths[index]:
                     continue
                 label = zero_shot_label(cell.model.label, shortest[cell.task])
-                zero = replace(cell, model=replace(cell.model, label=label),
-                               budget=cell.budget | {"steps": 0, "warmup": 0, "eval_batches": 1})
+                zero = replace(
+                    cell,
+                    model=replace(cell.model, label=label),
+                    budget=cell.budget | {"steps": 0, "warmup": 0, "eval_batches": 1},
+                )
                 for seed in range(config.seeds):
                     state = source(cell, seed, stored or {})
                     if state is not None:
                         out.append(make_run(config, zero, seed, None, init_from=state))
             return out
+
         return run_stage
 
     return base[:2] + [with_zero_shot(stage, i) for i, stage in enumerate(base[2:], start=1)]
@@ -179,8 +197,14 @@ def sections(d, figures_dir: Path) -> list:
     return long_range_report.sections(d, figures_dir, solved=SOLVED)
 
 
-SUITE = register(Suite(
-    name="long-range", summary="accuracy against sequence length, 64 to 10,000 tokens: Transformer vs LSTM (GRU, RNN "
-                               "in the full preset) on needle and needle_kv, zero-shot beside the curriculum",
-    presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections, stages=stages,
-    extra_json=runs_json))
+SUITE = register(
+    Suite(
+        name="long-range",
+        summary="accuracy against sequence length, 64 to 10,000 tokens: Transformer vs LSTM (GRU, RNN "
+        "in the full preset) on needle and needle_kv, zero-shot beside the curriculum",
+        presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
+        sections=sections,
+        stages=stages,
+        extra_json=runs_json,
+    )
+)

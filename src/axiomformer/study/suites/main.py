@@ -18,8 +18,16 @@ from axiomformer.study.sweep import DEFAULT_BASELINES, DEFAULT_VARIANTS
 LR_GRID = [1e-3, 3e-3, 1e-2]
 """The learning-rate grid; a cell whose best rate is at an edge gets up to ``lr_widen`` more rates beyond it."""
 
-PRIMARY: tuple[str, ...] = ("A1=mlp", "A2=joint", "A3=mlp", "A4=cosine", "A5=sigmoid", "scale=none", "position=none",
-                            "gru")
+PRIMARY: tuple[str, ...] = (
+    "A1=mlp",
+    "A2=joint",
+    "A3=mlp",
+    "A4=cosine",
+    "A5=sigmoid",
+    "scale=none",
+    "position=none",
+    "gru",
+)
 """One relaxation per assumption, each compared with the standard model in the primary family: A1 (rho after the
 sum), A2 (joint contribution), A3 (nonlinear values), A4 (cosine scores), A5 (the normalizer: sigmoid), the 1/sqrt(d)
 scale, positions (none at all) and A0 (an order-dependent recurrent aggregator, the GRU) **(our choice of one
@@ -33,8 +41,16 @@ standard model converged within the budget (early stop by patience at 850 of 1,2
 neither at ceiling nor at chance (0.125); MQAR at 32-64 tokens and induction did not converge in 400-1,200 steps, the
 2-pair MQAR and the needle reach ceiling, and the digits have too few distinct test images for 1,000 test items."""
 
-_BUDGET = {"steps": 1500, "batch_size": 32, "warmup": 20, "eval_every": 50, "eval_batches": 32, "patience": 4,
-           "target_accuracy": 0.99, "lr_grid": LR_GRID}
+_BUDGET = {
+    "steps": 1500,
+    "batch_size": 32,
+    "warmup": 20,
+    "eval_every": 50,
+    "eval_batches": 32,
+    "patience": 4,
+    "target_accuracy": 0.99,
+    "lr_grid": LR_GRID,
+}
 """32 validation and 32 test batches of 32 sequences: 1,024 test sequences (32,768 scored positions), the same for
 every model and seed."""
 
@@ -94,10 +110,14 @@ def pilot_note() -> list:
     """The report's paragraph on how the primary task was chosen (the pilot's numbers are committed beside it)."""
     from axiomformer.study.render import Heading, Paragraph
 
-    return [Heading("How the task was chosen (pilot)", 3), Paragraph(
-        "A pilot on seeds that no study reports (1000-1002; `benchmarks/study_pilot.py`, numbers in "
-        "`benchmarks/results/study-pilot/pilot.json`) trained the standard model on candidate tasks and kept one where "
-        "it converges within the budget and is neither at ceiling nor at chance. " + TASK_DOC)]
+    return [
+        Heading("How the task was chosen (pilot)", 3),
+        Paragraph(
+            "A pilot on seeds that no study reports (1000-1002; `benchmarks/study_pilot.py`, numbers in "
+            "`benchmarks/results/study-pilot/pilot.json`) trained the standard model on candidate tasks and kept one where "
+            "it converges within the budget and is neither at ceiling nor at chance. " + TASK_DOC
+        ),
+    ]
 
 
 TASK_DOC = (
@@ -106,7 +126,8 @@ TASK_DOC = (
     "still improving), MQAR at 32 tokens with 4 or 6 pairs (0.29-0.60, still improving), induction at 32 tokens "
     "(0.57-0.79 at 3e-3, collapsing at 1e-2, still improving), the 2-pair MQAR at 32 tokens (0.998: ceiling), the "
     "shared-vocabulary needle (chance), the digits (0.87-0.91 but only about 225 distinct test images, fewer than "
-    "1,000 test items).")
+    "1,000 test items)."
+)
 
 
 def sections(d, figures_dir: Path) -> list:
@@ -115,5 +136,11 @@ def sections(d, figures_dir: Path) -> list:
     return report.main_sections(d, figures_dir, pilot_note())
 
 
-SUITE = register(Suite(name="main", summary="relax each assumption, train under one fair budget, compare with the standard",
-              presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections))
+SUITE = register(
+    Suite(
+        name="main",
+        summary="relax each assumption, train under one fair budget, compare with the standard",
+        presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
+        sections=sections,
+    )
+)

@@ -20,11 +20,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from axiomformer.study.registry import Suite, register
 from axiomformer.study.contrasts import Contrast
+from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
-    Rows, arm, arm_stages, budget_note, closing_blocks, converged, diverged_blocks, errorbar, extra, fmt_interval,
-    new_figure, save, seed_values, verdict_blocks,
+    Rows,
+    arm,
+    arm_stages,
+    budget_note,
+    closing_blocks,
+    converged,
+    diverged_blocks,
+    errorbar,
+    extra,
+    fmt_interval,
+    new_figure,
+    save,
+    seed_values,
+    verdict_blocks,
 )
 
 POSITIONS = ("none", "sinusoidal", "learned", "rope", "alibi")
@@ -34,37 +46,71 @@ FACTORS = (2, 4, 8)
 
 def arms(config, task, seq_len: int):
     lengths = [f * seq_len for f in FACTORS]
-    return [arm(f"position={p}", f"position={p}", causal=False, input_position="none", eval_lengths=lengths)
-            for p in POSITIONS]
+    return [
+        arm(f"position={p}", f"position={p}", causal=False, input_position="none", eval_lengths=lengths)
+        for p in POSITIONS
+    ]
 
 
-_BUDGET = {"steps": 1000, "batch_size": 32, "warmup": 20, "eval_every": 50, "eval_batches": 4, "patience": 5,
-           "target_accuracy": None, "lr_grid": [3e-3, 1e-2]}
+_BUDGET = {
+    "steps": 1000,
+    "batch_size": 32,
+    "warmup": 20,
+    "eval_every": 50,
+    "eval_batches": 4,
+    "patience": 5,
+    "target_accuracy": None,
+    "lr_grid": [3e-3, 1e-2],
+}
 _TASKS = [
     {"name": "majority", "seq_lens": [8], "options": {"num_symbols": 8}},
     {"name": "sort", "seq_lens": [8], "options": {"num_symbols": 8}},
     {"name": "reverse", "seq_lens": [8], "options": {"num_symbols": 8}},
 ]
-_BASE = {"variants": ["standard"], "baselines": [],
-         "model": {"dim": 32, "layers": 2, "heads": 2, "match_params": False},
-         "sections": {"audit": False, "derive": False, "flow": False}, "tasks": _TASKS,
-         "selection_seeds": [1000], "min_seeds": 5, "lr_widen": 0}
-DEFAULT = _BASE | {"name": "positions suite (default preset)", "seeds": 5, "budget": _BUDGET | {"steps": 500},
-                   "tasks": _TASKS[:2]}
+_BASE = {
+    "variants": ["standard"],
+    "baselines": [],
+    "model": {"dim": 32, "layers": 2, "heads": 2, "match_params": False},
+    "sections": {"audit": False, "derive": False, "flow": False},
+    "tasks": _TASKS,
+    "selection_seeds": [1000],
+    "min_seeds": 5,
+    "lr_widen": 0,
+}
+DEFAULT = _BASE | {
+    "name": "positions suite (default preset)",
+    "seeds": 5,
+    "budget": _BUDGET | {"steps": 500},
+    "tasks": _TASKS[:2],
+}
 """Sized by the pilot (docs/open_questions.md): at L = 8 every position choice but NoPE and bidirectional ALiBi
 learns sort within 300 steps (0.87-0.97 test accuracy), so 500 steps with early stopping; the set task and one order
 task (reverse is in the full preset), 5 reported seeds, about 4 CPU-minutes."""
-QUICK = _BASE | {"name": "positions suite (quick preset)", "seeds": 2, "tasks": _TASKS[:2], "lr_widen": 0,
-                 "budget": _BUDGET | {"steps": 300, "lr_grid": [3e-3], "patience": None}}
-FULL = _BASE | {"name": "positions suite (full preset)", "seeds": 10, "lr_widen": 1,
-                "tasks": [t | {"seq_lens": [8, 16]} for t in _TASKS], "budget": _BUDGET | {"steps": 3000}}
+QUICK = _BASE | {
+    "name": "positions suite (quick preset)",
+    "seeds": 2,
+    "tasks": _TASKS[:2],
+    "lr_widen": 0,
+    "budget": _BUDGET | {"steps": 300, "lr_grid": [3e-3], "patience": None},
+}
+FULL = _BASE | {
+    "name": "positions suite (full preset)",
+    "seeds": 10,
+    "lr_widen": 1,
+    "tasks": [t | {"seq_lens": [8, 16]} for t in _TASKS],
+    "budget": _BUDGET | {"steps": 3000},
+}
 
 
 def _at(rows: Rows, label: str, task: str, seq_len: int, length: int) -> dict[int, float]:
     if length == seq_len:
         return rows.accuracy(label, task, seq_len)
-    return rows.metric(label, task, seq_len,
-                       lambda r: (extra(r, "end").get("length_accuracy") or {}).get(str(length), {}).get("accuracy"))
+    return rows.metric(
+        label,
+        task,
+        seq_len,
+        lambda r: (extra(r, "end").get("length_accuracy") or {}).get(str(length), {}).get("accuracy"),
+    )
 
 
 def _task_keys(d) -> list[tuple[str, int, str]]:
@@ -80,7 +126,8 @@ FACTS = [
     "permutation-equivariant: permuting its input permutes its outputs, so each output is a function of the token "
     "at that position and the multiset of all tokens. It cannot sort or reverse beyond what that allows (its "
     "accuracy there is shown, not tested); on a set task such as majority its output depends on the input only "
-    "through the multiset, as the target does."]
+    "through the multiset, as the target does."
+]
 
 
 def _extrapolated(rows: Rows, label: str, task: str, seq_len: int) -> dict[int, float]:
@@ -107,45 +154,82 @@ def comparisons(d) -> list[Contrast]:
             if (p == "none" and task in ORDER_TASKS) or not rows.seeds(label, task, seq_len):
                 continue
             ok = converged(rows, (label, task, seq_len))
-            out.append(Contrast("length extrapolation", f"{p} at 2L-8L", f"{p} at L", title, seq_len, "primary",
-                                _extrapolated(rows, label, task, seq_len),
-                                seed_values(rows, label, task, seq_len, lambda r: r.get("accuracy")), ok))
+            out.append(
+                Contrast(
+                    "length extrapolation",
+                    f"{p} at 2L-8L",
+                    f"{p} at L",
+                    title,
+                    seq_len,
+                    "primary",
+                    _extrapolated(rows, label, task, seq_len),
+                    seed_values(rows, label, task, seq_len, lambda r: r.get("accuracy")),
+                    ok,
+                )
+            )
         refs = ["rope"] + (["none"] if task not in ORDER_TASKS else [])
         for ref in refs:
             for p in POSITIONS:
                 a, b = f"position={p}", f"position={ref}"
-                if p == ref or (ref == "none" and p == "rope") or (p == "none" and task in ORDER_TASKS) \
-                        or not rows.seeds(a, task, seq_len) or not rows.seeds(b, task, seq_len):
+                if (
+                    p == ref
+                    or (ref == "none" and p == "rope")
+                    or (p == "none" and task in ORDER_TASKS)
+                    or not rows.seeds(a, task, seq_len)
+                    or not rows.seeds(b, task, seq_len)
+                ):
                     continue
-                out.append(Contrast(f"against {ref}", p, ref, where, seq_len, "secondary",
-                                    _extrapolated(rows, a, task, seq_len), _extrapolated(rows, b, task, seq_len),
-                                    converged(rows, (a, task, seq_len), (b, task, seq_len))))
+                out.append(
+                    Contrast(
+                        f"against {ref}",
+                        p,
+                        ref,
+                        where,
+                        seq_len,
+                        "secondary",
+                        _extrapolated(rows, a, task, seq_len),
+                        _extrapolated(rows, b, task, seq_len),
+                        converged(rows, (a, task, seq_len), (b, task, seq_len)),
+                    )
+                )
     return out
 
 
 def sections(d, figures_dir: Path) -> list:
     from axiomformer.study.render import Heading, Image, Paragraph, Table
 
-    blocks = verdict_blocks(d, figures_dir, question=(
-        "does each position choice extrapolate in length — trained at L, tested unchanged at 2L, 4L and 8L — and how "
-        "does it compare with RoPE (and, on the set task, with NoPE)? Primary: each choice's accuracy at 2L-8L (mean "
-        "of the three) minus its own accuracy at L, paired within the run (forced = it loses accuracy beyond L, free "
-        "= it holds within the margin)."), facts=FACTS)
-    blocks += [Heading("What was measured", 2), Paragraph(
-        "Bidirectional (non-causal) Transformer encoders, one per position choice (NoPE = `position=none`: no "
-        "position signal anywhere), trained at length L and tested unchanged at L, 2L, 4L and 8L (the same weights; "
-        "no step of training at the test lengths). Tasks: `majority` (the target is the most frequent symbol, a "
-        "function of the multiset: permuting the input leaves it unchanged), `sort` and `reverse` (each position's "
-        "target depends on positions). Accuracy over every scored position of the test split; "
-        "mean and 95 % t interval over seeds. " + budget_note(d.config)),
-        Heading("Accuracy against test length", 2)]
+    blocks = verdict_blocks(
+        d,
+        figures_dir,
+        question=(
+            "does each position choice extrapolate in length — trained at L, tested unchanged at 2L, 4L and 8L — and how "
+            "does it compare with RoPE (and, on the set task, with NoPE)? Primary: each choice's accuracy at 2L-8L (mean "
+            "of the three) minus its own accuracy at L, paired within the run (forced = it loses accuracy beyond L, free "
+            "= it holds within the margin)."
+        ),
+        facts=FACTS,
+    )
+    blocks += [
+        Heading("What was measured", 2),
+        Paragraph(
+            "Bidirectional (non-causal) Transformer encoders, one per position choice (NoPE = `position=none`: no "
+            "position signal anywhere), trained at length L and tested unchanged at L, 2L, 4L and 8L (the same weights; "
+            "no step of training at the test lengths). Tasks: `majority` (the target is the most frequent symbol, a "
+            "function of the multiset: permuting the input leaves it unchanged), `sort` and `reverse` (each position's "
+            "target depends on positions). Accuracy over every scored position of the test split; "
+            "mean and 95 % t interval over seeds. " + budget_note(d.config)
+        ),
+        Heading("Accuracy against test length", 2),
+    ]
     keys = _task_keys(d)
     fig, axes = new_figure(max(1, len(keys)), width=4.2)
     rows = Rows(d.rows)
     for ax, (task, seq_len, title) in zip(axes, keys):
         lengths = [seq_len] + [f * seq_len for f in FACTORS]
-        table = Table(["position", *[f"L={n}" + (" (train)" if n == seq_len else "") for n in lengths], "params"],
-                      note=f"Task {title}; chance {_chance(rows, task, seq_len):.3f}.")
+        table = Table(
+            ["position", *[f"L={n}" + (" (train)" if n == seq_len else "") for n in lengths], "params"],
+            note=f"Task {title}; chance {_chance(rows, task, seq_len):.3f}.",
+        )
         for label in [f"position={p}" for p in POSITIONS]:
             first = rows.first(label, task, seq_len)
             if first is None:
@@ -172,6 +256,13 @@ def _chance(rows: Rows, task: str, seq_len: int) -> float:
     return 0.0
 
 
-SUITE = register(Suite(name="positions", summary="bidirectional encoders: set vs order tasks, each position choice, "
-              "length extrapolation to 2L, 4L, 8L", presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
-              sections=sections, stages=arm_stages(arms), comparisons=comparisons))
+SUITE = register(
+    Suite(
+        name="positions",
+        summary="bidirectional encoders: set vs order tasks, each position choice, length extrapolation to 2L, 4L, 8L",
+        presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
+        sections=sections,
+        stages=arm_stages(arms),
+        comparisons=comparisons,
+    )
+)

@@ -20,11 +20,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from axiomformer.study.registry import Suite, register
 from axiomformer.study.contrasts import Contrast
+from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
-    Rows, arm, arm_stages, budget_note, closing_blocks, converged, diverged_blocks, fmt_interval, interval,
-    new_figure, save, seed_values, verdict_blocks,
+    Rows,
+    arm,
+    arm_stages,
+    budget_note,
+    closing_blocks,
+    converged,
+    diverged_blocks,
+    fmt_interval,
+    interval,
+    new_figure,
+    save,
+    seed_values,
+    verdict_blocks,
 )
 
 ARMS = (
@@ -40,25 +51,49 @@ def arms(config, task, seq_len: int):
     return [arm(label, spec, causal=False, input_position="none", mlp_ratio=ratio) for label, spec, ratio in ARMS]
 
 
-_BUDGET = {"steps": 2500, "batch_size": 32, "warmup": 20, "eval_every": 100, "eval_batches": 4, "patience": 6,
-           "target_accuracy": 0.99, "lr_grid": [3e-3, 1e-2]}
+_BUDGET = {
+    "steps": 2500,
+    "batch_size": 32,
+    "warmup": 20,
+    "eval_every": 100,
+    "eval_batches": 4,
+    "patience": 6,
+    "target_accuracy": 0.99,
+    "lr_grid": [3e-3, 1e-2],
+}
 _DISTINCT = {"num_symbols": 4, "min_distinct": 2}
 """4 symbols, 2..4 distinct in 8 tokens (chance 1/3). With k = 1 allowed the held-out split holds constant rows that
 training never sees, which capped every arm at 0.62 test accuracy in the pilot; with ``min_distinct = 2`` the
 attention-plus-MLP arm reached 1.000 within 2,500 steps (docs/open_questions.md)."""
-_TASKS = [{"name": "distinct", "seq_lens": [8], "options": _DISTINCT},
-          {"name": "majority", "seq_lens": [8], "options": {"num_symbols": 8}}]
-_BASE = {"variants": ["standard"], "baselines": [],
-         "model": {"dim": 32, "layers": 1, "heads": 2, "match_params": False},
-         "sections": {"audit": False, "derive": False, "flow": False}, "tasks": _TASKS,
-         "selection_seeds": [1000], "min_seeds": 5, "lr_widen": 0}
+_TASKS = [
+    {"name": "distinct", "seq_lens": [8], "options": _DISTINCT},
+    {"name": "majority", "seq_lens": [8], "options": {"num_symbols": 8}},
+]
+_BASE = {
+    "variants": ["standard"],
+    "baselines": [],
+    "model": {"dim": 32, "layers": 1, "heads": 2, "match_params": False},
+    "sections": {"audit": False, "derive": False, "flow": False},
+    "tasks": _TASKS,
+    "selection_seeds": [1000],
+    "min_seeds": 5,
+    "lr_widen": 0,
+}
 DEFAULT = _BASE | {"name": "rho suite (default preset)", "seeds": 5, "budget": _BUDGET, "tasks": _TASKS[:1]}
 """The task that needs a nonlinearity after the sum only (majority is in the full preset): 4 arms, 5 reported seeds,
 about 5 CPU-minutes."""
-QUICK = _BASE | {"name": "rho suite (quick preset)", "seeds": 2,
-                 "budget": _BUDGET | {"steps": 300, "lr_grid": [3e-3], "patience": None, "target_accuracy": None}}
-FULL = _BASE | {"name": "rho suite (full preset)", "seeds": 10, "budget": _BUDGET | {"steps": 5000}, "lr_widen": 1,
-                "model": {"dim": 32, "layers": 2, "heads": 2, "match_params": False}}
+QUICK = _BASE | {
+    "name": "rho suite (quick preset)",
+    "seeds": 2,
+    "budget": _BUDGET | {"steps": 300, "lr_grid": [3e-3], "patience": None, "target_accuracy": None},
+}
+FULL = _BASE | {
+    "name": "rho suite (full preset)",
+    "seeds": 10,
+    "budget": _BUDGET | {"steps": 5000},
+    "lr_widen": 1,
+    "model": {"dim": 32, "layers": 2, "heads": 2, "match_params": False},
+}
 
 
 QUESTIONS = (
@@ -83,10 +118,20 @@ def comparisons(d) -> list[Contrast]:
             for question, a, b in QUESTIONS:
                 if not rows.seeds(a, t["name"], n) or not rows.seeds(b, t["name"], n):
                     continue
-                acc = lambda r: r.get("accuracy")  # noqa: E731
-                out.append(Contrast(question, a, b, f"{t['name']}@{n}", n, family,
-                                    seed_values(rows, a, t["name"], n, acc), seed_values(rows, b, t["name"], n, acc),
-                                    converged(rows, (a, t["name"], n), (b, t["name"], n))))
+                acc = lambda r: r.get("accuracy")
+                out.append(
+                    Contrast(
+                        question,
+                        a,
+                        b,
+                        f"{t['name']}@{n}",
+                        n,
+                        family,
+                        seed_values(rows, a, t["name"], n, acc),
+                        seed_values(rows, b, t["name"], n, acc),
+                        converged(rows, (a, t["name"], n), (b, t["name"], n)),
+                    )
+                )
     return out
 
 
@@ -95,22 +140,36 @@ def sections(d, figures_dir: Path) -> list:
 
     rows = Rows(d.rows)
     tasks = [(t["name"], n) for t in d.config.get("tasks", []) for n in t["seq_lens"]]
-    blocks = verdict_blocks(d, figures_dir, question=(
-        "on a set task that needs a nonlinearity after the sum (`distinct`), does rho = identity cost accuracy when "
-        "nothing follows the sum, and does the MLP sublayer make a learned rho redundant?"))
-    blocks += [Heading("What was measured", 2), Paragraph(
-        "Bidirectional encoders without positions, four arms: attention-only blocks (no MLP sublayer) with rho = "
-        "identity (A1) or a learned rho (`aggregator=mlp`: rho(s) = s + W2 GELU(W1 s) after the sum over tokens), and "
-        "the same with the usual MLP sublayer. Tasks: `majority` (needs no nonlinearity after aggregation) and "
-        "`distinct` (the number of distinct symbols: a step function of each aggregated count). Test accuracy, mean "
-        "and 95 % t interval over seeds. " + budget_note(d.config))]
+    blocks = verdict_blocks(
+        d,
+        figures_dir,
+        question=(
+            "on a set task that needs a nonlinearity after the sum (`distinct`), does rho = identity cost accuracy when "
+            "nothing follows the sum, and does the MLP sublayer make a learned rho redundant?"
+        ),
+    )
+    blocks += [
+        Heading("What was measured", 2),
+        Paragraph(
+            "Bidirectional encoders without positions, four arms: attention-only blocks (no MLP sublayer) with rho = "
+            "identity (A1) or a learned rho (`aggregator=mlp`: rho(s) = s + W2 GELU(W1 s) after the sum over tokens), and "
+            "the same with the usual MLP sublayer. Tasks: `majority` (needs no nonlinearity after aggregation) and "
+            "`distinct` (the number of distinct symbols: a step function of each aggregated count). Test accuracy, mean "
+            "and 95 % t interval over seeds. " + budget_note(d.config)
+        ),
+    ]
     table = Table(["arm", *[f"{t}@{n}" for t, n in tasks], "params"])
     for label, _, _ in ARMS:
         firsts = [rows.first(label, t, n) for t, n in tasks]
         if not any(firsts):
             continue
-        table.rows.append([label, *[fmt_interval(list(rows.accuracy(label, t, n).values())) for t, n in tasks],
-                           ", ".join(str(f.get("params")) for f in firsts if f)])
+        table.rows.append(
+            [
+                label,
+                *[fmt_interval(list(rows.accuracy(label, t, n).values())) for t, n in tasks],
+                ", ".join(str(f.get("params")) for f in firsts if f),
+            ]
+        )
     blocks += [Heading("Test accuracy", 2), table]
 
     fig, axes = new_figure(1, width=6.5)
@@ -120,8 +179,15 @@ def sections(d, figures_dir: Path) -> list:
         for j, (t, n) in enumerate(tasks):
             mean, low, high = interval(list(rows.accuracy(label, t, n).values()))
             err = [[0 if low != low else mean - low], [0 if high != high else high - mean]]
-            ax.bar(j + (i - (len(ARMS) - 1) / 2) * width, mean, width, yerr=err, capsize=3,
-                   label=label if j == 0 else None, color=f"C{i}")
+            ax.bar(
+                j + (i - (len(ARMS) - 1) / 2) * width,
+                mean,
+                width,
+                yerr=err,
+                capsize=3,
+                label=label if j == 0 else None,
+                color=f"C{i}",
+            )
     ax.set_xticks(range(len(tasks)), [f"{t}@{n}" for t, n in tasks])
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1.02)
@@ -132,6 +198,13 @@ def sections(d, figures_dir: Path) -> list:
     return blocks + diverged_blocks(d) + closing_blocks(d)
 
 
-SUITE = register(Suite(name="rho", summary="A1 without the MLP: attention-only blocks with rho = identity vs a learned rho",
-              presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections, stages=arm_stages(arms),
-              comparisons=comparisons))
+SUITE = register(
+    Suite(
+        name="rho",
+        summary="A1 without the MLP: attention-only blocks with rho = identity vs a learned rho",
+        presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
+        sections=sections,
+        stages=arm_stages(arms),
+        comparisons=comparisons,
+    )
+)

@@ -15,11 +15,23 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from axiomformer.study.registry import Suite, register
 from axiomformer.study.contrasts import Contrast
+from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
-    Rows, arm, arm_stages, budget_note, closing_blocks, converged, diverged_blocks, errorbar, extra, fmt_interval,
-    new_figure, save, seed_values, verdict_blocks,
+    Rows,
+    arm,
+    arm_stages,
+    budget_note,
+    closing_blocks,
+    converged,
+    diverged_blocks,
+    errorbar,
+    extra,
+    fmt_interval,
+    new_figure,
+    save,
+    seed_values,
+    verdict_blocks,
 )
 
 HEAD_DIMS = (8, 16, 64)
@@ -46,31 +58,54 @@ def arms(config, task, seq_len: int):
             raise ValueError(f"the scale suite needs model.dim divisible by every head_dim {HEAD_DIMS}, got {dim}")
         for scale in scales_of(config):
             spec = "standard" if scale == "inv_sqrt_d" else f"scale={scale}"
-            out.append(arm(_label(head_dim, scale), spec, heads=dim // head_dim, probes=["init_entropy"],
-                           mlp_ratio=MLP_RATIO))
+            out.append(
+                arm(_label(head_dim, scale), spec, heads=dim // head_dim, probes=["init_entropy"], mlp_ratio=MLP_RATIO)
+            )
     return out
 
 
-_BUDGET = {"steps": 600, "batch_size": 32, "warmup": 20, "eval_every": 50, "eval_batches": 4, "patience": 5,
-           "target_accuracy": None, "lr_grid": [3e-3, 1e-2]}
+_BUDGET = {
+    "steps": 600,
+    "batch_size": 32,
+    "warmup": 20,
+    "eval_every": 50,
+    "eval_batches": 4,
+    "patience": 5,
+    "target_accuracy": None,
+    "lr_grid": [3e-3, 1e-2],
+}
 _MQAR = {"vocab": 32, "num_pairs": 4}
 """16 keys, 4 pairs at 32 tokens: off the ceiling at this budget (pilot at width 128: 0.45 test accuracy after 600
 steps at head_dim 32, 0.28 at head_dim 128; docs/open_questions.md). At 16 tokens with 16 tokens of vocabulary (one pair) 16 of
 18 quick runs reached 1.000, so no cost could show."""
 _TASKS = [{"name": "mqar", "seq_lens": [32], "options": _MQAR}]
-_BASE = {"variants": ["standard", "scale=none"], "baselines": [],
-         "model": {"dim": 64, "layers": 1, "heads": 1, "match_params": False},
-         "sections": {"audit": False, "derive": False, "flow": False}, "tasks": _TASKS,
-         "selection_seeds": [1000], "min_seeds": 5, "lr_widen": 0}
+_BASE = {
+    "variants": ["standard", "scale=none"],
+    "baselines": [],
+    "model": {"dim": 64, "layers": 1, "heads": 1, "match_params": False},
+    "sections": {"audit": False, "derive": False, "flow": False},
+    "tasks": _TASKS,
+    "selection_seeds": [1000],
+    "min_seeds": 5,
+    "lr_widen": 0,
+}
 DEFAULT = _BASE | {"name": "scale suite (default preset)", "seeds": 5, "budget": _BUDGET}
 """head_dim 8, 16, 64 at width 64 (8, 4, 1 heads) x scale inv_sqrt_d, none (the learned scale is in the full preset):
 6 arms, 5 reported seeds, 600 steps (the pilot's budget), about 4 CPU-minutes."""
-QUICK = _BASE | {"name": "scale suite (quick preset)", "seeds": 2,
-                 "budget": _BUDGET | {"steps": 200, "lr_grid": [3e-3], "patience": None}}
-FULL = _BASE | {"name": "scale suite (full preset)", "seeds": 10, "budget": _BUDGET | {"steps": 3000},
-                "variants": ["standard", "scale=none", "scale=learned"], "lr_widen": 2,
-                "tasks": [{"name": "mqar", "seq_lens": [64], "options": {"vocab": 32, "num_pairs": 8}}],
-                "model": {"dim": 64, "layers": 2, "heads": 1, "match_params": False}}
+QUICK = _BASE | {
+    "name": "scale suite (quick preset)",
+    "seeds": 2,
+    "budget": _BUDGET | {"steps": 200, "lr_grid": [3e-3], "patience": None},
+}
+FULL = _BASE | {
+    "name": "scale suite (full preset)",
+    "seeds": 10,
+    "budget": _BUDGET | {"steps": 3000},
+    "variants": ["standard", "scale=none", "scale=learned"],
+    "lr_widen": 2,
+    "tasks": [{"name": "mqar", "seq_lens": [64], "options": {"vocab": 32, "num_pairs": 8}}],
+    "model": {"dim": 64, "layers": 2, "heads": 1, "match_params": False},
+}
 
 
 def _entropy(row: dict, key: str) -> float | None:
@@ -84,7 +119,7 @@ def comparisons(d) -> list[Contrast]:
     """Per task and head_dim: scale = none (primary) and learned (secondary) against inv_sqrt_d, test accuracy."""
     rows = Rows(d.rows)
     out = []
-    acc = lambda r: r.get("accuracy")  # noqa: E731
+    acc = lambda r: r.get("accuracy")
     for t in d.config.get("tasks", []):
         for n in t["seq_lens"]:
             for head_dim in HEAD_DIMS:
@@ -93,10 +128,19 @@ def comparisons(d) -> list[Contrast]:
                     a = _label(head_dim, scale)
                     if not rows.seeds(a, t["name"], n) or not rows.seeds(b, t["name"], n):
                         continue
-                    out.append(Contrast(f"does dropping 1/sqrt(d) cost accuracy? (scale={scale})", a, b,
-                                        f"{t['name']}@{n}", n, "primary" if scale == "none" else "secondary",
-                                        seed_values(rows, a, t["name"], n, acc), seed_values(rows, b, t["name"], n, acc),
-                                        converged(rows, (a, t["name"], n), (b, t["name"], n))))
+                    out.append(
+                        Contrast(
+                            f"does dropping 1/sqrt(d) cost accuracy? (scale={scale})",
+                            a,
+                            b,
+                            f"{t['name']}@{n}",
+                            n,
+                            "primary" if scale == "none" else "secondary",
+                            seed_values(rows, a, t["name"], n, acc),
+                            seed_values(rows, b, t["name"], n, acc),
+                            converged(rows, (a, t["name"], n), (b, t["name"], n)),
+                        )
+                    )
     return out
 
 
@@ -116,21 +160,32 @@ def sections(d, figures_dir: Path) -> list:
 
     rows = Rows(d.rows)
     tasks = [(t["name"], n) for t in d.config.get("tasks", []) for n in t["seq_lens"]]
-    blocks = verdict_blocks(d, figures_dir, question=(
-        "does dropping the 1/sqrt(d) of A5 cost test accuracy in training, at head_dim 8, 16 and 64, on a task off "
-        "the ceiling? (a - b: scale = none minus scale = 1/sqrt(d), same head_dim)"))
-    blocks += [Heading("What was measured", 2), Paragraph(
-        f"Causal Transformers of width {d.config.get('model', {}).get('dim')} with head_dim in {list(HEAD_DIMS)} "
-        "(heads = width / head_dim, so the arms have the same parameters) and scale = 1/sqrt(d) (`inv_sqrt_d`), 1 "
-        "(`none`) or learned per head (initialized at 1/sqrt(d)). At initialization: the entropy (nats) of the last "
-        "query row's attention weights (n keys; maximum log n), averaged over layers, heads and a validation batch, "
-        "with sigma^2, the variance of that row's scaled scores, and the closed form log n - sigma^2/2 of n iid "
-        "Gaussian scores (valid while sigma^2 < 2 log n; beyond it, the frozen phase of the random-energy model, "
-        "the entropy stays O(1) and no closed form is printed). Then training-loss curves and test accuracy, mean and "
-        "95 % t interval over seeds. " + budget_note(d.config))]
+    blocks = verdict_blocks(
+        d,
+        figures_dir,
+        question=(
+            "does dropping the 1/sqrt(d) of A5 cost test accuracy in training, at head_dim 8, 16 and 64, on a task off "
+            "the ceiling? (a - b: scale = none minus scale = 1/sqrt(d), same head_dim)"
+        ),
+    )
+    blocks += [
+        Heading("What was measured", 2),
+        Paragraph(
+            f"Causal Transformers of width {d.config.get('model', {}).get('dim')} with head_dim in {list(HEAD_DIMS)} "
+            "(heads = width / head_dim, so the arms have the same parameters) and scale = 1/sqrt(d) (`inv_sqrt_d`), 1 "
+            "(`none`) or learned per head (initialized at 1/sqrt(d)). At initialization: the entropy (nats) of the last "
+            "query row's attention weights (n keys; maximum log n), averaged over layers, heads and a validation batch, "
+            "with sigma^2, the variance of that row's scaled scores, and the closed form log n - sigma^2/2 of n iid "
+            "Gaussian scores (valid while sigma^2 < 2 log n; beyond it, the frozen phase of the random-energy model, "
+            "the entropy stays O(1) and no closed form is printed). Then training-loss curves and test accuracy, mean and "
+            "95 % t interval over seeds. " + budget_note(d.config)
+        ),
+    ]
     for task, n in tasks:
-        table = Table(["arm", "entropy at init", "sigma^2 at init", "closed form", "log n", "test accuracy", "params"],
-                      note=f"Task {task}@{n}.")
+        table = Table(
+            ["arm", "entropy at init", "sigma^2 at init", "closed form", "log n", "test accuracy", "params"],
+            note=f"Task {task}@{n}.",
+        )
         fig, axes = new_figure(len(HEAD_DIMS) + 1, width=3.6)
         for k, head_dim in enumerate(HEAD_DIMS):
             ax = axes[k]
@@ -142,10 +197,17 @@ def sections(d, figures_dir: Path) -> list:
                 ent = list(rows.metric(label, task, n, lambda r: _entropy(r, "entropy")).values())
                 var = list(rows.metric(label, task, n, lambda r: _entropy(r, "score_var")).values())
                 closed = list(rows.metric(label, task, n, lambda r: _entropy(r, "closed_form")).values())
-                table.rows.append([label, fmt_interval(ent), fmt_interval(var, 2),
-                                   fmt_interval(closed) if closed else "— (frozen phase)", f"{math.log(n):.3f}",
-                                   fmt_interval(list(rows.accuracy(label, task, n).values())),
-                                   str(next(iter(seeds.values())).get("params"))])
+                table.rows.append(
+                    [
+                        label,
+                        fmt_interval(ent),
+                        fmt_interval(var, 2),
+                        fmt_interval(closed) if closed else "— (frozen phase)",
+                        f"{math.log(n):.3f}",
+                        fmt_interval(list(rows.accuracy(label, task, n).values())),
+                        str(next(iter(seeds.values())).get("params")),
+                    ]
+                )
                 mean = _mean_curve([r.get("losses") or [] for r in seeds.values()])
                 if mean:
                     ax.plot(range(1, len(mean) + 1), mean, label=scale, color=f"C{i}", lw=1)
@@ -155,8 +217,10 @@ def sections(d, figures_dir: Path) -> list:
             ax.legend(fontsize=7)
         ax = axes[-1]
         for i, scale in enumerate(SCALES):  # arms not in this config have no rows and are skipped
-            values = [list(rows.metric(_label(h, scale), task, n, lambda r: _entropy(r, "entropy")).values())
-                      for h in HEAD_DIMS]
+            values = [
+                list(rows.metric(_label(h, scale), task, n, lambda r: _entropy(r, "entropy")).values())
+                for h in HEAD_DIMS
+            ]
             errorbar(ax, list(HEAD_DIMS), values, f"{scale} (measured)", color=f"C{i}")
         ax.axhline(math.log(n), color="gray", ls=":", lw=1, label="log n")
         ax.set_xscale("log", base=2)
@@ -165,11 +229,21 @@ def sections(d, figures_dir: Path) -> list:
         ax.set_title("attention entropy at initialization", fontsize=9)
         ax.legend(fontsize=7)
         path = save(fig, figures_dir, f"scale_{task}_{n}")
-        blocks += [Heading(f"{task}@{n}", 2), table,
-                   Image(f"figures/{path.name}", "training loss per head_dim and scale; entropy at initialization")]
+        blocks += [
+            Heading(f"{task}@{n}", 2),
+            table,
+            Image(f"figures/{path.name}", "training loss per head_dim and scale; entropy at initialization"),
+        ]
     return blocks + diverged_blocks(d) + closing_blocks(d)
 
 
-SUITE = register(Suite(name="scale", summary="1/sqrt(d) in training: head_dim 8/16/64 x scale inv_sqrt_d/none (learned)",
-              presets={"quick": QUICK, "default": DEFAULT, "full": FULL}, sections=sections, stages=arm_stages(arms),
-              comparisons=comparisons))
+SUITE = register(
+    Suite(
+        name="scale",
+        summary="1/sqrt(d) in training: head_dim 8/16/64 x scale inv_sqrt_d/none (learned)",
+        presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
+        sections=sections,
+        stages=arm_stages(arms),
+        comparisons=comparisons,
+    )
+)
