@@ -55,18 +55,32 @@ def main(argv: list[str] | None = None) -> int:
             failed |= not ok
         rows.append((result, cpu, check, threshold, ok))
         if args.json:
-            print(json.dumps({**result.summary(), "cpu_seconds": cpu, "chance": result.chance,
-                              "engine": result.engine, "pass": ok}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        **result.summary(),
+                        "cpu_seconds": cpu,
+                        "chance": result.chance,
+                        "engine": result.engine,
+                        "pass": ok,
+                    }
+                ),
+                flush=True,
+            )
 
-    header = f"{'task':8} {'seq':>5} {'model':12} {'acc':>6} {'chance':>6} {'steps':>5} {'wall s':>7} {'cpu s':>7} " \
-             f"{'params':>7} {'tok/s':>8}  acceptance"
+    header = (
+        f"{'task':8} {'seq':>5} {'model':12} {'acc':>6} {'chance':>6} {'steps':>5} {'wall s':>7} {'cpu s':>7} "
+        f"{'params':>7} {'tok/s':>8}  acceptance"
+    )
     print(header)
     print("-" * len(header))
     for result, cpu, check, threshold, ok in rows:
         verdict = "" if check is None else f"{check} {threshold}: {'pass' if ok else 'FAIL'}"
-        print(f"{result.task:8} {result.seq_len:>5} {result.model:12} {result.accuracy:>6.3f} {result.chance:>6.3f} "
-              f"{result.steps:>5} {result.seconds:>7.1f} {cpu:>7.1f} {result.params:>7} "
-              f"{result.tokens_per_second:>8.0f}  {verdict}")
+        print(
+            f"{result.task:8} {result.seq_len:>5} {result.model:12} {result.accuracy:>6.3f} {result.chance:>6.3f} "
+            f"{result.steps:>5} {result.seconds:>7.1f} {cpu:>7.1f} {result.params:>7} "
+            f"{result.tokens_per_second:>8.0f}  {verdict}"
+        )
     print(f"torch {torch.__version__}, {args.threads} thread(s), seed {args.seed}")
     return 1 if failed else 0
 

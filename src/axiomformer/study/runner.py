@@ -383,31 +383,12 @@ def run_study(
     console = console or Console()
     out_dir = Path(out_dir)
     start, load_start = time.perf_counter(), _load()
-    from axiomformer.study.registry import get_suite
-
-    try:
-        from axiomformer.study.stages import stages_for
-
-        stages = (get_suite(config.suite).stages or stages_for)(config)
-        first = stages[0](None)
-    except ValueError as err:
-        raise StudyError(str(err)) from None
+    stages, first = _stages(config)
     with ResultsStore(out_dir) as store:
         store.set_meta("config", config.model_dump())
         store.set_meta("models", [{"label": m.label, "kind": m.kind, "spec": m.spec} for m in models(config)])
-        done = store.finished_keys()
         summary = StudySummary(out_dir=out_dir, planned=0, already_stored=0)
-        specs = [m.spec for m in models(config) if m.kind == "transformer"] if config.sections.audit else []
-        audits_todo = [s for s in dict.fromkeys(specs) if s not in store.audits()]
-        stored_sections = store.sections()
-        sections_todo = [
-            (name, fn)
-            for name, fn, on in (
-                ("derive", derive_section, config.sections.derive),
-                ("flow", flow_section, config.sections.flow),
-            )
-            if on and name not in stored_sections
-        ]
+        audits_todo, sections_todo = _extras_todo(store, config)
         console.print(
             f"study ({config.suite} suite): {len(stages)} stage(s), {len(first)} run(s) in the first, "
             f"results in {store.path} ({backend} backend)",
@@ -415,27 +396,10 @@ def run_study(
             soft_wrap=True,
         )
         bar = _progress(console, progress)
-        planned: dict[str, Run] = {}
         with bar:
             task_id = bar.add_task("study", total=len(audits_todo) + len(sections_todo))
             _audits(store, audits_todo, console, bar, task_id)
-            for index, stage in enumerate(stages):
-                runs = first if index == 0 else stage({r["key"]: r for r in store.runs()})
-                new = [r for r in runs if r.key not in planned]
-                planned.update((r.key, r) for r in new)
-                _set_planned(store, planned)
-                done = store.finished_keys()
-                todo = [r for r in new if r.key not in done]
-                summary.planned += len(new)
-                summary.already_stored += len(new) - len(todo)
-                bar.update(task_id, total=(bar.tasks[0].total or 0) + len(todo))
-                console.print(
-                    f"stage {index + 1}/{len(stages)}: {len(new)} run(s), {len(new) - len(todo)} already "
-                    f"stored, {len(todo)} to train",
-                    markup=False,
-                    soft_wrap=True,
-                )
-                _train(store, config, todo, backend, address, summary, console, bar, task_id)
+            _run_stages(store, config, stages, first, backend, address, summary, console, bar, task_id)
             _sections(store, sections_todo, console, bar, task_id)
             bar.update(task_id, description="done")
         summary.seconds = time.perf_counter() - start
@@ -456,6 +420,73 @@ def run_study(
 
         summary.report = build_report(out_dir)
     return summary
+
+
+def _stages(config: StudyConfig) -> tuple[list[Callable], list[Run]]:
+    """The study's stages (its suite's, else :func:`~axiomformer.study.stages.stages_for`) and the first's runs.
+
+    Raises:
+        StudyError: the config does not fit the suite (a ``ValueError`` of the stage builders).
+    """
+    from axiomformer.study.registry import get_suite
+
+    try:
+        from axiomformer.study.stages import stages_for
+
+        stages = (get_suite(config.suite).stages or stages_for)(config)
+        first = stages[0](None)
+    except ValueError as err:
+        raise StudyError(str(err)) from None
+    return stages, first
+
+
+def _extras_todo(store: ResultsStore, config: StudyConfig) -> tuple[list[str], list[tuple[str, Callable[[], Any]]]]:
+    """The attention audits and the (name, builder) sections the config asks for that ``store`` lacks."""
+    specs = [m.spec for m in models(config) if m.kind == "transformer"] if config.sections.audit else []
+    audits_todo = [s for s in dict.fromkeys(specs) if s not in store.audits()]
+    stored_sections = store.sections()
+    sections_todo = [
+        (name, fn)
+        for name, fn, on in (
+            ("derive", derive_section, config.sections.derive),
+            ("flow", flow_section, config.sections.flow),
+        )
+        if on and name not in stored_sections
+    ]
+    return audits_todo, sections_todo
+
+
+def _run_stages(
+    store: ResultsStore,
+    config: StudyConfig,
+    stages: list[Callable],
+    first: list[Run],
+    backend: str,
+    address: str | None,
+    summary: StudySummary,
+    console: Console,
+    bar,
+    task_id,
+) -> None:
+    """Plan and train each stage in turn (a later stage sees the stored runs), counting them in ``summary``."""
+    planned: dict[str, Run] = {}
+    for index, stage in enumerate(stages):
+        runs = first if index == 0 else stage({r["key"]: r for r in store.runs()})
+        new = [r for r in runs if r.key not in planned]
+        planned.update((r.key, r) for r in new)
+        _set_planned(store, planned)
+        done = store.finished_keys()
+        todo = [r for r in new if r.key not in done]
+        summary.planned += len(new)
+        summary.already_stored += len(new) - len(todo)
+        bar.update(task_id, total=(bar.tasks[0].total or 0) + len(todo))
+        console.print(
+            f"stage {index + 1}/{len(stages)}: {len(new)} run(s), {len(new) - len(todo)} already "
+            f"stored, {len(todo)} to train",
+            markup=False,
+            soft_wrap=True,
+        )
+        _train(store, config, todo, backend, address, summary, console, bar, task_id)
 
 
 def _record_invocation(store: ResultsStore, record: dict[str, Any]) -> None:

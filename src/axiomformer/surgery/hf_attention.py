@@ -169,6 +169,29 @@ def _visibility(q_len: int, k_len: int, causal: bool, sliding_window: int | None
     return visible
 
 
+def _check_window(sliding_window: int | None) -> None:
+    """ValueError unless ``sliding_window`` is None or a positive number of keys."""
+    if sliding_window is not None and (isinstance(sliding_window, bool) or sliding_window <= 0):
+        # transformers means "no window" by None; 0 or -1 read literally would be an empty band (all-zero output).
+        raise ValueError(
+            f"sliding_window must be a positive number of keys, or None for no window; got {sliding_window!r}"
+        )
+
+
+def _expand_kv_heads(heads: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+    """key/value (batch, kv_heads, k_len, d) repeated to ``heads`` heads (GQA); ValueError if they do not divide."""
+    kv_heads = key.shape[1]
+    if heads % kv_heads or value.shape[1] != kv_heads:
+        raise ValueError(
+            f"query heads {heads} must be a multiple of the key/value heads (key {tuple(key.shape)}, "
+            f"value {tuple(value.shape)})"
+        )
+    if kv_heads != heads:  # GQA: each key/value head serves heads/kv_heads queries
+        key = key.repeat_interleave(heads // kv_heads, dim=1)
+        value = value.repeat_interleave(heads // kv_heads, dim=1)
+    return key, value
+
+
 def axiomformer_attention_forward(
     module: nn.Module,
     query: Tensor,
@@ -204,21 +227,10 @@ def axiomformer_attention_forward(
             ``sliding_window`` that is not a positive number of keys.
     """
     _check_arguments(kwargs)
-    if sliding_window is not None and (isinstance(sliding_window, bool) or sliding_window <= 0):
-        # transformers means "no window" by None; 0 or -1 read literally would be an empty band (all-zero output).
-        raise ValueError(
-            f"sliding_window must be a positive number of keys, or None for no window; got {sliding_window!r}"
-        )
+    _check_window(sliding_window)
     batch, heads, q_len, head_dim = query.shape
-    kv_heads, k_len = key.shape[1], key.shape[-2]
-    if heads % kv_heads or value.shape[1] != kv_heads:
-        raise ValueError(
-            f"query heads {heads} must be a multiple of the key/value heads (key {tuple(key.shape)}, "
-            f"value {tuple(value.shape)})"
-        )
-    if kv_heads != heads:  # GQA: each key/value head serves heads/kv_heads queries
-        key = key.repeat_interleave(heads // kv_heads, dim=1)
-        value = value.repeat_interleave(heads // kv_heads, dim=1)
+    k_len = key.shape[-2]
+    key, value = _expand_kv_heads(heads, key, value)
     scaling = head_dim**-0.5 if scaling is None else float(scaling)
     core = _core(heads, head_dim, None if softcap is None else float(softcap), s_aux is not None)
     if not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):

@@ -46,14 +46,9 @@ from __future__ import annotations
 from axiomformer.study.registry import PRESETS, Suite, get_suite, register, registered
 
 # each registers itself on import; in this order, the order of --help and of the error naming the choices
-from axiomformer.study.suites import (  # noqa: F401
-    gumbel,
-    long_range,
-    main,
-    positions,
-    rho,
-    scale,
-)
+# isort: off
+from axiomformer.study.suites import main, long_range, positions, rho, scale, gumbel  # noqa: F401
+# isort: on
 
 BUILTIN: tuple[str, ...] = ("main", "long-range", "positions", "rho", "scale", "gumbel")
 """The suites shipped with axiomformer (each registered by its module above)."""
