@@ -60,6 +60,24 @@ def _log_n_parameters(spec: AttentionSpec, width: int) -> dict[str, nn.Parameter
     return {"log_n_coef": nn.Parameter(torch.full((spec.num_heads,), LOG_N_INIT))}
 
 
+# Module-level functions, not lambdas: a Scale module keeps its choice's impl, and models must pickle (copy.deepcopy,
+# torch.save of a whole model).
+def _fixed(module: Scale, n_visible: Tensor | None) -> float:
+    return module.fixed
+
+
+def _one(module: Scale, n_visible: Tensor | None) -> float:
+    return 1.0
+
+
+def _one_for(spec: AttentionSpec, width: int) -> float:
+    return 1.0
+
+
+def _learned(module: Scale, n_visible: Tensor | None) -> Tensor:
+    return module.log_scale.exp().view(1, -1, 1, 1)
+
+
 def _log_n(module: Scale, n_visible: Tensor | None) -> Tensor:
     if n_visible is None:
         raise ValueError("scale='log_n' needs n_visible, the number of keys each query may see")
@@ -74,7 +92,7 @@ SCALES = Registry(
             "inv_sqrt_d",
             "scale = 1 / sqrt(d_k) (1 for the kernel normalizer)",
             "Vaswani et al. 2017, eq. 1 and footnote 4; Katharopoulos et al. 2020 (no temperature in the kernel)",
-            lambda module, n: module.fixed,
+            _fixed,
             frozenset({"constant"}),
             {"value": _inv_sqrt_d},
         ),
@@ -82,16 +100,16 @@ SCALES = Registry(
             "none",
             "scale = 1",
             "Luong et al. 2015 (unscaled dot score)",
-            lambda module, n: 1.0,
+            _one,
             frozenset({"constant"}),
-            {"value": lambda spec, width: 1.0},
+            {"value": _one_for},
             relaxes="A5's temperature: none, logits grow like sqrt(d_k)",
         ),
         Choice(
             "learned",
             "scale_h = exp(theta_h), theta_h initialised to -log(d_k) / 2",
             "our choice: a per-head temperature, as in QK-norm attention (Henry et al. 2020)",
-            lambda module, n: module.log_scale.exp().view(1, -1, 1, 1),
+            _learned,
             frozenset({"parametric"}),
             {"parameters": _learned_parameters},
             relaxes="A5's temperature: learned per head",
