@@ -380,6 +380,10 @@ def one_comparison(
         )
     ci = t_interval(data, level)
     sd = float(data.std(ddof=1))
+    if sd == 0.0:
+        # every seed gave the same difference (e.g. both sides at ceiling): the t interval has zero width and says
+        # nothing of the test items' own noise, which this comparison does not carry -- say so beside the interval
+        method += "; zero spread over seeds: test-item noise not carried"
     p_diff = min(1.0, _p_difference(data) * family_size)
     p_eq = min(1.0, max(tost_p(data, margin)) * 2 * family_size)
     verdict = decide(ci.low, ci.high, margin, converged=item.converged, pilot=pilot)
