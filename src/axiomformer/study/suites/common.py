@@ -96,52 +96,21 @@ def fmt_interval(values: list[float], digits: int = 3) -> str:
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}] (n={n})"
 
 
-def conclude(
-    items: list[tuple[str, str, str, dict[int, float], dict[int, float]]],
-    what: str = "accuracy",
-    *,
-    margin: float = 0.02,
-    pilot: bool = False,
-) -> str:
-    """One paragraph over paired comparisons ``(context, name_a, name_b, a, b)`` (a, b: seed -> value), one family
-    (``statistics.paired_family``: paired t, Bonferroni over ``items``): a sentence for each interval that excludes 0,
-    the equivalent ones (inside ±``margin``), then the rest as not yet known, each with its difference and interval.
-    ``pilot``: every comparison is reported as a pilot that claims nothing."""
-    from axiomformer.study.statistics import PairedItem, paired_family
-
-    paired, untested = [], []
-    for context, name_a, name_b, a, b in items:
-        seeds = sorted(set(a) & set(b))
-        if len(seeds) < 2:
-            untested.append(f"{context}: {name_a} vs {name_b}")
-            continue
-        paired.append(
-            PairedItem(context, name_a + "\0" + name_b, context, [a[s] for s in seeds], [b[s] for s in seeds])
-        )
-    decided, free, open_ = [], [], []
-    for v in paired_family(paired, margin=margin, pilot=pilot):
-        name_a, name_b = v.model.split("\0")
-        ci = f"{v.diff:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}]"
-        if v.verdict in ("forced", "better"):
-            decided.append(
-                f"{v.task}: {name_a} is {'higher' if v.diff > 0 else 'lower'} than {name_b} ({what} "
-                f"difference {ci}, {v.ci_method}, {v.n_seeds} seeds)."
-            )
-        elif v.verdict == "free":
-            free.append(f"{v.task}: {name_a} vs {name_b} ({ci})")
-        else:
-            open_.append(
-                f"{v.task}: {name_a} vs {name_b} ({ci}; a decision needs "
-                f"{'more than 10,000' if v.seeds_needed is None else v.seeds_needed} seeds)"
-            )
-    out = ([f"Pilot (claims nothing): {len(paired)} comparison(s)."] if pilot else []) + decided
-    if free:
-        out.append(f"Equivalent within ±{margin:g} (the interval inside the margin): " + "; ".join(free) + ".")
-    if open_:
-        out.append("Not yet known (the interval includes 0 and reaches beyond the margin): " + "; ".join(open_) + ".")
-    if untested:
-        out.append("Fewer than two paired seeds, no test and no claim: " + "; ".join(untested) + ".")
-    return " ".join(out) if out else "No comparisons: no paired runs stored."
+# ---------------------------------------------------------------------------------------------------- presets
+def preset_base(tasks: list[dict[str, Any]], model: dict[str, Any], variants: tuple[str, ...] = ("standard",)) -> dict:
+    """What every open-question suite's presets share: its arms come from its own stages (no sweep baselines, no
+    audit/derive/flow sections, widths not matched), selection seed 1000 (never reported), at least 5 reported seeds
+    for a decision, and a learning-rate grid that is not widened."""
+    return {
+        "variants": list(variants),
+        "baselines": [],
+        "model": {**model, "match_params": False},
+        "sections": {"audit": False, "derive": False, "flow": False},
+        "tasks": tasks,
+        "selection_seeds": [1000],
+        "min_seeds": 5,
+        "lr_widen": 0,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- rows

@@ -27,6 +27,7 @@ from axiomformer.study.suites.common import (
     fmt_interval,
     interval,
     new_figure,
+    preset_base,
     save,
     seed_values,
     verdict_blocks,
@@ -67,16 +68,7 @@ _TASKS = [
 ]
 """``needle`` in its marked layout (``shared=False``: keys, values and filler apart), where picking the one pair is
 the whole task **(our choice)**; MQAR: one key to find per query."""
-_BASE = {
-    "variants": ["standard"],
-    "baselines": [],
-    "model": {"dim": 32, "layers": 2, "heads": 2, "match_params": False},
-    "sections": {"audit": False, "derive": False, "flow": False},
-    "tasks": _TASKS,
-    "selection_seeds": [1000],
-    "min_seeds": 5,
-    "lr_widen": 0,
-}
+_BASE = preset_base(_TASKS, {"dim": 32, "layers": 2, "heads": 2})
 DEFAULT = _BASE | {"name": "gumbel suite (default preset)", "seeds": 6, "budget": _BUDGET, "tasks": _TASKS[:1]}
 """The marked needle at 32 tokens, where softmax reaches the target within the budget and the Gumbel arms'
 seed-to-seed spread was largest in the pilot (hard: 0.312 and 1.000), hence 6 reported seeds; early stopping at the

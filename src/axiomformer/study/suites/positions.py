@@ -34,6 +34,7 @@ from axiomformer.study.suites.common import (
     extra,
     fmt_interval,
     new_figure,
+    preset_base,
     save,
     seed_values,
     verdict_blocks,
@@ -67,16 +68,7 @@ _TASKS = [
     {"name": "sort", "seq_lens": [8], "options": {"num_symbols": 8}},
     {"name": "reverse", "seq_lens": [8], "options": {"num_symbols": 8}},
 ]
-_BASE = {
-    "variants": ["standard"],
-    "baselines": [],
-    "model": {"dim": 32, "layers": 2, "heads": 2, "match_params": False},
-    "sections": {"audit": False, "derive": False, "flow": False},
-    "tasks": _TASKS,
-    "selection_seeds": [1000],
-    "min_seeds": 5,
-    "lr_widen": 0,
-}
+_BASE = preset_base(_TASKS, {"dim": 32, "layers": 2, "heads": 2})
 DEFAULT = _BASE | {
     "name": "positions suite (default preset)",
     "seeds": 5,

@@ -33,6 +33,7 @@ from axiomformer.study.suites.common import (
     fmt_interval,
     interval,
     new_figure,
+    preset_base,
     save,
     seed_values,
     verdict_blocks,
@@ -69,16 +70,7 @@ _TASKS = [
     {"name": "distinct", "seq_lens": [8], "options": _DISTINCT},
     {"name": "majority", "seq_lens": [8], "options": {"num_symbols": 8}},
 ]
-_BASE = {
-    "variants": ["standard"],
-    "baselines": [],
-    "model": {"dim": 32, "layers": 1, "heads": 2, "match_params": False},
-    "sections": {"audit": False, "derive": False, "flow": False},
-    "tasks": _TASKS,
-    "selection_seeds": [1000],
-    "min_seeds": 5,
-    "lr_widen": 0,
-}
+_BASE = preset_base(_TASKS, {"dim": 32, "layers": 1, "heads": 2})
 DEFAULT = _BASE | {"name": "rho suite (default preset)", "seeds": 5, "budget": _BUDGET, "tasks": _TASKS[:1]}
 """The task that needs a nonlinearity after the sum only (majority is in the full preset): 4 arms, 5 reported seeds,
 about 5 CPU-minutes."""

@@ -29,6 +29,7 @@ from axiomformer.study.suites.common import (
     extra,
     fmt_interval,
     new_figure,
+    preset_base,
     save,
     seed_values,
     verdict_blocks,
@@ -79,16 +80,7 @@ _MQAR = {"vocab": 32, "num_pairs": 4}
 steps at head_dim 32, 0.28 at head_dim 128; docs/open_questions.md). At 16 tokens with 16 tokens of vocabulary (one pair) 16 of
 18 quick runs reached 1.000, so no cost could show."""
 _TASKS = [{"name": "mqar", "seq_lens": [32], "options": _MQAR}]
-_BASE = {
-    "variants": ["standard", "scale=none"],
-    "baselines": [],
-    "model": {"dim": 64, "layers": 1, "heads": 1, "match_params": False},
-    "sections": {"audit": False, "derive": False, "flow": False},
-    "tasks": _TASKS,
-    "selection_seeds": [1000],
-    "min_seeds": 5,
-    "lr_widen": 0,
-}
+_BASE = preset_base(_TASKS, {"dim": 64, "layers": 1, "heads": 1}, ("standard", "scale=none"))
 DEFAULT = _BASE | {"name": "scale suite (default preset)", "seeds": 5, "budget": _BUDGET}
 """head_dim 8, 16, 64 at width 64 (8, 4, 1 heads) x scale inv_sqrt_d, none (the learned scale is in the full preset):
 6 arms, 5 reported seeds, 600 steps (the pilot's budget), about 4 CPU-minutes."""
