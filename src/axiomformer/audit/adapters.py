@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from axiomformer.attention import Attention
 from axiomformer.engines.problem import causal_mask
 from axiomformer.errors import UserInputError
+from axiomformer.runtime import seeded
 from axiomformer.spec import REGISTRIES, AttentionSpec, required_fields
 
 DEFAULT_DIM, DEFAULT_HEADS, DEFAULT_SEED = 16, 2, 0
@@ -96,8 +97,7 @@ class Adapter:
 
 
 def _seeded(seed: int, build: Callable[[], Any]) -> Any:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         return build()
 
 

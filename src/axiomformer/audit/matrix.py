@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from axiomformer.audit.adapters import FunctionAdapter
 from axiomformer.audit.report import NOT_ASSUMPTIONS
 from axiomformer.audit.report import run_audit as audit
+from axiomformer.runtime import seeded
 from axiomformer.spec import AXES, required_fields
 
 AXIS_TAG = {
@@ -73,8 +73,7 @@ def tanh_rnn(dim: int = 16, seed: int = 0) -> FunctionAdapter:
 
     It ignores q and k and reads the values in order, so it is the A0 relaxation the derivation starts from.
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded(seed):
         rnn = nn.RNN(dim, dim, nonlinearity="tanh", batch_first=True).double()
 
     def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:

@@ -161,30 +161,26 @@ def _run(
     data_dir: Path | None,
 ) -> dict:
     """Run the experiment on one torch thread; a data or value error is one error line and exit code 2."""
-    import torch
-
     from axiomformer.flows.data import DataError
     from axiomformer.flows.experiment import run_flow_experiment
+    from axiomformer.runtime import torch_threads
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: extra threads only spin on a shared machine
     try:
-        return run_flow_experiment(
-            data,
-            noise=noise_levels,
-            steps=step_counts,
-            out_dir=out,
-            quiet=quiet,
-            seed=seed,
-            quick=quick,
-            data_dir=data_dir,
-            config=config,
-        )
+        with torch_threads(1):  # tiny matrices: extra threads only spin on a shared machine
+            return run_flow_experiment(
+                data,
+                noise=noise_levels,
+                steps=step_counts,
+                out_dir=out,
+                quiet=quiet,
+                seed=seed,
+                quick=quick,
+                data_dir=data_dir,
+                config=config,
+            )
     except (DataError, ValueError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _ci(row: dict) -> str:
