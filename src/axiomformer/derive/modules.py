@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from axiomformer.attention import Attention
+from axiomformer.runtime import seeded
 from axiomformer.spec import AttentionSpec
 
 DTYPE = torch.float64
@@ -132,8 +133,7 @@ class GeneralForm(nn.Module):
     @classmethod
     def general(cls, d: int, hidden: int = 16, seed: int = 0, plant: str | None = None) -> GeneralForm:
         """The module before A0: every term present, raw-score row map, seeded (PyTorch's default init)."""
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded(seed):
             lin = [nn.Linear(d, d, bias=False).to(DTYPE) for _ in range(3)]
             order = torch.randn(MAX_LEN, dtype=DTYPE)
             parts = [MLP(2 * d, hidden, 1), MLP(d, hidden, d), MLP(d + 1, hidden, d), MLP(d, hidden, d)]

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from axiomformer.audit import AttentionAdapter, register_adapter, run_audit
 from axiomformer.audit.adapters import Adapter, AddBias, bias_notes
+from axiomformer.runtime import seeded
 from axiomformer.surgery.replace import AxiomSelfAttention
 
 
@@ -123,8 +124,7 @@ class HFSelfAttentionAdapter(Adapter):
     def with_head_dim(self, head_dim):
         config = copy.deepcopy(self.original.config)
         config.hidden_size = head_dim * self.num_heads
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
+        with seeded(self.seed):
             fresh = type(self.original)(config)
         with torch.no_grad():
             for lin in (fresh.query, fresh.key, fresh.value):
