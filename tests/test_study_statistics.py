@@ -249,3 +249,10 @@ def test_holm_against_a_hand_computation():
     # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert holm([]) == []
+
+
+def test_a_bound_that_three_decimals_would_print_as_zero_is_printed_in_full():
+    from axiomformer.study.statistics import fmt_signed
+
+    assert fmt_signed(5.667e-05) == "+5.7e-05" and fmt_signed(-2e-4) == "-2.0e-04"
+    assert fmt_signed(0.0) == "+0.000" and fmt_signed(0.0123) == "+0.012" and fmt_signed(-0.0005) == "-0.001"

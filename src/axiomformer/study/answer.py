@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.render import Heading, Image, Paragraph, Table
-from axiomformer.study.statistics import Verdict
+from axiomformer.study.statistics import Verdict, fmt_signed
 
 if TYPE_CHECKING:
     from axiomformer.study.report import StudyData
@@ -27,7 +27,7 @@ def interval_text(v: Verdict) -> str:
     """``-0.123 [-0.200, -0.046]``, or the difference alone when there is no interval."""
     if v.ci_low is None or v.ci_high is None:
         return f"{v.diff:+.3f} (no interval: fewer than two paired seeds)"
-    return f"{v.diff:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}]"
+    return f"{fmt_signed(v.diff)} [{fmt_signed(v.ci_low)}, {fmt_signed(v.ci_high)}]"
 
 
 def _need(v: Verdict) -> str:

@@ -103,6 +103,12 @@ class Interval:
     n: int
 
 
+def fmt_signed(x: float) -> str:
+    """A signed difference or bound to 3 decimals, or in scientific notation where 3 decimals would print a nonzero
+    value as 0.000 (an interval printed as [+0.000, ...] beside `better` would read as touching 0)."""
+    return f"{x:+.1e}" if x != 0 and abs(x) < 5e-4 else f"{x:+.3f}"
+
+
 def _clean(values: Sequence[float]) -> np.ndarray:
     data = np.asarray([float(v) for v in values if v is not None], dtype=float)
     return data[np.isfinite(data)]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from axiomformer.study.config import StudyConfig
+from axiomformer.study.statistics import fmt_signed
 from axiomformer.study.sweep import Cell, ModelChoice, cell_budget
 
 ArmsFn = Callable[[StudyConfig, Any, int], list[ModelChoice]]
@@ -232,7 +233,7 @@ def verdict_sentence(v, margin: float) -> str:
     ci = (
         "no interval (fewer than two paired seeds)"
         if v.ci_low is None
-        else f"{v.diff:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}]"
+        else f"{fmt_signed(v.diff)} [{fmt_signed(v.ci_low)}, {fmt_signed(v.ci_high)}]"
     )
     where = f"{v.task}: {a} against {b}"
     if v.verdict == "forced":
@@ -271,7 +272,7 @@ def _verdict_table(found: list, family: str):
     for v, _, fam in found:
         if fam != family:
             continue
-        ci = "—" if v.ci_low is None else f"{v.diff:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}]"
+        ci = "—" if v.ci_low is None else f"{fmt_signed(v.diff)} [{fmt_signed(v.ci_low)}, {fmt_signed(v.ci_high)}]"
         need = (
             f"decided with {v.n_seeds} seeds"
             if v.verdict in ("forced", "better", "free")
