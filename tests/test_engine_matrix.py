@@ -189,15 +189,56 @@ def test_a_planted_wrong_fast_path_is_caught_in_exactly_the_cells_it_gets_wrong(
     assert all(set(failures) == {"forgets_bias"} for failures in caught.values() if failures)
 
 
-def test_a_planted_wrong_closed_form_backward_is_caught_on_the_rowwise_engine(monkeypatch):
-    from axiomformer.axes.normalizer import NORMALIZERS
+def _rowwise_failures(name: str, accepted=("none", "causal", "kv_decode"), axis: str = "normalizer") -> dict:
+    caught = {scenario: cell_failures(axis, name, scenario, engines=["rowwise"]) for scenario in SCENARIOS}
+    wrong = {scenario for scenario, failures in caught.items() if failures}
+    assert wrong == set(accepted), caught  # the cells rowwise accepts (at most a causal mask)
+    assert all(all(f.startswith("grad") for f in failures["rowwise"]) for failures in caught.values() if failures)
+    return caught
 
+
+@pytest.mark.parametrize(
+    "name, accepted",
+    [
+        ("softpick", ("none", "causal", "kv_decode")),
+        ("stick_breaking", ("causal", "kv_decode")),  # causal only: no cell without the mask
+        ("topk", ("none", "causal", "kv_decode")),
+    ],
+)
+def test_a_planted_wrong_row_kernel_backward_is_caught_on_the_rowwise_engine(monkeypatch, name, accepted):
+    from axiomformer.engines import rowkernels
+
+    right = rowkernels.KERNELS[name]
+
+    class Wrong(right):  # a VJP 1% too large
+        def vjp(self, t, u, g, delta, state, spare):
+            return super().vjp(t, u, g, delta, state, spare).mul_(1.01)
+
+    monkeypatch.setitem(rowkernels.KERNELS, name, Wrong)
+    _rowwise_failures(name, accepted)
+
+
+def test_a_planted_wrong_registry_vjp_is_caught_where_no_row_kernel_is_written(monkeypatch):
+    from axiomformer.axes.normalizer import NORMALIZERS
+    from axiomformer.engines import rowkernels
+
+    monkeypatch.delitem(rowkernels.KERNELS, "softpick")  # a closed_vjp choice without a kernel: Generic
     choice = NORMALIZERS["softpick"]
     right = choice.extra["vjp"]
     monkeypatch.setitem(choice.extra, "vjp", lambda z, u, g, delta, **o: right(z, u, g, 0 * delta, **o))
-    caught = {
-        scenario: cell_failures("normalizer", "softpick", scenario, engines=["rowwise"]) for scenario in SCENARIOS
-    }
-    wrong = {scenario for scenario, failures in caught.items() if failures}
-    assert wrong == {"none", "causal", "kv_decode"}, caught  # the cells rowwise accepts (at most a causal mask)
-    assert all(all(f.startswith("grad") for f in failures["rowwise"]) for failures in caught.values() if failures)
+    _rowwise_failures("softpick")
+
+
+def test_a_planted_wrong_softcap_slope_is_caught_on_the_rowwise_engine(monkeypatch):
+    from axiomformer.engines import rowwise
+
+    right = rowwise._Row.logits
+
+    def forgets_the_slope(self, q_c, k_c, diagonal, out, slope=None):
+        t = right(self, q_c, k_c, diagonal, out, slope)
+        if slope is not None:
+            slope.fill_(1.0)  # d(c tanh(z / c))/dz taken as 1
+        return t
+
+    monkeypatch.setattr(rowwise._Row, "logits", forgets_the_slope)
+    _rowwise_failures("2.5", axis="softcap")

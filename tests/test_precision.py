@@ -16,7 +16,7 @@ from entmax import entmax15, entmax_bisect, sparsemax
 from torch.autograd import gradcheck
 
 from axiomformer import Attention, AttentionSpec
-from axiomformer.axes.normalizer import LINEAR_EPS, normalize
+from axiomformer.axes.normalizer import DIFF_LAMBDA_INIT, LINEAR_EPS, normalize
 from axiomformer.engines import ENGINES, attend
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.linear import LinearEngine
@@ -35,8 +35,40 @@ def _small_chunks(monkeypatch):
     monkeypatch.delenv("AXIOMFORMER_ENGINE", raising=False)
 
 
-ISSUE_26 = {"diff", "stick_breaking", "softmax_sink", "softpick", "topk"}
-"""Normalizers added after this test's closed forms (a follow-up: their float16 overflow case)."""
+CAUSAL_ONLY = {"stick_breaking"}
+TOPK = 2
+"""``topk`` runs with k = 2 here, fewer than the 5-6 keys (at the default 8 it would be softmax)."""
+
+
+def _stick_breaking64(s, visible):
+    # u_ij = beta_ij prod over visible l with j < l of (1 - beta_il): the product written out, key by key
+    beta = torch.sigmoid(s) * visible
+    w = torch.zeros_like(s)
+    for j in range(s.shape[-1]):
+        w[..., j] = beta[..., j] * torch.prod(1 - beta[..., j + 1 :], dim=-1)
+    return w
+
+
+def _softpick64(s, visible):
+    # relu(e^s - 1) / (sum |e^s - 1| + 1e-6), numerator and denominator times e^-m (scores up to 16384 here)
+    m = s.masked_fill(~visible, float("-inf")).amax(-1, keepdim=True).clamp_min(0)
+    a = (torch.exp(s - m) - torch.exp(-m)) * visible
+    return torch.relu(a) / (a.abs().sum(-1, keepdim=True) + 1e-6 * torch.exp(-m))
+
+
+def _topk64(blocked):
+    kth = blocked.topk(TOPK, dim=-1).values[..., -1:]
+    return torch.softmax(blocked.masked_fill(blocked < kth, float("-inf")), -1)
+
+
+def _diff64(q, k, visible):
+    # softmax(q1 k1 / sqrt(d/2)) - lambda softmax(q2 k2 / sqrt(d/2)), lambda at its initial value
+    half = q.shape[-1] // 2
+    parts = [
+        torch.softmax((a @ b.transpose(-2, -1) / math.sqrt(half)).masked_fill(~visible, float("-inf")), -1)
+        for a, b in ((q[..., :half], k[..., :half]), (q[..., half:], k[..., half:]))
+    ]
+    return parts[0] - DIFF_LAMBDA_INIT * parts[1]
 
 
 def truth64(normalizer: str, q, k, v, scale: float, causal: bool):
@@ -63,12 +95,20 @@ def truth64(normalizer: str, q, k, v, scale: float, causal: bool):
         "entmax15": lambda: entmax15(blocked, -1),
         "entmax_alpha": lambda: entmax_bisect(blocked, 1.5, -1, n_iter=100),
         "softmax1": lambda: torch.softmax(torch.cat([blocked, torch.zeros_like(s[..., :1])], -1), -1)[..., :-1],
+        # the sink logit starts at 0: softmax1 (gpt-oss)
+        "softmax_sink": lambda: torch.softmax(torch.cat([blocked, torch.zeros_like(s[..., :1])], -1), -1)[..., :-1],
+        "stick_breaking": lambda: _stick_breaking64(s, visible),
+        "softpick": lambda: _softpick64(s, visible),
+        "topk": lambda: _topk64(blocked),
+        "diff": lambda: _diff64(q, k, visible),
     }[normalizer]()
     return w, w @ v
 
 
 def _run(normalizer, engine, q, k, v, causal, need_weights=False):
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(normalizer=normalizer)
+    if normalizer == "topk":
+        spec = spec.relax(topk=TOPK)
     try:
         return attend(q, k, v, spec=spec, engine=engine, need_weights=need_weights)
     except ValueError as err:
@@ -80,8 +120,8 @@ def _run(normalizer, engine, q, k, v, causal, need_weights=False):
 @pytest.mark.parametrize("engine", ENGINE_NAMES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_float64_inputs_are_computed_in_float64_on_every_engine(normalizer, engine, causal):
-    if normalizer in ISSUE_26:
-        pytest.skip("truth64 has no closed form for this normalizer yet (its formula is tested in test_relaxations)")
+    if normalizer in CAUSAL_ONLY and not causal:
+        pytest.skip("defined under a causal mask only")
     q, k, v = (torch.randn(2, HEADS, n, HEAD_DIM, dtype=torch.float64) for n in (5, 6, 6))
     result = _run(normalizer, engine, q, k, v, causal)
     if result is None:
@@ -93,14 +133,23 @@ def test_float64_inputs_are_computed_in_float64_on_every_engine(normalizer, engi
 
 @pytest.mark.parametrize("normalizer", NORMALIZERS)
 def test_float64_weights_are_float64_and_rows_sum_to_one_within_float64(normalizer):
-    if normalizer in ISSUE_26:
-        pytest.skip("truth64 has no closed form for this normalizer yet (its formula is tested in test_relaxations)")
+    causal = normalizer in CAUSAL_ONLY
     q, k, v = (torch.randn(2, HEADS, n, HEAD_DIM, dtype=torch.float64) for n in (5, 6, 6))
-    weights = _run(normalizer, "auto", q, k, v, False, need_weights=True).weights
-    expected, _ = truth64(normalizer, q, k, v, HEAD_DIM**-0.5, False)
+    weights = _run(normalizer, "auto", q, k, v, causal, need_weights=True).weights
+    expected, _ = truth64(normalizer, q, k, v, HEAD_DIM**-0.5, causal)
     assert weights.dtype == torch.float64
     torch.testing.assert_close(weights, expected, rtol=1e-11, atol=1e-12)
-    if normalizer not in ("sigmoid", "relu", "softmax1", "linear"):  # the ones that are distributions
+    if normalizer not in (
+        "sigmoid",
+        "relu",
+        "softmax1",
+        "linear",
+        "diff",
+        "stick_breaking",
+        "softmax_sink",
+        "softpick",
+    ):
+        # the ones that are distributions
         torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)), rtol=0, atol=1e-13)
 
 
@@ -146,17 +195,18 @@ def test_the_float64_check_sees_a_float32_reference(monkeypatch):
 @pytest.mark.parametrize("engine", ENGINE_NAMES)
 def test_float16_scores_beyond_the_float16_range_stay_finite_and_correctly_rounded(normalizer, engine):
     # q = k = 64 in every coordinate: q . k = 64 * 64 * 16 = 65536 > 65504 (float16 max) before the 1/4 scale.
-    if normalizer in ISSUE_26:
-        pytest.skip("truth64 has no closed form for this normalizer yet (its formula is tested in test_relaxations)")
+    causal = normalizer in CAUSAL_ONLY
     q = torch.full((1, 1, 3, 16), 64.0, dtype=torch.float16)
     v = torch.randn(1, 1, 3, 16).to(torch.float16)
-    spec = AttentionSpec.standard(16, 1).relax(normalizer=normalizer)
+    spec = AttentionSpec.standard(16, 1, causal=causal).relax(normalizer=normalizer)
+    if normalizer == "topk":
+        spec = spec.relax(topk=3)  # every score ties here: which k of them are kept is not defined for k < 3
     try:
         result = attend(q, q, v, spec=spec, engine=engine, need_weights=engine == "auto")
     except ValueError as err:
         assert "cannot run" in str(err)
         return
-    expected_w, expected = truth64(normalizer, q, q, v, 0.25, False)
+    expected_w, expected = truth64(normalizer, q, q, v, 0.25, causal)
     assert torch.isfinite(result.out).all()
     # The float64 result on the same float16 inputs, rounded once to float16, is the best any float16 output can be.
     assert float((result.out.double() - expected).abs().max()) <= 2**-10 * float(expected.abs().max()) + 1e-3

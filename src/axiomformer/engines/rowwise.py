@@ -5,19 +5,21 @@ For dot scores, proportional contributions and no mask other than the causal one
 function of its row of logits alone:
 
     z_i = scale_i q_i K^T                 (a per-row scale, ``scale=log_n``, folds into q)
-    t_i = c tanh(z_i / c)                 (``softcap`` = c > 0; else t = z), keys after the causal limit -> -inf
-    u_i = impl(t_i)                       (the normalizer's own implementation: softmax, topk, softpick,
-                                           stick_breaking)
+    t_i = c tanh(z_i / c)                 (``softcap`` = c > 0, Gemma 2; else t = z), keys after the causal limit
+                                           -> -inf
+    u_i = kernel(t_i)                     (the normalizer's row kernel, ``engines/rowkernels.py``)
     y_i = u_i V
 
 The forward keeps q, k, v and y, never the weights. The backward recomputes one chunk of weights at a time
 (flash-attention's recomputation strategy, Dao et al. 2022, sec. 3.1, without the fused kernel) and applies the
-normalizer's closed-form vector-Jacobian product ``extra['vjp']`` (``axes/normalizer.py``) with g = dO V^T and
-delta_i = sum_j u_ij g_ij = dO_i . y_i, then dt/dz = 1 - (t / c)^2 of the cap: dQ = dz K, dK += dz^T Q,
-dV += u^T dO. That is 2 matrix products forward and 5 backward, against autograd through the chunked engine's
-checkpointed normalizer **(our choice)**. A backward with ``create_graph=True`` differentiates the same formula in
-plain tensor ops (``engines/autograd.py``). Tested against the reference engine forward and backward by the generated
-equivalence matrix (``tests/test_engine_matrix.py``), like every engine.
+kernel's closed-form vector-Jacobian product with g = dO V^T and delta_i = sum_j u_ij g_ij = dO_i . y_i, then the
+cap's dt/dz = 1 - (t / c)^2: dQ = dz K, dK += dz^T Q, dV += u^T dO. That is 2 matrix products forward and 5 backward,
+as in flash-attention. The score blocks of one call are allocated once and reused chunk after chunk (``_Blocks``), and
+the kernels work in place in them: at L = 4096 (8 MiB blocks) the allocations and the passes over memory, not the
+arithmetic, made the difference to SDPA **(our choice)**. A backward with ``create_graph=True`` differentiates the
+registry's formula in plain tensor ops (``engines/autograd.py``). Tested against the reference engine forward and
+backward by the generated equivalence matrix (``tests/test_engine_matrix.py``), like every engine, with a planted
+wrong backward per kernel and a planted wrong cap slope.
 """
 
 from __future__ import annotations
@@ -29,47 +31,62 @@ from axiomformer.engines.autograd import differentiable_backward
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
 from axiomformer.engines.problem import AttentionProblem, causal_diagonal, causal_key_end, causal_mask
+from axiomformer.engines.rowkernels import fill_hidden_, row_kernel
 
 
 class _Row:
-    """How to turn logits into weights and back: the normalizer's impl and vjp, its options and the cap."""
+    """How to turn a chunk of queries into weights and back: the cap, the blocking of hidden keys and the kernel."""
 
     def __init__(self, plan: Plan):
         choice = plan.normalizer_choice
-        self.impl, self.vjp = choice.impl, choice.extra["vjp"]
-        self.options = plan.options
+        self.choice, self.options = choice, plan.options
+        self.kernel = row_kernel(choice, plan.options)
         self.cap = float(plan.spec.softcap)
 
-    def logits_(self, z: Tensor, diagonal, slope: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Cap z (in place) and block the keys after each query's causal limit; with ``slope``, also the cap's
-        derivative 1 - (t / c)^2 at the unblocked logits (None without a cap)."""
-        factor = None
-        if self.cap:
-            z.div_(self.cap).tanh_()
-            if slope:
-                factor = 1 - z * z
-            z.mul_(self.cap)
-        if diagonal is not None:
-            first, hidden = diagonal
-            z[..., first:].masked_fill_(hidden, float("-inf"))
-        return z, factor
+    def logits(self, q_c: Tensor, k_c: Tensor, diagonal, out: Tensor, slope: Tensor | None = None) -> Tensor:
+        """The capped logits t of the chunk in ``out``, hidden keys -inf; with a cap and ``slope``, dt/dz there.
 
-    def weights(self, t: Tensor) -> Tensor:
-        return self.impl(t, False, **self.options)
-
-    def grad_logits(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, factor: Tensor | None) -> Tensor:
-        dz = self.vjp(t, u, g, delta, **self.options)
-        return dz if factor is None else dz.mul_(factor)  # d(c tanh(z / c))/dz = 1 - (t / c)^2
+        c tanh(z / c) = 2c sigmoid(2z / c) - c: sigmoid took 0.12 ms where tanh took 1.2 ms on one 8 MiB block, and
+        the slope is 1 - tanh^2 = 4 s (1 - s) with s = sigmoid(2z / c). A shift-invariant normalizer drops the -c.
+        """
+        if not self.cap:
+            return fill_hidden_(torch.bmm(q_c, k_c.transpose(-2, -1), out=out), diagonal, float("-inf"))
+        s = torch.bmm(q_c * (2.0 / self.cap), k_c.transpose(-2, -1), out=out).sigmoid_()
+        if slope is not None:
+            torch.addcmul(s, s, s, value=-1.0, out=slope).mul_(4.0)
+        s.mul_(2.0 * self.cap)
+        if not self.kernel.shift_invariant:
+            s.sub_(self.cap)
+        return fill_hidden_(s, diagonal, float("-inf"))
 
 
 def exact_rowwise(q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int) -> Tensor:
-    """The same output in plain tensor ops (what second-order gradients differentiate)."""
+    """The same output in plain tensor ops, from the registry's ``impl`` (what second-order gradients
+    differentiate)."""
     z = torch.bmm(q, k.transpose(-2, -1))
     if row.cap:
         z = row.cap * torch.tanh(z / row.cap)
     if causal:
         z = z.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], offset, q.device), float("-inf"))
-    return torch.bmm(row.weights(z), v)
+    return torch.bmm(row.choice.impl(z, False, **row.options), v)
+
+
+class _Blocks:
+    """Reusable score blocks of one call: ``get(i, end)`` is block i viewed as (batch*heads, size, end), allocated
+    once at the largest size (a causal chunk's block grows with its last key)."""
+
+    def __init__(self, like: Tensor, rows: int, k_len: int):
+        self.like, self.rows, self.k_len = like, rows, k_len
+        self.flat: dict[int, Tensor] = {}
+
+    def get(self, i: int, rows: int, end: int) -> Tensor:
+        if i not in self.flat:
+            self.flat[i] = self.like.new_empty(self.like.shape[0] * self.rows * self.k_len)
+        return self.flat[i][: self.like.shape[0] * rows * end].view(self.like.shape[0], rows, end)
+
+    def spares(self, rows: int, end: int):
+        """The kernels' ``spare(i)``: blocks 4, 5, ... of this chunk's shape."""
+        return lambda i: self.get(4 + i, rows, end)
 
 
 def _chunks(q_len: int, size: int, offset: int, causal: bool, k_len: int, device):
@@ -88,9 +105,12 @@ class RowwiseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int, size: int) -> Tensor:
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+        blocks = _Blocks(q, size, k.shape[-2])
         for rows, end, diagonal in _chunks(q.shape[-2], size, offset, causal, k.shape[-2], q.device):
-            t, _ = row.logits_(torch.bmm(q[:, rows], k[:, :end].transpose(-2, -1)), diagonal)
-            out[:, rows] = torch.bmm(row.weights(t), v[:, :end])
+            n = rows.stop - rows.start
+            t = row.logits(q[:, rows], k[:, :end], diagonal, blocks.get(0, n, end))
+            u, _ = row.kernel.weights(t, diagonal, blocks.spares(n, end))
+            out[:, rows] = torch.bmm(u, v[:, :end])
         ctx.save_for_backward(q, k, v, out)
         ctx.row, ctx.causal, ctx.offset, ctx.size = row, causal, offset, size
         return out
@@ -109,16 +129,22 @@ class RowwiseAttention(torch.autograd.Function):
             return (*grads, None, None, None, None)
         grad_out = grad_out.contiguous()
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        blocks = _Blocks(q, ctx.size, k.shape[-2])
         for rows, end, diagonal in _chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q.device):
+            n = rows.stop - rows.start
             q_c, k_c, v_c, d_out = q[:, rows], k[:, :end], v[:, :end], grad_out[:, rows]
-            t, factor = row.logits_(torch.bmm(q_c, k_c.transpose(-2, -1)), diagonal, slope=True)
-            u = row.weights(t)
+            slope = blocks.get(3, n, end) if row.cap else None
+            t = row.logits(q_c, k_c, diagonal, blocks.get(0, n, end), slope)
+            spare = blocks.spares(n, end)
+            u, state = row.kernel.weights(t, diagonal, spare)
             grad_v[:, :end] += torch.bmm(u.transpose(-2, -1), d_out)
-            g = torch.bmm(d_out, v_c.transpose(-2, -1))  # dL/du
+            g = torch.bmm(d_out, v_c.transpose(-2, -1), out=blocks.get(2, n, end))  # dL/du
             delta = (d_out * out[:, rows]).sum(-1, keepdim=True)  # sum_j u_j g_j
-            dz = row.grad_logits(t, u, g, delta, factor)
-            grad_q[:, rows] = torch.bmm(dz, k_c)
-            grad_k[:, :end] += torch.bmm(dz.transpose(-2, -1), q_c)
+            dt = row.kernel.vjp(t, u, g, delta, state, spare)
+            if slope is not None:
+                dt.mul_(slope)  # hidden keys: dt = 0 and a finite slope
+            grad_q[:, rows] = torch.bmm(dt, k_c)
+            grad_k[:, :end] += torch.bmm(dt.transpose(-2, -1), q_c)
         return grad_q, grad_k, grad_v, None, None, None, None
 
 

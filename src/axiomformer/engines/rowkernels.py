@@ -1,0 +1,154 @@
+"""Row kernels of the rowwise engine: one normalizer's weights and closed-form VJP on a block of logits, in place.
+
+A kernel turns a block of logits t (batch*heads, rows, keys) into the weights u, and (t, u, g = dL/du,
+delta = sum_j u_j g_j) into dL/dt, overwriting the blocks it is given instead of allocating new ones: at L = 4096 a
+block is 8 MiB and a call makes a hundred of them, so the allocations (page faults) and the passes over memory,
+not the arithmetic, are what separates a chunked PyTorch loop from SDPA's fused kernel **(our choice)**.
+
+Each kernel computes the formula of its registry entry (``axes/normalizer.py``, where the source is cited); the
+generated engine matrix (``tests/test_engine_matrix.py``) checks every kernel against the reference engine, which
+runs the registry's own ``impl`` under autograd, forward and backward. A ``closed_vjp`` choice without a kernel here
+(a third-party one) runs through :class:`Generic`, its registry ``impl`` and ``extra['vjp']``.
+
+Blocked keys carry t = -inf; ``diagonal`` is the causal chunk's (first, hidden) pair (``engines/problem.py``), None
+when no key of the block is hidden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from axiomformer.axes.normalizer import SOFTPICK_EPS
+from axiomformer.axes.registry import Choice
+
+Diagonal = tuple[int, Tensor] | None
+"""A causal chunk's (first, hidden) pair, None when no key of the block is hidden."""
+Spare = Callable[[int], Tensor]
+"""``spare(i)``: the i-th free workspace block of the chunk's shape."""
+
+
+def fill_hidden_(x: Tensor, diagonal: Diagonal, value: float) -> Tensor:
+    """Set the hidden keys of the causal diagonal block to ``value``, in place (the rest of the block is visible)."""
+    if diagonal is not None:
+        first, hidden = diagonal
+        x[..., first : first + hidden.shape[-1]].masked_fill_(hidden, value)
+    return x
+
+
+class RowKernel:
+    """Weights and their VJP for one normalizer. ``weights`` may leave a state of its own in t for ``vjp``.
+
+    ``spare(i)`` is the i-th free block of t's shape (i = 0, 1), the same block on every call of one chunk: a
+    kernel may fill it in ``weights`` (u may be ``spare(0)``) and in ``vjp`` (``spare(1)``).
+    ``shift_invariant``: u(t + c) = u(t) for a per-row constant c (the engine may then drop one from the cap).
+    """
+
+    shift_invariant = False
+
+    def __init__(self, choice: Choice, options: dict) -> None:
+        self.choice, self.options = choice, options
+
+    def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
+        """(u, state) from the logits t."""
+        raise NotImplementedError
+
+    def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
+        """dL/dt from what ``weights`` left; may overwrite t, u and g (the result may be g)."""
+        raise NotImplementedError
+
+
+class Generic(RowKernel):
+    """The registry's ``impl`` and ``extra['vjp']`` (allocating): any ``closed_vjp`` choice."""
+
+    def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
+        assert self.choice.impl is not None  # a normalizer always has one
+        return self.choice.impl(t, False, **self.options), None
+
+    def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
+        return self.choice.extra["vjp"](t, u, g, delta, **self.options)
+
+
+class Softmax(RowKernel):
+    """u = softmax(t); dL/dt = u (g - delta)."""
+
+    shift_invariant = True
+
+    def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
+        return torch.softmax(t, dim=-1), None  # one fused pass; a manual in-place softmax took 1.5x longer
+
+    def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
+        return g.sub_(delta).mul_(u)
+
+
+class TopK(Softmax):
+    """u = softmax over each row's k largest logits, 0 elsewhere; the VJP is softmax's (u = 0 off the top k)."""
+
+    def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
+        kk = min(int(self.options.get("k", 1)), t.shape[-1])
+        top, index = t.topk(kk, dim=-1)
+        return spare(0).zero_().scatter_(-1, index, torch.softmax(top, dim=-1)), None
+
+
+class Softpick(RowKernel):
+    """u_j = relu(a_j) / D, a_j = e^(t_j - m) - e^-m, D = sum_l |a_l| + eps e^-m, m = max(0, max_j t_j).
+
+    dL/dt_k = e^(t_k - m) ([a_k > 0] g_k - sign(a_k) delta) / D. ``weights`` leaves e^(t - m) in t (0 at a blocked
+    key, which therefore gets no gradient) and returns (D, e^-m) as its state.
+    """
+
+    def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
+        m = t.amax(dim=-1, keepdim=True).clamp_min_(0.0)
+        floor = m.neg().exp_()
+        e = t.sub_(m).exp_()
+        a = fill_hidden_(torch.sub(e, floor, out=spare(0)), diagonal, 0.0)
+        signed_sum = a.sum(dim=-1, keepdim=True)
+        u = a.relu_()
+        # sum |a| = 2 sum relu(a) - sum a: two reductions instead of an |a| block
+        denom = u.sum(dim=-1, keepdim=True).mul_(2).sub_(signed_sum).add_(floor, alpha=SOFTPICK_EPS)
+        return u.div_(denom), (denom, floor)
+
+    def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
+        denom, floor = state
+        sign = torch.sub(t, floor, out=spare(1)).sign_()  # sign(a); a blocked key has e = 0 and no gradient
+        g.mul_(u.sign_())  # [a > 0] g (u >= 0)
+        return g.addcmul_(sign, delta, value=-1.0).mul_(t).div_(denom)
+
+
+class StickBreaking(RowKernel):
+    """u_j = beta_j prod_{visible l > j} (1 - beta_l), beta = sigmoid(t): a reverse cumulative product of
+    1 - beta = sigmoid(-t) (0.4 ms on an 8 MiB block, where the log-space form's softplus, cumsum and exp took 1.5 ms;
+    a product that underflows is 0, as it is in log space). A blocked key (t = -inf) has beta = 0 and 1 - beta = 1.
+
+    dL/dt_k = dA_k - beta_k sum_{j <= k} dA_j with dA = g u. t is left intact.
+    """
+
+    def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
+        u = torch.special.expit(t, out=spare(0))
+        keep = torch.special.expit(t.neg_(), out=spare(1)).flip(-1)
+        t.neg_()  # negation is exact: t is restored
+        after = keep.cumprod_(-1).flip(-1)  # prod over l >= j
+        u[..., :-1].mul_(after[..., 1:])
+        return u, None
+
+    def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
+        d = g.mul_(u)
+        before = torch.cumsum(d, dim=-1, out=u)
+        return d.addcmul_(t.sigmoid_(), before, value=-1.0)
+
+
+KERNELS: dict[str, type[RowKernel]] = {
+    "softmax": Softmax,
+    "topk": TopK,
+    "softpick": Softpick,
+    "stick_breaking": StickBreaking,
+}
+"""Kernels by normalizer name; any other ``closed_vjp`` choice runs through :class:`Generic`."""
+
+
+def row_kernel(choice: Choice, options: dict) -> RowKernel:
+    """The kernel for a registry choice (its own when one is written here, else :class:`Generic`)."""
+    return KERNELS.get(choice.name, Generic)(choice, options)
