@@ -225,3 +225,32 @@ def context_gate(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tenso
 
 
 WRONG["context_gate"] = context_gate
+
+
+# ----------------------------------------------------------------------------------------------- issue 26's stretch
+def _scores(q: Tensor, k: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
+    """q.k / sqrt(d) and the bool visibility (bottom-right causal)."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    L, S = q.shape[1], k.shape[1]
+    visible = ~torch.ones(L, S, dtype=torch.bool).triu(S - L + 1) if causal else torch.ones(L, S, dtype=torch.bool)
+    return s, visible
+
+
+def power_normalizer(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """u = s^2 / sum_l s_l^2 of the bilinear scores (symmetric power attention, p = 2): a normalizer other than the
+    softmax (A5) whose log-weights 2 log|q.k| are a function of one bilinear form, as a score g(q.k) (A4) gives."""
+    s, visible = _scores(q, k, causal)
+    w = s.square() * visible
+    return (w / w.sum(-1, keepdim=True)) @ v
+
+
+def sinkhorn_normalizer(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """exp(s) normalized over rows, columns, rows (Sinkformers): a query's weights read the other queries (A5)."""
+    s, visible = _scores(q, k, causal)
+    w = torch.exp(s - s.amax((-2, -1), keepdim=True)) * visible
+    for dim in (-1, -2, -1):
+        w = w / w.sum(dim, keepdim=True)
+    return w @ v
+
+
+WRONG.update({"power_normalizer": power_normalizer, "sinkhorn_normalizer": sinkhorn_normalizer})

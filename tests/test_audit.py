@@ -59,6 +59,12 @@ EXPECTED = {
     "normalizer=softmax_sink": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
     "normalizer=softpick": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
     "normalizer=topk": ({"length_scale"}, NA | {"bilinear_fit"}),  # 8 keys, topk=8: only longer rows differ
+    "normalizer=sinkhorn": (
+        {"parallel", "ratio_independence", "length_scale"},
+        NA_WEIGHTS,
+    ),  # column sums: a query's weights read the other queries (and the other keys' scores)
+    "normalizer=power": ({"bilinear_scores", "bilinear_fit"}, NA_SHIFT),  # log-weights 2 log|q.k|: one form per query
+    "aggregator=laser": ({"token_additivity", "linearity", "value_free_relevance"}, NA_NONLINEAR),  # log sum u exp(v)
     "scale=none": ({"scale_entropy"}, NA),
     "scale=learned": ({"scale_entropy"}, NA),
     "scale=log_n": ({"length_scale"}, NA),  # the temperature follows log n
@@ -111,7 +117,10 @@ CANDIDATES = {
     "normalizer=sparsemax": "A5; A5 or A4",
     "scale=none": "A5 or A4",
     "position=rope": "A0; A4 or A0",
-    "tanh RNN": "A0; A4 or A0",
+    "tanh RNN": "A0; A4 or A0; A4 or A5 or A0",  # parallel: scores or a normalizer reading the other queries
+    "normalizer=sinkhorn": "A4 or A5; A5; A5 or A4",  # parallel cannot tell column sums (A5) from scores (A4)
+    "normalizer=power": "A4 or A5",  # one bilinear form per query: g(q.k) scores or f(s) / sum f(s) normalizer
+    "aggregator=laser": "A4",  # two violations at once (A1 and A3); parsimony names the single one with this Jacobian
 }
 """``matrix.blamed(report)``: the candidates of each row's failures, as the matrix prints them."""
 OWN_AXIS_EXCEPTIONS = {"value=identity", "score=bilinear", "normalizer=gumbel_softmax"}

@@ -57,6 +57,11 @@ EXPECTED = {
     "context_gate": {"scalar_relevance": ["A1", "A2", "A3"]},  # a gate from every key: rho, relevance or values
     "head_scalar_gates": {"weights_sum_to_one": ["A5", "A1", "A2"]},
     "value_norm_score": {"token_additivity": ["A4"], "linearity": ["A4"], "value_free_relevance": ["A4"]},
+    # s^2 / sum s^2: log-weights are a function of the one bilinear form q.k per query (their key gradients point one
+    # way, also at 2q), as a score g(q.k) gives; a key bias (q + w).k (key_content_bias above) stays A4 alone.
+    "power_normalizer": {"bilinear_scores": ["A4", "A5"], "bilinear_fit": ["A4", "A5"]},
+    # Sinkhorn's column sums: a query's output reads the other queries, as scores that read them would.
+    "sinkhorn_normalizer": {"parallel": ["A4", "A5"], "ratio_independence": ["A5"], "length_scale": ["A5", "A4"]},
 }
 CAUSAL_EXTRA = {"scalable_softmax": {"bilinear_fit": ["A4", "A5"]}}
 """With a causal mask rows see different numbers of keys, so one bilinear form no longer fits every row."""

@@ -35,8 +35,12 @@ CHOICES = {
     "topk": "normalizer=topk,topk=3",
     "softcap": "softcap=2.5",
     "talking_heads": "score=talking_heads",
+    "sinkhorn": "normalizer=sinkhorn,causal=false",
+    "power": "normalizer=power",
+    "laser": "aggregator=laser",
 }
-"""Issue 26's items 1-10, as relax strings (topk below the key count, a softcap the scores reach)."""
+"""Issue 26's items 1-10 and its stretch items, as relax strings (topk below the key count, a softcap the scores
+reach; sinkhorn is defined only without a causal mask, and says so, so that it is a valid arm of a causal study)."""
 
 NEW_PARAMETERS = {
     "gate": ["aggregator.gate.weight", "aggregator.gate.bias"],
@@ -47,6 +51,7 @@ NEW_PARAMETERS = {
     "talking_heads": ["score_fn.mix"],
 }
 CAUSAL_ONLY = {"stick_breaking", "forget"}
+NONCAUSAL_ONLY = {"sinkhorn"}
 
 
 # ---------------------------------------------------------------------------------------------- the references
@@ -74,6 +79,22 @@ def _topk(s: torch.Tensor, visible: torch.Tensor, k: int) -> torch.Tensor:
     ranked = s.masked_fill(~visible, -math.inf).sort(-1, descending=True).values
     kth = ranked[..., min(k, s.shape[-1]) - 1 : min(k, s.shape[-1])]
     return _masked_softmax(s, visible & (s >= kth))
+
+
+def _sinkhorn(s: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Sander et al. 2022: K = exp(s) on the visible entries, then its rows, its columns and its rows again divided by
+    their sums (an empty row or column left at 0)."""
+    k = torch.exp(s - s.masked_fill(~visible, -1e300).amax((-2, -1), keepdim=True)) * visible
+    for dim in (-1, -2, -1):
+        total = k.sum(dim, keepdim=True)
+        k = k / torch.where(total > 0, total, torch.ones_like(total))
+    return k
+
+
+def _power(s: torch.Tensor, visible: torch.Tensor, p: int = 2) -> torch.Tensor:
+    """Buckman, Gelada & Zhang 2024: u_ij = s_ij^p / sum_l s_il^p over the visible keys."""
+    w = s.pow(p) * visible
+    return w / w.sum(-1, keepdim=True).clamp_min(1e-300)
 
 
 def reference_weights(att: Attention, x: torch.Tensor, visible: torch.Tensor, name: str, keep: torch.Tensor):
@@ -110,11 +131,19 @@ def reference_weights(att: Attention, x: torch.Tensor, visible: torch.Tensor, na
         s = spec.softcap * torch.tanh(s / spec.softcap)
     if name == "talking_heads":
         s = torch.einsum("hg,bgij->bhij", att.score_fn.mix, s)
+    if name == "sinkhorn":
+        return _sinkhorn(s, visible)
+    if name == "power":
+        return _power(s, visible)
     return _masked_softmax(s, visible)
 
 
 def reference_output(att: Attention, x: torch.Tensor, visible: torch.Tensor, name: str, keep: torch.Tensor):
     u = reference_weights(att, x, visible, name, keep)
+    if name == "laser":  # y_i = log(sum_j u_ij exp(v_j)), directly (no shift), a row without keys 0
+        summed = u @ torch.exp(_heads(att.v_proj(x)))
+        y = torch.where(summed > 0, torch.log(summed.clamp_min(1e-300)), 0.0).transpose(1, 2).reshape(x.shape)
+        return att.out_proj(y), u
     y = (u @ _heads(att.v_proj(x))).transpose(1, 2).reshape(x.shape)
     if name == "gate":  # y <- sigmoid(W_g x + b_g) * y
         y = torch.sigmoid(x @ att.aggregator.gate.weight.T + att.aggregator.gate.bias) * y
@@ -132,7 +161,7 @@ def _layer(name: str, causal: bool, seed: int = 0) -> Attention:
     return att
 
 
-def _inputs(causal: bool):
+def _inputs(causal: bool, name: str = ""):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, LEN, DIM, generator=g, dtype=torch.float64) * 1.5
     keep = torch.ones(2, LEN, dtype=torch.bool)
@@ -141,16 +170,23 @@ def _inputs(causal: bool):
     visible = keep[:, None, None, :].expand(2, 1, LEN, LEN)
     if causal:
         visible = visible & torch.ones(LEN, LEN, dtype=torch.bool).tril()
+    if name in NONCAUSAL_ONLY:  # normalized over the queries too: a padded query takes no part (its row is empty)
+        visible = visible & keep[:, None, :, None]
     return x, keep, visible
 
 
-CASES = [(name, causal) for name in CHOICES for causal in (True, False) if causal or name not in CAUSAL_ONLY]
+CASES = [
+    (name, causal)
+    for name in CHOICES
+    for causal in (True, False)
+    if (causal or name not in CAUSAL_ONLY) and not (causal and name in NONCAUSAL_ONLY)
+]
 
 
 @pytest.mark.parametrize("name, causal", CASES)
 def test_weights_output_and_gradients_equal_the_papers_formula(name, causal):
     att = _layer(name, causal)
-    x, keep, visible = _inputs(causal)
+    x, keep, visible = _inputs(causal, name)
     out, w = att(x, key_padding_mask=keep, need_weights=True)
     ref_out, ref_w = reference_output(att, x, visible, name, keep)
     torch.testing.assert_close(w.double(), ref_w, rtol=1e-5, atol=1e-6)
@@ -177,7 +213,7 @@ def test_weights_output_and_gradients_equal_the_papers_formula(name, causal):
         assert float(att.get_parameter(pname).grad.abs().sum()) > 0, pname
 
 
-@pytest.mark.parametrize("name", list(CHOICES))
+@pytest.mark.parametrize("name", [name for name in CHOICES if name not in NONCAUSAL_ONLY])
 def test_decoding_through_the_kv_cache_gives_the_rows_of_the_full_computation(name):
     att = _layer(name, causal=True).eval()
     x, keep, _ = _inputs(True)
@@ -283,6 +319,13 @@ def test_topk_keeps_k_keys_per_row_and_at_least_one():
         ("normalizer=diff,dim=12,num_heads=4", r"needs an even head_dim \(>= 2\), got head_dim=3"),
         ("normalizer=diff,score=bilinear", r"needs a score without head_dim-sized parameters \(one of: dot, cosine"),
         ("normalizer=linear,softcap=5", r"softcap caps scores"),
+        (
+            "normalizer=sinkhorn,causal=true",
+            r"normalizer='sinkhorn' is defined only without a causal mask \(it normalizes over the queries too.*needs "
+            r"causal=False",
+        ),
+        ("aggregator=laser,normalizer=diff", r"needs weights >= 0 \(any normalizer but: diff, linear with feature"),
+        ("aggregator=laser,contribution=joint", r"needs contribution='proportional', got contribution='joint'"),
     ],
 )
 def test_bad_relaxations_are_one_line_value_errors_naming_the_valid_range(changes, message):
@@ -299,6 +342,9 @@ def test_attend_refuses_a_scale_it_cannot_compute_and_a_causal_only_normalizer_w
     spec = AttentionSpec.standard(16, 2, causal=True).relax(normalizer="stick_breaking")
     with pytest.raises(ValueError, match="needs causal=True"):
         attend(q, k, v, spec=spec, causal=False)
+    spec = AttentionSpec.standard(16, 2).relax(normalizer="sinkhorn")
+    with pytest.raises(ValueError, match="only without a causal mask .*needs causal=False"):
+        attend(q, k, v, spec=spec, causal=True)
     # A constant scale is the registry's value: diff's halves are scored at 1/sqrt(head_dim / 2).
     from axiomformer.axes.scale import constant_scale
 
@@ -335,6 +381,7 @@ def test_training_runs_and_every_new_parameter_moves(name):
         task_options={"vocab": 4},
         spec=CHOICES[name],
         seed=0,
+        causal=name not in NONCAUSAL_ONLY,  # sinkhorn: a bidirectional encoder
     )
     result = train(config, progress=False)
     assert len(result.losses) == 4 and all(math.isfinite(v) for v in result.losses)
@@ -394,7 +441,7 @@ def test_the_transformers_adapter_runs_sinks_and_softcap_as_registry_choices_wit
     torch.testing.assert_close(grad, ref_sinks.grad, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["softcap", "softpick", "topk", "stick_breaking", "log_n"])
+@pytest.mark.parametrize("name", ["softcap", "softpick", "topk", "stick_breaking", "log_n", "power", "laser"])
 def test_second_order_gradients_on_the_fast_route_equal_the_reference_engine(name):
     x = torch.randn(2, 40, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
 

@@ -282,6 +282,10 @@ class Attention(nn.Module):
         k_len = k.shape[-2]
         q_offset = k_len - q_len
         mask, bias = prepare_masks(attn_mask, key_padding_mask, batch, self.num_heads, q_len, k_len)
+        if "columns" in self.plan.normalizer_traits and key_padding_mask is not None and key is query and not past:
+            # Self-attention under a normalizer that sums over the queries (sinkhorn): a padded query takes no part
+            # in the column sums either (its row is empty: a zero output), so padding changes no real token.
+            mask = mask & key_padding_mask[:, None, :, None]
         bias, no_alibi = self._position_bias(bias, pos, all_k_pos, key, key_padding_mask, cache, q_len, q_offset)
         result = self._attend_heads(q, k, v, mask, bias, q_offset, no_alibi, need_weights, self.engine)
         if cache is not None and self.spec.window:
@@ -336,6 +340,9 @@ class Attention(nn.Module):
         groups = self.num_heads // k.shape[1]
         if groups > 1:  # key/value head g serves query heads g * groups ...
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        wrap = self.aggregator if "log_values" in self.plan.aggregator_traits else None
+        if wrap is not None:  # A1 around the weighted sum: LASER's exp(v - m) in, m + log(out) out
+            v, shift = wrap.encode(v, mask)
         scale = self.scale(
             visible_counts(mask, self.spec.causal, q.shape[-2], k.shape[-2], q_offset, q.device, self.spec.window)
             if self.scale.per_row
@@ -359,6 +366,8 @@ class Attention(nn.Module):
             double_backward=self.double_backward,
         )
         self.last_engine = result.engine
+        if wrap is not None:
+            result = result._replace(out=wrap.decode(result.out, shift))
         return result
 
     def core(

@@ -25,7 +25,7 @@ from axiomformer.attention import Attention
 from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, problem_kind
 from axiomformer.memory import PeakMemory
 from axiomformer.runtime import seeded
-from axiomformer.spec import REGISTRIES, AttentionSpec, required_fields
+from axiomformer.spec import AttentionSpec, spec_requirements
 
 QUICK_VARIANTS = (
     "standard",
@@ -58,9 +58,13 @@ FULL_VARIANTS = QUICK_VARIANTS + (
     "normalizer=diff",
     "normalizer=softmax_sink",
     "score=talking_heads",
+    "normalizer=sinkhorn",
+    "normalizer=power",
+    "aggregator=laser",
 )
 """Every variant whose attention core differs (``aggregator=gate`` acts after the core, ``position=forget`` reads the
-layer's inputs: both need the whole layer, which ``Attention.core`` is not)."""
+layer's inputs: both need the whole layer, which ``Attention.core`` is not; ``aggregator=laser`` wraps the weighted
+sum, inside the core)."""
 
 GOALS = {
     "standard": 1.05,
@@ -168,12 +172,20 @@ def _inputs(length: int, batch: int, heads: int, head_dim: int, dev: torch.devic
     return qkv, torch.randn(shape, generator=g).to(dev)
 
 
+def _any_mask_spec(dim: int, heads: int, relax: str) -> AttentionSpec:
+    """The spec of ``relax`` with or without a causal mask, whichever it is defined with (the error of the causal one
+    when neither)."""
+    try:
+        return AttentionSpec.standard(dim, heads, causal=False).relax(relax)
+    except ValueError:
+        return AttentionSpec.standard(dim, heads, causal=True).relax(relax)
+
+
 def _cases(variants, length: int, is_causal: bool, heads: int, head_dim: int, reference_max_len: int, dev):
     """(spec, module, engine) for each variant: ``auto`` and, up to ``reference_max_len``, ``reference``."""
     for relax in variants:
-        spec = AttentionSpec.standard(heads * head_dim, heads, causal=True).relax(relax)
-        if not is_causal and any(required_fields(axis, getattr(spec, axis)) for axis in REGISTRIES):
-            continue  # defined only under a causal mask (stick_breaking)
+        if spec_requirements(_any_mask_spec(heads * head_dim, heads, relax)).get("causal", is_causal) != is_causal:
+            continue  # defined only under (stick_breaking) or only without (sinkhorn) a causal mask
         spec = AttentionSpec.standard(heads * head_dim, heads, causal=is_causal).relax(relax)
         with seeded(0):
             module = Attention(spec).to(dev)

@@ -85,10 +85,28 @@ ECONOMIES = ("num_kv_heads", "window")
 
 def required_fields(axis: str, name: str) -> dict[str, Any]:
     """Fields a choice needs beside itself: ``{"causal": True}`` for a choice defined only under a causal mask
-    (trait ``causal``: ``normalizer=stick_breaking``, ``position=forget``), else ``{}``. For code that visits every
-    choice (the audit matrix, the bench, the docs): ``base.relax({axis: name, **required_fields(axis, name)})``."""
+    (trait ``causal``: ``normalizer=stick_breaking``, ``position=forget``), ``{"causal": False}`` for one defined only
+    without (trait ``noncausal``: ``normalizer=sinkhorn``), else ``{}``. For code that visits every choice (the audit
+    matrix, the bench, the docs): ``base.relax({axis: name, **required_fields(axis, name)})``."""
     registry = REGISTRIES.get(axis)
-    return {"causal": True} if registry is not None and name in registry and registry.has(name, "causal") else {}
+    if registry is None or name not in registry:
+        return {}
+    if registry.has(name, "causal"):
+        return {"causal": True}
+    return {"causal": False} if registry.has(name, "noncausal") else {}
+
+
+def allows_causal(axis: str, name: str, causal: bool) -> bool:
+    """Whether choice ``name`` of ``axis`` is defined with ``causal`` as given (see :func:`required_fields`)."""
+    return required_fields(axis, name).get("causal", causal) == causal
+
+
+def spec_requirements(spec: AttentionSpec) -> dict[str, Any]:
+    """The :func:`required_fields` of every axis choice of ``spec``, merged."""
+    out: dict[str, Any] = {}
+    for axis in REGISTRIES:
+        out.update(required_fields(axis, getattr(spec, axis)))
+    return out
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -211,6 +229,13 @@ class AttentionSpec:
                     f"{axis}={getattr(self, axis)!r} is defined only under a causal mask: it needs "
                     f"causal=True, got causal=False"
                 )
+            if REGISTRIES[axis].has(getattr(self, axis), "noncausal") and self.causal:
+                raise ValueError(
+                    f"{axis}={getattr(self, axis)!r} is defined only without a causal mask (it normalizes over "
+                    f"the queries too, and a causal query would see later ones): it needs causal=False, got "
+                    f"causal=True"
+                )
+        self._check_log_values()
         if NORMALIZERS.has(self.normalizer, "halves"):
             if self.head_dim % 2:
                 raise ValueError(
@@ -227,6 +252,29 @@ class AttentionSpec:
             raise ValueError(
                 f"softcap caps scores, and normalizer={self.normalizer!r} has none (a kernel replaces "
                 f"them): it needs softcap=0, got softcap={self.softcap!r}"
+            )
+
+    def _check_log_values(self) -> None:
+        """An aggregator that takes log sum_j u_ij exp(v_j) (``laser``) needs u_ij >= 0 and the proportional
+        contribution u_ij * exp(v_j)."""
+        if not AGGREGATORS.has(self.aggregator, "log_values"):
+            return
+        if self.contribution != AXES["contribution"][0]:
+            raise ValueError(
+                f"aggregator={self.aggregator!r} takes log sum_j u_ij exp(v_j) and needs "
+                f"contribution={AXES['contribution'][0]!r}, got contribution={self.contribution!r}"
+            )
+        signed = NORMALIZERS.has(self.normalizer, "signed") or (
+            NORMALIZERS.has(self.normalizer, "kernel") and FEATURE_MAPS.has(self.feature_map, "signed")
+        )
+        if signed:
+            what = f" with feature_map={self.feature_map!r}" if NORMALIZERS.has(self.normalizer, "kernel") else ""
+            bad = [c.name for c in NORMALIZERS if c.has("signed")] + [
+                f"linear with feature_map={c.name}" for c in FEATURE_MAPS if c.has("signed")
+            ]
+            raise ValueError(
+                f"aggregator={self.aggregator!r} takes the log of sum_j u_ij exp(v_j) and needs weights >= 0 (any "
+                f"normalizer but: {', '.join(bad)}); normalizer={self.normalizer!r}{what} gives signed weights"
             )
 
     # ------------------------------------------------------------------ construction

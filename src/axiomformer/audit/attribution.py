@@ -37,6 +37,15 @@ SAME_MAP = {
     "nonlinear rho (A1) and a relevance that reads the values (A4) are not told apart",
 }
 """Why two candidates cannot be told apart, by (first, second) candidate."""
+ONE_FORM = (
+    "the recovered scores of each query are a function of one bilinear form q_i.k_j: a score g(q.k) other than "
+    "q.k (A4) and a normalizer f(s) / sum f(s) other than the softmax (A5, e.g. a power of s) are the same map at "
+    "this interface"
+)
+QUERY_COUPLING = (
+    "a query's output reads the other queries: scores that read them (A4) and a normalizer that normalizes over "
+    "the queries too (A5, e.g. Sinkhorn's column sums) are the same departure at this interface"
+)
 RATIO_SCORE = (
     "bilinear_fit failed, so the score of a pair may read other keys (A4), which changes the ratios of the "
     "other weights as a normalizer other than the softmax does (A5)"
@@ -81,6 +90,13 @@ def _nonlinear(shape: str | None, additive: bool) -> list[str]:
     return {"query": ["A1"], "neither": ["A4"], "key": ["A1", "A4"], "both": ["A1", "A3"]}[shape]
 
 
+def _one_form(out: dict[str, AuditCheck]) -> bool:
+    """The recovered scores depend on the keys through one bilinear form per query (``bilinear_scores``' fact), and
+    order plays no part (set_symmetry passed: a position term would also be such a function)."""
+    scores, order = out.get("bilinear_scores"), out.get("set_symmetry")
+    return bool(scores is not None and scores.facts.get("one_form") and (order is None or order.passed is not False))
+
+
 def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, object]) -> list[str]:
     def failed(name: str) -> bool:
         return name in out and out[name].passed is False
@@ -89,14 +105,16 @@ def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, obje
     nonlinear = _shape(facts.get("nonlinear"), float(facts.get("fd_tol", 0.0)))  # type: ignore[arg-type]
     linear = _shape(facts.get("linear"), float(facts.get("tol", 0.0)))  # type: ignore[arg-type]
     row_scale = bool("bilinear_scores" in out and out["bilinear_scores"].facts.get("row_scale"))
+    one_form = _one_form(out)
     rules: dict[str, list[str]] = {
         "token_additivity": _nonlinear(nonlinear, False) if nonlinear else ["A1"],
         "linearity": _nonlinear(nonlinear, additive),
         "scalar_relevance": {"query": ["A1", "A2"], "key": ["A2", "A3"], "both": ["A1", "A2", "A3"]}.get(
             linear or "", ["A2"]
         ),
-        "bilinear_scores": ["A4", "A5"] if row_scale else ["A4"],
-        "bilinear_fit": ["A4", "A5"] if row_scale or failed("length_scale") else ["A4"],
+        "bilinear_scores": ["A4", "A5"] if row_scale or one_form else ["A4"],
+        "bilinear_fit": ["A4", "A5"] if row_scale or one_form or failed("length_scale") else ["A4"],
+        "parallel": ["A4", "A5"],
         "weights_sum_to_one": ["A5", "A1"],
         "ratio_independence": ["A5", "A4"] if failed("bilinear_fit") else ["A5"],
         "scale_entropy": ["A5", "A4"],
@@ -133,6 +151,10 @@ def attribute(checks: list[AuditCheck], facts: dict[str, object] | None = None) 
             reasons = [CONTEXT_GATE]
         if c.name == "ratio_independence" and "A4" in c.candidates:
             reasons = [RATIO_SCORE]
+        if c.name in ("bilinear_scores", "bilinear_fit") and _one_form(out) and "A5" in c.candidates:
+            reasons = [ONE_FORM]
+        if c.name == "parallel":
+            reasons = [QUERY_COUPLING] + reasons[1:]
         if "A2" in c.candidates[1:] and c.assumption == "A5":
             reasons.append(CONTRIBUTION_CAVEAT)
         if "A0" in c.candidates[1:]:

@@ -16,7 +16,7 @@ from torch import Tensor
 from axiomformer.audit.adapters import Adapter
 from axiomformer.audit.attribution import attribute
 from axiomformer.audit.normalizer_checks import length_scale, scale_entropy, shift_invariance, weight_checks
-from axiomformer.audit.probe import BIG, AuditCheck, Probe, cannot_tell, finite, heads, rel, result
+from axiomformer.audit.probe import BIG, AuditCheck, Probe, cannot_tell, finite, heads, rank1_residual, rel, result
 from axiomformer.audit.structure import fd_tolerance, scalar_relevance, value_free_relevance
 
 FIT_SEQ = 16
@@ -160,7 +160,39 @@ def bilinear_scores(p: Probe, weights_ok: bool, why: str) -> AuditCheck:
     check.facts["row_scale"] = bool(
         check.passed is False and rel(ssum - s - sk2, zero, s) <= p.tol and rel(s2q - factor * s, zero, s2q) <= p.tol
     )
+    if check.passed is False and not check.facts["row_scale"]:
+        spread = one_form_residual(p, q, k)
+        check.facts["one_form"] = spread is not None and spread <= fd_tolerance(p)
+        if check.facts["one_form"]:
+            check.detail += (
+                f"; the recovered scores of each query are a function of one linear form of the keys (their key "
+                f"gradients point one way: rank-one residual {spread:.2g}), as g(q.k) or f(s) / sum f(s) give"
+            )
     return check
+
+
+def one_form_residual(p: Probe, q: Tensor, k: Tensor) -> float | None:
+    """How far the recovered scores r_ij of each query and head are from depending on the keys through the one
+    bilinear form q_i^T M k_l alone (None when a weight is 0): the rank-one residual of their key gradients
+    dr_ij / dk_l, stacked over j and l and over the queries q_i and 2 q_i, by central differences. A normalizer
+    f(s) / sum_l f(s_l) of bilinear scores (A5), or a score g(q.k) (A4), gives rank one (every gradient is along
+    W_k^T M q_i, also at 2 q_i); a score that reads a key beyond that form (cosine, a key bias (q_i + w).k_j, an MLP)
+    does not."""
+    b, s, d = k.shape
+    h = float(torch.finfo(p.a.dtype).eps) ** (1 / 3)
+    n = s * d
+    steps = torch.zeros(n, 1, s, d, dtype=k.dtype)
+    idx = torch.arange(n)
+    steps[idx, :, idx // d, idx % d] = h
+    qq, kk = torch.cat([q, 2 * q]), torch.cat([k, k])  # (2b, s, d): the doubled queries' gradients stay parallel
+    moved = torch.cat([kk + steps, kk - steps]).reshape(2 * n * 2 * b, s, d)
+    r = recovered_scores(p, qq.repeat(2 * n, 1, 1), moved)
+    if r is None:
+        return None
+    heads_, q_len, k_len = r.shape[1:]
+    grad = (r[: n * 2 * b] - r[n * 2 * b :]) / (2 * h)  # (n * 2b, heads, L, S): dr_ij / dk_{l, m}, n = (l, m)
+    grad = grad.view(s, d, 2, b, heads_, q_len, k_len).permute(3, 4, 5, 2, 6, 0, 1).reshape(b, heads_, q_len, -1, d)
+    return rank1_residual(grad)
 
 
 def bilinear_fit(p: Probe, weights_ok: bool, why: str) -> AuditCheck:

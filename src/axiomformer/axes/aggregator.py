@@ -10,8 +10,14 @@ Choices:
     gate      rho(s) = sigmoid(W_g x_i + b_g) * s          (A1 relaxed: an elementwise output gate from the query's
                                                             own input x_i; Qiu et al. 2025, arXiv:2505.06708, "G1",
                                                             as in Qwen3-Next); rho(0) = 0
+    laser     y_i = log(sum_j u_ij exp(v_j)), per head and coordinate (A1 and A3 together: values through exp
+                                                            before the sum, rho = log after it; Duvvuri & Dhillon
+                                                            2024, arXiv:2411.03493, LASER); computed as
+                                                            m + log(sum_j u_ij exp(v_j - m)), m the per-column max of
+                                                            v over the keys some query may see (trait ``log_values``)
 rho acts on the concatenated heads, (batch, seq, dim), before the output projection: ``rho(s, x)`` with x the layer's
-query input (batch, seq, dim), which only ``gate`` reads.
+query input (batch, seq, dim), which only ``gate`` reads. A ``log_values`` aggregator acts around the weighted sum
+instead (its ``rho`` is the identity): ``encode`` maps the values before the engine, ``decode`` its output after.
 """
 
 from __future__ import annotations
@@ -69,6 +75,45 @@ class GateAggregator(nn.Module):
         return torch.sigmoid(self.gate(x)).to(s.dtype) * s
 
 
+class LaserAggregator(nn.Module):
+    """LASER attention's y_i = log(sum_j u_ij exp(v_j)) (Duvvuri & Dhillon 2024, arXiv:2411.03493, sec. 3:
+    LASER(X) = log(softmax(Q K^T) exp(V))): the values enter the weighted sum as exp(v_j - m) and leave it as m + log(.), m (batch, heads, 1, head_dim) the
+    max of each value coordinate over the keys some query may see (their log-weighted-sum-exp trick; m cancels, so
+    it is detached). ``forward`` is the identity (the weighted sum is already wrapped).
+
+    A row whose sum is 0 (no visible key, or every visible exp(v_j - m) underflowing: v_j < m - 87 in float32) gets
+    0 **(our convention: the zero row of a query without keys)**.
+    """
+
+    def forward(self, s: Tensor, x: Tensor | None = None) -> Tensor:
+        return s
+
+    @staticmethod
+    def encode(v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(exp(v - m), m) from values v (batch, heads, k_len, head_dim) and the bool mask (True = may attend,
+        broadcastable to (batch, heads, q_len, k_len)) or None; keys no query may see get the value 0."""
+        with torch.no_grad():
+            seen = None if mask is None else mask.any(dim=-2).unsqueeze(-1)  # (batch|1, heads|1, k_len, 1)
+            top = v if seen is None else v.masked_fill(~seen, float("-inf"))
+            m = top.amax(dim=-2, keepdim=True)
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        shifted = v - m
+        if seen is not None:
+            shifted = shifted.masked_fill(~seen, float("-inf"))
+        return torch.exp(shifted), m
+
+    @staticmethod
+    def decode(out: Tensor, m: Tensor) -> Tensor:
+        """m + log(out), 0 where out <= 0 (see the class docstring)."""
+        positive = out > 0
+        return torch.where(positive, torch.log(torch.where(positive, out, torch.ones_like(out))) + m, 0.0)
+
+
+AGGREGATOR_TRAITS = {
+    "log_values": "wraps the weighted sum: its module's encode(v, mask) -> (v', m) maps the values (batch, heads, "
+    "k_len, head_dim) before the engine and decode(out, m) the engine's output after it; rho itself is the identity",
+}
+
 AGGREGATORS = Registry(
     "aggregator",
     [
@@ -89,7 +134,19 @@ AGGREGATORS = Registry(
             lambda spec: GateAggregator(spec.dim),
             relaxes="A1: a multiplicative gate from the query's input after the sum over tokens",
         ),
+        Choice(
+            "laser",
+            "y_i = log(sum_j u_ij exp(v_j)) per head and coordinate, as m + log(sum_j u_ij exp(v_j - m)), m the "
+            "per-column max of v (a row without keys: 0)",
+            "Duvvuri & Dhillon 2024, arXiv:2411.03493, sec. 3 (LASER attention, log(softmax(Q K^T) exp(V)); its "
+            "log-weighted-sum-exp trick)",
+            lambda spec: LaserAggregator(),
+            frozenset({"log_values"}),
+            relaxes="A1 and A3 together: the values pass through exp before the weighted sum and log after it, so "
+            "the output is no longer linear in the values (a smooth max over the attended values)",
+        ),
     ],
+    AGGREGATOR_TRAITS,
 )
 """Every aggregator (A1)."""
 

@@ -36,6 +36,13 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
     topk            softmax over the row's ``topk`` largest visible scores, 0 elsewhere (Zhao et al. 2019,
                     arXiv:1912.11637); ``topk`` is a spec field (trait ``configured``); ties at the k-th score are
                     broken by ``torch.topk`` (lowest index first on CPU) **(our choice)**
+    sinkhorn        u = the Sinkhorn iterates of exp(s) over the visible entries: rows, columns, rows normalized
+                    in turn (SINKHORN_NORMALIZATIONS = 3), so rows sum to 1 and columns about to q_len / k_len
+                    (Sander et al. 2022, arXiv:2110.11773, sec. 3); a query's weights depend on the other queries'
+                    scores (trait ``columns``); not causal (trait ``noncausal``)
+    power           u = s^p / sum_j s_j^p, p = POWER_P = 2 (even: the weights are >= 0); a row whose visible scores
+                    are all 0 gets uniform weights 1 / n_i **(our convention)** (Buckman, Gelada & Zhang 2024,
+                    "Symmetric Power Transformers", Manifest AI, the power attention A = (q.k)^p / sum (q.k)^p)
 Scale choices (A5's temperature, ``axes/scale.py``: SCALES): inv_sqrt_d (1/sqrt(d_k); 1 for the kernel normalizer,
 whose kernel is no scaled score: Katharopoulos et al. 2020 apply none, and the taylor map carries its own 1/sqrt(d)),
 none (1), learned (per head), log_n (c_h log n_i / sqrt(d_k), Scalable-Softmax). An explicit or learned scale s is
@@ -72,6 +79,15 @@ SOFTPICK_EPS = 1e-6
 TOPK_DEFAULT = 8
 """Default of the spec field ``topk`` (keys kept per row by ``normalizer=topk``)."""
 
+SINKHORN_NORMALIZATIONS = 3
+"""Normalizations of ``normalizer=sinkhorn``: row, column, row (the last a row's, so rows sum to 1). The authors'
+attention module runs ``max_iter=3`` of them, starting with the rows (Sander et al. 2022, code at
+github.com/michaelsdr/sinkformers, ``vit_pytorch/vit.py`` and ``sinkhorn.py``)."""
+
+POWER_P = 2
+"""The even power p of ``normalizer=power`` (Buckman, Gelada & Zhang 2024 train p = 2 to 8; 2 is the smallest even
+one, **our choice** of default)."""
+
 LINEAR_EPS = 1e-6
 """Added to the row sum of the linear-attention kernel (Katharopoulos et al. 2020 use the same 1e-6)."""
 
@@ -95,6 +111,10 @@ NORMALIZER_TRAITS = {
     "ordered": "the weights depend on the order of the keys: A0 is relaxed too (the audit's set_symmetry fails)",
     "closed_vjp": "extra['vjp'](z, u, g, delta, **options) -> dL/dz in closed form, from the logits z (blocked keys "
     "-inf), u = impl(z), g = dL/du and delta = sum_j u_j g_j (the rowwise engine's backward)",
+    "columns": "a query's weights depend on the other queries' scores (column sums): impl receives the whole (q_len x "
+    "k_len) matrix, a row without a visible key all -inf; engines that split the queries into chunks decline it",
+    "noncausal": "defined only without a causal mask: the spec refuses causal=True",
+    "signed": "weights may be negative",
 }
 
 
@@ -292,6 +312,42 @@ def _topk_options(spec: AttentionSpec) -> dict:
     return {"k": int(spec.topk)}
 
 
+def _masked_logsumexp(f: Tensor, visible: Tensor, dim: int) -> Tensor:
+    """log sum exp of f over ``dim`` (blocked entries are -inf in f); 0 for a line without a visible entry, whose
+    gradient then stays 0 instead of 0 * inf."""
+    some = visible.any(dim=dim, keepdim=True)
+    return torch.logsumexp(f.masked_fill(~some, 0.0), dim=dim, keepdim=True).masked_fill(~some, 0.0)
+
+
+def _sinkhorn(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+    # Sinkhorn's algorithm on K = exp(s) in the log domain: f <- f - logsumexp over a row, then over a column, ...;
+    # blocked entries stay -inf (weight 0, out of every sum), an empty row or column is left alone.
+    visible = s > float("-inf")
+    f = s
+    for step in range(SINKHORN_NORMALIZATIONS):
+        dim = -1 if step % 2 == 0 else -2
+        f = f - _masked_logsumexp(f, visible, dim)
+    return torch.exp(f)
+
+
+def _power_terms(s: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(t, m, has) with t = s / m, m = max_j |s_j| over the visible keys (so |t| <= 1 and t^p cannot overflow;
+    u is unchanged by the common factor), t = 1 at every visible key of a row whose visible scores are all 0 and
+    0 at a blocked key; ``has``: m > 0."""
+    visible = s > float("-inf")
+    a = torch.where(visible, s, 0.0)
+    m = a.abs().amax(dim=-1, keepdim=True).detach()  # u is homogeneous of degree 0: dm contributes nothing
+    has = m > 0
+    safe = torch.where(has, m, 1.0)
+    return torch.where(has, a / safe, visible.to(s.dtype)), safe, has
+
+
+def _power(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+    t, _, _ = _power_terms(s)
+    w = t.pow(POWER_P)
+    return w / w.sum(dim=-1, keepdim=True)
+
+
 # ---------------------------------------------------------------------------------------------- closed-form VJPs
 # For the trait ``closed_vjp``: dL/dz from the logits z (blocked keys -inf), the weights u = impl(z), g = dL/du (which
 # the function may overwrite) and delta = sum_j u_j g_j (= rowsum(dO * O) when out = u V), without autograd (the
@@ -317,6 +373,14 @@ def _stick_breaking_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **option
     d = g.mul_(u)
     before = torch.cumsum(d, dim=-1).sub_(d)
     return d.mul_(torch.sigmoid(-z)).sub_(before.mul_(torch.sigmoid(z)))
+
+
+def _power_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
+    # u_j = t_j^p / W, t = z / m, W = sum_l t_l^p: dL/dz_k = p t_k^(p-1) (g_k - delta) / (m W); 0 in a row of zeros
+    # (uniform there by convention, a constant) and at a blocked key (t = 0).
+    t, m, has = _power_terms(z)
+    coef = t.pow(POWER_P - 1).mul_(POWER_P).div_(m * torch.where(has, t.pow(POWER_P).sum(-1, keepdim=True), 1.0))
+    return g.sub_(delta).mul_(coef.masked_fill_(~has, 0.0))
 
 
 def _sigmoid(s: Tensor, n: Tensor) -> Tensor:
@@ -424,7 +488,7 @@ NORMALIZERS = Registry(
             "Ye et al. 2024, arXiv:2410.05258, eq. 1 (differential attention; its per-head normalization after the "
             "sum is an A1 change, not part of this choice)",
             _diff,
-            frozenset({"row", "parametric", "halves"}),
+            frozenset({"row", "parametric", "halves", "signed"}),
             {"parameters": _diff_parameters, "params": lambda module: {"lam": module.diff_lambda.view(1, -1, 1, 1)}},
             relaxes="A5: signed weights, the difference of two softmaxes; rows sum to 1 - lambda_h",
         ),
@@ -464,6 +528,28 @@ NORMALIZERS = Registry(
             frozenset({"row", "configured", "closed_vjp"}),
             {"options": _topk_options, "defaults": {"k": TOPK_DEFAULT}, "fields": {"k": "topk"}, "vjp": _softmax_vjp},
             relaxes="A5: only the k largest scores of a row get weight (ratios depend on the other scores' ranks)",
+        ),
+        Choice(
+            "sinkhorn",
+            "u = S_R(S_C(S_R(exp(s)))) over the visible entries, S_R / S_C dividing each row / column by its sum "
+            "(Sinkhorn's algorithm, 3 normalizations): rows sum to 1, columns about to q_len / k_len; not causal",
+            "Sander et al. 2022, arXiv:2110.11773, sec. 3 (Sinkformers; Sinkhorn's algorithm alternating row and "
+            "column normalizations, 3 as in the authors' code)",
+            _sinkhorn,
+            frozenset({"row", "columns", "noncausal"}),
+            relaxes="A5: the weights are normalized over the queries too (approximately doubly stochastic), so a "
+            "query's weights depend on the other queries' scores; rows are no longer computed independently",
+        ),
+        Choice(
+            "power",
+            "u = s^p / sum_j s_j^p, p = 2 (visible keys; a row of zeros gets 1 / n_i, a row without keys 0)",
+            "Buckman, Gelada & Zhang 2024, 'Symmetric Power Transformers' (Manifest AI), power attention "
+            "A_ij = (q_i.k_j)^p / sum_l (q_i.k_l)^p with even p",
+            _power,
+            frozenset({"row", "closed_vjp"}),
+            {"vjp": _power_vjp},
+            relaxes="A5: a polynomial instead of exp: not shift invariant, blind to the temperature (u is "
+            "homogeneous of degree 0 in s) and to the sign of s",
         ),
     ],
     NORMALIZER_TRAITS,
@@ -515,6 +601,7 @@ FEATURE_MAPS = Registry(
             "phi(x) = x (not positive: rows may sum to about 0)",
             "our choice: the plain bilinear kernel",
             lambda x: x,
+            frozenset({"signed"}),
             relaxes="the linear normalizer's kernel: the plain bilinear form (weights may be negative)",
         ),
         Choice(
@@ -526,6 +613,7 @@ FEATURE_MAPS = Registry(
             relaxes="the linear normalizer's kernel: the second-order Taylor expansion of exp",
         ),
     ],
+    {"signed": "phi(q).phi(k) may be negative, and with it the weights"},
 )
 """Kernel feature maps of the ``linear`` normalizer."""
 
@@ -599,10 +687,13 @@ def normalize(
     if mask is not None:
         mask = torch.broadcast_to(mask, s.shape)
         has_key = mask.any(dim=-1, keepdim=True)
-        # A row with no visible key is normalized as if every key were visible with score 0, then zeroed by the mask:
-        # the weights are 0 and every gradient stays finite.
-        s = s.masked_fill(~has_key, 0.0)
-        visible = mask | ~has_key
+        if choice.has("columns"):
+            visible = mask  # an empty row stays blocked: it takes no part in the column sums (impl gives it 0)
+        else:
+            # A row with no visible key is normalized as if every key were visible with score 0, then zeroed by the
+            # mask: the weights are 0 and every gradient stays finite.
+            s = s.masked_fill(~has_key, 0.0)
+            visible = mask | ~has_key
     if choice.has("kernel"):
         return choice.impl(s if mask is None else s.masked_fill(~mask, 0.0))
     if choice.has("elementwise"):

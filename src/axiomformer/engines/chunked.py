@@ -184,7 +184,9 @@ class ChunkedEngine(EngineBase):
         self.key_chunk = key_chunk
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
-        return not kind.compiling
+        # A ``columns`` normalizer (sinkhorn) couples every query of a head: a chunk of queries cannot be normalized
+        # alone, so it runs on the reference engine, which holds the whole matrix.
+        return not kind.compiling and "columns" not in plan.normalizer_traits
 
     def worthwhile(self, plan: Plan, kind: ProblemKind) -> bool:
         """Whether automatic routing should chunk this problem.

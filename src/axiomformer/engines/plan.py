@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from axiomformer.axes.aggregator import AGGREGATORS
 from axiomformer.axes.contribution import CONTRIBUTIONS
 from axiomformer.axes.normalizer import FEATURE_MAPS, NORMALIZERS, at_defaults, spec_options
 from axiomformer.axes.position import POSITIONS
@@ -64,7 +65,8 @@ class Plan:
             tensor back to the host), or None.
 
     Attributes (resolved once): ``normalizer_choice`` (the registry :class:`~axiomformer.axes.registry.Choice`),
-    ``normalizer_traits``, ``score_traits``, ``contribution_traits``, ``position_traits``, ``dot_form`` (the score's
+    ``normalizer_traits``, ``score_traits``, ``contribution_traits``, ``position_traits``, ``aggregator_traits`` (read by
+    ``Attention``, not by engines), ``dot_form`` (the score's
     dot-form function or None), ``feature_map`` (the linear normalizer's phi), ``options`` (a ``configured``
     normalizer's keyword arguments), ``at_defaults``, ``pair_width``, ``per_row_scale`` (the scale differs between
     queries: trait ``per_row``, ``scale=log_n``) and ``key``, the hashable part of the router's key: choice names and
@@ -81,6 +83,7 @@ class Plan:
     score_traits: frozenset = field(init=False, repr=False)
     contribution_traits: frozenset = field(init=False, repr=False)
     position_traits: frozenset = field(init=False, repr=False)
+    aggregator_traits: frozenset = field(init=False, repr=False)
     dot_form: Callable | None = field(init=False, repr=False)
     feature_map: Callable = field(init=False, repr=False)
     options: dict = field(init=False, repr=False)
@@ -100,6 +103,7 @@ class Plan:
             "score_traits": score.traits,
             "contribution_traits": CONTRIBUTIONS[spec.contribution].traits,
             "position_traits": POSITIONS[spec.position].traits,
+            "aggregator_traits": AGGREGATORS[spec.aggregator].traits,
             "dot_form": score.extra.get("dot_form"),
             "feature_map": FEATURE_MAPS[spec.feature_map].impl,
             "options": spec_options(spec),

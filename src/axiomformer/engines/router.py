@@ -224,6 +224,11 @@ def _resolve_options(
     causal = spec.causal if causal is None else causal
     if not causal and "causal" in parts.normalizer_traits:
         raise ValueError(f"normalizer={spec.normalizer!r} is defined only under a causal mask: it needs causal=True")
+    if causal and "noncausal" in parts.normalizer_traits:
+        raise ValueError(
+            f"normalizer={spec.normalizer!r} is defined only without a causal mask (it normalizes over the queries "
+            f"too): it needs causal=False"
+        )
     window = check_window(spec.window if window is None else window)
     return parts, scale, causal, window
 
@@ -298,7 +303,7 @@ def attend(
         ValueError: q, k, v, mask or bias shapes that do not fit (naming them, see ``engines/validate.py``), a
             negative window, and see :func:`route` and :func:`default_parts`; no ``scale`` for a scale choice that is
             not a constant (``learned``, ``log_n``, or any choice a package registers without a value), naming the
-            constant ones; a causal-only normalizer without a causal mask.
+            constant ones; a causal-only normalizer without a causal mask, a non-causal-only one (sinkhorn) with one.
     """
     target = problem_shape(q, k, v)
     mask, bias = as_problem_4d("mask", mask, target), as_problem_4d("bias", bias, target)
