@@ -20,7 +20,7 @@ from axiomformer.engines.linear import LinearEngine
 from axiomformer.engines.rowwise import RowwiseEngine
 from axiomformer.engines.sdpa import SDPAEngine
 from axiomformer.engines.sparse import SparseEngine
-from axiomformer.spec import AXES, required_fields
+from axiomformer.spec import AXES, allows_causal
 
 DIM, HEADS, BATCH, Q_LEN, K_LEN, WINDOW = 16, 2, 2, 6, 9, 3
 SCENARIOS = ("none", "key_padding", "float_mask", "causal", "alibi", "window", "kv_decode")
@@ -46,8 +46,8 @@ def case_spec(axis: str, name: str, scenario: str) -> AttentionSpec | None:
     if scenario == "alibi" and axis == "position" and name != "alibi":
         return None
     causal = scenario in ("causal", "alibi", "window", "kv_decode")
-    if not causal and required_fields(axis, name):
-        return None  # defined only under a causal mask
+    if not allows_causal(axis, name, causal):
+        return None  # defined only under a causal mask, or only without one
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal)
     spec = spec.relax({axis: name})
     if axis == "topk":

@@ -12,7 +12,7 @@ import torch
 from axiomformer import Attention, AttentionSpec, KVCache
 from axiomformer.axes import registry
 from axiomformer.engines import ENGINE_ORDER, ENGINES, route_cache_clear, route_cache_size, router
-from axiomformer.spec import AXES
+from axiomformer.spec import AXES, required_fields
 
 CHOICES = [(axis, name) for axis, names in AXES.items() for name in names]
 
@@ -32,7 +32,8 @@ def lookups(monkeypatch):
 
 
 def _layer(axis: str, name: str, **fields) -> Attention:
-    spec = AttentionSpec.standard(16, 2, causal=True, **fields).relax({axis: name})
+    causal = required_fields(axis, name).get("causal", True)
+    spec = AttentionSpec.standard(16, 2, causal=causal, **fields).relax({axis: name})
     if axis == "feature_map":
         spec = spec.relax(normalizer="linear")
     return Attention(spec)

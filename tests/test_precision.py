@@ -36,6 +36,7 @@ def _small_chunks(monkeypatch):
 
 
 CAUSAL_ONLY = {"stick_breaking"}
+NONCAUSAL_ONLY = {"sinkhorn"}
 TOPK = 2
 """``topk`` runs with k = 2 here, fewer than the 5-6 keys (at the default 8 it would be softmax)."""
 
@@ -71,6 +72,19 @@ def _diff64(q, k, visible):
     return parts[0] - DIFF_LAMBDA_INIT * parts[1]
 
 
+def _sinkhorn64(blocked):
+    # exp(s) with its rows, columns and rows divided by their sums (Sander et al. 2022, 3 normalizations)
+    w = torch.exp(blocked - blocked.amax((-2, -1), keepdim=True))
+    for dim in (-1, -2, -1):
+        w = w / w.sum(dim, keepdim=True)
+    return w
+
+
+def _power64(s, visible):
+    w = s.square() * visible  # p = 2 (Buckman, Gelada & Zhang 2024)
+    return w / w.sum(-1, keepdim=True)
+
+
 def truth64(normalizer: str, q, k, v, scale: float, causal: bool):
     """The weights and output in float64 from closed forms and the entmax package, independent of the engines."""
     q, k, v = q.double(), k.double(), v.double()
@@ -101,6 +115,8 @@ def truth64(normalizer: str, q, k, v, scale: float, causal: bool):
         "softpick": lambda: _softpick64(s, visible),
         "topk": lambda: _topk64(blocked),
         "diff": lambda: _diff64(q, k, visible),
+        "sinkhorn": lambda: _sinkhorn64(blocked),
+        "power": lambda: _power64(s, visible),
     }[normalizer]()
     return w, w @ v
 
@@ -122,6 +138,8 @@ def _run(normalizer, engine, q, k, v, causal, need_weights=False):
 def test_float64_inputs_are_computed_in_float64_on_every_engine(normalizer, engine, causal):
     if normalizer in CAUSAL_ONLY and not causal:
         pytest.skip("defined under a causal mask only")
+    if normalizer in NONCAUSAL_ONLY and causal:
+        pytest.skip("defined without a causal mask only")
     q, k, v = (torch.randn(2, HEADS, n, HEAD_DIM, dtype=torch.float64) for n in (5, 6, 6))
     result = _run(normalizer, engine, q, k, v, causal)
     if result is None:
@@ -165,10 +183,15 @@ def test_rows_of_every_distribution_normalizer_sum_to_one_within_its_dtype(norma
 
 
 @pytest.mark.parametrize("engine", ["reference", "chunked"])
-@pytest.mark.parametrize("normalizer", ["softmax", "sigmoid", "relu", "entmax15", "linear", "softmax1"])
+@pytest.mark.parametrize(
+    "normalizer", ["softmax", "sigmoid", "relu", "entmax15", "linear", "softmax1", "power", "sinkhorn"]
+)
 def test_float64_gradcheck_passes(engine, normalizer):
     q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, dtype=torch.float64, requires_grad=True) for n in (3, 4, 4))
-    spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax(normalizer=normalizer)
+    if normalizer in NONCAUSAL_ONLY and engine == "chunked":
+        pytest.skip("the chunked engine splits the queries, which sinkhorn couples: it declines it")
+    causal = normalizer not in NONCAUSAL_ONLY
+    spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(normalizer=normalizer)
     assert gradcheck(lambda q, k, v: attend(q, k, v, spec=spec, engine=engine).out, (q, k, v), eps=1e-6, atol=1e-7)
 
 

@@ -14,7 +14,7 @@ from axiomformer.axes.normalizer import NORMALIZERS, normalize
 from axiomformer.axes.registry import Choice, Registry
 from axiomformer.axes.score import SCORES, build_score
 from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, problem_kind
-from axiomformer.spec import AXES, REGISTRIES, required_fields
+from axiomformer.spec import AXES, REGISTRIES, allows_causal, required_fields
 
 DIM, HEADS = 16, 2
 
@@ -46,7 +46,20 @@ def _independent_normalizers():
             (torch.exp(s.double()) - 1).clamp(min=0) / ((torch.exp(s.double()) - 1).abs().sum(-1, keepdim=True) + 1e-6)
         ),
         "topk": softmax,  # 7 keys, topk = 8: every key kept
+        "sinkhorn": _sinkhorn_loop,
+        "power": lambda s: s.double().square() / s.double().square().sum(-1, keepdim=True),  # p = 2
     }
+
+
+def _sinkhorn_loop(s):
+    """exp(s) divided by its row sums, then its column sums, then its row sums (one matrix at a time)."""
+    out = torch.zeros_like(s, dtype=torch.float64)
+    for idx in torch.cartesian_prod(*(torch.arange(n) for n in s.shape[:-2])):
+        k = torch.exp(s[tuple(idx)].double())
+        for dim in (1, 0, 1):
+            k = k / k.sum(dim, keepdim=True)
+        out[tuple(idx)] = k
+    return out
 
 
 def _stick_breaking_loop(s):
@@ -177,8 +190,8 @@ def test_entmax_alpha_at_1_5_and_2_is_the_sort_based_entmax_and_sparsemax_and_al
 )
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_choice_runs_the_same_on_every_engine_that_accepts_it_as_on_the_reference(axis, name, causal):
-    if not causal and required_fields(axis, name):
-        pytest.skip("defined only under a causal mask")
+    if not allows_causal(axis, name, causal):
+        pytest.skip("defined only under a causal mask, or only without one")
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax({axis: name})
     if axis == "feature_map":
         spec = spec.relax(normalizer="linear")
@@ -231,7 +244,8 @@ def test_every_choice_makes_a_layer_that_pickles(axis_choice):
     # a registry impl kept on a module (a lambda) would make torch.save / copy.deepcopy of the whole model fail
     import pickle
 
-    spec = AttentionSpec.standard(16, 2, causal=True)
+    axis, name = axis_choice.split("=")
+    spec = AttentionSpec.standard(16, 2, causal=required_fields(axis, name).get("causal", True))
     try:
         spec = spec.relax(axis_choice)
     except ValueError:
