@@ -101,3 +101,26 @@ def test_peak_memory_meter_sees_a_torch_allocation_of_known_size():
 
     peak = meter.measure(allocate_and_touch)
     assert 30 <= peak <= 40, (peak, meter.method)
+
+
+def test_the_stretch_relaxations_are_bench_rows_each_under_the_masks_it_is_defined_for(tmp_path):
+    # Tiny sizes, one repeat: which rows exist and which engine runs them (no timing is read).
+    assert {"normalizer=sinkhorn", "normalizer=power", "aggregator=laser"} <= set(bench.FULL_VARIANTS)
+    variants = "normalizer=sinkhorn;normalizer=power;aggregator=laser;normalizer=stick_breaking"
+    args = ["bench", "--lengths", "32", "--variants", variants, "--json", "--out", str(tmp_path)]
+    args += ["--heads", "2", "--head-dim", "8", "--repeats", "1", "--threads", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output.strip().splitlines()[-1])["rows"]
+    auto = {(r["variant"], r["causal"]): r["engine"] for r in rows if r["engine"] not in ("reference",)}
+    auto = {key: engine for key, engine in auto.items() if not engine.startswith("x-transformers")}
+    assert auto == {
+        ("normalizer=sinkhorn", False): "reference",  # the queries are coupled: no chunked or fast engine
+        ("normalizer=power", True): "rowwise",
+        ("normalizer=power", False): "rowwise",
+        ("aggregator=laser", True): "sdpa",  # exp(v - m) in, m + log(.) out: the weighted sum is SDPA's
+        ("aggregator=laser", False): "sdpa",
+        ("normalizer=stick_breaking", True): "rowwise",
+        ("standard", True): "sdpa",
+        ("standard", False): "sdpa",
+    } or auto

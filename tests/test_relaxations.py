@@ -469,3 +469,109 @@ def test_every_relaxation_is_a_valid_study_arm_and_a_bad_one_names_the_choices()
     assert len(config.variants) == len(CHOICES) + 1
     with pytest.raises(ValidationError, match="unknown normalizer 'softpik'; choose one of: softmax"):
         StudyConfig(tasks=tasks, variants=["normalizer=softpik"])
+
+
+def test_a_non_causal_arm_of_a_causal_study_trains_as_a_bidirectional_encoder():
+    from axiomformer.study.config import StudyConfig
+    from axiomformer.study.sweep import count_params, models
+
+    tasks = [{"name": "copy", "seq_lens": [12]}]
+    config = StudyConfig(tasks=tasks, variants=["standard", CHOICES["sinkhorn"]])
+    arm = next(m for m in models(config) if "sinkhorn" in m.label)
+    assert arm.spec == "normalizer=sinkhorn,causal=false" and arm.options == (("causal", False),)
+    assert arm.label.endswith(",causal=false")
+    assert count_params(arm, 16, 12, "copy", {"vocab": 4}, layers=1, heads=2) > 0
+    tc = TrainConfig(task="copy", seq_len=12, dim=16, layers=1, steps=2, batch_size=2, eval_batches=1,
+                     eval_every=2, task_options={"vocab": 4}, spec=arm.spec, seed=0, **dict(arm.options))
+    assert tc.attention_spec().normalizer == "sinkhorn" and not tc.attention_spec().causal
+    assert all(math.isfinite(v) for v in train(tc, progress=False).losses)
+
+
+# ---------------------------------------------------------------------------------------------- stretch: special cases
+def test_planted_wrong_stretch_formulas_fail_the_reference_comparison():
+    # sinkhorn stopped after its first (row) normalization is the softmax: told apart from 3 normalizations.
+    att = _layer("sinkhorn", False)
+    x, keep, visible = _inputs(False, "sinkhorn")
+    w = att(x, key_padding_mask=keep, need_weights=True)[1].double()
+    s = _heads(att.q_proj(x)) @ _heads(att.k_proj(x)).transpose(-2, -1) / math.sqrt(HD)
+    assert not torch.allclose(w, _masked_softmax(s, visible) * visible, atol=1e-3)
+    torch.testing.assert_close(w, _sinkhorn(s, visible), rtol=1e-5, atol=1e-6)
+    # power with p = 4 instead of 2, and with |s| instead of s^2 (p = 1: not even), are told apart.
+    att = _layer("power", True)
+    x, keep, visible = _inputs(True)
+    w = att(x, key_padding_mask=keep, need_weights=True)[1].double()
+    s = _heads(att.q_proj(x)) @ _heads(att.k_proj(x)).transpose(-2, -1) / math.sqrt(HD)
+    for wrong in (_power(s, visible, 4), _power(s.abs(), visible, 1)):
+        assert not torch.allclose(w, wrong, atol=1e-3)
+    # LASER without its exp and log (plain attention) is told apart.
+    att = _layer("laser", True)
+    out = att(x, key_padding_mask=keep)
+    plain, _ = reference_output(att, x, visible, "standard", keep)
+    assert not torch.allclose(out.double(), plain, atol=1e-3)
+
+
+def test_sinkhorn_rows_sum_to_one_its_columns_near_q_over_k_and_padding_changes_no_real_token():
+    from axiomformer.axes.normalizer import normalize
+
+    s = torch.randn(2, 2, 6, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 2
+    u = normalize(s, None, "sinkhorn")
+    torch.testing.assert_close(u.sum(-1), torch.ones(2, 2, 6, dtype=torch.float64))
+    soft = torch.softmax(s, -1)
+    assert float((u.sum(-2) - 1).abs().max()) < float((soft.sum(-2) - 1).abs().max())  # closer to doubly stochastic
+    # Padded tokens (keys and queries) take no part: real tokens' outputs do not depend on the padding's content.
+    att = _layer("sinkhorn", False)
+    x, keep, _ = _inputs(False, "sinkhorn")
+    other = x.clone()
+    other[~keep] = 7.0 * torch.randn_like(other[~keep])
+    a, b = att(x, key_padding_mask=keep), att(other, key_padding_mask=keep)
+    torch.testing.assert_close(a[keep], b[keep])
+    assert bool((a[~keep] == 0).all())  # a padded query's row is empty
+
+
+def test_power_gives_uniform_weights_to_a_row_of_zero_scores_and_zeros_to_a_row_without_keys():
+    from axiomformer.axes.normalizer import normalize
+
+    s = torch.zeros(1, 1, 3, 4, requires_grad=True)
+    s2 = s + torch.tensor([0.0, 0.0, 1.0]).view(1, 1, 3, 1) * torch.tensor([1.0, -2.0, 0.0, 3.0])
+    mask = torch.ones(1, 1, 3, 4, dtype=torch.bool)
+    mask[..., 0, 3] = False  # row 0: three visible keys, all scores 0
+    mask[..., 1, :] = False  # row 1: no visible key
+    u = normalize(s2, mask, "power")
+    torch.testing.assert_close(u[0, 0, 0], torch.tensor([1 / 3, 1 / 3, 1 / 3, 0.0]))
+    assert bool((u[0, 0, 1] == 0).all())
+    torch.testing.assert_close(u[0, 0, 2], torch.tensor([1.0, 4.0, 0.0, 9.0]) / 14)
+    u.square().sum().backward()
+    assert bool(torch.isfinite(s.grad).all())
+
+
+def test_laser_is_finite_where_exp_of_the_values_overflows_and_a_row_without_keys_is_zero():
+    from axiomformer.axes.aggregator import LaserAggregator
+
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(1, 2, 5, 4, generator=g) * 3 + 200.0  # exp(200) overflows float32
+    u = torch.softmax(torch.randn(1, 2, 3, 5, generator=g), -1)
+    u[..., 2, :] = 0.0  # a query without keys
+    mask = torch.ones(1, 1, 3, 5, dtype=torch.bool)
+    mask[..., 2, :] = False
+    encoded, shift = LaserAggregator.encode(v, mask)
+    y = LaserAggregator.decode(u @ encoded, shift)
+    want = torch.logsumexp(torch.log(u.double()).unsqueeze(-1) + v.double().unsqueeze(-3), dim=-2)
+    torch.testing.assert_close(y[..., :2, :].double(), want[..., :2, :], rtol=1e-6, atol=1e-4)
+    assert bool(torch.isfinite(y).all()) and bool((y[..., 2, :] == 0).all())
+    assert not bool(torch.isfinite(torch.log(u[..., :2, :] @ torch.exp(v))).all())  # the unshifted form overflows
+
+
+def test_the_chunked_engine_declines_sinkhorn_and_large_problems_fall_back_to_the_reference():
+    from axiomformer.engines import ENGINES
+    from axiomformer.engines.chunked import ChunkedEngine
+
+    spec = AttentionSpec.standard(DIM, HEADS).relax(normalizer="sinkhorn")
+    q = k = v = torch.randn(1, HEADS, 6, HD)
+    with pytest.raises(ValueError, match="engine 'chunked' cannot run normalizer=sinkhorn"):
+        attend(q, k, v, spec=spec, engine="chunked")
+    real = ENGINES["chunked"]
+    ENGINES["chunked"] = ChunkedEngine(query_chunk=2)  # would chunk every problem if it accepted this one
+    try:
+        assert attend(q, k, v, spec=spec).engine == "reference"
+    finally:
+        ENGINES["chunked"] = real

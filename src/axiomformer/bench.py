@@ -172,7 +172,7 @@ def _inputs(length: int, batch: int, heads: int, head_dim: int, dev: torch.devic
     return qkv, torch.randn(shape, generator=g).to(dev)
 
 
-def _any_mask_spec(dim: int, heads: int, relax: str) -> AttentionSpec:
+def variant_spec(dim: int, heads: int, relax: str) -> AttentionSpec:
     """The spec of ``relax`` with or without a causal mask, whichever it is defined with (the error of the causal one
     when neither)."""
     try:
@@ -184,7 +184,7 @@ def _any_mask_spec(dim: int, heads: int, relax: str) -> AttentionSpec:
 def _cases(variants, length: int, is_causal: bool, heads: int, head_dim: int, reference_max_len: int, dev):
     """(spec, module, engine) for each variant: ``auto`` and, up to ``reference_max_len``, ``reference``."""
     for relax in variants:
-        if spec_requirements(_any_mask_spec(heads * head_dim, heads, relax)).get("causal", is_causal) != is_causal:
+        if spec_requirements(variant_spec(heads * head_dim, heads, relax)).get("causal", is_causal) != is_causal:
             continue  # defined only under (stick_breaking) or only without (sinkhorn) a causal mask
         spec = AttentionSpec.standard(heads * head_dim, heads, causal=is_causal).relax(relax)
         with seeded(0):

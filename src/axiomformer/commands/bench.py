@@ -47,7 +47,6 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from axiomformer import bench
-        from axiomformer.spec import AttentionSpec
 
         expect_folder(out)
         chosen = (
@@ -57,7 +56,7 @@ def register(app: typer.Typer) -> None:
         )
         for relax in chosen:
             try:
-                AttentionSpec.standard(heads * head_dim, heads, causal=True).relax(relax)  # causal-only ok
+                bench.variant_spec(heads * head_dim, heads, relax)  # causal-only and non-causal-only ok
             except ValueError as err:
                 raise typer.BadParameter(f"variant {relax!r}: {err}") from None
         if device and device not in ("cpu", "cuda"):

@@ -108,11 +108,20 @@ def models(config: StudyConfig) -> list[ModelChoice]:
         no_position = compact in NO_POSITION_LABELS and base.position == "none"
         spec = base if no_position else base.relax(text)
         label = "position=none" if no_position else _label(spec, base)
+        # An arm defined only without a causal mask (normalizer=sinkhorn) is a bidirectional encoder: its spec string
+        # and its TrainConfig say so (the study's base is causal).
+        bidirectional = base.causal and not spec.causal
+        if bidirectional:
+            label += ",causal=false"
         if label not in seen:
             seen.add(label)
             out.append(
                 ModelChoice(
-                    label=label, kind="transformer", spec=spec.variant, input_position="none" if no_position else "auto"
+                    label=label,
+                    kind="transformer",
+                    spec=(spec.variant + ",causal=false").removeprefix("standard,") if bidirectional else spec.variant,
+                    input_position="none" if no_position else "auto",
+                    options=(("causal", False),) if bidirectional else (),
                 )
             )
     out += [ModelChoice(label=name, kind=name) for name in config.baselines]
@@ -160,7 +169,10 @@ def _count(kind: str, spec: str, width: int, vocab_size: int, max_len: int, laye
 
     max_len = max_len or 16
     attention = AttentionSpec.standard(width, heads, causal=True, max_len=max_len).relax(spec) if spec else None
-    net = build_model(kind, vocab_size=vocab_size, dim=width, num_layers=layers, max_len=max_len, spec=attention)
+    causal = attention.causal if attention is not None else True
+    net = build_model(
+        kind, vocab_size=vocab_size, dim=width, num_layers=layers, max_len=max_len, spec=attention, causal=causal
+    )
     return count_parameters(net)
 
 
