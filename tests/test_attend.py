@@ -141,7 +141,9 @@ def test_a_mask_value_at_the_dtype_minimum_blocks_the_key_for_every_normalizer_a
             att = Attention(spec, engine=engine).eval().to(dtype)
             # A normalizer that sums over the queries (sinkhorn) takes padded queries out with key_padding_mask in
             # self-attention; an attn_mask blocks keys only, so its bool form is the comparison there.
-            same_keys = {"attn_mask": keep[:, None, None]} if REGISTRIES["normalizer"].has(normalizer, "columns") else {}
+            same_keys = (
+                {"attn_mask": keep[:, None, None]} if REGISTRIES["normalizer"].has(normalizer, "columns") else {}
+            )
             try:
                 with torch.no_grad():
                     by_padding = att(x.to(dtype), **(same_keys or {"key_padding_mask": keep}))

@@ -114,13 +114,17 @@ def test_the_stretch_relaxations_are_bench_rows_each_under_the_masks_it_is_defin
     rows = json.loads(result.output.strip().splitlines()[-1])["rows"]
     auto = {(r["variant"], r["causal"]): r["engine"] for r in rows if r["engine"] not in ("reference",)}
     auto = {key: engine for key, engine in auto.items() if not engine.startswith("x-transformers")}
-    assert auto == {
-        ("normalizer=sinkhorn", False): "reference",  # the queries are coupled: no chunked or fast engine
-        ("normalizer=power", True): "rowwise",
-        ("normalizer=power", False): "rowwise",
-        ("aggregator=laser", True): "sdpa",  # exp(v - m) in, m + log(.) out: the weighted sum is SDPA's
-        ("aggregator=laser", False): "sdpa",
-        ("normalizer=stick_breaking", True): "rowwise",
-        ("standard", True): "sdpa",
-        ("standard", False): "sdpa",
-    } or auto
+    assert (
+        auto
+        == {
+            ("normalizer=sinkhorn", False): "reference",  # the queries are coupled: no chunked or fast engine
+            ("normalizer=power", True): "rowwise",
+            ("normalizer=power", False): "rowwise",
+            ("aggregator=laser", True): "sdpa",  # exp(v - m) in, m + log(.) out: the weighted sum is SDPA's
+            ("aggregator=laser", False): "sdpa",
+            ("normalizer=stick_breaking", True): "rowwise",
+            ("standard", True): "sdpa",
+            ("standard", False): "sdpa",
+        }
+        or auto
+    )

@@ -481,8 +481,20 @@ def test_a_non_causal_arm_of_a_causal_study_trains_as_a_bidirectional_encoder():
     assert arm.spec == "normalizer=sinkhorn,causal=false" and arm.options == (("causal", False),)
     assert arm.label.endswith(",causal=false")
     assert count_params(arm, 16, 12, "copy", {"vocab": 4}, layers=1, heads=2) > 0
-    tc = TrainConfig(task="copy", seq_len=12, dim=16, layers=1, steps=2, batch_size=2, eval_batches=1,
-                     eval_every=2, task_options={"vocab": 4}, spec=arm.spec, seed=0, **dict(arm.options))
+    tc = TrainConfig(
+        task="copy",
+        seq_len=12,
+        dim=16,
+        layers=1,
+        steps=2,
+        batch_size=2,
+        eval_batches=1,
+        eval_every=2,
+        task_options={"vocab": 4},
+        spec=arm.spec,
+        seed=0,
+        **dict(arm.options),
+    )
     assert tc.attention_spec().normalizer == "sinkhorn" and not tc.attention_spec().causal
     assert all(math.isfinite(v) for v in train(tc, progress=False).losses)
 

@@ -111,7 +111,7 @@ class LaserAggregator(nn.Module):
 
 AGGREGATOR_TRAITS = {
     "log_values": "wraps the weighted sum: its module's encode(v, mask) -> (v', m) maps the values (batch, heads, "
-    "k_len, head_dim) before the engine and decode(out, m) the engine's output after it; rho itself is the identity",
+    "k_len, head_dim) before the engine and decode(out, m) the engine's output after it; rho itself is the identity"
 }
 
 AGGREGATORS = Registry(
