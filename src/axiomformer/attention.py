@@ -242,7 +242,8 @@ class Attention(nn.Module):
             attn_mask: bool (True = may attend) or float (added to the scores; ``-inf`` blocks), broadcastable to
                 (batch, heads, q_len, k_len) (each dimension 1 or the full size); 1-D (k_len,), 2-D (q_len, k_len)
                 and 3-D (batch, q_len, k_len) are accepted (an MHA-style (batch * heads, q_len, k_len) is refused).
-            key_padding_mask: (batch, k_len) bool, True = real token (k_len includes cached tokens).
+            key_padding_mask: (batch, k_len) bool, True = real token (k_len includes cached tokens). In
+                self-attention with ``normalizer="sinkhorn"`` the padded tokens are taken out as queries too.
             need_weights: also return the attention weights (batch, heads, q_len, k_len), before dropout.
             cache: a :class:`KVCache`; the new keys/values are appended and attention runs over all cached ones.
                 The new queries continue the cached positions (bottom-right alignment).
@@ -282,10 +283,8 @@ class Attention(nn.Module):
         k_len = k.shape[-2]
         q_offset = k_len - q_len
         mask, bias = prepare_masks(attn_mask, key_padding_mask, batch, self.num_heads, q_len, k_len)
-        if "columns" in self.plan.normalizer_traits and key_padding_mask is not None and key is query and not past:
-            # Self-attention under a normalizer that sums over the queries (sinkhorn): a padded query takes no part
-            # in the column sums either (its row is empty: a zero output), so padding changes no real token.
-            mask = mask & key_padding_mask[:, None, :, None]
+        if key is query and not past:
+            mask = self._pad_queries(mask, key_padding_mask)
         bias, no_alibi = self._position_bias(bias, pos, all_k_pos, key, key_padding_mask, cache, q_len, q_offset)
         result = self._attend_heads(q, k, v, mask, bias, q_offset, no_alibi, need_weights, self.engine)
         if cache is not None and self.spec.window:
@@ -298,6 +297,14 @@ class Attention(nn.Module):
             if empty is not None:
                 out = out.masked_fill(empty.all(1).unsqueeze(-1), 0.0)
         return (out, result.weights) if need_weights else out
+
+    def _pad_queries(self, mask: Tensor | None, key_padding_mask: Tensor | None) -> Tensor | None:
+        """In self-attention under a normalizer that sums over the queries (trait ``columns``: sinkhorn), a padded
+        query takes no part in the column sums either (its row is empty: a zero output), so padding changes no real
+        token; other normalizers keep ``mask``."""
+        if key_padding_mask is None or mask is None or "columns" not in self.plan.normalizer_traits:
+            return mask
+        return mask & key_padding_mask[:, None, :, None]
 
     def _positions(
         self, query, key, q_len, past, cache, position_ids, key_position_ids, key_padding_mask
