@@ -15,7 +15,7 @@ import torch._dynamo as dynamo
 from torch._dynamo.utils import counters
 
 from axiomformer import Attention, AttentionSpec
-from axiomformer.spec import AXES
+from axiomformer.spec import AXES, required_fields
 
 DIM, HEADS = 8, 2
 LENGTHS = list(range(8, 20))
@@ -35,7 +35,8 @@ def _quiet_dynamo():
 
 
 def _layer(axis: str, name: str) -> Attention:
-    spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax({axis: name})
+    causal = required_fields(axis, name).get("causal", True)  # sinkhorn: only without a causal mask
+    spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax({axis: name})
     if axis == "feature_map":
         spec = spec.relax(normalizer="linear")
     torch.manual_seed(0)
