@@ -20,6 +20,7 @@ from axiomformer.axes.normalizer import DIFF_LAMBDA_INIT, LINEAR_EPS, normalize
 from axiomformer.engines import ENGINES, attend
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.linear import LinearEngine
+from axiomformer.engines.rowwise import RowwiseEngine
 from axiomformer.spec import AXES
 
 HEADS, HEAD_DIM = 2, 4
@@ -193,6 +194,22 @@ def test_float64_gradcheck_passes(engine, normalizer):
     causal = normalizer not in NONCAUSAL_ONLY
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(normalizer=normalizer)
     assert gradcheck(lambda q, k, v: attend(q, k, v, spec=spec, engine=engine).out, (q, k, v), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "relax",
+    ["softcap=2.5", "normalizer=softpick", "normalizer=stick_breaking", "normalizer=topk,topk=2"]
+    + [
+        "normalizer=softpick,softcap=2.5",
+        "normalizer=stick_breaking,softcap=2.5",
+        "normalizer=topk,topk=2,softcap=2.5",
+    ],
+)
+def test_float64_gradcheck_passes_on_the_rowwise_kernels(monkeypatch, relax):
+    monkeypatch.setitem(ENGINES, "rowwise", RowwiseEngine(memory_budget=40))  # chunks of 2-4 queries
+    q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, dtype=torch.float64, requires_grad=True) for n in (5, 6, 6))
+    spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax(relax)
+    assert gradcheck(lambda q, k, v: attend(q, k, v, spec=spec, engine="rowwise").out, (q, k, v), eps=1e-6, atol=1e-7)
 
 
 def test_float64_positions_are_computed_in_float64():

@@ -57,7 +57,8 @@ class RowKernel:
         raise NotImplementedError
 
     def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
-        """dL/dt from what ``weights`` left; may overwrite t, u and g (the result may be g)."""
+        """dL/dt from what ``weights`` left; may overwrite t, u and g. The result is g or a new tensor, never a spare
+        (the engine reuses spare 0 once the VJP has returned)."""
         raise NotImplementedError
 
 
@@ -128,9 +129,10 @@ class StickBreaking(RowKernel):
 
     def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
         u = torch.special.expit(t, out=spare(0))
-        keep = torch.special.expit(t.neg_(), out=spare(1)).flip(-1)
+        keep = torch.special.expit(t.neg_(), out=spare(1))
         t.neg_()  # negation is exact: t is restored
-        after = keep.cumprod_(-1).flip(-1)  # prod over l >= j
+        # prod over l >= j: a cumulative product of the reversed row, reversed back (one flipped copy alive at once)
+        after = torch.cumprod(keep.flip(-1), dim=-1, out=keep).flip(-1)
         u[..., :-1].mul_(after[..., 1:])
         return u, None
 
