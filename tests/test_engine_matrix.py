@@ -229,6 +229,15 @@ def test_a_planted_wrong_registry_vjp_is_caught_where_no_row_kernel_is_written(m
     _rowwise_failures("softpick")
 
 
+def test_a_planted_wrong_power_vjp_is_caught_on_the_rowwise_engine(monkeypatch):
+    from axiomformer.axes.normalizer import NORMALIZERS
+
+    choice = NORMALIZERS["power"]  # no row kernel of its own: Generic runs its registry vjp
+    right = choice.extra["vjp"]
+    monkeypatch.setitem(choice.extra, "vjp", lambda z, u, g, delta, **o: right(z, u, g, delta, **o).mul_(1.01))
+    _rowwise_failures("power")
+
+
 def test_a_planted_wrong_softcap_slope_is_caught_on_the_rowwise_engine(monkeypatch):
     from axiomformer.engines import rowwise
 
@@ -262,4 +271,13 @@ def test_every_row_kernel_with_a_cap_and_a_per_row_scale_computes_what_the_refer
     spec = spec.relax(extra)
     got = run_case(spec, scenario, "rowwise")
     assert got is not None, "the rowwise engine declined"
-    assert mismatches(got, run_case(spec, scenario, "reference")) == []
+    expected = run_case(spec, scenario, "reference")
+    # A gradient that is 0 in exact arithmetic (the per-row scale's under power, whose weights are homogeneous of
+    # degree 0 in the scores and so ignore any temperature) is float32 rounding on both engines: it is held to the
+    # rounding of the largest gradient instead of to its own size.
+    biggest = max(float(t.norm()) for t in expected)
+    for i, want in enumerate(expected):
+        if float(want.norm()) <= 1e-5 * biggest:
+            assert float(got[i].norm()) <= 1e-5 * biggest, i
+            got[i] = want
+    assert mismatches(got, expected) == []
