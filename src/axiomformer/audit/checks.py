@@ -16,7 +16,18 @@ from torch import Tensor
 from axiomformer.audit.adapters import Adapter
 from axiomformer.audit.attribution import attribute
 from axiomformer.audit.normalizer_checks import length_scale, scale_entropy, shift_invariance, weight_checks
-from axiomformer.audit.probe import BIG, AuditCheck, Probe, cannot_tell, finite, heads, rank1_residual, rel, result
+from axiomformer.audit.probe import (
+    BIG,
+    PROBE_ELEMENTS,
+    AuditCheck,
+    Probe,
+    cannot_tell,
+    finite,
+    heads,
+    rank1_residual,
+    rel,
+    result,
+)
 from axiomformer.audit.structure import fd_tolerance, scalar_relevance, value_free_relevance
 
 FIT_SEQ = 16
@@ -174,25 +185,32 @@ def bilinear_scores(p: Probe, weights_ok: bool, why: str) -> AuditCheck:
 def one_form_residual(p: Probe, q: Tensor, k: Tensor) -> float | None:
     """How far the recovered scores r_ij of each query and head are from depending on the keys through the one
     bilinear form q_i^T M k_l alone (None when a weight is 0): the rank-one residual of their key gradients
-    dr_ij / dk_l, stacked over j and l and over the queries q_i and 2 q_i, by central differences. A normalizer
-    f(s) / sum_l f(s_l) of bilinear scores (A5), or a score g(q.k) (A4), gives rank one (every gradient is along
-    W_k^T M q_i, also at 2 q_i); a score that reads a key beyond that form (cosine, a key bias (q_i + w).k_j, an MLP)
-    does not."""
+    dr_ij / dk_l, stacked over j and l and over the queries q_i and 2 q_i, by central differences along each key's
+    coordinates (at most ``MAX_DIRECTIONS`` random orthonormal ones for a wide target: a rank-one stack stays rank one
+    in any subspace). A normalizer f(s) / sum_l f(s_l) of bilinear scores (A5), or a score g(q.k) (A4), gives rank
+    one (every gradient is along W_k^T M q_i, also at 2 q_i); a score that reads a key beyond that form (cosine, a key
+    bias (q_i + w).k_j, an MLP) does not."""
     b, s, d = k.shape
+    rdirs = p.directions(d).to(k.dtype)  # (d, m)
+    m = rdirs.shape[1]
     h = float(torch.finfo(p.a.dtype).eps) ** (1 / 3)
-    n = s * d
-    steps = torch.zeros(n, 1, s, d, dtype=k.dtype)
-    idx = torch.arange(n)
-    steps[idx, :, idx // d, idx % d] = h
     qq, kk = torch.cat([q, 2 * q]), torch.cat([k, k])  # (2b, s, d): the doubled queries' gradients stay parallel
-    moved = torch.cat([kk + steps, kk - steps]).reshape(2 * n * 2 * b, s, d)
-    r = recovered_scores(p, qq.repeat(2 * n, 1, 1), moved)
-    if r is None:
-        return None
-    heads_, q_len, k_len = r.shape[1:]
-    grad = (r[: n * 2 * b] - r[n * 2 * b :]) / (2 * h)  # (n * 2b, heads, L, S): dr_ij / dk_{l, m}, n = (l, m)
-    grad = grad.view(s, d, 2, b, heads_, q_len, k_len).permute(3, 4, 5, 2, 6, 0, 1).reshape(b, heads_, q_len, -1, d)
-    return rank1_residual(grad)
+    chunk = max(1, PROBE_ELEMENTS // max(1, 4 * b * s * d))
+    grads = []
+    for start in range(0, s * m, chunk):
+        idx = torch.arange(start, min(start + chunk, s * m))
+        steps = torch.zeros(len(idx), 1, s, d, dtype=k.dtype)
+        steps[torch.arange(len(idx)), 0, idx // m] = h * rdirs[:, idx % m].T
+        moved = torch.cat([kk + steps, kk - steps]).reshape(-1, s, d)
+        r = recovered_scores(p, qq.repeat(2 * len(idx), 1, 1), moved)
+        if r is None:
+            return None
+        half = len(idx) * 2 * b
+        grads.append(((r[:half] - r[half:]) / (2 * h)).view(len(idx), 2 * b, *r.shape[1:]))
+    grad = torch.cat(grads)  # (s * m, 2b, heads, L, S): dr_ij / dk_l along direction c, rows (l, c)
+    heads_, q_len, k_len = grad.shape[2:]
+    grad = grad.view(s, m, 2, b, heads_, q_len, k_len).permute(3, 4, 5, 2, 6, 0, 1)
+    return rank1_residual(grad.reshape(b, heads_, q_len, -1, m))
 
 
 def bilinear_fit(p: Probe, weights_ok: bool, why: str) -> AuditCheck:
