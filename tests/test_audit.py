@@ -76,6 +76,7 @@ EXPECTED = {
         {"set_symmetry", "bilinear_scores", "bilinear_fit", "head_independence"},
         {"shift_invariance"},
     ),  # causal; gates read the whole key input
+    "position=cope": ({"set_symmetry", "bilinear_scores", "bilinear_fit"}, {"shift_invariance"}),  # causal; counts
     "standard, causal": (set(), set()),
     "torch SDPA": (set(), NA | {"homogeneity", "learned_values", "head_independence"}),  # a function: no contribution
     # or value map, one head of the full width
@@ -120,7 +121,8 @@ CANDIDATES = {
     "tanh RNN": "A0; A4 or A0; A4 or A5 or A0",  # parallel: scores or a normalizer reading the other queries
     "normalizer=sinkhorn": "A4 or A5; A5; A5 or A4",  # parallel cannot tell column sums (A5) from scores (A4)
     "normalizer=power": "A4 or A5",  # one bilinear form per query: g(q.k) scores or f(s) / sum f(s) normalizer
-    "aggregator=laser": "A4",  # two violations at once (A1 and A3); parsimony names the single one with this Jacobian
+    "aggregator=laser": "A4",
+    "position=cope": "A0; A4 or A0",  # positions counted by the gates: order, and scores that read other keys  # two violations at once (A1 and A3); parsimony names the single one with this Jacobian
 }
 """``matrix.blamed(report)``: the candidates of each row's failures, as the matrix prints them."""
 OWN_AXIS_EXCEPTIONS = {"value=identity", "score=bilinear", "normalizer=gumbel_softmax"}

@@ -105,8 +105,8 @@ def test_peak_memory_meter_sees_a_torch_allocation_of_known_size():
 
 def test_the_stretch_relaxations_are_bench_rows_each_under_the_masks_it_is_defined_for(tmp_path):
     # Tiny sizes, one repeat: which rows exist and which engine runs them (no timing is read).
-    assert {"normalizer=sinkhorn", "normalizer=power", "aggregator=laser"} <= set(bench.FULL_VARIANTS)
-    variants = "normalizer=sinkhorn;normalizer=power;aggregator=laser;normalizer=stick_breaking"
+    assert {"normalizer=sinkhorn", "normalizer=power", "aggregator=laser", "position=cope"} <= set(bench.FULL_VARIANTS)
+    variants = "normalizer=sinkhorn;normalizer=power;aggregator=laser;normalizer=stick_breaking;position=cope"
     args = ["bench", "--lengths", "32", "--variants", variants, "--json", "--out", str(tmp_path)]
     args += ["--heads", "2", "--head-dim", "8", "--repeats", "1", "--threads", "1"]
     result = CliRunner().invoke(app, args)
@@ -123,6 +123,7 @@ def test_the_stretch_relaxations_are_bench_rows_each_under_the_masks_it_is_defin
             ("aggregator=laser", True): "sdpa",  # exp(v - m) in, m + log(.) out: the weighted sum is SDPA's
             ("aggregator=laser", False): "sdpa",
             ("normalizer=stick_breaking", True): "rowwise",
+            ("position=cope", True): "sdpa",  # CoPE's bias, computed from q and k, is a float bias SDPA adds
             ("standard", True): "sdpa",
             ("standard", False): "sdpa",
         }

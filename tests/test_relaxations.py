@@ -38,6 +38,7 @@ CHOICES = {
     "sinkhorn": "normalizer=sinkhorn,causal=false",
     "power": "normalizer=power",
     "laser": "aggregator=laser",
+    "cope": "position=cope",
 }
 """Issue 26's items 1-10 and its stretch items, as relax strings (topk below the key count, a softcap the scores
 reach; sinkhorn is defined only without a causal mask, and says so, so that it is a valid arm of a causal study)."""
@@ -49,8 +50,9 @@ NEW_PARAMETERS = {
     "forget": ["position.forget_gate.weight", "position.forget_gate.bias"],
     "softmax_sink": ["normalizer.sink_logit"],
     "talking_heads": ["score_fn.mix"],
+    "cope": ["position.cope_emb"],
 }
-CAUSAL_ONLY = {"stick_breaking", "forget"}
+CAUSAL_ONLY = {"stick_breaking", "forget", "cope"}
 NONCAUSAL_ONLY = {"sinkhorn"}
 
 
@@ -97,6 +99,19 @@ def _power(s: torch.Tensor, visible: torch.Tensor, p: int = 2) -> torch.Tensor:
     return w / w.sum(-1, keepdim=True).clamp_min(1e-300)
 
 
+def _cope_bias(q: torch.Tensor, s: torch.Tensor, visible: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Golovneva et al. 2024, eq. 3-6: g_ij = sigmoid(s_ij) on visible keys, p_ij = sum_{l=j..i} g_il, and
+    q_i . ((p - floor p) e[ceil p] + (1 - p + floor p) e[floor p]), p clamped to the table's last index."""
+    g = torch.sigmoid(s) * visible
+    p = torch.zeros_like(s)
+    for j in range(s.shape[-1]):
+        p[..., j] = g[..., j:].sum(-1)  # keys after the query are not visible: their gates are 0
+    p = p.clamp(max=table.shape[1] - 1)
+    lo, hi = p.floor(), p.ceil()
+    e = (p - lo).unsqueeze(-1) * table.T[hi.long()] + (1 - p + lo).unsqueeze(-1) * table.T[lo.long()]
+    return (q.unsqueeze(-2) * e).sum(-1)
+
+
 def reference_weights(att: Attention, x: torch.Tensor, visible: torch.Tensor, name: str, keep: torch.Tensor):
     """u (batch, heads, q, k) of choice ``name`` from the formula of its paper (issue 26's statement of it)."""
     spec = att.spec
@@ -131,6 +146,8 @@ def reference_weights(att: Attention, x: torch.Tensor, visible: torch.Tensor, na
         s = spec.softcap * torch.tanh(s / spec.softcap)
     if name == "talking_heads":
         s = torch.einsum("hg,bgij->bhij", att.score_fn.mix, s)
+    if name == "cope":
+        s = s + _cope_bias(q, s, visible, att.position.cope_emb.double())
     if name == "sinkhorn":
         return _sinkhorn(s, visible)
     if name == "power":
@@ -587,3 +604,24 @@ def test_the_chunked_engine_declines_sinkhorn_and_large_problems_fall_back_to_th
         assert attend(q, k, v, spec=spec).engine == "reference"
     finally:
         ENGINES["chunked"] = real
+
+
+def test_cope_starts_as_standard_attention_and_counts_positions_back_from_the_query():
+    spec = AttentionSpec.standard(DIM, HEADS, causal=True)
+    x = torch.randn(2, LEN, DIM, dtype=torch.float64)
+    torch.manual_seed(0)
+    cope = Attention(spec.relax(position="cope")).double()
+    torch.manual_seed(0)
+    std = Attention(spec).double()
+    torch.testing.assert_close(cope(x), std(x))  # e = 0 at the start (trait starts_standard)
+    # A planted wrong count, p_ij = sum over the visible keys l <= j (from the start, not back from the query), is
+    # told apart from the paper's p_ij = sum_{l = j..i}.
+    att = _layer("cope", True)
+    x, keep, visible = _inputs(True)
+    w = att(x, key_padding_mask=keep, need_weights=True)[1].double()
+    q, k = _heads(att.q_proj(x)), _heads(att.k_proj(x))
+    s = q @ k.transpose(-2, -1) / math.sqrt(HD)
+    table = att.position.cope_emb.double()
+    forward = _cope_bias(q, s.flip(-1), visible.flip(-1), table).flip(-1)
+    assert not torch.allclose(w, _masked_softmax(s + forward, visible) * visible, atol=1e-3)
+    torch.testing.assert_close(w, _masked_softmax(s + _cope_bias(q, s, visible, table), visible), rtol=1e-5, atol=1e-6)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from axiomformer.axes import Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value
 from axiomformer.axes.position import TokenPositions, alibi_slope_list, token_positions
 from axiomformer.engines import Attended, Plan, attend
-from axiomformer.engines.problem import rows_without_keys, visible_counts
+from axiomformer.engines.problem import causal_mask, rows_without_keys, visible_counts, window_mask
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
 
@@ -298,6 +298,23 @@ class Attention(nn.Module):
                 out = out.masked_fill(empty.all(1).unsqueeze(-1), 0.0)
         return (out, result.weights) if need_weights else out
 
+    def _contextual_bias(
+        self, q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, scale, q_offset: int
+    ) -> Tensor:
+        """``bias`` plus the position's bias from the layer's scaled scores (CoPE), the blocked keys (causal, window,
+        ``mask``) opening no gate; (batch, heads, q_len, k_len)."""
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        visible = causal_mask(q_len, k_len, q_offset, q.device)
+        if self.spec.window:
+            visible = visible & window_mask(q_len, k_len, q_offset, self.spec.window, True, q.device)
+        if mask is not None:
+            visible = visible & mask
+        logits = self.score_fn(q, k) * scale
+        if bias is not None:
+            logits = logits + bias
+        extra = self.position.contextual_bias(q, logits.masked_fill(~visible, float("-inf")))
+        return extra if bias is None else bias + extra
+
     def _pad_queries(self, mask: Tensor | None, key_padding_mask: Tensor | None) -> Tensor | None:
         """In self-attention under a normalizer that sums over the queries (trait ``columns``: sinkhorn), a padded
         query takes no part in the column sums either (its row is empty: a zero output), so padding changes no real
@@ -355,6 +372,8 @@ class Attention(nn.Module):
             if self.scale.per_row
             else None
         )  # log_n: per row
+        if "contextual" in self.plan.position_traits:  # CoPE: a bias from the scores themselves
+            bias = self._contextual_bias(q, k, mask, bias, scale, q_offset)
         result = attend(
             q,
             k,

@@ -61,6 +61,7 @@ FULL_VARIANTS = QUICK_VARIANTS + (
     "normalizer=sinkhorn",
     "normalizer=power",
     "aggregator=laser",
+    "position=cope",
 )
 """Every variant whose attention core differs (``aggregator=gate`` acts after the core, ``position=forget`` reads the
 layer's inputs: both need the whole layer, which ``Attention.core`` is not; ``aggregator=laser`` wraps the weighted

@@ -35,6 +35,12 @@ Choices:
                 the key stream's tokens in index order (a cached key keeps its running sum, so decoding step by step
                 gives the rows of the full computation); a padding token has log f = 0 **(our choice: padding is
                 not a token, so left padding changes nothing)**. A query sits at key index q_offset + i.
+    cope        contextual position encoding (Golovneva et al. 2024, arXiv:2405.18719, eq. 3-6): gates
+                g_ij = sigmoid(s_ij) on the layer's scaled scores, positions p_ij = sum_{visible l, j <= l <= i} g_il
+                (counted back from the query), and the score bias q_i . e[p_ij] with e interpolated linearly between
+                the learned vectors e[floor p] and e[ceil p] (head_dim each, max_len of them, shared by the heads and
+                starting at 0 as in the authors' code; p is clamped to max_len - 1). Causal only. Blocked keys
+                (padding, outside the window) open no gate, so padding changes nothing.
 """
 
 from __future__ import annotations
@@ -168,6 +174,28 @@ class Position(nn.Module):
             self.register_buffer("slopes", alibi_slopes(spec.num_heads), persistent=False)
         if POSITIONS.has(self.kind, "decay"):
             self.forget_gate = nn.Linear(spec.dim, spec.num_heads)
+        if POSITIONS.has(self.kind, "contextual"):
+            self.cope_emb = nn.Parameter(torch.zeros(spec.head_dim, spec.max_len))
+
+    def contextual_bias(self, q: Tensor, logits: Tensor) -> Tensor:
+        """CoPE's score bias q_i . e[p_ij] (batch, heads, q_len, k_len) in max(q dtype, float32).
+
+        Args:
+            q: (batch, heads, q_len, head_dim) the projected queries.
+            logits: (batch, heads, q_len, k_len) the scaled scores, -inf where the key is blocked (no gate opens).
+        """
+        dtype = compute_dtype(q.dtype, logits.dtype)
+        gates = torch.sigmoid(logits.to(dtype))
+        # p_ij = sum_{l >= j} g_il: a reverse cumulative sum (blocked keys, the causal future included, add 0)
+        pos = gates.flip(-1).cumsum(-1).flip(-1)
+        npos = min(self.max_len, logits.shape[-1] + 1)  # p <= the number of keys: the table beyond is never read
+        pos = pos.clamp(max=npos - 1)
+        per_position = q.to(dtype) @ self.cope_emb[:, :npos].to(dtype)  # (batch, heads, q_len, npos): q_i . e[n]
+        floor = pos.floor()
+        w = pos - floor  # NaN where the row sees a NaN score: the bias stays NaN there, the index must not
+        low = per_position.gather(-1, floor.nan_to_num(0.0).long())
+        high = per_position.gather(-1, pos.ceil().nan_to_num(0.0).long())
+        return high * w + low * (1 - w)
 
     def forget_sums(self, x: Tensor, key_padding_mask: Tensor | None, past: Tensor | None) -> Tensor:
         """Running sums c_l = sum_{m <= l} log f_m of the forget gates, (batch, heads, k_len) float32.
@@ -321,6 +349,11 @@ def token_positions(
     )
 
 
+def _move_cope(module: Position, generator: torch.Generator) -> None:
+    with torch.no_grad():
+        module.cope_emb.add_(0.5 * torch.randn(module.cope_emb.shape, generator=generator).to(module.cope_emb))
+
+
 POSITIONS = Registry(
     "position",
     [
@@ -360,12 +393,25 @@ POSITIONS = Registry(
             traits=frozenset({"decay", "causal"}),
             relaxes="A0 (order re-enters): a learned, data-dependent recency decay per head (causal only)",
         ),
+        Choice(
+            "cope",
+            "score bias q_i . e[p_ij], p_ij = sum_{visible l, j <= l <= i} sigmoid(s_il), e[p] interpolated "
+            "between learned e[floor p] and e[ceil p]",
+            "Golovneva et al. 2024, arXiv:2405.18719, eq. 3-6 (contextual position encoding, CoPE)",
+            traits=frozenset({"contextual", "causal", "starts_standard"}),
+            extra={"move": _move_cope},
+            relaxes="A0 (order re-enters by counting): a key's position is how many gates the query opens between "
+            "it and the key, so positions depend on the context and on the scores (causal only)",
+        ),
     ],
     {
         "input": "added to the query and key inputs before their projections",
         "rotary": "rotates q and k",
         "bias": "a score bias from the heads' slopes (alibi_slopes)",
         "decay": "a score bias from learned gates on the key inputs (Position.forget_sums, Position.decay_bias)",
+        "contextual": "a score bias from the scaled scores themselves and the queries (Position.contextual_bias)",
+        "starts_standard": "its learned parameters start where it adds nothing; extra['move'](module, generator) "
+        "moves them off that point (the audit of a spec audits the relaxation, not its starting point)",
         "causal": "defined only under a causal mask: the spec refuses causal=False",
     },
 )
