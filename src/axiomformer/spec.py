@@ -370,13 +370,14 @@ class AttentionSpec:
 
     def assumptions(self) -> dict[str, bool]:
         """Which of the assumptions A0..A5 this spec satisfies (A0: no position information and no normalizer that
-        reads the keys' order, as the audit's ``set_symmetry`` check; A4 fails with ``softcap``; A5 needs softmax
+        reads the keys' order, as the audit's ``set_symmetry`` check; A3 fails with an aggregator that maps the values
+        before the sum, ``laser``'s exp; A4 fails with ``softcap``; A5 needs softmax
         *and* the 1/sqrt(d) scale)."""
         return {
             "A0": self.position == AXES["position"][0] and not NORMALIZERS.has(self.normalizer, "ordered"),
             "A1": self.aggregator == "identity",
             "A2": self.contribution == "proportional",
-            "A3": self.value == "linear",
+            "A3": self.value == "linear" and not AGGREGATORS.has(self.aggregator, "log_values"),
             "A4": self.score == "dot" and not self.softcap,
             "A5": self.normalizer == "softmax" and self.scale == "inv_sqrt_d",
         }
