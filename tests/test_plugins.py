@@ -64,10 +64,9 @@ def test_the_example_package_s_choice_is_used_by_train_spec_and_audit():
 
 def test_two_packages_registering_one_name_fail_naming_both():
     failed = _run(["spec", "normalizer=relu2"], HERE / "plugin_example", HERE / "plugin_clash")
-    assert failed.returncode != 0
-    assert (
-        "normalizer choice 'relu2' is registered twice: by axiomformer-relu2 and by axiomformer-relu2-clash"
-        in failed.stderr
+    assert failed.returncode == 2
+    assert failed.stderr == (  # one line, as every bad input on the command line
+        "error: normalizer choice 'relu2' is registered twice: by axiomformer-relu2 and by axiomformer-relu2-clash\n"
     )
 
 

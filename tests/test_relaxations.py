@@ -206,9 +206,10 @@ def test_weights_output_and_gradients_equal_the_papers_formula(name, causal):
     x, keep, visible = _inputs(causal, name)
     out, w = att(x, key_padding_mask=keep, need_weights=True)
     ref_out, ref_w = reference_output(att, x, visible, name, keep)
-    torch.testing.assert_close(w.double(), ref_w, rtol=1e-5, atol=1e-6)
+    # float64 layers compute in float64 on every route (axiomformer.precision): float64 rounding, not float32's
+    torch.testing.assert_close(w, ref_w, rtol=1e-10, atol=1e-12)
     real = keep.unsqueeze(-1) | (visible.any(-1).squeeze(1).unsqueeze(-1))  # rows with a visible key
-    torch.testing.assert_close(out * real, ref_out * real, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out * real, ref_out * real, rtol=1e-10, atol=1e-12)
 
     # Backward: the fast route (no weights asked) against autograd through the reference formula.
     probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * real
@@ -220,12 +221,11 @@ def test_weights_output_and_gradients_equal_the_papers_formula(name, causal):
     att.zero_grad()
     (reference_output(att, xr, visible, name, keep)[0] * probe).sum().backward()
     want = [xr.grad] + [p.grad.clone() for p in att.parameters()]
-    # The normalizers compute in float32 (axes/normalizer.py): gradients agree to float32 rounding.
     # A gradient that is 0 in exact arithmetic (the key bias under a shift-invariant normalizer) is held to the
     # rounding of the largest one.
     biggest = max(float(b.norm()) for b in want)
     for (pname, _), a, b in zip([("input", None)] + list(att.named_parameters()), got, want):
-        assert float((a - b).norm()) <= 2e-5 * max(float(b.norm()), 0.1 * biggest), f"{name}: grad of {pname}"
+        assert float((a - b).norm()) <= 1e-9 * max(float(b.norm()), 0.1 * biggest), f"{name}: grad of {pname}"
     for pname in NEW_PARAMETERS.get(name, []):
         assert float(att.get_parameter(pname).grad.abs().sum()) > 0, pname
 
@@ -242,7 +242,7 @@ def test_decoding_through_the_kv_cache_gives_the_rows_of_the_full_computation(na
         steps = [att(x[:, :3], key_padding_mask=keep[:, :3], cache=cache)]
         for t in range(3, LEN):
             steps.append(att(x[:, t : t + 1], key_padding_mask=keep[:, : t + 1], cache=cache))
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-6)  # float32 normalizers
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-12)  # float64 throughout
 
 
 # ---------------------------------------------------------------------------------------------- special cases
@@ -366,6 +366,21 @@ def test_attend_refuses_a_scale_it_cannot_compute_and_a_causal_only_normalizer_w
     from axiomformer.axes.scale import constant_scale
 
     assert constant_scale(AttentionSpec.standard(16, 2).relax(normalizer="diff")) == pytest.approx(1 / 2)
+
+
+@pytest.mark.parametrize("value", [2.5, True, "2.5", 0.5, 1.9])
+def test_an_integer_field_refuses_a_fraction_or_a_bool_instead_of_truncating_it(value):
+    with pytest.raises(ValueError, match=f"topk expects an integer, got {value!r}"):
+        AttentionSpec.standard(16, 2).relax(normalizer="topk", topk=value)
+    assert AttentionSpec.standard(16, 2).relax(normalizer="topk", topk=3.0).topk == 3  # integral: kept
+
+
+@pytest.mark.parametrize("head_dim", [1, 5])
+def test_attend_refuses_an_odd_head_dim_for_diff_whatever_the_spec_says(head_dim):
+    # The spec (16 wide, 2 heads) has an even head_dim; the tensors given to attend decide.
+    q = k = v = torch.randn(1, 2, 4, head_dim)
+    with pytest.raises(ValueError, match=r"needs an even head_dim \(>= 2\), got q \(1, 2, 4, " + str(head_dim)):
+        attend(q, k, v, spec=AttentionSpec.standard(16, 2).relax(normalizer="diff"))
 
 
 def test_a_scale_registered_without_a_value_is_refused_by_attend_not_silently_one():

@@ -96,6 +96,8 @@ def test_describe_is_one_line_naming_the_relaxed_assumptions():
     line = AttentionSpec.standard(32, 4).relax("A4=cosine").describe()
     assert "\n" not in line and "score=cosine" in line and "A4" in line
     assert "standard" in AttentionSpec.standard(32, 4).describe()
+    # a normalizer's own option is part of what is relaxed
+    assert "(normalizer=topk, topk=3)" in AttentionSpec.standard(32, 4).relax("normalizer=topk,topk=3").describe()
 
 
 def test_dict_round_trip_and_unknown_keys():

@@ -75,22 +75,6 @@ def design_space() -> str:
     return "\n".join(parts)
 
 
-def design_space_table() -> str:
-    """One row per choice of every axis, read from the registries (``axiomformer.spec.REGISTRIES``): axis, the
-    assumption it belongs to, the choice, its formula and its source."""
-    from axiomformer.spec import ALIASES, REGISTRIES
-
-    alias = {axis: name for name, axis in ALIASES.items()}
-    alias.update({"position": "A0", "scale": "A5 (temperature)", "feature_map": "A5 (linear kernel)"})
-    rows = ["| axis | assumption | choice | formula | source |", "|:---|:---|:---|:---|:---|"]
-    for axis, registry in REGISTRIES.items():
-        for i, choice in enumerate(registry):
-            name = f"`{choice.name}`" + (" (standard)" if i == 0 else "")
-            cells = [f"`{axis}`", alias.get(axis, ""), name, choice.formula, choice.source]
-            rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(rows) + "\n"
-
-
 def routing() -> str:
     import torch
 
@@ -138,13 +122,7 @@ def audit_matrix() -> str:
     return matrix_markdown(relaxation_matrix())
 
 
-GENERATORS = {
-    "design-space-table": design_space_table,
-    "design-space": design_space,
-    "routing": routing,
-    "engines": engines,
-    "audit-matrix": audit_matrix,
-}
+GENERATORS = {"design-space": design_space, "routing": routing, "engines": engines, "audit-matrix": audit_matrix}
 
 _RESULTS_MARKER = re.compile(r"<!-- generated: results ([\w-]+) -->")
 

@@ -113,6 +113,21 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
+def _integer(name: str, value: Any) -> int:
+    """An integer field's value: an int, an integral float or an integer string; never a bool or a fraction (which
+    ``int()`` would silently truncate)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} expects an integer, got {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{name} expects an integer, got {value!r}") from None
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
     """A frozen description of one attention layer in the design space.
@@ -325,6 +340,8 @@ class AttentionSpec:
         return tuple(f.name for f in fields(cls))
 
     def _coerce(self, name: str, value: Any) -> Any:
+        """``value`` (from a relax string or a keyword) as the type of the field ``name``; ``ValueError`` if it is
+        not one."""
         names = self.field_names()
         if name not in names:
             raise ValueError(
@@ -341,10 +358,7 @@ class AttentionSpec:
                 return False
             raise ValueError(f"{name} expects a boolean (true/false), got {value!r}")
         if isinstance(current, int):
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"{name} expects an integer, got {value!r}") from None
+            return _integer(name, value)
         if isinstance(current, float):
             try:
                 return float(value)
@@ -419,7 +433,11 @@ class AttentionSpec:
         )
         if self.is_standard:
             return f"standard attention: {shape}; A0-A5 hold"
-        relaxed = {**self.relaxed_axes(), **({"softcap": f"{self.softcap:g}"} if self.softcap else {})}
+        relaxed = {
+            **self.relaxed_axes(),
+            **({"softcap": f"{self.softcap:g}"} if self.softcap else {}),
+            **changed_options(self),  # topk, gumbel_tau, ...: the relaxation is not known without them
+        }
         axes = ", ".join(f"{k}={v}" for k, v in relaxed.items())
         status = f"relaxes {', '.join(broken)}" if broken else "A0-A5 hold"
         return f"attention ({axes}): {shape}; {status}"

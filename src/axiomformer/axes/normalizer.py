@@ -34,8 +34,9 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
     softpick        u = relu(exp(s) - 1) / (sum_j |exp(s_j) - 1| + 1e-6), computed with numerator and denominator
                     times exp(-max(0, max_j s_j)) (Zuhri et al. 2025, arXiv:2504.20966)
     topk            softmax over the row's ``topk`` largest visible scores, 0 elsewhere (Zhao et al. 2019,
-                    arXiv:1912.11637); ``topk`` is a spec field (trait ``configured``); ties at the k-th score are
-                    broken by ``torch.topk`` (lowest index first on CPU) **(our choice)**
+                    arXiv:1912.11637); ``topk`` is a spec field (trait ``configured``); every key tied with the k-th
+                    largest score is kept, as in the paper's code (a row keeps k keys or more), so that the result
+                    never depends on how an engine breaks ties
     sinkhorn        u = the Sinkhorn iterates of exp(s) over the visible entries: rows, columns, rows normalized
                     in turn (SINKHORN_NORMALIZATIONS = 3), so rows sum to 1 and columns about to q_len / k_len
                     (Sander et al. 2022, arXiv:2110.11773, sec. 3); a query's weights depend on the other queries'
@@ -261,7 +262,7 @@ def _alpha_params(module: nn.Module) -> dict[str, Tensor]:
 
 def _diff(s: Tensor, training: bool, lam: Tensor | float = DIFF_LAMBDA_INIT, **params: Tensor) -> Tensor:
     # s (2, ..., k_len): the scores of the first and of the second halves of q and k.
-    lam = lam.float() if isinstance(lam, Tensor) else lam
+    lam = lam.to(s.dtype) if isinstance(lam, Tensor) else lam  # s is in the compute dtype (float64 kept)
     return torch.softmax(s[0], dim=-1) - lam * torch.softmax(s[1], dim=-1)
 
 
@@ -304,8 +305,8 @@ def _topk(s: Tensor, training: bool, k: int = TOPK_DEFAULT, **params: Tensor) ->
     kk = min(int(k), s.shape[-1])
     if kk == 0:
         return torch.zeros_like(s)
-    top, index = s.topk(kk, dim=-1)
-    return torch.zeros_like(s).scatter(-1, index, torch.softmax(top, dim=-1))
+    kth = s.topk(kk, dim=-1).values[..., -1:]  # -inf when fewer than k keys are visible: all of them are kept
+    return torch.softmax(s.masked_fill(s < kth, float("-inf")), dim=-1)
 
 
 def _topk_options(spec: AttentionSpec) -> dict:
@@ -522,7 +523,7 @@ NORMALIZERS = Registry(
         ),
         Choice(
             "topk",
-            "u = softmax over each row's topk largest visible scores, 0 elsewhere (spec field topk)",
+            "u = softmax over the visible scores >= the row's topk-th largest, 0 elsewhere (ties kept; spec field topk)",
             "Zhao et al. 2019, arXiv:1912.11637, eq. 4-5 (explicit sparse transformer)",
             _topk,
             frozenset({"row", "configured", "closed_vjp"}),

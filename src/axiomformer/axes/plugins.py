@@ -20,6 +20,7 @@ from importlib import metadata
 from typing import Any
 
 from axiomformer.axes.registry import Choice, Registry
+from axiomformer.errors import UserInputError
 
 GROUP = "axiomformer.choices"
 """The entry-point group."""
@@ -34,12 +35,12 @@ def _load(entry: metadata.EntryPoint, package: str, axis: str, name: str) -> Cho
     loaded: Any = entry.load()
     choice = loaded if isinstance(loaded, Choice) else (loaded() if callable(loaded) else loaded)
     if not isinstance(choice, Choice):
-        raise ValueError(
+        raise UserInputError(
             f"entry point {entry.name!r} of {package} ({entry.value}) gives "
             f"{type(choice).__name__}, not an axiomformer.axes.registry.Choice"
         )
     if choice.name != name:
-        raise ValueError(
+        raise UserInputError(
             f"entry point {entry.name!r} of {package} names the {axis} choice {name!r}, but its Choice "
             f"is named {choice.name!r}"
         )
@@ -54,7 +55,7 @@ def load_choices(registries: dict[str, Registry], entries: list[metadata.EntryPo
         entries: the entry points (default: the installed ones of :data:`GROUP`).
 
     Raises:
-        ValueError: a malformed entry-point name or unknown axis (naming the axes), an object that is not a
+        UserInputError (a ValueError): a malformed entry-point name or unknown axis (naming the axes), an object that is not a
             ``Choice``, or a name registered twice (naming both packages, or axiomformer and the package).
     """
     entries = list(metadata.entry_points(group=GROUP)) if entries is None else entries
@@ -63,12 +64,12 @@ def load_choices(registries: dict[str, Registry], entries: list[metadata.EntryPo
         package = _package(entry)
         axis, _, name = entry.name.partition(".")
         if axis not in registries or not name:
-            raise ValueError(
+            raise UserInputError(
                 f"entry point {entry.name!r} of {package} in {GROUP}: expected '<axis>.<choice>' with "
                 f"an axis of: {', '.join(registries)}"
             )
         if name in registries[axis]:
-            raise ValueError(
+            raise UserInputError(
                 f"{axis} choice {name!r} is registered twice: by {registries[axis].origin(name)} and by {package}"
             )
         registries[axis].register(_load(entry, package, axis, name), origin=package)

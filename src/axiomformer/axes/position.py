@@ -198,14 +198,14 @@ class Position(nn.Module):
         return high * w + low * (1 - w)
 
     def forget_sums(self, x: Tensor, key_padding_mask: Tensor | None, past: Tensor | None) -> Tensor:
-        """Running sums c_l = sum_{m <= l} log f_m of the forget gates, (batch, heads, k_len) float32.
+        """Running sums c_l = sum_{m <= l} log f_m of the forget gates, (batch, heads, k_len), float32 or float64.
 
         Args:
             x: (batch, new_k_len, dim) the key inputs of this call.
             key_padding_mask: (batch, k_len) bool over every key (cached ones first), True = real token, or None.
             past: (batch, heads, past_len) the running sums a KV cache kept, or None.
         """
-        log_f = F.logsigmoid(self.forget_gate(x).float()).transpose(1, 2)  # (batch, heads, new_k_len)
+        log_f = F.logsigmoid(upcast(self.forget_gate(x))).transpose(1, 2)  # (batch, heads, new_k_len)
         if key_padding_mask is not None:
             real = key_padding_mask[:, key_padding_mask.shape[-1] - x.shape[1] :].unsqueeze(1)
             log_f = torch.where(real, log_f, torch.zeros_like(log_f))

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from axiomformer.axes.registry import Choice, Registry
+from axiomformer.precision import compute_dtype
 
 if TYPE_CHECKING:
     from axiomformer.spec import AttentionSpec
@@ -82,7 +83,8 @@ def _log_n(module: Scale, n_visible: Tensor | None) -> Tensor:
     if n_visible is None:
         raise ValueError("scale='log_n' needs n_visible, the number of keys each query may see")
     coef = module.log_n_coef.view(1, -1, 1, 1)
-    return coef * n_visible.float().clamp_min(1.0).log() / math.sqrt(module.width)
+    n = n_visible.to(compute_dtype(coef.dtype))  # float64 kept
+    return coef * n.clamp_min(1.0).log() / math.sqrt(module.width)
 
 
 SCALES = Registry(

@@ -219,6 +219,11 @@ def _resolve_options(
             spec = AttentionSpec.standard(heads * q.shape[-1], heads, causal=bool(causal))
         parts = default_parts(spec)
     spec = parts.spec
+    if "halves" in parts.normalizer_traits and (q.shape[-1] % 2 or q.shape[-1] < 2):
+        raise ValueError(
+            f"normalizer={spec.normalizer!r} splits each head's query and key in two halves and needs an even "
+            f"head_dim (>= 2), got q {tuple(q.shape)}"
+        )
     if scale is None:
         scale = constant_scale(spec, q.shape[-1])  # ValueError for a learned or per-row scale
     causal = spec.causal if causal is None else causal
@@ -303,7 +308,8 @@ def attend(
         ValueError: q, k, v, mask or bias shapes that do not fit (naming them, see ``engines/validate.py``), a
             negative window, and see :func:`route` and :func:`default_parts`; no ``scale`` for a scale choice that is
             not a constant (``learned``, ``log_n``, or any choice a package registers without a value), naming the
-            constant ones; a causal-only normalizer without a causal mask, a non-causal-only one (sinkhorn) with one.
+            constant ones; a causal-only normalizer without a causal mask, a non-causal-only one (sinkhorn) with one;
+            an odd head_dim for a normalizer that splits heads in halves (``diff``).
     """
     target = problem_shape(q, k, v)
     mask, bias = as_problem_4d("mask", mask, target), as_problem_4d("bias", bias, target)

@@ -45,9 +45,11 @@ class RowKernel:
     ``spare(i)`` is the i-th free block of t's shape (i = 0, 1), the same block on every call of one chunk: a
     kernel may fill it in ``weights`` (u may be ``spare(0)``) and in ``vjp`` (``spare(1)``).
     ``shift_invariant``: u(t + c) = u(t) for a per-row constant c (the engine may then drop one from the cap).
+    ``selects``: u jumps where logits cross (top-k), so the cap must round exactly as the reference's tanh does.
     """
 
     shift_invariant = False
+    selects = False
 
     def __init__(self, choice: Choice, options: dict) -> None:
         self.choice, self.options = choice, options
@@ -86,12 +88,22 @@ class Softmax(RowKernel):
 
 
 class TopK(Softmax):
-    """u = softmax over each row's k largest logits, 0 elsewhere; the VJP is softmax's (u = 0 off the top k)."""
+    """u = softmax over the keys whose logit is >= the row's k-th largest (ties kept, as the registry's formula), 0
+    elsewhere; the VJP is softmax's (u = 0 off the kept keys)."""
+
+    selects = True
 
     def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
-        kk = min(int(self.options.get("k", 1)), t.shape[-1])
-        top, index = t.topk(kk, dim=-1)
-        return spare(0).zero_().scatter_(-1, index, torch.softmax(top, dim=-1)), None
+        top = t.topk(min(int(self.options.get("k", 1)), t.shape[-1]), dim=-1).values
+        # the smallest finite of the top k: the k-th largest, or the smallest visible logit of a row that has fewer
+        # than k (the engine never gets a row without one)
+        kth = top.masked_fill_(torch.isneginf(top), float("inf")).amin(dim=-1, keepdim=True)
+        # t - kth >= 0 for a kept key; for a dropped one it is < 0, and below -tiny (the smallest normal number) unless
+        # both logits are within 1e-38 of 0 (float32): one thresholding pass instead of a comparison and a masked fill
+        # (1.6 ms against 0.05 on an 8 MiB block). The threshold is normal, so that it holds with denormals flushed.
+        tiny = torch.finfo(t.dtype).tiny
+        gap = torch.nn.functional.threshold(torch.sub(t, kth, out=spare(0)), -tiny, float("-inf"), inplace=True)
+        return torch.softmax(gap, dim=-1), None
 
 
 class Softpick(RowKernel):

@@ -1,0 +1,109 @@
+"""The rowwise engine's own numerics (``engines/rowwise.py``, ``engines/rowkernels.py``) beyond the generated engine
+matrix: caps of any size keep float32 accuracy, top-k never depends on how an engine breaks ties, and the float64
+results equal the reference engine's. Each property has a planted wrong version that the same check catches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from axiomformer import Attention, AttentionSpec
+from axiomformer.engines import attend, rowkernels, rowwise
+
+HEADS, HEAD_DIM, LEN = 2, 16, 64
+
+
+def _float32_error(normalizer: str, cap: float, causal: bool) -> float:
+    """Relative error (norm) of the rowwise engine's float32 output against the reference engine in float64."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, HEADS, LEN, HEAD_DIM, dtype=torch.float64, generator=g) for _ in range(3))
+    spec = AttentionSpec.standard(HEADS * HEAD_DIM, HEADS, causal=causal).relax(normalizer=normalizer, softcap=cap)
+    truth = attend(q, k, v, spec=spec, engine="reference").out
+    got = attend(q.float(), k.float(), v.float(), spec=spec, engine="rowwise").out
+    return float((got.double() - truth).norm() / truth.norm())
+
+
+CASES = [("softmax", False), ("softpick", False), ("stick_breaking", True), ("topk", True)]
+
+
+@pytest.mark.parametrize("cap", [2.5, 50.0, 1e3, 1e6])
+@pytest.mark.parametrize("normalizer, causal", CASES)
+def test_a_cap_of_any_size_keeps_float32_accuracy(normalizer, causal, cap):
+    # 2c sigmoid(2z/c) - c errs by about c * 2^-24 in every logit; it is used up to SIGMOID_CAP_MAX = 64 (4e-6 at
+    # most), tanh above, whose error is relative to the logit.
+    assert _float32_error(normalizer, cap, causal) < 1e-5
+
+
+def test_a_large_cap_through_sigmoid_is_caught(monkeypatch):
+    monkeypatch.setattr(rowwise, "SIGMOID_CAP_MAX", math.inf)
+    assert _float32_error("softmax", 1e6, False) > 1e-3
+
+
+def _tied_layer(seed: int, engine: str = "auto") -> tuple[Attention, torch.Tensor]:
+    # Logits capped at 0.5 saturate: c tanh(z/c) rounds to c exactly, so several keys tie at the k-th score.
+    spec = AttentionSpec.standard(16, 2, causal=True).relax(normalizer="topk", topk=4, softcap=0.5, scale="log_n")
+    torch.manual_seed(seed)
+    att = Attention(spec, engine=engine).double()
+    with torch.no_grad():
+        for p in att.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    return att, torch.randn(2, 11, 16, dtype=torch.float64)
+
+
+def _tie_gap(seed: int) -> float:
+    att, x = _tied_layer(seed, "rowwise")
+    ref = Attention(att.spec, engine="reference").double()
+    ref.load_state_dict(att.state_dict())
+    with torch.no_grad():
+        return float((att(x) - ref(x)).abs().max())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_topk_with_tied_scores_is_the_same_on_every_engine(seed):
+    assert _tie_gap(seed) < 1e-12
+
+
+def test_topk_keeps_every_key_tied_with_the_kth_score():
+    s = torch.tensor([[1.0, 3.0, 2.0, 3.0, 3.0, 0.0]])
+    u = rowkernels.TopK(None, {"k": 2}).weights(s.clone(), None, lambda i: torch.empty_like(s))[0]
+    expected = torch.tensor([[0.0, 1.0, 0.0, 1.0, 1.0, 0.0]]) / 3
+    torch.testing.assert_close(u, expected)
+
+
+def test_a_topk_that_breaks_ties_by_position_is_caught(monkeypatch):
+    class FirstK(rowkernels.Softmax):  # exactly k keys: ties broken the way torch.topk happens to
+        selects = True
+
+        def weights(self, t, diagonal, spare):
+            top, index = t.topk(min(int(self.options["k"]), t.shape[-1]), dim=-1)
+            return spare(0).zero_().scatter_(-1, index, torch.softmax(top, dim=-1)), None
+
+    monkeypatch.setitem(rowkernels.KERNELS, "topk", FirstK)
+    assert max(_tie_gap(seed) for seed in range(3)) > 1e-3
+
+
+def _saturated_choice(engine: str) -> float:
+    """The value of the key topk = 1 keeps (values 0 and 1).
+
+    z = 8.8 and 9.5 under a cap of 1: tanh keeps them apart in float32 (1 - 6e-8 and 1), 2 sigmoid(2z) - 1 does
+    not (both 1); topk = 1 must pick the second key, whose value is 1.
+    """
+    spec = AttentionSpec.standard(4, 1).relax(normalizer="topk", topk=1, softcap=1.0)
+    q = torch.zeros(1, 1, 1, 4)
+    q[..., 0] = 2.0  # sqrt(head_dim): z_j = k_j[0]
+    k = torch.zeros(1, 1, 2, 4)
+    k[0, 0, :, 0] = torch.tensor([8.8, 9.5])
+    v = torch.tensor([0.0, 1.0]).view(1, 1, 2, 1).expand(1, 1, 2, 4).contiguous()
+    return float(attend(q, k, v, spec=spec, engine=engine).out[0, 0, 0, 0])
+
+
+@pytest.mark.parametrize("engine", ["reference", "rowwise"])
+def test_topk_ranks_logits_a_float32_cap_keeps_apart(engine):
+    assert _saturated_choice(engine) == 1.0
+
+
+def test_topk_capped_through_sigmoid_is_caught(monkeypatch):
+    monkeypatch.setattr(rowkernels.TopK, "selects", False)
+    assert _saturated_choice("rowwise") == 0.5  # both keys round to the cap and tie
