@@ -333,6 +333,7 @@ def test_topk_keeps_k_keys_per_row_and_at_least_one():
             r"causal=True",
         ),
         ("position=forget", r"position='forget' is defined only under a causal mask: it needs causal=True"),
+        ("position=cope", r"position='cope' is defined only under a causal mask: it needs causal=True"),
         ("normalizer=diff,dim=12,num_heads=4", r"needs an even head_dim \(>= 2\), got head_dim=3"),
         ("normalizer=diff,score=bilinear", r"needs a score without head_dim-sized parameters \(one of: dot, cosine"),
         ("normalizer=linear,softcap=5", r"softcap caps scores"),
