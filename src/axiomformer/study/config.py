@@ -241,7 +241,16 @@ class StudyConfig(_Strict):
         from axiomformer.spec import AttentionSpec
 
         for text in value:
-            AttentionSpec.standard(64, 4, causal=True).relax(text)  # raises ValueError naming the valid choices
+            spec = AttentionSpec.standard(64, 4, causal=True).relax(text)  # ValueError naming the valid choices
+            if not spec.causal:
+                # Every task scores position t after inputs[:t + 1] (tasks/base.py): an arm that reads the whole
+                # sequence would see what it is scored on, and its comparison would measure that, not the choice.
+                raise ValueError(
+                    f"variant {text!r} is not causal: the study's tasks score each position after reading its "
+                    f"prefix, so a bidirectional arm would see the tokens it is scored on; a choice defined only "
+                    f"without a causal mask (normalizer=sinkhorn) cannot be a study arm (train it with "
+                    f"`axiomformer train --spec '<choice>,causal=false'`)"
+                )
         return value
 
     @field_validator("suite")

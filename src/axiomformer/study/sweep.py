@@ -108,20 +108,11 @@ def models(config: StudyConfig) -> list[ModelChoice]:
         no_position = compact in NO_POSITION_LABELS and base.position == "none"
         spec = base if no_position else base.relax(text)
         label = "position=none" if no_position else _label(spec, base)
-        # An arm defined only without a causal mask (normalizer=sinkhorn) is a bidirectional encoder: its spec string
-        # and its TrainConfig say so (the study's base is causal).
-        bidirectional = base.causal and not spec.causal
-        if bidirectional:
-            label += ",causal=false"
         if label not in seen:
             seen.add(label)
             out.append(
                 ModelChoice(
-                    label=label,
-                    kind="transformer",
-                    spec=(spec.variant + ",causal=false").removeprefix("standard,") if bidirectional else spec.variant,
-                    input_position="none" if no_position else "auto",
-                    options=(("causal", False),) if bidirectional else (),
+                    label=label, kind="transformer", spec=spec.variant, input_position="none" if no_position else "auto"
                 )
             )
     out += [ModelChoice(label=name, kind=name) for name in config.baselines]
