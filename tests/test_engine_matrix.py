@@ -250,7 +250,12 @@ def test_a_planted_wrong_softcap_slope_is_caught_on_the_rowwise_engine(monkeypat
         return t
 
     monkeypatch.setattr(rowwise._Row, "logits", forgets_the_slope)
-    _rowwise_failures("2.5", axis="softcap")
+    monkeypatch.setattr(rowwise._Row, "slope_", lambda self, t, diagonal: t.fill_(1.0))  # the late slope too
+    _rowwise_failures("2.5", axis="softcap")  # softmax: the slope recomputed from t after the VJP
+    for normalizer in ("softpick", "stick_breaking"):  # kernels that overwrite t: the slope kept in its own block
+        spec = case_spec("normalizer", normalizer, "causal").relax("softcap=2.5")
+        bad = mismatches(run_case(spec, "causal", "rowwise"), run_case(spec, "causal", "reference"))
+        assert bad and all(b.startswith("grad") for b in bad), (normalizer, bad)
 
 
 def _rowwise_normalizers() -> list[str]:

@@ -39,6 +39,10 @@ def fill_hidden_(x: Tensor, diagonal: Diagonal, value: float) -> Tensor:
     return x
 
 
+PART = 16
+"""Queries per piece where a kernel needs flipped copies of its rows (stick-breaking) **(our choice)**."""
+
+
 class RowKernel:
     """Weights and their VJP for one normalizer. ``weights`` may leave a state of its own in t for ``vjp``.
 
@@ -46,10 +50,12 @@ class RowKernel:
     kernel may fill it in ``weights`` (u may be ``spare(0)``) and in ``vjp`` (``spare(1)``).
     ``shift_invariant``: u(t + c) = u(t) for a per-row constant c (the engine may then drop one from the cap).
     ``selects``: u jumps where logits cross (top-k), so the cap must round exactly as the reference's tanh does.
+    ``keeps_logits``: t is as the engine gave it once ``vjp`` has returned (the engine may then reuse it).
     """
 
     shift_invariant = False
     selects = False
+    keeps_logits = False
 
     def __init__(self, choice: Choice, options: dict) -> None:
         self.choice, self.options = choice, options
@@ -59,13 +65,15 @@ class RowKernel:
         raise NotImplementedError
 
     def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
-        """dL/dt from what ``weights`` left; may overwrite t, u and g. The result is g or a new tensor, never a spare
-        (the engine reuses spare 0 once the VJP has returned)."""
+        """dL/dt from what ``weights`` left; may overwrite t, u and g. The result is g or a new tensor, never t or a
+        spare (the engine reuses t's block once dL/dt is final)."""
         raise NotImplementedError
 
 
 class Generic(RowKernel):
     """The registry's ``impl`` and ``extra['vjp']`` (allocating): any ``closed_vjp`` choice."""
+
+    keeps_logits = True  # a registry VJP may overwrite g only
 
     def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
         assert self.choice.impl is not None  # a normalizer always has one
@@ -79,6 +87,7 @@ class Softmax(RowKernel):
     """u = softmax(t); dL/dt = u (g - delta)."""
 
     shift_invariant = True
+    keeps_logits = True
 
     def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
         return torch.softmax(t, dim=-1), None  # one fused pass; a manual in-place softmax took 1.5x longer
@@ -141,11 +150,14 @@ class StickBreaking(RowKernel):
 
     def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
         u = torch.special.expit(t, out=spare(0))
-        keep = torch.special.expit(t.neg_(), out=spare(1))
-        t.neg_()  # negation is exact: t is restored
-        # prod over l >= j: a cumulative product of the reversed row, reversed back (one flipped copy alive at once)
-        after = torch.cumprod(keep.flip(-1), dim=-1, out=keep).flip(-1)
-        u[..., :-1].mul_(after[..., 1:])
+        # prod over l > j: a cumulative product of the reversed row, reversed back, PART queries at a time (two
+        # flipped copies of a full block would be the largest allocations of the backward)
+        for rows in range(0, t.shape[-2], PART):
+            part = t[:, rows : rows + PART]
+            keep = torch.special.expit(part.neg_()).flip(-1)
+            part.neg_()  # negation is exact: t is restored
+            after = keep.cumprod_(-1).flip(-1)  # prod over l >= j
+            u[:, rows : rows + PART, :-1].mul_(after[..., 1:])
         return u, None
 
     def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:

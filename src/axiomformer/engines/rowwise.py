@@ -66,6 +66,21 @@ class _Row:
             s.sub_(self.cap)
         return fill_hidden_(s, diagonal, float("-inf"))
 
+    @property
+    def late_slope(self) -> bool:
+        """The cap's slope is recomputed from t after the VJP (in t's block) rather than kept in a block of its
+        own: the kernel leaves t intact."""
+        return bool(self.cap) and self.kernel.keeps_logits
+
+    def slope_(self, t: Tensor, diagonal) -> Tensor:
+        """dt/dz from the capped logits t, in place (0 at hidden keys)."""
+        if self.cap > SIGMOID_CAP_MAX or self.kernel.selects:
+            slope = t.div_(self.cap).square_().neg_().add_(1.0)  # 1 - tanh^2
+        else:
+            s = (t if self.kernel.shift_invariant else t.add_(self.cap)).div_(2.0 * self.cap)  # the sigmoid
+            slope = s.sub_(s * s).mul_(4.0)  # 4 s (1 - s)
+        return fill_hidden_(slope, diagonal, 0.0)
+
 
 def exact_rowwise(q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int) -> Tensor:
     """The same output in plain tensor ops, from the registry's ``impl`` (what second-order gradients
@@ -82,8 +97,8 @@ class _Blocks:
     """Reusable score blocks of one call: ``get(i, rows, end)`` is block i viewed as (batch*heads, rows, end),
     allocated once at the largest size (``rows`` up to the chunk size or the widest head_dim, ``end`` up to the keys).
 
-    Block 0 holds the logits, 2 dL/du (and dO^T u before it), 3 the cap's slope, 4 and 5 the kernel's spares (4 also
-    Q^T dt once the kernel is done with it): the VJP contract (``engines/rowkernels.py``) never returns a spare.
+    Block 0 holds the logits (and Q^T dt once dt is final), 2 dL/du (and dO^T u before it), 3 the cap's slope, 4 and 5
+    the kernel's spares: the VJP contract (``engines/rowkernels.py``) never returns t or a spare.
     """
 
     def __init__(self, like: Tensor, rows: int, k_len: int):
@@ -114,19 +129,21 @@ def _backward_chunk(row: _Row, blocks: _Blocks, saved: tuple, grads: tuple, rows
     grad_q, grad_kt, grad_vt = grads
     n = rows.stop - rows.start
     q_c, k_c, v_c, d_out = q[:, rows], k[:, :end], v[:, :end], grad_out[:, rows]
-    slope = blocks.get(3, n, end) if row.cap else None
+    slope = blocks.get(3, n, end) if row.cap and not row.late_slope else None
     t = row.logits(q_c, k_c, diagonal, blocks.get(0, n, end), slope)
     spare = blocks.spares(n, end)
     u, state = row.kernel.weights(t, diagonal, spare)
-    # dO_c^T u goes through g's block before g is computed, Q_c^T dt through spare 0 once the kernel is done with it
+    # dO_c^T u goes through g's block before g is computed, Q_c^T dt through t's once the slope is applied
     grad_vt[..., :end] += torch.bmm(d_out.transpose(-2, -1), u, out=blocks.get(2, v.shape[-1], end))
     g = torch.bmm(d_out, v_c.transpose(-2, -1), out=blocks.get(2, n, end))  # dL/du
     delta = (d_out * out[:, rows]).sum(-1, keepdim=True)  # sum_j u_j g_j
     dt = row.kernel.vjp(t, u, g, delta, state, spare)
+    if row.late_slope:
+        slope = row.slope_(t, diagonal)
     if slope is not None:
         dt.mul_(slope)  # hidden keys: dt = 0 and a finite slope
     grad_q[:, rows] = torch.bmm(dt, k_c)
-    grad_kt[..., :end] += torch.bmm(q_c.transpose(-2, -1), dt, out=blocks.get(4, k.shape[-1], end))
+    grad_kt[..., :end] += torch.bmm(q_c.transpose(-2, -1), dt, out=blocks.get(0, k.shape[-1], end))
 
 
 class RowwiseAttention(torch.autograd.Function):
