@@ -9,6 +9,7 @@ the KV cache where it is causal.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -505,7 +506,7 @@ def test_every_causal_relaxation_is_a_valid_study_arm_and_a_bad_one_names_the_ch
         StudyConfig(tasks=tasks, variants=["normalizer=softpik"])
 
 
-@pytest.mark.parametrize("variant", [CHOICES["sinkhorn"], "causal=false"])
+@pytest.mark.parametrize("variant", [CHOICES["sinkhorn"], "normalizer=sinkhorn", "causal=false"])
 def test_a_bidirectional_arm_is_refused_by_a_study_whose_tasks_are_scored_causally(variant):
     # A task scores position t after inputs[:t + 1]; an arm that reads the whole sequence sees what it is scored on.
     from pydantic import ValidationError
@@ -644,3 +645,50 @@ def test_cope_starts_as_standard_attention_and_counts_positions_back_from_the_qu
     forward = _cope_bias(q, s.flip(-1), visible.flip(-1), table).flip(-1)
     assert not torch.allclose(w, _masked_softmax(s + forward, visible) * visible, atol=1e-3)
     torch.testing.assert_close(w, _masked_softmax(s + _cope_bias(q, s, visible, table), visible), rtol=1e-5, atol=1e-6)
+
+
+def test_laser_in_float16_takes_exp_in_float32_so_values_far_apart_stay_finite():
+    # Values spread ~36 apart per coordinate: float16's exp(v - m) underflows 17 below the max (it gave an output 6
+    # off and non-finite gradients when computed in float16).
+    torch.manual_seed(0)
+    att64 = Attention(AttentionSpec.standard(16, 2).relax("aggregator=laser")).double()
+    att16 = Attention(AttentionSpec.standard(16, 2).relax("aggregator=laser")).half()
+    att16.load_state_dict({k: v.half() for k, v in att64.state_dict().items()})
+    x = torch.randn(1, 40, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(5)) * 6
+    expected = att64(x)
+    xh = x.half().requires_grad_()
+    out = att16(xh)
+    assert out.dtype == torch.float16
+    assert float((out.double() - expected).abs().max()) < 1e-2 * float(expected.abs().max())
+    out.float().sum().backward()
+    assert torch.isfinite(xh.grad).all() and all(torch.isfinite(p.grad).all() for p in att16.parameters())
+
+
+@pytest.mark.parametrize("relax", ["normalizer=sinkhorn,causal=false", "causal=false"])
+def test_train_takes_causal_false_from_the_spec_string_and_reports_it(relax):
+    result = CliRunner().invoke(
+        app,
+        ["train", "--task", "copy", "--seq-len", "12", "--dim", "16", "--layers", "1", "--steps", "2"]
+        + ["--spec", relax, "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output.strip().splitlines()[-1])["spec"] == relax.removeprefix("standard,")
+
+
+@pytest.mark.parametrize("position", ["alibi", "forget", "cope"])
+def test_power_refuses_an_additive_position_penalty_it_would_turn_into_weight(position):
+    with pytest.raises(ValueError, match=f"position='{position}''s additive penalty would become weight; choose one"):
+        AttentionSpec.standard(16, 2, causal=True).relax(normalizer="power", position=position)
+
+
+def test_power_refuses_a_float_bias_but_takes_a_mask_of_zeros_and_minus_infinity():
+    # (q.k + b)^2 grows as b -> -1e4: the transformers convention for a masked key would give it all the weight
+    att = Attention(AttentionSpec.standard(16, 2).relax(normalizer="power"))
+    x = torch.randn(1, 4, 16)
+    blocked = torch.zeros(4, 4)
+    blocked[0, 1] = float("-inf")
+    _, w = att(x, attn_mask=blocked, need_weights=True)
+    assert float(w[0, :, 0, 1].abs().max()) == 0.0
+    blocked[0, 2] = -1e4
+    with pytest.raises(ValueError, match="a float bias or mask .* would become weight; pass a boolean mask"):
+        att(x, attn_mask=blocked)

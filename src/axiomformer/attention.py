@@ -366,7 +366,9 @@ class Attention(nn.Module):
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         wrap = self.aggregator if "log_values" in self.plan.aggregator_traits else None
         if wrap is not None:  # A1 around the weighted sum: LASER's exp(v - m) in, m + log(out) out
-            v, shift = wrap.encode(v, mask)
+            dtype = v.dtype
+            v, shift = wrap.encode(v, mask)  # exp(v - m) in max(dtype, float32): q and k follow, one dtype per call
+            q, k = q.to(v.dtype), k.to(v.dtype)
         scale = self.scale(
             visible_counts(mask, self.spec.causal, q.shape[-2], k.shape[-2], q_offset, q.device, self.spec.window)
             if self.scale.per_row
@@ -393,7 +395,7 @@ class Attention(nn.Module):
         )
         self.last_engine = result.engine
         if wrap is not None:
-            result = result._replace(out=wrap.decode(result.out, shift))
+            result = result._replace(out=wrap.decode(result.out, shift).to(dtype))
         return result
 
     def core(

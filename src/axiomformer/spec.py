@@ -223,12 +223,23 @@ class AttentionSpec:
         if not isinstance(self.gumbel_hard, bool):
             raise ValueError(f"gumbel_hard must be a bool, got {self.gumbel_hard!r}")
         self._check_relaxations()
+        self._check_sign_blind()
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"position='rope' needs an even head_dim, got head_dim={self.head_dim}")
         if NORMALIZERS.has(self.normalizer, "kernel") and self.score != "dot":
             raise ValueError(
                 f"normalizer={self.normalizer!r} replaces the score by a kernel phi(q).phi(k) and needs score='dot', "
                 f"got score={self.score!r}"
+            )
+
+    def _check_sign_blind(self) -> None:
+        """A normalizer blind to the sign of the scores (``power``: s^2) turns an additive penalty into weight."""
+        additive = {"bias", "decay", "contextual"}  # ALiBi, the forget gates, CoPE: biases added to the scores
+        if NORMALIZERS.has(self.normalizer, "sign_blind") and POSITIONS[self.position].traits & additive:
+            valid = ", ".join(c.name for c in POSITIONS if not c.traits & additive)
+            raise ValueError(
+                f"normalizer={self.normalizer!r} weighs a score by its magnitude whatever its sign, so "
+                f"position={self.position!r}'s additive penalty would become weight; choose one of: {valid}"
             )
 
     def _check_relaxations(self) -> None:

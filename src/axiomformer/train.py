@@ -144,7 +144,9 @@ class TrainConfig(Budget):
         if any(n < 1 for n in self.eval_lengths):
             raise ValueError(f"eval_lengths must be positive, got {self.eval_lengths}")
         if self.model == "transformer":
-            self.attention_spec()  # raises ValueError on a bad spec string or dim/heads mismatch
+            spec = self.attention_spec()  # raises ValueError on a bad spec string or dim/heads mismatch
+            if spec.causal != self.causal:  # the spec string's causal=... decides (false: a bidirectional encoder)
+                object.__setattr__(self, "causal", spec.causal)
         return self
 
     def attention_spec(self) -> AttentionSpec:
@@ -235,6 +237,13 @@ class TrainResult:
         tokens_per_second."""
         data = self.to_dict()
         return {key: data[key] for key in self.SUMMARY_KEYS}
+
+
+def _spec_label(spec: AttentionSpec) -> str:
+    """The spec's relax string, with ``causal=false`` for a bidirectional encoder (no variant says it otherwise)."""
+    if spec.causal:
+        return spec.variant
+    return "causal=false" if spec.variant == "standard" else f"{spec.variant},causal=false"
 
 
 def _finite(value):
@@ -396,7 +405,7 @@ def _result(
     return TrainResult(
         task=config.task,
         model=config.model,
-        spec=spec.variant if spec is not None else config.spec,
+        spec=_spec_label(spec) if spec is not None else config.spec,
         seq_len=config.seq_len,
         accuracy=test_accuracy,
         loss=test_loss,

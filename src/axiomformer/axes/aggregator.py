@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from axiomformer.axes.mlp import two_layer_mlp
 from axiomformer.axes.registry import Choice, Registry
+from axiomformer.precision import upcast
 
 if TYPE_CHECKING:
     from axiomformer.spec import AttentionSpec
@@ -96,8 +97,8 @@ class LaserAggregator(nn.Module):
             seen = None if mask is None else mask.any(dim=-2).unsqueeze(-1)  # (batch|1, heads|1, k_len, 1)
             top = v if seen is None else v.masked_fill(~seen, float("-inf"))
             m = top.amax(dim=-2, keepdim=True)
-            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        shifted = v - m
+            m = upcast(torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+        shifted = upcast(v) - m  # exp in max(dtype, float32): float16's exp(v - m) underflows 17 below the max
         if seen is not None:
             shifted = shifted.masked_fill(~seen, float("-inf"))
         return torch.exp(shifted), m

@@ -35,8 +35,10 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
                     times exp(-max(0, max_j s_j)) (Zuhri et al. 2025, arXiv:2504.20966)
     topk            softmax over the row's ``topk`` largest visible scores, 0 elsewhere (Zhao et al. 2019,
                     arXiv:1912.11637); ``topk`` is a spec field (trait ``configured``); every key tied with the k-th
-                    largest score is kept, as in the paper's code (a row keeps k keys or more), so that the result
-                    never depends on how an engine breaks ties
+                    largest score is kept, as in the paper's code (a row keeps k keys or more), so that no engine
+                    breaks an exact tie its own way. Scores equal only in exact arithmetic are not ties: identical
+                    keys give dot products that the matrix product rounds column by column, and engines whose
+                    products round differently may keep different ones of them (top-k jumps there)
     sinkhorn        u = the Sinkhorn iterates of exp(s) over the visible entries: rows, columns, rows normalized
                     in turn (SINKHORN_NORMALIZATIONS = 3), so rows sum to 1 and columns about to q_len / k_len
                     (Sander et al. 2022, arXiv:2110.11773, sec. 3); a query's weights depend on the other queries'
@@ -116,6 +118,8 @@ NORMALIZER_TRAITS = {
     "k_len) matrix, a row without a visible key all -inf; engines that split the queries into chunks decline it",
     "noncausal": "defined only without a causal mask: the spec refuses causal=True",
     "signed": "weights may be negative",
+    "sign_blind": "a score's weight grows with its magnitude whatever its sign (an additive penalty becomes weight): "
+    "the spec refuses additive position biases, attend a float bias or mask",
 }
 
 
@@ -547,7 +551,7 @@ NORMALIZERS = Registry(
             "Buckman, Gelada & Zhang 2024, 'Symmetric Power Transformers' (Manifest AI), power attention "
             "A_ij = (q_i.k_j)^p / sum_l (q_i.k_l)^p with even p",
             _power,
-            frozenset({"row", "closed_vjp"}),
+            frozenset({"row", "closed_vjp", "sign_blind"}),
             {"vjp": _power_vjp},
             relaxes="A5: a polynomial instead of exp: not shift invariant, blind to the temperature (u is "
             "homogeneous of degree 0 in s) and to the sign of s",

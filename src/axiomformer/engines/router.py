@@ -309,7 +309,8 @@ def attend(
             negative window, and see :func:`route` and :func:`default_parts`; no ``scale`` for a scale choice that is
             not a constant (``learned``, ``log_n``, or any choice a package registers without a value), naming the
             constant ones; a causal-only normalizer without a causal mask, a non-causal-only one (sinkhorn) with one;
-            an odd head_dim for a normalizer that splits heads in halves (``diff``).
+            an odd head_dim for a normalizer that splits heads in halves (``diff``); a nonzero float bias for a
+            normalizer blind to the scores' sign (``power``).
     """
     target = problem_shape(q, k, v)
     mask, bias = as_problem_4d("mask", mask, target), as_problem_4d("bias", bias, target)
@@ -317,6 +318,11 @@ def attend(
     check_per_head("scale", scale, target)
     parts, scale, causal, window = _resolve_options(q, spec, parts, scale, causal, window)
     spec = parts.spec
+    if bias is not None and "sign_blind" in parts.normalizer_traits and bool((bias != 0).any()):
+        raise ValueError(
+            f"normalizer={spec.normalizer!r} weighs a score by its magnitude whatever its sign, so a float bias or "
+            f"mask (a large negative entry) would become weight; pass a boolean mask (True = may attend)"
+        )
     if 0 in target[2:]:  # no query or no key: nothing for an engine to compute
         out, weights = empty_output(q, k, v, target)
         return Attended(out, weights if need_weights else None, "reference")

@@ -34,10 +34,12 @@ from axiomformer.engines.problem import AttentionProblem, causal_diagonal, causa
 from axiomformer.engines.rowkernels import fill_hidden_, row_kernel
 
 SIGMOID_CAP_MAX = 64.0
-"""Largest cap computed as 2c sigmoid(2z / c) - c rather than c tanh(z / c). The two are equal, and sigmoid took
+"""Largest cap computed as 2c sigmoid(2z / c) (- c) rather than c tanh(z / c). The two are equal, and sigmoid took
 0.12 ms where tanh took 1.2 ms on one 8 MiB block; but 2 sigmoid - 1 has an absolute error of about c eps near 0
-where tanh's is eps |t|: at most 64 float32 ulps of 1, 4e-6, for c <= 64, so larger caps take tanh. Top-k takes tanh
-at any cap, since its selection jumps with the last bit of a logit near the cap **(our choice)**."""
+where tanh's is eps |t|. Softmax depends on absolute logit differences, so c eps (at most 64 float32 ulps of 1, 4e-6,
+for c <= 64) is its error either way; every other kernel takes tanh: softpick and power are nearly scale invariant
+for small logits, where c eps becomes a relative error (2e-2 in float32 at logits of 1e-4), and top-k's selection
+jumps with the last bit of a logit near the cap **(our choice)**."""
 
 
 class _Row:
@@ -48,12 +50,14 @@ class _Row:
         self.choice, self.options = choice, plan.options
         self.kernel = row_kernel(choice, plan.options)
         self.cap = float(plan.spec.softcap)
+        kernel = self.kernel
+        self.sigmoid_cap = 0 < self.cap <= SIGMOID_CAP_MAX and kernel.shift_invariant and not kernel.selects
 
     def logits(self, q_c: Tensor, k_c: Tensor, diagonal, out: Tensor, slope: Tensor | None = None) -> Tensor:
         """The capped logits t of the chunk in ``out``, hidden keys -inf; with a cap and ``slope``, dt/dz there."""
         if not self.cap:
             return fill_hidden_(torch.bmm(q_c, k_c.transpose(-2, -1), out=out), diagonal, float("-inf"))
-        if self.cap > SIGMOID_CAP_MAX or self.kernel.selects:
+        if not self.sigmoid_cap:
             t = torch.bmm(q_c * (1.0 / self.cap), k_c.transpose(-2, -1), out=out).tanh_()
             if slope is not None:
                 torch.addcmul(torch.ones((), dtype=t.dtype), t, t, value=-1.0, out=slope)  # 1 - tanh^2
@@ -62,9 +66,7 @@ class _Row:
         if slope is not None:
             torch.addcmul(s, s, s, value=-1.0, out=slope).mul_(4.0)  # 1 - tanh^2 = 4 s (1 - s)
         s.mul_(2.0 * self.cap)
-        if not self.kernel.shift_invariant:
-            s.sub_(self.cap)
-        return fill_hidden_(s, diagonal, float("-inf"))
+        return fill_hidden_(s, diagonal, float("-inf"))  # 2c sigmoid: the -c is a shift softmax ignores
 
     @property
     def late_slope(self) -> bool:
@@ -74,10 +76,10 @@ class _Row:
 
     def slope_(self, t: Tensor, diagonal) -> Tensor:
         """dt/dz from the capped logits t, in place (0 at hidden keys)."""
-        if self.cap > SIGMOID_CAP_MAX or self.kernel.selects:
+        if not self.sigmoid_cap:
             slope = t.div_(self.cap).square_().neg_().add_(1.0)  # 1 - tanh^2
         else:
-            s = (t if self.kernel.shift_invariant else t.add_(self.cap)).div_(2.0 * self.cap)  # the sigmoid
+            s = t.div_(2.0 * self.cap)  # the sigmoid
             slope = s.sub_(s * s).mul_(4.0)  # 4 s (1 - s)
         return fill_hidden_(slope, diagonal, 0.0)
 

@@ -241,8 +241,16 @@ class StudyConfig(_Strict):
         from axiomformer.spec import AttentionSpec
 
         for text in value:
-            spec = AttentionSpec.standard(64, 4, causal=True).relax(text)  # ValueError naming the valid choices
-            if not spec.causal:
+            base = AttentionSpec.standard(64, 4, causal=True)
+            try:
+                causal = base.relax(text).causal
+            except ValueError:
+                causal = None
+                try:
+                    base.relax(causal=False).relax(text)  # defined only without a causal mask (sinkhorn)?
+                except ValueError:
+                    base.relax(text)  # no: the spec's own error, naming the valid choices
+            if not causal:
                 # Every task scores position t after inputs[:t + 1] (tasks/base.py): an arm that reads the whole
                 # sequence would see what it is scored on, and its comparison would measure that, not the choice.
                 raise ValueError(
