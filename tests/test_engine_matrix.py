@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from axiomformer import Attention, AttentionSpec, KVCache
+from axiomformer.axes.normalizer import NORMALIZERS
 from axiomformer.engines import ENGINE_ORDER, ENGINES, register_engine, unregister_engine
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.elementwise import ElementwiseEngine
@@ -48,6 +49,8 @@ def case_spec(axis: str, name: str, scenario: str) -> AttentionSpec | None:
     causal = scenario in ("causal", "alibi", "window", "kv_decode")
     if not allows_causal(axis, name, causal):
         return None  # defined only under a causal mask, or only without one
+    if scenario in ("float_mask", "alibi") and axis == "normalizer" and NORMALIZERS.has(name, "sign_blind"):
+        return None  # refused: a float bias would become weight (power)
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal)
     spec = spec.relax({axis: name})
     if axis == "topk":
