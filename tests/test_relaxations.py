@@ -415,8 +415,8 @@ def test_training_runs_and_every_new_parameter_moves(name):
         task_options={"vocab": 4},
         spec=CHOICES[name],
         seed=0,
-        causal=name not in NONCAUSAL_ONLY,  # sinkhorn: a bidirectional encoder
     )
+    assert config.causal == (name not in NONCAUSAL_ONLY)  # sinkhorn's spec string says causal=false
     result = train(config, progress=False)
     assert len(result.losses) == 4 and all(math.isfinite(v) for v in result.losses)
 
@@ -515,25 +515,6 @@ def test_a_bidirectional_arm_is_refused_by_a_study_whose_tasks_are_scored_causal
 
     with pytest.raises(ValidationError, match="is not causal: the study's tasks score each position after reading"):
         StudyConfig(tasks=[{"name": "copy", "seq_lens": [12]}], variants=["standard", variant])
-
-
-def test_a_choice_defined_only_without_a_causal_mask_trains_as_a_bidirectional_encoder():
-    tc = TrainConfig(
-        task="copy",
-        seq_len=12,
-        dim=16,
-        layers=1,
-        steps=2,
-        batch_size=2,
-        eval_batches=1,
-        eval_every=2,
-        task_options={"vocab": 4},
-        spec=CHOICES["sinkhorn"],
-        seed=0,
-        causal=False,
-    )
-    assert tc.attention_spec().normalizer == "sinkhorn" and not tc.attention_spec().causal
-    assert all(math.isfinite(v) for v in train(tc, progress=False).losses)
 
 
 # ---------------------------------------------------------------------------------------------- stretch: special cases
