@@ -107,3 +107,33 @@ def test_topk_ranks_logits_a_float32_cap_keeps_apart(engine):
 def test_topk_capped_through_sigmoid_is_caught(monkeypatch):
     monkeypatch.setattr(rowkernels.TopK, "selects", False)
     assert _saturated_choice("rowwise") == 0.5  # both keys round to the cap and tie
+
+
+def _softpick_small_logit_error(engine: str) -> float:
+    """Relative error (norm) of softpick's float32 output at logits ~1e-4 against the formula in float64."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, HEADS, 16, HEAD_DIM, dtype=torch.float64, generator=g) * 1e-4
+    k, v = (torch.randn(1, HEADS, 16, HEAD_DIM, dtype=torch.float64, generator=g) for _ in range(2))
+    e = torch.expm1(q @ k.transpose(-2, -1) / math.sqrt(HEAD_DIM))
+    truth = (e.clamp(min=0) / (e.abs().sum(-1, keepdim=True) + 1e-6)) @ v
+    spec = AttentionSpec.standard(HEADS * HEAD_DIM, HEADS).relax(normalizer="softpick")
+    got = attend(q.float(), k.float(), v.float(), spec=spec, engine=engine).out
+    return float((got.double() - truth).norm() / truth.norm())
+
+
+@pytest.mark.parametrize("engine", ["reference", "rowwise"])
+def test_softpick_keeps_float32_accuracy_at_small_logits(engine):
+    # e^s - 1 by subtraction loses about 1e-4 of the result at s ~ 1e-4 in float32; expm1 does not
+    assert _softpick_small_logit_error(engine) < 1e-5
+
+
+def test_softpick_by_subtraction_is_caught(monkeypatch):
+    from axiomformer.axes import normalizer
+
+    def by_subtraction(s):
+        m = s.amax(dim=-1, keepdim=True).clamp_min(0.0)
+        a = torch.exp(s - m) - torch.exp(-m)
+        return torch.where(torch.isneginf(s), torch.zeros_like(a), a), torch.exp(-m)
+
+    monkeypatch.setattr(normalizer, "softpick_terms", by_subtraction)
+    assert _softpick_small_logit_error("reference") > 1e-5

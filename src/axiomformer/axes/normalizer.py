@@ -76,6 +76,9 @@ DIFF_LAMBDA_INIT = 0.2
 """lambda_h of ``normalizer=diff`` at initialisation: the paper's lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)) at layer
 l = 1 (Ye et al. 2024, sec. 2.1), since a layer does not know its depth **(our choice)**."""
 
+SOFTPICK_EXPM1_BELOW = 1.0
+"""Rows of softpick whose largest logit is below this compute e^(s) - 1 with expm1 (``softpick_terms``)."""
+
 SOFTPICK_EPS = 1e-6
 """The epsilon in softpick's denominator (Zuhri et al. 2025, eq. 2)."""
 
@@ -296,13 +299,27 @@ def _sink_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
     return {"sink_logit": nn.Parameter(torch.zeros(spec.num_heads))}
 
 
-def _softpick(s: Tensor, training: bool, **params: Tensor) -> Tensor:
-    # relu(e^s - 1) / (sum |e^s - 1| + eps), numerator and denominator multiplied by e^-m, m = max(0, max_j s_j), so
-    # no exp overflows; blocked keys (s = -inf) are left out of the sum.
+def softpick_terms(s: Tensor) -> tuple[Tensor, Tensor]:
+    """(a, e^-m) of softpick: a_j = e^-m (e^(s_j) - 1), m = max(0, max_j s_j) (numerator and denominator times e^-m, so
+    that no exp overflows), 0 at a blocked key (s = -inf).
+
+    A row whose largest logit is below SOFTPICK_EXPM1_BELOW takes a_j = e^-m expm1(s_j): there every |a_j| may be
+    small, and e^(s - m) - e^-m by subtraction lost 1e-4 of the output at logits ~1e-4 in float32. Any other row
+    takes the subtraction: a key with a_j near 0 then weighs little against the row's largest, a_max = 1 - e^-m
+    >= 0.63 **(our choice: the rowwise engine keeps one exp pass per block)**."""
     m = s.amax(dim=-1, keepdim=True).clamp_min(0.0).detach()
-    shifted = torch.exp(s - m) - torch.exp(-m)
-    shifted = torch.where(torch.isneginf(s), torch.zeros_like(shifted), shifted)
-    return F.relu(shifted) / (shifted.abs().sum(dim=-1, keepdim=True) + SOFTPICK_EPS * torch.exp(-m))
+    floor = torch.exp(-m)
+    a = torch.exp(s - m) - floor
+    small = m < SOFTPICK_EXPM1_BELOW
+    if bool(small.any()):
+        a = torch.where(small, torch.expm1(s.clamp_max(SOFTPICK_EXPM1_BELOW)) * floor, a)
+    return torch.where(torch.isneginf(s), torch.zeros_like(a), a), floor
+
+
+def _softpick(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+    # relu(e^s - 1) / (sum |e^s - 1| + eps), in the terms of softpick_terms; blocked keys are left out of the sum.
+    a, floor = softpick_terms(s)
+    return F.relu(a) / (a.abs().sum(dim=-1, keepdim=True) + SOFTPICK_EPS * floor)
 
 
 def _topk(s: Tensor, training: bool, k: int = TOPK_DEFAULT, **params: Tensor) -> Tensor:
@@ -364,10 +381,8 @@ def _softmax_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> T
 def _softpick_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
     # u_j = relu(a_j) / D, a_j = e^(z_j - m) - e^-m, D = sum_l |a_l| + eps e^-m:
     # dL/da_k = ([a_k > 0] g_k - sign(a_k) sum_j g_j u_j) / D, and da_k/dz_k = e^(z_k - m) (0 at a blocked key).
-    m = z.amax(dim=-1, keepdim=True).clamp_min_(0.0)
-    e = torch.exp(z - m)
-    floor = torch.exp(-m)
-    a = (e - floor).masked_fill_(torch.isneginf(z), 0.0)
+    a, floor = softpick_terms(z)
+    e = torch.exp(z - z.amax(dim=-1, keepdim=True).clamp_min_(0.0))
     denom = a.abs().sum(dim=-1, keepdim=True).add_(floor, alpha=SOFTPICK_EPS)
     return g.mul_(u > 0).sub_(a.sign_().mul_(delta)).div_(denom).mul_(e)
 

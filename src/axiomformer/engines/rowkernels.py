@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from axiomformer.axes.normalizer import SOFTPICK_EPS
+from axiomformer.axes.normalizer import SOFTPICK_EPS, SOFTPICK_EXPM1_BELOW
 from axiomformer.axes.registry import Choice
 
 Diagonal = tuple[int, Tensor] | None
@@ -116,17 +116,24 @@ class TopK(Softmax):
 
 
 class Softpick(RowKernel):
-    """u_j = relu(a_j) / D, a_j = e^(t_j - m) - e^-m, D = sum_l |a_l| + eps e^-m, m = max(0, max_j t_j).
+    """u_j = relu(a_j) / D, a_j = e^(t_j - m) - e^-m, D = sum_l |a_l| + eps e^-m, m = max(0, max_j t_j), with a as the
+    registry computes it (``softpick_terms``: e^-m expm1(t) in a row whose largest logit is below 1).
 
     dL/dt_k = e^(t_k - m) ([a_k > 0] g_k - sign(a_k) delta) / D. ``weights`` leaves e^(t - m) in t (0 at a blocked
-    key, which therefore gets no gradient) and returns (D, e^-m) as its state.
+    key, which therefore gets no gradient) and returns (D, e^-m) as its state; sign(a) is sign(e^(t - m) - e^-m), 0 for
+    |t| below about 6e-8 in float32 where a's own sign would be +-1 (the kink of |e^t - 1| at 0).
     """
 
     def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
         m = t.amax(dim=-1, keepdim=True).clamp_min_(0.0)
         floor = m.neg().exp_()
+        small = m < SOFTPICK_EXPM1_BELOW
+        exact = torch.expm1(t.clamp_max(SOFTPICK_EXPM1_BELOW)).mul_(floor) if bool(small.any()) else None
         e = t.sub_(m).exp_()
-        a = fill_hidden_(torch.sub(e, floor, out=spare(0)), diagonal, 0.0)
+        a = torch.sub(e, floor, out=spare(0))
+        if exact is not None:  # rare past the first keys of a causal row: the rows with small logits, as the registry
+            a.copy_(torch.where(small, exact, a))
+        fill_hidden_(a, diagonal, 0.0)
         signed_sum = a.sum(dim=-1, keepdim=True)
         u = a.relu_()
         # sum |a| = 2 sum relu(a) - sum a: two reductions instead of an |a| block
