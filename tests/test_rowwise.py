@@ -110,15 +110,23 @@ def test_topk_capped_through_sigmoid_is_caught(monkeypatch):
 
 
 def _softpick_small_logit_error(engine: str) -> float:
-    """Relative error (norm) of softpick's float32 output at logits ~1e-4 against the formula in float64."""
+    """Largest relative error (norm) of softpick's float32 output and query gradient at logits ~1e-4, against the
+    formula in float64 under autograd."""
     g = torch.Generator().manual_seed(1)
     q = torch.randn(1, HEADS, 16, HEAD_DIM, dtype=torch.float64, generator=g) * 1e-4
     k, v = (torch.randn(1, HEADS, 16, HEAD_DIM, dtype=torch.float64, generator=g) for _ in range(2))
-    e = torch.expm1(q @ k.transpose(-2, -1) / math.sqrt(HEAD_DIM))
+    q64 = q.clone().requires_grad_()
+    e = torch.expm1(q64 @ k.transpose(-2, -1) / math.sqrt(HEAD_DIM))
     truth = (e.clamp(min=0) / (e.abs().sum(-1, keepdim=True) + 1e-6)) @ v
+    (truth_grad,) = torch.autograd.grad(truth.sum(), q64)
     spec = AttentionSpec.standard(HEADS * HEAD_DIM, HEADS).relax(normalizer="softpick")
-    got = attend(q.float(), k.float(), v.float(), spec=spec, engine=engine).out
-    return float((got.double() - truth).norm() / truth.norm())
+    q32 = q.float().requires_grad_()
+    got = attend(q32, k.float(), v.float(), spec=spec, engine=engine).out
+    (grad,) = torch.autograd.grad(got.sum(), q32)
+    return max(
+        float((got.double() - truth).norm() / truth.norm()),
+        float((grad.double() - truth_grad).norm() / truth_grad.norm()),
+    )
 
 
 @pytest.mark.parametrize("engine", ["reference", "rowwise"])

@@ -120,8 +120,9 @@ class Softpick(RowKernel):
     registry computes it (``softpick_terms``: e^-m expm1(t) in a row whose largest logit is below 1).
 
     dL/dt_k = e^(t_k - m) ([a_k > 0] g_k - sign(a_k) delta) / D. ``weights`` leaves e^(t - m) in t (0 at a blocked
-    key, which therefore gets no gradient) and returns (D, e^-m) as its state; sign(a) is sign(e^(t - m) - e^-m), 0 for
-    |t| below about 6e-8 in float32 where a's own sign would be +-1 (the kink of |e^t - 1| at 0).
+    key, which therefore gets no gradient) and returns (D, e^-m, sign(a) or None) as its state. sign(a) is kept from a
+    in a block with small logits; elsewhere it is sign(e^(t - m) - e^-m), which is 0 for |t| below about 6e-8 in
+    float32 where a's own sign is +-1 (the kink of |e^t - 1| at 0), in a row whose D >= 0.63.
     """
 
     def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
@@ -131,18 +132,22 @@ class Softpick(RowKernel):
         exact = torch.expm1(t.clamp_max(SOFTPICK_EXPM1_BELOW)).mul_(floor) if bool(small.any()) else None
         e = t.sub_(m).exp_()
         a = torch.sub(e, floor, out=spare(0))
+        sign = None
         if exact is not None:  # rare past the first keys of a causal row: the rows with small logits, as the registry
             a.copy_(torch.where(small, exact, a))
         fill_hidden_(a, diagonal, 0.0)
+        if exact is not None:  # D may be small there, and a's own sign is needed down to |t| of 1e-45
+            sign = torch.sign(a, out=spare(1))
         signed_sum = a.sum(dim=-1, keepdim=True)
         u = a.relu_()
         # sum |a| = 2 sum relu(a) - sum a: two reductions instead of an |a| block
         denom = u.sum(dim=-1, keepdim=True).mul_(2).sub_(signed_sum).add_(floor, alpha=SOFTPICK_EPS)
-        return u.div_(denom), (denom, floor)
+        return u.div_(denom), (denom, floor, sign)
 
     def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
-        denom, floor = state
-        sign = torch.sub(t, floor, out=spare(1)).sign_()  # sign(a); a blocked key has e = 0 and no gradient
+        denom, floor, sign = state
+        if sign is None:  # sign(a); a blocked key has e = 0 and no gradient
+            sign = torch.sub(t, floor, out=spare(1)).sign_()
         g.mul_(u.sign_())  # [a > 0] g (u >= 0)
         return g.addcmul_(sign, delta, value=-1.0).mul_(t).div_(denom)
 
