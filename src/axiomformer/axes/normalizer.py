@@ -309,10 +309,8 @@ def softpick_terms(s: Tensor) -> tuple[Tensor, Tensor]:
     >= 0.63 **(our choice: the rowwise engine keeps one exp pass per block)**."""
     m = s.amax(dim=-1, keepdim=True).clamp_min(0.0).detach()
     floor = torch.exp(-m)
-    a = torch.exp(s - m) - floor
-    small = m < SOFTPICK_EXPM1_BELOW
-    if bool(small.any()):
-        a = torch.where(small, torch.expm1(s.clamp_max(SOFTPICK_EXPM1_BELOW)) * floor, a)
+    small = m < SOFTPICK_EXPM1_BELOW  # both forms for every row: no data-dependent branch for torch.compile
+    a = torch.where(small, torch.expm1(s.clamp_max(SOFTPICK_EXPM1_BELOW)) * floor, torch.exp(s - m) - floor)
     return torch.where(torch.isneginf(s), torch.zeros_like(a), a), floor
 
 
