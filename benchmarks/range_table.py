@@ -1,6 +1,7 @@
-"""The range of `axiomformer bench` ratios over repeated runs, as a Markdown table against the goals of issue 25.
+"""The range of `axiomformer bench` ratios over repeated runs, as a Markdown table against the goals of `axiomformer bench` (``axiomformer.bench.GOALS``).
 
-    python benchmarks/range_table.py RUN_DIR [RUN_DIR ...] > table.md
+    python benchmarks/range_table.py RUN_DIR [RUN_DIR ...] > table.md            # one row per (variant, engine, L)
+    python benchmarks/range_table.py --worst RUN_DIR [RUN_DIR ...] > table.md    # one row per goal, its worst L
 
 Each RUN_DIR holds the `bench.json` of one run (or, for a run stopped early, its `bench.log`: the rows it printed). For every (variant, engine, L) row: the ratio to SDPA of each run
 (measured side by side within the run), its min-max range, and the peak memory (MiB, the largest over the runs) with
@@ -14,19 +15,10 @@ import re
 import sys
 from pathlib import Path
 
-TIME_GOALS = {
-    "standard": 1.05,
-    "score=cosine": 1.3,
-    "score=neg_l2": 1.3,
-    "position=rope": 1.3,
-    "position=alibi": 1.3,
-    "normalizer=softmax1": 1.3,
-    "normalizer=sigmoid": 1.5,
-    "normalizer=relu": 1.5,
-    "normalizer=sparsemax": 2.0,
-    "normalizer=entmax15": 2.0,
-}
-FASTER_THAN_SDPA_AT_4096 = ("normalizer=linear", "window=256")
+from axiomformer.bench import FASTER_THAN_SDPA, GOALS
+
+TIME_GOALS = GOALS
+FASTER_THAN_SDPA_AT_4096 = tuple(FASTER_THAN_SDPA)
 
 
 ROW = re.compile(
@@ -121,5 +113,60 @@ def table(runs: list[list[dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _auto(rows: list[dict], variant: str, length: int | None = None) -> list[dict]:
+    """The auto-routed rows of a variant (not the reference engine's, not x-transformers'), at one length or all."""
+    return [
+        r
+        for r in rows
+        if r["variant"] == variant
+        and r["engine"] != "reference"
+        and not r["engine"].startswith("x-")
+        and (length is None or r["seq_len"] == length)
+    ]
+
+
+def worst_table(runs: list[list[dict]]) -> str:
+    """One row per goal: each run's worst ratio over the lengths, their range, whether the goal held in every run, and
+    the peak memory at L = 4096; then whether peak memory stayed within 2x SDPA's at L = 4096 in each run."""
+    lines = [
+        "| variant | engine | goal | "
+        + " | ".join(f"run {i + 1}" for i in range(len(runs)))
+        + " | range | status | peak MiB at L = 4096 (per run; SDPA) |",
+        "|---|---|---|" + "---|" * len(runs) + "---|---|---|",
+    ]
+    goals = [(v, f"time <= {g}x SDPA", lambda x, g=g: x <= g, None) for v, g in TIME_GOALS.items()]
+    goals += [(v, f"faster than {b} at L>=4096", lambda x: x < 1.0, 4096) for v, b in FASTER_THAN_SDPA.items()]
+    for variant, text, ok, length in goals:
+        mine = [_auto(rows, variant, length) for rows in runs]
+        if not all(mine):
+            continue
+        worst = [max(r["ratio_vs_sdpa"] for r in rows) for rows in mine]
+        held = [ok(x) for x in worst]
+        status = "met in all" if all(held) else ("not met" if not any(held) else f"met in {sum(held)}")
+        long = [_auto(rows, variant, 4096)[0] for rows in runs]
+        peaks = ", ".join(f"{r['peak_mem_mb']:.0f}" for r in long)
+        lines.append(
+            f"| `{variant}` | {mine[0][0]['engine']} | {text} | "
+            + " | ".join(f"{x:.2f}x" for x in worst)
+            + f" | {min(worst):.2f}-{max(worst):.2f}x | {status} | {peaks} ({long[0]['sdpa_peak_mem_mb']:.0f}) |"
+        )
+    memory = []
+    for i, rows in enumerate(runs):
+        over = sorted(
+            {
+                r["variant"]
+                for r in rows
+                if r["seq_len"] == 4096
+                and r in _auto(rows, r["variant"])
+                and r["peak_mem_mb"] > 2 * r["sdpa_peak_mem_mb"]
+            }
+        )
+        memory.append(f"run {i + 1}: " + ("met for every variant" if not over else "NOT met for " + ", ".join(over)))
+    return "\n".join(lines) + "\n\nPeak memory (<= 2x SDPA at L = 4096): " + "; ".join(memory) + ".\n"
+
+
 if __name__ == "__main__":
-    print(table(load(sys.argv[1:])), end="")
+    if sys.argv[1:2] == ["--worst"]:
+        print(worst_table(load(sys.argv[2:])), end="")
+    else:
+        print(table(load(sys.argv[1:])), end="")
