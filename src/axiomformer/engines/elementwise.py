@@ -22,7 +22,7 @@ from torch import Tensor
 from axiomformer.engines.autograd import differentiable_backward
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk, plain_dot
-from axiomformer.engines.problem import AttentionProblem, causal_diagonal, causal_key_end, causal_mask
+from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 
 KINDS = ("sigmoid", "relu")
 """The normalizers this engine has a hand-written closed form for (accepted by name: a new elementwise choice needs
@@ -41,18 +41,13 @@ def _counts(rows: int, start: int, offset: int, causal: bool, k_len: int, like: 
 class _Chunk:
     """One chunk of queries: rows ``start:stop`` (absolute positions ``offset + start ..``) and their visible keys."""
 
-    def __init__(self, start: int, stop: int, offset: int, causal: bool, k_len: int, like: Tensor):
-        self.rows = slice(start, stop)
-        self.end = causal_key_end(start, stop, offset, causal, k_len)
-        self.n = _counts(stop - start, start, offset, causal, k_len, like)
-        self.diagonal = causal_diagonal(start, stop, self.end, offset, causal, like.device)
+    def __init__(self, rows: slice, end: int, diagonal, offset: int, causal: bool, k_len: int, like: Tensor):
+        self.rows, self.end, self.diagonal = rows, end, diagonal
+        self.n = _counts(rows.stop - rows.start, rows.start, offset, causal, k_len, like)
 
     def mask_(self, w: Tensor) -> Tensor:
         """Zero the weights of keys after each query's diagonal, in place (only the diagonal block is touched)."""
-        if self.diagonal is not None:
-            first, hidden = self.diagonal
-            w[..., first : self.end].masked_fill_(hidden, 0.0)
-        return w
+        return fill_hidden_(w, self.diagonal, 0.0)
 
 
 def _query_operand(q_c: Tensor, kind: str, chunk: _Chunk) -> Tensor:
@@ -81,8 +76,8 @@ def exact_elementwise(q: Tensor, k: Tensor, v: Tensor, kind: str, causal: bool, 
 
 
 def _chunks(q_len: int, size: int, offset: int, causal: bool, k_len: int, like: Tensor):
-    for start in range(0, q_len, size):
-        yield _Chunk(start, min(start + size, q_len), offset, causal, k_len, like)
+    for rows, end, diagonal in query_chunks(q_len, size, offset, causal, k_len, like.device):
+        yield _Chunk(rows, end, diagonal, offset, causal, k_len, like)
 
 
 class ElementwiseAttention(torch.autograd.Function):

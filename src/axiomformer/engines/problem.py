@@ -16,6 +16,7 @@ applied with ``torch.where`` (no graph break under ``torch.compile``, no wait on
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,6 +241,26 @@ def causal_diagonal(
         return None
     i = torch.arange(start, stop, device=device).view(-1, 1) + offset
     return first, torch.arange(first, end, device=device).view(1, -1) > i
+
+
+def fill_hidden_(x: Tensor, diagonal: tuple[int, Tensor] | None, value: float) -> Tensor:
+    """Set the keys a causal chunk hides (``diagonal``, from :func:`causal_diagonal`) to ``value`` in x (..., rows,
+    keys), in place: only the diagonal block is touched, the keys before it are visible to every row."""
+    if diagonal is not None:
+        first, hidden = diagonal
+        x[..., first : first + hidden.shape[-1]].masked_fill_(hidden, value)
+    return x
+
+
+def query_chunks(
+    q_len: int, size: int, offset: int, causal: bool, k_len: int, device: torch.device | None = None
+) -> Iterator[tuple[slice, int, tuple[int, Tensor] | None]]:
+    """(rows, end, diagonal) for each chunk of ``size`` queries: its rows, the keys 0..end - 1 it reads
+    (:func:`causal_key_end`) and its hidden keys (:func:`causal_diagonal`), for the engines that loop over queries."""
+    for start in range(0, q_len, size):
+        stop = min(start + size, q_len)
+        end = causal_key_end(start, stop, offset, causal, k_len)
+        yield slice(start, stop), end, causal_diagonal(start, stop, end, offset, causal, device)
 
 
 # ---------------------------------------------------------------------------------------------- blocks and NaN

@@ -24,19 +24,12 @@ from torch import Tensor
 
 from axiomformer.axes.normalizer import SOFTPICK_EPS, SOFTPICK_EXPM1_BELOW
 from axiomformer.axes.registry import Choice
+from axiomformer.engines.problem import fill_hidden_
 
 Diagonal = tuple[int, Tensor] | None
 """A causal chunk's (first, hidden) pair, None when no key of the block is hidden."""
 Spare = Callable[[int], Tensor]
 """``spare(i)``: the i-th free workspace block of the chunk's shape."""
-
-
-def fill_hidden_(x: Tensor, diagonal: Diagonal, value: float) -> Tensor:
-    """Set the hidden keys of the causal diagonal block to ``value``, in place (the rest of the block is visible)."""
-    if diagonal is not None:
-        first, hidden = diagonal
-        x[..., first : first + hidden.shape[-1]].masked_fill_(hidden, value)
-    return x
 
 
 PART = 16

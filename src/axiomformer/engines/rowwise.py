@@ -30,8 +30,8 @@ from torch import Tensor
 from axiomformer.engines.autograd import differentiable_backward
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
-from axiomformer.engines.problem import AttentionProblem, causal_diagonal, causal_key_end, causal_mask
-from axiomformer.engines.rowkernels import fill_hidden_, row_kernel
+from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
+from axiomformer.engines.rowkernels import row_kernel
 
 SIGMOID_CAP_MAX = 64.0
 """Largest cap computed as 2c sigmoid(2z / c) (- c) rather than c tanh(z / c). The two are equal, and sigmoid took
@@ -118,13 +118,6 @@ class _Blocks:
         return lambda i: self.get(4 + i, rows, end)
 
 
-def _chunks(q_len: int, size: int, offset: int, causal: bool, k_len: int, device):
-    for start in range(0, q_len, size):
-        stop = min(start + size, q_len)
-        end = causal_key_end(start, stop, offset, causal, k_len)
-        yield slice(start, stop), end, causal_diagonal(start, stop, end, offset, causal, device)
-
-
 def _backward_chunk(row: _Row, blocks: _Blocks, saved: tuple, grads: tuple, rows: slice, end: int, diagonal) -> None:
     """Add one chunk's share to dQ, dK^T and dV^T (the chunk's blocks are views of ``blocks``, dropped on return)."""
     q, k, v, out, grad_out = saved
@@ -158,7 +151,7 @@ class RowwiseAttention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int, size: int) -> Tensor:
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         blocks = _Blocks(q, size, k.shape[-2])
-        for rows, end, diagonal in _chunks(q.shape[-2], size, offset, causal, k.shape[-2], q.device):
+        for rows, end, diagonal in query_chunks(q.shape[-2], size, offset, causal, k.shape[-2], q.device):
             n = rows.stop - rows.start
             t = row.logits(q[:, rows], k[:, :end], diagonal, blocks.get(0, n, end))
             u, _ = row.kernel.weights(t, diagonal, blocks.spares(n, end))
@@ -186,7 +179,7 @@ class RowwiseAttention(torch.autograd.Function):
         grad_kt = k.new_zeros(k.shape[0], k.shape[2], k.shape[1])
         grad_vt = v.new_zeros(v.shape[0], v.shape[2], v.shape[1])
         blocks = _Blocks(q, max(ctx.size, k.shape[-1], v.shape[-1]), k.shape[-2])
-        for rows, end, diagonal in _chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q.device):
+        for rows, end, diagonal in query_chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q.device):
             _backward_chunk(row, blocks, (q, k, v, out, grad_out), (grad_q, grad_kt, grad_vt), rows, end, diagonal)
         del blocks
         grad_k, grad_v = grad_kt.transpose(-2, -1).contiguous(), grad_vt.transpose(-2, -1).contiguous()

@@ -58,7 +58,7 @@ from torch import Tensor
 from axiomformer.engines.autograd import differentiable_backward
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk, plain_dot
-from axiomformer.engines.problem import AttentionProblem, causal_diagonal, causal_key_end, causal_mask
+from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 
 KINDS = ("sparsemax", "entmax15")
 """The normalizers this engine has a closed form for (accepted by name: a new sparse choice needs its own threshold
@@ -264,17 +264,14 @@ class SparseAttention(torch.autograd.Function):
         tau, shift = q3.new_empty(bh, q_len, 1), q3.new_empty(bh, q_len, 1)
         size = bh * min(chunk, q_len) * k_len
         block, work, work2 = q3.new_empty(size), q3.new_empty(size), q3.new_empty(size)
-        for start in range(0, q_len, chunk):
-            stop = min(start + chunk, q_len)
-            rows, end = stop - start, causal_key_end(start, stop, offset, causal, k_len)
+        for span, end, diag in query_chunks(q_len, chunk, offset, causal, k_len, q3.device):
+            start, stop, rows = span.start, span.stop, span.stop - span.start
             z = torch.bmm(
                 q3[:, start:stop] * factor,
                 k3[:, :end].transpose(1, 2),
                 out=block[: bh * rows * end].view(bh, rows, end),
             )
-            diag = causal_diagonal(start, stop, end, offset, causal, q3.device)
-            if diag is not None:
-                z[..., diag[0] :].masked_fill_(diag[1], float("-inf"))
+            fill_hidden_(z, diag, float("-inf"))
             # Scores relative to the row maximum, as the entmax package works: z - tau then keeps its relative
             # precision when every score is large (|z| >> 1, where ulp(|z|) would otherwise swamp the weights).
             top = z.amax(-1, keepdim=True)
@@ -323,9 +320,8 @@ class SparseAttention(torch.autograd.Function):
         half = 0.5 if kind == "entmax15" else 1.0
         size = bh * min(chunk, q_len) * k_len
         block_h, block_g = q3.new_empty(size), q3.new_empty(size) if need_dz else None
-        for start in range(0, q_len, chunk):
-            stop = min(start + chunk, q_len)
-            rows, end = stop - start, causal_key_end(start, stop, offset, causal, k_len)
+        for span, end, diag in query_chunks(q_len, chunk, offset, causal, k_len, q3.device):
+            start, stop, rows = span.start, span.stop, span.stop - span.start
             k_c, v_c, do = k3[:, :end], v3[:, :end], d_out[:, start:stop]
             q_c = q3[:, start:stop] * factor  # scaled queries of the chunk
             h = torch.bmm(
@@ -334,9 +330,7 @@ class SparseAttention(torch.autograd.Function):
                 out=block_h[: bh * rows * end].view(bh, rows, end),
             )
             h.sub_(shift[:, start:stop]).sub_(tau[:, start:stop]).relu_()  # relu(z - tau) or relu(y - tau)
-            diag = causal_diagonal(start, stop, end, offset, causal, q3.device)
-            if diag is not None:
-                h[..., diag[0] :].masked_fill_(diag[1], 0.0)
+            fill_hidden_(h, diag, 0.0)
             if kind == "sparsemax":  # p = h
                 if need_v:
                     grad_v[:, :end].baddbmm_(h.transpose(1, 2), do)
