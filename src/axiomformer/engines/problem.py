@@ -100,12 +100,7 @@ def rows_without_keys(
         if keep is None:
             return (first >= stop).view(1, 1, -1)
         return count_in_range(keep, first, stop) == 0
-    visible = mask if mask.dim() == 4 else mask.view((1,) * (4 - mask.dim()) + mask.shape)
-    if causal:
-        visible = visible & causal_mask(q_len, k_len, q_offset, device)
-    if window:
-        visible = visible & window_mask(q_len, k_len, q_offset, window, causal, device)
-    return ~visible.any(-1)
+    return ~_visible(mask, causal, q_len, k_len, q_offset, device, window).any(-1)
 
 
 def visible_counts(
@@ -126,14 +121,20 @@ def visible_counts(
     if mask is None and not window:
         n = (position + 1).clamp(0, k_len) if causal else torch.full((q_len,), k_len, device=device)
         return n.float().view(1, 1, -1, 1)
+    visible = _visible(mask, causal, q_len, k_len, q_offset, device, window)
+    return torch.broadcast_to(visible, visible.shape[:2] + (q_len, k_len)).sum(-1, keepdim=True).float()
+
+
+def _visible(mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int, device, window: int) -> Tensor:
+    """bool (batch|1, heads|1, q_len|1, k_len): ``mask`` and the causal and window rules, whichever apply."""
     visible = window_mask(q_len, k_len, q_offset, window, causal, device) if window else None
     if causal:
         c = causal_mask(q_len, k_len, q_offset, device)
         visible = c if visible is None else visible & c
     if mask is not None:
         visible = mask if visible is None else mask & visible
-    visible = visible if visible.dim() == 4 else visible.view((1,) * (4 - visible.dim()) + visible.shape)
-    return torch.broadcast_to(visible, visible.shape[:2] + (q_len, k_len)).sum(-1, keepdim=True).float()
+    assert visible is not None  # the callers have a mask, a causal rule or a window
+    return visible if visible.dim() == 4 else visible.view((1,) * (4 - visible.dim()) + visible.shape)
 
 
 @dataclass
