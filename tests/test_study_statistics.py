@@ -170,8 +170,13 @@ def test_decide_rules():
     assert decide(-0.1, -0.01, 0.02) == "forced"
     assert decide(0.01, 0.1, 0.02) == "better"
     assert decide(-0.01, 0.015, 0.02) == "free"
-    assert decide(-0.01, 0.015, 0.02, converged=False) == "inconclusive"  # never free when not converged
+    # one symmetric rule: inside the margin is free even where the interval excludes 0 (either side)
+    assert decide(-0.017, -0.005, 0.02) == "free"
+    assert decide(0.005, 0.017, 0.02) == "free"
+    assert decide(-0.03, -0.005, 0.02) == "forced" and decide(0.005, 0.03, 0.02) == "better"
     assert decide(-0.03, 0.01, 0.02) == "inconclusive"
+    with pytest.raises(ValueError, match="margin"):
+        decide(-0.01, 0.01, 0.0)
     assert decide(-0.1, -0.01, 0.02, pilot=True) == "pilot"
     assert decide(None, None, 0.02) == "inconclusive"
 
@@ -193,8 +198,9 @@ def test_planted_true_equivalence_is_free():
     v = one_comparison(_item(ref + rng.normal(0, 0.004, 10), ref), family_size=8)
     assert v.verdict == "free" and -0.02 < v.ci_low and v.ci_high < 0.02 and v.p_equivalence < 0.05
     assert agrees(v.to_dict())
+    # convergence is reported beside the verdict and never overrides it
     not_converged = one_comparison(_item(ref + rng.normal(0, 0.004, 10), ref, converged=False), family_size=8)
-    assert not_converged.verdict == "inconclusive"
+    assert not_converged.verdict == "free" and not not_converged.converged
 
 
 def test_planted_too_noisy_case_is_inconclusive_with_what_a_decision_would_take():

@@ -74,7 +74,10 @@ class TrainConfig(Budget):
     Fields left unset among ``steps, batch_size, lr, warmup, eval_every, eval_batches, target_accuracy`` take the
     task's defaults (``TASK_DEFAULTS``); ``target_accuracy=None`` given explicitly disables early stopping on it.
     ``init_from``: a safetensors state dict (saved by an earlier run, same model and width) to start from instead of
-    a fresh initialization (the long-range suite's curriculum warm start).
+    a fresh initialization (the long-range suite's curriculum warm start). ``init_stream``: 0 initializes the model
+    from ``seed``; any other value draws the initial weights from another stream (``init_seed``) while the training
+    batches, dropout masks and Gumbel draws still follow ``seed`` (the study's A/A control: the same model, data and
+    order, another initialization).
 
     Model options (Transformer only): ``causal=False`` builds a bidirectional encoder, ``mlp_ratio=0`` attention-only
     blocks, ``max_len`` the longest sequence the model accepts (default ``seq_len``; set it to evaluate longer
@@ -110,6 +113,7 @@ class TrainConfig(Budget):
     eval_lengths: list[int] = Field(default_factory=list)
     probes: list[str] = Field(default_factory=list)
     init_from: str | None = None
+    init_stream: int = Field(0, ge=0)
 
     if TYPE_CHECKING:
         # What the type checker may rely on after validation: ``_fill_and_check`` fills these budget fields (and
@@ -153,6 +157,14 @@ class TrainConfig(Budget):
         """``AttentionSpec.standard(dim, heads, causal=causal, max_len=max_len or seq_len).relax(spec)``."""
         heads = self.heads if self.heads is not None else default_heads(self.dim)
         return AttentionSpec.standard(self.dim, heads, causal=self.causal, max_len=self.model_max_len).relax(self.spec)
+
+    @property
+    def init_seed(self) -> int:
+        """The seed the initial weights are drawn from: ``seed`` for stream 0, else a seed of its own per stream (in
+        32 bits: PyTorch's CPU generator keeps only the low 32 bits of a seed)."""
+        if self.init_stream == 0:
+            return self.seed
+        return (self.seed ^ (0x9E3779B9 * self.init_stream)) & 0xFFFFFFFF
 
     @property
     def model_max_len(self) -> int:
@@ -349,7 +361,7 @@ def train(
     """
     parallel = DataParallel.current(config.device)
     parallel.check_batch(config.batch_size)
-    with seeded(config.seed, [parallel.device]):
+    with seeded(config.init_seed, [parallel.device]):
         task, spec, model = _build(config, parallel.device)
         val_set, test_set = (_eval_set(task, config, parallel, split) for split in ("val", "test"))
         extra: dict[str, Any] = {}

@@ -10,11 +10,12 @@ import dataclasses
 
 from torch import nn
 
+from axiomformer.models.controls import CONTROL_KINDS, ControlLM
 from axiomformer.models.recurrent import RECURRENT_KINDS, RecurrentLM
 from axiomformer.models.transformer import Block, TransformerLM
 from axiomformer.spec import AttentionSpec
 
-MODEL_KINDS = ("transformer", "rnn", "lstm", "gru")
+MODEL_KINDS = ("transformer", "rnn", "lstm", "gru", *CONTROL_KINDS)
 """Every model kind ``build_model`` accepts."""
 
 
@@ -55,6 +56,8 @@ def build_model(
         raise ValueError(f"unknown model {kind!r}; choose one of: {', '.join(MODEL_KINDS)}")
     if kind in RECURRENT_KINDS:
         return RecurrentLM(kind, vocab_size, dim, num_layers, max_len, **options)
+    if kind in CONTROL_KINDS:
+        return ControlLM(kind, vocab_size, dim, num_layers, max_len, **options)
     if spec is None:
         spec = AttentionSpec.standard(dim, default_heads(dim), causal=causal)
     spec = dataclasses.replace(spec, dim=dim, causal=causal, max_len=max_len)
@@ -75,8 +78,10 @@ def count_parameters(model: nn.Module) -> int:
 
 
 __all__ = [
+    "CONTROL_KINDS",
     "MODEL_KINDS",
     "Block",
+    "ControlLM",
     "RecurrentLM",
     "TransformerLM",
     "build_from_config",

@@ -1,6 +1,7 @@
-"""The report's opening: the answer (assumption -> verdict, difference [interval], what a decision would take), the
-figure of differences with their intervals and the ±margin band, and the secondary family, all generated from the
-verdicts of ``study.summary`` (the prose never says more than the intervals do).
+"""The report's opening, generated from the verdicts of ``study.summary`` (the prose never says more than the intervals
+do): the answer table (assumption rows, one column per task that discriminates) and one sentence per assumption
+across the tasks; then whether each task can answer at all (ceiling, controls, the standard model); the A/A null
+control; the differences figure; and each family's full table (primary, control tasks, secondary).
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ if TYPE_CHECKING:
     from axiomformer.study.report import StudyData
 
 MEANING = {
-    "forced": "forced: relaxing it costs accuracy",
-    "better": "relaxing it gains accuracy",
+    "forced": "forced: relaxing it costs",
+    "better": "relaxing it gains",
     "free": "free choice (equivalent within the margin)",
     "inconclusive": "not yet known",
     "pilot": "pilot (claims nothing)",
+}
+FAMILY_TITLES = {
+    "primary": "Primary comparisons (the answer)",
+    "control_task": "Comparisons on tasks that do not discriminate (reported apart, never the answer)",
+    "secondary": "Secondary comparisons (their own family)",
 }
 
 
@@ -30,6 +36,10 @@ def interval_text(v: Verdict) -> str:
     return f"{fmt_signed(v.diff)} [{fmt_signed(v.ci_low)}, {fmt_signed(v.ci_high)}]"
 
 
+def _unit(v: Verdict) -> str:
+    return "solve rate" if v.metric == "solve_rate" else "accuracy"
+
+
 def _need(v: Verdict) -> str:
     if v.verdict in ("forced", "better", "free"):
         return f"decided with {v.n_seeds} seeds"
@@ -38,23 +48,32 @@ def _need(v: Verdict) -> str:
     return f"detects {mde} at 80 % power with {v.n_seeds} seeds; a decision needs {seeds} seeds"
 
 
+def _flags(v: Verdict) -> str:
+    out = []
+    if v.lr_sensitive:
+        out.append("lr-sensitive")
+    if not v.converged:
+        out.append("loss still falling")
+    return f" ({', '.join(out)})" if out else ""
+
+
 def sentence(v: Verdict, margin: float) -> str:
     """One sentence per verdict, generated from it and its interval."""
     what = f"{v.assumption} (`{v.model}`) on {v.task}"
-    ci = interval_text(v)
+    ci = f"{_unit(v)} difference {interval_text(v)}"
     if v.verdict == "forced":
-        return f"{what} is forced: relaxing it costs accuracy, difference {ci}, the whole interval below 0."
-    if v.verdict == "better":
-        return f"{what}: relaxing it gains accuracy, difference {ci}, the whole interval above 0."
-    if v.verdict == "free":
-        return f"{what} is a free choice: difference {ci} lies inside ±{margin:g}."
-    tail = "" if v.converged else " A cell did not converge, so it cannot be called free."
-    if v.verdict == "pilot":
-        return f"{what}: pilot, claims nothing (difference {ci}).{tail}"
-    side = ("the interval includes 0 and reaches beyond ±" + f"{margin:g}") if v.ci_low is not None else "no interval"
-    if v.ci_low is not None and -margin < v.ci_low and v.ci_high < margin:
-        side = f"the interval lies inside ±{margin:g} but a cell did not converge"
-    return f"{what} is not yet known: difference {ci}, {side}; {_need(v)}.{'' if 'converge' in side else tail}"
+        text = f"{what} is forced: relaxing it costs, {ci}, the whole interval below 0."
+    elif v.verdict == "better":
+        text = f"{what}: relaxing it gains, {ci}, the whole interval above 0."
+    elif v.verdict == "free":
+        text = f"{what} is a free choice: {ci} lies inside ±{margin:g}."
+    elif v.verdict == "pilot":
+        text = f"{what}: pilot, claims nothing ({ci})."
+    else:
+        text = f"{what} is not yet known: {ci} includes 0 and reaches beyond ±{margin:g}; {_need(v)}."
+    if v.lr_sensitive:
+        text += " At the arm's second-best learning rate the verdict changes (lr-sensitive)."
+    return text
 
 
 def verdict_table(found: list[tuple[Verdict, int, str]], family: str) -> Table:
@@ -63,46 +82,51 @@ def verdict_table(found: list[tuple[Verdict, int, str]], family: str) -> Table:
             "assumption",
             "relaxation",
             "task",
+            "metric",
             "verdict",
             "difference [interval]",
             "p (diff.)",
             "p (equiv.)",
             "converged",
+            "lr-sensitive",
             "what a decision would take",
         ]
     )
     for v, _, fam in found:
-        if fam != family:
-            continue
-        table.rows.append(
-            [
-                v.assumption,
-                v.model,
-                v.task,
-                v.verdict,
-                interval_text(v),
-                f"{v.p_difference:.3g}",
-                f"{v.p_equivalence:.3g}",
-                "yes" if v.converged else "no",
-                _need(v),
-            ]
-        )
+        if fam == family:
+            table.rows.append(
+                [
+                    v.assumption,
+                    v.model,
+                    v.task,
+                    v.metric,
+                    v.verdict,
+                    interval_text(v),
+                    f"{v.p_difference:.3g}",
+                    f"{v.p_equivalence:.3g}",
+                    "yes" if v.converged else "no",
+                    "—" if v.lr_sensitive is None else "yes" if v.lr_sensitive else "no",
+                    _need(v),
+                ]
+            )
     return table
 
 
 def _method_note(info: dict[str, Any], found: list[tuple[Verdict, int, str]], family: str) -> str:
     members = [v for v, _, f in found if f == family]
     level = members[0].ci_level if members else 1 - info["alpha"]
+    margins = info.get("margins") or {"accuracy": info["margin"]}
     return (
-        f"Difference: test accuracy of the relaxation minus the standard model's, mean over the seeds both have, "
-        f"paired by seed (same seeds, same data order, the same test items). Interval: paired t, Bonferroni over "
-        f"the {len(members)} comparisons of this family, each at level {level:.4g}, so that all hold jointly with "
-        f"probability >= {1 - info['alpha']:.0%}. Verdicts: forced if the interval lies below 0, better if above "
-        f"0, free if it lies inside ±{info['margin']:g} (the equivalence margin; TOST at the same level) and "
-        f"both cells converged, otherwise not yet known, with the minimal detectable difference at 80 % power "
-        f"from the observed seed variance and the seeds a decision would need if the observed difference and "
-        f"variance are the true ones. p (diff.): two-sided paired t, Bonferroni-adjusted; p (equiv.): TOST, "
-        f"adjusted to the interval's level; each is below {info['alpha']:g} exactly when the interval says so."
+        f"Difference: the relaxation minus the standard model, over the seeds both have (same seeds, data order and "
+        f"test items). Accuracy tasks: paired t interval of the mean test accuracy; solve-rate tasks: the Newcombe "
+        f"hybrid score interval of the difference of the shares of runs whose test accuracy reaches "
+        f"{info.get('solve_threshold', 0.9):g} (a diverged run counts as not solved; in an accuracy comparison it is "
+        f"left out). Bonferroni over the {len(members)} comparisons of this family, each at level {level:.4g}, so "
+        f"that all hold jointly with probability >= {1 - info['alpha']:.0%}. One symmetric rule: free if the interval "
+        f"lies inside ±margin (accuracy {margins['accuracy']:g}, solve rate {margins.get('solve_rate', 0.25):g}); "
+        f"otherwise forced below 0, better above 0, else not yet known. `converged`: no run's training loss was "
+        f"still falling when its budget ran out (reported, never deciding). `lr-sensitive`: the verdict changes "
+        f"when the relaxed arm's reported seeds are retrained at its second-best learning rate."
     )
 
 
@@ -114,46 +138,169 @@ def _counts(found: list[tuple[Verdict, int, str]], family: str) -> str:
     return ", ".join(parts) or "none"
 
 
+def answer_table(found: list[tuple[Verdict, int, str]], tasks: list[str]) -> Table:
+    """Assumption rows, one column per task (the primary family): verdict, difference [interval] and flags."""
+    rows: dict[tuple[str, str], dict[str, Verdict]] = {}
+    for v, _, family in found:
+        if family == "primary":
+            rows.setdefault((v.assumption, v.model), {})[v.task] = v
+    table = Table(["assumption", "relaxation", *tasks])
+    for (assumption, model), by_task in rows.items():
+        cells = [
+            f"**{by_task[t].verdict}** {interval_text(by_task[t])}{_flags(by_task[t])}" if t in by_task else "—"
+            for t in tasks
+        ]
+        table.rows.append([assumption, model, *cells])
+    return table
+
+
+def across_tasks(found: list[tuple[Verdict, int, str]], tasks: list[str]) -> list[str]:
+    """One sentence per assumption: its verdicts across the tasks that discriminate, and what they add up to."""
+    by: dict[str, list[Verdict]] = {}
+    for v, _, family in found:
+        if family == "primary":
+            by.setdefault(v.assumption, []).append(v)
+    out = []
+    for assumption, items in by.items():
+        kinds = {v.verdict for v in items}
+        parts = ", ".join(f"{v.verdict} on {v.task}{_flags(v)}" for v in items)
+        if kinds == {"forced"}:
+            tail = "forced on every task of the battery"
+        elif kinds == {"free"}:
+            tail = "a free choice on every task of the battery"
+        elif len(kinds - {"inconclusive", "pilot"}) > 1:
+            tail = "the answer depends on the task"
+        elif kinds <= {"inconclusive", "pilot"}:
+            tail = "not yet known on any task"
+        else:
+            known = sorted(kinds - {"inconclusive", "pilot"})[0]
+            tail = f"{known} where decided, not yet known elsewhere"
+        out.append(f"{assumption} (`{items[0].model}`): {parts} — {tail}.")
+    return out
+
+
+def validity_table(tasks: list[dict[str, Any]]) -> Table:
+    """Can each task answer? Ceiling, controls, the standard model, steps to solve, and the call."""
+    table = Table(
+        [
+            "task",
+            "metric",
+            "chance",
+            "ceiling",
+            "no mixing",
+            "uniform mixing",
+            "standard",
+            "steps / median to solve",
+            "discriminates",
+            "why",
+        ]
+    )
+
+    def num(x: Any) -> str:
+        return "—" if x is None else f"{x:.3f}"
+
+    for t in tasks:
+        ceiling = "—" if t["ceiling"] is None else f"{t['ceiling']:.3f} ({t['ceiling_method']})"
+        median = t.get("standard_median_steps_to_solve")
+        table.rows.append(
+            [
+                t["task"],
+                t["metric"],
+                num(t["chance"]),
+                ceiling,
+                num(t["controls"].get("no_mixing")),
+                num(t["controls"].get("uniform_mixing")),
+                num(t["standard"]),
+                f"{t.get('steps') or '—'} / {median if median is not None else '—'}",
+                "yes" if t["discriminates"] else "no",
+                t["why"],
+            ]
+        )
+    return table
+
+
+def _aa_blocks(aa: dict[str, Any] | None) -> list:
+    if aa is None:
+        return []
+    parts = "; ".join(
+        f"{v['task']}: {v['verdict']} {fmt_signed(v['diff'])}"
+        + ("" if v["ci_low"] is None else f" [{fmt_signed(v['ci_low'])}, {fmt_signed(v['ci_high'])}]")
+        for v in aa["tasks"]
+    )
+    return [
+        Heading("The A/A control", 3),
+        Paragraph(
+            f"The standard model against itself with another initialization stream (same data and order), as one "
+            f"family over the tasks: {aa['verdict']} ({parts}). It must never come out forced or better"
+            + (": **it did, so the design is broken** and no verdict above can be trusted." if aa["broken"] else ".")
+        ),
+    ]
+
+
 def answer_blocks(d: StudyData, figures_dir: Path, pilot_note: list | None = None) -> list:
-    """The answer, the differences figure, the secondary family (empty when there is no standard model)."""
-    from axiomformer.study.summary import design, verdicts
+    """The report's opening (see the module docstring)."""
+    from axiomformer.study.summary import aa_control, design, verdicts
 
     info = design(d)
     found = verdicts(d)
+    tasks = info.get("tasks") or []
+    good = info.get("primary_tasks") or []
+    aa = aa_control(d)
+    out: list = [Heading("The answer")]
+    if aa is not None and aa["broken"]:
+        out.append(
+            Paragraph("**The A/A control came out " + aa["verdict"] + ": the design is broken.** " + aa["model"])
+        )
     if not found:
         text = "No `standard` model with paired reported runs in this store yet: nothing to compare to."
         if info["pilot_reason"]:
             text += f" Every verdict would be `pilot`: {info['pilot_reason']}."
-        return [Heading("The answer"), Paragraph(text), *(pilot_note or [])]
-    out: list = [Heading("The answer")]
+        return [*out, Paragraph(text), *(pilot_note or [])]
     seeds = info["reported_seeds"]
-    where = f"on {info['primary_task']}" if info["primary_task"] else "(every comparison of this study)"
     lead = (
-        f"Question: which assumptions of attention are forced and which are free choices? Primary comparisons "
-        f"{where}: {_counts(found, 'primary')}; reported seeds {seeds[0]}..{seeds[-1]} "
-        f"({len(seeds)}), learning rates chosen on selection seeds {info['selection_seeds']} (never reported), "
-        f"equivalence margin ±{info['margin']:g} accuracy, family-wise alpha {info['alpha']:g}."
+        f"Question: which assumptions of attention are forced and which are free choices, on tasks that can tell? "
+        f"{len(good)} of {len(tasks)} tasks discriminate ({', '.join(good) or 'none'}); primary comparisons: "
+        f"{_counts(found, 'primary')}. Reported seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}), learning rates chosen on "
+        f"selection seeds {info['selection_seeds']} (never reported); margins ±{info['margins']['accuracy']:g} accuracy, "
+        f"±{info['margins']['solve_rate']:g} solve rate; family-wise alpha {info['alpha']:g}."
     )
     if info["pilot"]:
         lead += f" Every verdict is `pilot`: {info['pilot_reason']}."
-    out += [Paragraph(lead), verdict_table(found, "primary")]
-    out[-1].note = _method_note(info, found, "primary")
-    out.append(Paragraph(" ".join(sentence(v, info["margin"]) for v, _, f in found if f == "primary")))
+    out += [Paragraph(lead)]
+    if good:
+        table = answer_table(found, good)
+        table.note = _method_note(info, found, "primary")
+        out += [table, Paragraph(" ".join(across_tasks(found, good)))]
+    else:
+        out.append(Paragraph("No task of this store discriminates, so it gives no answer about the assumptions."))
+    if tasks:
+        out += [Heading("Can each task answer?", 3), validity_table(tasks)]
+    out += _aa_blocks(aa)
     from axiomformer.study.figures import draw_differences
 
     path = draw_differences(found, info["margin"], figures_dir / "differences.png")
     out.append(Image(f"figures/{path.name}", "difference to the standard model with its interval and the margin band"))
     out += pilot_note or []
-    if any(f == "secondary" for _, _, f in found):
-        table = verdict_table(found, "secondary")
-        table.note = _method_note(info, found, "secondary")
-        out += [
-            Heading("Secondary comparisons (their own family)"),
-            Paragraph(f"Other relaxations and tasks, corrected as a separate family: {_counts(found, 'secondary')}."),
-            table,
-            Paragraph(" ".join(sentence(v, info["margin"]) for v, _, f in found if f == "secondary")),
-        ]
+    for family in ("primary", "control_task", "secondary"):
+        if any(f == family for _, _, f in found):
+            table = verdict_table(found, family)
+            table.note = _method_note(info, found, family)
+            out += [
+                Heading(FAMILY_TITLES[family], 3),
+                Paragraph(f"{_counts(found, family)}."),
+                table,
+                Paragraph(" ".join(sentence(v, v.margin) for v, _, f in found if f == family)),
+            ]
     return out
 
 
-__all__ = ["MEANING", "answer_blocks", "interval_text", "sentence", "verdict_table"]
+__all__ = [
+    "MEANING",
+    "across_tasks",
+    "answer_blocks",
+    "answer_table",
+    "interval_text",
+    "sentence",
+    "validity_table",
+    "verdict_table",
+]

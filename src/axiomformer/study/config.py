@@ -40,6 +40,13 @@ else:  # pragma: no cover - Python 3.10
 BASELINES = ("rnn", "lstm", "gru")
 """Order-dependent aggregators (relaxing A0 itself): the recurrent baselines a sweep may include."""
 
+CONTROLS = ("no_mixing", "uniform_mixing")
+"""The validity controls of a task (``axiomformer.models.controls``): no token mixing, and uniform causal mixing."""
+
+METRICS = ("accuracy", "solve_rate")
+"""How a task's comparisons are measured: the paired mean test accuracy (graded tasks), or the share of runs that
+solve the task (solve-or-stuck tasks; a run solves when its test accuracy reaches ``solve_threshold``)."""
+
 
 class StudyConfigError(UserInputError):
     """A study configuration that cannot be used; the message names the offending key and what is allowed."""
@@ -106,7 +113,9 @@ class ModelSettings(_Strict):
 class TaskSettings(_Strict):
     """One task of the sweep at one or more sequence lengths.
 
-    ``options`` are passed to ``axiomformer.tasks.make_task`` (as ``TrainConfig.task_options``); ``budget`` overrides
+    ``options`` are passed to ``axiomformer.tasks.make_task`` (as ``TrainConfig.task_options``); ``metric`` says how
+    its comparisons are measured (``METRICS``: ``accuracy`` for a graded task, ``solve_rate`` for a solve-or-stuck
+    one); ``budget`` overrides
     the study budget for this task only (its ``None`` fields keep the study's value); ``length_budgets`` overrides
     it further at given lengths (keys: the length as a string, e.g. ``"10000"``).
     """
@@ -114,6 +123,7 @@ class TaskSettings(_Strict):
     name: str
     seq_lens: list[int] = Field(min_length=1)
     options: dict[str, Any] = Field(default_factory=dict)
+    metric: Literal["accuracy", "solve_rate"] = "accuracy"
     budget: StudyBudget = Field(default_factory=StudyBudget)
     length_budgets: dict[str, StudyBudget] = Field(default_factory=dict)
 
@@ -146,6 +156,15 @@ class StudyConfig(_Strict):
             ``budget.lr_grid``; disjoint from the reported seeds and never reported (no winner's curse).
         margin: equivalence margin in accuracy (> 0): a relaxation is ``free`` when its whole interval lies inside
             ``±margin`` (``axiomformer.study.statistics``).
+        solve_margin: the same margin for a difference of solve rates (tasks whose ``metric`` is ``solve_rate``).
+        solve_threshold: a run solves its task when its test accuracy reaches this.
+        controls: validity controls trained on every task like any other arm (``CONTROLS``): what a task gives away
+            without token mixing, and with uniform mixing (no scores).
+        aa_control: also train the standard model with another initialization stream (``init_stream = 1``) at the
+            standard model's chosen rate, and compare the two (the A/A null control: it must never come out
+            ``forced`` or ``better``).
+        lr_check: train each relaxed arm's reported seeds again at its second-best rate and recompute each of its
+            comparisons from those runs; where the verdict changes, the verdict is marked ``lr_sensitive``.
         alpha: family-wise error rate of each family of comparisons.
         min_seeds: the preset's minimum of reported seeds for a decision; a run with fewer claims nothing (every
             verdict ``pilot``).
@@ -175,8 +194,13 @@ class StudyConfig(_Strict):
     suite: str = "main"
     name: str = "axiomformer study"
     seeds: int = 2
-    selection_seeds: list[int] = Field(default_factory=lambda: [1000], min_length=1)
+    selection_seeds: list[int] = Field(default_factory=lambda: [1000, 1001])
     margin: float = 0.02
+    solve_margin: float = 0.25
+    solve_threshold: float = Field(0.9, gt=0, le=1)
+    controls: list[str] = Field(default_factory=list)
+    aa_control: bool = False
+    lr_check: bool = False
     alpha: float = Field(0.05, gt=0, lt=0.5)
     min_seeds: int = Field(10, ge=2)
     pilot: bool = False
@@ -203,18 +227,33 @@ class StudyConfig(_Strict):
             raise ValueError(f"seeds must be >= 1, got {value}")
         return value
 
-    @field_validator("margin")
+    @field_validator("margin", "solve_margin")
     @classmethod
     def _positive_margin(cls, value: float) -> float:
         if not value > 0:
-            raise ValueError(f"margin must be > 0 (accuracy, e.g. 0.02), got {value}")
+            raise ValueError(
+                f"a margin must be > 0 (a difference of accuracies or solve rates, e.g. 0.02), got {value}"
+            )
         return value
 
     @field_validator("selection_seeds")
     @classmethod
     def _non_negative(cls, value: list[int]) -> list[int]:
+        if len(set(value)) < 2:
+            raise ValueError(
+                f"need at least 2 distinct selection_seeds (a learning rate chosen on one seed rewards its luck), "
+                f"got {value}; e.g. [1000, 1001]"
+            )
         if any(s < 0 for s in value):
             raise ValueError(f"selection_seeds must be >= 0, got {value}")
+        return value
+
+    @field_validator("controls")
+    @classmethod
+    def _known_controls(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name not in CONTROLS:
+                raise ValueError(f"unknown control {name!r}; choose from: {', '.join(CONTROLS)}")
         return value
 
     @model_validator(mode="after")

@@ -100,11 +100,16 @@ def draw_differences(found, margin: float, path: Path) -> Path:
         if v.ci_low is not None:
             ax.plot([v.ci_low, v.ci_high], [y, y], color=color, linewidth=2.2, solid_capstyle="butt")
         ax.plot([v.diff], [y], marker="o" if family == "primary" else "s", color=color, markersize=5)
-    labels = [f"{v.assumption}: {v.model} / {v.task}{'' if f == 'primary' else ' (secondary)'}" for v, _, f in found]
+    labels = [
+        f"{v.assumption}: {v.model} / {v.task}{' [solve rate]' if v.metric == 'solve_rate' else ''}"
+        f"{'' if f == 'primary' else f' ({f})'}"
+        for v, _, f in found
+    ]
     ax.set_yticks(range(len(found)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(
-        f"test accuracy minus the standard model's (paired by seed; family-corrected interval; band: ±{margin:g})"
+        f"relaxation minus the standard model: test accuracy, or solve rate where marked (family-corrected "
+        f"interval; band: the accuracy margin ±{margin:g})"
     )
     ax.set_title("Relaxing each assumption: difference to the standard model")
     ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], fontsize=7, loc="lower right")

@@ -30,9 +30,10 @@ class StudyData:
         keys = {p["key"] for p in planned}
         self.all_rows = [r for r in rows if not keys or r["key"] in keys]
         self.extra_rows = len(rows) - len(self.all_rows)
-        from axiomformer.study.stages import lr_at_edge, reported_rows
+        from axiomformer.study.stages import lr_at_edge, reported_rows, second_best_rows
 
         self.rows, self.lrs = reported_rows(self.config, self.all_rows)
+        self.second_rows, self.second_lrs = second_best_rows(self.config, self.all_rows)
         self.lr_edges = lr_at_edge(self.config, self.all_rows, self.lrs)
         self.suite = str(self.config.get("suite", "main"))
         self.models: list[dict[str, Any]] = store.get_meta("models") or [
@@ -109,8 +110,8 @@ def _headline(d: StudyData) -> list:
         f"test items for every model and seed, at the learning rate chosen for the cell (`lr`) from "
         f"{grid or 'one value'} (widened one step beyond an edge up to {cfg.get('lr_widen', 0)} times) by "
         f"mean validation accuracy at selection seeds {selection_seeds_of(cfg)}, which are never reported. "
-        f"`not converged`: a reported run used all its steps while its validation score was still "
-        f"improving ({flagged} cell(s)). `lr at grid edge`: the chosen rate is the smallest or largest "
+        f"`not converged`: a reported run used its whole budget while its training loss was still falling "
+        f"(a significantly negative slope over the last quarter of its steps; {flagged} cell(s)). `lr at grid edge`: the chosen rate is the smallest or largest "
         f"tried ({edges} cell(s)). `—`: no finished run. Columns are `task@sequence length`."
     )
     return [Heading("Accuracy: model x task"), table]

@@ -27,8 +27,8 @@ from typing import Any
 
 from rich.console import Console
 
-from axiomformer.study.config import StudyConfig
-from axiomformer.study.sections import audit_spec, derive_section, flow_section, missing_module
+from axiomformer.study.config import CONTROLS, StudyConfig
+from axiomformer.study.sections import audit_spec, ceilings_section, derive_section, flow_section, missing_module
 from axiomformer.study.store import ResultsStore
 from axiomformer.study.sweep import Run, models
 
@@ -127,7 +127,9 @@ def execute_in_worker(*args: Any) -> dict[str, Any]:
 
 
 def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
+    """The :class:`~axiomformer.study.record.RunRecord` of a finished run, as the store's row (validated here)."""
     from axiomformer.spec import AttentionSpec
+    from axiomformer.study.record import RunRecord
 
     if run.model.kind == "transformer":
         tc = run.train_config
@@ -136,9 +138,11 @@ def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
             **AttentionSpec.standard(tc["dim"], tc["heads"], causal=True).relax(run.model.spec).assumptions(),
         }
         spec = run.model.spec
+    elif run.model.kind in CONTROLS:
+        assumptions, spec = {}, None  # a validity control: no scores to hold assumptions about
     else:
         assumptions, spec = {"A0": False}, None  # a recurrent aggregator is order-dependent: A0 itself relaxed
-    return {
+    record = {
         "key": run.key,
         "label": run.model.label,
         "model": run.model.kind,
@@ -188,6 +192,7 @@ def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
         "backend": backend,
         "host": platform.node(),
     }
+    return RunRecord.model_validate(record).row()
 
 
 # ---------------------------------------------------------------------------------------------------- backends
@@ -448,12 +453,42 @@ def _extras_todo(store: ResultsStore, config: StudyConfig) -> tuple[list[str], l
     sections_todo = [
         (name, fn)
         for name, fn, on in (
+            ("ceilings", lambda: ceilings_section(_ceiling_cells(config)), True),
             ("derive", derive_section, config.sections.derive),
             ("flow", flow_section, config.sections.flow),
         )
         if on and name not in stored_sections
     ]
     return audits_todo, sections_todo
+
+
+def _ceiling_cells(config: StudyConfig) -> list[dict[str, Any]]:
+    """Each task and length of ``config`` with the batch size and test batches its runs are scored with."""
+    from axiomformer.study.sweep import cell_budget
+    from axiomformer.train import TrainConfig
+
+    out = []
+    for task in config.tasks:
+        for seq_len in task.seq_lens:
+            budget = cell_budget(config, task, seq_len)
+            tc = TrainConfig(
+                task=task.name,
+                seq_len=seq_len,
+                task_options=dict(task.options),
+                model="gru",
+                dim=8,
+                **{k: budget[k] for k in ("batch_size", "eval_batches", "test_batches") if budget.get(k)},
+            )
+            out.append(
+                {
+                    "task": task.name,
+                    "seq_len": seq_len,
+                    "options": dict(task.options),
+                    "batch_size": tc.batch_size,
+                    "test_batches": tc.test_batches or tc.eval_batches,
+                }
+            )
+    return out
 
 
 def _run_stages(

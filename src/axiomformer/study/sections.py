@@ -58,6 +58,38 @@ def flow_section() -> Any:
     )
 
 
+def task_test_items(task: str, seq_len: int, options: dict[str, Any], batch_size: int, batches: int):
+    """The test items every run of a study cell is scored on: ``(task, inputs, targets)``, the inputs and targets int64
+    (batches * batch_size, seq_len), exactly as the trainer draws its test split (``train._eval_set``)."""
+    import torch
+
+    from axiomformer.tasks import make_task
+
+    built = make_task(task, seq_len=seq_len, **options)
+    pairs = [built.batch(batch_size, seed=i, split="test") for i in range(batches)]
+    return built, torch.cat([x for x, _ in pairs]), torch.cat([y for _, y in pairs])
+
+
+def ceilings_section(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ceiling of each task on its own test items (``Task.ceiling``), keyed ``"task@seq_len"``: ``{"ceiling",
+    "ceiling_method", "ceiling_error", "note", "n_items"}``; ``ceiling`` is ``None`` where the task cannot compute
+    one. ``cells``: ``{"task", "seq_len", "options", "batch_size", "test_batches"}`` per task and length."""
+    out: dict[str, Any] = {}
+    for cell in cells:
+        built, inputs, targets = task_test_items(
+            cell["task"], cell["seq_len"], cell["options"], cell["batch_size"], cell["test_batches"]
+        )
+        found = built.ceiling(inputs, targets)
+        out[f"{cell['task']}@{cell['seq_len']}"] = {
+            "ceiling": None if found is None else found.value,
+            "ceiling_method": None if found is None else found.method,
+            "ceiling_error": None if found is None else found.error,
+            "note": "this task cannot compute its ceiling" if found is None else found.note,
+            "n_items": int((targets != -100).sum()),
+        }
+    return out
+
+
 def missing_module(err: ImportError) -> bool:
     """True when ``err`` says a module (or a name in it) does not exist, as opposed to a failure inside it."""
     return isinstance(err, ModuleNotFoundError) or "cannot import name" in str(err)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from axiomformer.study.config import StudyConfig
-from axiomformer.study.sweep import Cell, CountFn, Run, cells, make_run
+from axiomformer.study.sweep import AA_LABEL, Cell, CountFn, Run, cells, make_run
 
 Stored = dict[str, dict[str, Any]] | None
 Stage = Callable[[Stored], list[Run]]
@@ -105,32 +105,79 @@ def _chosen(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]]) 
     return _chosen_among(config, cell, stored, tried_lrs(config, cell, stored, config.lr_widen))
 
 
+def ranked_lrs(candidates: list[tuple[float | None, Any]]) -> list[float | None]:
+    """The rates of ``candidates`` (as :func:`choose_lr` reads them) from best to worst by mean selection score;
+    ties keep grid order. Rates with no stored run are left out."""
+    scored = []
+    for index, (lr, rows) in enumerate(candidates):
+        rows = [r for r in (rows if isinstance(rows, list) else [rows]) if r is not None]
+        if rows:
+            score = _mean_score(rows)
+            scored.append(((-score[0], -score[1], index), lr))
+    return [lr for _, lr in sorted(scored, key=lambda item: item[0])]
+
+
+def _second_best(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]]) -> float | str | None:
+    lrs = tried_lrs(config, cell, stored, config.lr_widen)
+    by_lr: dict[Any, list] = {}
+    for r in _selection(config, cell, lrs):
+        by_lr.setdefault(r.train_config.get("lr"), []).append(stored.get(r.key))
+    ranked = ranked_lrs(list(by_lr.items()))
+    return ranked[1] if len(ranked) > 1 else "missing"
+
+
+def is_aa(cell: Cell) -> bool:
+    """Whether ``cell`` is the A/A control (it trains at the standard model's chosen rate, with no selection)."""
+    return cell.model.label == AA_LABEL
+
+
+def checked(cell: Cell) -> bool:
+    """Whether ``cell`` is a relaxed arm whose comparisons ``lr_check`` recomputes at its second-best rate: every
+    model but the standard one, its A/A copy and the validity controls."""
+    from axiomformer.study.config import CONTROLS
+
+    return cell.model.label != "standard" and not is_aa(cell) and cell.model.kind not in CONTROLS
+
+
 def selection_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]:
     """Stage 1: every cell at every learning rate of its grid (selection seeds). Then up to ``lr_widen`` stages that
     extend the grid of each cell whose best rate is at an edge (:func:`tried_lrs`). Last: the reported seeds at the
     chosen rate (a cell whose selection runs all failed is left out)."""
 
+    selected = [cell for cell in all_cells if not is_aa(cell)]
+    standard = {(c.task, c.seq_len): c for c in all_cells if c.model.label == "standard"}
+
     def select(stored: Stored) -> list[Run]:
-        return [run for cell in all_cells for run in _selection(config, cell)]
+        return [run for cell in selected for run in _selection(config, cell)]
 
     def widen(rounds: int) -> Stage:
         def stage(stored: Stored) -> list[Run]:
             return [
                 run
-                for cell in all_cells
+                for cell in selected
                 for run in _selection(config, cell, tried_lrs(config, cell, stored or {}, rounds))
             ]
 
         return stage
 
+    def lr_of(cell: Cell, stored: dict[str, dict[str, Any]]) -> float | str | None:
+        reference = standard.get((cell.task, cell.seq_len)) if is_aa(cell) else cell
+        return "missing" if reference is None else _chosen(config, reference, stored)
+
     def report(stored: Stored) -> list[Run]:
         # seed-major: an interrupted study holds the same seeds for every cell, so its comparisons stay paired
-        chosen = [(cell, _chosen(config, cell, stored or {})) for cell in all_cells]
+        chosen = [(cell, lr_of(cell, stored or {})) for cell in all_cells]
         return [
             make_run(config, cell, seed, lr) for seed in range(config.seeds) for cell, lr in chosen if lr != "missing"
         ]
 
-    return [select, *(widen(k) for k in range(1, config.lr_widen + 1)), report]
+    def check(stored: Stored) -> list[Run]:
+        second = [(cell, _second_best(config, cell, stored or {})) for cell in selected if checked(cell)]
+        return [
+            make_run(config, cell, seed, lr) for seed in range(config.seeds) for cell, lr in second if lr != "missing"
+        ]
+
+    return [select, *(widen(k) for k in range(1, config.lr_widen + 1)), report, *([check] if config.lr_check else [])]
 
 
 def curriculum_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]:
@@ -266,10 +313,27 @@ def reported_rows(
     out = []
     for r in rows:
         ident = (r["label"], r["task"], r["seq_len"])
-        source = (r["label"], r["task"], shortest[r["task"]]) if curriculum else ident
+        label = "standard" if r["label"] == AA_LABEL else r["label"]
+        source = (label, r["task"], shortest[r["task"]]) if curriculum else (label, r["task"], r["seq_len"])
         lr = chosen_at.get(source, "missing")
         if lr == "missing" or r["seed"] >= seeds or (r.get("train_config") or {}).get("lr") != lr:
             continue
         lrs[ident] = lr
         out.append(r)
+    return out, lrs
+
+
+def second_best_rows(
+    config: dict[str, Any], rows: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[tuple, Any]]:
+    """The ``lr_check`` rows: reported seeds of each cell at its second-best rate (by the selection seeds' mean
+    validation score over every rate tried), and that rate per (label, task, length)."""
+    seeds = int(config.get("seeds", 1))
+    second = {k: ranked[1] for k, v in selection_groups(config, rows).items() if len(ranked := ranked_lrs(v)) > 1}
+    out, lrs = [], {}
+    for r in rows:
+        ident = (r["label"], r["task"], r["seq_len"])
+        if ident in second and r["seed"] < seeds and (r.get("train_config") or {}).get("lr") == second[ident]:
+            lrs[ident] = second[ident]
+            out.append(r)
     return out, lrs

@@ -16,7 +16,11 @@ builds its conclusions on it. The public API (stable):
 * :func:`seeds_needed` ``(diff, sd, margin, alpha, power, cap) -> int | None``: the fewest seeds for which either the
   difference test or the equivalence test reaches ``power``, if the true difference and sd are the observed ones
   (``None``: more than ``cap``).
-* :func:`decide` ``(ci_low, ci_high, margin, converged, pilot) -> str``: the verdict rule, from the interval alone.
+* :func:`decide` ``(ci_low, ci_high, margin, pilot) -> str``: the verdict rule, from the interval alone.
+* :func:`newcombe_difference` ``(s1, n1, s2, n2, level) -> Interval``: the Newcombe hybrid score interval of a
+  difference of two proportions (Newcombe 1998, method 10; ``statsmodels ... confint_proportions_2indep``).
+* :func:`solve_rate_comparison` ``(item, threshold, family_size, alpha, margin, pilot) -> Verdict``: the comparison
+  of two solve rates (a run solves when its accuracy reaches ``threshold``).
 * :func:`paired_family` ``(items, alpha, margin, power, pilot) -> list[Verdict]``: every comparison of one family
   (e.g. the primary comparisons), paired by seed, with Bonferroni-simultaneous intervals.
 * :func:`agrees` ``(verdict dict) -> bool``: whether a verdict agrees with its printed interval (the check the report
@@ -31,11 +35,12 @@ Method (one family of m comparisons, each a model minus the standard model, pair
   interval excludes 0;
 * ``p_equivalence``: the TOST p-value (the larger one-sided p) referred to the same level as the interval, times 2m
   (capped at 1): below ``alpha`` exactly when the interval lies inside ``(-margin, +margin)``;
-* verdict (:func:`decide`): ``forced`` when ``ci_high < 0`` (relaxing the assumption costs accuracy), ``better`` when
-  ``ci_low > 0``, ``free`` when ``-margin < ci_low`` and ``ci_high < margin`` and the cells converged (a
-  not-converged cell is never ``free``), ``inconclusive`` otherwise (with ``mde`` and ``seeds_needed``), and
-  ``pilot`` whatever the interval when the run is a pilot (``--quick``, or fewer seeds than its preset's minimum): a
-  pilot claims nothing;
+* verdict (:func:`decide`, one symmetric rule): ``free`` when the interval lies inside ``(-margin, +margin)``
+  (equivalent within the margin, even where it excludes 0); otherwise ``forced`` when ``ci_high < 0`` (relaxing the
+  assumption costs accuracy), ``better`` when ``ci_low > 0``, ``inconclusive`` otherwise (with ``mde`` and
+  ``seeds_needed``); and ``pilot`` whatever the interval when the run is a pilot (``--quick``, or fewer seeds than its
+  preset's minimum): a pilot claims nothing. Convergence is reported beside the verdict (``converged``) and never
+  changes it;
 * ``mde``: :func:`mde` at the family's level with the observed sd of the differences; ``seeds_needed``: the current
   number of seeds for a decided verdict, else :func:`seeds_needed`.
 
@@ -44,7 +49,12 @@ The verdict JSON object (``Verdict.to_dict()``, one per comparison in ``axiomfor
     {"assumption": str, "model": str, "task": str, "verdict": "forced" | "better" | "free" | "inconclusive" | "pilot",
      "diff": float, "ci_low": float | null, "ci_high": float | null, "ci_method": str, "ci_level": float,
      "margin": float, "p_difference": float, "p_equivalence": float, "n_seeds": int, "mde": float | null,
-     "seeds_needed": int | null, "converged": bool}
+     "seeds_needed": int | null, "converged": bool, "metric": "accuracy" | "solve_rate",
+     "lr_sensitive": bool | null}
+
+``metric``: what ``diff`` is a difference of (mean test accuracy, or the share of runs that solve the task);
+``lr_sensitive``: whether the verdict changes when the relaxed arm is retrained at its second-best learning rate
+(``null``: not checked).
 
 ``diff``, ``ci_*``, ``margin`` and ``mde`` are in accuracy units (fractions, not percent); ``ci_*`` are ``null`` with
 fewer than two paired seeds.
@@ -53,6 +63,7 @@ fewer than two paired seeds.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -88,7 +99,10 @@ VERDICT_KEYS = (
     "mde",
     "seeds_needed",
     "converged",
+    "metric",
+    "lr_sensitive",
 )
+METRICS = ("accuracy", "solve_rate")
 
 
 @dataclass(frozen=True)
@@ -266,31 +280,35 @@ def seeds_needed(
     return high
 
 
-def decide(
-    ci_low: float | None, ci_high: float | None, margin: float, *, converged: bool = True, pilot: bool = False
-) -> str:
-    """The verdict from an interval of (model - standard): ``pilot`` | ``forced`` | ``better`` | ``free`` |
-    ``inconclusive`` (see the module docstring). No interval: ``inconclusive`` (or ``pilot``)."""
+def decide(ci_low: float | None, ci_high: float | None, margin: float, *, pilot: bool = False) -> str:
+    """The verdict from an interval of (model - standard), one symmetric rule: ``free`` iff the interval lies inside
+    (-margin, margin); otherwise ``forced`` iff ``ci_high < 0``, ``better`` iff ``ci_low > 0``, else
+    ``inconclusive``; ``pilot`` for a pilot. No interval: ``inconclusive`` (or ``pilot``).
+
+    Raises:
+        ValueError: ``margin <= 0``.
+    """
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0, got {margin}")
     if pilot:
         return "pilot"
     if ci_low is None or ci_high is None:
         return "inconclusive"
+    if -margin < ci_low and ci_high < margin:
+        return "free"
     if ci_high < 0:
         return "forced"
     if ci_low > 0:
         return "better"
-    if -margin < ci_low and ci_high < margin and converged:
-        return "free"
     return "inconclusive"
 
 
 def agrees(v: dict[str, Any]) -> bool:
-    """Whether a verdict dict agrees with the interval printed beside it: ``forced`` iff ``ci_high < 0``,
-    ``better`` iff ``ci_low > 0``, ``free`` only inside ``±margin`` and converged, ``inconclusive`` otherwise;
+    """Whether a verdict dict agrees with the interval printed beside it under :func:`decide`'s symmetric rule;
     ``pilot`` always agrees (it claims nothing)."""
     if v["verdict"] == "pilot":
         return True
-    return v["verdict"] == decide(v["ci_low"], v["ci_high"], v["margin"], converged=bool(v["converged"]))
+    return v["verdict"] == decide(v["ci_low"], v["ci_high"], v["margin"])
 
 
 @dataclass(frozen=True)
@@ -313,6 +331,8 @@ class Verdict:
     mde: float | None
     seeds_needed: int | None
     converged: bool
+    metric: str = "accuracy"
+    lr_sensitive: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -329,6 +349,24 @@ class PairedItem:
     values: Sequence[float]
     reference: Sequence[float]
     converged: bool = True
+    n_items: int | None = None
+    """Scored test items per run (the same for both sides): where every seed gives the same difference, the interval
+    falls back to the test items' own binomial noise."""
+
+
+def _pooled_items(item: PairedItem, level: float, ci: Interval) -> tuple[Interval, str]:
+    """The zero-spread fallback of :func:`one_comparison`: the Newcombe interval of the difference of the two sides'
+    accuracies pooled over their runs' test items (``n_items`` each)."""
+    if not item.n_items:
+        return ci, "; zero spread over seeds: test-item noise not carried"
+    n = int(item.n_items) * len(item.values)
+    a = round(float(np.nansum(item.values)) * item.n_items)
+    b = round(float(np.nansum(item.reference)) * item.n_items)
+    pooled = newcombe_difference(min(a, n), n, min(b, n), n, level)
+    return (
+        Interval(ci.estimate, pooled.low, pooled.high, ci.method, level, ci.n),
+        f"; zero spread over seeds: Newcombe interval over the {n} pooled test items of each side",
+    )
 
 
 def _p_difference(data: np.ndarray) -> float:
@@ -388,11 +426,13 @@ def one_comparison(
     sd = float(data.std(ddof=1))
     if sd == 0.0:
         # every seed gave the same difference (e.g. both sides at ceiling): the t interval has zero width and says
-        # nothing of the test items' own noise, which this comparison does not carry -- say so beside the interval
-        method += "; zero spread over seeds: test-item noise not carried"
+        # nothing of the test items' own noise; where the item count is known, the Newcombe interval of the pooled
+        # items carries it (never of zero width), else the method says it is not carried
+        ci, note = _pooled_items(item, level, ci)
+        method += note
     p_diff = min(1.0, _p_difference(data) * family_size)
     p_eq = min(1.0, max(tost_p(data, margin)) * 2 * family_size)
-    verdict = decide(ci.low, ci.high, margin, converged=item.converged, pilot=pilot)
+    verdict = decide(ci.low, ci.high, margin, pilot=pilot)
     decided = verdict in ("forced", "better", "free")
     need = n if decided else seeds_needed(diff, sd, margin, alpha / family_size, power)
     return Verdict(
@@ -435,6 +475,115 @@ def paired_family(
     ]
 
 
+def newcombe_difference(s1: int, n1: int, s2: int, n2: int, level: float = CONFIDENCE) -> Interval:
+    """The difference of two proportions ``s1/n1 - s2/n2`` with its Newcombe hybrid score interval (Newcombe 1998,
+    "Interval estimation for the difference between independent proportions", method 10: the Wilson intervals of
+    each side combined), valid at small n and never of zero width: statsmodels'
+    ``confint_proportions_2indep(method="newcomb")``.
+
+    Raises:
+        ValueError: ``n1`` or ``n2`` below 1, or successes outside ``0..n``.
+    """
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
+    if n1 < 1 or n2 < 1 or not (0 <= s1 <= n1 and 0 <= s2 <= n2):
+        raise ValueError(f"need 0 <= successes <= trials >= 1, got {s1}/{n1} and {s2}/{n2}")
+    low, high = confint_proportions_2indep(s1, n1, s2, n2, method="newcomb", compare="diff", alpha=1 - level)
+    return Interval(s1 / n1 - s2 / n2, float(low), float(high), "Newcombe hybrid score", level, min(n1, n2))
+
+
+def _solve_power(p_ref: float, n: int, alpha: float, power: float) -> float | None:
+    """The smallest difference of solve rates (below ``p_ref``, or above it when there is no room) detected at
+    ``power`` with ``n`` runs a side (Cohen's h, statsmodels' ``NormalIndPower``)."""
+    from statsmodels.stats.power import NormalIndPower
+
+    try:
+        h = float(NormalIndPower().solve_power(effect_size=None, nobs1=n, alpha=alpha, power=power, ratio=1.0))
+    except (ValueError, RuntimeError):
+        return None
+    phi = 2 * math.asin(math.sqrt(min(max(p_ref, 0.0), 1.0)))
+    other = phi - h if phi - h >= 0 else phi + h
+    if other > math.pi:
+        return None
+    return abs(math.sin(other / 2) ** 2 - p_ref)
+
+
+def _solve_seeds(p_a: float, p_b: float, alpha: float, power: float) -> int | None:
+    """Runs a side at which the observed difference of solve rates would be detected at ``power`` (``None``: no
+    difference to detect, or more than :data:`SEEDS_CAP`)."""
+    from statsmodels.stats.power import NormalIndPower
+
+    h = abs(2 * math.asin(math.sqrt(p_a)) - 2 * math.asin(math.sqrt(p_b)))
+    if h == 0:
+        return None
+    n = float(NormalIndPower().solve_power(effect_size=h, nobs1=None, alpha=alpha, power=power, ratio=1.0))
+    return None if n > SEEDS_CAP else max(2, math.ceil(n))
+
+
+def solve_rate_comparison(
+    item: PairedItem,
+    *,
+    threshold: float,
+    family_size: int = 1,
+    alpha: float = ALPHA,
+    margin: float = 0.25,
+    power: float = POWER,
+    pilot: bool = False,
+) -> Verdict:
+    """The difference of solve rates, model minus standard: a run solves when its value (test accuracy) reaches
+    ``threshold``; a non-finite value (a diverged run) counts as not solved. Interval: :func:`newcombe_difference` at
+    level ``1 - alpha / family_size`` (Bonferroni); ``p_difference``: Fisher's exact test (scipy), times the family
+    size; ``p_equivalence``: statsmodels' TOST for two proportions against ``±margin``, referred to the interval's
+    level; verdict: :func:`decide`.
+
+    Raises:
+        ValueError: an empty side, ``margin <= 0`` or ``family_size < 1``.
+    """
+    from scipy.stats import fisher_exact
+    from statsmodels.stats.proportion import tost_proportions_2indep
+
+    if not margin > 0 or family_size < 1:
+        raise ValueError(f"need margin > 0 and family_size >= 1, got {margin} and {family_size}")
+    solved_a = [bool(math.isfinite(x) and x >= threshold) for x in map(float, item.values)]
+    solved_b = [bool(math.isfinite(x) and x >= threshold) for x in map(float, item.reference)]
+    n_a, n_b = len(solved_a), len(solved_b)
+    if n_a < 1 or n_b < 1:
+        raise ValueError(f"a solve-rate comparison needs runs on both sides, got {n_a} and {n_b}")
+    s_a, s_b = sum(solved_a), sum(solved_b)
+    level = 1 - alpha / family_size
+    ci = newcombe_difference(s_a, n_a, s_b, n_b, level)
+    p_diff = min(1.0, float(fisher_exact([[s_a, n_a - s_a], [s_b, n_b - s_b]]).pvalue) * family_size)
+    with warnings.catch_warnings():  # statsmodels divides by zero for rates of 0 or 1 in a term it then discards
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            p_eq_raw = float(tost_proportions_2indep(s_a, n_a, s_b, n_b, -margin, margin, compare="diff").pvalue)
+        except (ValueError, ZeroDivisionError):
+            p_eq_raw = 1.0
+    p_eq = 1.0 if not math.isfinite(p_eq_raw) else min(1.0, p_eq_raw * 2 * family_size)
+    verdict = decide(ci.low, ci.high, margin, pilot=pilot)
+    decided = verdict in ("forced", "better", "free")
+    method = "Newcombe hybrid score" + (f", Bonferroni over {family_size}" if family_size > 1 else "")
+    return Verdict(
+        item.assumption,
+        item.model,
+        item.task,
+        verdict,
+        ci.estimate,
+        ci.low,
+        ci.high,
+        method,
+        level,
+        margin,
+        p_diff,
+        p_eq,
+        min(n_a, n_b),
+        _solve_power(s_b / n_b, min(n_a, n_b), alpha / family_size, power),
+        min(n_a, n_b) if decided else _solve_seeds(s_a / n_a, s_b / n_b, alpha / family_size, power),
+        item.converged,
+        "solve_rate",
+    )
+
+
 def holm(pvalues: Sequence[float], *, alpha: float = ALPHA) -> list[float]:
     """Holm-adjusted p-values (step-down, monotone, capped at 1), via statsmodels' ``multipletests``."""
     if len(pvalues) == 0:
@@ -461,6 +610,7 @@ __all__ = [
     "CONFIDENCE",
     "CORRECTION",
     "MARGIN",
+    "METRICS",
     "POWER",
     "SEEDS_CAP",
     "VERDICTS",
@@ -475,9 +625,11 @@ __all__ = [
     "holm",
     "mde",
     "mean_interval",
+    "newcombe_difference",
     "one_comparison",
     "paired_family",
     "seeds_needed",
+    "solve_rate_comparison",
     "t_interval",
     "tost_p",
 ]

@@ -256,14 +256,25 @@ class ResultsStore:
         """Keys of every stored run."""
         return {row[0] for row in self.conn.execute("SELECT key FROM runs")}
 
-    def add_run(self, row: dict[str, Any]) -> bool:
+    def add_run(self, row: Any) -> bool:
         """Insert one finished run in its own transaction; returns False (and changes nothing) if the key exists.
 
-        ``row`` holds the ``runs`` columns; JSON columns may be given as Python objects; ``finished_at`` defaults to
-        now. A successful insert clears a stored failure of the same key.
+        ``row`` holds the ``runs`` columns (a :class:`~axiomformer.study.record.RunRecord` or its dict); JSON columns
+        may be given as Python objects; ``finished_at`` defaults to now. A successful insert clears a stored failure
+        of the same key.
+
+        Raises:
+            pydantic.ValidationError (a ValueError): a row that is not a valid ``RunRecord``, naming the field;
+                nothing is written.
         """
-        row = dict(row)
-        row.setdefault("finished_at", _now())
+        from axiomformer.study.record import RunRecord
+
+        given = row.row() if isinstance(row, RunRecord) else dict(row)
+        given.setdefault("finished_at", _now())
+        for name in _JSON_COLUMNS:
+            if isinstance(given.get(name), str):
+                given[name] = json.loads(given[name])
+        row = RunRecord.model_validate(given).row()
         for name in _JSON_COLUMNS:
             if name in row and not isinstance(row[name], str):
                 row[name] = json.dumps(row[name], sort_keys=True)
@@ -278,14 +289,16 @@ class ResultsStore:
         return counts[0] == 1
 
     def runs(self) -> list[dict[str, Any]]:
-        """Every stored run as a dict, JSON columns decoded, in insertion order."""
+        """Every stored run as a validated :class:`~axiomformer.study.record.RunRecord` dict, in insertion order."""
+        from axiomformer.study.record import RunRecord
+
         out = []
         for row in self.conn.execute("SELECT * FROM runs ORDER BY rowid"):
             item = dict(row)
             for name in _JSON_COLUMNS:
                 if item.get(name) is not None:
                     item[name] = json.loads(item[name])
-            out.append(item)
+            out.append(RunRecord.model_validate({k: v for k, v in item.items() if v is not None}).row())
         return out
 
     def count(self) -> int:

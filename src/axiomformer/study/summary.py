@@ -22,6 +22,7 @@ written by a previous version (its selection seed was also a reported seed); ``d
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import asdict, dataclass
@@ -36,6 +37,7 @@ from axiomformer.study.statistics import (
     Verdict,
     cell_interval,
     one_comparison,
+    solve_rate_comparison,
 )
 from axiomformer.study.sweep import assumption_of
 
@@ -98,7 +100,10 @@ def _by_cell(d: StudyData) -> dict[tuple[str, str, int], dict[int, dict[str, Any
 
 
 def _converged(runs: dict[int, dict[str, Any]]) -> bool:
-    return all((r.get("outcome") or {}).get("converged", True) for r in runs.values())
+    """Every run of a cell converged (``battery.run_converged``: solved early, or its loss no longer falling)."""
+    from axiomformer.study.battery import run_converged
+
+    return all(run_converged(r) for r in runs.values())
 
 
 def _labels(d: StudyData) -> list[str]:
@@ -164,25 +169,51 @@ def design(d: StudyData) -> dict[str, Any]:
                 f"minimum of {cfg.get('min_seeds', 10)}; rerun the same command with the same --out to resume"
             )
     contrasts = suite_contrasts(d)
-    if contrasts is None:
-        primary, secondary = families(d)
-        primary_names, secondary_names = [m for m, _ in primary], [m for m, _ in secondary]
-    else:
-        primary_names = [c.model for c in contrasts if c.family == "primary"]
-        secondary_names = [c.model for c in contrasts if c.family != "primary"]
-    return {
+    margins = {"accuracy": float(cfg.get("margin", MARGIN)), "solve_rate": float(cfg.get("solve_margin", 0.25))}
+    base = {
         "selection_seeds": selection,
         "reported_seeds": list(range(seeds)),
         "alpha": float(cfg.get("alpha", ALPHA)),
         "correction": CORRECTION,
-        "margin": float(cfg.get("margin", MARGIN)),
+        "margin": margins["accuracy"],
+        "margins": margins,
+        "solve_threshold": float(cfg.get("solve_threshold", 0.9)),
         "power": POWER,
         "min_seeds": int(cfg.get("min_seeds", 10)),
         "pilot": reason is not None,
         "pilot_reason": reason,
-        "primary_task": f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks and (_wanted(d) or contrasts) else None,
-        "primary": sorted(set(primary_names), key=_model_order(d)),
-        "secondary": sorted(set(secondary_names), key=_model_order(d)),
+    }
+    if contrasts is not None:
+        primary_names = [c.model for c in contrasts if c.family == "primary"]
+        secondary_names = [c.model for c in contrasts if c.family != "primary"]
+        first = f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks else None
+        return base | {
+            "primary_task": first,
+            "primary": sorted(set(primary_names), key=_model_order(d)),
+            "secondary": sorted(set(secondary_names), key=_model_order(d)),
+        }
+    from axiomformer.study.battery import BUDGET_RATIO, DISCRIMINATION_GAP, task_validity
+
+    tasks = task_validity(d)
+    found = main_families(d)
+    good = [t["task"] for t in tasks if t["discriminates"]]
+    return base | {
+        "primary_task": good[0] if good else None,
+        "primary_tasks": good,
+        "primary": sorted({m for m, _, f in found if f == "primary"}, key=_model_order(d)),
+        "secondary": sorted({m for m, _, f in found if f == "secondary"}, key=_model_order(d)),
+        "families": {
+            "primary": "the config's primary relaxations on every task that discriminates (the answer)",
+            "control_task": "the same relaxations on tasks that do not discriminate: reported apart, never the answer",
+            "secondary": "every other relaxation, on every task",
+        },
+        "verdict_rule": (
+            "free if the interval lies inside (-margin, +margin); otherwise forced if it lies below 0, better if "
+            "above 0, else inconclusive; convergence is reported beside the verdict and never changes it"
+        ),
+        "discrimination_gap": DISCRIMINATION_GAP,
+        "budget_ratio_goal": BUDGET_RATIO,
+        "tasks": tasks,
     }
 
 
@@ -216,17 +247,35 @@ def _pairs(d: StudyData) -> list[tuple[str, tuple[str, int]]]:
 
 
 def families(d: StudyData) -> tuple[list, list]:
-    """(primary, secondary) lists of (model, (task, length)): primary = the config's ``primary`` models on the first
-    task (every comparison when ``primary`` is empty)."""
+    """(primary, secondary) lists of (model, (task, length)) as :func:`main_families` assigns them (the
+    ``control_task`` family is left out here)."""
+    found = main_families(d)
+    return [(m, t) for m, t, f in found if f == "primary"], [(m, t) for m, t, f in found if f == "secondary"]
+
+
+FAMILIES = ("primary", "control_task", "secondary")
+"""The main suite's families, each corrected on its own: ``primary`` (the config's ``primary`` models on every task
+that discriminates), ``control_task`` (the same models on tasks that do not: reported apart, never the answer) and
+``secondary`` (every other relaxation)."""
+
+
+def main_families(d: StudyData) -> list[tuple[str, tuple[str, int], str]]:
+    """``(model, (task, length), family)`` for every comparison with the standard model, in report order. The
+    validity controls and the A/A control are not comparisons of an assumption (see :func:`aa_control`)."""
+    from axiomformer.study.battery import CONTROL_LABELS, discriminating
+    from axiomformer.study.sweep import AA_LABEL
+
     labels = {m["label"]: m for m in d.models}
     wanted = _wanted(d)
-    primary_labels = {
-        label for label in labels if not wanted or label in wanted or _relax_text(labels[label]) in wanted
-    }
-    pairs = _pairs(d)
-    first = d.tasks[0] if d.tasks else None
-    primary = [p for p in pairs if p[0] in primary_labels and (not wanted or p[1] == first)]
-    return primary, [p for p in pairs if p not in primary]
+    good = discriminating(d)
+    out = []
+    for label, task in _pairs(d):
+        if label in CONTROL_LABELS or label == AA_LABEL:
+            continue
+        is_primary = not wanted or label in wanted or _relax_text(labels[label]) in wanted
+        family = "secondary" if not is_primary else "primary" if f"{task[0]}@{task[1]}" in good else "control_task"
+        out.append((label, task, family))
+    return out
 
 
 def _wanted(d: StudyData) -> set[str]:
@@ -239,55 +288,145 @@ def _relax_text(model: dict[str, Any]) -> str:
     return model["label"] if model["kind"] == "transformer" else model["kind"]
 
 
+def _value(row: dict[str, Any], metric: str) -> float:
+    """A run's value for a comparison: its test accuracy; ``nan`` for a diverged run (left out of an accuracy
+    comparison, counted as not solved in a solve-rate one)."""
+    from axiomformer.study.battery import diverged
+
+    return float("nan") if diverged(row) else float(row["accuracy"])
+
+
+def _compare(
+    d: StudyData, item: PairedItem, metric: str, family_size: int, info: dict[str, Any], pilot: bool
+) -> Verdict:
+    if metric == "solve_rate":
+        return solve_rate_comparison(
+            item,
+            threshold=info["solve_threshold"],
+            family_size=family_size,
+            alpha=info["alpha"],
+            margin=info["margins"]["solve_rate"],
+            power=POWER,
+            pilot=pilot,
+        )
+    return one_comparison(
+        item, family_size=family_size, alpha=info["alpha"], margin=info["margins"]["accuracy"], power=POWER, pilot=pilot
+    )
+
+
+def _item(d: StudyData, label: str, task: tuple[str, int], cells: dict, metric: str) -> PairedItem | None:
+    runs, reference = cells.get((label, *task)), cells.get((REFERENCE, *task))
+    if not runs or not reference:
+        return None
+    seeds = sorted(set(runs) & set(reference))
+    return PairedItem(
+        assumption_of(label, d.kind.get(label, "transformer")),
+        label,
+        f"{task[0]}@{task[1]}",
+        [_value(runs[s], metric) for s in seeds],
+        [_value(reference[s], metric) for s in seeds],
+        _converged(runs) and _converged(reference),
+        n_test_items(reference[seeds[0]]) if seeds else None,
+    )
+
+
 def _family_verdicts(d: StudyData, pairs: list, info: dict[str, Any]) -> list[tuple[Verdict, int]]:
-    cells = _by_cell(d)
+    """One family: each comparison at the family's Bonferroni level, and (where the store has them) recomputed with
+    the relaxed arm's runs at its second-best learning rate: ``lr_sensitive`` when that changes the verdict."""
+    from axiomformer.study.battery import metric_of
+
+    cells, second = _by_cell(d), _by_rows(d.second_rows)
     out = []
-    kinds = {m["label"]: m["kind"] for m in d.models}
     for label, (task, seq_len) in pairs:
-        runs, reference = cells[(label, task, seq_len)], cells[(REFERENCE, task, seq_len)]
-        seeds = sorted(set(runs) & set(reference))
-        item = PairedItem(
-            assumption_of(label, kinds.get(label, "transformer")),
-            label,
-            f"{task}@{seq_len}",
-            [runs[s]["accuracy"] for s in seeds],
-            [reference[s]["accuracy"] for s in seeds],
-            _converged(runs) and _converged(reference),
+        metric = metric_of(d, task, seq_len)
+        item = _item(d, label, (task, seq_len), cells, metric)
+        if item is None:
+            continue
+        pilot = bool(info["pilot"]) or len(item.values) < info["min_seeds"]
+        verdict = _compare(d, item, metric, max(1, len(pairs)), info, pilot)
+        check = _item(
+            d, label, (task, seq_len), {**cells, (label, task, seq_len): second.get((label, task, seq_len))}, metric
         )
-        pilot = info["pilot"] or len(seeds) < info["min_seeds"]
-        out.append(
-            (
-                one_comparison(
-                    item,
-                    family_size=max(1, len(pairs)),
-                    alpha=info["alpha"],
-                    margin=info["margin"],
-                    power=POWER,
-                    pilot=pilot,
-                ),
-                seq_len,
-            )
-        )
+        sensitive = None
+        if check is not None and second.get((label, task, seq_len)) and not pilot:
+            sensitive = _compare(d, check, metric, max(1, len(pairs)), info, pilot).verdict != verdict.verdict
+        out.append((dataclasses.replace(verdict, lr_sensitive=sensitive), seq_len))
+    return out
+
+
+def _by_rows(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[int, dict[str, Any]]]:
+    out: dict[tuple[str, str, int], dict[int, dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault((r["label"], r["task"], r["seq_len"]), {})[r["seed"]] = r
     return out
 
 
 def verdicts(d: StudyData) -> list[tuple[Verdict, int, str]]:
-    """``(verdict, seq_len, family)`` for every comparison: the primary family first, then the secondary one."""
+    """``(verdict, seq_len, family)`` for every comparison, family by family (:data:`FAMILIES`, or a suite's own)."""
     info = design(d)
     contrasts = suite_contrasts(d)
     if contrasts is not None:
         from axiomformer.study.contrasts import contrast_verdicts
 
         return contrast_verdicts(info, contrasts)
-    primary, secondary = families(d)
-    return [(v, n, "primary") for v, n in _family_verdicts(d, primary, info)] + [
-        (v, n, "secondary") for v, n in _family_verdicts(d, secondary, info)
-    ]
+    found = main_families(d)
+    out = []
+    for family in FAMILIES:
+        pairs = [(m, t) for m, t, f in found if f == family]
+        out += [(v, n, family) for v, n in _family_verdicts(d, pairs, info)]
+    return out
+
+
+def aa_control(d: StudyData) -> dict[str, Any] | None:
+    """The A/A null control: the standard model against itself with another initialization stream, per task, as
+    one family (Bonferroni over its tasks). ``verdict``: ``forced`` or ``better`` if any task's is (the design is
+    broken: ``broken`` true), else ``free`` if every task's is, else ``inconclusive``. ``None`` without A/A runs."""
+    from axiomformer.study.sweep import AA_LABEL
+
+    if not any(r["label"] == AA_LABEL for r in d.rows):
+        return None
+    info = design(d)
+    tasks = [t for t in d.tasks if _by_cell(d).get((AA_LABEL, *t))]
+    found = [v for v, _ in _family_verdicts(d, [(AA_LABEL, t) for t in tasks], info)]
+    kinds = {v.verdict for v in found}
+    overall = (
+        "forced"
+        if "forced" in kinds
+        else "better"
+        if "better" in kinds
+        else "pilot"
+        if kinds == {"pilot"}
+        else "free"
+        if kinds == {"free"}
+        else "inconclusive"
+    )
+    return {
+        "model": f"{AA_LABEL} vs {REFERENCE}",
+        "verdict": overall,
+        "broken": overall in ("forced", "better"),
+        "tasks": [{**v.to_dict(), "lr_sensitive": None} for v in found],
+    }
+
+
+def answer(d: StudyData) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+    """``(answer, control_answer)``: ``{assumption: {task: verdict}}`` of the primary family (every task that
+    discriminates) and of the control-task family (tasks that do not: reported apart, never the answer)."""
+    out: dict[str, dict[str, str]] = {}
+    control: dict[str, dict[str, str]] = {}
+    for v, _, family in verdicts(d):
+        if family in ("primary", "control_task"):
+            (out if family == "primary" else control).setdefault(v.assumption, {})[v.task] = v.verdict
+    return out, control
 
 
 def comparisons(d: StudyData) -> list[tuple[Verdict, int, str]]:
     """The same as :func:`verdicts` (kept under this name for the report's tables and the suites)."""
     return verdicts(d)
+
+
+def cpu_seconds(d: StudyData) -> float:
+    """The CPU seconds of every finished run in the store (selection runs included)."""
+    return float(sum(float(r.get("cpu_seconds") or 0.0) for r in d.all_rows))
 
 
 def to_json(d: StudyData) -> dict[str, Any]:
@@ -308,15 +447,20 @@ def to_json(d: StudyData) -> dict[str, Any]:
             "p_adjusted": v.p_difference,
             "significant": v.p_difference < info["alpha"],
             "n_pairs": v.n_seeds,
+            "metric": v.metric,
         }
         for v, n, family in found
     ]
-    out = {
+    out: dict[str, Any] = {
         "design": info,
         "cells": [asdict(c) for c in cell_stats(d)],
         "comparisons": comps,
         "verdicts": [v.to_dict() for v, _, _ in found],
+        "cpu_seconds": cpu_seconds(d),
     }
+    if suite_contrasts(d) is None:
+        main_answer, control_answer = answer(d)
+        out |= {"answer": main_answer, "control_answer": control_answer, "aa_control": aa_control(d)}
     from axiomformer.study.registry import get_suite
 
     try:
@@ -327,12 +471,17 @@ def to_json(d: StudyData) -> dict[str, Any]:
 
 
 __all__ = [
+    "FAMILIES",
     "REFERENCE",
     "CellStat",
+    "aa_control",
+    "answer",
     "cell_stats",
     "comparisons",
+    "cpu_seconds",
     "design",
     "families",
+    "main_families",
     "n_test_items",
     "suite_contrasts",
     "to_json",

@@ -44,6 +44,9 @@ DEFAULT_BASELINES: tuple[str, ...] = ("rnn", "lstm", "gru")
 
 NO_POSITION_LABELS = ("position=none",)
 
+AA_LABEL = "standard (A/A)"
+"""The A/A control's label: the standard model with another initialization stream (``TrainConfig.init_stream``)."""
+
 
 def default_sweep(quick: bool = False, *, suite: str = "main", preset: str | None = None) -> dict[str, Any]:
     """A suite's built-in config as a plain dict (the base a TOML study file is merged onto): ``preset`` (``quick``,
@@ -116,15 +119,25 @@ def models(config: StudyConfig) -> list[ModelChoice]:
                 )
             )
     out += [ModelChoice(label=name, kind=name) for name in config.baselines]
+    out += [ModelChoice(label=name, kind=name) for name in config.controls]
+    if config.aa_control:
+        out.append(ModelChoice(label=AA_LABEL, kind="transformer", spec=base.variant, options=(("init_stream", 1),)))
     return out
 
 
 def assumption_of(label: str, kind: str = "transformer") -> str:
     """The assumption a model relaxes, from its label: ``A4=cosine`` -> ``A4``, ``A5=sigmoid`` -> ``A5 (normalizer)``,
     ``scale=none`` -> ``A5 (scale)``,
-    ``position=rope`` -> ``position``, a recurrent baseline -> ``A0``, ``standard`` -> ``none``."""
+    ``position=rope`` -> ``position``, a recurrent baseline -> ``A0``, a validity control -> ``control``, the A/A
+    control -> ``A/A``, ``standard`` -> ``none``."""
+    from axiomformer.study.config import CONTROLS
+
+    if kind in CONTROLS:
+        return "control"
     if kind != "transformer":
         return "A0"
+    if label == AA_LABEL:
+        return "A/A"
     if label == "standard":
         return "none"
     groups = []

@@ -14,6 +14,7 @@ split their data once into train and eval; their ``val`` and ``test`` draw from 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -88,6 +89,27 @@ def positive(name: str, value: int, minimum: int = 1) -> int:
     return int(value)
 
 
+@dataclass(frozen=True)
+class Ceiling:
+    """The best accuracy any causal model can reach on given test items (each position scored after its prefix).
+
+    Attributes:
+        value: that accuracy, in [0, 1].
+        method: how it was computed: ``"exact"`` (every scored target is a function of the tokens up to it), or
+            ``"monte carlo"`` (the Bayes predictor's posterior estimated by sampling completions of each prefix).
+        error: the Monte Carlo standard error of ``value`` (0.0 for an exact ceiling).
+        note: one sentence on why (what the best causal predictor is).
+    """
+
+    value: float
+    method: str
+    error: float
+    note: str
+
+
+EXACT_NOTE = "every scored target is a token of its own prefix, so a causal model can reach every item"
+
+
 class Task:
     """A task: ``vocab_size``, ``seq_len`` and ``batch(batch_size, seed, split)``.
 
@@ -99,9 +121,18 @@ class Task:
     """
 
     name: ClassVar[str] = "task"
+    prefix_determined: ClassVar[bool] = False
+    """True when the target at every scored position is a function of ``inputs[:t+1]`` (the ceiling is 1, exact)."""
     vocab_size: int
     seq_len: int
     chance: float
+
+    def ceiling(self, inputs: Tensor, targets: Tensor) -> Ceiling | None:
+        """The ceiling on these test items (int64 (n, seq_len) each, ``IGNORE`` = unscored), or ``None`` when this
+        task cannot compute it (then a study never counts the task as able to decide anything)."""
+        if not self.prefix_determined:
+            return None
+        return Ceiling(1.0, "exact", 0.0, EXACT_NOTE)
 
     def batch(self, batch_size: int, seed: int, split: str = "train") -> tuple[Tensor, Tensor]:
         """(inputs int64 (batch_size, seq_len), targets int64 (batch_size, seq_len), -100 = unscored).

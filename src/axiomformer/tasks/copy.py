@@ -21,6 +21,7 @@ class CopyTask(SyntheticTask):
     """
 
     name = "copy"
+    prefix_determined = True
 
     def __init__(self, seq_len: int, vocab: int = 16):
         self.seq_len = positive("seq_len", seq_len, 2)

@@ -22,6 +22,7 @@ class InductionTask(SyntheticTask):
     """
 
     name = "induction"
+    prefix_determined = True
 
     def __init__(self, seq_len: int, vocab: int = 16):
         self.seq_len = positive("seq_len", seq_len, 3)

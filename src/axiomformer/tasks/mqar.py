@@ -33,6 +33,7 @@ class MQARTask(SyntheticTask):
     """
 
     name = "mqar"
+    prefix_determined = True
 
     def __init__(
         self,

@@ -20,9 +20,12 @@ every answer's example space large.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import ClassVar
 
-from axiomformer.tasks.base import SyntheticTask, positive
+import numpy as np
+from torch import Tensor
+
+from axiomformer.tasks.base import IGNORE, Ceiling, SyntheticTask, positive
 
 TARGETS = ("majority", "distinct")
 
@@ -94,13 +97,69 @@ class MultisetTask(SyntheticTask):
         return rows.astype(np.int64), np.repeat(answer[:, None], self.seq_len, axis=1).astype(np.int64)
 
 
+MAJORITY_WEIGHT = 3.0
+"""The favoured symbol's weight in a majority row (every other symbol has weight 1), as ``_majority_rows`` draws."""
+
+
+def majority_posterior(
+    prefix_counts: np.ndarray, remaining: int, num_symbols: int, rng: np.random.Generator, draws: int
+) -> np.ndarray:
+    """Monte Carlo posterior (n, S) of the majority target given a prefix's symbol counts (n, S) and ``remaining``
+    tokens still to come, under ``_majority_rows``' generator (a favoured symbol f uniform; tokens i.i.d. with weight
+    3 for f, 1 for the others; rows with a tied mode redrawn): P(c | prefix) is proportional to
+    sum_f P(prefix | f) P_f(the completed row's unique mode is c), the second factor from ``draws`` completions."""
+    n, s = prefix_counts.shape
+    post = np.zeros((n, s))
+    log_w = np.log(MAJORITY_WEIGHT) * prefix_counts  # P(prefix | f) up to a factor shared by every f
+    weights = np.exp(log_w - log_w.max(axis=1, keepdims=True))
+    for f in range(s):
+        p = np.ones(s)
+        p[f] = MAJORITY_WEIGHT
+        suffix = rng.multinomial(remaining, p / p.sum(), size=(n, draws))  # (n, draws, S)
+        total = np.sort(prefix_counts[:, None, :] + suffix, axis=2)
+        unique = total[:, :, -1] > total[:, :, -2]
+        mode = (prefix_counts[:, None, :] + suffix).argmax(axis=2)
+        hits = np.zeros((n, s))
+        np.add.at(hits, (np.repeat(np.arange(n), draws)[unique.ravel()], mode.ravel()[unique.ravel()]), 1.0)
+        post += weights[:, f : f + 1] * hits / draws
+    return post / np.maximum(post.sum(axis=1, keepdims=True), 1e-300)
+
+
 class MajorityTask(MultisetTask):
     """``multiset`` with ``target="majority"``: every position's target is the most frequent symbol."""
 
     name = "majority"
+    ceiling_draws: ClassVar[int] = 256
+    """Completions per prefix and favoured symbol in :meth:`ceiling`'s Monte Carlo posterior."""
 
     def __init__(self, seq_len: int, num_symbols: int = 8):
         super().__init__(seq_len, num_symbols, target="majority")
+
+    def ceiling(self, inputs: Tensor, targets: Tensor) -> Ceiling:
+        """The Bayes predictor's accuracy on these items: at position t it predicts the most probable majority of
+        the whole row given ``inputs[:t+1]`` (:func:`majority_posterior`). Two independent Monte Carlo replicates;
+        ``error`` is their difference over sqrt(2), the standard error of one."""
+        x, y = inputs.numpy(), targets.numpy()
+        scores = []
+        for replicate in range(2):
+            rng = np.random.default_rng(12345 + replicate)
+            right = total = 0
+            for t in range(self.seq_len):
+                scored = y[:, t] != IGNORE
+                if not scored.any():
+                    continue
+                counts = np.stack([(x[scored, : t + 1] == c).sum(axis=1) for c in range(self.num_symbols)], axis=1)
+                post = majority_posterior(counts, self.seq_len - t - 1, self.num_symbols, rng, self.ceiling_draws)
+                right += int((post.argmax(axis=1) == y[scored, t]).sum())
+                total += int(scored.sum())
+            scores.append(right / max(total, 1))
+        return Ceiling(
+            float(np.mean(scores)),
+            "monte carlo",
+            float(abs(scores[0] - scores[1]) / np.sqrt(2)),
+            "the majority is of the whole row; at position t the best causal guess is the posterior mode given the "
+            "prefix",
+        )
 
 
 class DistinctTask(MultisetTask):

@@ -22,6 +22,7 @@ class SelectiveCopyTask(SyntheticTask):
     """
 
     name = "selective_copy"
+    prefix_determined = True
 
     def __init__(self, seq_len: int, vocab: int = 16, num_tokens: int | None = None):
         self.seq_len = positive("seq_len", seq_len, 2)

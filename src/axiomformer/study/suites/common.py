@@ -108,7 +108,7 @@ def preset_base(tasks: list[dict[str, Any]], model: dict[str, Any], variants: tu
         "model": {**model, "match_params": False},
         "sections": {"audit": False, "derive": False, "flow": False},
         "tasks": tasks,
-        "selection_seeds": [1000],
+        "selection_seeds": [1000, 1001],
         "min_seeds": 5,
         "lr_widen": 0,
     }
@@ -302,8 +302,9 @@ def verdict_blocks(d, figures_dir: Path, *, question: str, facts: list[str] | No
     lead = (
         f"Question: {question} Reported seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}), learning rates chosen on "
         f"selection seeds {info['selection_seeds']} (never reported); each family's intervals are paired t, "
-        f"Bonferroni over the family (jointly >= {1 - info['alpha']:.0%}); verdicts: forced (a - b below 0), "
-        f"better (above 0), free (inside ±{info['margin']:g} and converged), inconclusive otherwise."
+        f"Bonferroni over the family (jointly >= {1 - info['alpha']:.0%}); one symmetric rule: free inside "
+        f"±{info['margin']:g}, otherwise forced (a - b below 0), better (above 0), inconclusive otherwise; "
+        f"convergence is reported beside the verdict, never deciding it."
     )
     if info["pilot"]:
         lead += f" Every verdict is `pilot`: {info['pilot_reason']}."
@@ -395,7 +396,7 @@ def seed_values(rows: Rows, label: str, task: str, seq_len: int, fn: Callable[[d
 
 
 def converged(rows: Rows, *labels_task: tuple[str, str, int]) -> bool:
-    """Whether every reported run of every (label, task, seq_len) converged."""
-    return all(
-        (r.get("outcome") or {}).get("converged", True) for key in labels_task for r in rows.seeds(*key).values()
-    )
+    """Whether every reported run of every (label, task, seq_len) converged (``battery.run_converged``)."""
+    from axiomformer.study.battery import run_converged
+
+    return all(run_converged(r) for key in labels_task for r in rows.seeds(*key).values())

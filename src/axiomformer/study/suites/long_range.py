@@ -87,7 +87,7 @@ def _tasks(lengths: list[int], budgets: dict[str, dict], mqar: bool = False) -> 
 DEFAULT = {
     "name": "axiomformer long-range study (default preset)",
     "seeds": 3,
-    "selection_seeds": [3],
+    "selection_seeds": [3, 4],
     "min_seeds": 3,
     "curriculum": True,
     "variants": ["standard"],
@@ -105,7 +105,7 @@ shortest and the longest length, three reported seeds and a disjoint selection s
 QUICK = DEFAULT | {
     "name": "axiomformer long-range study (quick preset)",
     "seeds": 2,
-    "selection_seeds": [2],
+    "selection_seeds": [2, 3],
     "min_seeds": 2,
     "tasks": _tasks([64, 256], _length_budgets(0.2, lengths=(64, 256))),
 }
@@ -113,7 +113,7 @@ QUICK = DEFAULT | {
 FULL = DEFAULT | {
     "name": "axiomformer long-range study (full preset)",
     "seeds": 5,
-    "selection_seeds": [5],
+    "selection_seeds": [5, 6],
     "min_seeds": 5,
     "baselines": ["rnn", "lstm", "gru"],
     "tasks": _tasks(
