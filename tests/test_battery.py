@@ -419,8 +419,8 @@ def test_the_store_columns_are_the_run_record_fields_and_a_malformed_row_is_refu
     with ResultsStore(tmp_path / "s") as store:
         columns = [r[1] for r in store.conn.execute("PRAGMA table_info(runs)")]
         assert columns == list(RunRecord.model_fields)
-        good = _row("standard", "copy", 0, 1e-3, 0.9)
-        assert store.add_run(good)
+        good = _row("standard", "copy", 0, 1e-3, 0.9) | {"finished_at": None}  # as a fresh record has it
+        assert store.add_run(good) and not store.add_run(good)  # stored once: an existing key is the only skip
         bad = _row("standard", "copy", 1, 1e-3, 0.9) | {"seed": "one"}
         with pytest.raises(ValidationError, match="seed"):
             store.add_run(bad)

@@ -43,6 +43,9 @@ def tiny_study_toml(
     threads = 1
     workers = 1
     lr_widen = 0
+    controls = []
+    aa_control = false
+    lr_check = false
 
     [model]
     dim = 16
@@ -149,6 +152,9 @@ def test_full_sweep_has_every_variant_and_baseline_of_the_issue():
         "rnn",
         "lstm",
         "gru",
+        "no_mixing",
+        "uniform_mixing",
+        "standard (A/A)",
     ]
     assert labels == expected
     # position=none is the standard spec without the model's input encoding: no position signal at all (NoPE).
@@ -156,7 +162,7 @@ def test_full_sweep_has_every_variant_and_baseline_of_the_issue():
     assert nope.spec == "standard" and nope.input_position == "none"
     assert next(m for m in models(default_config()) if m.label == "standard").input_position == "auto"
     tasks = {t.name: t.seq_lens for t in default_config(preset="full").tasks}
-    assert {"majority", "mqar", "needle", "digits"} <= set(tasks) and default_config().seeds >= 10
+    assert {"majority", "mqar", "copy", "induction", "selective_copy"} <= set(tasks) and default_config().seeds >= 8
     assert len(default_config().budget.lr_grid) == 3
     quick = default_config(quick=True)
     assert {m.label for m in models(quick)} <= set(expected) and "standard" in [m.label for m in models(quick)]
@@ -171,8 +177,11 @@ def test_model_labels_name_the_relaxed_assumption():
         "position",
     ]
     assert assumption_of("gru", "gru") == "A0"
+    assert assumption_of("uniform_mixing", "uniform_mixing") == "control"
+    assert assumption_of("standard (A/A)") == "A/A"
     cfg = validate_config(
-        {"variants": ["score=cosine", "A4=cosine", "normalizer=sigmoid,A4=cosine"]}, base=default_sweep(quick=True)
+        {"variants": ["score=cosine", "A4=cosine", "normalizer=sigmoid,A4=cosine"], "aa_control": False},
+        base=default_sweep(quick=True),
     )
     assert [m.label for m in models(cfg) if m.kind == "transformer"] == ["A4=cosine", "A4=cosine,A5=sigmoid"]
 
@@ -222,7 +231,8 @@ def test_default_sweep_parameter_counts_are_matched_within_ten_percent():
         assert n == run.expected_params
         if run.model.label == "standard":
             reference[(run.task, run.seq_len)] = n
-    assert len(checked) == len(models(cfg)) * sum(len(t.seq_lens) for t in cfg.tasks)
+    selected = len(models(cfg)) - cfg.aa_control  # the A/A control has no selection runs
+    assert len(checked) == selected * sum(len(t.seq_lens) for t in cfg.tasks)
     for label, task, seq_len in checked:
         n = next(r.expected_params for r in runs if (r.model.label, r.task, r.seq_len) == (label, task, seq_len))
         assert abs(n - reference[(task, seq_len)]) <= 0.10 * reference[(task, seq_len)], (label, task, seq_len)
@@ -246,9 +256,10 @@ def test_every_model_gets_the_same_training_budget_and_learning_rate_grid():
     for task in {(r.task, r.seq_len) for r in runs}:
         budgets = {json.dumps({k: r.train_config[k] for k in budget_keys}) for r in runs if (r.task, r.seq_len) == task}
         assert len(budgets) == 1, task
-        grids = {
-            m.label: sorted(r.lr for r in runs if (r.task, r.seq_len) == task and r.model.label == m.label)
+        grids = {  # the A/A control trains at the standard model's chosen rate: it has no selection runs
+            m.label: sorted({r.lr for r in runs if (r.task, r.seq_len) == task and r.model.label == m.label})
             for m in models(cfg)
+            if m.label != "standard (A/A)"
         }
         assert all(g == sorted(cfg.budget.lr_grid) for g in grids.values()), task
     assert {r.seed for r in runs} == set(cfg.selection_seeds) and not set(cfg.selection_seeds) & set(range(cfg.seeds))
@@ -260,10 +271,13 @@ def test_run_keys_are_unique_stable_and_change_with_the_budget():
     assert (
         len(keys)
         == len(set(keys))
-        == len(models(cfg)) * len(cfg.budget.lr_grid) * sum(len(t.seq_lens) for t in cfg.tasks)
+        == (len(models(cfg)) - cfg.aa_control)  # the A/A control has no selection runs
+        * len(cfg.budget.lr_grid)
+        * len(cfg.selection_seeds)
+        * sum(len(t.seq_lens) for t in cfg.tasks)
     )
     assert keys == [r.key for r in plan(cfg)]
-    other = validate_config({"budget": {"steps": cfg.budget.steps + 1}}, base=cfg.model_dump())
+    other = validate_config({"budget": {"warmup": cfg.budget.warmup + 1}}, base=cfg.model_dump())
     assert not set(keys) & {r.key for r in plan(other)}
 
 
@@ -359,7 +373,7 @@ def test_study_writes_store_report_and_figures_and_a_rerun_trains_nothing(tiny_t
     monkeypatch.setattr(axiomformer.train, "train", no_training)
     again = runner.invoke(app, ["study", "--config", str(tiny_toml), "--out", str(out), "--no-progress"])
     assert again.exit_code == 0, again.output
-    assert "trained 0 run(s) (24 already stored)" in again.output  # 3 models x 2 lengths x (2 lrs + 2 seeds)
+    assert "trained 0 run(s) (36 already stored)" in again.output  # 3 models x 2 lengths x (2 lrs x 2 + 2 seeds)
 
 
 def test_report_command_rebuilds_the_report_from_the_store(tiny_toml, tmp_path):
@@ -372,7 +386,7 @@ def test_report_command_rebuilds_the_report_from_the_store(tiny_toml, tmp_path):
     assert result.exit_code == 0, result.output
     assert (out / "report.md").read_text() == before
     assert (out / "report.html").is_file() and len(list((out / "figures").glob("*.png"))) == 2
-    assert summary.trained == 24 and not summary.failed
+    assert summary.trained == 36 and not summary.failed  # 3 models x 2 lengths x (2 rates x 2 selection seeds + 2 seeds)
     answer = json.loads(CliRunner().invoke(app, ["report", str(out), "--json"]).output)
     assert len(answer["cells"]) == 3 * 2 and len(answer["comparisons"]) == 2 * 2  # 2 non-standard models x 2
     for cell in answer["cells"]:
@@ -393,7 +407,7 @@ def test_report_command_rebuilds_the_report_from_the_store(tiny_toml, tmp_path):
     for comp in answer["comparisons"]:
         assert {"model", "task", "diff", "ci_low", "ci_high", "ci_method", "significant"} <= set(comp)
     design = answer["design"]
-    assert design["selection_seeds"] == [1000] and design["reported_seeds"] == [0, 1] and design["margin"] == 0.02
+    assert design["selection_seeds"] == [1000, 1001] and design["reported_seeds"] == [0, 1] and design["margin"] == 0.02
     assert design["pilot"] and "fewer than the preset's minimum" in design["pilot_reason"]
     assert [v["verdict"] for v in answer["verdicts"]] == ["pilot"] * 4
 

@@ -54,7 +54,7 @@ def test_ray_backend_gives_the_same_results_as_the_local_backend(tmp_path):
         remote = run_study(config, tmp_path / "ray", backend="ray", progress=False, console=Console(quiet=True))
     finally:
         ray.shutdown()
-    assert local.trained == remote.trained == 6 and not remote.failed  # 2 models x (1 selection run + 2 seeds)
+    assert local.trained == remote.trained == 8 and not remote.failed  # 2 models x (2 selection runs + 2 seeds)
     a, b = _runs(tmp_path / "local"), _runs(tmp_path / "ray")
     assert a.keys() == b.keys() and len(a) == 6
     for key in a:

@@ -270,7 +270,8 @@ class ResultsStore:
         from axiomformer.study.record import RunRecord
 
         given = row.row() if isinstance(row, RunRecord) else dict(row)
-        given.setdefault("finished_at", _now())
+        if given.get("finished_at") is None:
+            given["finished_at"] = _now()
         for name in _JSON_COLUMNS:
             if isinstance(given.get(name), str):
                 given[name] = json.loads(given[name])
@@ -282,7 +283,8 @@ class ResultsStore:
         marks = ", ".join("?" for _ in row)
         counts = self._transaction(
             [
-                (f"INSERT OR IGNORE INTO runs ({columns}) VALUES ({marks})", tuple(row.values())),
+                # only an existing key is skipped: any other constraint (a NOT NULL column) raises, never silently
+                (f"INSERT INTO runs ({columns}) VALUES ({marks}) ON CONFLICT(key) DO NOTHING", tuple(row.values())),
                 ("DELETE FROM failures WHERE key = ?", (row["key"],)),
             ]
         )
