@@ -66,7 +66,7 @@ class RunRecord(BaseModel):
     peak_mem_mb: float | None = None
     memory_source: str | None = None
     engine: str | None = None
-    losses: list[float] | None = None
+    losses: list[float | None] | None = None  # None where a diverged run's loss was not finite (JSON has no NaN)
     train_config: dict[str, Any]
     outcome: RunOutcome = Field(default_factory=RunOutcome)
     package_version: str | None = None
