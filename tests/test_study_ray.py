@@ -20,6 +20,9 @@ SIX_RUNS = {
     "budget": {"steps": 6, "batch_size": 8, "eval_batches": 1, "warmup": 2, "lr_grid": [3e-3]},
     "sections": {"audit": False, "derive": False, "flow": False},
     "tasks": [{"name": "needle", "seq_lens": [8]}],
+    "controls": [],
+    "aa_control": False,
+    "lr_check": False,
 }
 
 COMPARED = (
@@ -56,7 +59,7 @@ def test_ray_backend_gives_the_same_results_as_the_local_backend(tmp_path):
         ray.shutdown()
     assert local.trained == remote.trained == 8 and not remote.failed  # 2 models x (2 selection runs + 2 seeds)
     a, b = _runs(tmp_path / "local"), _runs(tmp_path / "ray")
-    assert a.keys() == b.keys() and len(a) == 6
+    assert a.keys() == b.keys() and len(a) == 8
     for key in a:
         assert {k: a[key][k] for k in COMPARED} == {k: b[key][k] for k in COMPARED}
         assert (a[key]["backend"], b[key]["backend"]) == ("local", "ray")

@@ -23,7 +23,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 FIGURE_URI = "results/store"
 """Where the stores' figures are published on the site (``results/store/<path under benchmarks/results>``)."""
 
-FIRST = ("verdicts", "design", "cells", "comparisons")
+FIRST = ("answer", "aa_control", "verdicts", "design", "cells", "comparisons")
 """Sections of a study's JSON shown first, in this order; any other section follows."""
 
 ROW_LIMIT = 400
