@@ -18,7 +18,7 @@ loop's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -41,7 +41,7 @@ def training_forward(net: nn.Module, *, compile_model: bool) -> Callable[[torch.
     return net
 
 
-def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_gradients(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` over a prebuilt list with the multi-tensor kernels; returns the total norm."""
     return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
 

@@ -102,10 +102,10 @@ def bench_task(task: str, *, steps: int, repeats: int, log: Callable[[str], None
     times: dict[bool, list[float]] = {False: [], True: []}
     results: dict[bool, list[Any]] = {False: [], True: []}
     for pair in range(repeats):
-        for fast in (False, True) if pair % 2 == 0 else (True, False):
-            seconds, result = _timed_run(task, steps, pair, fast)
-            times[fast].append(seconds)
-            results[fast].append(result)
+        for on_fast_path in (False, True) if pair % 2 == 0 else (True, False):
+            seconds, result = _timed_run(task, steps, pair, on_fast_path)
+            times[on_fast_path].append(seconds)
+            results[on_fast_path].append(result)
         log(f"{task} pair {pair + 1}/{repeats}: plain {times[False][-1]:.2f} CPU-s, fast {times[True][-1]:.2f} CPU-s")
     plain, fast = _path_summary(times[False], results[False], steps), _path_summary(times[True], results[True], steps)
     ratio = paired_speedup(times[False], times[True])
