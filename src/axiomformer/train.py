@@ -85,9 +85,10 @@ class TrainConfig(Budget):
     ``eval_lengths`` evaluates the trained model at other sequence lengths (the model accepts up to the longest),
     ``probes`` names others (``init_entropy``, ``sampled_eval``).
 
-    ``fast=True`` trains on the fast path (:mod:`axiomformer.fastpath`: fused AdamW, clipping on a prebuilt parameter
-    list, the training forward under ``torch.compile``): the same step, rounded differently, so its results agree with
-    the plain loop's in distribution, not bit for bit (``docs/training_speed.md``; ``axiomformer bench --train``).
+    The fast path (:mod:`axiomformer.fastpath`; ``docs/training_speed.md``, ``axiomformer bench --train``):
+    ``fast=True`` steps with fused AdamW and clips on a prebuilt parameter list, ``compile=True`` runs the training
+    forward under ``torch.compile`` (a one-time compile per process and model structure). The same step, rounded
+    differently: results agree with the plain loop's in distribution, not bit for bit.
 
     Raises:
         pydantic.ValidationError (a ValueError): unknown task/model (naming the choices), a bad spec string, or
@@ -115,6 +116,7 @@ class TrainConfig(Budget):
     probes: list[str] = Field(default_factory=list)
     init_from: str | None = None
     fast: bool = False
+    compile: bool = False
 
     if TYPE_CHECKING:
         # What the type checker may rely on after validation: ``_fill_and_check`` fills these budget fields (and
@@ -570,17 +572,16 @@ class _StepParts:
 
 
 def _step_parts(config: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, anneal: bool) -> _StepParts:
-    """The plain step (``net`` and ``clip_grad_norm_(model.parameters())``), or with ``config.fast`` the fast path's
-    (:mod:`axiomformer.fastpath`; no compile while the Gumbel temperature anneals: it changes the model every step)."""
-    if not config.fast:
-        return _StepParts(net, lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    """The plain step (``net`` and ``clip_grad_norm_(model.parameters())``), with the fast path's parts where the
+    config asks (:mod:`axiomformer.fastpath`; no compile while the Gumbel temperature anneals: it changes the model
+    every step)."""
     from axiomformer import fastpath
 
+    forward = fastpath.training_forward(net, compile_model=config.compile and not anneal)
+    if not config.fast:
+        return _StepParts(forward, lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
     params = [p for p in model.parameters() if p.requires_grad]
-    return _StepParts(
-        fastpath.training_forward(net, compile_model=not anneal),
-        lambda max_norm: fastpath.clip_gradients(params, max_norm),
-    )
+    return _StepParts(forward, lambda max_norm: fastpath.clip_gradients(params, max_norm))
 
 
 def _evaluate_and_decide(

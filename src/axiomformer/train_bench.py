@@ -1,5 +1,5 @@
 """``axiomformer bench --train``: runs per CPU-hour of the study's model on the plain training loop and on the fast
-path (``TrainConfig(fast=True)``, :mod:`axiomformer.fastpath`), side by side in one process.
+path (``TrainConfig(fast=True, compile=True)``, :mod:`axiomformer.fastpath`), side by side in one process.
 
 Each task of :data:`TRAIN_BENCH_TASKS` (the study's size: width 32, 2 layers, 2 heads, batch 32, CPU) trains a fixed
 number of steps (no early stopping, so both paths do the same work) on both paths, in pairs: pair ``i`` trains seed
@@ -47,7 +47,14 @@ def bench_config(task: str, steps: int, seed: int, fast: bool) -> Any:
     if task not in TRAIN_BENCH_TASKS:
         raise ValueError(f"unknown training-bench task {task!r}; choose from: {', '.join(TRAIN_BENCH_TASKS)}")
     return TrainConfig(
-        **TRAIN_BENCH_TASKS[task], **STUDY_MODEL, steps=steps, seed=seed, fast=fast, target_accuracy=None, patience=None
+        **TRAIN_BENCH_TASKS[task],
+        **STUDY_MODEL,
+        steps=steps,
+        seed=seed,
+        fast=fast,
+        compile=fast,
+        target_accuracy=None,
+        patience=None,
     )
 
 
