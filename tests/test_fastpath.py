@@ -143,3 +143,17 @@ def test_bench_train_bad_options_give_one_error_line(tmp_path, option, value, fr
     assert result.exit_code == 2, result.output
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("error: ") and fragment in last, last
+
+
+def test_the_study_model_traces_into_one_graph_and_the_check_sees_a_break():
+    """The compiled training forward is one graph (a graph break would run the rest eagerly, and slowly); planted: the
+    same model given explicit ``position_ids`` reads the largest position back to the host, which breaks the graph."""
+    from axiomformer.train import _build
+
+    config = train_bench.bench_config("copy", steps=1, seed=0, fast=True)
+    _, _, model = _build(config, torch.device("cpu"))
+    ids = torch.zeros(2, config.seq_len, dtype=torch.long)
+    assert torch._dynamo.explain(model)(ids).graph_break_count == 0
+    torch._dynamo.reset()
+    positions = torch.arange(config.seq_len)
+    assert torch._dynamo.explain(lambda x: model(x, position_ids=positions))(ids).graph_break_count >= 1
