@@ -8,6 +8,7 @@ What it changes, each measured at the study's size (``docs/training_speed.md``; 
   (1-ulp differences per step, so runs agree in distribution, not bit for bit).
 - **Gradient clipping on a parameter list built once**, with the multi-tensor norm (``foreach=True``, bitwise the same
   norm): ``model.parameters()`` walks the module tree on every call.
+
 ``compile=True`` (independent of ``fast``; the bench's fast path sets both):
 
 - **The training forward under ``torch.compile``** (inductor; the model's attention routes while dynamo traces, so the
