@@ -88,6 +88,11 @@ class TrainConfig(Budget):
     ``eval_lengths`` evaluates the trained model at other sequence lengths (the model accepts up to the longest),
     ``probes`` names others (``init_entropy``, ``sampled_eval``).
 
+    The fast path (:mod:`axiomformer.fastpath`; ``docs/training_speed.md``, ``axiomformer bench --train``):
+    ``fast=True`` steps with fused AdamW and clips on a prebuilt parameter list, ``compile=True`` runs the training
+    forward under ``torch.compile`` (a one-time compile per process and model structure). The same step, rounded
+    differently: results agree with the plain loop's in distribution, not bit for bit.
+
     Raises:
         pydantic.ValidationError (a ValueError): unknown task/model (naming the choices), a bad spec string, or
             non-positive sizes.
@@ -114,6 +119,8 @@ class TrainConfig(Budget):
     probes: list[str] = Field(default_factory=list)
     init_from: str | None = None
     init_stream: int = Field(0, ge=0)
+    fast: bool = False
+    compile: bool = False
 
     if TYPE_CHECKING:
         # What the type checker may rely on after validation: ``_fill_and_check`` fills these budget fields (and
@@ -305,6 +312,11 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.A
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+    if config.fast:
+        from axiomformer.fastpath import fused_available
+
+        if fused_available(params):  # one kernel for every parameter (the fast path); same update, other rounding
+            return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.98), fused=True)
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.98))
 
 
@@ -519,6 +531,7 @@ def _loop(
     net = parallel.wrap(model)
     parallel.seed_random_draws(config.seed)  # each rank its own dropout masks and Gumbel noise
     optimizer = make_optimizer(model, config)
+    step_fn = _step_parts(config, model, net, anneal)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config.warmup, config.steps))
     bar = _progress_bar(progress)
     job = bar.add_task(f"{config.task} {config.model}", total=config.steps, info="")
@@ -528,11 +541,11 @@ def _loop(
             inputs, targets, scored = parallel.shard(*task.batch(config.batch_size, seed=(config.seed << 32) + step))
             if anneal and spec is not None and config.gumbel_tau_final is not None:
                 set_gumbel_tau(model, gumbel_tau_at(step, config.steps, spec.gumbel_tau, config.gumbel_tau_final))
-            loss = parallel.loss(net(inputs), targets, scored)
+            loss = parallel.loss(step_fn.forward(inputs), targets, scored)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             loss = parallel.global_loss(loss)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            step_fn.clip(config.grad_clip)
             optimizer.step()
             schedule.step()
             run.losses.append(loss.detach())
@@ -560,6 +573,27 @@ def _loop(
         accuracy, eval_loss = evaluate(model, val_set, parallel)
         run.best.offer(model, 0, accuracy, eval_loss, 1)
         run.engines = _engines(model)
+
+
+@dataclass
+class _StepParts:
+    """How one training step runs the model and clips its gradients: the plain loop's calls, or the fast path's."""
+
+    forward: Callable[[torch.Tensor], torch.Tensor]
+    clip: Callable[[float], Any]
+
+
+def _step_parts(config: TrainConfig, model: torch.nn.Module, net: torch.nn.Module, anneal: bool) -> _StepParts:
+    """The plain step (``net`` and ``clip_grad_norm_(model.parameters())``), with the fast path's parts where the
+    config asks (:mod:`axiomformer.fastpath`; no compile while the Gumbel temperature anneals: it changes the model
+    every step)."""
+    from axiomformer import fastpath
+
+    forward = fastpath.training_forward(net, compile_model=config.compile and not anneal)
+    if not config.fast:
+        return _StepParts(forward, lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    params = [p for p in model.parameters() if p.requires_grad]
+    return _StepParts(forward, lambda max_norm: fastpath.clip_gradients(params, max_norm))
 
 
 def _evaluate_and_decide(

@@ -1,4 +1,5 @@
-"""``axiomformer bench``: time and peak memory of every variant's attention against SDPA."""
+"""``axiomformer bench``: time and peak memory of every variant's attention against SDPA; with ``--train``, runs per
+CPU-hour of the study's model on the plain training loop and on the fast path (``axiomformer.train_bench``)."""
 
 from __future__ import annotations
 
@@ -42,13 +43,27 @@ def register(app: typer.Typer) -> None:
         repeats: int = typer.Option(0, help="timed repeats per pair (default 3 with --quick, else 5)"),
         device: str = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
         threads: int = typer.Option(0, help="torch CPU threads (default: torch's choice)"),
+        train: bool = typer.Option(
+            False,
+            "--train",
+            help="instead: train the study's model on the plain loop and on the fast path, paired, one thread; "
+            "runs per CPU-hour and the speedup with a 95 % interval (--json: 'speedup', 'plain', 'fast', 'tasks')",
+        ),
+        train_steps: int = typer.Option(1500, "--train-steps", help="with --train: steps per run"),
+        train_tasks: str = typer.Option(
+            "copy,induction", "--train-tasks", help="with --train: comma-separated tasks (copy, induction)"
+        ),
     ) -> None:
-        """Forward + backward time and peak memory per variant and engine, against SDPA, interleaved, medians."""
+        """Forward + backward time and peak memory per variant and engine, against SDPA, interleaved, medians
+        (``--train``: training runs per CPU-hour, plain loop against the fast path)."""
         import torch
 
         from axiomformer import bench
 
         expect_folder(out)
+        if train:
+            _train_bench(out, as_json, train_steps, train_tasks, repeats or 5)
+            return
         chosen = (
             tuple(v.strip() for v in variants.split(";") if v.strip())
             if variants
@@ -97,3 +112,33 @@ def register(app: typer.Typer) -> None:
         log(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
         if as_json:
             typer.echo(json.dumps(payload))
+
+
+def _train_bench(out: Path, as_json: bool, steps: int, tasks_text: str, repeats: int) -> None:
+    """``bench --train``: checks its options, runs :func:`axiomformer.train_bench.run_train_bench`, writes
+    ``train_bench.json`` into ``out`` and prints the report (as JSON on the last line with ``--json``)."""
+    from axiomformer import train_bench
+
+    tasks = tuple(t.strip() for t in tasks_text.split(",") if t.strip())
+    unknown = [t for t in tasks if t not in train_bench.TRAIN_BENCH_TASKS]
+    if not tasks or unknown:
+        raise typer.BadParameter(
+            f"--train-tasks {tasks_text!r}: choose from {', '.join(train_bench.TRAIN_BENCH_TASKS)}"
+        )
+    if steps < 1:
+        raise typer.BadParameter(f"--train-steps must be >= 1, got {steps}")
+    if repeats < 1:
+        raise typer.BadParameter(f"--repeats must be >= 1, got {repeats}")
+    log = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
+    log(f"bench --train: {', '.join(tasks)}; {repeats} pairs of {steps}-step runs per task, plain and fast, 1 thread")
+    report = train_bench.run_train_bench(tasks, steps=steps, repeats=repeats, log=log)
+    import torch
+
+    report = {"device": "cpu (1 thread)", "torch": torch.__version__, **report}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_bench.json").write_text(json.dumps(report, indent=1))
+    for line in train_bench.describe(report):
+        log(line)
+    log(f"wrote {out / 'train_bench.json'}")
+    if as_json:
+        typer.echo(json.dumps(report))

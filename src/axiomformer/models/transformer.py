@@ -176,7 +176,9 @@ class TransformerLM(nn.Module):
             key_padding_mask=key_padding_mask,
             cached=caches[0].positions if caches is not None else None,
         )
-        last = int(pos.q.max()) if pos.q.numel() else -1
+        # Index positions end at offset + seq - 1: known without reading the tensor (no host sync, and no graph
+        # break under torch.compile, the trainer's fast path).
+        last = offset + ids.shape[1] - 1 if pos.default else (int(pos.q.max()) if pos.q.numel() else -1)
         if offset + ids.shape[1] > self.max_len or last >= self.max_len:
             raise ValueError(
                 f"sequence of {offset + ids.shape[1]} tokens (last position {last}) exceeds max_len={self.max_len}"
