@@ -49,6 +49,9 @@ class Adapter:
             linearity in the values.
         dropout: dropout probability in training mode (randomness that training mode may legitimately have).
         precision: the dtype whose rounding bounds the target's error (None: ``dtype``); tolerances follow it.
+        derivative_precision: the dtype whose rounding bounds its finite differences (None: ``dtype``); their step
+            eps^(1/3) and tolerance follow it. Set with ``precision`` when the precision is probed
+            (:func:`measured_precision`): a target that rounds inside at that precision everywhere.
         notes: what the adapter changed or kept and what it contributes (e.g. projection biases); printed in the
             report.
     """
@@ -63,6 +66,7 @@ class Adapter:
     exposes_weights: bool = False
     dropout: float = 0.0
     precision: torch.dtype | None = None
+    derivative_precision: torch.dtype | None = None
     notes: tuple[str, ...] = ()
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
@@ -282,6 +286,27 @@ class MultiheadAttentionAdapter(Adapter):
         return lambda x: torch.nn.functional.linear(x, weight, bias)
 
 
+@torch.no_grad()
+def measured_precision(fn: Callable[..., Tensor], dim: int) -> torch.dtype | None:
+    """float32 (or float16) when a float64 map ``fn(q, k, v)`` on (batch, seq, ``dim``) tensors rounds inside, else
+    None (float64).
+
+    The inputs move along a random direction by t = 1e-8 and 2e-8 (relative): a smooth float64 map gives a
+    second difference f(x + 2t) - 2 f(x + t) + f(x) near t^2 |f''| ~ 1e-16 of |f|; a map that rounds to float32
+    inside (a softmax in float32) jumps by its rounding, ~1e-7, wherever an input crosses a rounding boundary,
+    which some of the inputs do at that step **(our choice of test)**."""
+    g = torch.Generator().manual_seed(0)
+    x, d = (torch.randn(3, 1, 8, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    try:
+        ys = [fn(*(x + t * d * x.abs().amax())) for t in (0.0, 1e-8, 2e-8)]
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    if not all(isinstance(y, Tensor) and y.is_floating_point() for y in ys):
+        return None
+    second = float((ys[2] - 2 * ys[1] + ys[0]).abs().max() / ys[0].abs().max().clamp_min(1e-300))
+    return None if not second > 1e-11 else torch.float32 if second < 1e-4 else torch.float16
+
+
 class FunctionAdapter(Adapter):
     """A plain callable ``fn(q, k, v) -> out`` on (batch, seq, dim) tensors, of any width.
 
@@ -326,7 +351,7 @@ class FunctionAdapter(Adapter):
                 if out.is_floating_point() and torch.finfo(out.dtype).eps > torch.finfo(dtype).eps:
                     self.precision = out.dtype  # it computes in a lower precision than its inputs
                 elif dtype == torch.float64:
-                    self.precision = self._measured_precision()
+                    self.precision = self.derivative_precision = measured_precision(self.fn, self.dim)
                 return dtype
             failure = TypeError(
                 f"it returned {type(out).__name__}{tuple(out.shape) if isinstance(out, Tensor) else ''}"
@@ -335,25 +360,6 @@ class FunctionAdapter(Adapter):
             f"cannot audit {self.name!r}: expected a callable (q, k, v) -> out on (batch, seq, "
             f"dim={self.dim}) tensors; calling it failed: {type(failure).__name__}: {failure}"
         )
-
-    @torch.no_grad()
-    def _measured_precision(self) -> torch.dtype | None:
-        """float32 (or float16) when a float64 function rounds inside, else None (its dtype).
-
-        The inputs move along a random direction by t = 1e-8 and 2e-8 (relative): a smooth float64 map gives a
-        second difference f(x + 2t) - 2 f(x + t) + f(x) near t^2 |f''| ~ 1e-16 of |f|; a map that rounds to float32
-        inside (a softmax in float32) jumps by its rounding, ~1e-7, wherever an input crosses a rounding boundary,
-        which some of the inputs do at that step **(our choice of test)**."""
-        g = torch.Generator().manual_seed(0)
-        x, d = (torch.randn(3, 1, 8, self.dim, generator=g, dtype=torch.float64) for _ in range(2))
-        try:
-            ys = [self.fn(*(x + t * d * x.abs().amax())) for t in (0.0, 1e-8, 2e-8)]
-        except (RuntimeError, TypeError, ValueError):
-            return None
-        if not all(isinstance(y, Tensor) and y.is_floating_point() for y in ys):
-            return None
-        second = float((ys[2] - 2 * ys[1] + ys[0]).abs().max() / ys[0].abs().max().clamp_min(1e-300))
-        return None if not second > 1e-11 else torch.float32 if second < 1e-4 else torch.float16
 
     def __call__(self, q, k, v, *, causal=False):
         if causal and self._causal_kw is not None:

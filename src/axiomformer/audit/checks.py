@@ -193,7 +193,7 @@ def one_form_residual(p: Probe, q: Tensor, k: Tensor) -> float | None:
     b, s, d = k.shape
     rdirs = p.directions(d).to(k.dtype)  # (d, m)
     m = rdirs.shape[1]
-    h = float(torch.finfo(p.a.dtype).eps) ** (1 / 3)
+    h = p.fd_step
     qq, kk = torch.cat([q, 2 * q]), torch.cat([k, k])  # (2b, s, d): the doubled queries' gradients stay parallel
     chunk = max(1, PROBE_ELEMENTS // max(1, 4 * b * s * d))
     grads = []

@@ -36,8 +36,9 @@ def jacobian_structure(p: Probe, jac: torch.Tensor) -> dict[str, float]:
 
 
 def fd_tolerance(p: Probe) -> float:
-    """Tolerance of the finite-difference structure: sqrt of the tolerance of the dtype the target computes in."""
-    return math.sqrt(tolerance(p.a.dtype))
+    """Tolerance of the finite-difference structure: sqrt of the tolerance of the target's ``derivative_precision``
+    (else its dtype)."""
+    return math.sqrt(tolerance(p.fd_precision))
 
 
 def _directions(p: Probe) -> str:
