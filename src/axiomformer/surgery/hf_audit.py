@@ -167,7 +167,22 @@ def identity_projections(module: nn.Module, heads: int, head_dim: int) -> tuple[
     biases = [None if x is None else x[1].bias for x in (q, k, v, o)]
     if q is not None and q[1].bias is not None and q[1].out_features != dim:
         biases[0] = None
-    return tuple(notes) + bias_notes(*biases), None if v is None else v[1]
+    return tuple(notes) + all_bias_notes(*biases), None if v is None else v[1]
+
+
+def all_bias_notes(*biases: Tensor | None) -> tuple[str, ...]:
+    """:func:`~axiomformer.audit.adapters.bias_notes` for the nonzero (query, key, value, output) biases, and one
+    note naming the biases the module has that are zero (transformers initializes them so): a trained model's
+    nonzero query bias adds b_q.k_j to the scores, which the A4 checks see."""
+    zero = [n for n, b in zip(("query", "key", "value", "output"), biases) if b is not None and not bool(b.any())]
+    notes = bias_notes(*biases)
+    if zero:
+        notes += (
+            f"{', '.join(zero)} projection bias{'es' if len(zero) > 1 else ''} present and zero in this model "
+            "(transformers' initialization); a nonzero query bias would add b_q.k_j to the scores (the A4 checks "
+            "see it), a key bias a row constant, value and output biases constant offsets",
+        )
+    return notes
 
 
 def _identity_gpt2(module: nn.Module) -> tuple[tuple[str, ...], Any]:
@@ -178,7 +193,7 @@ def _identity_gpt2(module: nn.Module) -> tuple[tuple[str, ...], Any]:
         w[:, :e], w[:, e : 2 * e] = eye, eye
         module.c_proj.weight.copy_(eye)
     wv, bv = w[:, 2 * e :].detach().clone(), b[2 * e :].detach().clone()
-    notes = bias_notes(b[:e], b[e : 2 * e], bv, module.c_proj.bias)
+    notes = all_bias_notes(b[:e], b[e : 2 * e], bv, module.c_proj.bias)
     return notes, lambda x: x @ wv + bv
 
 
@@ -196,8 +211,60 @@ def _identity_fused(module: nn.Module, fused: nn.Linear) -> tuple[tuple[str, ...
         if isinstance(o, nn.Linear) and o.in_features == o.out_features:
             o.weight.copy_(torch.eye(d, dtype=o.weight.dtype))
     wv = fused.weight[fused.out_features - d :].detach().clone()
-    bv = None if fused.bias is None else fused.bias[fused.out_features - d :].detach().clone()
+    b = fused.bias
+    bv = None if b is None else b[fused.out_features - d :].detach().clone()
+    o = getattr(module, "o_proj", None)
+    biases = (None, None, None) if b is None else (b[:d], b[d : fused.out_features - d], bv)
+    notes.extend(all_bias_notes(*biases, getattr(o, "bias", None)))
     return tuple(notes), lambda x: nn.functional.linear(x, wv, bv)
+
+
+def _identity_stacked(module: nn.Module, heads: int) -> tuple[tuple[str, ...], Any]:
+    """Falcon: ``query_key_value`` becomes :class:`StackedQKV`, ``dense`` the identity (biases kept)."""
+    fused = module.query_key_value
+    stacked = StackedQKV(fused, heads)
+    module.query_key_value = stacked
+    dense = module.dense
+    if isinstance(dense, nn.Linear) and dense.in_features == dense.out_features:
+        _eye_rows(dense.weight, slice(None))
+    qk = None if stacked.bias is None else stacked.bias
+    biases = (None, None) if qk is None else (qk[:, 0].reshape(-1), qk[:, 1].reshape(-1))
+    return all_bias_notes(*biases, stacked.value.bias, dense.bias), stacked.value
+
+
+def is_falcon_layout(module: nn.Module) -> bool:
+    """Falcon's attention with one key and value head per query head (``query_key_value`` rows (heads, 3, hd))."""
+    return (
+        isinstance(getattr(module, "query_key_value", None), nn.Linear)
+        and hasattr(module, "_split_heads")
+        and not getattr(module, "multi_query", True)
+        and not getattr(module, "new_decoder_architecture", True)
+    )
+
+
+class StackedQKV(nn.Module):
+    """Falcon's fused ``query_key_value`` fed [q | k | v] (width 3 d): per head, q and k pass (identity weight,
+    bias kept) and v goes through the trained value rows, laid out (heads, 3, head_dim) as Falcon splits it."""
+
+    def __init__(self, fused: nn.Linear, heads: int):
+        super().__init__()
+        d = fused.in_features
+        self.heads, self.d = heads, d
+        rows = fused.weight.detach().view(heads, 3, d // heads, d)
+        bias = None if fused.bias is None else fused.bias.detach().view(heads, 3, d // heads)
+        self.value = nn.Linear(d, d, bias=bias is not None, dtype=fused.weight.dtype)
+        with torch.no_grad():
+            self.value.weight.copy_(rows[:, 2].reshape(d, d))
+            if bias is not None:
+                self.value.bias.copy_(bias[:, 2].reshape(d))
+        self.bias = None if bias is None else bias[:, :2].clone()  # (heads, 2, head_dim): query, key biases
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = x.split(self.d, dim=-1)
+        parts = [t.view(*t.shape[:-1], self.heads, 1, self.d // self.heads) for t in (q, k, self.value(v))]
+        if self.bias is not None:
+            parts[0], parts[1] = parts[0] + self.bias[:, :1], parts[1] + self.bias[:, 1:]
+        return torch.cat(parts, dim=-2).flatten(-3)
 
 
 # ------------------------------------------------------------------------------------------------ the adapter
@@ -273,26 +340,34 @@ class HFAttentionAdapter(Adapter):
         if implementation is not None:
             self.model.config._attn_implementation = implementation
         found = attention_modules(self.model)
+        # Falcon computes attention inline: its fused projection is fed [q | k | v] instead (StackedQKV)
+        self.stacked = not found
+        found = found or [m for m in self.model.modules() if is_falcon_layout(m)]
         if not found:
             raise UserInputError(_refusal(model))
         if not 0 <= layer < len(found):
             raise UserInputError(f"{type(model).__name__}: bad layer {layer}; it has attention layers 0..{len(found) - 1}")
         self.module = found[layer].to(torch.float64)
         self.implementation = str(self.module.config._attn_implementation or "eager")
-        self.state = _ProbeState(attention_function(self.module, self.implementation))
+        real = (lambda *a, **k: None) if self.stacked else attention_function(self.module, self.implementation)
+        self.state = _ProbeState(real)
         self.dim = _hidden_size(self.model.config)
         self._calls: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self._setup(model, name)
 
     def _setup(self, model: nn.Module, name: str | None) -> None:
         module = self.module
-        # the module's own config object may be shared with the model: give the copy one of its own
-        module.config = copy.copy(module.config)
-        module.config._attn_implementation = register_probe()
-        module.__dict__["_axiomformer_probe"] = self.state
-        heads, head_dim = self._shape()
+        if self.stacked:
+            heads, head_dim = int(module.num_heads), int(module.head_dim)
+            notes, self._value = _identity_stacked(module, heads)
+        else:
+            # the module's own config object may be shared with the model: give the copy one of its own
+            module.config = copy.copy(module.config)
+            module.config._attn_implementation = register_probe()
+            module.__dict__["_axiomformer_probe"] = self.state
+            heads, head_dim = self._shape()
+            notes, self._value = identity_projections(module, heads, head_dim)
         self.num_heads = heads if heads * head_dim == self.dim else 1
-        notes, self._value = identity_projections(module, heads, head_dim)
         self.causal = bool(getattr(module, "is_causal", False))
         args, kwargs = self._call(8)
         positions = kwargs.get("position_embeddings")
@@ -303,11 +378,14 @@ class HFAttentionAdapter(Adapter):
         layer = f"{type(module).__name__} (layer {self.layer} of {type(model).__name__}, {self.implementation})"
         self.name = name or layer
         used = sorted(k for k, v in self.state.arguments.items() if v is not None and k in _SHOWN)
-        self.notes = (
-            f"audited {layer}: q, k, v found around its attention function; arguments it passes: "
-            + (", ".join(used) or "none beyond the mask and scaling"),
-            *notes,
+        found = (
+            "it computes attention inline (no attention interface): q, k, v fed to its fused query_key_value as "
+            "[q | k | v]"
+            if self.stacked
+            else "q, k, v found around its attention function; arguments it passes: "
+            + (", ".join(used) or "none beyond the mask and scaling")
         )
+        self.notes = (f"audited {layer}: {found}", *notes)
         if positions is not None and not self.rope:
             self.notes += ("RoPE off: the position embeddings the model passes are replaced by cos = 1, sin = 0",)
 
@@ -366,6 +444,8 @@ class HFAttentionAdapter(Adapter):
     def __call__(self, q, k, v, *, causal=False):
         if not q.shape[1] == k.shape[1] == v.shape[1]:
             raise ValueError(f"a self-attention needs equal q, k, v lengths; got {q.shape[1]}, {k.shape[1]}, {v.shape[1]}")
+        if self.stacked:
+            return self._run("run", torch.cat([q, k, v], dim=-1))
         self._run("key", k)
         self._run("value", v)
         return self._run("run", q)
