@@ -160,7 +160,10 @@ def _hf_string(target: str, *, seed: int = 0, **_: Any) -> Adapter:
             index = None if not layer else int(layer)
         except ValueError:
             raise UserInputError(f"bad layer {layer!r} in {target!r}: expected an integer") from None
-        adapter = family_adapter(folder, seed=seed, layer=index, implementation=implementation or "eager")
+        try:
+            adapter = family_adapter(folder, seed=seed, layer=index, implementation=implementation or "eager")
+        except UserInputError as err:
+            raise UserInputError(str(err) if str(err).startswith("hf:") else f"{target}: {err}") from None
         adapter.name = target
         return adapter
     if folder and not Path(folder).expanduser().exists():

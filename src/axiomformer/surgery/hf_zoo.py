@@ -234,3 +234,59 @@ def family_adapter(family: str, *, seed: int = 0, layer: int | None = None, impl
         rebuild=lambda hd: build(key, hd, seed, implementation),
         implementation=implementation,
     )
+
+
+# ------------------------------------------------------------------------------------------------ the zoo table
+ZOO_TARGETS = (*FAMILIES, *(f"{f}{NOPE}" for f in ("llama", "gemma2", "qwen3-next", "gpt-oss")))
+"""What ``axiomformer audit --hf-zoo`` audits: every family as built, and four RoPE families with RoPE off (their
+other departures without the positions' A0 in every candidate list)."""
+ASSUMPTION_NAMES = ("A0", "A1", "A2", "A3", "A4", "A5", "causal")
+
+
+def zoo_entry(target: str, report: Any) -> dict[str, Any]:
+    """One row of the zoo: the family, what its attention shows, which assumptions no failed check names
+    (``satisfies``), and each failed assumption check with its candidates."""
+    family = target.removeprefix("hf:")
+    key = family.removesuffix(NOPE)
+    failures = [
+        {"check": c.name, "assumption": c.assumption, "candidates": list(c.candidates)}
+        for c in report.checks
+        if c.passed is False and c.candidates
+    ]
+    named = {a for f in failures for a in (f["assumption"], *f["candidates"])}
+    shows = FAMILIES[key].shows + (" - audited with RoPE off" if family.endswith(NOPE) else "")
+    return {
+        "target": target,
+        "shows": shows,
+        "satisfies": [a for a in ASSUMPTION_NAMES[:-1] if a not in named]
+        + (["causal"] if any(c.name == "causality" and c.passed for c in report.checks) else []),
+        "failures": failures,
+        "not_applicable": [c.name for c in report.checks if c.passed is None],
+        "notes": list(report.notes),
+    }
+
+
+def hf_zoo(targets: tuple[str, ...] = ZOO_TARGETS, seed: int = 0) -> dict[str, Any]:
+    """Audit each ``hf:`` target (:data:`ZOO_TARGETS`) with its tiny config; ``{"transformers", "entries"}``."""
+    import transformers
+
+    from axiomformer.audit import run_audit
+    from axiomformer.surgery import audit_adapter  # noqa: F401  (registers hf: targets)
+
+    entries = [zoo_entry(f"hf:{t}", run_audit(f"hf:{t}", seed=seed)) for t in targets]
+    return {"transformers": transformers.__version__, "seed": seed, "entries": entries}
+
+
+def zoo_markdown(zoo: dict[str, Any]) -> str:
+    """The zoo as a Markdown table: per target, what it shows, the assumptions it satisfies, its failed checks
+    with their candidates (``A4 or A5``: cannot be told apart from outside)."""
+    lines = [
+        f"Audited with transformers {zoo['transformers']}, seed {zoo['seed']}.",
+        "",
+        "| target | its attention | satisfies | failed checks (candidates) |",
+        "|---|---|---|---|",
+    ]
+    for e in zoo["entries"]:
+        failed = "; ".join(f"`{f['check']}` ({' or '.join(f['candidates'])})" for f in e["failures"]) or "none"
+        lines.append(f"| `{e['target']}` | {e['shows']} | {', '.join(e['satisfies']) or 'none'} | {failed} |")
+    return "\n".join(lines) + "\n"
