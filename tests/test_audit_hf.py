@@ -158,3 +158,29 @@ def test_committed_zoo_covers_every_target_and_matches_a_fresh_audit():
     assert next(e for e in zoo["entries"] if e["target"] == "hf:gpt2") == fresh
     table = zoo_markdown(zoo)
     assert all(f"`hf:{t}`" in table for t in ZOO_TARGETS)
+
+
+def test_practice_catches_a_user_attention_function_registered_without_its_mask():
+    """transformers PR #45811: a function registered with AttentionInterface but not AttentionMaskInterface gets no
+    causal mask from the model; audited through the same interface, only future_tokens fails (the checks that
+    assume a causal map say so instead of failing too). The same function with its mask registered passes."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    from axiomformer.audit.practice import run_practice
+
+    transformers.AttentionInterface.register("axiomformer_test_user_eager", eager_attention_forward)
+    assert run_practice("hf:llama@axiomformer_test_user_eager").failed == ["future_tokens"]
+    transformers.AttentionInterface.register("axiomformer_test_masked_eager", eager_attention_forward)
+    transformers.masking_utils.AttentionMaskInterface.register(
+        "axiomformer_test_masked_eager", transformers.masking_utils.eager_mask
+    )
+    report = run_practice("hf:llama@axiomformer_test_masked_eager")
+    assert report.passed, report.to_text()
+    assert report["cache_decode"].passed  # the model's own cache, every layer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gpt2", "qwen3-next", "gpt-oss"])
+def test_practice_passes_on_families(family):
+    report = __import__("axiomformer.audit.practice", fromlist=["x"]).run_practice(f"hf:{family}")
+    assert report.passed, report.to_text()

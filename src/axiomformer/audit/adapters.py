@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from axiomformer.attention import Attention
+from axiomformer.attention import Attention, KVCache
 from axiomformer.engines.problem import causal_mask
 from axiomformer.errors import UserInputError
 from axiomformer.runtime import seeded
@@ -79,6 +79,11 @@ class Adapter:
 
     def with_head_dim(self, head_dim: int) -> Adapter | None:
         """The same kind of target with ``head_dim`` (same heads, learned scalars carried over), or None if fixed."""
+        return None
+
+    def decode(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
+        """Causal outputs (batch, seq, dim) computed one token at a time through the target's own cache, or None
+        when it has none (``--practice``'s ``cache_decode`` compares them with the full forward)."""
         return None
 
     def value_map(self) -> Callable[[Tensor], Tensor] | None:
@@ -194,6 +199,11 @@ class AttentionAdapter(Adapter):
     def weights(self, q, k, *, causal=False):
         v = torch.zeros_like(k)
         return self.module(q, k, v, attn_mask=self._mask(q, k, causal), need_weights=True)[1]
+
+    def decode(self, q, k, v):
+        cache = KVCache()
+        steps = [self.module(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], cache=cache) for t in range(q.shape[1])]
+        return torch.cat(steps, dim=1)
 
     def with_head_dim(self, head_dim):
         spec = self.spec.relax(dim=head_dim * self.num_heads)
@@ -365,6 +375,11 @@ class FunctionAdapter(Adapter):
         if causal and self._causal_kw is not None:
             return self.fn(q, k, v, **{self._causal_kw: True})
         return self.fn(q, k, v)
+
+    def decode(self, q, k, v):
+        """``fn.decode(q, k, v)`` when the function has one (its own token-by-token path), else None."""
+        step = getattr(self.fn, "decode", None)
+        return step(q, k, v) if callable(step) else None
 
     def with_head_dim(self, head_dim):
         other = copy.copy(self)

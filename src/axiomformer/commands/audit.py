@@ -39,6 +39,12 @@ def register(app: typer.Typer) -> None:
             "--matrix",
             help="audit every single-axis relaxation and print the relaxation-by-check matrix as Markdown",
         ),
+        practice: bool = typer.Option(
+            False,
+            "--practice",
+            help="run the practitioners' checks instead (future tokens, cache decode, compiled == eager, odd "
+            "lengths, masked keys), one verdict each, under a causal mask when the target has or accepts one",
+        ),
         hf_zoo: bool = typer.Option(
             False,
             "--hf-zoo",
@@ -82,9 +88,17 @@ def register(app: typer.Typer) -> None:
                     f"auditing {target!r} needs the optional 'hf' extra: {err}", param_hint="TARGET"
                 ) from None
         try:
-            report = run_audit(target, causal=causal or None, dim=dim, num_heads=heads, seed=seed)
+            if practice:
+                from axiomformer.audit.practice import run_practice
+
+                report = run_practice(target, dim=dim, num_heads=heads, seed=seed)
+            else:
+                report = run_audit(target, causal=causal or None, dim=dim, num_heads=heads, seed=seed)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="TARGET") from None
+        if practice:
+            typer.echo(json.dumps(report.to_dict()) if as_json else report.to_text())
+            return
         typer.echo(json.dumps(report.to_dict()) if as_json else report.to_markdown() if markdown else report.to_text())
 
 

@@ -337,6 +337,7 @@ class HFAttentionAdapter(Adapter):
         # the model runs in its own dtype (to build the layer's arguments: MoE kernels refuse float64); the audited
         # module is a float64 copy
         self.model = copy.deepcopy(model).eval()
+        self.source = model
         if implementation is not None:
             self.model.config._attn_implementation = implementation
         found = attention_modules(self.model)
@@ -452,6 +453,32 @@ class HFAttentionAdapter(Adapter):
 
     def value_map(self):
         return self._value
+
+    def model_cache_gap(self, n: int, generator: torch.Generator) -> tuple[float, float, str]:
+        """(relative gap, tolerance of the model's dtype, evidence): the model's last hidden states decoded one token at a time through its own
+        cache (``use_cache=True``, the ``past_key_values`` it returns) against its full forward, on a copy of the
+        model as given (every layer, its own dtype) with seeded token ids."""
+        from axiomformer.audit.probe import rel, tolerance
+
+        model = copy.deepcopy(self.source).eval()
+        if self.implementation != model.config._attn_implementation:
+            model.set_attn_implementation(self.implementation)
+        vocab = int(getattr(model.config, "vocab_size", 32))
+        ids = torch.randint(3, vocab, (2, n), generator=generator)
+        with torch.no_grad():
+            full = model(input_ids=ids, use_cache=False).last_hidden_state
+            cache, steps = None, []
+            # transformers 5 names the cache ``cache`` (``past_key_values`` before)
+            name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+            for t in range(n):
+                out = model(input_ids=ids[:, t : t + 1], use_cache=True, **{name: cache})
+                cache = getattr(out, name)
+                steps.append(out.last_hidden_state)
+        gap = rel(torch.cat(steps, 1).double(), full.double())
+        return gap, tolerance(full.dtype), (
+            f"{type(model).__name__} decoding {n} tokens one at a time through its cache equals its full forward "
+            "(last hidden states, every layer)"
+        )
 
     def with_head_dim(self, head_dim):
         if self.rebuild is None:
