@@ -296,12 +296,31 @@ class MultiheadAttentionAdapter(Adapter):
         return lambda x: torch.nn.functional.linear(x, weight, bias)
 
 
+LOW_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+"""Dtypes a float64 target may compute in, coarsest grid first (bfloat16 values are float16 and float32 values in
+range, float16 values float32 values)."""
+
+
+def output_grid(y: Tensor) -> torch.dtype | None:
+    """The coarsest dtype whose values every element of the float64 output ``y`` is (None: none of
+    :data:`LOW_DTYPES`): a target that computes in float16 and casts back returns float16 numbers, which random
+    float64 numbers are not (the first 2^-52 of 2^-10 bits)."""
+    if y.dtype != torch.float64 or not bool(torch.isfinite(y).all()) or not bool(y.abs().gt(0).any()):
+        return None
+    for dtype in LOW_DTYPES:
+        if bool((y.to(dtype).to(torch.float64) == y).all()):
+            return dtype
+    return None
+
+
 @torch.no_grad()
 def measured_precision(fn: Callable[..., Tensor], dim: int) -> torch.dtype | None:
     """float32 (or float16) when a float64 map ``fn(q, k, v)`` on (batch, seq, ``dim``) tensors rounds inside, else
     None (float64).
 
-    The inputs move along a random direction by t = 1e-8 and 2e-8 (relative): a smooth float64 map gives a
+    First the outputs' grid (:func:`output_grid`): a map that computes in float16 / bfloat16 and casts back returns
+    numbers of that dtype, whose rounding step a small probe may never cross. Then
+    the inputs move along a random direction by t = 1e-8 and 2e-8 (relative): a smooth float64 map gives a
     second difference f(x + 2t) - 2 f(x + t) + f(x) near t^2 |f''| ~ 1e-16 of |f|; a map that rounds to float32
     inside (a softmax in float32) jumps by its rounding, ~1e-7, wherever an input crosses a rounding boundary,
     which some of the inputs do at that step **(our choice of test)**."""
@@ -313,6 +332,9 @@ def measured_precision(fn: Callable[..., Tensor], dim: int) -> torch.dtype | Non
         return None
     if not all(isinstance(y, Tensor) and y.is_floating_point() for y in ys):
         return None
+    on_grid = output_grid(ys[0])
+    if on_grid is not None:
+        return on_grid
     second = float((ys[2] - 2 * ys[1] + ys[0]).abs().max() / ys[0].abs().max().clamp_min(1e-300))
     return None if not second > 1e-11 else torch.float32 if second < 1e-4 else torch.float16
 

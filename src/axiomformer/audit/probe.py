@@ -248,9 +248,9 @@ class Probe:
         out = []
         for blk in blocks:  # (b, L, S, hd * m)
             w = blk @ leading_direction(blk.flatten(0, 2))
-            sums = w.masked_fill(~vis, 0.0).sum(-1)[:, vis.any(-1)]
+            sums = w.sum(-1)[:, vis.any(-1)]  # full rows: weight leaking past a mask stays in the row
             c = float(sums.mean())
-            size = float(w.abs().masked_fill(~vis, 0.0).sum(-1).mean())
+            size = float(w.abs().sum(-1).mean())
             out.append(w / (c if abs(c) > 1e-6 * size else (size or 1.0)))
         return torch.stack(out, dim=1)
 
