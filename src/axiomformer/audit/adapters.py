@@ -445,6 +445,22 @@ def _matches(match: Any, target: Any) -> bool:
     return bool(match(target))
 
 
+COMPILED_NOTE = (
+    "a torch.compile'd target: audited through its original (`_orig_mod` / the original callable, the same "
+    "parameters), with its own adapter; the audit's many shapes would otherwise pass dynamo's recompile limit and "
+    "run uncompiled unnoticed; `--practice`'s compiled_eager compares a compiled run with it"
+)
+
+
+def compiled_original(target: Any) -> Any:
+    """The module or callable a ``torch.compile`` wrapper wraps (``OptimizedModule._orig_mod``, a compiled
+    function's ``_torchdynamo_orig_callable``), or None for anything else."""
+    if isinstance(target, nn.Module) and isinstance(getattr(target, "_orig_mod", None), nn.Module):
+        return target._orig_mod
+    original = getattr(target, "_torchdynamo_orig_callable", None)
+    return original if callable(original) and original is not target else None
+
+
 def make_adapter(target: Any, **options: Any) -> Adapter:
     """The adapter for ``target`` (first registered match wins).
 
@@ -453,6 +469,11 @@ def make_adapter(target: Any, **options: Any) -> Adapter:
     """
     if isinstance(target, Adapter):
         return target
+    original = compiled_original(target)
+    if original is not None:
+        adapter = make_adapter(original, **options)
+        adapter.notes = (*adapter.notes, COMPILED_NOTE)
+        return adapter
     for match, factory in _ADAPTERS:
         if _matches(match, target):
             return factory(target, **options)
