@@ -42,6 +42,18 @@ def to_text(chain: Chain) -> str:
     return "\n".join(lines)
 
 
+LIMITS = (
+    "**A temperature that varies with the number of keys** placed in the row map (a scale log(n) or a Scalable-"
+    "Softmax s log n): every step passes, since A5's step measures shift invariance and normalization on rows of "
+    "one length; only the final comparison with SDPA fails, reported as unlocalized. `axiomformer audit`'s "
+    "`length_scale` check (A5) catches it at the interface.",
+    "**Causality**: no step states it, so a leak past the causal mask is not placed at a step (the final "
+    "comparison runs causal and not). `axiomformer audit`'s `causality` check and `--practice`'s `future_tokens` "
+    "catch it.",
+)
+"""Departures the chain has no step for (printed in ``docs/derive.md``)."""
+
+
 def to_markdown(chain: Chain) -> str:
     """Markdown with LaTeX formulas (``$$ ... $$``), as written to ``docs/derive.md``."""
     out = [
@@ -99,6 +111,7 @@ def to_markdown(chain: Chain) -> str:
     ]
     if chain.unlocalized:
         out += [f"**Unlocalized failure:** {chain.reason}.", ""]
+    out += ["## Limits: what no step checks", ""] + [f"- {limit}" for limit in LIMITS] + [""]
     out += [
         "## Why $1/\\sqrt{d}$, measured",
         "",
