@@ -12,11 +12,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from axiomformer.audit import run_audit  # noqa: E402
-from axiomformer.errors import UserInputError  # noqa: E402
-from axiomformer.surgery import audit_adapter  # noqa: E402, F401  (registers hf: targets)
-from axiomformer.surgery.hf_audit import HFAttentionAdapter  # noqa: E402
-from axiomformer.surgery.hf_zoo import FAMILIES, ZOO_TARGETS, build, family_adapter, zoo_entry, zoo_markdown  # noqa: E402
+from axiomformer.audit import run_audit
+from axiomformer.errors import UserInputError
+from axiomformer.surgery import audit_adapter  # noqa: F401  (registers hf: targets)
+from axiomformer.surgery.hf_audit import HFAttentionAdapter
+from axiomformer.surgery.hf_zoo import FAMILIES, ZOO_TARGETS, build, family_adapter, zoo_entry, zoo_markdown
 
 ZOO = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "hf_zoo.json"
 POSITIONAL = {"llama", "mistral", "gemma2", "gemma3", "gemma3-sliding", "qwen2", "qwen3", "qwen3-next", "gpt-oss"}
@@ -104,7 +104,7 @@ def test_adapter_is_the_softmax_formula_on_llama_without_rope():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 6, 16, generator=g, dtype=torch.float64) for _ in range(3))
     w_v = adapter.value_map().weight.detach()
-    heads = lambda x: x.view(2, 6, 2, 8).transpose(1, 2)  # noqa: E731
+    heads = lambda x: x.view(2, 6, 2, 8).transpose(1, 2)
     scores = heads(q) @ heads(k).transpose(-1, -2) / math.sqrt(8)
     scores = scores.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), -math.inf)
     ref = (scores.softmax(-1) @ heads(v @ w_v.T)).transpose(1, 2).reshape(2, 6, 16)
@@ -123,9 +123,13 @@ def test_a_nonzero_query_bias_is_noted_and_fails_a4():
 
 def test_refusals_name_what_is_missing():
     with pytest.raises(UserInputError, match="ALL_ATTENTION_FUNCTIONS.*FalconAttention"):
-        HFAttentionAdapter(transformers.FalconModel(transformers.FalconConfig(
-            vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, multi_query=True
-        )))
+        HFAttentionAdapter(
+            transformers.FalconModel(
+                transformers.FalconConfig(
+                    vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, multi_query=True
+                )
+            )
+        )
     with pytest.raises(UserInputError, match="pass the model"):
         run_audit(build("llama").layers[0].self_attn)
     with pytest.raises(UserInputError, match="hf:llama.*axiomformer_test_nowhere"):

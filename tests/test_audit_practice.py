@@ -81,5 +81,5 @@ def test_a_gradient_that_reaches_masked_keys_fails_masked_keys_only():
 def test_cli_practice_prints_one_verdict_per_check():
     result = CliRunner().invoke(app, ["audit", "spec:standard", "--practice"])
     assert result.exit_code == 0, result.output
-    verdicts = [line for line in result.output.splitlines() if line.startswith("  pass") or line.startswith("  FAIL")]
+    verdicts = [line for line in result.output.splitlines() if line.startswith(("  pass", "  FAIL"))]
     assert len(verdicts) == 5

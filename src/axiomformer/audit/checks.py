@@ -497,7 +497,12 @@ def under_rounding(checks: list[AuditCheck], precision: torch.dtype, tol: float)
     statistic is at most :data:`ROUNDING_STEPS` eps of ``precision``: at bfloat16 that floor exceeds the tolerance."""
     floor = ROUNDING_STEPS * float(torch.finfo(precision).eps)
     for c in checks:
-        if c.passed is False and c.assumption not in ("design", "numerics") and c.tolerance == tol and c.statistic <= floor:
+        if (
+            c.passed is False
+            and c.assumption not in ("design", "numerics")
+            and c.tolerance == tol
+            and c.statistic <= floor
+        ):
             c.passed = None
             c.detail = (
                 f"n/a (precision): statistic {c.statistic:.3g} is within {ROUNDING_STEPS} rounding steps of "

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -109,7 +109,7 @@ def _compiled_runs(p: Probe, backend: str) -> tuple[float, str | None]:
     log, logger = _DynamoLog(), logging.getLogger("torch._dynamo")
     logger.addHandler(log)
     stats = []
-    limits = {"recompile_limit": RECOMPILE_LIMIT, "accumulated_recompile_limit": RECOMPILE_LIMIT}
+    limits: dict[str, Any] = {"recompile_limit": RECOMPILE_LIMIT, "accumulated_recompile_limit": RECOMPILE_LIMIT}
     try:
         with torch._dynamo.config.patch(**limits):
             for n in COMPILE_LENGTHS:

@@ -91,14 +91,12 @@ def register(app: typer.Typer) -> None:
             if practice:
                 from axiomformer.audit.practice import run_practice
 
-                report = run_practice(target, dim=dim, num_heads=heads, seed=seed)
-            else:
-                report = run_audit(target, causal=causal or None, dim=dim, num_heads=heads, seed=seed)
+                verdicts = run_practice(target, dim=dim, num_heads=heads, seed=seed)
+                typer.echo(json.dumps(verdicts.to_dict()) if as_json else verdicts.to_text())
+                return
+            report = run_audit(target, causal=causal or None, dim=dim, num_heads=heads, seed=seed)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="TARGET") from None
-        if practice:
-            typer.echo(json.dumps(report.to_dict()) if as_json else report.to_text())
-            return
         typer.echo(json.dumps(report.to_dict()) if as_json else report.to_markdown() if markdown else report.to_text())
 
 

@@ -146,7 +146,7 @@ def identity_projections(module: nn.Module, heads: int, head_dim: int) -> tuple[
     v = _linear(module, "v_proj", "value", "v")
     o = _linear(module, "o_proj", "o", "dense", "out_proj")
     notes: list[str] = []
-    dim = None if q is None else q[1].in_features
+    dim = 0 if q is None else q[1].in_features
     if q is not None and q[1].out_features == dim:
         _eye_rows(q[1].weight, slice(None))
     elif q is not None and q[1].out_features == 2 * dim and heads * head_dim == dim:
@@ -185,7 +185,7 @@ def all_bias_notes(*biases: Tensor | None) -> tuple[str, ...]:
     return notes
 
 
-def _identity_gpt2(module: nn.Module) -> tuple[tuple[str, ...], Any]:
+def _identity_gpt2(module: Any) -> tuple[tuple[str, ...], Any]:
     """GPT-2's ``c_attn`` (Conv1D, weight (in, 3 e): x W + b = [q | k | v]) and ``c_proj``."""
     w, b, e = module.c_attn.weight, module.c_attn.bias, module.c_attn.weight.shape[0]
     eye = torch.eye(e, dtype=w.dtype)
@@ -197,7 +197,7 @@ def _identity_gpt2(module: nn.Module) -> tuple[tuple[str, ...], Any]:
     return notes, lambda x: x @ wv + bv
 
 
-def _identity_fused(module: nn.Module, fused: nn.Linear) -> tuple[tuple[str, ...], Any]:
+def _identity_fused(module: Any, fused: nn.Linear) -> tuple[tuple[str, ...], Any]:
     """Phi-3's ``qkv_proj`` (rows [q | k | v]) and ``o_proj``."""
     d = fused.in_features
     notes: list[str] = []
@@ -219,7 +219,7 @@ def _identity_fused(module: nn.Module, fused: nn.Linear) -> tuple[tuple[str, ...
     return tuple(notes), lambda x: nn.functional.linear(x, wv, bv)
 
 
-def _identity_stacked(module: nn.Module, heads: int) -> tuple[tuple[str, ...], Any]:
+def _identity_stacked(module: Any, heads: int) -> tuple[tuple[str, ...], Any]:
     """Falcon: ``query_key_value`` becomes :class:`StackedQKV`, ``dense`` the identity (biases kept)."""
     fused = module.query_key_value
     stacked = StackedQKV(fused, heads)
@@ -336,10 +336,11 @@ class HFAttentionAdapter(Adapter):
         self.seed, self.rope, self.rebuild, self.layer = seed, rope, rebuild, layer
         # the model runs in its own dtype (to build the layer's arguments: MoE kernels refuse float64); the audited
         # module is a float64 copy
-        self.model = copy.deepcopy(model).eval()
+        self.model: Any = copy.deepcopy(model).eval()
         self.source = model
         if implementation is not None:
-            self.model.config._attn_implementation = implementation
+            config: Any = self.model.config
+            config._attn_implementation = implementation
         found = attention_modules(self.model)
         # Falcon computes attention inline: its fused projection is fed [q | k | v] instead (StackedQKV)
         self.stacked = not found
@@ -347,9 +348,12 @@ class HFAttentionAdapter(Adapter):
         if not found:
             raise UserInputError(_refusal(model))
         if not 0 <= layer < len(found):
-            raise UserInputError(f"{type(model).__name__}: bad layer {layer}; it has attention layers 0..{len(found) - 1}")
-        self.module = found[layer].to(torch.float64)
-        self.implementation = str(self.module.config._attn_implementation or "eager")
+            raise UserInputError(
+                f"{type(model).__name__}: bad layer {layer}; it has attention layers 0..{len(found) - 1}"
+            )
+        self.module: Any = found[layer].to(torch.float64)
+        own: Any = self.module.config
+        self.implementation = str(own._attn_implementation or "eager")
         real = (lambda *a, **k: None) if self.stacked else attention_function(self.module, self.implementation)
         self.state = _ProbeState(real)
         self.dim = _hidden_size(self.model.config)
@@ -370,7 +374,7 @@ class HFAttentionAdapter(Adapter):
             notes, self._value = identity_projections(module, heads, head_dim)
         self.num_heads = heads if heads * head_dim == self.dim else 1
         self.causal = bool(getattr(module, "is_causal", False))
-        args, kwargs = self._call(8)
+        _, kwargs = self._call(8)
         positions = kwargs.get("position_embeddings")
         self.has_positions = bool(
             (positions is not None and self.rope) or getattr(module, "has_relative_attention_bias", False)
@@ -444,7 +448,9 @@ class HFAttentionAdapter(Adapter):
 
     def __call__(self, q, k, v, *, causal=False):
         if not q.shape[1] == k.shape[1] == v.shape[1]:
-            raise ValueError(f"a self-attention needs equal q, k, v lengths; got {q.shape[1]}, {k.shape[1]}, {v.shape[1]}")
+            raise ValueError(
+                f"a self-attention needs equal q, k, v lengths; got {q.shape[1]}, {k.shape[1]}, {v.shape[1]}"
+            )
         if self.stacked:
             return self._run("run", torch.cat([q, k, v], dim=-1))
         self._run("key", k)
@@ -460,7 +466,7 @@ class HFAttentionAdapter(Adapter):
         model as given (every layer, its own dtype) with seeded token ids."""
         from axiomformer.audit.probe import rel, tolerance
 
-        model = copy.deepcopy(self.source).eval()
+        model: Any = copy.deepcopy(self.source).eval()
         if self.implementation != model.config._attn_implementation:
             model.set_attn_implementation(self.implementation)
         vocab = int(getattr(model.config, "vocab_size", 32))
@@ -475,16 +481,25 @@ class HFAttentionAdapter(Adapter):
                 cache = getattr(out, name)
                 steps.append(out.last_hidden_state)
         gap = rel(torch.cat(steps, 1).double(), full.double())
-        return gap, tolerance(full.dtype), (
-            f"{type(model).__name__} decoding {n} tokens one at a time through its cache equals its full forward "
-            "(last hidden states, every layer)"
+        return (
+            gap,
+            tolerance(full.dtype),
+            (
+                f"{type(model).__name__} decoding {n} tokens one at a time through its cache equals its full forward "
+                "(last hidden states, every layer)"
+            ),
         )
 
     def with_head_dim(self, head_dim):
         if self.rebuild is None:
             return None
         return HFAttentionAdapter(
-            self.rebuild(head_dim), self.layer, self.name, seed=self.seed, rope=self.rope, implementation=self.implementation
+            self.rebuild(head_dim),
+            self.layer,
+            self.name,
+            seed=self.seed,
+            rope=self.rope,
+            implementation=self.implementation,
         )
 
 

@@ -83,9 +83,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "gemma3": Family(
         lambda hd: _t("Gemma3TextConfig")(
-            **_decoder(hd, ["sliding_attention", "full_attention"]),
-            sliding_window=4,
-            query_pre_attn_scalar=6,
+            **_decoder(hd, ["sliding_attention", "full_attention"]), sliding_window=4, query_pre_attn_scalar=6
         ),
         model="Gemma3TextModel",
         layer=1,
@@ -93,9 +91,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "gemma3-sliding": Family(
         lambda hd: _t("Gemma3TextConfig")(
-            **_decoder(hd, ["sliding_attention", "full_attention"]),
-            sliding_window=4,
-            query_pre_attn_scalar=6,
+            **_decoder(hd, ["sliding_attention", "full_attention"]), sliding_window=4, query_pre_attn_scalar=6
         ),
         model="Gemma3TextModel",
         shows="RoPE, q/k RMS norms, sliding window 4 (a sliding layer)",
@@ -130,8 +126,12 @@ FAMILIES: dict[str, Family] = {
     "phi3": Family(lambda hd: _t("Phi3Config")(**_no_head_dim(hd)), shows="RoPE, fused qkv_proj"),
     "falcon": Family(
         lambda hd: _t("FalconConfig")(
-            vocab_size=VOCAB, hidden_size=HEADS * hd, num_hidden_layers=1, num_attention_heads=HEADS,
-            multi_query=False, new_decoder_architecture=False,
+            vocab_size=VOCAB,
+            hidden_size=HEADS * hd,
+            num_hidden_layers=1,
+            num_attention_heads=HEADS,
+            multi_query=False,
+            new_decoder_architecture=False,
         ),
         shows="RoPE, fused query_key_value",
     ),
@@ -141,8 +141,12 @@ FAMILIES: dict[str, Family] = {
     ),
     "bert": Family(
         lambda hd: _t("BertConfig")(
-            vocab_size=VOCAB, hidden_size=HEADS * hd, num_hidden_layers=1, num_attention_heads=HEADS,
-            intermediate_size=32, attention_probs_dropout_prob=0.0,
+            vocab_size=VOCAB,
+            hidden_size=HEADS * hd,
+            num_hidden_layers=1,
+            num_attention_heads=HEADS,
+            intermediate_size=32,
+            attention_probs_dropout_prob=0.0,
         ),
         shows="bidirectional, q/k/v biases, absolute positions outside the attention",
     ),
