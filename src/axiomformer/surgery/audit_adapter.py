@@ -168,9 +168,10 @@ def _hf_string(target: str, *, seed: int = 0, **_: Any) -> Adapter:
         return adapter
     if folder and not Path(folder).expanduser().exists():
         raise UserInputError(
-            f"cannot audit {target!r}: {folder!r} is not a built-in family and no local model folder of that name "
-            f"exists (does not exist), and a model id would need a download, which the audit never does; expected hf:<family>[-nope][#layer][@impl] with "
-            f"a family among {', '.join(FAMILIES)}, or hf:<folder saved with save_pretrained>[#layer]"
+            f"cannot audit {target!r}: {folder!r} is not a built-in family and the local folder {folder!r} does not "
+            "exist; a model id would need a download, which the audit never does; expected "
+            f"hf:<family>[-nope][#layer][@impl] with a family among {', '.join(FAMILIES)}, or "
+            "hf:<folder saved with save_pretrained>[#layer]"
         )
     if implementation:
         raise UserInputError(f"{target!r}: @<implementation> is for hf:<family> targets")
