@@ -188,3 +188,42 @@ def test_practice_catches_a_user_attention_function_registered_without_its_mask(
 def test_practice_passes_on_families(family):
     report = __import__("axiomformer.audit.practice", fromlist=["x"]).run_practice(f"hf:{family}")
     assert report.passed, report.to_text()
+
+
+def _gqa_llama():
+    config = transformers.LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=4,
+        pad_token_id=0,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return transformers.AutoModel.from_config(config)
+
+
+def test_grouped_key_value_heads_are_untied_and_keep_the_value_map():
+    """Reference in float64: head h reads its own key slice and the values of its group's key/value head."""
+    model = _gqa_llama()
+    adapter = HFAttentionAdapter(model, rope=False)
+    assert any("GQA" in n for n in adapter.notes) and run_audit(adapter).passed
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 5, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    w_v = model.layers[0].self_attn.v_proj.weight.detach().double()  # (2 kv heads * 4, 16)
+    heads = lambda x, n: x.view(2, 5, n, 4).transpose(1, 2)  # noqa: E731
+    values = heads(v @ w_v.T, 2).repeat_interleave(2, dim=1)
+    scores = heads(q, 4) @ heads(k, 4).transpose(-1, -2) / 2.0
+    scores = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), -math.inf)
+    ref = (scores.softmax(-1) @ values).transpose(1, 2).reshape(2, 5, 16)
+    torch.testing.assert_close(adapter(q, k, v), ref, atol=1e-6, rtol=1e-6)
+
+
+def test_a_local_model_folder_of_any_family_is_audited_offline(tmp_path):
+    model = build("gpt2")
+    model.save_pretrained(tmp_path)
+    report = run_audit(f"hf:{tmp_path}")
+    assert report.passed and "GPT2Attention" in report.notes[0]

@@ -147,11 +147,40 @@ def _axiom_wrapper(target: AxiomSelfAttention, *, seed: int = 0, **_: Any) -> Ad
     return AttentionAdapter(target.attention, name, seed)
 
 
+def _model_type(folder: Any) -> str | None:
+    """``model_type`` of the ``config.json`` in ``folder`` (None when there is none or it is unreadable)."""
+    import json
+
+    try:
+        return json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+
+
+def _local_model(target: str, folder: Any, layer: str, implementation: str, seed: int) -> Adapter:
+    """A transformers model saved in ``folder`` (any architecture whose attention the interface adapter takes),
+    loaded offline (``local_files_only``)."""
+    from transformers import AutoModel
+
+    from axiomformer.surgery.hf_audit import HFAttentionAdapter
+
+    try:
+        index = int(layer or 0)
+        kwargs = {"attn_implementation": implementation} if implementation else {}
+        model = AutoModel.from_pretrained(str(folder), local_files_only=True, **kwargs)
+    except (OSError, ValueError) as err:
+        raise UserInputError(f"{target}: cannot load the model in {str(folder)!r} offline: {err}") from None
+    try:
+        return HFAttentionAdapter(model, index, target, seed=seed)
+    except UserInputError as err:
+        raise UserInputError(f"{target}: {err}") from None
+
+
 def _hf_string(target: str, *, seed: int = 0, **_: Any) -> Adapter:
     from pathlib import Path
 
     from axiomformer.surgery.hf_zoo import FAMILIES, family_adapter, family_name
-    from axiomformer.surgery.load import load_model
+    from axiomformer.surgery.load import BERT_FAMILY, load_model
 
     rest, _, implementation = target[len("hf:") :].partition("@")
     folder, _, layer = rest.partition("#")
@@ -173,8 +202,10 @@ def _hf_string(target: str, *, seed: int = 0, **_: Any) -> Adapter:
             f"hf:<family>[-nope][#layer][@impl] with a family among {', '.join(FAMILIES)}, or "
             "hf:<folder saved with save_pretrained>[#layer]"
         )
+    if folder and _model_type(Path(folder).expanduser()) not in (None, *BERT_FAMILY):
+        return _local_model(target, Path(folder).expanduser(), layer, implementation, seed)
     if implementation:
-        raise UserInputError(f"{target!r}: @<implementation> is for hf:<family> targets")
+        raise UserInputError(f"{target!r}: @<implementation> is for hf:<family> targets and local non-BERT models")
     model, _ = load_model(folder or None)
     blocks = [m for m in model.modules() if is_hf_self_attention(m)]
     try:

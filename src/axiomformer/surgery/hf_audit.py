@@ -147,6 +147,9 @@ def identity_projections(module: nn.Module, heads: int, head_dim: int) -> tuple[
     o = _linear(module, "o_proj", "o", "dense", "out_proj")
     notes: list[str] = []
     dim = 0 if q is None else q[1].in_features
+    if k is not None and v is not None and k[1].out_features < k[1].in_features == heads * head_dim:
+        k, v = _untie_key_value_heads(module, k, v, heads, head_dim)
+        notes.append(GQA_NOTE)
     if q is not None and q[1].out_features == dim:
         _eye_rows(q[1].weight, slice(None))
     elif q is not None and q[1].out_features == 2 * dim and heads * head_dim == dim:
@@ -168,6 +171,47 @@ def identity_projections(module: nn.Module, heads: int, head_dim: int) -> tuple[
     if q is not None and q[1].bias is not None and q[1].out_features != dim:
         biases[0] = None
     return tuple(notes) + all_bias_notes(*biases), None if v is None else v[1]
+
+
+GQA_NOTE = (
+    "grouped key/value heads (GQA) untied for the audit: each query head gets its own key (identity projection, "
+    "the group's key bias) and the value projection repeats each key/value head's rows (the same value map); GQA's "
+    "sharing is a tie of the key projection, which the audit's convention replaces by the identity anyway"
+)
+
+
+def _repeat_rows(t: Tensor | None, groups: int, head_dim: int) -> Tensor | None:
+    """Rows (kv_heads * head_dim, ...) -> (kv_heads * groups * head_dim, ...), each head's block repeated."""
+    if t is None:
+        return None
+    blocks = t.detach().reshape(-1, head_dim, *t.shape[1:])
+    return blocks.repeat_interleave(groups, dim=0).reshape(-1, *t.shape[1:])
+
+
+def _widened(lin: nn.Linear, weight: Tensor, groups: int, head_dim: int) -> nn.Linear:
+    """A projection with ``weight`` and ``lin``'s bias, each key/value head's bias block repeated ``groups`` times."""
+    wide = nn.Linear(weight.shape[1], weight.shape[0], bias=lin.bias is not None, dtype=lin.weight.dtype)
+    with torch.no_grad():
+        wide.weight.copy_(weight)
+        if lin.bias is not None:
+            wide.bias.copy_(_repeat_rows(lin.bias, groups, head_dim))
+    return wide
+
+
+def _untie_key_value_heads(
+    module: Any, k: tuple[str, nn.Linear], v: tuple[str, nn.Linear], heads: int, head_dim: int
+) -> tuple[tuple[str, nn.Linear], tuple[str, nn.Linear]]:
+    """Replace the module's key/value projections of ``kv_heads`` heads by ones of ``heads`` heads (see GQA_NOTE)."""
+    groups = heads // (k[1].out_features // head_dim)
+    eye = torch.eye(heads * head_dim, k[1].in_features, dtype=k[1].weight.dtype)
+    wide_k = _widened(k[1], eye, groups, head_dim)
+    wide_v = _widened(v[1], _repeat_rows(v[1].weight, groups, head_dim), groups, head_dim)  # type: ignore[arg-type]
+    setattr(module, k[0], wide_k)
+    setattr(module, v[0], wide_v)
+    for attr, value in (("num_key_value_groups", 1), ("num_key_value_heads", heads)):
+        if hasattr(module, attr):
+            setattr(module, attr, value)
+    return (k[0], wide_k), (v[0], wide_v)
 
 
 def all_bias_notes(*biases: Tensor | None) -> tuple[str, ...]:
