@@ -214,7 +214,7 @@ def test_grouped_key_value_heads_are_untied_and_keep_the_value_map():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 5, 16, generator=g, dtype=torch.float64) for _ in range(3))
     w_v = model.layers[0].self_attn.v_proj.weight.detach().double()  # (2 kv heads * 4, 16)
-    heads = lambda x, n: x.view(2, 5, n, 4).transpose(1, 2)  # noqa: E731
+    heads = lambda x, n: x.view(2, 5, n, 4).transpose(1, 2)
     values = heads(v @ w_v.T, 2).repeat_interleave(2, dim=1)
     scores = heads(q, 4) @ heads(k, 4).transpose(-1, -2) / 2.0
     scores = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), -math.inf)

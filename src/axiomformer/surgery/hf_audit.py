@@ -180,10 +180,8 @@ GQA_NOTE = (
 )
 
 
-def _repeat_rows(t: Tensor | None, groups: int, head_dim: int) -> Tensor | None:
+def _repeat_rows(t: Tensor, groups: int, head_dim: int) -> Tensor:
     """Rows (kv_heads * head_dim, ...) -> (kv_heads * groups * head_dim, ...), each head's block repeated."""
-    if t is None:
-        return None
     blocks = t.detach().reshape(-1, head_dim, *t.shape[1:])
     return blocks.repeat_interleave(groups, dim=0).reshape(-1, *t.shape[1:])
 
@@ -205,7 +203,7 @@ def _untie_key_value_heads(
     groups = heads // (k[1].out_features // head_dim)
     eye = torch.eye(heads * head_dim, k[1].in_features, dtype=k[1].weight.dtype)
     wide_k = _widened(k[1], eye, groups, head_dim)
-    wide_v = _widened(v[1], _repeat_rows(v[1].weight, groups, head_dim), groups, head_dim)  # type: ignore[arg-type]
+    wide_v = _widened(v[1], _repeat_rows(v[1].weight, groups, head_dim), groups, head_dim)
     setattr(module, k[0], wide_k)
     setattr(module, v[0], wide_v)
     for attr, value in (("num_key_value_groups", 1), ("num_key_value_heads", heads)):
