@@ -227,3 +227,9 @@ def test_a_local_model_folder_of_any_family_is_audited_offline(tmp_path):
     model.save_pretrained(tmp_path)
     report = run_audit(f"hf:{tmp_path}")
     assert report.passed and "GPT2Attention" in report.notes[0]
+
+
+def test_qwen3_next_says_its_deltanet_layers_are_not_audited():
+    notes = family_adapter("qwen3-next").notes
+    assert any("not audited" in n and "Qwen3NextGatedDeltaNet" in n for n in notes)
+    assert not any("not audited" in n for n in family_adapter("llama").notes)

@@ -322,6 +322,28 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if calls_attention_interface(m)]
 
 
+MIXERS = ("Attention", "DeltaNet", "Mamba", "Mixer")
+"""Class-name endings of token mixers; those that call no attention function are named as not audited."""
+
+
+def _skipped(model: nn.Module, audited: type) -> tuple[str, ...]:
+    """A note naming the token-mixing layers of another kind than ``audited`` that the adapter does not audit (e.g.
+    Qwen3-Next's gated DeltaNet)."""
+    counts: dict[str, int] = {}
+    for m in model.modules():
+        name = type(m).__name__
+        holds = any(calls_attention_interface(c) or isinstance(c, audited) for c in m.modules())
+        if name.endswith(MIXERS) and not holds:
+            counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return ()
+    listed = ", ".join(f"{n} (x{c})" for n, c in counts.items())
+    return (
+        f"not audited: {listed}, which call no attention function (e.g. linear attention / DeltaNet, the "
+        "transport axis); the audit reads one attention layer",
+    )
+
+
 def _refusal(model: nn.Module) -> str:
     inline = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.endswith("Attention")})
     found = f" (its attention modules {', '.join(inline)} compute attention inline)" if inline else ""
@@ -432,7 +454,7 @@ class HFAttentionAdapter(Adapter):
             else "q, k, v found around its attention function; arguments it passes: "
             + (", ".join(used) or "none beyond the mask and scaling")
         )
-        self.notes = (f"audited {layer}: {found}", *notes)
+        self.notes = (f"audited {layer}: {found}", *notes, *_skipped(self.model, type(module)))
         if positions is not None and not self.rope:
             self.notes += ("RoPE off: the position embeddings the model passes are replaced by cos = 1, sin = 0",)
 
