@@ -43,10 +43,6 @@ def to_text(chain: Chain) -> str:
 
 
 LIMITS = (
-    "**A temperature that varies with the number of keys** placed in the row map (a scale log(n) or a Scalable-"
-    "Softmax s log n): every step passes, since A5's step measures shift invariance and normalization on rows of "
-    "one length; only the final comparison with SDPA fails, reported as unlocalized. `axiomformer audit`'s "
-    "`length_scale` check (A5) catches it at the interface.",
     "**Causality**: no step states it, so a leak past the causal mask is not placed at a step (the final "
     "comparison runs causal and not). `axiomformer audit`'s `causality` check and `--practice`'s `future_tokens` "
     "catch it.",
