@@ -275,9 +275,8 @@ def hf_zoo(targets: tuple[str, ...] = ZOO_TARGETS, seed: int = 0) -> dict[str, A
     import transformers
 
     from axiomformer.audit import run_audit
-    from axiomformer.surgery import audit_adapter  # noqa: F401  (registers hf: targets)
 
-    entries = [zoo_entry(f"hf:{t}", run_audit(f"hf:{t}", seed=seed)) for t in targets]
+    entries = [zoo_entry(f"hf:{t}", run_audit(family_adapter(t, seed=seed), seed=seed)) for t in targets]
     return {"transformers": transformers.__version__, "seed": seed, "entries": entries}
 
 
