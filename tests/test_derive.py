@@ -320,3 +320,17 @@ def test_a_temperature_that_varies_with_the_number_of_keys_fails_at_a5():
         prop.normalizer_properties(run_chain(GeneralForm.general(8, seed=0), _x()).steps[-1].after, _x(), 0)["length"]
         < 1e-12
     )
+
+
+class LeakyRowMap(GeneralForm):
+    """The row map gives 1e-6 of each row's weight to the softmax over every key, hidden ones included."""
+
+    def row_map(self, s, mask, d=None):
+        full = torch.ones_like(mask)
+        return (1 - STRENGTH) * super().row_map(s, mask, d) + STRENGTH * super().row_map(s, full, d)
+
+
+def test_a_leak_past_the_causal_mask_in_the_row_map_fails_at_a5():
+    chain = run_chain(_general(LeakyRowMap), _x())
+    assert chain.first_failed_step == "A5" and not chain.unlocalized, to_text(chain)
+    assert prop.normalizer_properties(chain.steps[-1].after, _x(), 0)["masked"] > 1e-9

@@ -211,6 +211,7 @@ def normalizer_properties(module: GeneralForm, x: Tensor, seed: int) -> dict[str
     """A5 on the row map r, each a relative violation: ``shift`` r(s + c 1) = r(s) for a per-row constant c;
     ``ratio`` changing s_0 leaves w_j / w_l unchanged for the other keys (Luce's choice axiom); ``sum`` the weights
     of a row sum to one; ``length`` the ratios do not depend on how many keys the row has (:func:`_length_ratio`);
+    ``masked`` keys hidden by the causal mask get weight 0 (a leak past the mask placed in the row map);
     ``nonnegative``; ``entropy`` the 1/sqrt(d) argument (:func:`entropy_spread`, omitted when
     the row map gives no distribution). Scores s ~ N(0, 1), causal mask, so rows see 1..seq keys."""
     g = _gen(seed)
@@ -228,6 +229,7 @@ def normalizer_properties(module: GeneralForm, x: Tensor, seed: int) -> dict[str
     out["ratio"] = _cross_ratio(w, w2, others)
     out["length"] = _length_ratio(module, s, g)
     out["sum"] = float((w.masked_fill(~mask, 0).sum(-1) - 1).abs().max())
+    out["masked"] = float(w.masked_fill(mask, 0).abs().max())  # causality of the row map: hidden keys get 0
     out["nonnegative"] = max(0.0, -float(w.min()))
     spread = entropy_spread(module, seed)
     if spread is not None:

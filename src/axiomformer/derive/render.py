@@ -43,9 +43,10 @@ def to_text(chain: Chain) -> str:
 
 
 LIMITS = (
-    "**Causality**: no step states it, so a leak past the causal mask is not placed at a step (the final "
-    "comparison runs causal and not). `axiomformer audit`'s `causality` check and `--practice`'s `future_tokens` "
-    "catch it.",
+    "**Causality of the composition**: A5 measures that the row map gives hidden keys weight 0 (a leak past the "
+    "causal mask placed in the row map fails at A5), but no step states causality of the whole map, so a leak in "
+    "how `forward` applies the mask is left to the final comparison (causal and not), unlocalized. "
+    "`axiomformer audit`'s `causality` check and `--practice`'s `future_tokens` catch it at the interface.",
 )
 """Departures the chain has no step for (printed in ``docs/derive.md``)."""
 
