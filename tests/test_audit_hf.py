@@ -184,7 +184,7 @@ def test_practice_catches_a_user_attention_function_registered_without_its_mask(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["gpt2", "qwen3-next", "gpt-oss"])
+@pytest.mark.parametrize("family", ["gpt-oss"])  # sinks, sliding layers, MoE, its own cache (keep it fast)
 def test_practice_passes_on_families(family):
     report = __import__("axiomformer.audit.practice", fromlist=["x"]).run_practice(f"hf:{family}")
     assert report.passed, report.to_text()
