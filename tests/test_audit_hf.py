@@ -233,3 +233,18 @@ def test_qwen3_next_says_its_deltanet_layers_are_not_audited():
     notes = family_adapter("qwen3-next").notes
     assert any("not audited" in n and "Qwen3NextGatedDeltaNet" in n for n in notes)
     assert not any("not audited" in n for n in family_adapter("llama").notes)
+
+
+@pytest.mark.slow
+def test_an_encoder_takes_a_causal_mask_on_request():
+    """BERT audited with causal=True: the probe adds a causal mask to the module's own; the causal checks pass, and
+    without the request the same map reads later tokens (the mask is what makes it causal)."""
+    causal = run_audit("hf:bert", causal=True)
+    assert causal.passed and causal["causality"].passed
+    adapter = family_adapter("bert")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 6, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    later = v.clone()
+    later[:, 4:] += 1.0
+    assert torch.equal(adapter(q, k, v, causal=True)[:, :4], adapter(q, k, later, causal=True)[:, :4])
+    assert not torch.allclose(adapter(q, k, v)[:, :4], adapter(q, k, later)[:, :4])

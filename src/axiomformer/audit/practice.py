@@ -64,7 +64,10 @@ def cache_decode(p: Probe) -> AuditCheck:
         return skip
     whole = getattr(p.a, "model_cache_gap", None)
     if callable(whole):  # a transformers model: its own cache, through every layer, in its own dtype
-        stat, tol, how = whole(p.seq, p.g)
+        measured = whole(p.seq, p.g)
+        if measured is None:
+            return cannot_tell(name, TAG, p.tol, "the model is bidirectional (causal only on request): no cache decode")
+        stat, tol, how = measured
         return result(name, TAG, stat, tol, how)
     q, k, v = p.qkv()
     with torch.no_grad():

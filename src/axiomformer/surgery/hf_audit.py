@@ -55,6 +55,8 @@ class _ProbeState:
     mode: str = "run"
     kept: dict[str, Tensor] = field(default_factory=dict)
     arguments: dict[str, Any] = field(default_factory=dict)
+    causal: bool = False
+    """Add a causal mask to the one the module passes (an encoder audited with a causal mask on request)."""
 
     def __call__(self, module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Any, **kwargs: Any) -> Any:
         if self.mode in ("key", "value"):
@@ -62,7 +64,19 @@ class _ProbeState:
             self.arguments = dict(kwargs, attention_mask=mask, query_shape=tuple(query.shape))
             raise _Stop
         key, value = self.kept.pop("key"), self.kept.pop("value")
+        if self.causal:
+            mask = with_causal(mask, query.shape[-2], key.shape[-2], query.dtype)
         return self.real(module, query, key, value, mask, **kwargs)
+
+
+def with_causal(mask: Any, q_len: int, k_len: int, dtype: torch.dtype) -> Tensor:
+    """``mask`` (None, bool True = may attend, or additive float) combined with a bottom-right causal mask, in the
+    same convention (None becomes an additive (1, 1, q_len, k_len) mask of 0 and ``finfo.min``)."""
+    allowed = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
+    if isinstance(mask, Tensor) and mask.dtype == torch.bool:
+        return mask & allowed
+    blocked = torch.zeros(1, 1, q_len, k_len, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return blocked if mask is None else (mask + blocked).clamp_min(torch.finfo(dtype).min)
 
 
 def probe_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Any, **kwargs: Any) -> Any:
@@ -379,7 +393,8 @@ class HFAttentionAdapter(Adapter):
             a function a user registered with transformers' ``AttentionInterface`` is audited by its name.
 
     q, k and v must share their length (self-attention). The target is causal when the module is
-    (``module.is_causal``); the mask is the one the model builds for that layer.
+    (``module.is_causal``); the mask is the one the model builds for that layer, and a causal mask on request (an
+    encoder such as BERT or T5) is added to it by the probe (:func:`with_causal`).
 
     Raises:
         UserInputError: no module calls the attention interface (naming the inline ones), ``layer`` out of range,
@@ -438,6 +453,7 @@ class HFAttentionAdapter(Adapter):
             notes, self._value = identity_projections(module, heads, head_dim)
         self.num_heads = heads if heads * head_dim == self.dim else 1
         self.causal = bool(getattr(module, "is_causal", False))
+        self.supports_causal = not self.stacked  # the probe adds a causal mask to the module's own
         _, kwargs = self._call(8)
         positions = kwargs.get("position_embeddings")
         self.has_positions = bool(
@@ -517,6 +533,7 @@ class HFAttentionAdapter(Adapter):
             )
         if self.stacked:
             return self._run("run", torch.cat([q, k, v], dim=-1))
+        self.state.causal = bool(causal and not self.causal)
         self._run("key", k)
         self._run("value", v)
         return self._run("run", q)
@@ -524,12 +541,16 @@ class HFAttentionAdapter(Adapter):
     def value_map(self):
         return self._value
 
-    def model_cache_gap(self, n: int, generator: torch.Generator) -> tuple[float, float, str]:
-        """(relative gap, tolerance of the model's dtype, evidence): the model's last hidden states decoded one token at a time through its own
+    def model_cache_gap(self, n: int, generator: torch.Generator) -> tuple[float, float, str] | None:
+        """None for a bidirectional model (an encoder audited with a causal mask on request: its own forward is not
+        causal, so decoding through a cache is not its map). Else (relative gap, tolerance of the model's dtype,
+        evidence): the model's last hidden states decoded one token at a time through its own
         cache (``use_cache=True``, the ``past_key_values`` it returns) against its full forward, on a copy of the
         model as given (every layer, its own dtype) with seeded token ids."""
         from axiomformer.audit.probe import rel, tolerance
 
+        if not self.causal:
+            return None
         model: Any = copy.deepcopy(self.source).eval()
         if self.implementation != model.config._attn_implementation:
             model.set_attn_implementation(self.implementation)
