@@ -301,3 +301,36 @@ def test_a_method_patched_onto_the_general_module_follows_it_down_the_chain():
     general.forward = types.MethodType(forward, general)
     chain = run_chain(general, _x())
     assert chain.first_failed_step == "A1", to_text(chain)
+
+
+class LengthTemperature(GeneralForm):
+    """The row map scales each row's scores by 1 + 1e-6 log(number of visible keys) (a Scalable-Softmax-like
+    temperature, placed in the row map itself, never removed)."""
+
+    def row_map(self, s, mask, d=None):
+        n = mask.sum(-1, keepdim=True).to(s.dtype).clamp_min(1)
+        return super().row_map(s * (1 + STRENGTH * torch.log(n)), mask, d)
+
+
+def test_a_temperature_that_varies_with_the_number_of_keys_fails_at_a5():
+    chain = run_chain(_general(LengthTemperature), _x())
+    assert chain.first_failed_step == "A5" and not chain.unlocalized, to_text(chain)
+    assert prop.normalizer_properties(chain.steps[-1].after, _x(), 0)["length"] > 1e-9
+    assert (
+        prop.normalizer_properties(run_chain(GeneralForm.general(8, seed=0), _x()).steps[-1].after, _x(), 0)["length"]
+        < 1e-12
+    )
+
+
+class LeakyRowMap(GeneralForm):
+    """The row map gives 1e-6 of each row's weight to the softmax over every key, hidden ones included."""
+
+    def row_map(self, s, mask, d=None):
+        full = torch.ones_like(mask)
+        return (1 - STRENGTH) * super().row_map(s, mask, d) + STRENGTH * super().row_map(s, full, d)
+
+
+def test_a_leak_past_the_causal_mask_in_the_row_map_fails_at_a5():
+    chain = run_chain(_general(LeakyRowMap), _x())
+    assert chain.first_failed_step == "A5" and not chain.unlocalized, to_text(chain)
+    assert prop.normalizer_properties(chain.steps[-1].after, _x(), 0)["masked"] > 1e-9

@@ -5,7 +5,8 @@ module's docstring (formula and source of every choice); the build fails when a 
 docstring. ``<!-- generated: routing -->`` becomes the engine that automatic routing picks for the standard spec and
 every single-axis relaxation, measured by running each one. ``<!-- generated: engines -->`` becomes the API entry of
 every registered engine in routing order. ``<!-- generated: audit-matrix -->`` becomes the relaxation-by-check
-matrix, measured by auditing every single-axis relaxation. ``<!-- generated: results NAME -->`` becomes a Results page
+matrix, measured by auditing every single-axis relaxation. ``<!-- generated: hf-zoo -->`` becomes the Hugging Face
+zoo table read from ``benchmarks/results/hf_zoo.json``. ``<!-- generated: results NAME -->`` becomes a Results page
 read from the committed stores (``tools/docs_results.py``).
 
 Math: ``pymdownx.arithmatex`` (generic mode) marks ``$...$`` and ``$$...$$``; :func:`on_page_content` turns each into
@@ -122,7 +123,26 @@ def audit_matrix() -> str:
     return matrix_markdown(relaxation_matrix())
 
 
-GENERATORS = {"design-space": design_space, "routing": routing, "engines": engines, "audit-matrix": audit_matrix}
+def hf_zoo() -> str:
+    """The Hugging Face zoo table, read from the committed ``benchmarks/results/hf_zoo.json``
+    (``axiomformer audit --hf-zoo --out benchmarks/results/hf_zoo.json`` writes it)."""
+    import json
+
+    from axiomformer.surgery.hf_zoo import zoo_markdown
+
+    path = _HERE.parent / "benchmarks" / "results" / "hf_zoo.json"
+    if not path.is_file():
+        raise PluginError(f"hf zoo: {path} is missing; run axiomformer audit --hf-zoo --out {path}")
+    return zoo_markdown(json.loads(path.read_text()))
+
+
+GENERATORS = {
+    "design-space": design_space,
+    "routing": routing,
+    "engines": engines,
+    "audit-matrix": audit_matrix,
+    "hf-zoo": hf_zoo,
+}
 
 _RESULTS_MARKER = re.compile(r"<!-- generated: results ([\w-]+) -->")
 

@@ -20,6 +20,7 @@ from axiomformer.audit.adapters import (
 )
 from axiomformer.audit.checks import AuditCheck
 from axiomformer.audit.matrix import relaxation_matrix
+from axiomformer.audit.practice import PracticeReport, run_practice
 from axiomformer.audit.report import NOT_ASSUMPTIONS, AuditReport, run_audit
 
 __all__ = [
@@ -30,8 +31,10 @@ __all__ = [
     "AuditReport",
     "FunctionAdapter",
     "MultiheadAttentionAdapter",
+    "PracticeReport",
     "make_adapter",
     "register_adapter",
     "relaxation_matrix",
     "run_audit",
+    "run_practice",
 ]

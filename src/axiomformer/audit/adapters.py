@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from axiomformer.attention import Attention
+from axiomformer.attention import Attention, KVCache
 from axiomformer.engines.problem import causal_mask
 from axiomformer.errors import UserInputError
 from axiomformer.runtime import seeded
@@ -49,6 +49,9 @@ class Adapter:
             linearity in the values.
         dropout: dropout probability in training mode (randomness that training mode may legitimately have).
         precision: the dtype whose rounding bounds the target's error (None: ``dtype``); tolerances follow it.
+        derivative_precision: the dtype whose rounding bounds its finite differences (None: ``dtype``); their step
+            eps^(1/3) and tolerance follow it. Set with ``precision`` when the precision is probed
+            (:func:`measured_precision`): a target that rounds inside at that precision everywhere.
         notes: what the adapter changed or kept and what it contributes (e.g. projection biases); printed in the
             report.
     """
@@ -63,6 +66,7 @@ class Adapter:
     exposes_weights: bool = False
     dropout: float = 0.0
     precision: torch.dtype | None = None
+    derivative_precision: torch.dtype | None = None
     notes: tuple[str, ...] = ()
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
@@ -75,6 +79,11 @@ class Adapter:
 
     def with_head_dim(self, head_dim: int) -> Adapter | None:
         """The same kind of target with ``head_dim`` (same heads, learned scalars carried over), or None if fixed."""
+        return None
+
+    def decode(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
+        """Causal outputs (batch, seq, dim) computed one token at a time through the target's own cache, or None
+        when it has none (``--practice``'s ``cache_decode`` compares them with the full forward)."""
         return None
 
     def value_map(self) -> Callable[[Tensor], Tensor] | None:
@@ -191,6 +200,11 @@ class AttentionAdapter(Adapter):
         v = torch.zeros_like(k)
         return self.module(q, k, v, attn_mask=self._mask(q, k, causal), need_weights=True)[1]
 
+    def decode(self, q, k, v):
+        cache = KVCache()
+        steps = [self.module(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], cache=cache) for t in range(q.shape[1])]
+        return torch.cat(steps, dim=1)
+
     def with_head_dim(self, head_dim):
         spec = self.spec.relax(dim=head_dim * self.num_heads)
         fresh = _seeded(self.seed, lambda: Attention(spec))
@@ -282,6 +296,49 @@ class MultiheadAttentionAdapter(Adapter):
         return lambda x: torch.nn.functional.linear(x, weight, bias)
 
 
+LOW_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+"""Dtypes a float64 target may compute in, coarsest grid first (bfloat16 values are float16 and float32 values in
+range, float16 values float32 values)."""
+
+
+def output_grid(y: Tensor) -> torch.dtype | None:
+    """The coarsest dtype whose values every element of the float64 output ``y`` is (None: none of
+    :data:`LOW_DTYPES`): a target that computes in float16 and casts back returns float16 numbers, which random
+    float64 numbers are not (the first 2^-52 of 2^-10 bits)."""
+    if y.dtype != torch.float64 or not bool(torch.isfinite(y).all()) or not bool(y.abs().gt(0).any()):
+        return None
+    for dtype in LOW_DTYPES:
+        if bool((y.to(dtype).to(torch.float64) == y).all()):
+            return dtype
+    return None
+
+
+@torch.no_grad()
+def measured_precision(fn: Callable[..., Tensor], dim: int) -> torch.dtype | None:
+    """float32 (or float16) when a float64 map ``fn(q, k, v)`` on (batch, seq, ``dim``) tensors rounds inside, else
+    None (float64).
+
+    First the outputs' grid (:func:`output_grid`): a map that computes in float16 / bfloat16 and casts back returns
+    numbers of that dtype, whose rounding step a small probe may never cross. Then
+    the inputs move along a random direction by t = 1e-8 and 2e-8 (relative): a smooth float64 map gives a
+    second difference f(x + 2t) - 2 f(x + t) + f(x) near t^2 |f''| ~ 1e-16 of |f|; a map that rounds to float32
+    inside (a softmax in float32) jumps by its rounding, ~1e-7, wherever an input crosses a rounding boundary,
+    which some of the inputs do at that step **(our choice of test)**."""
+    g = torch.Generator().manual_seed(0)
+    x, d = (torch.randn(3, 1, 8, dim, generator=g, dtype=torch.float64) for _ in range(2))
+    try:
+        ys = [fn(*(x + t * d * x.abs().amax())) for t in (0.0, 1e-8, 2e-8)]
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    if not all(isinstance(y, Tensor) and y.is_floating_point() for y in ys):
+        return None
+    on_grid = output_grid(ys[0])
+    if on_grid is not None:
+        return on_grid
+    second = float((ys[2] - 2 * ys[1] + ys[0]).abs().max() / ys[0].abs().max().clamp_min(1e-300))
+    return None if not second > 1e-11 else torch.float32 if second < 1e-4 else torch.float16
+
+
 class FunctionAdapter(Adapter):
     """A plain callable ``fn(q, k, v) -> out`` on (batch, seq, dim) tensors, of any width.
 
@@ -326,7 +383,7 @@ class FunctionAdapter(Adapter):
                 if out.is_floating_point() and torch.finfo(out.dtype).eps > torch.finfo(dtype).eps:
                     self.precision = out.dtype  # it computes in a lower precision than its inputs
                 elif dtype == torch.float64:
-                    self.precision = self._measured_precision()
+                    self.precision = self.derivative_precision = measured_precision(self.fn, self.dim)
                 return dtype
             failure = TypeError(
                 f"it returned {type(out).__name__}{tuple(out.shape) if isinstance(out, Tensor) else ''}"
@@ -336,29 +393,15 @@ class FunctionAdapter(Adapter):
             f"dim={self.dim}) tensors; calling it failed: {type(failure).__name__}: {failure}"
         )
 
-    @torch.no_grad()
-    def _measured_precision(self) -> torch.dtype | None:
-        """float32 (or float16) when a float64 function rounds inside, else None (its dtype).
-
-        The inputs move along a random direction by t = 1e-8 and 2e-8 (relative): a smooth float64 map gives a
-        second difference f(x + 2t) - 2 f(x + t) + f(x) near t^2 |f''| ~ 1e-16 of |f|; a map that rounds to float32
-        inside (a softmax in float32) jumps by its rounding, ~1e-7, wherever an input crosses a rounding boundary,
-        which some of the inputs do at that step **(our choice of test)**."""
-        g = torch.Generator().manual_seed(0)
-        x, d = (torch.randn(3, 1, 8, self.dim, generator=g, dtype=torch.float64) for _ in range(2))
-        try:
-            ys = [self.fn(*(x + t * d * x.abs().amax())) for t in (0.0, 1e-8, 2e-8)]
-        except (RuntimeError, TypeError, ValueError):
-            return None
-        if not all(isinstance(y, Tensor) and y.is_floating_point() for y in ys):
-            return None
-        second = float((ys[2] - 2 * ys[1] + ys[0]).abs().max() / ys[0].abs().max().clamp_min(1e-300))
-        return None if not second > 1e-11 else torch.float32 if second < 1e-4 else torch.float16
-
     def __call__(self, q, k, v, *, causal=False):
         if causal and self._causal_kw is not None:
             return self.fn(q, k, v, **{self._causal_kw: True})
         return self.fn(q, k, v)
+
+    def decode(self, q, k, v):
+        """``fn.decode(q, k, v)`` when the function has one (its own token-by-token path), else None."""
+        step = getattr(self.fn, "decode", None)
+        return step(q, k, v) if callable(step) else None
 
     def with_head_dim(self, head_dim):
         other = copy.copy(self)
@@ -402,6 +445,22 @@ def _matches(match: Any, target: Any) -> bool:
     return bool(match(target))
 
 
+COMPILED_NOTE = (
+    "a torch.compile'd target: audited through its original (`_orig_mod` / the original callable, the same "
+    "parameters), with its own adapter; the audit's many shapes would otherwise pass dynamo's recompile limit and "
+    "run uncompiled unnoticed; `--practice`'s compiled_eager compares a compiled run with it"
+)
+
+
+def compiled_original(target: Any) -> Any:
+    """The module or callable a ``torch.compile`` wrapper wraps (``OptimizedModule._orig_mod``, a compiled
+    function's ``_torchdynamo_orig_callable``), or None for anything else."""
+    if isinstance(target, nn.Module) and isinstance(getattr(target, "_orig_mod", None), nn.Module):
+        return target._orig_mod
+    original = getattr(target, "_torchdynamo_orig_callable", None)
+    return original if callable(original) and original is not target else None
+
+
 def make_adapter(target: Any, **options: Any) -> Adapter:
     """The adapter for ``target`` (first registered match wins).
 
@@ -410,6 +469,11 @@ def make_adapter(target: Any, **options: Any) -> Adapter:
     """
     if isinstance(target, Adapter):
         return target
+    original = compiled_original(target)
+    if original is not None:
+        adapter = make_adapter(original, **options)
+        adapter.notes = (*adapter.notes, COMPILED_NOTE)
+        return adapter
     for match, factory in _ADAPTERS:
         if _matches(match, target):
             return factory(target, **options)

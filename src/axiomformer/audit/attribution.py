@@ -46,8 +46,13 @@ QUERY_COUPLING = (
     "a query's output reads the other queries: scores that read them (A4) and a normalizer that normalizes over "
     "the queries too (A5, e.g. Sinkhorn's column sums) are the same departure at this interface"
 )
+KEY_ORDER = (
+    "changing one key reorders the other keys' weights: a score that reads other keys (A4: iterated retrieval) "
+    "and a normalizer that does not keep the order of the scores (A5; every nonnegative normalizer of the derivation and "
+    "its relaxations keeps it) are the same departure at this interface"
+)
 RATIO_SCORE = (
-    "bilinear_fit failed, so the score of a pair may read other keys (A4), which changes the ratios of the "
+    "bilinear_fit or the key order failed, so the score of a pair may read other keys (A4), which changes the ratios of the "
     "other weights as a normalizer other than the softmax does (A5)"
 )
 CONTEXT_GATE = (
@@ -105,6 +110,7 @@ def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, obje
     nonlinear = _shape(facts.get("nonlinear"), float(facts.get("fd_tol", 0.0)))  # type: ignore[arg-type]
     linear = _shape(facts.get("linear"), float(facts.get("tol", 0.0)))  # type: ignore[arg-type]
     row_scale = bool("bilinear_scores" in out and out["bilinear_scores"].facts.get("row_scale"))
+    reorders = bool("bilinear_scores" in out and out["bilinear_scores"].facts.get("key_order"))
     one_form = _one_form(out)
     rules: dict[str, list[str]] = {
         "token_additivity": _nonlinear(nonlinear, False) if nonlinear else ["A1"],
@@ -112,11 +118,11 @@ def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, obje
         "scalar_relevance": {"query": ["A1", "A2"], "key": ["A2", "A3"], "both": ["A1", "A2", "A3"]}.get(
             linear or "", ["A2"]
         ),
-        "bilinear_scores": ["A4", "A5"] if row_scale or one_form else ["A4"],
+        "bilinear_scores": ["A4", "A5"] if row_scale or one_form or reorders else ["A4"],
         "bilinear_fit": ["A4", "A5"] if row_scale or one_form or failed("length_scale") else ["A4"],
         "parallel": ["A4", "A5"],
         "weights_sum_to_one": ["A5", "A1"],
-        "ratio_independence": ["A5", "A4"] if failed("bilinear_fit") else ["A5"],
+        "ratio_independence": ["A5", "A4"] if failed("bilinear_fit") or reorders else ["A5"],
         "scale_entropy": ["A5", "A4"],
         "length_scale": ["A5", "A4"],
         "head_independence": ["A4", "A1"],
@@ -153,6 +159,8 @@ def attribute(checks: list[AuditCheck], facts: dict[str, object] | None = None) 
             reasons = [RATIO_SCORE]
         if c.name in ("bilinear_scores", "bilinear_fit") and _one_form(out) and "A5" in c.candidates:
             reasons = [ONE_FORM]
+        if c.facts.get("key_order"):
+            reasons = [KEY_ORDER]
         if c.name == "parallel":
             reasons = [QUERY_COUPLING] + reasons[1:]
         if "A2" in c.candidates[1:] and c.assumption == "A5":

@@ -26,13 +26,15 @@ def weight_checks(p: Probe) -> tuple[list[AuditCheck], bool, str]:
         return [cannot_tell(n, "A5", p.tol, how) for n in names], False, how
     vis = p.visible(q.shape[1], k.shape[1])
     nonneg = result(names[0], "A5", max(0.0, -float(w.min())), p.tol, f"every weight is >= 0 ({how})")
-    sums = w.masked_fill(~vis, 0.0).sum(-1)
+    # The full row, hidden keys included: weight that leaks past the mask is a causality failure (causality sees
+    # it), not weights that fail to sum to one.
+    sums = w.sum(-1)[:, :, vis.any(-1)]
     total = result(
         names[1],
         "A5",
         float((sums - 1).abs().max()),
         p.tol,
-        f"the weights of each query over its visible keys sum to one ({how}; probed weights are scaled "
+        f"the weights of each query over all keys (visible or not) sum to one ({how}; probed weights are scaled "
         "to a mean row sum of 1, since a constant factor folds into the value map)",
     )
     k2 = k.clone()

@@ -129,6 +129,13 @@ class Probe:
         self.a, self.causal, self.batch, self.seq = adapter, causal, batch, seq
         self.g = torch.Generator().manual_seed(seed)
         self.tol = tolerance(adapter.precision or adapter.dtype)
+        self.fd_precision = adapter.derivative_precision or adapter.dtype
+
+    @property
+    def fd_step(self) -> float:
+        """Central-difference step eps^(1/3) of the target's ``derivative_precision`` (else its dtype): a step below
+        the rounding of what the target computes in measures that rounding, not the derivative."""
+        return float(torch.finfo(self.fd_precision).eps) ** (1 / 3)
 
     @property
     def is_causal(self) -> bool:
@@ -164,14 +171,14 @@ class Probe:
         """How the outputs move with each key's value: (base (b, L, dim), J (b, L, S, dim, m), R (dim, m)).
 
         ``v`` None: J[:, i, j, :, c] = f(v_j = r_c, other values 0) - f(0), exact for a map affine in the values.
-        Otherwise central differences at ``v`` with step eps^(1/3) of the target's dtype (the local Jacobian).
+        Otherwise central differences at ``v`` with step :attr:`fd_step` (the local Jacobian).
         ``rdirs`` (dim, m): the directions r_c (default :meth:`directions`).
         """
         b, s, d = k.shape
         rdirs = self.directions(d) if rdirs is None else rdirs
         m = rdirs.shape[1]
         at = torch.zeros_like(k) if v is None else v
-        h = 1.0 if v is None else float(torch.finfo(self.a.dtype).eps) ** (1 / 3)
+        h = 1.0 if v is None else self.fd_step
         base = self.f(q, k, at)
         chunk = max(1, PROBE_ELEMENTS // max(1, b * s * max(d, base.shape[-1] * q.shape[1] // s)))
 
@@ -241,9 +248,9 @@ class Probe:
         out = []
         for blk in blocks:  # (b, L, S, hd * m)
             w = blk @ leading_direction(blk.flatten(0, 2))
-            sums = w.masked_fill(~vis, 0.0).sum(-1)[:, vis.any(-1)]
+            sums = w.sum(-1)[:, vis.any(-1)]  # full rows: weight leaking past a mask stays in the row
             c = float(sums.mean())
-            size = float(w.abs().masked_fill(~vis, 0.0).sum(-1).mean())
+            size = float(w.abs().sum(-1).mean())
             out.append(w / (c if abs(c) > 1e-6 * size else (size or 1.0)))
         return torch.stack(out, dim=1)
 

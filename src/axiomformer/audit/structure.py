@@ -27,17 +27,19 @@ def jacobian_structure(p: Probe, jac: torch.Tensor) -> dict[str, float]:
     per_query = rank1_residual(blocks.flatten(0, 2))
     b, L, s, d, m = jac.shape
     scalar = max(rank1_residual(blk.flatten(0, 2)) for blk in blocks)
-    if p.a.num_heads > 1 and s > p.a.num_heads:
+    # the rank-heads residuals (SVDs, the costly part) only matter where the rank-one residual is over tolerance
+    if p.a.num_heads > 1 and s > p.a.num_heads and per_query > p.tol:
         per_query = min(per_query, rank1_residual(jac.reshape(b * L, s, d * m), rank=p.a.num_heads))
-    if p.a.num_heads > 1 and scalar > 0:
+    if p.a.num_heads > 1 and scalar > p.tol:
         # an output map that mixes the heads: J_ij = sum_h w_hij B_h spans heads-many directions in all
         scalar = min(scalar, rank1_residual(jac.reshape(b * L * s, d * m), rank=p.a.num_heads))
     return {"scalar": scalar, "per_query": per_query, "per_key": rank1_residual(blocks.transpose(2, 3).flatten(0, 2))}
 
 
 def fd_tolerance(p: Probe) -> float:
-    """Tolerance of the finite-difference structure: sqrt of the tolerance of the dtype the target computes in."""
-    return math.sqrt(tolerance(p.a.dtype))
+    """Tolerance of the finite-difference structure: sqrt of the tolerance of the target's ``derivative_precision``
+    (else its dtype)."""
+    return math.sqrt(tolerance(p.fd_precision))
 
 
 def _directions(p: Probe) -> str:

@@ -18,6 +18,9 @@ def register(app: typer.Typer) -> None:
             help="spec:standard, spec:<relax string>, torch.nn.MultiheadAttention, "
             "torch.nn.functional.scaled_dot_product_attention, or "
             "module:<import.path>:<attr> (a callable (q, k, v) -> out), or "
+            "hf:<family>[-nope][#LAYER][@IMPL] (a tiny random transformers model of that family, built offline: "
+            "llama, mistral, gemma2, gemma3, qwen2, qwen3, qwen3-next, gpt-oss, phi3, falcon, gpt2, bert, t5, "
+            "deepseek-v3; -nope: RoPE off; @IMPL: an attention implementation registered with transformers), or "
             "hf:[DIR][#LAYER] (a Hugging Face BERT self-attention; default: the "
             "bundled MiniLM, layer 0; needs the hf extra)",
         ),
@@ -36,7 +39,20 @@ def register(app: typer.Typer) -> None:
             "--matrix",
             help="audit every single-axis relaxation and print the relaxation-by-check matrix as Markdown",
         ),
-        out: Path = typer.Option(None, "--out", help="with --matrix: write the Markdown table here"),
+        practice: bool = typer.Option(
+            False,
+            "--practice",
+            help="run the practitioners' checks instead (future tokens, cache decode, compiled == eager, odd "
+            "lengths, masked keys), one verdict each, under a causal mask when the target has or accepts one",
+        ),
+        hf_zoo: bool = typer.Option(
+            False,
+            "--hf-zoo",
+            help="audit every built-in Hugging Face family (tiny random configs, offline) and print the zoo as JSON",
+        ),
+        out: Path = typer.Option(
+            None, "--out", help="with --matrix: write the Markdown table here; with --hf-zoo: write the JSON here"
+        ),
     ) -> None:
         """Run the property checks (A0..A5, causality, and the design/numerics checks) on one target, or build the
         relaxation matrix."""
@@ -59,8 +75,11 @@ def register(app: typer.Typer) -> None:
             else:
                 typer.echo(text, nl=False)
             return
+        if hf_zoo:
+            _zoo(out)
+            return
         if target is None:
-            raise typer.BadParameter("give a TARGET (e.g. spec:standard) or --matrix", param_hint="TARGET")
+            raise typer.BadParameter("give a TARGET (e.g. spec:standard), --matrix or --hf-zoo", param_hint="TARGET")
         if target.startswith("hf:"):
             try:
                 import axiomformer.surgery.audit_adapter  # noqa: F401  (registers the hf: targets)
@@ -69,7 +88,29 @@ def register(app: typer.Typer) -> None:
                     f"auditing {target!r} needs the optional 'hf' extra: {err}", param_hint="TARGET"
                 ) from None
         try:
+            if practice:
+                from axiomformer.audit.practice import run_practice
+
+                verdicts = run_practice(target, dim=dim, num_heads=heads, seed=seed)
+                typer.echo(json.dumps(verdicts.to_dict()) if as_json else verdicts.to_text())
+                return
             report = run_audit(target, causal=causal or None, dim=dim, num_heads=heads, seed=seed)
         except ValueError as err:
             raise typer.BadParameter(str(err), param_hint="TARGET") from None
         typer.echo(json.dumps(report.to_dict()) if as_json else report.to_markdown() if markdown else report.to_text())
+
+
+def _zoo(out: Path | None) -> None:
+    """``--hf-zoo``: audit every built-in family; the JSON to ``out`` (or stdout)."""
+    try:
+        from axiomformer.surgery.hf_zoo import ZOO_TARGETS, hf_zoo
+    except ImportError as err:
+        raise typer.BadParameter(f"--hf-zoo needs the optional 'hf' extra: {err}") from None
+    typer.echo(f"audit: {len(ZOO_TARGETS)} Hugging Face families, one full audit each (minutes on a CPU)", err=True)
+    text = json.dumps(hf_zoo(), indent=1) + "\n"
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    typer.echo(f"wrote {out}")

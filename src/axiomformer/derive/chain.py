@@ -129,7 +129,9 @@ STEPS: tuple[StepDef, ...] = (
         "A5",
         "normalization: relevance is relative (shift-invariant), sums to one, is differentiable, and the "
         "1/sqrt(d) keeps the logits O(1)",
-        "normalizer: shift invariance r(s + c) = r(s), ratio independence, rows sum to one, non-negative, and "
+        "normalizer: shift invariance r(s + c) = r(s), ratio independence, ratios that do not depend on the "
+        "number of keys (a temperature that varies with it fails), hidden keys get weight 0 (causality of the row "
+        "map), rows sum to one, non-negative, and "
         "the attention entropy stays put as head_dim grows with Var(q.k) = d (the 1/sqrt(d) argument)",
         "choice",
         "y_i = sum_j softmax_j(q_i . k_j / sqrt(d)) W_v x_j",

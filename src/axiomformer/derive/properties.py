@@ -187,10 +187,32 @@ def entropy_spread(module: GeneralForm, seed: int, n_keys: int = 8, rows: int = 
 
 
 @torch.no_grad()
+def _cross_ratio(w: Tensor, w2: Tensor, keys: Tensor) -> float:
+    """max over the pairs (j, l) of ``keys`` (bool, broadcast over rows) of |w_j w2_l - w2_j w_l| / (|w_j w2_l| +
+    |w2_j w_l|): 0 iff every ratio w_j / w_l is the same in ``w`` and ``w2`` (batch, L, S)."""
+    a1, a2 = w.unsqueeze(-1), w2.unsqueeze(-1)
+    num = (a1 * a2.transpose(-1, -2) - a2 * a1.transpose(-1, -2)).abs()
+    den = (a1 * a2.transpose(-1, -2)).abs() + (a2 * a1.transpose(-1, -2)).abs()
+    pairs = (keys.unsqueeze(-1) & keys.unsqueeze(-2)) & (den > 0)
+    return float(torch.where(pairs, num / den.clamp_min(1e-300), torch.zeros_like(num)).max())
+
+
+def _length_ratio(module: GeneralForm, s: Tensor, g: torch.Generator) -> float:
+    """``length``: as many more keys put before a row's scores leave the ratios of its keys' weights unchanged,
+    without a mask (a temperature that depends on the number of keys, as Scalable-Softmax's s log n, breaks it)."""
+    b, n, _ = s.shape
+    extra = torch.randn(b, n, n, generator=g, dtype=DTYPE)
+    short = module.row_map(s, visible(n, n, causal=False))
+    long = module.row_map(torch.cat([extra, s], -1), visible(n, 2 * n, causal=False))[..., n:]
+    return _cross_ratio(short, long, torch.ones(n, n, dtype=torch.bool))
+
+
 def normalizer_properties(module: GeneralForm, x: Tensor, seed: int) -> dict[str, float]:
     """A5 on the row map r, each a relative violation: ``shift`` r(s + c 1) = r(s) for a per-row constant c;
     ``ratio`` changing s_0 leaves w_j / w_l unchanged for the other keys (Luce's choice axiom); ``sum`` the weights
-    of a row sum to one; ``nonnegative``; ``entropy`` the 1/sqrt(d) argument (:func:`entropy_spread`, omitted when
+    of a row sum to one; ``length`` the ratios do not depend on how many keys the row has (:func:`_length_ratio`);
+    ``masked`` keys hidden by the causal mask get weight 0 (a leak past the mask placed in the row map);
+    ``nonnegative``; ``entropy`` the 1/sqrt(d) argument (:func:`entropy_spread`, omitted when
     the row map gives no distribution). Scores s ~ N(0, 1), causal mask, so rows see 1..seq keys."""
     g = _gen(seed)
     n = x.shape[1]
@@ -204,12 +226,10 @@ def normalizer_properties(module: GeneralForm, x: Tensor, seed: int) -> dict[str
     w2 = module.row_map(s2, mask)
     others = mask.clone()
     others[:, 0] = False
-    a1, a2 = w.unsqueeze(-1), w2.unsqueeze(-1)
-    num = (a1 * a2.transpose(-1, -2) - a2 * a1.transpose(-1, -2)).abs()
-    den = (a1 * a2.transpose(-1, -2)).abs() + (a2 * a1.transpose(-1, -2)).abs()
-    pairs = (others.unsqueeze(-1) & others.unsqueeze(-2)) & (den > 0)
-    out["ratio"] = float(torch.where(pairs, num / den.clamp_min(1e-300), torch.zeros_like(num)).max())
+    out["ratio"] = _cross_ratio(w, w2, others)
+    out["length"] = _length_ratio(module, s, g)
     out["sum"] = float((w.masked_fill(~mask, 0).sum(-1) - 1).abs().max())
+    out["masked"] = float(w.masked_fill(mask, 0).abs().max())  # causality of the row map: hidden keys get 0
     out["nonnegative"] = max(0.0, -float(w.min()))
     spread = entropy_spread(module, seed)
     if spread is not None:

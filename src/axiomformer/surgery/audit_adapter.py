@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from axiomformer.audit import AttentionAdapter, register_adapter, run_audit
 from axiomformer.audit.adapters import Adapter, AddBias, bias_notes
+from axiomformer.errors import UserInputError
 from axiomformer.runtime import seeded
 from axiomformer.surgery.replace import AxiomSelfAttention
 
@@ -146,11 +147,65 @@ def _axiom_wrapper(target: AxiomSelfAttention, *, seed: int = 0, **_: Any) -> Ad
     return AttentionAdapter(target.attention, name, seed)
 
 
-def _hf_string(target: str, *, seed: int = 0, **_: Any) -> Adapter:
-    from axiomformer.surgery.load import load_model
+def _model_type(folder: Any) -> str | None:
+    """``model_type`` of the ``config.json`` in ``folder`` (None when there is none or it is unreadable)."""
+    import json
 
-    rest = target[len("hf:") :]
+    try:
+        return json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
+
+
+def _local_model(target: str, folder: Any, layer: str, implementation: str, seed: int) -> Adapter:
+    """A transformers model saved in ``folder`` (any architecture whose attention the interface adapter takes),
+    loaded offline (``local_files_only``)."""
+    from transformers import AutoModel
+
+    from axiomformer.surgery.hf_audit import HFAttentionAdapter
+
+    try:
+        index = int(layer or 0)
+        kwargs = {"attn_implementation": implementation} if implementation else {}
+        model = AutoModel.from_pretrained(str(folder), local_files_only=True, **kwargs)
+    except (OSError, ValueError) as err:
+        raise UserInputError(f"{target}: cannot load the model in {str(folder)!r} offline: {err}") from None
+    try:
+        return HFAttentionAdapter(model, index, target, seed=seed)
+    except UserInputError as err:
+        raise UserInputError(f"{target}: {err}") from None
+
+
+def _hf_string(target: str, *, seed: int = 0, **_: Any) -> Adapter:
+    from pathlib import Path
+
+    from axiomformer.surgery.hf_zoo import FAMILIES, family_adapter, family_name
+    from axiomformer.surgery.load import BERT_FAMILY, load_model
+
+    rest, _, implementation = target[len("hf:") :].partition("@")
     folder, _, layer = rest.partition("#")
+    if family_name(folder) is not None:
+        try:
+            index = None if not layer else int(layer)
+        except ValueError:
+            raise UserInputError(f"bad layer {layer!r} in {target!r}: expected an integer") from None
+        try:
+            adapter = family_adapter(folder, seed=seed, layer=index, implementation=implementation or "eager")
+        except UserInputError as err:
+            raise UserInputError(str(err) if str(err).startswith("hf:") else f"{target}: {err}") from None
+        adapter.name = target
+        return adapter
+    if folder and not Path(folder).expanduser().exists():
+        raise UserInputError(
+            f"cannot audit {target!r}: {folder!r} is not a built-in family and the local folder {folder!r} does not "
+            "exist; a model id would need a download, which the audit never does; expected "
+            f"hf:<family>[-nope][#layer][@impl] with a family among {', '.join(FAMILIES)}, or "
+            "hf:<folder saved with save_pretrained>[#layer]"
+        )
+    if folder and _model_type(Path(folder).expanduser()) not in (None, *BERT_FAMILY):
+        return _local_model(target, Path(folder).expanduser(), layer, implementation, seed)
+    if implementation:
+        raise UserInputError(f"{target!r}: @<implementation> is for hf:<family> targets and local non-BERT models")
     model, _ = load_model(folder or None)
     blocks = [m for m in model.modules() if is_hf_self_attention(m)]
     try:
@@ -161,6 +216,37 @@ def _hf_string(target: str, *, seed: int = 0, **_: Any) -> Adapter:
     return HFSelfAttentionAdapter(module, name=target, seed=seed)
 
 
+def is_hf_model(obj: Any) -> bool:
+    """A transformers model (duck-typed: a module with a ``config`` naming its attention implementation and input
+    embeddings), audited at its first attention layer by :class:`~axiomformer.surgery.hf_audit.HFAttentionAdapter`."""
+    return (
+        isinstance(obj, nn.Module)
+        and hasattr(getattr(obj, "config", None), "_attn_implementation")
+        and callable(getattr(obj, "get_input_embeddings", None))
+    )
+
+
+def _hf_model(target: nn.Module, *, seed: int = 0, **_: Any) -> Adapter:
+    from axiomformer.surgery.hf_audit import HFAttentionAdapter
+
+    return HFAttentionAdapter(target, seed=seed)
+
+
+def _is_bare_attention(obj: Any) -> bool:
+    from axiomformer.surgery.hf_audit import calls_attention_interface, is_falcon_layout
+
+    return isinstance(obj, nn.Module) and (calls_attention_interface(obj) or is_falcon_layout(obj))
+
+
+def _bare_attention(target: nn.Module, **_: Any) -> Adapter:
+    raise UserInputError(
+        f"cannot audit a bare {type(target).__name__}: its model builds the position embeddings and the mask it is "
+        "called with; pass the model (HFAttentionAdapter(model, layer) or run_audit(model))"
+    )
+
+
+register_adapter(_is_bare_attention, _bare_attention)
+register_adapter(is_hf_model, _hf_model)
 register_adapter(is_hf_self_attention, _hf_module)
 register_adapter(AxiomSelfAttention, _axiom_wrapper)
 register_adapter("hf:", _hf_string)
