@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from axiomformer.study.report import StudyData
-    from axiomformer.study.summary import CellStat
 
 DISCRIMINATION_GAP = 0.05
 """How far (accuracy) the standard model's interval must lie above the uniform-mixing control's interval."""
@@ -76,7 +75,7 @@ def _ceiling(d: StudyData, name: str) -> dict[str, Any]:
     return found
 
 
-def _why(stat: CellStat | None, uniform: CellStat | None, ceiling: dict[str, Any]) -> tuple[bool, str]:
+def _why(stat: Any, uniform: Any, ceiling: dict[str, Any]) -> tuple[bool, str]:
     if ceiling.get("ceiling") is None:
         return False, f"no ceiling ({ceiling.get('note')}): the task cannot show what it can decide"
     if stat is None or stat.ci_low is None:
@@ -99,11 +98,10 @@ def _why(stat: CellStat | None, uniform: CellStat | None, ceiling: dict[str, Any
     )
 
 
-def task_validity(d: StudyData) -> list[dict[str, Any]]:
-    """``design.tasks``: one entry per task and length of the store (see the module docstring)."""
-    from axiomformer.study.summary import cell_stats
-
-    cells = {(c.model, c.task): c for c in cell_stats(d)}
+def task_validity(d: StudyData, cell_stats: list[Any]) -> list[dict[str, Any]]:
+    """``design.tasks``: one entry per task and length of the store (see the module docstring); ``cell_stats``: the
+    store's cell statistics (``summary.cell_stats``: ``model``, ``task``, ``mean``, ``ci_low``, ``ci_high``)."""
+    cells = {(c.model, c.task): c for c in cell_stats}
     threshold = float(d.config.get("solve_threshold", 0.9))
     out = []
     for task, seq_len in d.tasks:
@@ -139,9 +137,9 @@ def task_validity(d: StudyData) -> list[dict[str, Any]]:
     return out
 
 
-def discriminating(d: StudyData) -> set[str]:
-    """The ``task@length`` labels whose task discriminates."""
-    return {t["task"] for t in task_validity(d) if t["discriminates"]}
+def discriminating(tasks: list[dict[str, Any]]) -> set[str]:
+    """The ``task@length`` labels of the :func:`task_validity` entries that discriminate."""
+    return {t["task"] for t in tasks if t["discriminates"]}
 
 
 def loss_still_falling(losses: list[float], *, tail: float = 0.25, drop: float = 0.01) -> bool:

@@ -194,7 +194,7 @@ def design(d: StudyData) -> dict[str, Any]:
         }
     from axiomformer.study.battery import BUDGET_RATIO, DISCRIMINATION_GAP, task_validity
 
-    tasks = task_validity(d)
+    tasks = task_validity(d, cell_stats(d))
     found = main_families(d)
     good = [t["task"] for t in tasks if t["discriminates"]]
     return base | {
@@ -262,12 +262,12 @@ that discriminates), ``control_task`` (the same models on tasks that do not: rep
 def main_families(d: StudyData) -> list[tuple[str, tuple[str, int], str]]:
     """``(model, (task, length), family)`` for every comparison with the standard model, in report order. The
     validity controls and the A/A control are not comparisons of an assumption (see :func:`aa_control`)."""
-    from axiomformer.study.battery import CONTROL_LABELS, discriminating
+    from axiomformer.study.battery import CONTROL_LABELS, discriminating, task_validity
     from axiomformer.study.sweep import AA_LABEL
 
     labels = {m["label"]: m for m in d.models}
     wanted = _wanted(d)
-    good = discriminating(d)
+    good = discriminating(task_validity(d, cell_stats(d)))
     out = []
     for label, task in _pairs(d):
         if label in CONTROL_LABELS or label == AA_LABEL:
