@@ -15,7 +15,7 @@ from axiomformer.axes.normalizer import entmax_alpha
 mp.mp.dps = 250
 
 
-def exact(x: list[float], alpha: float) -> list:
+def exact(x: list[float], alpha) -> list:
     """alpha-entmax of x at 250 digits (mpmath numbers)."""
     beta = mp.mpf(alpha) - 1
     z = [beta * mp.mpf(v) for v in x]
@@ -63,3 +63,17 @@ def test_a_planted_m_form_is_caught(monkeypatch):
     monkeypatch.setattr(normalizer, "ENTMAX_RECENTRE", float("inf"))
     p = entmax_alpha(torch.tensor([[0.09, 0.0]]), torch.tensor(10.0))
     assert abs(float(p[0, 0]) - float(exact([0.09, 0.0], 10.0)[0])) > 0.1
+
+
+@pytest.mark.parametrize("alpha", [1.6, 3.0, 10.0, 100.0])
+def test_the_alpha_gradient_matches_a_250_digit_central_difference(alpha):
+    h = mp.mpf(10) ** -30
+    for row in ROWS:
+        x32 = torch.tensor([row]).float()
+        xs = x32.double()[0].tolist()
+        w = [float((-1) ** i * (i + 1)) for i in range(len(row))]
+        up, down = exact(xs, mp.mpf(alpha) + h), exact(xs, mp.mpf(alpha) - h)
+        want = float(sum((a - b) / (2 * h) * wi for a, b, wi in zip(up, down, w)))
+        a = torch.tensor(alpha, dtype=torch.float64, requires_grad=True)
+        (got,) = torch.autograd.grad((entmax_alpha(x32, a).double() * torch.tensor([w], dtype=torch.float64)).sum(), a)
+        assert abs(float(got) - want) <= 1e-2 * abs(want) + 1e-6, (row, float(got), want)
