@@ -76,3 +76,17 @@ def test_the_alpha_gradient_matches_an_mpmath_central_difference(alpha):
         a = torch.tensor(alpha, dtype=torch.float64, requires_grad=True)
         (got,) = torch.autograd.grad((entmax_alpha(x32, a).double() * torch.tensor([w], dtype=torch.float64)).sum(), a)
         assert abs(float(got) - want) <= 1e-2 * abs(want) + 1e-6, (row, float(got), want)
+
+
+@pytest.mark.parametrize("alpha", [1.55, 3.0, 10.0])
+def test_blocked_keys_leave_every_gradient_finite(alpha):
+    # found by the differential fuzzer: beta * (-inf) in the unselected branch of a torch.where gave a NaN dp/dalpha
+    x = torch.tensor([[0.3, float("-inf"), 0.1], [0.5, float("-inf"), float("-inf")]], requires_grad=True)
+    a = torch.tensor(alpha, requires_grad=True)
+    p = entmax_alpha(x, a)
+    (p * torch.tensor([[1.0, 2.0, 3.0]])).sum().backward()
+    assert p[:, 1].eq(0).all() and torch.isfinite(x.grad).all() and torch.isfinite(a.grad)
+    want = exact([0.3, 0.1], alpha)
+    torch.testing.assert_close(
+        p[0, [0, 2]].double(), torch.tensor([float(v) for v in want], dtype=torch.float64), rtol=0, atol=1e-6
+    )

@@ -318,7 +318,7 @@ class _Recentred(torch.autograd.Function):
         shifted, beta, tau, p = ctx.saved_tensors
         dx = dbeta = None
         if ctx.needs_input_grad[0]:
-            u = torch.where(shifted > float("-inf"), beta * shifted, 0.0) - tau
+            u = beta * torch.where(shifted > float("-inf"), shifted, 0.0) - tau
             log_g = torch.where(p > 0, (1.0 - beta) / beta * torch.log(torch.where(p > 0, u, 1.0)), float("-inf"))
             g = torch.exp(log_g - log_g.amax(-1, keepdim=True))  # scaled to max 1
             top = torch.nn.functional.one_hot(g.argmax(-1), g.shape[-1]).to(torch.bool)
@@ -357,7 +357,7 @@ def _ordered(x: Tensor) -> Tensor:
 
 def _tau_terms(shifted: Tensor, tau: Tensor, beta: Tensor) -> Tensor:
     """p_i = [beta x_i - tau]_+^(1 / beta) (beta > 0), 0 for blocked keys, with no 0 * inf in a gradient."""
-    u = torch.where(shifted > float("-inf"), beta * shifted, 0.0) - tau
+    u = beta * torch.where(shifted > float("-inf"), shifted, 0.0) - tau
     inside = (shifted > float("-inf")) & (u > ENTMAX_TINY)
     return torch.where(inside, torch.exp(torch.log(torch.where(inside, u, 1.0)) / beta), 0.0)
 
@@ -366,7 +366,7 @@ def _tau_step(shifted: Tensor, tau: Tensor, beta: Tensor) -> Tensor:
     """The Newton step for sum_i p_i(tau) = 1: (S - 1) / sum_i p_i / (beta u_i), the denominator detached."""
     p = _tau_terms(shifted, tau, beta)
     with torch.no_grad():
-        u = torch.where(shifted > float("-inf"), beta * shifted, 0.0) - tau
+        u = beta * torch.where(shifted > float("-inf"), shifted, 0.0) - tau
         g = torch.where(p > 0, p / (beta * torch.where(p > 0, u, 1.0)), 0.0).sum(-1, keepdim=True)
     return (p.sum(-1, keepdim=True) - 1.0) / g
 
