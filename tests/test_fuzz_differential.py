@@ -12,10 +12,11 @@ What is drawn:
 
 What is compared, per engine that accepts the problem (a forced engine that declines raises "cannot run" and is
 skipped): the output, the weights when returned, and the gradients of the inputs and of every parameter, as
-|got - want| / max(|want|, 1e-3 max |want of any tensor|) (norms), against the reference engine run in float64 on the
-same (rounded) layer and inputs. Tolerance: ``RTOL[dtype]`` in float64/float32; in bfloat16/float16, where the
-layer's own rounding of q, k, v dominates, each engine within ``LOW_RATIO`` times the reference engine's own error
-in that dtype plus ``LOW_SLACK`` eps(dtype) (the rule of tests/test_low_precision_grads.py).
+|got - want| / max(|want|, FLOOR max |want of any tensor|) (norms), against the reference engine run in float64 on the
+same (rounded) layer and inputs. Tolerance: ``RTOL_64`` in float64; in float32, bfloat16 and float16, where the
+layer's own rounding of q, k, v and the conditioning of the drawn problem dominate, each engine within ``LOW_RATIO``
+times the reference engine's own error in that dtype plus ``F32_SLACK`` / ``LOW_SLACK`` eps(dtype) (the rule of
+tests/test_low_precision_grads.py).
 
 Discontinuities are excluded, not loosened: ``topk`` (a tie between the k-th and (k+1)-th score) and hard Gumbel
 (the argmax in eval) are discontinuous in the scores, so two engines whose rounding differs may pick different keys.
@@ -66,10 +67,26 @@ settings.register_profile(
 PROFILE = os.environ.get("AXIOMFORMER_FUZZ_PROFILE", "ci")
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-RTOL = {torch.float64: 1e-9, torch.float32: 1e-4}
-LOW_RATIO, LOW_SLACK = 2.0, 8.0
+RTOL_64 = 1e-9
+"""float64: every engine within this of the float64 reference (norms, see FLOOR)."""
+F32_SLACK = 64
+"""float32, like bfloat16/float16 below, judged against the reference engine's own error in float32 (an input the
+fuzzer finds ill-conditioned, e.g. softpick's relu(e^s - 1) / (|e^s - 1| + 1e-6) near s = 0, moves the float32
+reference by 1e-4 too), plus F32_SLACK eps(float32)."""
+FLOOR = 1e-2
+"""float64: a tensor whose exact value is (near) zero, e.g. dq of a query with one visible key, is judged against
+FLOOR times the largest tensor."""
+LOW_RATIO, LOW_SLACK, LOW_FLOOR = 2.0, 8.0, 0.05
+"""bfloat16/float16: within LOW_RATIO x the reference engine's own error + LOW_SLACK eps, per tensor against
+max(|want|, LOW_FLOOR max |want|): engines that sum in another order differ by about eps of the largest tensor, which
+a (near-)zero tensor must not be judged by alone; the sdpa backward of issue 36 (54 % of dW_q, a tensor at 1 % of
+the largest) is still 4x over it."""
 JUMP = 1e-3
 """A relative move of the float64 reference under a 1e-6 move of the inputs that marks a discontinuity."""
+
+
+class Rejected(Exception):
+    """A drawn case that is not one: refused inputs, or within rounding of a discontinuity."""
 
 
 @dataclass
@@ -173,18 +190,18 @@ def run(case: Case, layer: Attention, engine: str, dtype: torch.dtype, shift: fl
     return [None if t is None else t.detach().double() for t in tensors], layer.last_engine
 
 
-def _errors(got: list, want: list) -> list[float]:
-    """Per tensor |got - want| / max(|want|, 1e-3 max |want|) (norms); inf where got is not finite or missing."""
+def _errors(got: list, want: list, floor: float = FLOOR) -> list[float]:
+    """Per tensor |got - want| / max(|want|, floor max |want|) (norms); inf where got is not finite or missing."""
     scale = max([float(w.norm()) for w in want if w is not None] + [1e-300])
     errs = []
     for a, b in zip(got, want):
         if b is None or a is None:
-            errs.append(0.0 if a is None and b is None or b is None else math.inf)
+            errs.append(0.0 if b is None else math.inf)
             continue
         if not bool(torch.isfinite(a).all()):
             errs.append(math.inf)
             continue
-        errs.append(float((a - b).norm()) / max(float(b.norm()), 1e-3 * scale))
+        errs.append(float((a - b).norm()) / max(float(b.norm()), floor * scale))
     return errs
 
 
@@ -197,23 +214,29 @@ def near_discontinuity(case: Case, layer: Attention, want: list) -> bool:
 
 
 def failures(case: Case) -> dict[str, list[float]]:
-    """{engine: per-tensor errors} for each engine (and "auto") beyond the tolerance of ``case.dtype``."""
+    """{engine: per-tensor errors} for each engine (and "auto") beyond the tolerance of ``case.dtype``.
+
+    Raises:
+        Rejected: the case is not one (see :class:`Rejected`).
+    """
     layer = _layer(case)
     try:
         want, _ = run(case, layer, "reference", torch.float64)
-    except ValueError:
-        assume(False)  # inputs the layer refuses (a mask that does not fit the spec), with one clear error
-    assume(not near_discontinuity(case, layer, want))
-    low = case.dtype in (torch.bfloat16, torch.float16)
-    ref_err = _errors(run(case, layer, "reference", case.dtype)[0], want) if low else None
-    eps = torch.finfo(case.dtype).eps
+    except ValueError as refused:  # inputs the layer refuses (a mask that does not fit the spec), with one clear error
+        raise Rejected from refused
+    if near_discontinuity(case, layer, want):
+        raise Rejected
+    low = case.dtype != torch.float64
+    floor = LOW_FLOOR if low else FLOOR
+    ref_err = _errors(run(case, layer, "reference", case.dtype)[0], want, floor) if low else None
+    eps = torch.finfo(case.dtype).eps * (LOW_SLACK if case.dtype != torch.float32 else F32_SLACK)
     bad = {}
     for engine in ["auto", *ENGINE_ORDER]:
         got, ran = run(case, layer, engine, case.dtype)
         if got is None:
             continue
-        errs = _errors(got, want)
-        limit = [LOW_RATIO * r + LOW_SLACK * eps for r in ref_err] if ref_err else [RTOL[case.dtype]] * len(errs)
+        errs = _errors(got, want, floor)
+        limit = [LOW_RATIO * r + eps for r in ref_err] if ref_err else [RTOL_64] * len(errs)
         event(f"ran {ran} ({str(case.dtype)[6:]})")
         if any(e > lim for e, lim in zip(errs, limit)):
             bad[f"{engine}->{ran}"] = errs
@@ -231,13 +254,19 @@ def _small_blocks(monkeypatch):
     monkeypatch.delenv("AXIOMFORMER_ENGINE", raising=False)
 
 
+@pytest.mark.usefixtures("_small_blocks")
 @settings(settings.get_profile(PROFILE))
 @given(case=cases())
-def test_every_engine_agrees_with_the_float64_reference(_small_blocks, case):
-    assert failures(case) == {}, case
+def test_every_engine_agrees_with_the_float64_reference(case):
+    try:
+        bad = failures(case)
+    except Rejected:
+        assume(False)
+    assert bad == {}, case
 
 
-def test_a_planted_wrong_engine_is_caught_and_named(_small_blocks, monkeypatch):
+@pytest.mark.usefixtures("_small_blocks")
+def test_a_planted_wrong_engine_is_caught_and_named(monkeypatch):
     # The sdpa engine with its scale off by 1 %: the property must fail, naming sdpa (and auto, which picks it).
     sdpa = ENGINES["sdpa"]
     original = type(sdpa).__call__
