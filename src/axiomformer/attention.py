@@ -16,6 +16,7 @@ from axiomformer.axes import Normalizer, Position, Scale, build_aggregator, buil
 from axiomformer.axes.position import TokenPositions, alibi_slope_list, token_positions
 from axiomformer.engines import Attended, Plan, attend
 from axiomformer.engines.problem import causal_mask, rows_without_keys, visible_counts, window_mask
+from axiomformer.engines.reference import call_in
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
 
@@ -350,7 +351,8 @@ class Attention(nn.Module):
             visible = visible & window_mask(q_len, k_len, q_offset, self.spec.window, True, q.device)
         if mask is not None:
             visible = visible & mask
-        logits = self.score_fn(q, k) * scale
+        # the score's parameters in q's dtype (LASER lifts q and k to float32 while they may stay in bfloat16)
+        logits = call_in(self.score_fn, (q, k), q.dtype) * scale
         if bias is not None:
             logits = logits + bias
         extra = self.position.contextual_bias(q, logits.masked_fill(~visible, float("-inf")))
