@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from axiomformer.errors import expect_folder
+from axiomformer.errors import expect_writable_folder
 
 
 def _lengths(text: str | None, quick: bool) -> tuple[int, ...]:
@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
 
         from axiomformer import bench
 
-        expect_folder(out)
+        expect_writable_folder(out)
         chosen = (
             tuple(v.strip() for v in variants.split(";") if v.strip())
             if variants
