@@ -87,7 +87,9 @@ def train_command(
         "small for more threads to pay and which ran 5-14x slower with torch's default beside other jobs; else "
         "torch's default)",
     ),
-    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="a folder to save the model in (model.safetensors + config.json)"),
+    checkpoint: Path | None = typer.Option(
+        None, "--checkpoint", help="a folder to save the model in (model.safetensors + config.json)"
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar or eval log"),
     as_json: bool = typer.Option(False, "--json", help="last stdout line: the result as JSON"),
 ) -> None:
