@@ -2,7 +2,8 @@
 may pick ("auto") and each forced engine against the reference engine in float64 (issue 36).
 
 What is drawn:
-    spec: every axis choice the spec accepts (a draw the spec refuses is rejected, not counted), ``softcap``,
+    spec: every axis choice the spec accepts (each axis relaxed one time in four; a draw the spec refuses is
+        rejected, not counted), ``softcap``,
         ``topk``, ``window``, GQA (``num_kv_heads`` dividing ``num_heads``), causal or not, head_dim 1..5 (odd ones);
     shapes: batch 1..2, L and S in 1..6 (L = 1, S = 1, S > L, S < L: self-attention when S = L, else cross);
     masks: none, key padding, a bool ``attn_mask``, a float ``attn_mask`` with ``-inf`` entries, each of which may
@@ -25,11 +26,12 @@ more than 1e-3 relative is within rounding of a discontinuity and is rejected (`
 eval mode: dropout and Gumbel noise are random draws, not functions of the inputs (training-mode Gumbel is never
 compared).
 
-Profiles (``AXIOMFORMER_FUZZ_PROFILE``): ``ci`` (default, derandomized, 30 examples, under a minute) and ``long``
-(randomized, up to 1,000,000 examples; bound it with ``timeout``), e.g.::
+Profiles (``AXIOMFORMER_FUZZ_PROFILE``): ``ci`` (default, derandomized, 100 examples, under a minute) and ``long``
+(randomized, ``AXIOMFORMER_FUZZ_EXAMPLES`` examples, default 1,000,000: bound it by the count, about 4 a second on
+one shared core, so that hypothesis prints its statistics at the end, or by ``timeout -s INT``), e.g.::
 
-    AXIOMFORMER_FUZZ_PROFILE=long timeout 600 nice -n 10 python -m pytest -q -p no:cacheprovider \\
-        tests/test_fuzz_differential.py -x
+    AXIOMFORMER_FUZZ_PROFILE=long AXIOMFORMER_FUZZ_EXAMPLES=2400 nice -n 10 python -m pytest -q \\
+        -p no:cacheprovider tests/test_fuzz_differential.py -x --hypothesis-show-statistics
 
 A failure prints hypothesis's falsifying example (every drawn field, including the ``seed`` of the inputs and the
 parameter noise) and an ``@reproduce_failure`` blob that replays it; ``--hypothesis-seed=N`` replays a whole run.
@@ -57,11 +59,11 @@ from axiomformer.engines.sparse import SparseEngine
 from axiomformer.spec import AXES
 
 settings.register_profile(
-    "ci", max_examples=30, deadline=None, derandomize=True, database=None, print_blob=True,
+    "ci", max_examples=100, deadline=None, derandomize=True, database=None, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
 )  # fmt: skip
 settings.register_profile(
-    "long", max_examples=1_000_000, deadline=None, database=None, print_blob=True,
+    "long", max_examples=int(os.environ.get("AXIOMFORMER_FUZZ_EXAMPLES", "1000000")), deadline=None, database=None, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
 )  # fmt: skip
 PROFILE = os.environ.get("AXIOMFORMER_FUZZ_PROFILE", "ci")
@@ -107,11 +109,17 @@ class Case:
 def cases(draw) -> Case:
     heads = draw(st.sampled_from([1, 2, 3]))
     head_dim = draw(st.integers(1, 5))
-    fields = {axis: draw(st.sampled_from(names)) for axis, names in AXES.items()}
+    # each axis off its standard choice one time in four: specs near the standard point are the ones the fast
+    # engines take (with every axis drawn uniformly, nearly every case ran on the reference and chunked engines)
+    # (the normalizer, which decides most engines, drawn first and uniformly)
+    fields = {"normalizer": draw(st.sampled_from(AXES["normalizer"]))}
+    for axis, names in AXES.items():
+        if axis != "normalizer":
+            fields[axis] = draw(st.sampled_from(names)) if draw(st.integers(0, 3)) == 0 else names[0]
     fields["num_kv_heads"] = draw(st.sampled_from([0] + [g for g in range(1, heads) if heads % g == 0]))
-    fields["softcap"] = draw(st.sampled_from([0.0, 0.0, 2.5]))
+    fields["softcap"] = draw(st.sampled_from([0.0, 0.0, 0.0, 2.5]))
     fields["topk"] = draw(st.integers(1, 4))
-    fields["window"] = draw(st.sampled_from([0, 0, 1, 2, 4]))
+    fields["window"] = draw(st.sampled_from([0, 0, 0, 1, 2, 4]))
     fields["gumbel_hard"] = draw(st.booleans())
     causal = draw(st.booleans())
     try:
@@ -126,8 +134,8 @@ def cases(draw) -> Case:
         q_len=q_len,
         k_len=k_len,
         mask=draw(st.sampled_from(["none", "key_padding", "bool", "float"])),
-        need_weights=draw(st.booleans()),
-        dtype=DTYPES[draw(st.sampled_from(list(DTYPES)))],
+        need_weights=draw(st.sampled_from([False, False, True])),
+        dtype=DTYPES[draw(st.sampled_from(["float32", "float64", "float32", "bfloat16", "float16"]))],
         seed=draw(st.integers(0, 2**31 - 1)),
     )
 
