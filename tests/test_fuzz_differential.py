@@ -33,7 +33,7 @@ one shared core, so that hypothesis prints its statistics at the end, or by ``ti
     AXIOMFORMER_FUZZ_PROFILE=long AXIOMFORMER_FUZZ_EXAMPLES=2400 nice -n 10 python -m pytest -q \\
         -p no:cacheprovider tests/test_fuzz_differential.py -x --hypothesis-show-statistics
 
-A failure prints hypothesis's falsifying example (every drawn field, including the ``seed`` of the inputs and the
+``AXIOMFORMER_FUZZ_LOG=<file>`` appends one line per compared case. A failure prints hypothesis's falsifying example (every drawn field, including the ``seed`` of the inputs and the
 parameter noise) and an ``@reproduce_failure`` blob that replays it; ``--hypothesis-seed=N`` replays a whole run.
 """
 
@@ -67,6 +67,8 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
 )  # fmt: skip
 PROFILE = os.environ.get("AXIOMFORMER_FUZZ_PROFILE", "ci")
+LOG = os.environ.get("AXIOMFORMER_FUZZ_LOG")
+"""A file that gets one line per compared case ("ok ..." or "FAIL ..."), when set."""
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 RTOL_64 = 1e-9
@@ -270,6 +272,9 @@ def test_every_engine_agrees_with_the_float64_reference(case):
         bad = failures(case, event)
     except Rejected:
         assume(False)
+    if LOG:  # one line per compared case, so an interrupted long run still says how far it got
+        with open(LOG, "a") as log:
+            log.write(f"{'FAIL' if bad else 'ok'} {case}\n")
     assert bad == {}, case
 
 
