@@ -114,7 +114,7 @@ def test_the_current_folder_is_on_sys_path_only_during_the_import(tmp_path, monk
     assert sys.path == before
     sys.modules.pop("myattn_issue36b")
     with pytest.raises(
-        ModuleNotFoundError, match=f"'not_here_issue36' on sys.path or in the current folder {tmp_path}"
+        ModuleNotFoundError, match=f"No module named 'not_here_issue36' on sys.path or in the current folder {tmp_path}"
     ):
         _import_here_too("not_here_issue36")
     assert sys.path == before

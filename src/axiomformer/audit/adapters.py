@@ -490,7 +490,7 @@ def _import_here_too(path: str) -> Any:
             raise
     here = os.getcwd()
     if here in sys.path or "" in sys.path:
-        raise ModuleNotFoundError(f"no module named {top!r} on sys.path or in the current folder {here}")
+        raise ModuleNotFoundError(f"No module named {top!r} on sys.path or in the current folder {here}")
     sys.path.insert(0, here)
     try:
         return importlib.import_module(path)
@@ -498,7 +498,7 @@ def _import_here_too(path: str) -> Any:
         if err.name != top:
             raise
         raise ModuleNotFoundError(
-            f"no module named {top!r} on sys.path or in the current folder {here} (set PYTHONPATH to the folder "
+            f"No module named {top!r} on sys.path or in the current folder {here} (set PYTHONPATH to the folder "
             "that holds it)"
         ) from None
     finally:
