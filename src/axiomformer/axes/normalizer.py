@@ -293,7 +293,11 @@ def _entmax_recentred(x: Tensor, beta: Tensor) -> Tensor:
             above = _tau_terms(shifted.detach(), mid, b64.detach()).sum(-1, keepdim=True) >= 1.0
             tau_lo, tau_hi = torch.where(above, mid, tau_lo), torch.where(above, tau_hi, mid)
         tau = (tau_lo + tau_hi) / 2
-    return _Recentred.apply(shifted, b64, tau)
+    # the score gradient from _Recentred's closed form, the alpha gradient from autograd through the implicit
+    # Newton step on the shifted scores held fixed (a plain graph: no torch.autograd.grad that would break
+    # torch.compile's graph); the second term is zero in value
+    through_beta = _recentred_weights(shifted.detach(), b64, tau)
+    return _Recentred.apply(shifted, b64.detach(), tau) + (through_beta - through_beta.detach())
 
 
 def _recentred_weights(shifted: Tensor, beta: Tensor, tau: Tensor) -> Tensor:
@@ -305,7 +309,7 @@ class _Recentred(torch.autograd.Function):
     """The recentred weights; the score gradient in the closed form g (w - sum g w / sum g), g_i = p_i^(2 - alpha)
     (Peters et al. 2019, Prop. 2), with the largest g's term summed without it: autograd through the Newton step
     forms 1 - g_e / sum g for the edge weight (g_e ~ 1e32 at alpha = 10) and lost that gradient entirely. The
-    alpha gradient is autograd's (through the implicit Newton step)."""
+    alpha gradient is added outside it (``_entmax_recentred``)."""
 
     @staticmethod
     def forward(ctx, shifted: Tensor, beta: Tensor, tau: Tensor) -> Tensor:
@@ -316,7 +320,7 @@ class _Recentred(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         shifted, beta, tau, p = ctx.saved_tensors
-        dx = dbeta = None
+        dx = None
         if ctx.needs_input_grad[0]:
             u = beta * torch.where(shifted > float("-inf"), shifted, 0.0) - tau
             log_g = torch.where(p > 0, (1.0 - beta) / beta * torch.log(torch.where(p > 0, u, 1.0)), float("-inf"))
@@ -329,11 +333,7 @@ class _Recentred(torch.autograd.Function):
                 top, (w_top * rest_g - rest_gw) / (1.0 + rest_g), grad - (rest_gw + w_top) / (1.0 + rest_g)
             )
             dx = g * centred * torch.exp(log_g.amax(-1, keepdim=True))
-        if ctx.needs_input_grad[1]:
-            with torch.enable_grad():
-                b = beta.detach().requires_grad_()
-                (dbeta,) = torch.autograd.grad(_recentred_weights(shifted.detach(), b, tau), b, grad)
-        return dx, dbeta, None
+        return dx, None, None
 
 
 _SIGN = -(2**63)
