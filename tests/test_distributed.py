@@ -142,3 +142,37 @@ def test_under_torchrun_the_ranks_draw_different_dropout_masks(tmp_path, monkeyp
     m0, m1 = (json.loads((tmp_path / f"mask{r}.json").read_text()) for r in range(2))
     assert m0 is not None and m1 is not None and len(m0) == len(m1)
     assert m0 != m1
+
+
+def _torchrun_any(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS)])}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_uneven_eval_and_test_sets_under_torchrun_neither_hang_nor_change_the_result(tmp_path):
+    # issue 36: 1 validation batch (rank 1 holds none) and 3 test batches (2 + 1) over 2 processes
+    args = ["--task", "needle", "--seq-len", "16", "--steps", "4", "--dim", "16", "--layers", "1"]
+    args += ["--batch-size", "4", "--eval-every", "2", "--eval-batches", "1", "--test-batches", "3"]
+    args += ["--device", "cpu", "--no-early-stop", "--json"]
+    done = _torchrun_any("-m", "axiomformer", "train", *args, timeout=300)  # a hang would time out here
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    fields = dict(task="needle", seq_len=16, steps=4, dim=16, layers=1, batch_size=4, eval_every=2)
+    one = train(
+        TrainConfig(**fields, eval_batches=1, test_batches=3, target_accuracy=None, device="cpu"), progress=False
+    )
+    # the same up to the order of the reductions: test accuracy and loss over the 3 test batches
+    assert (two["accuracy"], two["loss"], two["steps"]) == pytest.approx((one.accuracy, one.loss, 4), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_global_batch_that_does_not_split_fails_on_every_rank_without_a_hang():
+    done = _torchrun_any("-m", "axiomformer", "train", "--task", "copy", "--steps", "1", "--batch-size", "7",
+                         "--device", "cpu", timeout=240)  # fmt: skip
+    assert done.returncode != 0
+    assert (
+        done.stderr.count("error: --batch-size 7 (the global batch) must be divisible by the number of processes 2")
+        == 2
+    )

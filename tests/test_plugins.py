@@ -8,16 +8,33 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
+import warnings
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from axiomformer.axes.plugins import GROUP, load_choices
+from axiomformer.axes.plugins import GROUP, PluginWarning, load_choices
 from axiomformer.axes.registry import Choice, Registry
 
 HERE = Path(__file__).parent
 SRC = HERE.parent / "src"
+CHOICE = textwrap.dedent("""
+    import torch
+    from axiomformer.axes.registry import Choice
+    RELU3 = Choice("relu3", "u = relu(s)^3 / n_i", "test", lambda s, n: torch.relu(s) ** 3 / n, frozenset({"elementwise"}))
+""")
+
+
+def make_dist(root: Path, dist: str, module: str, body: str, entry: str, target: str) -> None:
+    """A package folder and its ``.dist-info``, as ``pip install`` would leave them."""
+    (root / module).mkdir(parents=True)
+    (root / module / "__init__.py").write_text(body)
+    info = root / f"{dist}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{GROUP}]\n{entry} = {module}:{target}\n")
 
 
 def _run(args: list[str], *paths: Path) -> subprocess.CompletedProcess:
@@ -70,23 +87,54 @@ def test_two_packages_registering_one_name_fail_naming_both():
     )
 
 
-def test_load_choices_refuses_a_clash_with_a_built_in_choice_and_a_malformed_entry_point():
+def test_load_choices_refuses_a_clash_with_a_built_in_choice():
     registries = {"normalizer": Registry("normalizer", [Choice("softmax", "u", "s")])}
     clash = metadata.EntryPoint("normalizer.softmax", "axiomformer_relu2:RELU2", GROUP)
     with pytest.raises(ValueError, match="registered twice: by axiomformer and by axiomformer_relu2"):
         load_choices(registries, [clash])
-    with pytest.raises(ValueError, match="expected '<axis>.<choice>' with an axis of: normalizer"):
-        load_choices(registries, [metadata.EntryPoint("positions.x", "axiomformer_relu2:RELU2", GROUP)])
 
 
-def test_load_choices_refuses_an_object_that_is_not_a_choice_or_is_misnamed(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE / "plugin_example"))
+BROKEN = {  # module body, entry-point name, target, what the warning says
+    "import_error": ("import this_module_does_not_exist_xyz\n", "normalizer.broken", "RELU3", "ModuleNotFoundError"),
+    "missing_attribute": (CHOICE, "normalizer.relu3", "NOT_THERE", "AttributeError"),
+    "wrong_type": ("RELU3 = 3\n", "normalizer.relu3", "RELU3", "gives int, not an axiomformer"),
+    "misnamed": (CHOICE, "normalizer.other", "RELU3", "Choice is named 'relu3'"),
+    "factory_raises": ("def RELU3():\n    raise RuntimeError('boom')\n", "normalizer.relu3", "RELU3", "boom"),
+    "exits_at_import": ("import sys\nsys.exit(3)\n", "normalizer.relu3", "RELU3", "SystemExit"),
+    "syntax_error": ("def (:\n", "normalizer.relu3", "RELU3", "SyntaxError"),
+    "undeclared_trait": (CHOICE.replace('"elementwise"', '"no_such_trait"'), "normalizer.relu3", "RELU3", "trait"),
+    "malformed_name": (CHOICE, "relu3", "RELU3", "expected a name '<axis>.<choice>'"),
+    "unknown_axis": (CHOICE, "positions.relu3", "RELU3", "an axis of: normalizer"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN))
+def test_a_broken_plug_in_is_skipped_with_one_warning_naming_it_and_its_distribution(kind, tmp_path, monkeypatch):
+    body, name, target, why = BROKEN[kind]
+    make_dist(tmp_path, f"pkg_{kind}", f"pkg_{kind}_choices", body, name, target)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entries = [e for d in metadata.distributions(path=[str(tmp_path)]) for e in d.entry_points]
     registries = {"normalizer": Registry("normalizer", [Choice("softmax", "u", "s")], {"elementwise": "x"})}
-    with pytest.raises(ValueError, match="names the normalizer choice 'other', but its Choice is named 'relu2'"):
-        load_choices(registries, [metadata.EntryPoint("normalizer.other", "axiomformer_relu2:RELU2", GROUP)])
-    with pytest.raises(ValueError, match="gives module, not an axiomformer.axes.registry.Choice"):
-        load_choices(registries, [metadata.EntryPoint("normalizer.x", "axiomformer_relu2", GROUP)])
-    assert load_choices(registries, [metadata.EntryPoint("normalizer.relu2", "axiomformer_relu2:RELU2", GROUP)]) == [
-        "normalizer.relu2"
-    ]
-    assert registries["normalizer"].origin("relu2") == "axiomformer_relu2"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert load_choices(registries, entries) == []
+    assert len(caught) == 1 and caught[0].category is PluginWarning
+    message = str(caught[0].message)
+    assert f"{name!r}" in message and f"pkg_{kind}" in message and why in message, message
+    assert registries["normalizer"].names() == ("softmax",)
+
+
+def test_the_cli_and_the_library_work_beside_a_broken_plug_in_with_one_warning(tmp_path):
+    make_dist(tmp_path, "pkg_broken", "pkg_broken_choices", "import nope_xyz\n", "normalizer.broken", "B")
+    shown = _run(["spec", "normalizer=relu2"], tmp_path, HERE / "plugin_example")
+    assert shown.returncode == 0 and "normalizer=relu2" in shown.stdout, shown.stderr
+    warned = [line for line in shown.stderr.splitlines() if "PluginWarning" in line]
+    assert len(warned) == 1 and "'normalizer.broken'" in warned[0] and "pkg_broken" in warned[0], shown.stderr
+
+
+def test_one_distribution_found_twice_on_the_path_is_one_plug_in(monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE / "plugin_example"))
+    entries = [e for d in metadata.distributions(path=[str(HERE / "plugin_example")]) for e in d.entry_points]
+    registries = {"normalizer": Registry("normalizer", [Choice("softmax", "u", "s")], {"elementwise": "x"})}
+    assert load_choices(registries, entries * 2) == ["normalizer.relu2"]
+    assert registries["normalizer"].origin("relu2") == "axiomformer-relu2"

@@ -262,3 +262,24 @@ def test_a_bound_that_three_decimals_would_print_as_zero_is_printed_in_full():
 
     assert fmt_signed(5.667e-05) == "+5.7e-05" and fmt_signed(-2e-4) == "-2.0e-04"
     assert fmt_signed(0.0) == "+0.000" and fmt_signed(0.0123) == "+0.012" and fmt_signed(-0.0005) == "-0.001"
+
+
+def test_mean_interval_is_never_zero_width_at_the_boundaries():
+    # zero-width-intervals.py; the Wilson score interval from statsmodels, and the closed form of Wilson 1927:
+    # (p + z^2 / 2n -+ z sqrt(p (1 - p) / n + z^2 / 4n^2)) / (1 + z^2 / n)
+    import math as _math
+
+    from scipy.stats import norm as _norm
+
+    from axiomformer.study.statistics import mean_interval as _mean_interval
+
+    z = float(_norm.ppf(0.975))
+    for k, n in ((10, 10), (0, 10), (0, 50), (3, 10)):
+        mean, low, high = _mean_interval([1.0] * k + [0.0] * (n - k))
+        p = k / n
+        centre, half = p + z * z / (2 * n), z * _math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        assert mean == p and high > low
+        assert (
+            abs(low - (centre - half) / (1 + z * z / n)) < 1e-9 and abs(high - (centre + half) / (1 + z * z / n)) < 1e-9
+        )
+    assert _mean_interval([0.5, 0.5, 0.5])[1:] == (None, None)  # no spread, not 0/1: no interval

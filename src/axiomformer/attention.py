@@ -7,6 +7,7 @@ Read with ``spec.py`` (the axes) and ``axes/`` (each choice's formula). Shapes: 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -15,8 +16,34 @@ from axiomformer.axes import Normalizer, Position, Scale, build_aggregator, buil
 from axiomformer.axes.position import TokenPositions, alibi_slope_list, token_positions
 from axiomformer.engines import Attended, Plan, attend
 from axiomformer.engines.problem import causal_mask, rows_without_keys, visible_counts, window_mask
+from axiomformer.engines.reference import call_in
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
+
+
+def _common_dtype(module: nn.Module, *inputs: Tensor) -> torch.dtype | None:
+    """The promoted dtype of the floating inputs, parameters and buffers when they are not all one dtype, else None."""
+    dtypes = {t.dtype for t in inputs if t.is_floating_point()}
+    dtypes |= {p.dtype for p in module.parameters() if p.is_floating_point()}
+    dtypes |= {b.dtype for b in module.buffers() if b.is_floating_point()}
+    if len(dtypes) <= 1:
+        return None
+    common = dtypes.pop()
+    for other in dtypes:
+        common = torch.promote_types(common, other)
+    return common
+
+
+def _in_dtype(module: nn.Module, dtype: torch.dtype, inputs: tuple[Tensor, ...], kwargs: dict) -> Any:
+    """``module(*inputs, **kwargs)`` with every floating input, parameter and buffer cast to ``dtype`` (torch's type
+    promotion, as for ``a + b``); gradients flow back to each parameter and input in its own dtype."""
+
+    def cast(t: Tensor) -> Tensor:
+        return t.to(dtype) if t.is_floating_point() else t
+
+    state = {n: cast(p) for n, p in module.named_parameters()}
+    state |= {n: cast(b) for n, b in module.named_buffers()}
+    return torch.func.functional_call(module, state, tuple(cast(t) for t in inputs), kwargs, strict=False)
 
 
 @dataclass
@@ -264,6 +291,21 @@ class Attention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
+        dtype = _common_dtype(self, query, key, value)
+        if dtype is not None:  # mixed floating dtypes: run once more with everything in the promoted one
+            return _in_dtype(
+                self,
+                dtype,
+                (query, key, value),
+                dict(
+                    attn_mask=attn_mask,
+                    key_padding_mask=key_padding_mask,
+                    need_weights=need_weights,
+                    cache=cache,
+                    position_ids=position_ids,
+                    key_position_ids=key_position_ids,
+                ),
+            )
         batch, q_len, _ = query.shape
         past, start = (cache.seen, cache.start) if cache is not None else (0, 0)
         new_k_len = key.shape[1]
@@ -309,7 +351,8 @@ class Attention(nn.Module):
             visible = visible & window_mask(q_len, k_len, q_offset, self.spec.window, True, q.device)
         if mask is not None:
             visible = visible & mask
-        logits = self.score_fn(q, k) * scale
+        # the score's parameters in q's dtype (LASER lifts q and k to float32 while they may stay in bfloat16)
+        logits = call_in(self.score_fn, (q, k), q.dtype) * scale
         if bias is not None:
             logits = logits + bias
         extra = self.position.contextual_bias(q, logits.masked_fill(~visible, float("-inf")))

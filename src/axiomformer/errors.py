@@ -8,6 +8,8 @@ traceback. Raising it must leave every file as it was.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 
@@ -26,6 +28,32 @@ def expect_folder(path: Path | None, option: str = "--out") -> Path | None:
         for part in (path, *path.parents):
             if part.exists() and not part.is_dir():
                 raise UserInputError(f"{option} {path}: {part} is a file; expected a folder")
+    return path
+
+
+def expect_writable_folder(path: Path | None, option: str = "--out") -> Path | None:
+    """:func:`expect_folder`, and that files can be written there, before any work (a run that computes for an hour
+    and then cannot save is the worst way to learn it). The probe is a real write, so a read-only file system and
+    a folder the user may not write (also as root without the override capabilities) are both seen; it creates
+    and removes one temporary entry in ``path``, or in its nearest existing parent when ``path`` does not exist yet
+    (so ``path`` itself is not created). Returns ``path``.
+
+    Raises:
+        UserInputError: naming ``option``, the folder and the operating system's reason.
+    """
+    if path is None:
+        return None
+    expect_folder(path, option)
+    base = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    try:
+        if base == path:
+            handle, probe = tempfile.mkstemp(dir=base, prefix=".axiomformer-write-probe-")
+            os.close(handle)
+            os.unlink(probe)
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=base, prefix=".axiomformer-write-probe-"))
+    except OSError as err:
+        raise UserInputError(f"{option} {path}: cannot write in {base} ({err.strerror or err})") from None
     return path
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -536,10 +538,41 @@ def _sdpa_string(target: str, *, dim: int = DEFAULT_DIM, **_: Any) -> Adapter:
     return FunctionAdapter(sdpa_function, target, dim=dim, has_positions=False)
 
 
+def _import_here_too(path: str) -> Any:
+    """``importlib.import_module(path)``, also from the current folder when the module is not on ``sys.path``, as
+    ``python -m`` finds it (``axiomformer audit module:myattn:Attn`` run beside myattn.py). The folder is on
+    ``sys.path`` only during this import (the host's path is left as it was).
+
+    Raises:
+        ImportError: not found on sys.path nor in the current folder (said so), or the module's own import error.
+    """
+    top = path.split(".")[0]
+    try:
+        return importlib.import_module(path)
+    except ModuleNotFoundError as err:
+        if err.name != top:  # the module was found; something it imports was not
+            raise
+    here = os.getcwd()
+    if here in sys.path or "" in sys.path:
+        raise ModuleNotFoundError(f"No module named {top!r} on sys.path or in the current folder {here}")
+    sys.path.insert(0, here)
+    try:
+        return importlib.import_module(path)
+    except ModuleNotFoundError as err:
+        if err.name != top:
+            raise
+        raise ModuleNotFoundError(
+            f"No module named {top!r} on sys.path or in the current folder {here} (set PYTHONPATH to the folder "
+            "that holds it)"
+        ) from None
+    finally:
+        sys.path.remove(here)
+
+
 def _module_string(target: str, **options: Any) -> Adapter:
     try:
         _, path, attr = target.split(":", 2)
-        obj = getattr(importlib.import_module(path), attr)
+        obj = getattr(_import_here_too(path), attr)
     except (ValueError, ImportError, AttributeError) as err:
         raise ValueError(f"cannot load {target!r} (expected module:<import.path>:<attr>): {err}") from None
     try:

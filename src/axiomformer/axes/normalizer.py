@@ -163,6 +163,17 @@ def _softmax1(s: Tensor, training: bool, **params: Tensor) -> Tensor:
 ENTMAX_BISECTIONS = 20
 """Bisection steps of :func:`entmax_alpha` before its Newton steps (the bracket is log(k_len) wide)."""
 
+ENTMAX_RECENTRE = 0.5
+"""From this alpha - 1 on, :func:`entmax_alpha` uses the recentred float64 form (see ``_entmax_recentred``); below it
+the m form, accurate as alpha -> 1 (where the recentred one divides by alpha - 1)."""
+
+ENTMAX_POLISH = 64
+"""Bisection steps on the recentred threshold tau, halving the count of doubles in its bracket (``_float_midpoint``):
+64 reach adjacent doubles. tau lies near 0, where float64 resolves far below the u_i = p_i^beta that matter."""
+
+ENTMAX_TINY = 1e-300
+"""u_i at or below this counts as outside the support (its weight u^(1 / beta) is below 1e-300^(1 / beta))."""
+
 _LOG1P_SERIES = 0.1
 """Below this |t|, log1p(t) / t is summed as its series (16 terms: error < 1e-17) instead of divided."""
 
@@ -219,23 +230,145 @@ def entmax_alpha(x: Tensor, alpha: Tensor | float, alpha_minus_one: Tensor | Non
     else:
         beta = torch.tensor(alpha - 1.0, dtype=x.dtype)
     beta = beta.to(x.device)
-    top = x.amax(dim=-1, keepdim=True).detach()
+    if isinstance(alpha, Tensor) or alpha_minus_one is not None or alpha - 1.0 < ENTMAX_RECENTRE:
+        near_one = _entmax_near_one(x, beta)
+    if not isinstance(alpha, Tensor) and alpha_minus_one is None:
+        if alpha - 1.0 < ENTMAX_RECENTRE:
+            return near_one
+        return _entmax_recentred(x, beta).to(x.dtype)
+    # alpha per head, a tensor: both forms, each where it is accurate (a branch on its value would break a graph)
+    # (the recentred form gets beta = 1 where it is not used: its 1 / beta must not put a NaN in the gradient)
+    small = beta < ENTMAX_RECENTRE
+    recentred = _entmax_recentred(x, torch.where(small, torch.ones_like(beta), beta)).to(x.dtype)
+    return torch.where(small, near_one, recentred)
+
+
+def _threshold(x: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The threshold m of :func:`_entmax_terms` (sum_i p_i(m) = 1) and the bracket [lo, hi] it lies in, no grad."""
     with torch.no_grad():
-        xd, bd = x.detach(), beta.detach()
+        top = x.amax(dim=-1, keepdim=True)
         # S(lo) >= 1 >= S(hi) for every beta >= 0, with n the row's finite entries (a tensor, not the length: under
         # torch.compile a Python number from the shape would compile one graph per length).
-        finite = (xd > float("-inf")).sum(-1, keepdim=True).clamp_min(1).to(x.dtype)
+        finite = (x > float("-inf")).sum(-1, keepdim=True).clamp_min(1).to(x.dtype)
         lo, hi = top, top + finite.log()
         for _ in range(ENTMAX_BISECTIONS):
             mid = (lo + hi) / 2
-            above = _entmax_terms(xd, mid, bd, False).sum(-1, keepdim=True) >= 1.0
+            above = _entmax_terms(x, mid, beta, False).sum(-1, keepdim=True) >= 1.0
             lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
         m = (lo + hi) / 2
         for _ in range(2):
-            m = torch.minimum(torch.maximum(m + _newton(xd, m, bd, False), lo), hi)
+            m = torch.minimum(torch.maximum(m + _newton(x, m, beta, False), lo), hi)
+    return m, lo, hi
+
+
+def _entmax_near_one(x: Tensor, beta: Tensor) -> Tensor:
+    """alpha-entmax in the m form (accurate as beta -> 0, with its beta-derivative), in x's dtype."""
+    m, _, _ = _threshold(x.detach(), beta.detach())
     m = m + _newton(x, m, beta)  # carries dm/dx and dm/dbeta
     p = _entmax_terms(x, m, beta)
     return p / p.sum(-1, keepdim=True)
+
+
+def _entmax_recentred(x: Tensor, beta: Tensor) -> Tensor:
+    """alpha-entmax for beta = alpha - 1 >= ENTMAX_RECENTRE, in float64, with u_i = beta (x_i - c) - tau.
+
+    A weight p = u^(1 / beta) needs u to the precision p^beta: at alpha = 10 a weight of 0.02 has u = 5e-16, and
+    1 + beta (x_i - m) (the m form) cancels to an absolute error of eps there, so small weights came out wrong by
+    up to 0.43 and p was not monotone in x (deep-spin/entmax#36). Shifting the scores by c, where the
+    m form's support ends (its smallest score), puts the support's edge at 0: x_i - c is exact near it
+    (Sterbenz), tau is near 0,
+    and bisection on tau gives every u_i to a relative precision, so each weight to about eps / p_i. The last
+    step carries the implicit-function gradient (dtau = dS / sum_i dp_i/dtau), as in the m form **(our
+    implementation)**."""
+    x64, b64 = x.double(), beta.double()
+    _, lo, hi = _threshold(x64.detach(), b64.detach())
+    with torch.no_grad():  # c: the smallest score in the support at lo (the widest the bracket allows)
+        support = _entmax_terms(x64, lo, b64, False) > 0
+        c = torch.where(support, x64, float("inf")).amin(-1, keepdim=True)
+    shifted = x64 - c  # the shift cancels in exact arithmetic (entmax(x - c) = entmax(x)): c carries no gradient
+    tau_lo, tau_hi = b64.detach() * (lo - c) - 1.0, b64.detach() * (hi - c) - 1.0
+    with torch.no_grad():  # bisection: Newton crawls on S's concave side, where the edge makes it steep
+        for _ in range(ENTMAX_POLISH):
+            mid = _float_midpoint(tau_lo, tau_hi)
+            above = _tau_terms(shifted.detach(), mid, b64.detach()).sum(-1, keepdim=True) >= 1.0
+            tau_lo, tau_hi = torch.where(above, mid, tau_lo), torch.where(above, tau_hi, mid)
+        tau = (tau_lo + tau_hi) / 2
+    # the score gradient from _Recentred's closed form, the alpha gradient from autograd through the implicit
+    # Newton step on the shifted scores held fixed (a plain graph: no torch.autograd.grad that would break
+    # torch.compile's graph); the second term is zero in value
+    through_beta = _recentred_weights(shifted.detach(), b64, tau)
+    return _Recentred.apply(shifted, b64.detach(), tau) + (through_beta - through_beta.detach())
+
+
+def _recentred_weights(shifted: Tensor, beta: Tensor, tau: Tensor) -> Tensor:
+    p = _tau_terms(shifted, tau + _tau_step(shifted, tau, beta), beta)
+    return p / p.sum(-1, keepdim=True)
+
+
+class _Recentred(torch.autograd.Function):
+    """The recentred weights; the score gradient in the closed form g (w - sum g w / sum g), g_i = p_i^(2 - alpha)
+    (Peters et al. 2019, Prop. 2), with the largest g's term summed without it: autograd through the Newton step
+    forms 1 - g_e / sum g for the edge weight (g_e ~ 1e32 at alpha = 10) and lost that gradient entirely. The
+    alpha gradient is added outside it (``_entmax_recentred``)."""
+
+    @staticmethod
+    def forward(ctx, shifted: Tensor, beta: Tensor, tau: Tensor) -> Tensor:
+        p = _recentred_weights(shifted, beta, tau)
+        ctx.save_for_backward(shifted, beta, tau, p)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        shifted, beta, tau, p = ctx.saved_tensors
+        dx = None
+        if ctx.needs_input_grad[0]:
+            u = beta * torch.where(shifted > float("-inf"), shifted, 0.0) - tau
+            log_g = torch.where(p > 0, (1.0 - beta) / beta * torch.log(torch.where(p > 0, u, 1.0)), float("-inf"))
+            g = torch.exp(log_g - log_g.amax(-1, keepdim=True))  # scaled to max 1
+            top = torch.nn.functional.one_hot(g.argmax(-1), g.shape[-1]).to(torch.bool)
+            rest_g = torch.where(top, 0.0, g).sum(-1, keepdim=True)
+            rest_gw = torch.where(top, 0.0, g * grad).sum(-1, keepdim=True)
+            w_top = torch.where(top, grad, 0.0).sum(-1, keepdim=True)
+            centred = torch.where(
+                top, (w_top * rest_g - rest_gw) / (1.0 + rest_g), grad - (rest_gw + w_top) / (1.0 + rest_g)
+            )
+            dx = g * centred * torch.exp(log_g.amax(-1, keepdim=True))
+        return dx, None, None
+
+
+_SIGN = -(2**63)
+_MAGNITUDE = 2**63 - 1
+
+
+def _float_midpoint(lo: Tensor, hi: Tensor) -> Tensor:
+    """The float64 halfway between lo and hi in *order* (by the count of doubles between them, not by value), so
+    64 bisection steps reach adjacent doubles from any bracket, also one around 0, where a value midpoint would need
+    a step per binade."""
+    a, b = _ordered(lo), _ordered(hi)
+    mid = a // 2 + b // 2 + (a % 2 + b % 2) // 2  # no int64 overflow
+    return torch.where(mid < 0, (-mid) | _SIGN, mid).view(torch.float64)
+
+
+def _ordered(x: Tensor) -> Tensor:
+    """float64 -> int64 keys in the order of the values (sign-magnitude bits to two's complement)."""
+    bits = x.view(torch.int64)
+    return torch.where(bits < 0, -(bits & _MAGNITUDE), bits)
+
+
+def _tau_terms(shifted: Tensor, tau: Tensor, beta: Tensor) -> Tensor:
+    """p_i = [beta x_i - tau]_+^(1 / beta) (beta > 0), 0 for blocked keys, with no 0 * inf in a gradient."""
+    u = beta * torch.where(shifted > float("-inf"), shifted, 0.0) - tau
+    inside = (shifted > float("-inf")) & (u > ENTMAX_TINY)
+    return torch.where(inside, torch.exp(torch.log(torch.where(inside, u, 1.0)) / beta), 0.0)
+
+
+def _tau_step(shifted: Tensor, tau: Tensor, beta: Tensor) -> Tensor:
+    """The Newton step for sum_i p_i(tau) = 1: (S - 1) / sum_i p_i / (beta u_i), the denominator detached."""
+    p = _tau_terms(shifted, tau, beta)
+    with torch.no_grad():
+        u = beta * torch.where(shifted > float("-inf"), shifted, 0.0) - tau
+        g = torch.where(p > 0, p / (beta * torch.where(p > 0, u, 1.0)), 0.0).sum(-1, keepdim=True)
+    return (p.sum(-1, keepdim=True) - 1.0) / g
 
 
 def _newton(x: Tensor, m: Tensor, beta: Tensor, differentiable: bool = True) -> Tensor:

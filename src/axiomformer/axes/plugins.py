@@ -12,10 +12,18 @@ so a registered choice is a valid spec field value everywhere: ``axiomformer spe
 ``train --spec`` and study configs. Its traits tell the engines what they may rely on (each axis module lists its
 traits); a choice with none runs on the reference and chunked engines. The module that defines it should import only
 ``axiomformer.axes.registry`` (and torch): ``axiomformer.spec`` is still being imported.
+
+A broken plug-in never stops axiomformer: an entry point whose module fails to import, whose attribute is missing,
+whose object is not a ``Choice`` (or is misnamed), whose factory raises, or whose registration fails (an undeclared
+trait, a malformed ``<axis>.<choice>`` name) is skipped with one :class:`PluginWarning` naming the entry point and
+its distribution (as httpie and llm do with a crashing plug-in). Only a clash stays an error: two registrants of one
+name (two distributions, or a distribution and axiomformer) raise naming both, since which one a spec means is
+undecidable. One distribution reachable twice on ``sys.path`` is one plug-in, not a clash.
 """
 
 from __future__ import annotations
 
+import warnings
 from importlib import metadata
 from typing import Any
 
@@ -26,52 +34,79 @@ GROUP = "axiomformer.choices"
 """The entry-point group."""
 
 
+class PluginWarning(UserWarning):
+    """A plug-in choice that could not be loaded and was skipped (its entry point and distribution named)."""
+
+
+class _Broken(Exception):
+    """One plug-in is unusable (the message says why); it is skipped with a warning."""
+
+
 def _package(entry: metadata.EntryPoint) -> str:
     dist = getattr(entry, "dist", None)
     return dist.name if dist is not None else entry.value.split(":")[0].split(".")[0]
 
 
 def _load(entry: metadata.EntryPoint, package: str, axis: str, name: str) -> Choice:
-    loaded: Any = entry.load()
-    choice = loaded if isinstance(loaded, Choice) else (loaded() if callable(loaded) else loaded)
+    try:
+        loaded: Any = entry.load()
+        choice = loaded if isinstance(loaded, Choice) else (loaded() if callable(loaded) else loaded)
+    # Anything the plug-in's own code raises, SystemExit too (a sys.exit at import); not KeyboardInterrupt.
+    except (Exception, SystemExit) as err:
+        raise _Broken(f"loading it raised {type(err).__name__}: {err}") from err
     if not isinstance(choice, Choice):
-        raise UserInputError(
-            f"entry point {entry.name!r} of {package} ({entry.value}) gives "
-            f"{type(choice).__name__}, not an axiomformer.axes.registry.Choice"
-        )
+        raise _Broken(f"it gives {type(choice).__name__}, not an axiomformer.axes.registry.Choice")
     if choice.name != name:
-        raise UserInputError(
-            f"entry point {entry.name!r} of {package} names the {axis} choice {name!r}, but its Choice "
-            f"is named {choice.name!r}"
-        )
+        raise _Broken(f"it names the {axis} choice {name!r}, but its Choice is named {choice.name!r}")
     return choice
+
+
+def _add(registries: dict[str, Registry], entry: metadata.EntryPoint, package: str) -> None:
+    """Load and register one entry point; raises :class:`_Broken` (skip it) or UserInputError (a clash)."""
+    axis, _, name = entry.name.partition(".")
+    if axis not in registries or not name:
+        raise _Broken(f"expected a name '<axis>.<choice>' with an axis of: {', '.join(registries)}")
+    if name in registries[axis]:
+        raise UserInputError(
+            f"{axis} choice {name!r} is registered twice: by {registries[axis].origin(name)} and by {package}"
+        )
+    choice = _load(entry, package, axis, name)
+    try:
+        registries[axis].register(choice, origin=package)
+    except ValueError as err:  # an undeclared trait (the name was checked free above)
+        raise _Broken(f"registering it raised: {err}") from err
 
 
 def load_choices(registries: dict[str, Registry], entries: list[metadata.EntryPoint] | None = None) -> list[str]:
     """Register every choice of the entry-point group in its axis's registry; returns ``["axis.name", ...]``.
+
+    A plug-in that cannot be loaded is skipped with one :class:`PluginWarning` naming the entry point, its target and
+    its distribution (see the module docstring); the same entry point of the same distribution seen twice counts once.
 
     Args:
         registries: axis name -> registry (``axiomformer.spec.REGISTRIES``).
         entries: the entry points (default: the installed ones of :data:`GROUP`).
 
     Raises:
-        UserInputError (a ValueError): a malformed entry-point name or unknown axis (naming the axes), an object that is not a
-            ``Choice``, or a name registered twice (naming both packages, or axiomformer and the package).
+        UserInputError (a ValueError): a name registered twice (naming both packages, or axiomformer and the package).
     """
     entries = list(metadata.entry_points(group=GROUP)) if entries is None else entries
-    added = []
+    added: list[str] = []
+    seen: set[tuple[str, str, str]] = set()
     for entry in sorted(entries, key=lambda e: e.name):
         package = _package(entry)
-        axis, _, name = entry.name.partition(".")
-        if axis not in registries or not name:
-            raise UserInputError(
-                f"entry point {entry.name!r} of {package} in {GROUP}: expected '<axis>.<choice>' with "
-                f"an axis of: {', '.join(registries)}"
+        if (package, entry.name, entry.value) in seen:  # one distribution found twice on sys.path
+            continue
+        seen.add((package, entry.name, entry.value))
+        try:
+            _add(registries, entry, package)
+        except _Broken as why:
+            warnings.warn(
+                f"axiomformer: skipped the plug-in choice {entry.name!r} ({entry.value}) of the distribution "
+                f"{package} in the entry-point group {GROUP}: {why}",
+                PluginWarning,
+                stacklevel=2,
             )
-        if name in registries[axis]:
-            raise UserInputError(
-                f"{axis} choice {name!r} is registered twice: by {registries[axis].origin(name)} and by {package}"
-            )
-        registries[axis].register(_load(entry, package, axis, name), origin=package)
+            continue
         added.append(entry.name)
     return added

@@ -53,7 +53,8 @@ class BilinearScore(nn.Module):
         self.weight = nn.Parameter(init + torch.randn(num_heads, head_dim, head_dim) / head_dim)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        return torch.matmul(torch.matmul(q, self.weight), k.transpose(-2, -1))
+        # W_h in q's dtype: LASER lifts q and k to float32 while the parameters may stay in bfloat16/float16
+        return torch.matmul(torch.matmul(q, self.weight.to(q.dtype)), k.transpose(-2, -1).to(q.dtype))
 
 
 class AdditiveScore(nn.Module):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from axiomformer.errors import expect_folder
+from axiomformer.errors import expect_writable_folder
 
 
 def _lengths(text: str | None, quick: bool) -> tuple[int, ...]:
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
 
         from axiomformer import bench
 
-        expect_folder(out)
+        expect_writable_folder(out)
         if train:
             _train_bench(out, as_json, train_steps, train_tasks, repeats or 5)
             return

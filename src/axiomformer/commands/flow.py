@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from axiomformer.commands import output_console
-from axiomformer.errors import expect_folder
+from axiomformer.errors import expect_writable_folder
 
 
 def _numbers(text: str, name: str, kind: type, example: str) -> list:
@@ -86,7 +86,7 @@ def flow_command(
     """Fit the multinomial regression, then test accuracy against the number of flow steps K per arm (theta fixed
     or learned; attention / shuffled / token_mlp / MLP / both / neither; tied, free or classifier values), the
     Holm-corrected paired comparisons, a test-time flow, and sanity checks."""
-    expect_folder(out)
+    expect_writable_folder(out)
     config, noise_levels, step_counts = _flow_config(
         data, model, patch, readout, theta, mixing, value, seeds, noise, steps, quick
     )

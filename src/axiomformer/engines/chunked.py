@@ -96,10 +96,18 @@ def _dropout(weights: Tensor, problem: AttentionProblem) -> Tensor:
 
 
 def attend_chunk(
-    parts, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tensor, *, qs: slice, key_chunk: int
+    parts,
+    problem: AttentionProblem,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    qs: slice,
+    key_chunk: int,
+    params: dict | None = None,
 ) -> Tensor:
     """Output rows ``qs`` (batch, heads, len(qs), head_dim_v) in max(v dtype, float32) from the keys ``k``/``v`` (the
-    first k_end ones)."""
+    first k_end ones); ``params``: the normalizer's (default: read from ``parts`` now)."""
     kind = parts.normalizer_choice
     k_end = k.shape[-2]
     blocks = _blocks(k_end, key_chunk)
@@ -129,7 +137,7 @@ def attend_chunk(
         block_mask(problem, qs, slice(0, k_end)),
         kind,
         training=problem.training,
-        params=parts.normalizer_params(),
+        params=parts.normalizer_params() if params is None else params,
     )
     weights = _dropout(weights, problem)
     if parts.proportional or len(blocks) == 1:
@@ -155,9 +163,12 @@ def chunked_attention(
         or (isinstance(problem.scale, Tensor) and problem.scale.requires_grad)
     )
     outs = []
+    params = parts.normalizer_params()
     for qs in _blocks(problem.q_len, query_chunk):
         k_end = causal_key_end(qs.start, qs.stop, problem.q_offset, problem.causal, problem.k_len)
-        fn = partial(attend_chunk, parts, problem, qs=qs, key_chunk=key_chunk)
+        # The normalizer's parameters are read once, here, not again when the checkpoint recomputes: under
+        # torch.func.functional_call (a layer run in a promoted dtype) the module holds other tensors by then.
+        fn = partial(attend_chunk, parts, problem, qs=qs, key_chunk=key_chunk, params=params)
         args = (q[..., qs, :], k[..., :k_end, :], v[..., :k_end, :])
         outs.append(checkpoint(fn, *args, use_reentrant=False) if needs_grad else fn(*args))
     return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)).to(v.dtype)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from axiomformer.engines import autograd
 from axiomformer.engines.autograd import sdpa
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.plan import ALIBI_F32_MAX_SPAN, Plan, ProblemKind, alibi_form
@@ -151,9 +152,18 @@ class SDPAEngine(EngineBase):
         return not kind.dropout
 
     def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
-        v = problem.v
+        q, k, v = problem.q, problem.k, problem.v
+        if torch.is_grad_enabled() and q.dtype in autograd.LOW_PRECISION:
+            # A backward in float32 (autograd.LOW_PRECISION says why), and the dot forms' extra columns
+            # (neg_l2's -|k|^2, ALiBi's m_h p_j) formed in float32 too: in bfloat16 their rounding alone was 4x the
+            # reference engine's gradient error.
+            q, k, v = q.float(), k.float(), v.float()
+        out, _ = self._run(plan, problem, q, k, v)
+        return out.to(problem.v.dtype), None
+
+    def _run(self, plan: Plan, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, None]:
         sink = plan.sink
-        q, k_dot, scale, extras = dot_form(plan, problem.q, problem.k, problem.scale)
+        q, k_dot, scale, extras = dot_form(plan, q, k, problem.scale)
         bias = problem.bias
         if problem.alibi_slopes is not None:
             if not sink and alibi_column_ok(problem, plan.alibi_max_slope):  # the column drops a per-query constant

@@ -307,7 +307,9 @@ def _ray(runs: list[Run], threads: int | None, address: str | None, workdir: str
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
         ray.init(address=address, **kwargs) if address else ray.init(**kwargs)
         started = True
-    task = ray.remote(num_cpus=1)(execute_in_worker)
+    # max_retries=0: a worker that dies (killed, out of memory) fails its run, as with the local pool: the study
+    # records the failure and goes on, and a rerun trains the run (Ray would otherwise rerun it up to 3 times)
+    task = ray.remote(num_cpus=1, max_retries=0)(execute_in_worker)
     refs = {task.remote(run.train_config, threads or 1, *_args(run, workdir)): run for run in runs}
     try:
         while refs:

@@ -596,12 +596,23 @@ def holm(pvalues: Sequence[float], *, alpha: float = ALPHA) -> list[float]:
 def mean_interval(
     values: Sequence[float], *, confidence: float = CONFIDENCE, seed: int = 0
 ) -> tuple[float, float | None, float | None]:
-    """``(mean, low, high)`` of :func:`t_interval` (kept for callers of the earlier API; ``seed`` is unused).
+    """``(mean, low, high)`` of :func:`t_interval` (kept for callers of the earlier API; ``seed`` is unused), never
+    a zero-width interval: 0/1 outcomes get the Wilson score interval (Wilson 1927; statsmodels'
+    ``proportion_confint``), e.g. 10/10 -> [0.7225, 1], 0/50 -> [0, 0.0713]; other values with no spread get no
+    interval (``None``, ``None``): ``[x, x]`` would claim certainty that n values cannot give.
 
     Raises:
         ValueError: no values.
     """
+    from statsmodels.stats.proportion import proportion_confint
+
+    data = _clean(values)
+    if data.size >= 1 and bool(np.isin(data, (0.0, 1.0)).all()):
+        low, high = proportion_confint(int(data.sum()), int(data.size), alpha=1 - confidence, method="wilson")
+        return float(data.mean()), float(low), float(high)
     out = t_interval(values, confidence)
+    if out.low is not None and out.high is not None and out.high <= out.low:
+        return out.estimate, None, None
     return out.estimate, out.low, out.high
 
 
