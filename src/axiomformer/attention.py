@@ -13,8 +13,10 @@ from torch import Tensor, nn
 
 from axiomformer.axes import Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value
 from axiomformer.axes.position import TokenPositions, alibi_slope_list, token_positions
+from axiomformer.axes.transport import Transport, TransportGates, build_transport, transport_keys
 from axiomformer.engines import Attended, Plan, attend
 from axiomformer.engines.problem import causal_mask, rows_without_keys, visible_counts, window_mask
+from axiomformer.engines.recurrent import DEFAULT_CHUNK, state_form
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
 
@@ -35,6 +37,13 @@ class KVCache:
         start: tokens dropped from the front: the first stored key is the ``start``-th token seen.
         decay: (batch, heads, stored) float32 running sums of the forget gates' log f of the stored keys
             (``position="forget"``), or None.
+        state: (batch, heads, head_dim_v, head_dim) the state of a transport with trait ``state``
+            (``axes/transport.py``): such a cache keeps no keys, and ``start`` counts the tokens folded into it.
+        write: (batch, heads, stored) the write strengths gamma_j of the stored keys of a transport without a state
+            (its keys are stored transported to the last token), or None.
+        real: (batch,) float count of the real (unpadded) keys folded into a state, or None.
+        transport: the ``spec.transport`` of the layer that filled the cache (None while empty); a layer of another
+            transport refuses it.
     """
 
     k: Tensor | None = None
@@ -42,6 +51,10 @@ class KVCache:
     positions: Tensor | None = None
     start: int = 0
     decay: Tensor | None = None
+    state: Tensor | None = None
+    write: Tensor | None = None
+    real: Tensor | None = None
+    transport: str | None = None
 
     @property
     def length(self) -> int:
@@ -99,8 +112,44 @@ class KVCache:
         return self.positions
 
     def reset(self) -> None:
-        self.k = self.v = self.positions = self.decay = None
+        self.k = self.v = self.positions = self.decay = self.state = self.write = self.real = None
+        self.transport = None
         self.start = 0
+
+    def claim(self, transport: str) -> None:
+        """Mark the cache as filled by a layer of ``transport``.
+
+        Raises:
+            ValueError: the cache holds what a layer of another transport stored (its keys or its state mean
+                something else there).
+        """
+        if self.transport is not None and self.transport != transport and self.seen:
+            raise ValueError(
+                f"this KVCache was filled by a layer with transport={self.transport!r}; a layer with "
+                f"transport={transport!r} cannot decode from it (one cache per layer; reset() it)"
+            )
+        self.transport = transport
+
+
+def _with_stored(cache: KVCache, k: Tensor, v: Tensor, gates: TransportGates) -> tuple[Tensor, Tensor, TransportGates]:
+    """The cache's keys (transported to the last token: identity gates) before the new keys, values and gates."""
+    if cache.k is None:
+        return k, v, gates
+    past = cache.length
+    old_write = cache.write if cache.write is not None else k.new_ones(k.shape[0], k.shape[1], past)
+    new_write = gates.write if gates.write is not None else k.new_ones(k.shape[0], k.shape[1], k.shape[-2])
+
+    def front(t: Tensor | None, last: tuple[int, ...]) -> Tensor | None:
+        return None if t is None else torch.cat([t.new_zeros(*t.shape[:2], past, *last), t], dim=2)
+
+    ld = gates.log_decay
+    stored = TransportGates(
+        front(ld, ld.shape[3:]),
+        front(gates.beta, ()),
+        front(gates.w, k.shape[3:]),
+        torch.cat([old_write.expand(k.shape[0], k.shape[1], -1), new_write.expand(k.shape[0], k.shape[1], -1)], -1),
+    )
+    return torch.cat([cache.k, k], dim=-2), torch.cat([cache.v, v], dim=-2), stored
 
 
 def _drop_front(mask: Tensor | None, start: int, total: int) -> Tensor | None:
@@ -146,6 +195,7 @@ class Attention(nn.Module):
         self.contribution = build_contribution(spec)  # A2
         self.aggregator = build_aggregator(spec)  # A1
         self.position = Position(spec)
+        self.transport: Transport | None = build_transport(spec)  # the relevance through the tokens in between
         self.out_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
         self.last_engine: str | None = None
         self._plan: Plan | None = None
@@ -265,6 +315,8 @@ class Attention(nn.Module):
         value = key if value is None else value
         self._check_inputs(query, key, value)
         batch, q_len, _ = query.shape
+        if cache is not None:
+            cache.claim(self.spec.transport)
         past, start = (cache.seen, cache.start) if cache is not None else (0, 0)
         new_k_len = key.shape[1]
         pos = self._positions(query, key, q_len, past, cache, position_ids, key_position_ids, key_padding_mask)
@@ -276,6 +328,8 @@ class Attention(nn.Module):
         k = self._split_heads(self.k_proj(self.position.encode_inputs(key, pos.k)), self.spec.kv_heads)
         v = self._split_heads(self.v_proj(value), self.spec.kv_heads)  # A3
         q, k = self.position.rotate(q, pos.q), self.position.rotate(k, pos.k)
+        if self.transport is not None:
+            return self._transported(query, key, q, k, v, attn_mask, key_padding_mask, need_weights, cache)
         all_k_pos = pos.k
         if cache is not None:
             all_k_pos = cache.key_positions(pos)
@@ -297,6 +351,67 @@ class Attention(nn.Module):
             if empty is not None:
                 out = out.masked_fill(empty.all(1).unsqueeze(-1), 0.0)
         return (out, result.weights) if need_weights else out
+
+    def _transported(self, query, key, q, k, v, attn_mask, key_padding_mask, need_weights, cache):
+        """``forward`` for a spec with a transport (``axes/transport.py``): the gates from the key input, then the
+        routed engine (reference: the parallel form; recurrent: the state form), or with a cache its state (trait
+        ``state``) or its keys transported to the last token. Padded keys change nothing (their gates are zero)."""
+        if attn_mask is not None:
+            raise ValueError(
+                f"transport={self.spec.transport!r} carries the relevance through every key in between: only the "
+                f"causal mask and key_padding_mask are defined, got an attn_mask"
+            )
+        q, k = self.transport.prepare(q, k)
+        new = k.shape[-2]
+        keep = None if key_padding_mask is None else key_padding_mask[:, -new:]
+        gates = self.transport.gates(key, k, keep)
+        weights = None
+        if cache is not None and "state" in self.plan.transport_traits:
+            if need_weights:
+                raise ValueError(
+                    f"transport={self.spec.transport!r} decodes from its state, which has no weights; "
+                    f"call without need_weights (or without a cache)"
+                )
+            heads, empty = self._state_step(q, k, v, gates, keep, cache)
+        else:
+            first = 0
+            if cache is not None:  # the stored keys, transported to the last token, transport nothing more
+                first = cache.length
+                k, v, gates = _with_stored(cache, k, v, gates)
+            mask, _ = prepare_masks(None, key_padding_mask, q.shape[0], self.num_heads, q.shape[-2], k.shape[-2])
+            q_offset = k.shape[-2] - q.shape[-2]
+            result = self._attend_heads(q, k, v, mask, None, q_offset, True, need_weights, self.engine, gates)
+            heads, weights = result.out, result.weights
+            if cache is not None:
+                tail = TransportGates(*(None if t is None else t[:, :, first:] for t in gates))
+                cache.k, cache.v, cache.write = transport_keys(k, tail, first), v, gates.write
+            empty = rows_without_keys(mask, True, q.shape[-2], k.shape[-2], q_offset, q.device)
+            empty = None if empty is None else empty.all(1)
+        out = self.out_proj(self.aggregator(self._merge_heads(heads), query))
+        if empty is not None:  # a query that sees no real key: a zero row (W_o's bias would make it non-zero)
+            out = out.masked_fill(empty.unsqueeze(-1), 0.0)
+        return (out, weights) if need_weights else out
+
+    def _state_step(self, q, k, v, gates, keep, cache: KVCache) -> tuple[Tensor, Tensor | None]:
+        """The new tokens folded into the cache's state (``engines/recurrent.state_form``); (heads' output, the
+        (batch, q_len) queries that see no real key, or None)."""
+        if cache.state is not None and cache.state.shape[:2] != k.shape[:2]:
+            raise ValueError(
+                f"the cached state of shape {tuple(cache.state.shape)} does not fit keys of shape {tuple(k.shape)} "
+                f"(batch and heads must match; reset() the cache)"
+            )
+        scale = self.scale(None)
+        scale = scale.to(q.dtype) if isinstance(scale, Tensor) else scale
+        lead = k.shape[-2] - q.shape[-2]
+        qs = torch.nn.functional.pad(q * scale, (0, 0, lead, 0))
+        out, cache.state = state_form(qs, k, v, gates, cache.state, chunk=DEFAULT_CHUNK)
+        cache.start += k.shape[-2]
+        self.last_engine = "recurrent"
+        flags = torch.ones_like(k[:, 0, :, 0]) if keep is None else keep.to(k.dtype)
+        counts = flags.cumsum(-1) + (0.0 if cache.real is None else cache.real[:, None])
+        cache.real = counts[:, -1]
+        empty = counts[:, lead:] == 0
+        return out[:, :, lead:], (empty if bool(empty.any()) else None)
 
     def _contextual_bias(
         self, q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, scale, q_offset: int
@@ -359,8 +474,10 @@ class Attention(nn.Module):
         index_alibi: bool,
         need_weights: bool,
         engine: str,
+        transport: TransportGates | None = None,
     ) -> Attended:
-        """GQA's head sharing, then the engine the router picks for this layer's plan (A2, A4, A5)."""
+        """GQA's head sharing, then the engine the router picks for this layer's plan (A2, A4, A5; the transport's
+        gates for a spec with one)."""
         groups = self.num_heads // k.shape[1]
         if groups > 1:  # key/value head g serves query heads g * groups ...
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -392,6 +509,7 @@ class Attention(nn.Module):
             need_weights=need_weights,
             engine=engine,
             double_backward=self.double_backward,
+            transport=transport,
         )
         self.last_engine = result.engine
         if wrap is not None:
@@ -432,9 +550,10 @@ class Attention(nn.Module):
             ValueError: see :func:`axiomformer.engines.attend`; a position choice that reads the layer's inputs
                 (``position="forget"``'s gates), which only ``forward`` has.
         """
-        if "decay" in self.plan.position_traits:
+        if "decay" in self.plan.position_traits or self.transport is not None:
+            what = f"position={self.spec.position!r}" if self.transport is None else f"transport={self.spec.transport!r}"
             raise ValueError(
-                f"position={self.spec.position!r} reads the key inputs x_l for its gates; core() sees "
+                f"{what} reads the key inputs x_l for its gates; core() sees "
                 f"only projected q, k, v: call the layer (forward) instead"
             )
         q_len, k_len = q.shape[-2], k.shape[-2]

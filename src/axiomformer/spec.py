@@ -14,6 +14,7 @@ normalizer     A5     u_ij = softmax_j(s_ij/sqrt d) ``axes/normalizer.py``: NORM
 scale          (A5)   the 1/sqrt(d_k) temperature   ``axes/scale.py``: SCALES
 position       (A0)   order re-injected             ``axes/position.py``: POSITIONS
 feature_map    (A5)   linear attention's kernel     ``axes/normalizer.py``: FEATURE_MAPS
+transport      (A4)   T_{i<-j} = I (no transport)   ``axes/transport.py``: TRANSPORTS
 =============  =====  ============================  ======================================
 
 The choice lists (:data:`AXES`) are read from those registries; the first choice of each is the standard one.
@@ -35,6 +36,7 @@ from axiomformer.axes.position import POSITIONS
 from axiomformer.axes.registry import Registry
 from axiomformer.axes.scale import SCALES
 from axiomformer.axes.score import SCORES
+from axiomformer.axes.transport import TRANSPORTS, check_transport
 from axiomformer.axes.value import VALUES
 
 REGISTRIES: dict[str, Registry] = {
@@ -46,6 +48,7 @@ REGISTRIES: dict[str, Registry] = {
     "scale": SCALES,
     "position": POSITIONS,
     "feature_map": FEATURE_MAPS,
+    "transport": TRANSPORTS,
 }
 """The registry of every axis (``axes/<axis>.py``): each choice with its formula, source, implementation, traits."""
 
@@ -86,14 +89,18 @@ ECONOMIES = ("num_kv_heads", "window")
 def required_fields(axis: str, name: str) -> dict[str, Any]:
     """Fields a choice needs beside itself: ``{"causal": True}`` for a choice defined only under a causal mask
     (trait ``causal``: ``normalizer=stick_breaking``, ``position=forget``), ``{"causal": False}`` for one defined only
-    without (trait ``noncausal``: ``normalizer=sinkhorn``), else ``{}``. For code that visits every choice (the audit
+    without (trait ``noncausal``: ``normalizer=sinkhorn``), and the fields of its ``extra["requires"]`` (a transport's
+    paired normalizer: ``transport=decay_householder`` needs ``normalizer=none``), else ``{}``. For code that visits every choice (the audit
     matrix, the bench, the docs): ``base.relax({axis: name, **required_fields(axis, name)})``."""
     registry = REGISTRIES.get(axis)
     if registry is None or name not in registry:
         return {}
+    out = dict(registry[name].extra.get("requires", {}))  # e.g. the normalizer a transport's paper pairs it with
     if registry.has(name, "causal"):
-        return {"causal": True}
-    return {"causal": False} if registry.has(name, "noncausal") else {}
+        out["causal"] = True
+    elif registry.has(name, "noncausal"):
+        out["causal"] = False
+    return out
 
 
 def allows_causal(axis: str, name: str, causal: bool) -> bool:
@@ -107,6 +114,45 @@ def spec_requirements(spec: AttentionSpec) -> dict[str, Any]:
     for axis in REGISTRIES:
         out.update(required_fields(axis, getattr(spec, axis)))
     return out
+
+
+def relax_with_requirements(base: AttentionSpec, changes: str | dict[str, Any]) -> AttentionSpec:
+    """``base.relax(changes)`` with the fields its choices need (:func:`required_fields`: a causal mask, a transport's
+    paired normalizer) filled in first wherever ``changes`` does not set them, so ``"transport=decay_householder"``
+    alone names a defined spec; a field ``changes`` sets keeps its value (and the spec's error names the conflict).
+
+    Raises:
+        ValueError: as :meth:`AttentionSpec.relax`.
+    """
+    items = parse_relax(changes)
+    given = {ALIASES.get(k, ALIASES.get(k.upper(), k)) for k, _ in items}
+    needed: dict[str, Any] = {}
+    for key, value in items:
+        axis = ALIASES.get(key, ALIASES.get(key.upper(), key))
+        needed.update({f: v for f, v in required_fields(axis, str(value)).items() if f not in given})
+    return base.relax(needed).relax(dict(items))
+
+
+def parse_relax(changes: str | dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """The ``(key, value)`` items of a relax string (``"score=cosine,normalizer=sigmoid"``) or dict, in order.
+
+    Raises:
+        ValueError: a malformed ``key=value`` item.
+    """
+    if isinstance(changes, dict):
+        return [(str(k), v) for k, v in changes.items()]
+    items = []
+    text = (changes or "").strip()
+    if text and text != "standard":
+        for item in text.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if "=" not in item:
+                raise ValueError(f"malformed relaxation {item!r}: expected key=value, e.g. 'score=cosine'")
+            key, value = (part.strip() for part in item.split("=", 1))
+            items.append((key, value))
+    return items
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -155,6 +201,9 @@ class AttentionSpec:
             sample's gradient (straight-through, Jang et al. 2017, sec. 2.2); ignored by the other normalizers.
         topk: keys kept per row by ``normalizer="topk"`` (an int >= 1, default 8; Zhao et al. 2019); ignored by the
             other normalizers.
+        transport: the relevance carried through the tokens in between (``axes/transport.py``): ``none`` (default),
+            ``decay`` (Mamba-2), ``householder`` (PaTH), ``decay_householder`` (Gated DeltaNet),
+            ``diag_decay_householder`` (Kimi Linear's KDA); each needs ``causal=True`` and its paper's normalizer.
         softcap: logit soft-capping, scores <- softcap * tanh(scores / softcap) after the scale and before any bias
             or normalizer (Gemma 2: Gemma Team 2024, sec. 2); a float >= 0, 0 (the default) is off. It relaxes A4:
             the score becomes a bounded function of q . k (the audit's bilinear checks see it).
@@ -187,6 +236,7 @@ class AttentionSpec:
     gumbel_hard: bool = False
     topk: int = 8
     softcap: float = 0.0
+    transport: str = "none"
 
     def __post_init__(self) -> None:
         for name, registry in REGISTRIES.items():
@@ -223,6 +273,7 @@ class AttentionSpec:
         if not isinstance(self.gumbel_hard, bool):
             raise ValueError(f"gumbel_hard must be a bool, got {self.gumbel_hard!r}")
         self._check_relaxations()
+        check_transport(self)
         self._check_sign_blind()
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"position='rope' needs an even head_dim, got head_dim={self.head_dim}")
@@ -249,7 +300,7 @@ class AttentionSpec:
         cap = self.softcap
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap < 0:
             raise ValueError(f"softcap must be a finite float >= 0 (0 = off), got {self.softcap!r}")
-        for axis in ("normalizer", "position"):
+        for axis in ("normalizer", "position", "transport"):
             if REGISTRIES[axis].has(getattr(self, axis), "causal") and not self.causal:
                 raise ValueError(
                     f"{axis}={getattr(self, axis)!r} is defined only under a causal mask: it needs "
@@ -321,20 +372,7 @@ class AttentionSpec:
             ValueError: unknown field (naming the valid ones), unknown choice, or a malformed ``key=value`` item.
         """
         updates: dict[str, Any] = {}
-        if isinstance(changes, dict):
-            items = list(changes.items())
-        else:
-            items = []
-            text = (changes or "").strip()
-            if text and text != "standard":
-                for item in text.split(","):
-                    item = item.strip()
-                    if not item:
-                        continue
-                    if "=" not in item:
-                        raise ValueError(f"malformed relaxation {item!r}: expected key=value, e.g. 'score=cosine'")
-                    key, value = (part.strip() for part in item.split("=", 1))
-                    items.append((key, value))
+        items: list[tuple[Any, Any]] = list(changes.items()) if isinstance(changes, dict) else parse_relax(changes)
         items += list(kwargs.items())
         for key, value in items:
             name = ALIASES.get(key, ALIASES.get(str(key).upper(), key))
@@ -395,15 +433,18 @@ class AttentionSpec:
 
     def assumptions(self) -> dict[str, bool]:
         """Which of the assumptions A0..A5 this spec satisfies (A0: no position information and no normalizer that
-        reads the keys' order, as the audit's ``set_symmetry`` check; A3 fails with an aggregator that maps the values
-        before the sum, ``laser``'s exp; A4 fails with ``softcap``; A5 needs softmax
+        reads the keys' order, as the audit's ``set_symmetry`` check, and no transport through the keys in between; A3
+        fails with an aggregator that maps the values before the sum, ``laser``'s exp; A4 fails with ``softcap`` and
+        with a transport; A5 needs softmax
         *and* the 1/sqrt(d) scale)."""
         return {
-            "A0": self.position == AXES["position"][0] and not NORMALIZERS.has(self.normalizer, "ordered"),
+            "A0": self.position == AXES["position"][0]
+            and not NORMALIZERS.has(self.normalizer, "ordered")
+            and not TRANSPORTS.has(self.transport, "ordered"),
             "A1": self.aggregator == "identity",
             "A2": self.contribution == "proportional",
             "A3": self.value == "linear" and not AGGREGATORS.has(self.aggregator, "log_values"),
-            "A4": self.score == "dot" and not self.softcap,
+            "A4": self.score == "dot" and not self.softcap and self.transport == AXES["transport"][0],
             "A5": self.normalizer == "softmax" and self.scale == "inv_sqrt_d",
         }
 

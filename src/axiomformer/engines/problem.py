@@ -155,6 +155,8 @@ class AttentionProblem:
         training: module mode (dropout, Gumbel noise).
         scale: the temperature multiplying the scores: a float or a tensor broadcastable to (batch, heads, 1, 1).
         window: sliding window of keys (see :func:`window_mask`), not folded into ``mask``; 0 = every key.
+        transport: the :class:`~axiomformer.axes.transport.TransportGates` over the key positions of a plan with a
+            transport, or None.
     """
 
     q: Tensor
@@ -169,6 +171,7 @@ class AttentionProblem:
     training: bool = False
     scale: Any = 1.0
     window: int = 0
+    transport: Any = None
 
     @property
     def q_len(self) -> int:
