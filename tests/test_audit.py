@@ -77,6 +77,25 @@ EXPECTED = {
         {"shift_invariance"},
     ),  # causal; gates read the whole key input
     "position=cope": ({"set_symmetry", "bilinear_scores", "bilinear_fit"}, {"shift_invariance"}),  # causal; counts
+    "normalizer=none": ({"nonnegative_weights", "weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),  # u = s
+    # transports (causal; gates read the whole key input, as position=forget's): the delta-rule family and Mamba-2
+    # with normalizer=none, PaTH with softmax
+    "transport=decay": (
+        {"set_symmetry", "head_independence", "nonnegative_weights", "weights_sum_to_one", "shift_invariance"},
+        {"bilinear_scores", "bilinear_fit"},
+    ),
+    "transport=householder": (
+        {"set_symmetry", "bilinear_scores", "bilinear_fit", "head_independence", "scale_entropy"},
+        {"shift_invariance"},
+    ),
+    "transport=decay_householder": (
+        {"set_symmetry", "head_independence", "nonnegative_weights", "weights_sum_to_one", "shift_invariance"},
+        {"bilinear_scores", "bilinear_fit"},
+    ),
+    "transport=diag_decay_householder": (
+        {"set_symmetry", "head_independence", "nonnegative_weights", "weights_sum_to_one", "shift_invariance"},
+        {"bilinear_scores", "bilinear_fit"},
+    ),
     "standard, causal": (set(), set()),
     "torch SDPA": (set(), NA | {"homogeneity", "learned_values", "head_independence"}),  # a function: no contribution
     # or value map, one head of the full width
@@ -122,6 +141,11 @@ CANDIDATES = {
     "normalizer=sinkhorn": "A4 or A5; A5; A5 or A4",  # parallel cannot tell column sums (A5) from scores (A4)
     "normalizer=power": "A4 or A5",  # one bilinear form per query: g(q.k) scores or f(s) / sum f(s) normalizer
     "aggregator=laser": "A4",
+    "normalizer=none": "A5; A5 or A1",
+    "transport=decay": "A0; A4 or A1 or A0; A5 or A0; A5 or A1 or A0",
+    "transport=householder": "A0; A4 or A0; A4 or A1 or A0; A5 or A4 or A0",
+    "transport=decay_householder": "A0; A4 or A1 or A0; A5 or A0; A5 or A1 or A0",
+    "transport=diag_decay_householder": "A0; A4 or A1 or A0; A5 or A0; A5 or A1 or A0",
     "position=cope": "A0; A4 or A0",  # positions counted by the gates: order, and scores that read other keys  # two violations at once (A1 and A3); parsimony names the single one with this Jacobian
 }
 """``matrix.blamed(report)``: the candidates of each row's failures, as the matrix prints them."""

@@ -48,6 +48,7 @@ def _independent_normalizers():
         "topk": softmax,  # 7 keys, topk = 8: every key kept
         "sinkhorn": _sinkhorn_loop,
         "power": lambda s: s.double().square() / s.double().square().sum(-1, keepdim=True),  # p = 2
+        "none": lambda s: s,  # no normalization
     }
 
 

@@ -42,8 +42,9 @@ class KVCache:
         write: (batch, heads, stored) the write strengths gamma_j of the stored keys of a transport without a state
             (its keys are stored transported to the last token), or None.
         real: (batch,) float count of the real (unpadded) keys folded into a state, or None.
-        transport: the ``spec.transport`` of the layer that filled the cache (None while empty); a layer of another
-            transport refuses it.
+        transport: what the layer that filled the cache keeps in it (``Attention._cache_layout``: ``"keys"``, or a
+            transport and whether its state or its keys), None while empty; a layer that keeps something else
+            refuses the cache.
     """
 
     k: Tensor | None = None
@@ -116,19 +117,19 @@ class KVCache:
         self.transport = None
         self.start = 0
 
-    def claim(self, transport: str) -> None:
-        """Mark the cache as filled by a layer of ``transport``.
+    def claim(self, layout: str) -> None:
+        """Mark the cache as filled by a layer that keeps ``layout`` in it (see ``transport``).
 
         Raises:
-            ValueError: the cache holds what a layer of another transport stored (its keys or its state mean
-                something else there).
+            ValueError: the cache holds what a layer of another layout stored (keys transported or not, or a
+                state: they mean something else there).
         """
-        if self.transport is not None and self.transport != transport and self.seen:
+        if self.transport is not None and self.transport != layout and self.seen:
             raise ValueError(
-                f"this KVCache was filled by a layer with transport={self.transport!r}; a layer with "
-                f"transport={transport!r} cannot decode from it (one cache per layer; reset() it)"
+                f"this KVCache was filled by a layer that keeps {self.transport!r}; a layer that keeps "
+                f"{layout!r} cannot decode from it (one cache per layer and spec; reset() it)"
             )
-        self.transport = transport
+        self.transport = layout
 
 
 def _with_stored(cache: KVCache, k: Tensor, v: Tensor, gates: TransportGates) -> tuple[Tensor, Tensor, TransportGates]:
@@ -316,7 +317,7 @@ class Attention(nn.Module):
         self._check_inputs(query, key, value)
         batch, q_len, _ = query.shape
         if cache is not None:
-            cache.claim(self.spec.transport)
+            cache.claim(self._cache_layout())
         past, start = (cache.seen, cache.start) if cache is not None else (0, 0)
         new_k_len = key.shape[1]
         pos = self._positions(query, key, q_len, past, cache, position_ids, key_position_ids, key_padding_mask)
@@ -366,7 +367,7 @@ class Attention(nn.Module):
         keep = None if key_padding_mask is None else key_padding_mask[:, -new:]
         gates = self.transport.gates(key, k, keep)
         weights = None
-        if cache is not None and "state" in self.plan.transport_traits:
+        if cache is not None and self._cache_layout().endswith("(state)"):
             if need_weights:
                 raise ValueError(
                     f"transport={self.spec.transport!r} decodes from its state, which has no weights; "
@@ -391,6 +392,15 @@ class Attention(nn.Module):
         if empty is not None:  # a query that sees no real key: a zero row (W_o's bias would make it non-zero)
             out = out.masked_fill(empty.unsqueeze(-1), 0.0)
         return (out, weights) if need_weights else out
+
+    def _cache_layout(self) -> str:
+        """What this layer keeps in a KV cache: ``"transport=<name> (state)"`` for a state transport (unless an engine
+        without a state form is forced: every transport can decode from its keys transported to the last token, the
+        reference engine's way), ``"transport=<name> (keys)"``, or ``"keys"`` without a transport."""
+        if self.transport is None:
+            return "keys"
+        state = "state" in self.plan.transport_traits and self.engine in ("auto", "recurrent")
+        return f"transport={self.spec.transport} ({'state' if state else 'keys'})"
 
     def _state_step(self, q, k, v, gates, keep, cache: KVCache) -> tuple[Tensor, Tensor | None]:
         """The new tokens folded into the cache's state (``engines/recurrent.state_form``); (heads' output, the

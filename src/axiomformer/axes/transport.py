@@ -82,13 +82,16 @@ class TransportGates(NamedTuple):
     write: Tensor | None
 
     def masked(self, keep: Tensor | None) -> TransportGates:
-        """A padded key (``keep`` (batch, k_len) False) neither writes, decays nor reflects: it changes nothing."""
+        """A padded key (``keep`` (batch, k_len) or (batch, heads, k_len) False) neither writes, decays nor
+        reflects: it changes nothing (``torch.where``, so a NaN gate of a set-aside key is dropped too)."""
         if keep is None:
             return self
-        m = keep[:, None, :].to(self.log_decay.dtype).expand(-1, self.log_decay.shape[1], -1)
-        write = m if self.write is None else self.write * m
-        beta = None if self.beta is None else self.beta * m
-        return TransportGates(self.log_decay * m[..., None], beta, self.w, write)
+        heads = self.log_decay.shape[1]
+        m = (keep[:, None, :] if keep.dim() == 2 else keep).expand(-1, heads, -1)
+        write = m.to(self.log_decay.dtype) if self.write is None else torch.where(m, self.write, 0.0)
+        beta = None if self.beta is None else torch.where(m, self.beta, 0.0)
+        w = None if self.w is None else torch.where(m[..., None], self.w, 0.0)
+        return TransportGates(torch.where(m[..., None], self.log_decay, 0.0), beta, w, write)
 
     def cast(self, dtype: torch.dtype) -> TransportGates:
         """Every tensor in ``dtype``."""

@@ -252,6 +252,8 @@ def _solve(
     run (re-routing when it turns out unavailable), then the zero and NaN rows of :func:`attend`'s contract."""
     k_clean, v_clean, bad = clean_nonfinite(problem)
     clean = dataclasses.replace(problem, k=k_clean, v=v_clean)
+    if problem.transport is not None and bad is not None:  # a set-aside key transports nothing either
+        clean = dataclasses.replace(clean, transport=problem.transport.masked(~bad))
     while True:
         name = route(parts, clean, engine, need_weights=need_weights, double_backward=double_backward)
         try:
