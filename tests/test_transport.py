@@ -33,7 +33,7 @@ TRANSPORT_CHOICES = TRANSPORTS.names()[1:]
 def _gates(kind: str, b: int = 2, h: int = 2, n: int = 6, d: int = 4, seed: int = 0) -> TransportGates:
     """Random gates of one kind: scalar or per-channel decay, a Householder factor with its own unit w or none."""
     g = torch.Generator().manual_seed(seed)
-    rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)
     channels = d if "diag" in kind else 1
     log_decay = -rand(b, h, n, channels) if "decay" in kind else torch.zeros(b, h, n, 1, dtype=torch.float64)
     beta = w = None
@@ -156,7 +156,7 @@ def _padding() -> torch.Tensor:
 def paper_layer(att: Attention, x: torch.Tensor) -> torch.Tensor:
     """The choice's layer from its own projections and gate parameters, written from the paper's recurrence."""
     tr, name = att.transport, att.spec.transport
-    heads = lambda t: t.view(t.shape[0], t.shape[1], HEADS, -1).transpose(1, 2)  # noqa: E731
+    heads = lambda t: t.view(t.shape[0], t.shape[1], HEADS, -1).transpose(1, 2)
     q, k, v = heads(att.q_proj(x)), heads(att.k_proj(x)), heads(att.v_proj(x))
     if name in ("decay_householder", "diag_decay_householder"):  # Gated DeltaNet, KDA: L2-normalised q and k
         q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
@@ -172,7 +172,10 @@ def paper_layer(att: Attention, x: torch.Tensor) -> torch.Tensor:
                     s, T = torch.zeros(i + 1, dtype=torch.float64), torch.eye(HD, dtype=torch.float64)
                     for j in range(i, -1, -1):  # T = H_{j+1} ... H_i, grown on the left
                         s[j] = k[bi, hi, j] @ T @ q[bi, hi, i] / math.sqrt(HD)
-                        T = (torch.eye(HD, dtype=torch.float64) - beta[bi, hi, j] * torch.outer(w[bi, hi, j], w[bi, hi, j])) @ T
+                        T = (
+                            torch.eye(HD, dtype=torch.float64)
+                            - beta[bi, hi, j] * torch.outer(w[bi, hi, j], w[bi, hi, j])
+                        ) @ T
                     out[bi, hi, i] = torch.softmax(s, 0) @ v[bi, hi, : i + 1]
         return att.out_proj(out.transpose(1, 2).reshape(b, n, DIM))
     a = tr.a_log.exp()
@@ -193,7 +196,9 @@ def paper_layer(att: Attention, x: torch.Tensor) -> torch.Tensor:
                     S = S @ D + dt[bi, hi, t, 0] * torch.outer(vt, kt)
                 else:  # the gated delta rule
                     bt = beta[bi, hi, t]
-                    S = S @ D @ (torch.eye(HD, dtype=torch.float64) - bt * torch.outer(kt, kt)) + bt * torch.outer(vt, kt)
+                    S = S @ D @ (torch.eye(HD, dtype=torch.float64) - bt * torch.outer(kt, kt)) + bt * torch.outer(
+                        vt, kt
+                    )
                 out[bi, hi, t] = S @ q[bi, hi, t] / math.sqrt(HD)
     return att.out_proj(out.transpose(1, 2).reshape(b, n, DIM))
 

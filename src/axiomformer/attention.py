@@ -384,7 +384,7 @@ class Attention(nn.Module):
             result = self._attend_heads(q, k, v, mask, None, q_offset, True, need_weights, self.engine, gates)
             heads, weights = result.out, result.weights
             if cache is not None:
-                tail = TransportGates(*(None if t is None else t[:, :, first:] for t in gates))
+                tail = gates.tokens(slice(first, None))
                 cache.k, cache.v, cache.write = transport_keys(k, tail, first), v, gates.write
             empty = rows_without_keys(mask, True, q.shape[-2], k.shape[-2], q_offset, q.device)
             empty = None if empty is None else empty.all(1)
@@ -561,7 +561,9 @@ class Attention(nn.Module):
                 (``position="forget"``'s gates), which only ``forward`` has.
         """
         if "decay" in self.plan.position_traits or self.transport is not None:
-            what = f"position={self.spec.position!r}" if self.transport is None else f"transport={self.spec.transport!r}"
+            what = (
+                f"position={self.spec.position!r}" if self.transport is None else f"transport={self.spec.transport!r}"
+            )
             raise ValueError(
                 f"{what} reads the key inputs x_l for its gates; core() sees "
                 f"only projected q, k, v: call the layer (forward) instead"

@@ -37,6 +37,7 @@ keys transported to the last token (k_j <- P_t^T k_j at each step, PaTH's decodi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -95,7 +96,15 @@ class TransportGates(NamedTuple):
 
     def cast(self, dtype: torch.dtype) -> TransportGates:
         """Every tensor in ``dtype``."""
-        return TransportGates(*(None if t is None else t.to(dtype) for t in self))
+        return self._map(lambda t: t.to(dtype))
+
+    def tokens(self, part: slice) -> TransportGates:
+        """The gates of the tokens ``part`` (a slice of the key positions)."""
+        return self._map(lambda t: t[:, :, part])
+
+    def _map(self, f: Callable[[Tensor], Tensor]) -> TransportGates:
+        opt = lambda t: None if t is None else f(t)
+        return TransportGates(f(self.log_decay), opt(self.beta), opt(self.w), opt(self.write))
 
 
 def decayed_gram(x: Tensor, cx: Tensor, px: Tensor, y: Tensor, cy: Tensor, py: Tensor, strict: bool) -> Tensor:
@@ -269,7 +278,8 @@ TRANSPORTS = Registry(
 
 def build_transport(spec: AttentionSpec) -> Transport | None:
     """The gates module of ``spec.transport``, or None for ``none``."""
-    return TRANSPORTS[spec.transport].impl(spec)
+    impl = TRANSPORTS[spec.transport].impl
+    return None if impl is None else impl(spec)
 
 
 def check_transport(spec: AttentionSpec) -> None:

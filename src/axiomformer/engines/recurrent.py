@@ -72,7 +72,7 @@ def state_form(
     outs = []
     for s in range(0, n, max(1, chunk)):
         part = slice(s, s + chunk)
-        g = TransportGates(*(None if t is None else t[:, :, part] for t in gates))
+        g = gates.tokens(part)
         out, state = _chunk(q[:, :, part], k[:, :, part], v[:, :, part], g, state)
         outs.append(out)
     out = torch.cat(outs, dim=-2) if outs else q.new_zeros(b, h, 0, v.shape[-1])
@@ -109,7 +109,9 @@ class RecurrentEngine(EngineBase):
             and not kind.compiling
         )
 
-    def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False):
+    def __call__(
+        self, plan: Plan, problem: AttentionProblem, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         q, k, v = problem.q, problem.k, problem.v
         dtype = compute_dtype(q.dtype, k.dtype)
         gates = problem.transport.cast(dtype)

@@ -8,11 +8,11 @@ Scores, scale, bias and weights are computed in max(input dtype, float32) (``axi
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-from typing import Any
 
 from axiomformer.axes.normalizer import normalize
 from axiomformer.axes.transport import transported_scores
@@ -89,9 +89,7 @@ def scaled_scores(
 def attention_weights(parts: Plan, problem: AttentionProblem, k: Tensor | None = None) -> Tensor:
     """Attention weights (batch, heads, q_len, k_len) in max(input dtype, float32), before dropout."""
     k = problem.k if k is None else k
-    scores = scaled_scores(
-        parts, problem.q, k, problem.scale, problem.full_bias(), problem.transport, problem.q_offset
-    )
+    scores = scaled_scores(parts, problem.q, k, problem.scale, problem.full_bias(), problem.transport, problem.q_offset)
     return normalize(
         scores,
         problem.full_mask(),

@@ -43,7 +43,10 @@ def _layer_specs(
                 f"layer_specs[{i}] has dim={s.dim}, causal={s.causal}; every layer needs the model's "
                 f"dim={spec.dim}, causal={spec.causal}"
             )
-    return [dataclasses.replace(s, max_len=max_len) if s.position == "learned" and s.max_len < max_len else s for s in layers]
+    return [
+        dataclasses.replace(s, max_len=max_len) if s.position == "learned" and s.max_len < max_len else s
+        for s in layers
+    ]
 
 
 class Block(nn.Module):
