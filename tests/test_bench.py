@@ -129,3 +129,26 @@ def test_the_stretch_relaxations_are_bench_rows_each_under_the_masks_it_is_defin
         }
         or auto
     )
+
+
+def test_the_transports_are_bench_rows_and_the_state_transports_run_on_the_recurrent_engine(tmp_path):
+    # Tiny sizes, one repeat: which rows exist and which engine runs them (no timing is read).
+    from axiomformer.spec import AXES
+
+    transports = [v for v in bench.FULL_VARIANTS if v.startswith("transport=")]
+    assert {v.split(",")[0].split("=")[1] for v in transports} == set(AXES["transport"][1:])
+    args = ["bench", "--lengths", "32", "--variants", ";".join(transports), "--json", "--out", str(tmp_path)]
+    args += ["--heads", "2", "--head-dim", "8", "--repeats", "1", "--threads", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output.strip().splitlines()[-1])["rows"]
+    engines: dict[str, set] = {}
+    for r in rows:
+        if r["causal"] and not r["engine"].startswith("x-transformers") and r["variant"] != "standard":
+            engines.setdefault(r["variant"], set()).add(r["engine"])
+    assert engines == {
+        "normalizer=none,transport=decay": {"recurrent", "reference"},
+        "transport=householder": {"reference"},  # softmax over transported scores: no chunked engine yet
+        "normalizer=none,transport=decay_householder": {"recurrent", "reference"},
+        "normalizer=none,transport=diag_decay_householder": {"recurrent", "reference"},
+    }

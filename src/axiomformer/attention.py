@@ -558,18 +558,25 @@ class Attention(nn.Module):
 
         Raises:
             ValueError: see :func:`axiomformer.engines.attend`; a position choice that reads the layer's inputs
-                (``position="forget"``'s gates), which only ``forward`` has.
+                (``position="forget"``'s gates), which only ``forward`` has; a transport with a mask, bias or query
+                offset (its gates are computed from the merged keys ``k`` in place of the key input).
         """
-        if "decay" in self.plan.position_traits or self.transport is not None:
-            what = (
-                f"position={self.spec.position!r}" if self.transport is None else f"transport={self.spec.transport!r}"
-            )
+        if "decay" in self.plan.position_traits:
             raise ValueError(
-                f"{what} reads the key inputs x_l for its gates; core() sees "
+                f"position={self.spec.position!r} reads the key inputs x_l for its gates; core() sees "
                 f"only projected q, k, v: call the layer (forward) instead"
             )
         q_len, k_len = q.shape[-2], k.shape[-2]
         q_offset = k_len - q_len if q_offset is None else q_offset
+        if self.transport is not None:  # the gates read the merged keys in place of the key input (bench, surgery)
+            if mask is not None or bias is not None or q_offset != k_len - q_len:
+                raise ValueError(
+                    f"transport={self.spec.transport!r}: core() takes no mask, bias or query offset (the causal "
+                    f"mask and key padding are the transport's, in forward)"
+                )
+            q, k = self.transport.prepare(q, k)
+            gates = self.transport.gates(self._merge_heads(k).to(self.q_proj.weight.dtype), k)
+            return self._attend_heads(q, k, v, None, None, q_offset, True, need_weights, engine or self.engine, gates)
         q = self.position.rotate(q, torch.arange(q_offset, q_offset + q_len, device=q.device))
         k = self.position.rotate(k, torch.arange(k_len, device=k.device))
         return self._attend_heads(q, k, v, mask, bias, q_offset, True, need_weights, engine or self.engine)

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from axiomformer.attention import Attention
 from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, problem_kind
+from axiomformer.engines.router import engine_accepts
 from axiomformer.memory import PeakMemory
 from axiomformer.runtime import seeded
 from axiomformer.spec import AttentionSpec, spec_requirements
@@ -62,10 +63,15 @@ FULL_VARIANTS = QUICK_VARIANTS + (
     "normalizer=power",
     "aggregator=laser",
     "position=cope",
+    "normalizer=none",
+    "transport=decay,normalizer=none",
+    "transport=householder",
+    "transport=decay_householder,normalizer=none",
+    "transport=diag_decay_householder,normalizer=none",
 )
 """Every variant whose attention core differs (``aggregator=gate`` acts after the core, ``position=forget`` reads the
 layer's inputs: both need the whole layer, which ``Attention.core`` is not; ``aggregator=laser`` wraps the weighted
-sum, inside the core)."""
+sum, inside the core; a transport's gates read the merged keys in the core, in place of the layer's key input)."""
 
 GOALS = {
     "standard": 1.05,
@@ -305,7 +311,7 @@ def _route(module, q, k, v) -> str:
     )
     kind = problem_kind(module.plan, problem)
     for name in ENGINE_ORDER:
-        if ENGINES[name].accepts(module.plan, kind):
+        if engine_accepts(ENGINES[name], module.plan, kind):
             return name
     return "reference"
 

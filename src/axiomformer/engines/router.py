@@ -114,7 +114,7 @@ def _usable(engine, kind, need_weights: bool, double_backward: bool) -> bool:
     return (engine.returns_weights or not need_weights) and (not double_backward or engine.twice_differentiable(kind))
 
 
-def _accepts(engine, plan: Plan, kind) -> bool:
+def engine_accepts(engine, plan: Plan, kind) -> bool:
     """``engine.accepts``, and a plan with a transport only for an engine that computes transports."""
     return (getattr(engine, "transports", False) or not plan.transported) and engine.accepts(plan, kind)
 
@@ -161,10 +161,10 @@ def route(
 def _decide(plan, kind, requested, explicit, need_weights, double_backward) -> str:
     if requested != "auto":
         chosen = ENGINES[requested]
-        if _accepts(chosen, plan, kind) and _usable(chosen, kind, need_weights, double_backward):
+        if engine_accepts(chosen, plan, kind) and _usable(chosen, kind, need_weights, double_backward):
             return requested
         if explicit:
-            if not _accepts(chosen, plan, kind):
+            if not engine_accepts(chosen, plan, kind):
                 raise ValueError(
                     f"engine {requested!r} cannot run {plan.spec.variant} on this problem "
                     f"({kind.device}, {kind.dtype}, mask={kind.mask}, alibi={kind.alibi}, "
@@ -178,7 +178,7 @@ def _decide(plan, kind, requested, explicit, need_weights, double_backward) -> s
         worthwhile = getattr(candidate, "worthwhile", None)
         if (
             _usable(candidate, kind, need_weights, double_backward)
-            and _accepts(candidate, plan, kind)
+            and engine_accepts(candidate, plan, kind)
             and (worthwhile is None or worthwhile(plan, kind))
         ):
             return name
