@@ -50,6 +50,8 @@ def case_spec(axis: str, name: str, scenario: str) -> AttentionSpec | None:
         return None
     if axis == "transport" and name != AXES["transport"][0] and scenario in ("alibi", "window"):
         return None  # refused by the spec: the transport is the position mechanism, a window would cut its products
+    if axis == "select" and name != AXES["select"][0] and scenario == "window":
+        return None  # refused by the spec: a selection chooses among every visible key
     causal = scenario in ("causal", "alibi", "window", "kv_decode")
     if not allows_causal(axis, name, causal):
         return None  # defined only under a causal mask, or only without one

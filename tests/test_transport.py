@@ -287,8 +287,10 @@ def test_a_transport_refuses_an_attn_mask_core_and_attend_without_gates():
     x = _x()
     with pytest.raises(ValueError, match="only the causal mask and key_padding_mask"):
         att(x, attn_mask=torch.ones(LEN, LEN, dtype=torch.bool))
-    with pytest.raises(ValueError, match="reads the key inputs"):
-        att.core(*(torch.randn(2, HEADS, LEN, HD, dtype=torch.float64) for _ in range(3)))
+    qkv = [torch.randn(2, HEADS, LEN, HD, dtype=torch.float64) for _ in range(3)]
+    with pytest.raises(ValueError, match="core\\(\\) takes no mask"):
+        att.core(*qkv, mask=torch.ones(LEN, dtype=torch.bool))
+    assert att.core(*qkv).out.shape == (2, HEADS, LEN, HD)  # the bench's core: gates from the merged keys
     with pytest.raises(ValueError, match="needs its gates"):
         attend(*(torch.randn(2, HEADS, LEN, HD) for _ in range(3)), parts=att.plan)
 

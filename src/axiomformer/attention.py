@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from axiomformer.axes import Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value
 from axiomformer.axes.position import TokenPositions, alibi_slope_list, token_positions
+from axiomformer.axes.select import Select
 from axiomformer.axes.transport import Transport, TransportGates, build_transport, transport_keys
 from axiomformer.engines import Attended, Plan, attend
 from axiomformer.engines.problem import causal_mask, rows_without_keys, visible_counts, window_mask
@@ -197,6 +198,7 @@ class Attention(nn.Module):
         self.aggregator = build_aggregator(spec)  # A1
         self.position = Position(spec)
         self.transport: Transport | None = build_transport(spec)  # the relevance through the tokens in between
+        self.select = Select(spec) if spec.select != "none" else None  # a second score picks the keys (A4)
         self.out_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
         self.last_engine: str | None = None
         self._plan: Plan | None = None
@@ -491,6 +493,10 @@ class Attention(nn.Module):
         groups = self.num_heads // k.shape[1]
         if groups > 1:  # key/value head g serves query heads g * groups ...
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if self.select is not None:  # the keys a second score picks (axes/select.py), as a mask
+            keep = None if mask is None or mask.shape[-2] != 1 or mask.shape[1] != 1 else mask[:, 0, 0, :]
+            chosen = self.select.mask(q, k, q_offset, self.spec.causal, keep)
+            mask = chosen if mask is None else mask & chosen
         wrap = self.aggregator if "log_values" in self.plan.aggregator_traits else None
         if wrap is not None:  # A1 around the weighted sum: LASER's exp(v - m) in, m + log(out) out
             dtype = v.dtype

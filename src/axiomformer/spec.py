@@ -15,6 +15,7 @@ scale          (A5)   the 1/sqrt(d_k) temperature   ``axes/scale.py``: SCALES
 position       (A0)   order re-injected             ``axes/position.py``: POSITIONS
 feature_map    (A5)   linear attention's kernel     ``axes/normalizer.py``: FEATURE_MAPS
 transport      (A4)   T_{i<-j} = I (no transport)   ``axes/transport.py``: TRANSPORTS
+select         (A4)   one score picks and weighs    ``axes/select.py``: SELECTS
 =============  =====  ============================  ======================================
 
 The choice lists (:data:`AXES`) are read from those registries; the first choice of each is the standard one.
@@ -36,6 +37,7 @@ from axiomformer.axes.position import POSITIONS
 from axiomformer.axes.registry import Registry
 from axiomformer.axes.scale import SCALES
 from axiomformer.axes.score import SCORES
+from axiomformer.axes.select import SELECTS, check_select
 from axiomformer.axes.transport import TRANSPORTS, check_transport
 from axiomformer.axes.value import VALUES
 
@@ -49,6 +51,7 @@ REGISTRIES: dict[str, Registry] = {
     "position": POSITIONS,
     "feature_map": FEATURE_MAPS,
     "transport": TRANSPORTS,
+    "select": SELECTS,
 }
 """The registry of every axis (``axes/<axis>.py``): each choice with its formula, source, implementation, traits."""
 
@@ -204,6 +207,11 @@ class AttentionSpec:
         transport: the relevance carried through the tokens in between (``axes/transport.py``): ``none`` (default),
             ``decay`` (Mamba-2), ``householder`` (PaTH), ``decay_householder`` (Gated DeltaNet),
             ``diag_decay_householder`` (Kimi Linear's KDA); each needs ``causal=True`` and its paper's normalizer.
+        select: the keys each query attends to, chosen by a second score (``axes/select.py``): ``none`` (default),
+            ``block_mean`` (MoBA), ``indexer`` (DeepSeek-V3.2's lightning indexer), ``nsa`` (NSA's selection).
+        select_block: keys per block of a selection (>= 2; default 2 **(our choice: small enough that a selection
+            acts on the audit's 8 tokens; MoBA uses 512, NSA 64)**).
+        select_topk: blocks kept per query, forced ones included (``indexer``: select_topk * select_block tokens).
         softcap: logit soft-capping, scores <- softcap * tanh(scores / softcap) after the scale and before any bias
             or normalizer (Gemma 2: Gemma Team 2024, sec. 2); a float >= 0, 0 (the default) is off. It relaxes A4:
             the score becomes a bounded function of q . k (the audit's bilinear checks see it).
@@ -237,6 +245,9 @@ class AttentionSpec:
     topk: int = 8
     softcap: float = 0.0
     transport: str = "none"
+    select: str = "none"
+    select_block: int = 2
+    select_topk: int = 2
 
     def __post_init__(self) -> None:
         for name, registry in REGISTRIES.items():
@@ -274,6 +285,7 @@ class AttentionSpec:
             raise ValueError(f"gumbel_hard must be a bool, got {self.gumbel_hard!r}")
         self._check_relaxations()
         check_transport(self)
+        check_select(self)
         self._check_sign_blind()
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"position='rope' needs an even head_dim, got head_dim={self.head_dim}")
@@ -444,7 +456,10 @@ class AttentionSpec:
             "A1": self.aggregator == "identity",
             "A2": self.contribution == "proportional",
             "A3": self.value == "linear" and not AGGREGATORS.has(self.aggregator, "log_values"),
-            "A4": self.score == "dot" and not self.softcap and self.transport == AXES["transport"][0],
+            "A4": self.score == "dot"
+            and not self.softcap
+            and self.transport == AXES["transport"][0]
+            and self.select == AXES["select"][0],
             "A5": self.normalizer == "softmax" and self.scale == "inv_sqrt_d",
         }
 

@@ -31,6 +31,7 @@ AXIS_TAG = {
     "scale": "A5",
     "position": "A0",
     "transport": "A4",
+    "select": "A4",
 }
 """Which assumption each axis relaxes (a transport relaxes A0 too: its rows list both among the candidates)."""
 

@@ -125,6 +125,7 @@ class Plan:
             bool(spec.softcap),
             resolved["per_row_scale"],
             spec.transport,
+            spec.select,
         )
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
