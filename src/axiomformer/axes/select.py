@@ -25,7 +25,7 @@ compression through the compressed branch, neither of which is here).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -47,16 +47,16 @@ SELECT_TRAITS = {
 }
 
 
-def _block_mean(module: nn.Module, q: Tensor, mean: Tensor, blocks: Tensor) -> Tensor:
+def _block_mean(module: Any, q: Tensor, mean: Tensor, blocks: Tensor) -> Tensor:
     return torch.matmul(q, mean.transpose(-2, -1))
 
 
-def _nsa(module: nn.Module, q: Tensor, mean: Tensor, blocks: Tensor) -> Tensor:
+def _nsa(module: Any, q: Tensor, mean: Tensor, blocks: Tensor) -> Tensor:
     compressed = module.compress(blocks.flatten(-2))  # (batch, heads, k_len, head_dim): each key's block
     return torch.matmul(q, compressed.transpose(-2, -1))
 
 
-def _indexer(module: nn.Module, q: Tensor, k: Tensor) -> Tensor:
+def _indexer(module: Any, q: Tensor, k: Tensor) -> Tensor:
     b, h, n, _ = q.shape
     qi = module.index_q(q).view(b, h, n, INDEX_HEADS, INDEX_DIM)
     ki = module.index_k(k)  # (batch, heads, k_len, INDEX_DIM), shared by the index heads
