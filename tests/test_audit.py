@@ -81,7 +81,13 @@ EXPECTED = {
         {"set_symmetry", "bilinear_scores", "bilinear_fit"},
         {"shift_invariance", "single_score"},
     ),  # causal; counts
-    "normalizer=none": ({"nonnegative_weights", "weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),  # u = s
+    "normalizer=none": ({"nonnegative_weights", "weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
+    # a short convolution mixes each token's q, k, v with its predecessors' (per channel): order, queries read
+    # other queries, per-coordinate weights
+    "position=short_conv": (
+        {"set_symmetry", "scalar_relevance", "parallel", "ratio_independence", "length_scale"},
+        NA_WEIGHTS | {"shift_invariance"},
+    ),  # u = s
     # selections: a second score picks the keys (single_score); blocks are positions (set_symmetry, parallel)
     "select=block_mean": (
         {"set_symmetry", "parallel", "ratio_independence", "length_scale", "single_score"},
@@ -159,6 +165,7 @@ CANDIDATES = {
     "normalizer=power": "A4 or A5",  # one bilinear form per query: g(q.k) scores or f(s) / sum f(s) normalizer
     "aggregator=laser": "A4",
     "normalizer=none": "A5; A5 or A1",
+    "position=short_conv": "A0; A2 or A0; A4 or A5 or A0; A5 or A0; A5 or A4 or A0",
     "select=block_mean": "A0; A4 or A5 or A0; A5 or A0; A5 or A4 or A0",
     "select=indexer": "A4 or A5; A5; A5 or A4",
     "select=nsa": "A0; A4 or A5 or A0; A5 or A4 or A0",

@@ -328,3 +328,40 @@ def test_transport_none_passes_the_audit_and_the_householder_transport_is_blamed
     failed = {c.name: c for c in report.checks if c.passed is False}
     assert failed["set_symmetry"].assumption == "A0"
     assert "A4" in failed["bilinear_scores"].candidates
+
+
+# ---------------------------------------------------------------------------------------------- short convolutions
+def _conv_reference(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """h_t + sum_{r=0..3} w[:, 3 - r] o h_{t-r}, an explicit loop (h (batch, seq, channels), zeros before t = 0)."""
+    out = h.clone()
+    for t in range(h.shape[1]):
+        for r in range(4):
+            if t - r >= 0:
+                out[:, t] = out[:, t] + w[:, 3 - r] * h[:, t - r]
+    return out
+
+
+@pytest.mark.parametrize(
+    "changes", ["position=short_conv,causal=true", "position=short_conv,transport=decay_householder"]
+)
+def test_a_short_convolution_is_the_residual_causal_depthwise_conv_of_the_projections_and_decodes(changes):
+    spec = relax_with_requirements(AttentionSpec.standard(DIM, HEADS), changes)
+    torch.manual_seed(0)
+    att = Attention(spec).double()
+    x, keep = _x(), _padding()
+    with torch.no_grad():
+        full = att(x, key_padding_mask=keep)
+        cache = KVCache()
+        steps = torch.cat([att(x[:, t : t + 1], cache=cache, key_padding_mask=keep[:, : t + 1]) for t in range(LEN)], 1)
+        torch.testing.assert_close(steps, full, rtol=0, atol=1e-8)
+        torch.testing.assert_close(full[1:, 2:], att(x[1:, 2:]), rtol=0, atol=1e-10)  # left padding changes nothing
+        if spec.transport == "none":  # the layer from its own projections and the convolution written out
+            p = att.position
+            q = _conv_reference(att.q_proj(x), p.conv_q)
+            k = _conv_reference(att.k_proj(x), p.conv_k)
+            v = _conv_reference(att.v_proj(x), p.conv_v)
+            heads = lambda t: t.view(2, LEN, HEADS, HD).transpose(1, 2)
+            s = heads(q) @ heads(k).transpose(-2, -1) / math.sqrt(HD)
+            s = s.masked_fill(~torch.ones(LEN, LEN, dtype=torch.bool).tril(), float("-inf"))
+            out = (torch.softmax(s, -1) @ heads(v)).transpose(1, 2).reshape(2, LEN, DIM)
+            torch.testing.assert_close(att(x), att.out_proj(out), rtol=0, atol=1e-10)

@@ -43,6 +43,7 @@ class KVCache:
         write: (batch, heads, stored) the write strengths gamma_j of the stored keys of a transport without a state
             (its keys are stored transported to the last token), or None.
         real: (batch,) float count of the real (unpadded) keys folded into a state, or None.
+        conv: the last three projected q, k, v inputs of ``position="short_conv"``'s convolution, or None.
         transport: what the layer that filled the cache keeps in it (``Attention._cache_layout``: ``"keys"``, or a
             transport and whether its state or its keys), None while empty; a layer that keeps something else
             refuses the cache.
@@ -57,6 +58,7 @@ class KVCache:
     write: Tensor | None = None
     real: Tensor | None = None
     transport: str | None = None
+    conv: tuple | None = None
 
     @property
     def length(self) -> int:
@@ -114,7 +116,7 @@ class KVCache:
         return self.positions
 
     def reset(self) -> None:
-        self.k = self.v = self.positions = self.decay = self.state = self.write = self.real = None
+        self.k = self.v = self.positions = self.decay = self.state = self.write = self.real = self.conv = None
         self.transport = None
         self.start = 0
 
@@ -327,9 +329,21 @@ class Attention(nn.Module):
         key_padding_mask = _drop_front(key_padding_mask, start, past + new_k_len)
 
         # Position enters through the query/key inputs (sinusoidal, learned) or by rotating q and k (RoPE).
-        q = self._split_heads(self.q_proj(self.position.encode_inputs(query, pos.q)))
-        k = self._split_heads(self.k_proj(self.position.encode_inputs(key, pos.k)), self.spec.kv_heads)
-        v = self._split_heads(self.v_proj(value), self.spec.kv_heads)  # A3
+        q, k, v = (
+            self.q_proj(self.position.encode_inputs(query, pos.q)),
+            self.k_proj(self.position.encode_inputs(key, pos.k)),
+            self.v_proj(value),
+        )  # A3
+        if "conv" in self.plan.position_traits:  # a short convolution of the projections (Canon-B)
+            keep = None if key_padding_mask is None else key_padding_mask[:, -new_k_len:]
+            q, k, v, history = self.position.short_conv(q, k, v, keep, cache.conv if cache is not None else None)
+            if cache is not None:
+                cache.conv = history
+        q, k, v = (
+            self._split_heads(q),
+            self._split_heads(k, self.spec.kv_heads),
+            self._split_heads(v, self.spec.kv_heads),
+        )
         q, k = self.position.rotate(q, pos.q), self.position.rotate(k, pos.k)
         if self.transport is not None:
             return self._transported(query, key, q, k, v, attn_mask, key_padding_mask, need_weights, cache)
@@ -574,6 +588,11 @@ class Attention(nn.Module):
             )
         q_len, k_len = q.shape[-2], k.shape[-2]
         q_offset = k_len - q_len if q_offset is None else q_offset
+        if "conv" in self.plan.position_traits:  # the short convolution of the (merged) projections
+            cq, ck, cv, _ = self.position.short_conv(
+                self._merge_heads(q), self._merge_heads(k), self._merge_heads(v), None, None
+            )
+            q, k, v = self._split_heads(cq), self._split_heads(ck, k.shape[1]), self._split_heads(cv, v.shape[1])
         if self.transport is not None:  # the gates read the merged keys in place of the key input (bench, surgery)
             if mask is not None or bias is not None or q_offset != k_len - q_len:
                 raise ValueError(

@@ -68,6 +68,10 @@ FULL_VARIANTS = QUICK_VARIANTS + (
     "transport=householder",
     "transport=decay_householder,normalizer=none",
     "transport=diag_decay_householder,normalizer=none",
+    "position=short_conv",
+    "select=block_mean",
+    "select=indexer",
+    "select=nsa",
 )
 """Every variant whose attention core differs (``aggregator=gate`` acts after the core, ``position=forget`` reads the
 layer's inputs: both need the whole layer, which ``Attention.core`` is not; ``aggregator=laser`` wraps the weighted

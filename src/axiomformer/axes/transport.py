@@ -303,7 +303,10 @@ def check_transport(spec: AttentionSpec) -> None:
                 f"got {field}={getattr(spec, field)!r}"
             )
     refused = {
-        "position": (spec.position != POSITIONS.names()[0], "the transport is the layer's position mechanism"),
+        "position": (
+            spec.position != POSITIONS.names()[0] and not POSITIONS.has(spec.position, "conv"),
+            "the transport is the layer's position mechanism (a short convolution may join it)",
+        ),
         "window": (spec.window != 0, "a sliding window would cut the transport's products"),
         "num_kv_heads": (spec.kv_heads != spec.num_heads, "grouped key/value heads are not defined here"),
         "softcap": (bool(spec.softcap), "soft-capping a transported score is not defined"),
