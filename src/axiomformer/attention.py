@@ -191,8 +191,13 @@ class Attention(nn.Module):
         self.double_backward = double_backward
         self.num_heads, self.head_dim = spec.num_heads, spec.head_dim
         self.q_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
-        self.k_proj = nn.Linear(spec.dim, spec.kv_dim, bias=spec.bias)
+        self.k_proj: nn.Module = nn.Linear(spec.dim, spec.kv_dim, bias=spec.bias)
         self.v_proj = build_value(spec)  # A3
+        self.kv_down: nn.Linear | None = None
+        if spec.kv_latent:  # MLA: k = W_uk c, v = W_uv c, c = W_dkv x, one latent shared (DeepSeek-V2, eq. 9-11)
+            self.kv_down = nn.Linear(spec.dim, spec.kv_latent, bias=False)
+            self.k_proj = nn.Sequential(self.kv_down, nn.Linear(spec.kv_latent, spec.kv_dim, bias=spec.bias))
+            self.v_proj = nn.Sequential(self.kv_down, nn.Linear(spec.kv_latent, spec.kv_dim, bias=spec.bias))
         self.score_fn = build_score(spec)  # A4
         self.scale = Scale(spec)  # A5 temperature
         self.normalizer = Normalizer(spec)  # A5
@@ -350,7 +355,10 @@ class Attention(nn.Module):
         all_k_pos = pos.k
         if cache is not None:
             all_k_pos = cache.key_positions(pos)
-            k, v = cache.append(k, v)  # the cache holds kv_heads heads (GQA's memory saving)
+            if self.kv_down is not None:  # MLA's compressed cache: the latent c alone, k and v rebuilt from it
+                k, v = self._latent_keys(query, key, value, pos, all_k_pos, cache)
+            else:
+                k, v = cache.append(k, v)  # the cache holds kv_heads heads (GQA's memory saving)
         k_len = k.shape[-2]
         q_offset = k_len - q_len
         mask, bias = prepare_masks(attn_mask, key_padding_mask, batch, self.num_heads, q_len, k_len)
@@ -409,12 +417,30 @@ class Attention(nn.Module):
             out = out.masked_fill(empty.unsqueeze(-1), 0.0)
         return (out, weights) if need_weights else out
 
+    def _latent_keys(self, query, key, value, pos, all_k_pos, cache: KVCache) -> tuple[Tensor, Tensor]:
+        """MLA with a KV cache: append the new tokens' latent c = W_dkv x (batch, 1, new, kv_latent) to the cache and
+        rebuild every key (rotated at its position) and value from the stored latents.
+
+        Raises:
+            ValueError: separate key and value inputs (the joint latent is one per token).
+        """
+        if value is not key:
+            raise ValueError(
+                f"kv_latent={self.spec.kv_latent}: a KV cache stores one joint latent per token, so key and value "
+                f"must be the same input"
+            )
+        latent = self.kv_down(self.position.encode_inputs(key, pos.k)).unsqueeze(1)
+        stored, _ = cache.append(latent, latent[..., :0])  # values: nothing beyond the latent
+        c = stored[:, 0]
+        k = self.position.rotate(self._split_heads(self.k_proj[-1](c), self.spec.kv_heads), all_k_pos)
+        return k, self._split_heads(self.v_proj[-1](c), self.spec.kv_heads)
+
     def _cache_layout(self) -> str:
         """What this layer keeps in a KV cache: ``"transport=<name> (state)"`` for a state transport (unless an engine
         without a state form is forced: every transport can decode from its keys transported to the last token, the
         reference engine's way), ``"transport=<name> (keys)"``, or ``"keys"`` without a transport."""
         if self.transport is None:
-            return "keys"
+            return f"latent={self.spec.kv_latent}" if self.spec.kv_latent else "keys"
         state = "state" in self.plan.transport_traits and self.engine in ("auto", "recurrent")
         return f"transport={self.spec.transport} ({'state' if state else 'keys'})"
 

@@ -85,7 +85,7 @@ FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
 """Fields that relax an assumption without being an axis: formula, assumption relaxed and how, source (the
 design-space table's rows)."""
 
-ECONOMIES = ("num_kv_heads", "window")
+ECONOMIES = ("num_kv_heads", "window", "kv_latent")
 """Fields that are not assumptions but the field's usual economies (0 = off); :attr:`AttentionSpec.variant` names them."""
 
 
@@ -207,6 +207,11 @@ class AttentionSpec:
         transport: the relevance carried through the tokens in between (``axes/transport.py``): ``none`` (default),
             ``decay`` (Mamba-2), ``householder`` (PaTH), ``decay_householder`` (Gated DeltaNet),
             ``diag_decay_householder`` (Kimi Linear's KDA); each needs ``causal=True`` and its paper's normalizer.
+        kv_latent: multi-head latent attention's joint key/value compression (DeepSeek-AI 2024, DeepSeek-V2,
+            arXiv:2405.04434, sec. 2.1.2, eq. 9-11): k = W_uk c, v = W_uv c with one latent c = W_dkv x of this width
+            per token, which is all a KV cache stores; 0 (the default) is off. An economy like ``num_kv_heads``: the
+            key and value maps stay linear (A3, A4 hold). Its decoupled RoPE key is not built: ``position="rope"``
+            rotates the whole rebuilt key (the decoupling serves the weight absorption of inference kernels).
         select: the keys each query attends to, chosen by a second score (``axes/select.py``): ``none`` (default),
             ``block_mean`` (MoBA), ``indexer`` (DeepSeek-V3.2's lightning indexer), ``nsa`` (NSA's selection).
         select_block: keys per block of a selection (>= 2; default 2 **(our choice: small enough that a selection
@@ -248,6 +253,7 @@ class AttentionSpec:
     select: str = "none"
     select_block: int = 2
     select_topk: int = 2
+    kv_latent: int = 0
 
     def __post_init__(self) -> None:
         for name, registry in REGISTRIES.items():
@@ -286,6 +292,7 @@ class AttentionSpec:
         self._check_relaxations()
         check_transport(self)
         check_select(self)
+        self._check_latent()
         self._check_sign_blind()
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"position='rope' needs an even head_dim, got head_dim={self.head_dim}")
@@ -294,6 +301,23 @@ class AttentionSpec:
                 f"normalizer={self.normalizer!r} replaces the score by a kernel phi(q).phi(k) and needs score='dot', "
                 f"got score={self.score!r}"
             )
+
+    def _check_latent(self) -> None:
+        """MLA's latent needs the linear value map it factors, and no choice that works on the projected keys."""
+        if isinstance(self.kv_latent, bool) or not isinstance(self.kv_latent, int) or self.kv_latent < 0:
+            raise ValueError(f"kv_latent must be an int >= 0 (0 = off), got {self.kv_latent!r}")
+        if not self.kv_latent:
+            return
+        bad = {
+            "value": (self.value != AXES["value"][0], "the latent factors the linear value map W_v = W_uv W_dkv"),
+            "transport": (self.transport != AXES["transport"][0], "a transport's gates are not defined on it"),
+            "position": (POSITIONS.has(self.position, "conv"), "a short convolution of the keys breaks the cache"),
+        }
+        for field, (wrong, why) in bad.items():
+            if wrong:
+                raise ValueError(
+                    f"kv_latent={self.kv_latent} needs another {field} ({why}), got {field}={getattr(self, field)!r}"
+                )
 
     def _check_sign_blind(self) -> None:
         """A normalizer blind to the sign of the scores (``power``: s^2) turns an additive penalty into weight."""
@@ -496,6 +520,7 @@ class AttentionSpec:
         shape += (
             (f" kv_heads={self.kv_heads}" if self.kv_heads != self.num_heads else "")
             + (f" window={self.window}" if self.window else "")
+            + (f" kv_latent={self.kv_latent}" if self.kv_latent else "")
             + (" causal" if self.causal else "")
         )
         if self.is_standard:
