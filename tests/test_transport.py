@@ -365,3 +365,15 @@ def test_a_short_convolution_is_the_residual_causal_depthwise_conv_of_the_projec
             s = s.masked_fill(~torch.ones(LEN, LEN, dtype=torch.bool).tril(), float("-inf"))
             out = (torch.softmax(s, -1) @ heads(v)).transpose(1, 2).reshape(2, LEN, DIM)
             torch.testing.assert_close(att(x), att.out_proj(out), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("steep", [1.0, 40.0])
+def test_the_factored_and_the_exact_per_channel_decay_agree(steep, monkeypatch):
+    q, k, v = _qkv()
+    g0 = _gates("diag_decay_householder")
+    g = g0._replace(log_decay=steep * g0.log_decay)  # steep: a span beyond FACTOR_SPAN, the exact form
+    factored = transported_scores(q, k, g, 0)
+    monkeypatch.setattr(transport_mod, "FACTOR_SPAN", -1.0)  # force the exact (n, m, d) form
+    exact = transported_scores(q, k, g, 0)
+    torch.testing.assert_close(factored, exact, rtol=0, atol=1e-10)
+    torch.testing.assert_close(exact, naive_scores(q, k, g), rtol=0, atol=1e-10)

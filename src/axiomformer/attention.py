@@ -17,7 +17,7 @@ from axiomformer.axes.select import Select
 from axiomformer.axes.transport import Transport, TransportGates, build_transport, transport_keys
 from axiomformer.engines import Attended, Plan, attend
 from axiomformer.engines.problem import causal_mask, rows_without_keys, visible_counts, window_mask
-from axiomformer.engines.recurrent import DEFAULT_CHUNK, state_form
+from axiomformer.engines.recurrent import DEFAULT_CHUNK, chunk_for, state_form
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
 
@@ -456,7 +456,9 @@ class Attention(nn.Module):
         scale = scale.to(q.dtype) if isinstance(scale, Tensor) else scale
         lead = k.shape[-2] - q.shape[-2]
         qs = torch.nn.functional.pad(q * scale, (0, 0, lead, 0))
-        out, cache.state = state_form(qs, k, v, gates, cache.state, chunk=DEFAULT_CHUNK)
+        out, cache.state = state_form(
+            qs, k, v, gates, cache.state, chunk=chunk_for(self.plan.transport_traits, DEFAULT_CHUNK)
+        )
         cache.start += k.shape[-2]
         self.last_engine = "recurrent"
         flags = torch.ones_like(k[:, 0, :, 0]) if keep is None else keep.to(k.dtype)

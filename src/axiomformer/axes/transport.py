@@ -67,6 +67,11 @@ A_RANGE = (1.0, 16.0)
 """A_h at initialisation is uniform in this range (Mamba-2's ``A_init_range``; Gated DeltaNet's code uses the same)."""
 
 
+FACTOR_SPAN = 60.0
+"""Largest spread of per-channel log decays that :func:`decayed_gram` factors (exp(60) ~ 1e26, far below float32's
+largest number, 3e38); wider spreads take the exact (n, m, d) form."""
+
+
 class TransportGates(NamedTuple):
     """The per-token pieces of the transport, over the key positions.
 
@@ -114,6 +119,14 @@ def decayed_gram(x: Tensor, cx: Tensor, px: Tensor, y: Tensor, cy: Tensor, py: T
     likewise (m). Returns (batch, heads, n, m). The exponent is blocked before exp, so no masked entry overflows.
     """
     allowed = px[:, None] > py[None, :] if strict else px[:, None] >= py[None, :]
+    if cx.shape[-1] > 1 and not torch.compiler.is_compiling():
+        # Per channel: exp(cx - cy) = exp(cx - lo) exp(lo - cy) with lo the smallest log decay, two (n, d) factors
+        # instead of an (n, m, d) one, when no factor can overflow (a chunk's span of log decays is small).
+        lo = torch.minimum(cx.amin(-2, keepdim=True), cy.amin(-2, keepdim=True))
+        hi = torch.maximum(cx.amax(-2, keepdim=True), cy.amax(-2, keepdim=True))
+        if float((hi - lo).detach().max()) <= FACTOR_SPAN:
+            g = torch.matmul(x * (cx - lo).exp(), (y * (lo - cy).exp()).transpose(-2, -1))
+            return g.masked_fill(~allowed, 0.0)
     exponent = cx.unsqueeze(-2) - cy.unsqueeze(-3)  # (batch, heads, n, m, 1 or d)
     decay = torch.where(allowed[..., None], exponent, float("-inf")).exp()
     if decay.shape[-1] == 1:
