@@ -369,7 +369,7 @@ def test_a_short_convolution_is_the_residual_causal_depthwise_conv_of_the_projec
 
 @pytest.mark.parametrize("steep", [1.0, 40.0])
 def test_the_factored_and_the_exact_per_channel_decay_agree(steep, monkeypatch):
-    q, k, v = _qkv()
+    q, k, _ = _qkv()
     g0 = _gates("diag_decay_householder")
     g = g0._replace(log_decay=steep * g0.log_decay)  # steep: a span beyond FACTOR_SPAN, the exact form
     factored = transported_scores(q, k, g, 0)
