@@ -78,3 +78,33 @@ def test_mla_refuses_what_its_latent_does_not_define():
     att, x = _layer(), _x()
     with pytest.raises(ValueError, match="must be the same input"):
         att(x, x, x.clone(), cache=KVCache())
+
+
+def test_the_decoupled_rope_key_is_deepseek_v2s_and_decodes_from_latents_and_rotated_keys():
+    from axiomformer.axes.position import apply_rope
+
+    att = _layer(kv_rope_dim=4)
+    x = _x()
+    heads = lambda t, h=HEADS: t.view(2, LEN, h, -1).transpose(1, 2)
+    pos = torch.arange(LEN)
+    c = x @ att.kv_down.weight.T
+    q = torch.cat([heads(att.q_proj(x)), apply_rope(heads(att.q_rope(x)), pos)], -1)  # eq. 14-16: [q^C; q^R]
+    kr = apply_rope(heads(att.k_rope(x), 1), pos).expand(-1, HEADS, -1, -1)  # eq. 17: one k^R for every head
+    k = torch.cat([heads(att.k_proj[-1](c)), kr], -1)
+    v = heads(att.v_proj[-1](c))
+    s = (q @ k.transpose(-2, -1) / math.sqrt(HD + 4)).masked_fill(
+        ~torch.ones(LEN, LEN, dtype=torch.bool).tril(), -math.inf
+    )
+    want = att.out_proj((torch.softmax(s, -1) @ v).transpose(1, 2).reshape(2, LEN, DIM))
+    with torch.no_grad():
+        torch.testing.assert_close(att(x), want, rtol=0, atol=1e-10)
+        cache = KVCache()
+        steps = torch.cat([att(x[:, t : t + 1], cache=cache) for t in range(LEN)], 1)
+    torch.testing.assert_close(steps, want, rtol=0, atol=1e-8)
+    assert cache.k.shape == (2, 1, LEN, LATENT + 4)  # the latent and the rotated k^R, nothing per head
+    spec = att.spec
+    assert {a for a, held in spec.assumptions().items() if not held} == {"A0"}  # a position mechanism, as RoPE
+    report = run_audit(f"spec:kv_latent={LATENT},kv_rope_dim=4,causal=true")
+    assert report["set_symmetry"].passed is False
+    with pytest.raises(ValueError, match="decoupled RoPE key"):
+        AttentionSpec.standard(DIM, HEADS, kv_latent=LATENT, kv_rope_dim=4, position="rope")

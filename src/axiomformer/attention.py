@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from axiomformer.axes import Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value
-from axiomformer.axes.position import TokenPositions, alibi_slope_list, token_positions
+from axiomformer.axes.position import TokenPositions, alibi_slope_list, apply_rope, token_positions
 from axiomformer.axes.select import Select
 from axiomformer.axes.transport import Transport, TransportGates, build_transport, transport_keys
 from axiomformer.engines import Attended, Plan, attend
@@ -198,6 +198,9 @@ class Attention(nn.Module):
             self.kv_down = nn.Linear(spec.dim, spec.kv_latent, bias=False)
             self.k_proj = nn.Sequential(self.kv_down, nn.Linear(spec.kv_latent, spec.kv_dim, bias=spec.bias))
             self.v_proj = nn.Sequential(self.kv_down, nn.Linear(spec.kv_latent, spec.kv_dim, bias=spec.bias))
+        if spec.kv_rope_dim:  # MLA's decoupled RoPE: q^R per head, one k^R shared by the heads (eq. 14-19)
+            self.q_rope = nn.Linear(spec.dim, spec.num_heads * spec.kv_rope_dim, bias=False)
+            self.k_rope = nn.Linear(spec.dim, spec.kv_rope_dim, bias=False)
         self.score_fn = build_score(spec)  # A4
         self.scale = Scale(spec)  # A5 temperature
         self.normalizer = Normalizer(spec)  # A5
@@ -350,6 +353,8 @@ class Attention(nn.Module):
             self._split_heads(v, self.spec.kv_heads),
         )
         q, k = self.position.rotate(q, pos.q), self.position.rotate(k, pos.k)
+        if self.spec.kv_rope_dim:
+            q, k = self._decoupled_rope(query, key, q, k, pos)
         if self.transport is not None:
             return self._transported(query, key, q, k, v, attn_mask, key_padding_mask, need_weights, cache)
         all_k_pos = pos.k
@@ -417,6 +422,12 @@ class Attention(nn.Module):
             out = out.masked_fill(empty.unsqueeze(-1), 0.0)
         return (out, weights) if need_weights else out
 
+    def _decoupled_rope(self, query, key, q, k, pos) -> tuple[Tensor, Tensor]:
+        """[q; RoPE(W_qr x)] per head and [k; RoPE(W_kr x)] with the rotated part shared by the key heads."""
+        qr = apply_rope(self._split_heads(self.q_rope(query)), pos.q)
+        kr = apply_rope(self.k_rope(key).unsqueeze(1), pos.k)  # (batch, 1, k_len, kv_rope_dim)
+        return torch.cat([q, qr], -1), torch.cat([k, kr.expand(-1, k.shape[1], -1, -1)], -1)
+
     def _latent_keys(self, query, key, value, pos, all_k_pos, cache: KVCache) -> tuple[Tensor, Tensor]:
         """MLA with a KV cache: append the new tokens' latent c = W_dkv x (batch, 1, new, kv_latent) to the cache and
         rebuild every key (rotated at its position) and value from the stored latents.
@@ -430,9 +441,13 @@ class Attention(nn.Module):
                 f"must be the same input"
             )
         latent = self.kv_down(self.position.encode_inputs(key, pos.k)).unsqueeze(1)
+        if self.spec.kv_rope_dim:  # the decoupled RoPE key, rotated once at its position, is cached beside it
+            latent = torch.cat([latent, apply_rope(self.k_rope(key).unsqueeze(1), pos.k)], -1)
         stored, _ = cache.append(latent, latent[..., :0])  # values: nothing beyond the latent
-        c = stored[:, 0]
+        c, kr = stored[:, 0, :, : self.spec.kv_latent], stored[:, :, :, self.spec.kv_latent :]
         k = self.position.rotate(self._split_heads(self.k_proj[-1](c), self.spec.kv_heads), all_k_pos)
+        if self.spec.kv_rope_dim:
+            k = torch.cat([k, kr.expand(-1, k.shape[1], -1, -1)], -1)
         return k, self._split_heads(self.v_proj[-1](c), self.spec.kv_heads)
 
     def _cache_layout(self) -> str:

@@ -85,7 +85,7 @@ FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
 """Fields that relax an assumption without being an axis: formula, assumption relaxed and how, source (the
 design-space table's rows)."""
 
-ECONOMIES = ("num_kv_heads", "window", "kv_latent")
+ECONOMIES = ("num_kv_heads", "window", "kv_latent", "kv_rope_dim")
 """Fields that are not assumptions but the field's usual economies (0 = off); :attr:`AttentionSpec.variant` names them."""
 
 
@@ -211,7 +211,11 @@ class AttentionSpec:
             arXiv:2405.04434, sec. 2.1.2, eq. 9-11): k = W_uk c, v = W_uv c with one latent c = W_dkv x of this width
             per token, which is all a KV cache stores; 0 (the default) is off. An economy like ``num_kv_heads``: the
             key and value maps stay linear (A3, A4 hold). Its decoupled RoPE key is not built: ``position="rope"``
-            rotates the whole rebuilt key (the decoupling serves the weight absorption of inference kernels).
+            rotates the whole rebuilt key; ``kv_rope_dim`` builds the decoupled one.
+        kv_rope_dim: MLA's decoupled RoPE key (DeepSeek-V2, eq. 14-19): q_i gains RoPE(W_qr x_i) per head and k_j a
+            RoPE(W_kr x_j) shared by the heads, both of this (even) width, scored with the latent part:
+            s_ij = [q_i; q_i^R] . [k_j; k_j^R] / sqrt(head_dim + kv_rope_dim); the cache keeps k^R beside the
+            latent. Needs ``kv_latent`` and ``position="none"`` (it is the layer's position mechanism: A0 relaxed).
         select: the keys each query attends to, chosen by a second score (``axes/select.py``): ``none`` (default),
             ``block_mean`` (MoBA), ``indexer`` (DeepSeek-V3.2's lightning indexer), ``nsa`` (NSA's selection).
         select_block: keys per block of a selection (>= 2; default 2 **(our choice: small enough that a selection
@@ -254,6 +258,7 @@ class AttentionSpec:
     select_block: int = 2
     select_topk: int = 2
     kv_latent: int = 0
+    kv_rope_dim: int = 0
 
     def __post_init__(self) -> None:
         for name, registry in REGISTRIES.items():
@@ -304,8 +309,16 @@ class AttentionSpec:
 
     def _check_latent(self) -> None:
         """MLA's latent needs the linear value map it factors, and no choice that works on the projected keys."""
-        if isinstance(self.kv_latent, bool) or not isinstance(self.kv_latent, int) or self.kv_latent < 0:
-            raise ValueError(f"kv_latent must be an int >= 0 (0 = off), got {self.kv_latent!r}")
+        for name in ("kv_latent", "kv_rope_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0 (0 = off), got {value!r}")
+        if self.kv_rope_dim and (self.kv_rope_dim % 2 or not self.kv_latent or self.position != AXES["position"][0]):
+            raise ValueError(
+                f"kv_rope_dim={self.kv_rope_dim} (MLA's decoupled RoPE key) needs an even width, kv_latent > 0 and "
+                f"position='none' (it is the position mechanism), got kv_latent={self.kv_latent}, "
+                f"position={self.position!r}"
+            )
         if not self.kv_latent:
             return
         bad = {
@@ -475,6 +488,7 @@ class AttentionSpec:
         *and* the 1/sqrt(d) scale)."""
         return {
             "A0": self.position == AXES["position"][0]
+            and not self.kv_rope_dim
             and not NORMALIZERS.has(self.normalizer, "ordered")
             and not TRANSPORTS.has(self.transport, "ordered"),
             "A1": self.aggregator == "identity",
@@ -509,8 +523,8 @@ class AttentionSpec:
 
     @property
     def is_standard(self) -> bool:
-        """No axis relaxed and no soft-capping."""
-        return not self.relaxed_axes() and not self.softcap
+        """No axis relaxed, no soft-capping and no decoupled RoPE key (MLA's ``kv_rope_dim``)."""
+        return not self.relaxed_axes() and not self.softcap and not self.kv_rope_dim
 
     def describe(self) -> str:
         """One readable line, e.g. ``standard attention: dim=64 heads=4 head_dim=16 causal; A0-A5 hold``."""
@@ -521,6 +535,7 @@ class AttentionSpec:
             (f" kv_heads={self.kv_heads}" if self.kv_heads != self.num_heads else "")
             + (f" window={self.window}" if self.window else "")
             + (f" kv_latent={self.kv_latent}" if self.kv_latent else "")
+            + (f" kv_rope_dim={self.kv_rope_dim}" if self.kv_rope_dim else "")
             + (" causal" if self.causal else "")
         )
         if self.is_standard:
@@ -529,6 +544,7 @@ class AttentionSpec:
             **self.relaxed_axes(),
             **({"softcap": f"{self.softcap:g}"} if self.softcap else {}),
             **changed_options(self),  # topk, gumbel_tau, ...: the relaxation is not known without them
+            **({"kv_rope_dim": self.kv_rope_dim} if self.kv_rope_dim else {}),  # MLA's decoupled RoPE key
         }
         axes = ", ".join(f"{k}={v}" for k, v in relaxed.items())
         status = f"relaxes {', '.join(broken)}" if broken else "A0-A5 hold"

@@ -176,7 +176,7 @@ class AttentionAdapter(Adapter):
         self.module, self.spec = m, m.spec
         self.name = name or f"Attention({m.spec.variant})"
         self.dim, self.num_heads, self.causal = m.spec.dim, m.spec.num_heads, m.spec.causal
-        self.has_positions = m.spec.position != "none"
+        self.has_positions = m.spec.position != "none" or bool(m.spec.kv_rope_dim)  # MLA's decoupled RoPE key
         self.dropout = m.spec.dropout
 
     def _mask(self, q: Tensor, k: Tensor, causal: bool) -> Tensor | None:
