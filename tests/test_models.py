@@ -176,3 +176,30 @@ def test_layer_specs_of_the_wrong_length_or_width_are_refused():
         TransformerLM(softmax, 20, 3, 16, layer_specs=layers)
     with pytest.raises(ValueError, match="dim=32"):
         TransformerLM(softmax, 20, 1, 16, layer_specs=[AttentionSpec.standard(16, 2, causal=True)])
+
+
+def test_a_hybrid_stack_is_a_spec_string_that_train_and_the_study_take_as_an_arm():
+    from axiomformer.spec import stack_specs
+    from axiomformer.study.config import StudyConfig
+    from axiomformer.study.sweep import count_params, models
+    from axiomformer.train import TrainConfig, train
+
+    pattern = "transport=decay_householder/standard"
+    base = AttentionSpec.standard(16, 2, causal=True)
+    layers = stack_specs(base, pattern, 4)
+    assert [s.transport for s in layers] == ["decay_householder", "none"] * 2  # repeated over the layers
+    assert layers[0].normalizer == "none"  # the paper's normalizer filled in
+    config = TrainConfig(task="mqar", seq_len=16, spec=pattern, layers=2, dim=16, heads=2, steps=2, eval_every=1)
+    result = train(config)
+    assert result.spec == pattern and result.loss == result.loss  # it ran (the loss is a number, not NaN)
+    study = StudyConfig(
+        variants=["standard", pattern],
+        baselines=[],
+        tasks=[{"name": "mqar", "seq_lens": [16]}],
+        model={"dim": 16, "heads": 2, "layers": 2},
+    )
+    arms = {m.label: m for m in models(study)}
+    assert arms[pattern].spec == pattern
+    assert count_params(arms[pattern], 16, 16, "mqar", {}, layers=2, heads=2) > count_params(
+        arms["standard"], 16, 16, "mqar", {}, layers=2, heads=2
+    )  # the transport's gates add parameters

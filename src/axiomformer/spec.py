@@ -136,6 +136,33 @@ def relax_with_requirements(base: AttentionSpec, changes: str | dict[str, Any]) 
     return base.relax(needed).relax(dict(items))
 
 
+LAYER_SEPARATOR = "/"
+"""Separates the per-layer relax strings of a hybrid stack in a spec string (``train``, study arms), e.g.
+``"transport=decay_householder/transport=decay_householder/transport=decay_householder/standard"``."""
+
+
+def stack_specs(base: AttentionSpec, text: str, num_layers: int) -> list[AttentionSpec]:
+    """The spec of each of ``num_layers`` layers from a spec string: relax strings separated by ``/`` repeated over
+    the layers (three Gated DeltaNet layers and a softmax one, repeated, is Qwen3-Next's 3:1), each with the fields
+    its choices need filled in (:func:`relax_with_requirements`); one relax string gives every layer the same spec.
+
+    Raises:
+        ValueError: an empty layer, or as :meth:`AttentionSpec.relax`.
+    """
+    parts = [p.strip() for p in text.split(LAYER_SEPARATOR)]
+    if len(parts) > 1 and not all(parts):
+        raise ValueError(f"empty layer in {text!r}: give one relax string per layer, separated by '/'")
+    if len(parts) == 1:
+        return [base.relax(text)] * num_layers
+    specs = [relax_with_requirements(base, p) for p in parts]
+    return [specs[i % len(specs)] for i in range(num_layers)]
+
+
+def stack_assumptions(specs: list[AttentionSpec]) -> dict[str, bool]:
+    """An assumption holds for a stack when it holds in every layer."""
+    return {a: all(s.assumptions()[a] for s in specs) for a in specs[0].assumptions()}
+
+
 def parse_relax(changes: str | dict[str, Any] | None) -> list[tuple[str, Any]]:
     """The ``(key, value)`` items of a relax string (``"score=cosine,normalizer=sigmoid"``) or dict, in order.
 
