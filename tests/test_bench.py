@@ -152,7 +152,7 @@ def test_the_transports_are_bench_rows_and_the_state_transports_run_on_the_recur
             engines.setdefault(r["variant"], set()).add(r["engine"])
     assert engines == {
         "normalizer=none,transport=decay": {"recurrent", "reference"},
-        "transport=householder": {"reference"},  # softmax over transported scores: no chunked engine yet
+        "transport=householder": {"chunked_transport", "reference"},  # PaTH's blockwise softmax
         "normalizer=none,transport=decay_householder": {"recurrent", "reference"},
         "normalizer=none,transport=diag_decay_householder": {"recurrent", "reference"},
     }

@@ -22,6 +22,7 @@ from axiomformer.engines.recurrent import RecurrentEngine
 from axiomformer.engines.rowwise import RowwiseEngine
 from axiomformer.engines.sdpa import SDPAEngine
 from axiomformer.engines.sparse import SparseEngine
+from axiomformer.engines.transport_chunked import ChunkedTransportEngine
 from axiomformer.spec import AXES, allows_causal, required_fields
 
 DIM, HEADS, BATCH, Q_LEN, K_LEN, WINDOW = 16, 2, 2, 6, 9, 3
@@ -41,6 +42,7 @@ def _small_blocks(monkeypatch):
     monkeypatch.setitem(ENGINES, "sparse", SparseEngine(memory_budget=100))
     monkeypatch.setitem(ENGINES, "rowwise", RowwiseEngine(memory_budget=100))
     monkeypatch.setitem(ENGINES, "recurrent", RecurrentEngine(chunk=4))
+    monkeypatch.setitem(ENGINES, "chunked_transport", ChunkedTransportEngine(block=4))
     monkeypatch.delenv("AXIOMFORMER_ENGINE", raising=False)
 
 

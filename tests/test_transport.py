@@ -214,8 +214,10 @@ def test_each_layer_is_its_papers_recurrence_from_its_own_projections(name):
 def test_the_routed_engine_matches_the_reference_forward_and_backward_with_key_padding(name, monkeypatch):
     from axiomformer.engines import ENGINES
     from axiomformer.engines.recurrent import RecurrentEngine
+    from axiomformer.engines.transport_chunked import ChunkedTransportEngine
 
     monkeypatch.setitem(ENGINES, "recurrent", RecurrentEngine(chunk=3))  # chunks cross the sequence
+    monkeypatch.setitem(ENGINES, "chunked_transport", ChunkedTransportEngine(block=3))
     results = []
     for engine in ("reference", "auto"):
         att = _layer(name, engine=engine)
@@ -224,7 +226,7 @@ def test_the_routed_engine_matches_the_reference_forward_and_backward_with_key_p
         (out * torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)).sum().backward()
         results.append((att.last_engine, [out.detach(), x.grad] + [p.grad for p in att.parameters()]))
     (_, want), (engine, got) = results
-    assert engine == ("recurrent" if TRANSPORTS.has(name, "state") else "reference")
+    assert engine == ("recurrent" if TRANSPORTS.has(name, "state") else "chunked_transport")
     assert len(got) == len(want) and all(g is not None for g in got[2:])
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
@@ -377,3 +379,26 @@ def test_the_factored_and_the_exact_per_channel_decay_agree(steep, monkeypatch):
     exact = transported_scores(q, k, g, 0)
     torch.testing.assert_close(factored, exact, rtol=0, atol=1e-10)
     torch.testing.assert_close(exact, naive_scores(q, k, g), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("block", [1, 2, 4, 6])
+def test_the_blockwise_householder_softmax_is_the_parallel_form_forward_and_backward(block):
+    from axiomformer.engines.transport_chunked import chunked_softmax_transport
+
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    g0 = _gates("householder")
+    leaves = [t.clone().requires_grad_() if t is not None else None for t in g0]
+    g = TransportGates(*leaves)._replace(write=None)  # PaTH writes every key with weight 1
+    keep = torch.ones(2, 6, dtype=torch.bool)
+    keep[1, :2] = False
+    mask = torch.ones(6, 6, dtype=torch.bool).tril() & keep[:, None, None, :]
+    g = g.masked(keep)
+    u = torch.softmax(transported_scores(q, k, g, 0).masked_fill(~mask, float("-inf")), -1)
+    want = torch.where(mask.any(-1, keepdim=True), u, 0.0) @ v  # a query that sees no real key: a zero row
+    got = chunked_softmax_transport(q, k, v, g, keep, block)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    weight = torch.randn(2, 2, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    wanted = [t for t in (q, k, v, leaves[1], leaves[2]) if t is not None]
+    mine = torch.autograd.grad((got * weight).sum(), wanted, retain_graph=True)  # the masked gates are shared
+    for a, b in zip(mine, torch.autograd.grad((want * weight).sum(), wanted)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)

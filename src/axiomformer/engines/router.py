@@ -42,6 +42,7 @@ from axiomformer.engines.reference import ReferenceEngine
 from axiomformer.engines.rowwise import RowwiseEngine
 from axiomformer.engines.sdpa import SDPAEngine
 from axiomformer.engines.sparse import SparseEngine
+from axiomformer.engines.transport_chunked import ChunkedTransportEngine
 from axiomformer.engines.validate import as_problem_4d, check_per_head, check_window, empty_output, problem_shape
 from axiomformer.spec import AttentionSpec
 
@@ -95,6 +96,7 @@ register_engine(SparseEngine())
 register_engine(RowwiseEngine())
 register_engine(ChunkedEngine())
 register_engine(RecurrentEngine())
+register_engine(ChunkedTransportEngine())
 
 
 @contextlib.contextmanager
