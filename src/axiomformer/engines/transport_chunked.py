@@ -48,28 +48,39 @@ def _block_pieces(k: Tensor, g: TransportGates) -> tuple[Tensor, Tensor]:
     return keys, eye - wb.transpose(-2, -1) @ w_end
 
 
-def _query_block(q: Tensor, k: Tensor, v: Tensor, g: TransportGates, keep: Tensor, start: int, size: int) -> Tensor:
-    """Softmax-normalized output of the queries of block ``start`` over every key up to them (module docstring)."""
+def _query_block(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: TransportGates,
+    keep: Tensor,
+    ends: Tensor,
+    products: Tensor,
+    start: int,
+    size: int,
+) -> Tensor:
+    """Softmax-normalized output of the queries of block ``start`` over every key up to them (module docstring);
+    ``ends`` are the keys transported to their block's end, ``products`` (batch, heads, blocks, d, d) each block's B."""
     stop = min(start + size, k.shape[-2])
     part = g.tokens(slice(start, stop))
     qb, kb, vb = q[:, :, start:stop], k[:, :, start:stop], v[:, :, start:stop]
-    plain = TransportGates(part.log_decay, part.beta, part.w, None)
+    w, beta = _householder(part)
+    plain = TransportGates(part.log_decay, beta, w, None)
     local = transported_scores(qb, kb, part, 0)  # within the block (gamma applied)
     n = stop - start
     causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
     local = local.masked_fill(~(causal & keep[:, None, None, start:stop]), float("-inf"))
     top = local.amax(-1, keepdim=True)
-    w, beta = _householder(part)
     qt = qb - transported_scores(qb, w, plain, 0) @ (w * beta.unsqueeze(-1))  # the queries to the block start
     blocks = []
     for c in range(start - size, -size, -size):  # the earlier blocks, backward
-        gb = g.tokens(slice(c, c + size))
-        keys, product = _block_pieces(k[:, :, c : c + size], gb)
-        s = (qt @ keys.transpose(-2, -1)) * (1.0 if gb.write is None else gb.write.unsqueeze(-2))
+        write = g.write
+        s = qt @ ends[:, :, c : c + size].transpose(-2, -1)
+        s = s if write is None else s * write[:, :, None, c : c + size]
         s = s.masked_fill(~keep[:, None, None, c : c + size], float("-inf"))
         blocks.append((s, v[:, :, c : c + size]))
         top = torch.maximum(top, s.amax(-1, keepdim=True))
-        qt = qt @ product.transpose(-2, -1)
+        qt = qt @ products[:, :, c // size].transpose(-2, -1)
     top = torch.where(torch.isfinite(top), top, 0.0)
     weights = (local - top).exp()
     total, out = weights.sum(-1, keepdim=True), weights @ vb
@@ -85,12 +96,18 @@ def chunked_softmax_transport(
     """softmax_j(s_ij) v_j over the causal keys with s the Householder transport, block by block.
 
     q, k (batch, heads, n, head_dim), already scaled; v (batch, heads, n, head_dim_v); ``keep`` (batch, n) False at
-    padded keys (their gates must be zero: ``TransportGates.masked``). Rows without a visible key get 0.
+    padded keys (their gates must be zero: ``TransportGates.masked``). Rows without a visible key get 0. Each key
+    block's transported keys and product are computed once; each query block is recomputed in the backward.
     """
     keep = torch.ones(k.shape[0], k.shape[-2], dtype=torch.bool, device=k.device) if keep is None else keep
+    pieces = [
+        _block_pieces(k[:, :, c : c + block], gates.tokens(slice(c, c + block))) for c in range(0, k.shape[-2], block)
+    ]
+    ends = torch.cat([p[0] for p in pieces], dim=-2)
+    products = torch.stack([p[1] for p in pieces], dim=2)
     outs = []
     for start in range(0, k.shape[-2], block):
-        args = (q, k, v, gates, keep, start, block)
+        args = (q, k, v, gates, keep, ends, products, start, block)
         outs.append(
             checkpoint(_query_block, *args, use_reentrant=False) if torch.is_grad_enabled() else _query_block(*args)
         )
