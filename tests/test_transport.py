@@ -402,3 +402,19 @@ def test_the_blockwise_householder_softmax_is_the_parallel_form_forward_and_back
     mine = torch.autograd.grad((got * weight).sum(), wanted, retain_graph=True)  # the masked gates are shared
     for a, b in zip(mine, torch.autograd.grad((want * weight).sum(), wanted)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_normalizer_none_is_the_scaled_scores_and_decodes_as_its_full_forward():
+    spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax(normalizer="none")
+    torch.manual_seed(0)
+    att = Attention(spec).double()
+    x = _x()
+    heads = lambda t: t.view(2, LEN, HEADS, HD).transpose(1, 2)
+    q, k, v = heads(att.q_proj(x)), heads(att.k_proj(x)), heads(att.v_proj(x))
+    u = (q @ k.transpose(-2, -1) / math.sqrt(HD)).tril()  # u = s: no normalization, the causal entries only
+    with torch.no_grad():
+        want = att.out_proj((u @ v).transpose(1, 2).reshape(2, LEN, DIM))
+        torch.testing.assert_close(att(x), want, rtol=0, atol=1e-10)
+        cache = KVCache()
+        steps = torch.cat([att(x[:, t : t + 1], cache=cache) for t in range(LEN)], 1)
+    torch.testing.assert_close(steps, want, rtol=0, atol=1e-8)
