@@ -23,9 +23,10 @@ from axiomformer.spec import AXES
 # Why each verdict is expected is in docs/audit.md. A relaxation fails the checks of its own assumption; failures
 # elsewhere are consequences (positions break set symmetry, and with it scores bilinear with one M for every pair). causality and nan_isolation need a causal target; shift_invariance needs bilinear scores; homogeneity needs
 # a target that exposes its contribution map (axiomformer's Attention does; a function of (q, k, v) does not).
-NA = {"causality", "nan_isolation"}
+NA = {"causality", "nan_isolation", "single_score"}  # single_score needs weights that are exactly 0 somewhere
 NA_SHIFT = NA | {"shift_invariance"}
 NA_WEIGHTS = NA | {"bilinear_scores", "bilinear_fit"}
+SPARSE = NA_WEIGHTS - {"single_score"}  # exact zeros, and the keys kept are those the score ranks highest
 NA_NONLINEAR = NA | {"scalar_relevance"}  # not linear in the values: no weights per coordinate
 EXPECTED = {
     "standard": (set(), NA),
@@ -41,12 +42,12 @@ EXPECTED = {
     "score=mlp": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
     "score=talking_heads": ({"bilinear_fit", "head_independence"}, NA_SHIFT),  # logits mixed across heads
     "normalizer=sigmoid": ({"weights_sum_to_one", "shift_invariance", "length_scale"}, NA_WEIGHTS),  # bias -log n
-    "normalizer=relu": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
-    "normalizer=sparsemax": ({"ratio_independence", "length_scale"}, NA_WEIGHTS),
-    "normalizer=entmax15": ({"ratio_independence", "length_scale"}, NA_WEIGHTS),
+    "normalizer=relu": ({"weights_sum_to_one", "shift_invariance"}, SPARSE),
+    "normalizer=sparsemax": ({"ratio_independence", "length_scale"}, SPARSE),
+    "normalizer=entmax15": ({"ratio_independence", "length_scale"}, SPARSE),
     "normalizer=gumbel_softmax": ({"deterministic"}, NA),  # a softmax in eval; samples in training
     "normalizer=linear": ({"bilinear_scores", "bilinear_fit", "scale_entropy"}, NA_SHIFT),
-    "normalizer=entmax_alpha": ({"ratio_independence", "length_scale"}, NA_WEIGHTS),  # like entmax15 at its start
+    "normalizer=entmax_alpha": ({"ratio_independence", "length_scale"}, SPARSE),  # like entmax15 at its start
     "normalizer=softmax1": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),  # the sink takes 1 - sum u
     "normalizer=diff": (
         {"nonnegative_weights", "weights_sum_to_one", "ratio_independence", "scale_entropy", "length_scale"},
@@ -54,10 +55,10 @@ EXPECTED = {
     ),  # signed weights, rows sum to 1 - lambda
     "normalizer=stick_breaking": (
         {"set_symmetry", "weights_sum_to_one", "shift_invariance"},
-        {"bilinear_scores", "bilinear_fit"},
+        {"bilinear_scores", "bilinear_fit", "single_score"},
     ),  # causal; the nearest keys first
     "normalizer=softmax_sink": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
-    "normalizer=softpick": ({"weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
+    "normalizer=softpick": ({"weights_sum_to_one", "shift_invariance"}, SPARSE),
     "normalizer=topk": ({"length_scale"}, NA | {"bilinear_fit"}),  # 8 keys, topk=8: only longer rows differ
     "normalizer=sinkhorn": (
         {"parallel", "ratio_independence", "length_scale"},
@@ -74,15 +75,56 @@ EXPECTED = {
     "position=alibi": ({"set_symmetry", "bilinear_scores", "bilinear_fit"}, NA_SHIFT),
     "position=forget": (
         {"set_symmetry", "bilinear_scores", "bilinear_fit", "head_independence"},
-        {"shift_invariance"},
+        {"shift_invariance", "single_score"},
     ),  # causal; gates read the whole key input
-    "position=cope": ({"set_symmetry", "bilinear_scores", "bilinear_fit"}, {"shift_invariance"}),  # causal; counts
-    "standard, causal": (set(), set()),
+    "position=cope": (
+        {"set_symmetry", "bilinear_scores", "bilinear_fit"},
+        {"shift_invariance", "single_score"},
+    ),  # causal; counts
+    "normalizer=none": ({"nonnegative_weights", "weights_sum_to_one", "shift_invariance"}, NA_WEIGHTS),
+    # a short convolution mixes each token's q, k, v with its predecessors' (per channel): order, queries read
+    # other queries, per-coordinate weights
+    "position=short_conv": (
+        {"set_symmetry", "scalar_relevance", "parallel", "ratio_independence", "length_scale"},
+        NA_WEIGHTS | {"shift_invariance"},
+    ),  # u = s
+    # selections: a second score picks the keys (single_score); blocks are positions (set_symmetry, parallel)
+    "select=block_mean": (
+        {"set_symmetry", "parallel", "ratio_independence", "length_scale", "single_score"},
+        NA_WEIGHTS - {"single_score"},
+    ),
+    "select=indexer": (
+        {"shift_invariance", "ratio_independence", "length_scale", "single_score"},
+        NA_WEIGHTS - {"single_score"},
+    ),
+    "select=nsa": ({"set_symmetry", "parallel", "length_scale", "single_score"}, NA_WEIGHTS - {"single_score"}),
+    # transports (causal; gates read the whole key input, as position=forget's): the delta-rule family and Mamba-2
+    # with normalizer=none, PaTH with softmax
+    "transport=decay": (
+        {"set_symmetry", "head_independence", "nonnegative_weights", "weights_sum_to_one", "shift_invariance"},
+        {"bilinear_scores", "bilinear_fit", "single_score"},
+    ),
+    "transport=householder": (
+        {"set_symmetry", "bilinear_scores", "bilinear_fit", "head_independence", "scale_entropy"},
+        {"shift_invariance", "single_score"},
+    ),
+    "transport=decay_householder": (
+        {"set_symmetry", "head_independence", "nonnegative_weights", "weights_sum_to_one", "shift_invariance"},
+        {"bilinear_scores", "bilinear_fit", "single_score"},
+    ),
+    "transport=diag_decay_householder": (
+        {"set_symmetry", "head_independence", "nonnegative_weights", "weights_sum_to_one", "shift_invariance"},
+        {"bilinear_scores", "bilinear_fit", "single_score"},
+    ),
+    "standard, causal": (set(), {"single_score"}),
     "torch SDPA": (set(), NA | {"homogeneity", "learned_values", "head_independence"}),  # a function: no contribution
     # or value map, one head of the full width
-    "torch SDPA, causal": ({"nan_isolation"}, {"homogeneity", "learned_values", "head_independence"}),  # 0 * NaN
+    "torch SDPA, causal": (
+        {"nan_isolation"},
+        {"homogeneity", "learned_values", "head_independence", "single_score"},
+    ),  # 0 * NaN
     "torch MHA": (set(), NA | {"homogeneity"}),
-    "torch MHA, causal": ({"nan_isolation"}, {"homogeneity"}),
+    "torch MHA, causal": ({"nan_isolation"}, {"homogeneity", "single_score"}),
     "tanh RNN": (
         {"set_symmetry", "token_additivity", "linearity", "value_free_relevance", "parallel"},
         NA_NONLINEAR
@@ -122,6 +164,15 @@ CANDIDATES = {
     "normalizer=sinkhorn": "A4 or A5; A5; A5 or A4",  # parallel cannot tell column sums (A5) from scores (A4)
     "normalizer=power": "A4 or A5",  # one bilinear form per query: g(q.k) scores or f(s) / sum f(s) normalizer
     "aggregator=laser": "A4",
+    "normalizer=none": "A5; A5 or A1",
+    "position=short_conv": "A0; A2 or A0; A4 or A5 or A0; A5 or A0; A5 or A4 or A0",
+    "select=block_mean": "A0; A4 or A5 or A0; A5 or A0; A5 or A4 or A0",
+    "select=indexer": "A4 or A5; A5; A5 or A4",
+    "select=nsa": "A0; A4 or A5 or A0; A5 or A4 or A0",
+    "transport=decay": "A0; A4 or A1 or A0; A5 or A0; A5 or A1 or A0",
+    "transport=householder": "A0; A4 or A0; A4 or A1 or A0; A5 or A4 or A0",
+    "transport=decay_householder": "A0; A4 or A1 or A0; A5 or A0; A5 or A1 or A0",
+    "transport=diag_decay_householder": "A0; A4 or A1 or A0; A5 or A0; A5 or A1 or A0",
     "position=cope": "A0; A4 or A0",  # positions counted by the gates: order, and scores that read other keys  # two violations at once (A1 and A3); parsimony names the single one with this Jacobian
 }
 """``matrix.blamed(report)``: the candidates of each row's failures, as the matrix prints them."""
@@ -190,6 +241,7 @@ def test_tanh_rnn_fails_set_symmetry_and_parallel(matrix):
         ("nan_isolation", "torch SDPA, causal"),
         ("head_independence", "score=talking_heads"),
         ("length_scale", "scale=log_n"),
+        ("single_score", "select=indexer"),
     ],
 )
 def test_check_fails_where_its_property_is_broken(matrix, check, label):
@@ -201,7 +253,9 @@ def test_check_fails_where_its_property_is_broken(matrix, check, label):
 
 def test_a4_checks_pass_a_bilinear_score_and_report_it_as_a_reparametrization_of_dot(matrix):
     bilinear, standard = matrix["score=bilinear"].report, matrix["standard"].report
-    assert all(c.passed is True for c in bilinear.checks if c.assumption == "A4")
+    # single_score cannot tell here (no weight is exactly 0: nothing is selected)
+    assert all(c.passed is True for c in bilinear.checks if c.assumption == "A4" and c.name != "single_score")
+    assert bilinear["single_score"].passed is None
     assert "reparametrization of the dot product" in bilinear["bilinear_fit"].detail
     assert "the dot product" in standard["bilinear_fit"].detail and "M = c I" in standard["bilinear_fit"].detail
 
@@ -320,7 +374,7 @@ def test_audit_cli_json_and_bad_target():
     result = CliRunner().invoke(app, ["audit", "spec:score=bilinear", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output.strip().splitlines()[-1])
-    assert data["target"] == "spec:score=bilinear" and len(data["checks"]) == 20
+    assert data["target"] == "spec:score=bilinear" and len(data["checks"]) == 21
     for c in data["checks"]:
         assert set(c) == {"name", "assumption", "passed", "statistic", "tolerance", "detail", "candidates"}
         assert c["passed"] in (True, False, None)
@@ -332,8 +386,9 @@ def test_audit_cli_json_and_bad_target():
         "bilinear_fit",
         "parallel",
         "head_independence",
+        "single_score",
     }
-    assert all(c["passed"] is True for c in a4)
+    assert all(c["passed"] is (None if c["name"] == "single_score" else True) for c in a4)  # no zero weights
     bad = CliRunner().invoke(app, ["audit", "spec:scor=cosine"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
 

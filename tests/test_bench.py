@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 
 import pytest
 import torch
@@ -22,6 +23,8 @@ FIELDS = {
     "ratio_vs_sdpa": float,
     "peak_mem_mb": float,
     "sdpa_peak_mem_mb": float,
+    "ratio_ci": list,
+    "warmup_dropped": int,
 }
 
 
@@ -57,6 +60,7 @@ def test_bench_json_last_line_has_the_documented_rows(tmp_path):
             assert isinstance(row[key], kind) or (kind is float and isinstance(row[key], int)), (key, row[key])
         assert row["ms"] > 0 and row["sdpa_ms"] > 0 and row["peak_mem_mb"] >= 0
         assert row["ratio_vs_sdpa"] == pytest.approx(row["ms"] / row["sdpa_ms"], rel=0.05, abs=0.01)
+        assert len(row["ratio_ci"]) == 2  # one repeat: no interval (nan, nan)
     engines = {(r["variant"], r["engine"]) for r in rows}
     xt = {("standard", "x-transformers"), ("standard", "x-transformers-flash")}
     assert (xt <= engines) == (importlib.util.find_spec("x_transformers") is not None)
@@ -129,3 +133,50 @@ def test_the_stretch_relaxations_are_bench_rows_each_under_the_masks_it_is_defin
         }
         or auto
     )
+
+
+def test_the_transports_are_bench_rows_and_the_state_transports_run_on_the_recurrent_engine(tmp_path):
+    # Tiny sizes, one repeat: which rows exist and which engine runs them (no timing is read).
+    from axiomformer.spec import AXES
+
+    transports = [v for v in bench.FULL_VARIANTS if v.startswith("transport=")]
+    assert {v.split(",")[0].split("=")[1] for v in transports} == set(AXES["transport"][1:])
+    args = ["bench", "--lengths", "32", "--variants", ";".join(transports), "--json", "--out", str(tmp_path)]
+    args += ["--heads", "2", "--head-dim", "8", "--repeats", "1", "--threads", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output.strip().splitlines()[-1])["rows"]
+    engines: dict[str, set] = {}
+    for r in rows:
+        if r["causal"] and not r["engine"].startswith("x-transformers") and r["variant"] != "standard":
+            engines.setdefault(r["variant"], set()).add(r["engine"])
+    assert engines == {
+        "normalizer=none,transport=decay": {"recurrent", "reference"},
+        "transport=householder": {"chunked_transport", "reference"},  # PaTH's blockwise softmax
+        "normalizer=none,transport=decay_householder": {"recurrent", "reference"},
+        "normalizer=none,transport=diag_decay_householder": {"recurrent", "reference"},
+    }
+
+
+def test_the_ratio_interval_is_the_t_interval_of_the_paired_log_ratios():
+    from statsmodels.stats.weightstats import DescrStatsW
+
+    g = torch.Generator().manual_seed(0)
+    b = (1 + torch.rand(9, generator=g)).tolist()
+    a = [2 * y * float(1 + 0.1 * torch.randn((), generator=g)) for y in b]  # a / b about 2, paired noise
+    low, high = bench.ratio_interval(a, b)
+    logs = [math.log(x / y) for x, y in zip(a, b)]
+    want = DescrStatsW(logs).tconfint_mean(alpha=0.05)
+    assert (low, high) == pytest.approx((math.exp(want[0]), math.exp(want[1])), abs=1e-4)
+    assert low < 2 < high
+    assert all(math.isnan(x) for x in bench.ratio_interval([1.0], [2.0]))
+
+
+def test_a_first_timed_pair_that_is_still_warming_up_is_dropped_and_retimed(monkeypatch):
+    clock = iter([5.0] + [1.0] * 40)  # the first timed call of a is 5x the others: a warm-up outlier
+    monkeypatch.setattr(bench, "_timed", lambda call, device: next(clock))
+    a, b, dropped = bench.interleaved_times(lambda: None, lambda: None, torch.device("cpu"), repeats=7)
+    assert dropped == 1 and len(a) == len(b) == 7 and max(a) == 1.0
+    steady = iter([1.0] * 40)
+    monkeypatch.setattr(bench, "_timed", lambda call, device: next(steady))
+    assert bench.interleaved_times(lambda: None, lambda: None, torch.device("cpu"), repeats=7)[2] == 0

@@ -36,7 +36,7 @@ def _quiet_dynamo():
 
 def _layer(axis: str, name: str) -> Attention:
     causal = required_fields(axis, name).get("causal", True)  # sinkhorn: only without a causal mask
-    spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax({axis: name})
+    spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax({**required_fields(axis, name), axis: name})
     if axis == "feature_map":
         spec = spec.relax(normalizer="linear")
     torch.manual_seed(0)

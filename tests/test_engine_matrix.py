@@ -18,10 +18,12 @@ from axiomformer.engines import ENGINE_ORDER, ENGINES, register_engine, unregist
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.elementwise import ElementwiseEngine
 from axiomformer.engines.linear import LinearEngine
+from axiomformer.engines.recurrent import RecurrentEngine
 from axiomformer.engines.rowwise import RowwiseEngine
 from axiomformer.engines.sdpa import SDPAEngine
 from axiomformer.engines.sparse import SparseEngine
-from axiomformer.spec import AXES, allows_causal
+from axiomformer.engines.transport_chunked import ChunkedTransportEngine
+from axiomformer.spec import AXES, allows_causal, required_fields
 
 DIM, HEADS, BATCH, Q_LEN, K_LEN, WINDOW = 16, 2, 2, 6, 9, 3
 SCENARIOS = ("none", "key_padding", "float_mask", "causal", "alibi", "window", "kv_decode")
@@ -39,6 +41,8 @@ def _small_blocks(monkeypatch):
     monkeypatch.setitem(ENGINES, "elementwise", ElementwiseEngine(memory_budget=100))
     monkeypatch.setitem(ENGINES, "sparse", SparseEngine(memory_budget=100))
     monkeypatch.setitem(ENGINES, "rowwise", RowwiseEngine(memory_budget=100))
+    monkeypatch.setitem(ENGINES, "recurrent", RecurrentEngine(chunk=4))
+    monkeypatch.setitem(ENGINES, "chunked_transport", ChunkedTransportEngine(block=4))
     monkeypatch.delenv("AXIOMFORMER_ENGINE", raising=False)
 
 
@@ -46,13 +50,17 @@ def case_spec(axis: str, name: str, scenario: str) -> AttentionSpec | None:
     """The spec of one cell, or None where the scenario would replace the choice (ALiBi on another position)."""
     if scenario == "alibi" and axis == "position" and name != "alibi":
         return None
+    if axis == "transport" and name != AXES["transport"][0] and scenario in ("alibi", "window"):
+        return None  # refused by the spec: the transport is the position mechanism, a window would cut its products
+    if axis == "select" and name != AXES["select"][0] and scenario == "window":
+        return None  # refused by the spec: a selection chooses among every visible key
     causal = scenario in ("causal", "alibi", "window", "kv_decode")
     if not allows_causal(axis, name, causal):
         return None  # defined only under a causal mask, or only without one
     if scenario in ("float_mask", "alibi") and axis == "normalizer" and NORMALIZERS.has(name, "sign_blind"):
         return None  # refused: a float bias would become weight (power)
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal)
-    spec = spec.relax({axis: name})
+    spec = spec.relax({**required_fields(axis, name), axis: name})  # a transport's paired normalizer
     if axis == "topk":
         spec = spec.relax(normalizer="topk")
     if axis == "feature_map":

@@ -120,3 +120,86 @@ def test_loading_a_directory_without_weights_fails_clearly(tmp_path):
         load_checkpoint(tmp_path)
     with pytest.raises(ValueError, match="config"):
         save_checkpoint(tmp_path, nn.Linear(2, 2))
+
+
+# ---------------------------------------------------------------------------------------------- hybrid stacks
+def _hybrid(dim: int = 32, heads: int = 2):
+    from axiomformer.spec import relax_with_requirements
+
+    softmax = AttentionSpec.standard(dim, heads, causal=True)
+    delta = relax_with_requirements(softmax, "transport=decay_householder")
+    return softmax, [delta, delta, delta, softmax]  # Qwen3-Next's 3:1 gated DeltaNet : softmax
+
+
+def test_a_hybrid_stack_of_gated_deltanet_and_softmax_layers_trains_on_mqar_and_gradients_reach_every_layer():
+    from axiomformer.models import build_from_config
+    from axiomformer.tasks.mqar import MQARTask
+
+    softmax, layers = _hybrid()
+    task = MQARTask(32)
+    torch.manual_seed(0)
+    model = TransformerLM(softmax, task.vocab_size, 4, 32, layer_specs=layers)
+    assert [s.transport for s in model.layer_specs] == ["decay_householder"] * 3 + ["none"]
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for step in range(3):
+        ids, targets = (torch.as_tensor(t) for t in task.batch(8, seed=step, split="train"))
+        logits = model(ids)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        opt.zero_grad()
+        loss.backward()
+        assert bool(torch.isfinite(loss))
+        for i, block in enumerate(model.blocks):  # every layer's attention, the transport's gates included
+            grads = [p.grad for p in block.attn.parameters()]
+            assert all(g is not None and bool(torch.isfinite(g).all()) for g in grads), i
+            assert sum(float(g.abs().sum()) for g in grads) > 0, i
+        opt.step()
+    assert model.engines[:3] == ["recurrent"] * 3 and model.engines[3] != "recurrent"
+    rebuilt = build_from_config(model.config)
+    assert rebuilt.layer_specs == model.layer_specs
+
+
+def test_a_hybrid_stack_decodes_through_its_caches_as_its_full_forward():
+    softmax, layers = _hybrid()
+    torch.manual_seed(1)
+    model = TransformerLM(softmax, 20, 4, 16, layer_specs=layers).double().eval()
+    ids = torch.randint(0, 20, (2, 9))
+    full = model(ids)
+    caches = model.new_caches()
+    steps = [model(ids[:, :5], caches=caches)] + [model(ids[:, t : t + 1], caches=caches) for t in range(5, 9)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-8)
+    assert caches[0].state is not None and caches[3].k is not None  # a state for the delta rule, keys for softmax
+
+
+def test_layer_specs_of_the_wrong_length_or_width_are_refused():
+    softmax, layers = _hybrid()
+    with pytest.raises(ValueError, match="one per layer"):
+        TransformerLM(softmax, 20, 3, 16, layer_specs=layers)
+    with pytest.raises(ValueError, match="dim=32"):
+        TransformerLM(softmax, 20, 1, 16, layer_specs=[AttentionSpec.standard(16, 2, causal=True)])
+
+
+def test_a_hybrid_stack_is_a_spec_string_that_train_and_the_study_take_as_an_arm():
+    from axiomformer.spec import stack_specs
+    from axiomformer.study.config import StudyConfig
+    from axiomformer.study.sweep import count_params, models
+    from axiomformer.train import TrainConfig, train
+
+    pattern = "transport=decay_householder/standard"
+    base = AttentionSpec.standard(16, 2, causal=True)
+    layers = stack_specs(base, pattern, 4)
+    assert [s.transport for s in layers] == ["decay_householder", "none"] * 2  # repeated over the layers
+    assert layers[0].normalizer == "none"  # the paper's normalizer filled in
+    config = TrainConfig(task="mqar", seq_len=16, spec=pattern, layers=2, dim=16, heads=2, steps=2, eval_every=1)
+    result = train(config)
+    assert result.spec == pattern and result.loss == result.loss  # it ran (the loss is a number, not NaN)
+    study = StudyConfig(
+        variants=["standard", pattern],
+        baselines=[],
+        tasks=[{"name": "mqar", "seq_lens": [16]}],
+        model={"dim": 16, "heads": 2, "layers": 2},
+    )
+    arms = {m.label: m for m in models(study)}
+    assert arms[pattern].spec == pattern
+    assert count_params(arms[pattern], 16, 16, "mqar", {}, layers=2, heads=2) > count_params(
+        arms["standard"], 16, 16, "mqar", {}, layers=2, heads=2
+    )  # the transport's gates add parameters

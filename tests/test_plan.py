@@ -33,7 +33,7 @@ def lookups(monkeypatch):
 
 def _layer(axis: str, name: str, **fields) -> Attention:
     causal = required_fields(axis, name).get("causal", True)
-    spec = AttentionSpec.standard(16, 2, causal=causal, **fields).relax({axis: name})
+    spec = AttentionSpec.standard(16, 2, causal=causal, **fields).relax({**required_fields(axis, name), axis: name})
     if axis == "feature_map":
         spec = spec.relax(normalizer="linear")
     return Attention(spec)

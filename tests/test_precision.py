@@ -106,6 +106,7 @@ def truth64(normalizer: str, q, k, v, scale: float, causal: bool):
         "gumbel_softmax": lambda: torch.softmax(blocked, -1),  # eval, tau = 1
         "sigmoid": lambda: torch.sigmoid(s - n.log()) * visible,
         "relu": lambda: torch.relu(s) / n * visible,
+        "none": lambda: s * visible,  # no normalization
         "sparsemax": lambda: sparsemax(blocked, -1),
         "entmax15": lambda: entmax15(blocked, -1),
         "entmax_alpha": lambda: entmax_bisect(blocked, 1.5, -1, n_iter=100),
@@ -159,6 +160,7 @@ def test_float64_weights_are_float64_and_rows_sum_to_one_within_float64(normaliz
     assert weights.dtype == torch.float64
     torch.testing.assert_close(weights, expected, rtol=1e-11, atol=1e-12)
     if normalizer not in (
+        "none",
         "sigmoid",
         "relu",
         "softmax1",
@@ -175,7 +177,17 @@ def test_float64_weights_are_float64_and_rows_sum_to_one_within_float64(normaliz
 @pytest.mark.parametrize("normalizer", NORMALIZERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_rows_of_every_distribution_normalizer_sum_to_one_within_its_dtype(normalizer, dtype):
-    if normalizer in ("sigmoid", "relu", "softmax1", "linear", "diff", "stick_breaking", "softmax_sink", "softpick"):
+    if normalizer in (
+        "sigmoid",
+        "relu",
+        "softmax1",
+        "linear",
+        "diff",
+        "stick_breaking",
+        "softmax_sink",
+        "softpick",
+        "none",
+    ):
         pytest.skip("not a distribution over the keys")
     scores = (torch.randn(3, HEADS, 7, 11) * 4).to(dtype)
     weights = normalize(scores, None, normalizer)
@@ -235,6 +247,8 @@ def test_the_float64_check_sees_a_float32_reference(monkeypatch):
 @pytest.mark.parametrize("engine", ENGINE_NAMES)
 def test_float16_scores_beyond_the_float16_range_stay_finite_and_correctly_rounded(normalizer, engine):
     # q = k = 64 in every coordinate: q . k = 64 * 64 * 16 = 65536 > 65504 (float16 max) before the 1/4 scale.
+    if normalizer == "none":
+        pytest.skip("no normalization: the weights are the scores themselves, beyond float16's range by design")
     causal = normalizer in CAUSAL_ONLY
     q = torch.full((1, 1, 3, 16), 64.0, dtype=torch.float16)
     v = torch.randn(1, 1, 3, 16).to(torch.float16)

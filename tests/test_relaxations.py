@@ -343,7 +343,10 @@ def test_topk_keeps_k_keys_per_row_and_at_least_one():
             r"normalizer='sinkhorn' is defined only without a causal mask \(it normalizes over the queries too.*needs "
             r"causal=False",
         ),
-        ("aggregator=laser,normalizer=diff", r"needs weights >= 0 \(any normalizer but: diff, linear with feature"),
+        (
+            "aggregator=laser,normalizer=diff",
+            r"needs weights >= 0 \(any normalizer but: diff, none, linear with feature",
+        ),
         ("aggregator=laser,contribution=joint", r"needs contribution='proportional', got contribution='joint'"),
     ],
 )

@@ -285,6 +285,7 @@ def test_audit_of_pretrained_bert_attention_passes_every_applicable_check_but_it
     verdicts = {c["name"]: c["passed"] for c in result["checks"]}
     assert verdicts.pop("causality") is None  # BERT is bidirectional: n/a, not a vacuous pass
     assert verdicts.pop("nan_isolation") is None
+    assert verdicts.pop("single_score") is None  # no weight is exactly 0: nothing is selected
     assert verdicts.pop("homogeneity") is None  # A2 is not identifiable apart from A5 here
     assert verdicts.pop("shift_invariance") is None  # the scores are not a bilinear q.k ...
     failed = {c["name"]: c["candidates"] for c in result["checks"] if c["passed"] is False}

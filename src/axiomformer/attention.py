@@ -13,9 +13,12 @@ import torch
 from torch import Tensor, nn
 
 from axiomformer.axes import Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value
-from axiomformer.axes.position import TokenPositions, alibi_slope_list, token_positions
+from axiomformer.axes.position import TokenPositions, alibi_slope_list, apply_rope, token_positions
+from axiomformer.axes.select import Select
+from axiomformer.axes.transport import Transport, TransportGates, build_transport, transport_keys
 from axiomformer.engines import Attended, Plan, attend
 from axiomformer.engines.problem import causal_mask, rows_without_keys, visible_counts, window_mask
+from axiomformer.engines.recurrent import DEFAULT_CHUNK, chunk_for, state_form
 from axiomformer.engines.reference import call_in
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
@@ -62,6 +65,15 @@ class KVCache:
         start: tokens dropped from the front: the first stored key is the ``start``-th token seen.
         decay: (batch, heads, stored) float32 running sums of the forget gates' log f of the stored keys
             (``position="forget"``), or None.
+        state: (batch, heads, head_dim_v, head_dim) the state of a transport with trait ``state``
+            (``axes/transport.py``): such a cache keeps no keys, and ``start`` counts the tokens folded into it.
+        write: (batch, heads, stored) the write strengths gamma_j of the stored keys of a transport without a state
+            (its keys are stored transported to the last token), or None.
+        real: (batch,) float count of the real (unpadded) keys folded into a state, or None.
+        conv: the last three projected q, k, v inputs of ``position="short_conv"``'s convolution, or None.
+        transport: what the layer that filled the cache keeps in it (``Attention._cache_layout``: ``"keys"``, or a
+            transport and whether its state or its keys), None while empty; a layer that keeps something else
+            refuses the cache.
     """
 
     k: Tensor | None = None
@@ -69,6 +81,11 @@ class KVCache:
     positions: Tensor | None = None
     start: int = 0
     decay: Tensor | None = None
+    state: Tensor | None = None
+    write: Tensor | None = None
+    real: Tensor | None = None
+    transport: str | None = None
+    conv: tuple | None = None
 
     @property
     def length(self) -> int:
@@ -126,8 +143,44 @@ class KVCache:
         return self.positions
 
     def reset(self) -> None:
-        self.k = self.v = self.positions = self.decay = None
+        self.k = self.v = self.positions = self.decay = self.state = self.write = self.real = self.conv = None
+        self.transport = None
         self.start = 0
+
+    def claim(self, layout: str) -> None:
+        """Mark the cache as filled by a layer that keeps ``layout`` in it (see ``transport``).
+
+        Raises:
+            ValueError: the cache holds what a layer of another layout stored (keys transported or not, or a
+                state: they mean something else there).
+        """
+        if self.transport is not None and self.transport != layout and self.seen:
+            raise ValueError(
+                f"this KVCache was filled by a layer that keeps {self.transport!r}; a layer that keeps "
+                f"{layout!r} cannot decode from it (one cache per layer and spec; reset() it)"
+            )
+        self.transport = layout
+
+
+def _with_stored(cache: KVCache, k: Tensor, v: Tensor, gates: TransportGates) -> tuple[Tensor, Tensor, TransportGates]:
+    """The cache's keys (transported to the last token: identity gates) before the new keys, values and gates."""
+    if cache.k is None:
+        return k, v, gates
+    past = cache.length
+    old_write = cache.write if cache.write is not None else k.new_ones(k.shape[0], k.shape[1], past)
+    new_write = gates.write if gates.write is not None else k.new_ones(k.shape[0], k.shape[1], k.shape[-2])
+
+    def front(t: Tensor | None, last: tuple[int, ...]) -> Tensor | None:
+        return None if t is None else torch.cat([t.new_zeros(*t.shape[:2], past, *last), t], dim=2)
+
+    ld = gates.log_decay
+    stored = TransportGates(
+        front(ld, ld.shape[3:]),
+        front(gates.beta, ()),
+        front(gates.w, k.shape[3:]),
+        torch.cat([old_write.expand(k.shape[0], k.shape[1], -1), new_write.expand(k.shape[0], k.shape[1], -1)], -1),
+    )
+    return torch.cat([cache.k, k], dim=-2), torch.cat([cache.v, v], dim=-2), stored
 
 
 def _drop_front(mask: Tensor | None, start: int, total: int) -> Tensor | None:
@@ -165,14 +218,24 @@ class Attention(nn.Module):
         self.double_backward = double_backward
         self.num_heads, self.head_dim = spec.num_heads, spec.head_dim
         self.q_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
-        self.k_proj = nn.Linear(spec.dim, spec.kv_dim, bias=spec.bias)
+        self.k_proj: nn.Module = nn.Linear(spec.dim, spec.kv_dim, bias=spec.bias)
         self.v_proj = build_value(spec)  # A3
+        self.kv_down: nn.Linear | None = None
+        if spec.kv_latent:  # MLA: k = W_uk c, v = W_uv c, c = W_dkv x, one latent shared (DeepSeek-V2, eq. 9-11)
+            self.kv_down = nn.Linear(spec.dim, spec.kv_latent, bias=False)
+            self.k_proj = nn.Sequential(self.kv_down, nn.Linear(spec.kv_latent, spec.kv_dim, bias=spec.bias))
+            self.v_proj = nn.Sequential(self.kv_down, nn.Linear(spec.kv_latent, spec.kv_dim, bias=spec.bias))
+        if spec.kv_rope_dim:  # MLA's decoupled RoPE: q^R per head, one k^R shared by the heads (eq. 14-19)
+            self.q_rope = nn.Linear(spec.dim, spec.num_heads * spec.kv_rope_dim, bias=False)
+            self.k_rope = nn.Linear(spec.dim, spec.kv_rope_dim, bias=False)
         self.score_fn = build_score(spec)  # A4
         self.scale = Scale(spec)  # A5 temperature
         self.normalizer = Normalizer(spec)  # A5
         self.contribution = build_contribution(spec)  # A2
         self.aggregator = build_aggregator(spec)  # A1
         self.position = Position(spec)
+        self.transport: Transport | None = build_transport(spec)  # the relevance through the tokens in between
+        self.select = Select(spec) if spec.select != "none" else None  # a second score picks the keys (A4)
         self.out_proj = nn.Linear(spec.dim, spec.dim, bias=spec.bias)
         self.last_engine: str | None = None
         self._plan: Plan | None = None
@@ -307,6 +370,8 @@ class Attention(nn.Module):
                 ),
             )
         batch, q_len, _ = query.shape
+        if cache is not None:
+            cache.claim(self._cache_layout())
         past, start = (cache.seen, cache.start) if cache is not None else (0, 0)
         new_k_len = key.shape[1]
         pos = self._positions(query, key, q_len, past, cache, position_ids, key_position_ids, key_padding_mask)
@@ -314,14 +379,33 @@ class Attention(nn.Module):
         key_padding_mask = _drop_front(key_padding_mask, start, past + new_k_len)
 
         # Position enters through the query/key inputs (sinusoidal, learned) or by rotating q and k (RoPE).
-        q = self._split_heads(self.q_proj(self.position.encode_inputs(query, pos.q)))
-        k = self._split_heads(self.k_proj(self.position.encode_inputs(key, pos.k)), self.spec.kv_heads)
-        v = self._split_heads(self.v_proj(value), self.spec.kv_heads)  # A3
+        q, k, v = (
+            self.q_proj(self.position.encode_inputs(query, pos.q)),
+            self.k_proj(self.position.encode_inputs(key, pos.k)),
+            self.v_proj(value),
+        )  # A3
+        if "conv" in self.plan.position_traits:  # a short convolution of the projections (Canon-B)
+            keep = None if key_padding_mask is None else key_padding_mask[:, -new_k_len:]
+            q, k, v, history = self.position.short_conv(q, k, v, keep, cache.conv if cache is not None else None)
+            if cache is not None:
+                cache.conv = history
+        q, k, v = (
+            self._split_heads(q),
+            self._split_heads(k, self.spec.kv_heads),
+            self._split_heads(v, self.spec.kv_heads),
+        )
         q, k = self.position.rotate(q, pos.q), self.position.rotate(k, pos.k)
+        if self.spec.kv_rope_dim:
+            q, k = self._decoupled_rope(query, key, q, k, pos)
+        if self.transport is not None:
+            return self._transported(query, key, q, k, v, attn_mask, key_padding_mask, need_weights, cache)
         all_k_pos = pos.k
         if cache is not None:
             all_k_pos = cache.key_positions(pos)
-            k, v = cache.append(k, v)  # the cache holds kv_heads heads (GQA's memory saving)
+            if self.kv_down is not None:  # MLA's compressed cache: the latent c alone, k and v rebuilt from it
+                k, v = self._latent_keys(query, key, value, pos, all_k_pos, cache)
+            else:
+                k, v = cache.append(k, v)  # the cache holds kv_heads heads (GQA's memory saving)
         k_len = k.shape[-2]
         q_offset = k_len - q_len
         mask, bias = prepare_masks(attn_mask, key_padding_mask, batch, self.num_heads, q_len, k_len)
@@ -339,6 +423,106 @@ class Attention(nn.Module):
             if empty is not None:
                 out = out.masked_fill(empty.all(1).unsqueeze(-1), 0.0)
         return (out, result.weights) if need_weights else out
+
+    def _transported(self, query, key, q, k, v, attn_mask, key_padding_mask, need_weights, cache):
+        """``forward`` for a spec with a transport (``axes/transport.py``): the gates from the key input, then the
+        routed engine (reference: the parallel form; recurrent: the state form), or with a cache its state (trait
+        ``state``) or its keys transported to the last token. Padded keys change nothing (their gates are zero)."""
+        if attn_mask is not None:
+            raise ValueError(
+                f"transport={self.spec.transport!r} carries the relevance through every key in between: only the "
+                f"causal mask and key_padding_mask are defined, got an attn_mask"
+            )
+        q, k = self.transport.prepare(q, k)
+        new = k.shape[-2]
+        keep = None if key_padding_mask is None else key_padding_mask[:, -new:]
+        gates = self.transport.gates(key, k, keep)
+        weights = None
+        if cache is not None and self._cache_layout().endswith("(state)"):
+            if need_weights:
+                raise ValueError(
+                    f"transport={self.spec.transport!r} decodes from its state, which has no weights; "
+                    f"call without need_weights (or without a cache)"
+                )
+            heads, empty = self._state_step(q, k, v, gates, keep, cache)
+        else:
+            first = 0
+            if cache is not None:  # the stored keys, transported to the last token, transport nothing more
+                first = cache.length
+                k, v, gates = _with_stored(cache, k, v, gates)
+            mask, _ = prepare_masks(None, key_padding_mask, q.shape[0], self.num_heads, q.shape[-2], k.shape[-2])
+            q_offset = k.shape[-2] - q.shape[-2]
+            result = self._attend_heads(q, k, v, mask, None, q_offset, True, need_weights, self.engine, gates)
+            heads, weights = result.out, result.weights
+            if cache is not None:
+                tail = gates.tokens(slice(first, None))
+                cache.k, cache.v, cache.write = transport_keys(k, tail, first), v, gates.write
+            empty = rows_without_keys(mask, True, q.shape[-2], k.shape[-2], q_offset, q.device)
+            empty = None if empty is None else empty.all(1)
+        out = self.out_proj(self.aggregator(self._merge_heads(heads), query))
+        if empty is not None:  # a query that sees no real key: a zero row (W_o's bias would make it non-zero)
+            out = out.masked_fill(empty.unsqueeze(-1), 0.0)
+        return (out, weights) if need_weights else out
+
+    def _decoupled_rope(self, query, key, q, k, pos) -> tuple[Tensor, Tensor]:
+        """[q; RoPE(W_qr x)] per head and [k; RoPE(W_kr x)] with the rotated part shared by the key heads."""
+        qr = apply_rope(self._split_heads(self.q_rope(query)), pos.q)
+        kr = apply_rope(self.k_rope(key).unsqueeze(1), pos.k)  # (batch, 1, k_len, kv_rope_dim)
+        return torch.cat([q, qr], -1), torch.cat([k, kr.expand(-1, k.shape[1], -1, -1)], -1)
+
+    def _latent_keys(self, query, key, value, pos, all_k_pos, cache: KVCache) -> tuple[Tensor, Tensor]:
+        """MLA with a KV cache: append the new tokens' latent c = W_dkv x (batch, 1, new, kv_latent) to the cache and
+        rebuild every key (rotated at its position) and value from the stored latents.
+
+        Raises:
+            ValueError: separate key and value inputs (the joint latent is one per token).
+        """
+        if value is not key:
+            raise ValueError(
+                f"kv_latent={self.spec.kv_latent}: a KV cache stores one joint latent per token, so key and value "
+                f"must be the same input"
+            )
+        latent = self.kv_down(self.position.encode_inputs(key, pos.k)).unsqueeze(1)
+        if self.spec.kv_rope_dim:  # the decoupled RoPE key, rotated once at its position, is cached beside it
+            latent = torch.cat([latent, apply_rope(self.k_rope(key).unsqueeze(1), pos.k)], -1)
+        stored, _ = cache.append(latent, latent[..., :0])  # values: nothing beyond the latent
+        c, kr = stored[:, 0, :, : self.spec.kv_latent], stored[:, :, :, self.spec.kv_latent :]
+        k = self.position.rotate(self._split_heads(self.k_proj[-1](c), self.spec.kv_heads), all_k_pos)
+        if self.spec.kv_rope_dim:
+            k = torch.cat([k, kr.expand(-1, k.shape[1], -1, -1)], -1)
+        return k, self._split_heads(self.v_proj[-1](c), self.spec.kv_heads)
+
+    def _cache_layout(self) -> str:
+        """What this layer keeps in a KV cache: ``"transport=<name> (state)"`` for a state transport (unless an engine
+        without a state form is forced: every transport can decode from its keys transported to the last token, the
+        reference engine's way), ``"transport=<name> (keys)"``, or ``"keys"`` without a transport."""
+        if self.transport is None:
+            return f"latent={self.spec.kv_latent}" if self.spec.kv_latent else "keys"
+        state = "state" in self.plan.transport_traits and self.engine in ("auto", "recurrent")
+        return f"transport={self.spec.transport} ({'state' if state else 'keys'})"
+
+    def _state_step(self, q, k, v, gates, keep, cache: KVCache) -> tuple[Tensor, Tensor | None]:
+        """The new tokens folded into the cache's state (``engines/recurrent.state_form``); (heads' output, the
+        (batch, q_len) queries that see no real key, or None)."""
+        if cache.state is not None and cache.state.shape[:2] != k.shape[:2]:
+            raise ValueError(
+                f"the cached state of shape {tuple(cache.state.shape)} does not fit keys of shape {tuple(k.shape)} "
+                f"(batch and heads must match; reset() the cache)"
+            )
+        scale = self.scale(None)
+        scale = scale.to(q.dtype) if isinstance(scale, Tensor) else scale
+        lead = k.shape[-2] - q.shape[-2]
+        qs = torch.nn.functional.pad(q * scale, (0, 0, lead, 0))
+        out, cache.state = state_form(
+            qs, k, v, gates, cache.state, chunk=chunk_for(self.plan.transport_traits, DEFAULT_CHUNK)
+        )
+        cache.start += k.shape[-2]
+        self.last_engine = "recurrent"
+        flags = torch.ones_like(k[:, 0, :, 0]) if keep is None else keep.to(k.dtype)
+        counts = flags.cumsum(-1) + (0.0 if cache.real is None else cache.real[:, None])
+        cache.real = counts[:, -1]
+        empty = counts[:, lead:] == 0
+        return out[:, :, lead:], (empty if bool(empty.any()) else None)
 
     def _contextual_bias(
         self, q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, scale, q_offset: int
@@ -402,11 +586,17 @@ class Attention(nn.Module):
         index_alibi: bool,
         need_weights: bool,
         engine: str,
+        transport: TransportGates | None = None,
     ) -> Attended:
-        """GQA's head sharing, then the engine the router picks for this layer's plan (A2, A4, A5)."""
+        """GQA's head sharing, then the engine the router picks for this layer's plan (A2, A4, A5; the transport's
+        gates for a spec with one)."""
         groups = self.num_heads // k.shape[1]
         if groups > 1:  # key/value head g serves query heads g * groups ...
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        if self.select is not None:  # the keys a second score picks (axes/select.py), as a mask
+            keep = None if mask is None or mask.shape[-2] != 1 or mask.shape[1] != 1 else mask[:, 0, 0, :]
+            chosen = self.select.mask(q, k, q_offset, self.spec.causal, keep)
+            mask = chosen if mask is None else mask & chosen
         wrap = self.aggregator if "log_values" in self.plan.aggregator_traits else None
         if wrap is not None:  # A1 around the weighted sum: LASER's exp(v - m) in, m + log(out) out
             dtype = v.dtype
@@ -435,6 +625,7 @@ class Attention(nn.Module):
             need_weights=need_weights,
             engine=engine,
             double_backward=self.double_backward,
+            transport=transport,
         )
         self.last_engine = result.engine
         if wrap is not None:
@@ -473,7 +664,8 @@ class Attention(nn.Module):
 
         Raises:
             ValueError: see :func:`axiomformer.engines.attend`; a position choice that reads the layer's inputs
-                (``position="forget"``'s gates), which only ``forward`` has.
+                (``position="forget"``'s gates), which only ``forward`` has; a transport with a mask, bias or query
+                offset (its gates are computed from the merged keys ``k`` in place of the key input).
         """
         if "decay" in self.plan.position_traits:
             raise ValueError(
@@ -482,6 +674,20 @@ class Attention(nn.Module):
             )
         q_len, k_len = q.shape[-2], k.shape[-2]
         q_offset = k_len - q_len if q_offset is None else q_offset
+        if "conv" in self.plan.position_traits:  # the short convolution of the (merged) projections
+            cq, ck, cv, _ = self.position.short_conv(
+                self._merge_heads(q), self._merge_heads(k), self._merge_heads(v), None, None
+            )
+            q, k, v = self._split_heads(cq), self._split_heads(ck, k.shape[1]), self._split_heads(cv, v.shape[1])
+        if self.transport is not None:  # the gates read the merged keys in place of the key input (bench, surgery)
+            if mask is not None or bias is not None or q_offset != k_len - q_len:
+                raise ValueError(
+                    f"transport={self.spec.transport!r}: core() takes no mask, bias or query offset (the causal "
+                    f"mask and key padding are the transport's, in forward)"
+                )
+            q, k = self.transport.prepare(q, k)
+            gates = self.transport.gates(self._merge_heads(k).to(self.q_proj.weight.dtype), k)
+            return self._attend_heads(q, k, v, None, None, q_offset, True, need_weights, engine or self.engine, gates)
         q = self.position.rotate(q, torch.arange(q_offset, q_offset + q_len, device=q.device))
         k = self.position.rotate(k, torch.arange(k_len, device=k.device))
         return self._attend_heads(q, k, v, mask, bias, q_offset, True, need_weights, engine or self.engine)

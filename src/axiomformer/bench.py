@@ -13,6 +13,7 @@ allocated during the call: outputs, saved activations, workspace and the input g
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -23,6 +24,7 @@ from torch import Tensor
 
 from axiomformer.attention import Attention
 from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, problem_kind
+from axiomformer.engines.router import engine_accepts
 from axiomformer.memory import PeakMemory
 from axiomformer.runtime import seeded
 from axiomformer.spec import AttentionSpec, spec_requirements
@@ -62,10 +64,19 @@ FULL_VARIANTS = QUICK_VARIANTS + (
     "normalizer=power",
     "aggregator=laser",
     "position=cope",
+    "normalizer=none",
+    "transport=decay,normalizer=none",
+    "transport=householder",
+    "transport=decay_householder,normalizer=none",
+    "transport=diag_decay_householder,normalizer=none",
+    "position=short_conv",
+    "select=block_mean",
+    "select=indexer",
+    "select=nsa",
 )
 """Every variant whose attention core differs (``aggregator=gate`` acts after the core, ``position=forget`` reads the
 layer's inputs: both need the whole layer, which ``Attention.core`` is not; ``aggregator=laser`` wraps the weighted
-sum, inside the core)."""
+sum, inside the core; a transport's gates read the merged keys in the core, in place of the layer's key input)."""
 
 GOALS = {
     "standard": 1.05,
@@ -102,6 +113,10 @@ class Row:
     ratio_vs_sdpa: float
     peak_mem_mb: float
     sdpa_peak_mem_mb: float
+    ratio_ci: tuple[float, float] = (math.nan, math.nan)
+    """The 95 % interval of the ratio from the paired repeats (:func:`ratio_interval`)."""
+    warmup_dropped: int = 0
+    """First timed pairs the warm-up check dropped (:data:`WARMUP_OUTLIER`)."""
 
 
 # ---------------------------------------------------------------------------------------------- the timed calls
@@ -141,16 +156,57 @@ def _timed(call, device) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def interleaved_ms(a, b, device, repeats: int, warmup: bool = True) -> tuple[float, float]:
-    """Median milliseconds of ``a`` and ``b``, run alternately (A B A B ...) after one warm-up each (unless the
-    caller has just run them)."""
+WARMUP_OUTLIER = 1.5
+"""A first timed pair whose time (of either call) exceeds this many times the median of its call is a warm-up that
+did not finish: it is dropped and another pair is timed (at most MAX_WARMUP_DROPS times) **(our choice: a quiet run
+measured standard at 0.53x SDPA at L = 1024 from a warm-up outlier of a 3-repeat median)**."""
+
+MAX_WARMUP_DROPS = 3
+WARMUP_FLOOR_MS = 0.05
+"""Times below this (ms) are never called outliers: timer resolution, not warm-up."""
+
+MIN_CI_REPEATS = 7
+"""Paired repeats of the default bench: the 95 % interval of a ratio needs enough pairs to mean something."""
+
+
+def interleaved_times(a, b, device, repeats: int, warmup: bool = True) -> tuple[list[float], list[float], int]:
+    """Milliseconds of ``repeats`` pairs of ``a`` and ``b`` run alternately (A B A B ...) after one warm-up each
+    (unless the caller has just run them), and how many first pairs the warm-up check dropped (WARMUP_OUTLIER)."""
     if warmup:
         a(), b()
-    times_a, times_b = [], []
-    for _ in range(repeats):
+    times_a, times_b, dropped = [], [], 0
+    while len(times_a) < repeats:
         times_a.append(_timed(a, device))
         times_b.append(_timed(b, device))
+        if len(times_a) == repeats and repeats > 2 and dropped < MAX_WARMUP_DROPS:
+            slow = any(
+                t[0] > WARMUP_OUTLIER * statistics.median(t[1:]) and t[0] > WARMUP_FLOOR_MS for t in (times_a, times_b)
+            )
+            if slow:
+                del times_a[0], times_b[0]
+                dropped += 1
+    return times_a, times_b, dropped
+
+
+def interleaved_ms(a, b, device, repeats: int, warmup: bool = True) -> tuple[float, float]:
+    """Median milliseconds of ``a`` and ``b`` (:func:`interleaved_times`)."""
+    times_a, times_b, _ = interleaved_times(a, b, device, repeats, warmup)
     return statistics.median(times_a), statistics.median(times_b)
+
+
+def ratio_interval(times_a: list[float], times_b: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The ``level`` confidence interval of the ratio a / b from paired times: a t interval of the mean of the
+    pairs' log ratios, exponentiated (scipy.stats.t); (nan, nan) with fewer than two pairs.
+
+    Pairs run back to back share the machine's load, so their ratio is steadier than either time."""
+    from scipy import stats
+
+    logs = [math.log(x / y) for x, y in zip(times_a, times_b) if x > 0 and y > 0]
+    if len(logs) < 2:
+        return (math.nan, math.nan)
+    mean, sem = statistics.fmean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
+    half = float(stats.t.ppf(0.5 + level / 2, len(logs) - 1)) * sem
+    return (round(math.exp(mean - half), 4), round(math.exp(mean + half), 4))
 
 
 XT_ROWS = {"x-transformers": False, "x-transformers-flash": True}
@@ -222,7 +278,7 @@ def run_bench(
     batch: int = 1,
     heads: int = 8,
     head_dim: int = 64,
-    repeats: int = 3,
+    repeats: int = MIN_CI_REPEATS,
     reference_max_len: int = 1024,
     device: str | None = None,
     log=print,
@@ -268,7 +324,8 @@ def run_bench(
             if key is None:
                 sdpa = step
                 continue
-            ms, sdpa_ms = interleaved_ms(step, sdpa, dev, repeats)
+            times, sdpa_times, dropped = interleaved_times(step, sdpa, dev, repeats)
+            ms, sdpa_ms = statistics.median(times), statistics.median(sdpa_times)
             rows.append(
                 Row(
                     key[0],
@@ -280,6 +337,8 @@ def run_bench(
                     round(ms / sdpa_ms, 3),
                     round(memory[(is_causal, length, key)], 1),
                     round(sdpa_mem, 1),
+                    ratio_interval(times, sdpa_times),
+                    dropped,
                 )
             )
             log(_describe(rows[-1]))
@@ -305,7 +364,7 @@ def _route(module, q, k, v) -> str:
     )
     kind = problem_kind(module.plan, problem)
     for name in ENGINE_ORDER:
-        if ENGINES[name].accepts(module.plan, kind):
+        if engine_accepts(ENGINES[name], module.plan, kind):
             return name
     return "reference"
 
@@ -314,7 +373,9 @@ def _describe(row: Row) -> str:
     return (
         f"{row.variant:<22} {row.engine:<14} L={row.seq_len:<6} causal={row.causal!s:<5} "
         f"{row.ms:9.1f} ms ({row.ratio_vs_sdpa:5.2f}x SDPA {row.sdpa_ms:.1f} ms)  "
-        f"peak {row.peak_mem_mb:8.1f} MiB (SDPA {row.sdpa_peak_mem_mb:.1f})"
+        f"peak {row.peak_mem_mb:8.1f} MiB (SDPA {row.sdpa_peak_mem_mb:.1f})  "
+        f"95% [{row.ratio_ci[0]:.2f}, {row.ratio_ci[1]:.2f}]x"
+        + (f" ({row.warmup_dropped} warm-up pairs dropped)" if row.warmup_dropped else "")
     )
 
 
@@ -357,13 +418,13 @@ def markdown(rows: list[Row], device: str, method: str) -> str:
         "",
         "## Rows",
         "",
-        "| variant | engine | L | causal | ms | SDPA ms | x SDPA | peak MiB | SDPA peak MiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| variant | engine | L | causal | ms | SDPA ms | x SDPA | 95 % interval | peak MiB | SDPA peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.variant} | {r.engine} | {r.seq_len} | {r.causal} | {r.ms} | {r.sdpa_ms} | "
-            f"{r.ratio_vs_sdpa} | {r.peak_mem_mb} | {r.sdpa_peak_mem_mb} |"
+            f"{r.ratio_vs_sdpa} | [{r.ratio_ci[0]}, {r.ratio_ci[1]}] | {r.peak_mem_mb} | {r.sdpa_peak_mem_mb} |"
         )
     return "\n".join(lines) + "\n"
 

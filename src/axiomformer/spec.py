@@ -14,6 +14,8 @@ normalizer     A5     u_ij = softmax_j(s_ij/sqrt d) ``axes/normalizer.py``: NORM
 scale          (A5)   the 1/sqrt(d_k) temperature   ``axes/scale.py``: SCALES
 position       (A0)   order re-injected             ``axes/position.py``: POSITIONS
 feature_map    (A5)   linear attention's kernel     ``axes/normalizer.py``: FEATURE_MAPS
+transport      (A4)   T_{i<-j} = I (no transport)   ``axes/transport.py``: TRANSPORTS
+select         (A4)   one score picks and weighs    ``axes/select.py``: SELECTS
 =============  =====  ============================  ======================================
 
 The choice lists (:data:`AXES`) are read from those registries; the first choice of each is the standard one.
@@ -35,6 +37,8 @@ from axiomformer.axes.position import POSITIONS
 from axiomformer.axes.registry import Registry
 from axiomformer.axes.scale import SCALES
 from axiomformer.axes.score import SCORES
+from axiomformer.axes.select import SELECTS, check_select
+from axiomformer.axes.transport import TRANSPORTS, check_transport
 from axiomformer.axes.value import VALUES
 
 REGISTRIES: dict[str, Registry] = {
@@ -46,6 +50,8 @@ REGISTRIES: dict[str, Registry] = {
     "scale": SCALES,
     "position": POSITIONS,
     "feature_map": FEATURE_MAPS,
+    "transport": TRANSPORTS,
+    "select": SELECTS,
 }
 """The registry of every axis (``axes/<axis>.py``): each choice with its formula, source, implementation, traits."""
 
@@ -79,21 +85,25 @@ FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
 """Fields that relax an assumption without being an axis: formula, assumption relaxed and how, source (the
 design-space table's rows)."""
 
-ECONOMIES = ("num_kv_heads", "window")
+ECONOMIES = ("num_kv_heads", "window", "kv_latent", "kv_rope_dim")
 """Fields that are not assumptions but the field's usual economies (0 = off); :attr:`AttentionSpec.variant` names them."""
 
 
 def required_fields(axis: str, name: str) -> dict[str, Any]:
     """Fields a choice needs beside itself: ``{"causal": True}`` for a choice defined only under a causal mask
     (trait ``causal``: ``normalizer=stick_breaking``, ``position=forget``), ``{"causal": False}`` for one defined only
-    without (trait ``noncausal``: ``normalizer=sinkhorn``), else ``{}``. For code that visits every choice (the audit
+    without (trait ``noncausal``: ``normalizer=sinkhorn``), and the fields of its ``extra["requires"]`` (a transport's
+    paired normalizer: ``transport=decay_householder`` needs ``normalizer=none``), else ``{}``. For code that visits every choice (the audit
     matrix, the bench, the docs): ``base.relax({axis: name, **required_fields(axis, name)})``."""
     registry = REGISTRIES.get(axis)
     if registry is None or name not in registry:
         return {}
+    out = dict(registry[name].extra.get("requires", {}))  # e.g. the normalizer a transport's paper pairs it with
     if registry.has(name, "causal"):
-        return {"causal": True}
-    return {"causal": False} if registry.has(name, "noncausal") else {}
+        out["causal"] = True
+    elif registry.has(name, "noncausal"):
+        out["causal"] = False
+    return out
 
 
 def allows_causal(axis: str, name: str, causal: bool) -> bool:
@@ -107,6 +117,72 @@ def spec_requirements(spec: AttentionSpec) -> dict[str, Any]:
     for axis in REGISTRIES:
         out.update(required_fields(axis, getattr(spec, axis)))
     return out
+
+
+def relax_with_requirements(base: AttentionSpec, changes: str | dict[str, Any]) -> AttentionSpec:
+    """``base.relax(changes)`` with the fields its choices need (:func:`required_fields`: a causal mask, a transport's
+    paired normalizer) filled in first wherever ``changes`` does not set them, so ``"transport=decay_householder"``
+    alone names a defined spec; a field ``changes`` sets keeps its value (and the spec's error names the conflict).
+
+    Raises:
+        ValueError: as :meth:`AttentionSpec.relax`.
+    """
+    items = parse_relax(changes)
+    given = {ALIASES.get(k, ALIASES.get(k.upper(), k)) for k, _ in items}
+    needed: dict[str, Any] = {}
+    for key, value in items:
+        axis = ALIASES.get(key, ALIASES.get(key.upper(), key))
+        needed.update({f: v for f, v in required_fields(axis, str(value)).items() if f not in given})
+    return base.relax(needed).relax(dict(items))
+
+
+LAYER_SEPARATOR = "/"
+"""Separates the per-layer relax strings of a hybrid stack in a spec string (``train``, study arms), e.g.
+``"transport=decay_householder/transport=decay_householder/transport=decay_householder/standard"``."""
+
+
+def stack_specs(base: AttentionSpec, text: str, num_layers: int) -> list[AttentionSpec]:
+    """The spec of each of ``num_layers`` layers from a spec string: relax strings separated by ``/`` repeated over
+    the layers (three Gated DeltaNet layers and a softmax one, repeated, is Qwen3-Next's 3:1), each with the fields
+    its choices need filled in (:func:`relax_with_requirements`); one relax string gives every layer the same spec.
+
+    Raises:
+        ValueError: an empty layer, or as :meth:`AttentionSpec.relax`.
+    """
+    parts = [p.strip() for p in text.split(LAYER_SEPARATOR)]
+    if len(parts) > 1 and not all(parts):
+        raise ValueError(f"empty layer in {text!r}: give one relax string per layer, separated by '/'")
+    if len(parts) == 1:
+        return [base.relax(text)] * num_layers
+    specs = [relax_with_requirements(base, p) for p in parts]
+    return [specs[i % len(specs)] for i in range(num_layers)]
+
+
+def stack_assumptions(specs: list[AttentionSpec]) -> dict[str, bool]:
+    """An assumption holds for a stack when it holds in every layer."""
+    return {a: all(s.assumptions()[a] for s in specs) for a in specs[0].assumptions()}
+
+
+def parse_relax(changes: str | dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """The ``(key, value)`` items of a relax string (``"score=cosine,normalizer=sigmoid"``) or dict, in order.
+
+    Raises:
+        ValueError: a malformed ``key=value`` item.
+    """
+    if isinstance(changes, dict):
+        return [(str(k), v) for k, v in changes.items()]
+    items = []
+    text = (changes or "").strip()
+    if text and text != "standard":
+        for item in text.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if "=" not in item:
+                raise ValueError(f"malformed relaxation {item!r}: expected key=value, e.g. 'score=cosine'")
+            key, value = (part.strip() for part in item.split("=", 1))
+            items.append((key, value))
+    return items
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -155,6 +231,23 @@ class AttentionSpec:
             sample's gradient (straight-through, Jang et al. 2017, sec. 2.2); ignored by the other normalizers.
         topk: keys kept per row by ``normalizer="topk"`` (an int >= 1, default 8; Zhao et al. 2019); ignored by the
             other normalizers.
+        transport: the relevance carried through the tokens in between (``axes/transport.py``): ``none`` (default),
+            ``decay`` (Mamba-2), ``householder`` (PaTH), ``decay_householder`` (Gated DeltaNet),
+            ``diag_decay_householder`` (Kimi Linear's KDA); each needs ``causal=True`` and its paper's normalizer.
+        kv_latent: multi-head latent attention's joint key/value compression (DeepSeek-AI 2024, DeepSeek-V2,
+            arXiv:2405.04434, sec. 2.1.2, eq. 9-11): k = W_uk c, v = W_uv c with one latent c = W_dkv x of this width
+            per token, which is all a KV cache stores; 0 (the default) is off. An economy like ``num_kv_heads``: the
+            key and value maps stay linear (A3, A4 hold). Its decoupled RoPE key is not built: ``position="rope"``
+            rotates the whole rebuilt key; ``kv_rope_dim`` builds the decoupled one.
+        kv_rope_dim: MLA's decoupled RoPE key (DeepSeek-V2, eq. 14-19): q_i gains RoPE(W_qr x_i) per head and k_j a
+            RoPE(W_kr x_j) shared by the heads, both of this (even) width, scored with the latent part:
+            s_ij = [q_i; q_i^R] . [k_j; k_j^R] / sqrt(head_dim + kv_rope_dim); the cache keeps k^R beside the
+            latent. Needs ``kv_latent`` and ``position="none"`` (it is the layer's position mechanism: A0 relaxed).
+        select: the keys each query attends to, chosen by a second score (``axes/select.py``): ``none`` (default),
+            ``block_mean`` (MoBA), ``indexer`` (DeepSeek-V3.2's lightning indexer), ``nsa`` (NSA's selection).
+        select_block: keys per block of a selection (>= 2; default 2 **(our choice: small enough that a selection
+            acts on the audit's 8 tokens; MoBA uses 512, NSA 64)**).
+        select_topk: blocks kept per query, forced ones included (``indexer``: select_topk * select_block tokens).
         softcap: logit soft-capping, scores <- softcap * tanh(scores / softcap) after the scale and before any bias
             or normalizer (Gemma 2: Gemma Team 2024, sec. 2); a float >= 0, 0 (the default) is off. It relaxes A4:
             the score becomes a bounded function of q . k (the audit's bilinear checks see it).
@@ -187,6 +280,12 @@ class AttentionSpec:
     gumbel_hard: bool = False
     topk: int = 8
     softcap: float = 0.0
+    transport: str = "none"
+    select: str = "none"
+    select_block: int = 2
+    select_topk: int = 2
+    kv_latent: int = 0
+    kv_rope_dim: int = 0
 
     def __post_init__(self) -> None:
         for name, registry in REGISTRIES.items():
@@ -223,6 +322,9 @@ class AttentionSpec:
         if not isinstance(self.gumbel_hard, bool):
             raise ValueError(f"gumbel_hard must be a bool, got {self.gumbel_hard!r}")
         self._check_relaxations()
+        check_transport(self)
+        check_select(self)
+        self._check_latent()
         self._check_sign_blind()
         if self.position == "rope" and self.head_dim % 2:
             raise ValueError(f"position='rope' needs an even head_dim, got head_dim={self.head_dim}")
@@ -231,6 +333,31 @@ class AttentionSpec:
                 f"normalizer={self.normalizer!r} replaces the score by a kernel phi(q).phi(k) and needs score='dot', "
                 f"got score={self.score!r}"
             )
+
+    def _check_latent(self) -> None:
+        """MLA's latent needs the linear value map it factors, and no choice that works on the projected keys."""
+        for name in ("kv_latent", "kv_rope_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0 (0 = off), got {value!r}")
+        if self.kv_rope_dim and (self.kv_rope_dim % 2 or not self.kv_latent or self.position != AXES["position"][0]):
+            raise ValueError(
+                f"kv_rope_dim={self.kv_rope_dim} (MLA's decoupled RoPE key) needs an even width, kv_latent > 0 and "
+                f"position='none' (it is the position mechanism), got kv_latent={self.kv_latent}, "
+                f"position={self.position!r}"
+            )
+        if not self.kv_latent:
+            return
+        bad = {
+            "value": (self.value != AXES["value"][0], "the latent factors the linear value map W_v = W_uv W_dkv"),
+            "transport": (self.transport != AXES["transport"][0], "a transport's gates are not defined on it"),
+            "position": (POSITIONS.has(self.position, "conv"), "a short convolution of the keys breaks the cache"),
+        }
+        for field, (wrong, why) in bad.items():
+            if wrong:
+                raise ValueError(
+                    f"kv_latent={self.kv_latent} needs another {field} ({why}), got {field}={getattr(self, field)!r}"
+                )
 
     def _check_sign_blind(self) -> None:
         """A normalizer blind to the sign of the scores (``power``: s^2) turns an additive penalty into weight."""
@@ -249,7 +376,7 @@ class AttentionSpec:
         cap = self.softcap
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap < 0:
             raise ValueError(f"softcap must be a finite float >= 0 (0 = off), got {self.softcap!r}")
-        for axis in ("normalizer", "position"):
+        for axis in ("normalizer", "position", "transport"):
             if REGISTRIES[axis].has(getattr(self, axis), "causal") and not self.causal:
                 raise ValueError(
                     f"{axis}={getattr(self, axis)!r} is defined only under a causal mask: it needs "
@@ -321,20 +448,7 @@ class AttentionSpec:
             ValueError: unknown field (naming the valid ones), unknown choice, or a malformed ``key=value`` item.
         """
         updates: dict[str, Any] = {}
-        if isinstance(changes, dict):
-            items = list(changes.items())
-        else:
-            items = []
-            text = (changes or "").strip()
-            if text and text != "standard":
-                for item in text.split(","):
-                    item = item.strip()
-                    if not item:
-                        continue
-                    if "=" not in item:
-                        raise ValueError(f"malformed relaxation {item!r}: expected key=value, e.g. 'score=cosine'")
-                    key, value = (part.strip() for part in item.split("=", 1))
-                    items.append((key, value))
+        items: list[tuple[Any, Any]] = list(changes.items()) if isinstance(changes, dict) else parse_relax(changes)
         items += list(kwargs.items())
         for key, value in items:
             name = ALIASES.get(key, ALIASES.get(str(key).upper(), key))
@@ -395,15 +509,22 @@ class AttentionSpec:
 
     def assumptions(self) -> dict[str, bool]:
         """Which of the assumptions A0..A5 this spec satisfies (A0: no position information and no normalizer that
-        reads the keys' order, as the audit's ``set_symmetry`` check; A3 fails with an aggregator that maps the values
-        before the sum, ``laser``'s exp; A4 fails with ``softcap``; A5 needs softmax
+        reads the keys' order, as the audit's ``set_symmetry`` check, and no transport through the keys in between; A3
+        fails with an aggregator that maps the values before the sum, ``laser``'s exp; A4 fails with ``softcap`` and
+        with a transport; A5 needs softmax
         *and* the 1/sqrt(d) scale)."""
         return {
-            "A0": self.position == AXES["position"][0] and not NORMALIZERS.has(self.normalizer, "ordered"),
+            "A0": self.position == AXES["position"][0]
+            and not self.kv_rope_dim
+            and not NORMALIZERS.has(self.normalizer, "ordered")
+            and not TRANSPORTS.has(self.transport, "ordered"),
             "A1": self.aggregator == "identity",
             "A2": self.contribution == "proportional",
             "A3": self.value == "linear" and not AGGREGATORS.has(self.aggregator, "log_values"),
-            "A4": self.score == "dot" and not self.softcap,
+            "A4": self.score == "dot"
+            and not self.softcap
+            and self.transport == AXES["transport"][0]
+            and self.select == AXES["select"][0],
             "A5": self.normalizer == "softmax" and self.scale == "inv_sqrt_d",
         }
 
@@ -429,8 +550,8 @@ class AttentionSpec:
 
     @property
     def is_standard(self) -> bool:
-        """No axis relaxed and no soft-capping."""
-        return not self.relaxed_axes() and not self.softcap
+        """No axis relaxed, no soft-capping and no decoupled RoPE key (MLA's ``kv_rope_dim``)."""
+        return not self.relaxed_axes() and not self.softcap and not self.kv_rope_dim
 
     def describe(self) -> str:
         """One readable line, e.g. ``standard attention: dim=64 heads=4 head_dim=16 causal; A0-A5 hold``."""
@@ -440,6 +561,8 @@ class AttentionSpec:
         shape += (
             (f" kv_heads={self.kv_heads}" if self.kv_heads != self.num_heads else "")
             + (f" window={self.window}" if self.window else "")
+            + (f" kv_latent={self.kv_latent}" if self.kv_latent else "")
+            + (f" kv_rope_dim={self.kv_rope_dim}" if self.kv_rope_dim else "")
             + (" causal" if self.causal else "")
         )
         if self.is_standard:
@@ -448,6 +571,7 @@ class AttentionSpec:
             **self.relaxed_axes(),
             **({"softcap": f"{self.softcap:g}"} if self.softcap else {}),
             **changed_options(self),  # topk, gumbel_tau, ...: the relaxation is not known without them
+            **({"kv_rope_dim": self.kv_rope_dim} if self.kv_rope_dim else {}),  # MLA's decoupled RoPE key
         }
         axes = ", ".join(f"{k}={v}" for k, v in relaxed.items())
         status = f"relaxes {', '.join(broken)}" if broken else "A0-A5 hold"

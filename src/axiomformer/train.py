@@ -32,7 +32,7 @@ from axiomformer.evaluation import MAX_BATCH_TOKENS, eval_counts, eval_counts_as
 from axiomformer.memory import PeakMemory
 from axiomformer.models import MODEL_KINDS, build_model, count_parameters, default_heads
 from axiomformer.runtime import seeded
-from axiomformer.spec import AttentionSpec
+from axiomformer.spec import LAYER_SEPARATOR, AttentionSpec, stack_specs
 from axiomformer.tasks import TASKS, make_task
 
 if TYPE_CHECKING:
@@ -161,9 +161,15 @@ class TrainConfig(Budget):
         return self
 
     def attention_spec(self) -> AttentionSpec:
-        """``AttentionSpec.standard(dim, heads, causal=causal, max_len=max_len or seq_len).relax(spec)``."""
+        """``AttentionSpec.standard(dim, heads, causal=causal, max_len=max_len or seq_len).relax(spec)`` (the first
+        layer's for a hybrid stack, ``spec`` with ``/`` between the layers' relax strings: :meth:`layer_specs`)."""
+        return self.layer_specs()[0]
+
+    def layer_specs(self) -> list[AttentionSpec]:
+        """Each layer's spec (:func:`axiomformer.spec.stack_specs`): all the same unless ``spec`` has ``/``."""
         heads = self.heads if self.heads is not None else default_heads(self.dim)
-        return AttentionSpec.standard(self.dim, heads, causal=self.causal, max_len=self.model_max_len).relax(self.spec)
+        base = AttentionSpec.standard(self.dim, heads, causal=self.causal, max_len=self.model_max_len)
+        return stack_specs(base, self.spec, self.layers)
 
     @property
     def init_seed(self) -> int:
@@ -429,7 +435,7 @@ def _result(
     return TrainResult(
         task=config.task,
         model=config.model,
-        spec=_spec_label(spec) if spec is not None else config.spec,
+        spec=_spec_label(spec) if spec is not None and LAYER_SEPARATOR not in config.spec else config.spec,
         seq_len=config.seq_len,
         accuracy=test_accuracy,
         loss=test_loss,
@@ -464,6 +470,8 @@ def _build(config: TrainConfig, device: torch.device) -> tuple[Any, AttentionSpe
         if spec is not None
         else {}
     )
+    if spec is not None and LAYER_SEPARATOR in config.spec:  # a hybrid stack: one spec per layer
+        options["layer_specs"] = config.layer_specs()
     model = build_model(
         config.model,
         vocab_size=task.vocab_size,

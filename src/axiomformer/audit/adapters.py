@@ -33,7 +33,7 @@ from axiomformer.attention import Attention, KVCache
 from axiomformer.engines.problem import causal_mask
 from axiomformer.errors import UserInputError
 from axiomformer.runtime import seeded
-from axiomformer.spec import REGISTRIES, AttentionSpec, spec_requirements
+from axiomformer.spec import REGISTRIES, AttentionSpec, relax_with_requirements
 
 DEFAULT_DIM, DEFAULT_HEADS, DEFAULT_SEED = 16, 2, 0
 
@@ -187,7 +187,7 @@ class AttentionAdapter(Adapter):
         self.module, self.spec = m, m.spec
         self.name = name or f"Attention({m.spec.variant})"
         self.dim, self.num_heads, self.causal = m.spec.dim, m.spec.num_heads, m.spec.causal
-        self.has_positions = m.spec.position != "none"
+        self.has_positions = m.spec.position != "none" or bool(m.spec.kv_rope_dim)  # MLA's decoupled RoPE key
         self.dropout = m.spec.dropout
 
     def _mask(self, q: Tensor, k: Tensor, causal: bool) -> Tensor | None:
@@ -513,15 +513,9 @@ def _spec_adapter(spec: AttentionSpec, *, seed: int = DEFAULT_SEED, **_: Any) ->
 
 def _spec_string(target: str, *, dim: int = DEFAULT_DIM, num_heads: int = DEFAULT_HEADS, **options: Any) -> Adapter:
     text = target[len("spec:") :]
-    base = AttentionSpec.standard(dim, num_heads)
     # A choice defined only under a causal mask (stick_breaking, forget) is audited with one unless causal is given;
-    # one defined only without (sinkhorn) without one.
-    try:
-        chosen = base.relax(text)
-    except ValueError:
-        chosen = base.relax(causal=True).relax(text)  # the error of the causal spec when neither is defined
-    base = base.relax(**spec_requirements(chosen))
-    spec = base.relax(text)
+    # one defined only without (sinkhorn) without one; a transport with its paper's normalizer (required_fields).
+    spec = relax_with_requirements(AttentionSpec.standard(dim, num_heads), text)
     adapter = _spec_adapter(spec, **options)
     adapter.name = target
     return adapter

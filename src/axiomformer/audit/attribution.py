@@ -126,6 +126,7 @@ def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, obje
         "scale_entropy": ["A5", "A4"],
         "length_scale": ["A5", "A4"],
         "head_independence": ["A4", "A1"],
+        "single_score": ["A4", "A5"],
     }
     found = list(rules.get(c.name, [c.assumption]))
     hidden_phi = c.name in WEIGHT_SHAPE or (c.name in OTHER_WEIGHTS and failed("weights_sum_to_one"))

@@ -300,6 +300,39 @@ def bilinear_fit(p: Probe, weights_ok: bool, why: str) -> AuditCheck:
     )
 
 
+def single_score(p: Probe) -> AuditCheck:
+    """The keys a query weighs are the ones its score ranks highest: where some visible keys get weight exactly 0, no
+    dropped key j may have a larger head score q_i . k_j than a kept key's (a selection by the score itself, as top-k,
+    sparsemax or relu give, passes; a second score that chooses the keys, MoBA's block means or an indexer, fails).
+    The score is the per-head dot product of the audited q and k (A4's s_ij); statistic: the fraction of rows with
+    both kept and dropped keys where a dropped key outranks a kept one."""
+    name = "single_score"
+    q, k, _ = p.qkv()
+    w, how = p.weights(q, k)
+    if w is None:
+        return cannot_tell(name, "A4", p.tol, how)
+    heads, hd = w.shape[1], p.a.dim // w.shape[1]
+    qh, kh = (t.double().unflatten(-1, (heads, hd)).transpose(1, 2) for t in (q, k))
+    s = qh @ kh.transpose(-2, -1)
+    visible = p.visible(q.shape[1], k.shape[1])
+    kept, dropped = visible & (w != 0), visible & (w == 0)
+    rows = kept.any(-1) & dropped.any(-1)
+    if not bool(rows.any()):
+        return cannot_tell(name, "A4", p.tol, "no visible key has weight 0: nothing was selected")
+    margin = 1e-9 * float(s.abs().max())
+    low = s.masked_fill(~kept, float("inf")).amin(-1)
+    high = s.masked_fill(~dropped, float("-inf")).amax(-1)
+    stat = float(((high > low + margin) & rows).double().sum() / rows.double().sum())
+    return result(
+        name,
+        "A4",
+        stat,
+        0.0,
+        "where a query gives some visible keys weight 0, the keys it keeps are those its own score q_i . k_j ranks "
+        "highest (one score both selects and weighs)",
+    )
+
+
 def parallel(p: Probe) -> AuditCheck:
     name = "parallel"
     q, k, v = p.qkv()
@@ -472,6 +505,7 @@ def run_checks(adapter: Adapter, causal: bool, seed: int = 0) -> list[AuditCheck
         bilinear_fit(probe(21), usable, why),
         independent,
         head_independence(probe(23)),
+        single_score(probe(24)),
     ]
     a5 = weight_results[:2] + [
         shift_invariance(probe(30), a4[1:3], scalar),

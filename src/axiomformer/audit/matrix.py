@@ -30,8 +30,10 @@ AXIS_TAG = {
     "normalizer": "A5",
     "scale": "A5",
     "position": "A0",
+    "transport": "A4",
+    "select": "A4",
 }
-"""Which assumption each axis relaxes."""
+"""Which assumption each axis relaxes (a transport relaxes A0 too: its rows list both among the candidates)."""
 
 EXCEPTIONS: dict[str, str] = {
     "value=identity": "the identity is a linear change of coordinates, inside A3's class; what it gives up is a "

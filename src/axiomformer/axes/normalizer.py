@@ -46,6 +46,8 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
     power           u = s^p / sum_j s_j^p, p = POWER_P = 2 (even: the weights are >= 0); a row whose visible scores
                     are all 0 gets uniform weights 1 / n_i **(our convention)** (Buckman, Gelada & Zhang 2024,
                     "Symmetric Power Transformers", Manifest AI, the power attention A = (q.k)^p / sum (q.k)^p)
+    none            u = s, no normalization (Katharopoulos et al. 2020, eq. 4 without its denominator; the
+                    delta-rule family and Mamba-2's SSD, which the transport axis pairs with it)
 Scale choices (A5's temperature, ``axes/scale.py``: SCALES): inv_sqrt_d (1/sqrt(d_k); 1 for the kernel normalizer,
 whose kernel is no scaled score: Katharopoulos et al. 2020 apply none, and the taylor map carries its own 1/sqrt(d)),
 none (1), learned (per head), log_n (c_h log n_i / sqrt(d_k), Scalable-Softmax). An explicit or learned scale s is
@@ -121,6 +123,8 @@ NORMALIZER_TRAITS = {
     "k_len) matrix, a row without a visible key all -inf; engines that split the queries into chunks decline it",
     "noncausal": "defined only without a causal mask: the spec refuses causal=True",
     "signed": "weights may be negative",
+    "identity": "u = s: the weights are the scaled scores themselves, no normalization (a state recurrence can run "
+    "it: the transport axis's ``state`` choices)",
     "sign_blind": "a score's weight grows with its magnitude whatever its sign (an additive penalty becomes weight): "
     "the spec refuses additive position biases, attend a float bias or mask",
 }
@@ -542,6 +546,10 @@ def _relu(s: Tensor, n: Tensor) -> Tensor:
     return F.relu(s) / n
 
 
+def _none(s: Tensor, n: Tensor) -> Tensor:
+    return s
+
+
 def _linear(kernel: Tensor) -> Tensor:
     return kernel / (kernel.sum(dim=-1, keepdim=True) + LINEAR_EPS)
 
@@ -701,6 +709,15 @@ NORMALIZERS = Registry(
             {"vjp": _power_vjp},
             relaxes="A5: a polynomial instead of exp: not shift invariant, blind to the temperature (u is "
             "homogeneous of degree 0 in s) and to the sign of s",
+        ),
+        Choice(
+            "none",
+            "u = s (no normalization)",
+            "Katharopoulos et al. 2020, eq. 4 without the denominator, as the delta-rule family and Mamba-2's SSD "
+            "(Dao & Gu 2024, sec. 3) use it",
+            _none,
+            frozenset({"elementwise", "signed", "identity"}),
+            relaxes="A5: nothing normalizes the relevance (weights are the scaled scores, signed and unbounded)",
         ),
     ],
     NORMALIZER_TRAITS,

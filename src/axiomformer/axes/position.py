@@ -41,6 +41,12 @@ Choices:
                 the learned vectors e[floor p] and e[ceil p] (head_dim each, max_len of them, shared by the heads and
                 starting at 0 as in the authors' code; p is clamped to max_len - 1). Causal only. Blocked keys
                 (padding, outside the window) open no gate, so padding changes nothing.
+    short_conv  a causal depthwise convolution of kernel SHORT_CONV_KERNEL = 4 with a residual on the projected q,
+                k and v, h_t + sum_{r=0..3} w_r o h_{t-r} (Allen-Zhu 2025, "Physics of Language Models: Part 4.1",
+                Canon layers, the Canon-B position; the ``ShortConvolution`` of the linear-attention layers, there
+                without the residual and with a SiLU). A position mechanism outside the sum over keys: order enters
+                through the tokens' own features. A padded token enters the convolution as zeros; a KV cache keeps
+                the last three projections.
 """
 
 from __future__ import annotations
@@ -159,6 +165,24 @@ def alibi_bias(slopes: Tensor, q_positions: Tensor, k_positions: Tensor, causal:
     return -slopes.view(1, -1, 1, 1) * distance.unsqueeze(-3)
 
 
+SHORT_CONV_KERNEL = 4
+"""Kernel width of ``position=short_conv`` (Canon layers and the linear-attention layers' ShortConvolution use 4)."""
+
+
+def causal_conv(x: Tensor, weight: Tensor, history: Tensor | None) -> tuple[Tensor, Tensor]:
+    """x + the causal depthwise convolution of x, and the last ``kernel - 1`` inputs (the next call's history).
+
+    x (batch, seq, channels); weight (channels, kernel): y_t = x_t + sum_r weight[:, kernel - 1 - r] o x_{t - r};
+    history (batch, kernel - 1, channels), the inputs before x (zeros when None).
+    """
+    width = weight.shape[-1] - 1
+    if history is None:
+        history = x.new_zeros(x.shape[0], width, x.shape[-1])
+    padded = torch.cat([history.to(x.dtype), x], dim=1)
+    conv = F.conv1d(padded.transpose(1, 2), weight.to(x.dtype).unsqueeze(1), groups=x.shape[-1])
+    return x + conv.transpose(1, 2), padded[:, -width:]
+
+
 class Position(nn.Module):
     """The position choice of a spec: adds input encodings, rotates q/k, or provides ALiBi slopes."""
 
@@ -176,6 +200,29 @@ class Position(nn.Module):
             self.forget_gate = nn.Linear(spec.dim, spec.num_heads)
         if POSITIONS.has(self.kind, "contextual"):
             self.cope_emb = nn.Parameter(torch.zeros(spec.head_dim, spec.max_len))
+        if POSITIONS.has(self.kind, "conv"):  # nn.Conv1d's default bound, 1 / sqrt(fan_in = kernel)
+            bound = SHORT_CONV_KERNEL**-0.5
+            for name, width in (("conv_q", spec.dim), ("conv_k", spec.kv_dim), ("conv_v", spec.kv_dim)):
+                self.register_parameter(
+                    name, nn.Parameter(torch.empty(width, SHORT_CONV_KERNEL).uniform_(-bound, bound))
+                )
+
+    def short_conv(
+        self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, history: tuple | None
+    ) -> tuple[Tensor, Tensor, Tensor, tuple]:
+        """``position=short_conv`` on the projected q (batch, q_len, dim), k, v (batch, k_len, kv_dim): each plus its
+        causal depthwise convolution; ``keep`` (batch, k_len) False at padded tokens (zeros in the convolution, and
+        in q's too in self-attention when the lengths match); ``history`` the cache's last inputs. Returns q, k, v and
+        the new history."""
+        if keep is not None:
+            k, v = k * keep[..., None].to(k.dtype), v * keep[..., None].to(v.dtype)
+            if q.shape[1] == k.shape[1]:
+                q = q * keep[..., None].to(q.dtype)
+        past = history or (None, None, None)
+        q, hq = causal_conv(q, self.conv_q, past[0])
+        k, hk = causal_conv(k, self.conv_k, past[1])
+        v, hv = causal_conv(v, self.conv_v, past[2])
+        return q, k, v, (hq, hk, hv)
 
     def contextual_bias(self, q: Tensor, logits: Tensor) -> Tensor:
         """CoPE's score bias q_i . e[p_ij] (batch, heads, q_len, k_len) in max(q dtype, float32).
@@ -403,6 +450,14 @@ POSITIONS = Registry(
             relaxes="A0 (order re-enters by counting): a key's position is how many gates the query opens between "
             "it and the key, so positions depend on the context and on the scores (causal only)",
         ),
+        Choice(
+            "short_conv",
+            "h_t + sum_{r=0..3} w_r o h_{t-r} on the projected q, k, v (causal, depthwise, kernel 4)",
+            "Allen-Zhu 2025, Physics of Language Models Part 4.1, Canon layers (Canon-B)",
+            traits=frozenset({"conv"}),
+            relaxes="A0 (order re-enters outside the sum): each token's q, k, v mix in its three predecessors' "
+            "features",
+        ),
     ],
     {
         "input": "added to the query and key inputs before their projections",
@@ -413,6 +468,8 @@ POSITIONS = Registry(
         "starts_standard": "its learned parameters start where it adds nothing; extra['move'](module, generator) "
         "moves them off that point (the audit of a spec audits the relaxation, not its starting point)",
         "causal": "defined only under a causal mask: the spec refuses causal=False",
+        "conv": "a short causal convolution of the projected q, k, v (Position.short_conv); a KV cache keeps its "
+        "last inputs",
     },
 )
 """Every position choice."""

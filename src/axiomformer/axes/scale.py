@@ -133,11 +133,11 @@ SCALES = Registry(
 
 
 def score_width(spec: AttentionSpec, head_dim: int | None = None) -> int:
-    """d_k, the width of one score's dot product: ``head_dim`` (default the spec's), halved for a ``halves``
-    normalizer."""
+    """d_k, the width of one score's dot product: ``head_dim`` (default the spec's, plus MLA's ``kv_rope_dim``), halved
+    for a ``halves`` normalizer."""
     from axiomformer.axes.normalizer import NORMALIZERS
 
-    head_dim = spec.head_dim if head_dim is None else head_dim
+    head_dim = spec.head_dim + spec.kv_rope_dim if head_dim is None else head_dim  # MLA's decoupled RoPE key widens q.k
     return head_dim // 2 if NORMALIZERS.has(spec.normalizer, "halves") else head_dim
 
 

@@ -40,7 +40,9 @@ def register(app: typer.Typer) -> None:
         heads: int = typer.Option(8, help="attention heads"),
         head_dim: int = typer.Option(64, help="head dimension"),
         batch: int = typer.Option(1, help="batch size"),
-        repeats: int = typer.Option(0, help="timed repeats per pair (default 3 with --quick, else 5)"),
+        repeats: int = typer.Option(
+            0, help="timed pairs (default 7: the 95 % interval of each ratio, ratio_ci, needs them)"
+        ),
         device: str = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
         threads: int = typer.Option(0, help="torch CPU threads (default: torch's choice)"),
         train: bool = typer.Option(
@@ -94,7 +96,7 @@ def register(app: typer.Typer) -> None:
             batch=batch,
             heads=heads,
             head_dim=head_dim,
-            repeats=repeats or (3 if quick else 5),
+            repeats=repeats or bench.MIN_CI_REPEATS,
             reference_max_len=0 if quick else 1024,
             device=device,
             log=log,

@@ -16,11 +16,14 @@ def register(app: typer.Typer) -> None:
         causal: bool = typer.Option(False, help="causal mask"),
         as_json: bool = typer.Option(False, "--json", help="print the spec as JSON"),
     ) -> None:
-        """Describe a spec: which assumptions hold and every field."""
-        from axiomformer.spec import AttentionSpec
+        """Describe a spec: which assumptions hold, each non-standard choice's formula and source, and every field.
+
+        Fields a choice needs (a causal mask, a transport's paired normalizer) are filled in unless given.
+        """
+        from axiomformer.spec import REGISTRIES, AttentionSpec, relax_with_requirements
 
         try:
-            spec = AttentionSpec.standard(dim, heads, causal=causal).relax(relax)
+            spec = relax_with_requirements(AttentionSpec.standard(dim, heads, causal=causal), relax)
         except ValueError as err:
             raise typer.BadParameter(str(err)) from None
         if as_json:
@@ -29,3 +32,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(spec.describe())
             for a, held in spec.assumptions().items():
                 typer.echo(f"  {a}: {'holds' if held else 'relaxed'}")
+            for axis, name in spec.relaxed_axes().items():
+                choice = REGISTRIES[axis][name]
+                typer.echo(f"  {axis}={name}: {choice.formula}")
+                typer.echo(f"    source: {choice.source}")
+                if choice.relaxes:
+                    typer.echo(f"    relaxes: {choice.relaxes}")

@@ -6,6 +6,8 @@ An engine is an object with
                                    ``Attention.last_engine`` report
     returns_weights: bool          it can return the weights its output was computed from
     double_backward: bool          every kernel it runs is differentiable to every order
+    transports: bool               it computes plans with a transport (``plan.transported``); the router routes
+                                   such plans only to engines that say so (default False)
     accepts(plan, kind) -> bool    whether it computes problems of this kind under this plan exactly
     worthwhile(plan, kind) -> bool whether automatic routing should pick it (optional; default True)
     twice_differentiable(kind) -> bool
@@ -53,6 +55,7 @@ class EngineBase:
     name = "engine"
     returns_weights = False
     double_backward = True
+    transports = False
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
         return True

@@ -28,6 +28,7 @@ from axiomformer.axes.position import POSITIONS
 from axiomformer.axes.registry import Choice
 from axiomformer.axes.scale import SCALES
 from axiomformer.axes.score import SCORES
+from axiomformer.axes.transport import TRANSPORTS
 from axiomformer.spec import AttentionSpec
 
 REFERENCE_MAX_ELEMENTS = 2**24
@@ -66,7 +67,8 @@ class Plan:
 
     Attributes (resolved once): ``normalizer_choice`` (the registry :class:`~axiomformer.axes.registry.Choice`),
     ``normalizer_traits``, ``score_traits``, ``contribution_traits``, ``position_traits``, ``aggregator_traits`` (read by
-    ``Attention``, not by engines), ``dot_form`` (the score's
+    ``Attention``, not by engines), ``transport_traits`` (empty for ``transport=none``; only engines with
+    ``transports = True`` are routed a plan with a transport), ``dot_form`` (the score's
     dot-form function or None), ``feature_map`` (the linear normalizer's phi), ``options`` (a ``configured``
     normalizer's keyword arguments), ``at_defaults``, ``pair_width``, ``per_row_scale`` (the scale differs between
     queries: trait ``per_row``, ``scale=log_n``) and ``key``, the hashable part of the router's key: choice names and
@@ -84,6 +86,7 @@ class Plan:
     contribution_traits: frozenset = field(init=False, repr=False)
     position_traits: frozenset = field(init=False, repr=False)
     aggregator_traits: frozenset = field(init=False, repr=False)
+    transport_traits: frozenset = field(init=False, repr=False)
     dot_form: Callable | None = field(init=False, repr=False)
     feature_map: Callable = field(init=False, repr=False)
     options: dict = field(init=False, repr=False)
@@ -104,6 +107,7 @@ class Plan:
             "contribution_traits": CONTRIBUTIONS[spec.contribution].traits,
             "position_traits": POSITIONS[spec.position].traits,
             "aggregator_traits": AGGREGATORS[spec.aggregator].traits,
+            "transport_traits": TRANSPORTS[spec.transport].traits,
             "dot_form": score.extra.get("dot_form"),
             "feature_map": FEATURE_MAPS[spec.feature_map].impl,
             "options": spec_options(spec),
@@ -120,6 +124,8 @@ class Plan:
             resolved["at_defaults"],
             bool(spec.softcap),
             resolved["per_row_scale"],
+            spec.transport,
+            spec.select,
         )
         for name, value in resolved.items():
             object.__setattr__(self, name, value)
@@ -134,6 +140,11 @@ class Plan:
         """The normalizer is a plain softmax in this mode (``softmax``, or ``softmax_in_eval`` at default options)."""
         traits = self.normalizer_traits
         return "softmax" in traits or ("softmax_in_eval" in traits and not training and self.at_defaults)
+
+    @property
+    def transported(self) -> bool:
+        """The spec has a transport (``axes/transport.py``): scores come from :func:`transported_scores`."""
+        return bool(self.transport_traits)
 
     @property
     def sink(self) -> bool:

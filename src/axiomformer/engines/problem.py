@@ -155,6 +155,8 @@ class AttentionProblem:
         training: module mode (dropout, Gumbel noise).
         scale: the temperature multiplying the scores: a float or a tensor broadcastable to (batch, heads, 1, 1).
         window: sliding window of keys (see :func:`window_mask`), not folded into ``mask``; 0 = every key.
+        transport: the :class:`~axiomformer.axes.transport.TransportGates` over the key positions of a plan with a
+            transport, or None.
     """
 
     q: Tensor
@@ -169,6 +171,7 @@ class AttentionProblem:
     training: bool = False
     scale: Any = 1.0
     window: int = 0
+    transport: Any = None
 
     @property
     def q_len(self) -> int:
@@ -318,10 +321,14 @@ def nonfinite_hits(problem: AttentionProblem, bad: Tensor, chunk: int = 256) -> 
             problem.q_len, problem.k_len, problem.q_offset, problem.window, problem.causal, problem.q.device
         )
         return (count_in_range(seen, first, stop) > 0).unsqueeze(-1)
-    size = problem.q_len if torch.compiler.is_compiling() else chunk
+    # While torch.compile traces, one block of every query: a Python range over the length would specialise it.
+    spans = (
+        [slice(0, problem.q_len)]
+        if torch.compiler.is_compiling()
+        else [slice(s, min(s + chunk, problem.q_len)) for s in range(0, problem.q_len, max(1, chunk))]
+    )
     hits = []
-    for start in range(0, problem.q_len, max(1, size)):
-        qs = slice(start, min(start + size, problem.q_len))
+    for qs in spans:
         block = block_mask(problem, qs, slice(0, problem.k_len))
         seen = bad.unsqueeze(-2) if block is None else block & bad.unsqueeze(-2)
         seen = torch.broadcast_to(seen, (batch, heads, qs.stop - qs.start, problem.k_len))

@@ -8,11 +8,14 @@ Scores, scale, bias and weights are computed in max(input dtype, float32) (``axi
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from axiomformer.axes.normalizer import normalize
+from axiomformer.axes.transport import transported_scores
 from axiomformer.engines.base import EngineBase
 from axiomformer.engines.plan import Plan
 from axiomformer.engines.problem import AttentionProblem
@@ -42,11 +45,15 @@ def scaled_query(q: Tensor, scale) -> Tensor:
     return q if not isinstance(scale, Tensor) and scale == 1.0 else q * scale
 
 
-def scaled_scores(parts: Plan, q: Tensor, k: Tensor, scale, bias: Tensor | None) -> Tensor:
+def scaled_scores(
+    parts: Plan, q: Tensor, k: Tensor, scale, bias: Tensor | None, transport: Any = None, q_offset: int = 0
+) -> Tensor:
     """``softcap(scale * score(q, k)) + bias`` (or, for the linear normalizer, the kernel phi(scale q).phi(k)
     exp(bias)) in max(input dtype, float32) (``axiomformer.precision``): float16 inputs are upcast before the product,
     float64 is never lowered. For a ``halves`` normalizer the two halves' scores stacked, (2, batch, heads, q_len,
-    k_len). ``scale`` is a float or broadcastable to (batch, heads, q_len, 1)."""
+    k_len). ``scale`` is a float or broadcastable to (batch, heads, q_len, 1). With ``transport`` (the gates of a plan
+    with a transport) the transported scores s_ij = gamma_j k_j^T T_{i<-j} q_i, query i at key position
+    ``q_offset + i``."""
     dtype = compute_dtype(q.dtype, k.dtype)
     scale = scale.to(dtype) if isinstance(scale, Tensor) else scale
     if "kernel" in parts.normalizer_traits:
@@ -68,6 +75,9 @@ def scaled_scores(parts: Plan, q: Tensor, k: Tensor, scale, bias: Tensor | None)
             )
             * scale
         )
+    elif transport is not None:
+        # The transported relevance (axes/transport.py), its quadratic parallel form.
+        scores = transported_scores(q.to(dtype), k.to(dtype), transport.cast(dtype), q_offset) * scale
     else:
         scores = call_in(parts.score_fn, (q, k), dtype) * scale
     cap = parts.spec.softcap
@@ -79,7 +89,7 @@ def scaled_scores(parts: Plan, q: Tensor, k: Tensor, scale, bias: Tensor | None)
 def attention_weights(parts: Plan, problem: AttentionProblem, k: Tensor | None = None) -> Tensor:
     """Attention weights (batch, heads, q_len, k_len) in max(input dtype, float32), before dropout."""
     k = problem.k if k is None else k
-    scores = scaled_scores(parts, problem.q, k, problem.scale, problem.full_bias())
+    scores = scaled_scores(parts, problem.q, k, problem.scale, problem.full_bias(), problem.transport, problem.q_offset)
     return normalize(
         scores,
         problem.full_mask(),
@@ -95,6 +105,7 @@ class ReferenceEngine(EngineBase):
     name = "reference"
     returns_weights = True
     double_backward = True
+    transports = True
 
     def __call__(self, parts: Plan, problem: AttentionProblem, need_weights: bool = False):
         weights = attention_weights(parts, problem)

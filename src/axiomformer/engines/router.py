@@ -37,10 +37,12 @@ from axiomformer.engines.flex import EngineUnavailable, FlexEngine
 from axiomformer.engines.linear import LinearEngine
 from axiomformer.engines.plan import Plan, problem_kind
 from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows, zero_rows_without_keys
+from axiomformer.engines.recurrent import RecurrentEngine
 from axiomformer.engines.reference import ReferenceEngine
 from axiomformer.engines.rowwise import RowwiseEngine
 from axiomformer.engines.sdpa import SDPAEngine
 from axiomformer.engines.sparse import SparseEngine
+from axiomformer.engines.transport_chunked import ChunkedTransportEngine
 from axiomformer.engines.validate import as_problem_4d, check_per_head, check_window, empty_output, problem_shape
 from axiomformer.spec import AttentionSpec
 
@@ -93,6 +95,8 @@ register_engine(ElementwiseEngine())
 register_engine(SparseEngine())
 register_engine(RowwiseEngine())
 register_engine(ChunkedEngine())
+register_engine(RecurrentEngine())
+register_engine(ChunkedTransportEngine())
 
 
 @contextlib.contextmanager
@@ -110,6 +114,11 @@ def prefer_engine(name: str):
 
 def _usable(engine, kind, need_weights: bool, double_backward: bool) -> bool:
     return (engine.returns_weights or not need_weights) and (not double_backward or engine.twice_differentiable(kind))
+
+
+def engine_accepts(engine, plan: Plan, kind) -> bool:
+    """``engine.accepts``, and a plan with a transport only for an engine that computes transports."""
+    return (getattr(engine, "transports", False) or not plan.transported) and engine.accepts(plan, kind)
 
 
 def route(
@@ -154,10 +163,10 @@ def route(
 def _decide(plan, kind, requested, explicit, need_weights, double_backward) -> str:
     if requested != "auto":
         chosen = ENGINES[requested]
-        if chosen.accepts(plan, kind) and _usable(chosen, kind, need_weights, double_backward):
+        if engine_accepts(chosen, plan, kind) and _usable(chosen, kind, need_weights, double_backward):
             return requested
         if explicit:
-            if not chosen.accepts(plan, kind):
+            if not engine_accepts(chosen, plan, kind):
                 raise ValueError(
                     f"engine {requested!r} cannot run {plan.spec.variant} on this problem "
                     f"({kind.device}, {kind.dtype}, mask={kind.mask}, alibi={kind.alibi}, "
@@ -171,7 +180,7 @@ def _decide(plan, kind, requested, explicit, need_weights, double_backward) -> s
         worthwhile = getattr(candidate, "worthwhile", None)
         if (
             _usable(candidate, kind, need_weights, double_backward)
-            and candidate.accepts(plan, kind)
+            and engine_accepts(candidate, plan, kind)
             and (worthwhile is None or worthwhile(plan, kind))
         ):
             return name
@@ -245,6 +254,8 @@ def _solve(
     run (re-routing when it turns out unavailable), then the zero and NaN rows of :func:`attend`'s contract."""
     k_clean, v_clean, bad = clean_nonfinite(problem)
     clean = dataclasses.replace(problem, k=k_clean, v=v_clean)
+    if problem.transport is not None and bad is not None:  # a set-aside key transports nothing either
+        clean = dataclasses.replace(clean, transport=problem.transport.masked(~bad))
     while True:
         name = route(parts, clean, engine, need_weights=need_weights, double_backward=double_backward)
         try:
@@ -275,6 +286,7 @@ def attend(
     engine: str = "auto",
     double_backward: bool = False,
     window: int | None = None,
+    transport: Any = None,
 ) -> Attended:
     """Attention of queries to keys and values, on the engine the router picks.
 
@@ -299,6 +311,8 @@ def attend(
         engine: ``"auto"`` or an engine name to force.
         double_backward: route to an engine differentiable to every order.
         window: sliding window of keys (default ``spec.window``; see ``engines.problem.window_mask``).
+        transport: the :class:`~axiomformer.axes.transport.TransportGates` over the key positions, for a plan with a
+            transport (``Attention`` computes them from the key input).
 
     Returns:
         :class:`Attended` ``(out, weights, engine)``. A query with no visible key gets a zero row; a query that may
@@ -310,7 +324,7 @@ def attend(
             not a constant (``learned``, ``log_n``, or any choice a package registers without a value), naming the
             constant ones; a causal-only normalizer without a causal mask, a non-causal-only one (sinkhorn) with one;
             an odd head_dim for a normalizer that splits heads in halves (``diff``); a nonzero float bias for a
-            normalizer blind to the scores' sign (``power``).
+            normalizer blind to the scores' sign (``power``); a plan with a transport without its gates.
     """
     target = problem_shape(q, k, v)
     mask, bias = as_problem_4d("mask", mask, target), as_problem_4d("bias", bias, target)
@@ -322,6 +336,11 @@ def attend(
         raise ValueError(
             f"normalizer={spec.normalizer!r} weighs a score by its magnitude whatever its sign, so a float bias or "
             f"mask (a large negative entry) would become weight; pass a boolean mask (True = may attend)"
+        )
+    if parts.transported and transport is None:
+        raise ValueError(
+            f"transport={spec.transport!r} needs its gates (transport=TransportGates(...)) computed from the key "
+            f"input; call the Attention layer"
         )
     if 0 in target[2:]:  # no query or no key: nothing for an engine to compute
         out, weights = empty_output(q, k, v, target)
@@ -339,6 +358,7 @@ def attend(
         training=training,
         scale=scale,
         window=window,
+        transport=transport,
     )
     out, weights, name = _solve(parts, problem, engine, need_weights, double_backward)
     return Attended(out, weights if need_weights else None, name)

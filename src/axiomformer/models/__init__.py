@@ -69,6 +69,8 @@ def build_from_config(config: dict) -> nn.Module:
     config = dict(config)
     kind = config.pop("kind")
     spec = config.pop("spec", None)
+    if config.get("layer_specs") is not None:
+        config["layer_specs"] = [AttentionSpec.from_dict(s) for s in config["layer_specs"]]
     return build_model(kind, spec=AttentionSpec.from_dict(spec) if spec else None, **config)
 
 

@@ -26,6 +26,29 @@ from axiomformer.spec import AttentionSpec
 INPUT_POSITIONS = ("auto", "none", "sinusoidal", "learned")
 
 
+def _layer_specs(
+    spec: AttentionSpec, num_layers: int, max_len: int, layer_specs: list[AttentionSpec] | None
+) -> list[AttentionSpec]:
+    """Each layer's spec (``spec`` repeated by default), checked against the model's width and causality."""
+    if layer_specs is None:
+        return [spec] * num_layers
+    layers = list(layer_specs)
+    if len(layers) != num_layers:
+        raise ValueError(f"layer_specs has {len(layers)} specs; need one per layer (num_layers={num_layers})")
+    for i, s in enumerate(layers):
+        if not isinstance(s, AttentionSpec):
+            raise ValueError(f"layer_specs[{i}] must be an AttentionSpec, got {type(s).__name__}")
+        if s.dim != spec.dim or s.causal != spec.causal:
+            raise ValueError(
+                f"layer_specs[{i}] has dim={s.dim}, causal={s.causal}; every layer needs the model's "
+                f"dim={spec.dim}, causal={spec.causal}"
+            )
+    return [
+        dataclasses.replace(s, max_len=max_len) if s.position == "learned" and s.max_len < max_len else s
+        for s in layers
+    ]
+
+
 class Block(nn.Module):
     """Pre-norm residual block: ``x + Attn(LN(x))`` then ``x + MLP(LN(x))``; x (batch, seq, dim).
 
@@ -67,10 +90,14 @@ class TransformerLM(nn.Module):
             **(our choice: the standard spec is Vaswani's Transformer, with its input encoding; a spec that brings its
             own position (RoPE, ALiBi, ...) is measured without a second one)**.
         engine: attention engine for every layer (``"auto"`` routes, see ``axiomformer.engines``).
+        layer_specs: one spec per layer for a hybrid stack (like Hugging Face's ``config.layer_types``), e.g. three
+            Gated DeltaNet layers then one softmax layer, repeated (Qwen3-Next's 3:1); default ``spec`` in every
+            layer. Each must have ``spec``'s ``dim`` and ``causal``; ``spec`` still decides ``input_position="auto"``.
 
     Raises:
-        ValueError: non-positive sizes, a negative ``mlp_ratio``, an unknown ``input_position``, or (in forward) a
-            sequence longer than ``max_len`` or a KV cache with a non-causal spec.
+        ValueError: non-positive sizes, a negative ``mlp_ratio``, an unknown ``input_position``, ``layer_specs`` of
+            another length than ``num_layers`` or with another ``dim`` or ``causal``, or (in forward) a sequence
+            longer than ``max_len`` or a KV cache with a non-causal spec.
     """
 
     def __init__(
@@ -83,6 +110,7 @@ class TransformerLM(nn.Module):
         mlp_ratio: int = 4,
         input_position: str = "auto",
         engine: str = "auto",
+        layer_specs: list[AttentionSpec] | None = None,
     ):
         super().__init__()
         if mlp_ratio < 0:
@@ -103,7 +131,8 @@ class TransformerLM(nn.Module):
         self.pos_embed = nn.Embedding(max_len, spec.dim) if input_position == "learned" else None
         if self.pos_embed is not None:
             nn.init.normal_(self.pos_embed.weight, std=0.02)
-        self.blocks = nn.ModuleList(Block(spec, mlp_ratio=mlp_ratio, engine=engine) for _ in range(num_layers))
+        layers = _layer_specs(spec, num_layers, max_len, layer_specs)
+        self.blocks = nn.ModuleList(Block(s, mlp_ratio=mlp_ratio, engine=engine) for s in layers)
         self.norm = nn.LayerNorm(spec.dim)
         self.config = {
             "kind": "transformer",
@@ -117,6 +146,13 @@ class TransformerLM(nn.Module):
             "input_position": input_position,
             "engine": engine,
         }
+        if layer_specs is not None:
+            self.config["layer_specs"] = [s.to_dict() for s in layers]
+
+    @property
+    def layer_specs(self) -> list[AttentionSpec]:
+        """The spec of each layer (all ``spec`` unless the model was built with ``layer_specs``)."""
+        return [block.attn.spec for block in self.blocks]
 
     def new_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per layer, for incremental decoding."""

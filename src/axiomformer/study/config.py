@@ -179,7 +179,9 @@ class StudyConfig(_Strict):
         curriculum: train the lengths of a task in increasing order, each run starting from the weights of the same
             model and seed at the previous length; the learning rate is chosen once, at the shortest length.
         base_spec: relax string applied to the standard spec before each variant (``"standard"``: none).
-        variants: relax strings (``"A4=cosine"``, ``"position=rope"``, ``"standard"``), one Transformer each.
+        variants: relax strings (``"A4=cosine"``, ``"position=rope"``, ``"standard"``), one Transformer each; a
+            hybrid stack gives one relax string per layer, separated by ``/`` and repeated over the layers
+            (``"transport=decay_householder/standard"``).
         baselines: recurrent baselines among ``rnn``, ``lstm``, ``gru``.
         tasks: the tasks and their sequence lengths.
         budget: the training budget shared by every model.
@@ -277,10 +279,15 @@ class StudyConfig(_Strict):
     @field_validator("variants")
     @classmethod
     def _valid_variants(cls, value: list[str]) -> list[str]:
-        from axiomformer.spec import AttentionSpec
+        from axiomformer.spec import LAYER_SEPARATOR, AttentionSpec, stack_specs
 
         for text in value:
             base = AttentionSpec.standard(64, 4, causal=True)
+            if LAYER_SEPARATOR in text:  # a hybrid stack: each layer's spec, with the fields its choices need
+                causal = all(s.causal for s in stack_specs(base, text, len(text.split(LAYER_SEPARATOR))))
+                if not causal:
+                    raise ValueError(f"variant {text!r}: every layer of a hybrid stack needs a causal mask")
+                continue
             try:
                 causal = base.relax(text).causal
             except ValueError:

@@ -128,14 +128,16 @@ def execute_in_worker(*args: Any) -> dict[str, Any]:
 
 def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
     """The :class:`~axiomformer.study.record.RunRecord` of a finished run, as the store's row (validated here)."""
-    from axiomformer.spec import AttentionSpec
+    from axiomformer.spec import AttentionSpec, stack_assumptions, stack_specs
     from axiomformer.study.record import RunRecord
 
     if run.model.kind == "transformer":
         tc = run.train_config
         assumptions: dict[str, bool] = {
             "A0": True,
-            **AttentionSpec.standard(tc["dim"], tc["heads"], causal=True).relax(run.model.spec).assumptions(),
+            **stack_assumptions(
+                stack_specs(AttentionSpec.standard(tc["dim"], tc["heads"], causal=True), run.model.spec, tc["layers"])
+            ),
         }
         spec = run.model.spec
     elif run.model.kind in CONTROLS:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from axiomformer.spec import ALIASES, AXES, AttentionSpec
+from axiomformer.spec import ALIASES, AXES, LAYER_SEPARATOR, AttentionSpec, stack_specs
 from axiomformer.study.config import StudyConfig, validate_config
 
 DEFAULT_VARIANTS: tuple[str, ...] = (
@@ -108,6 +108,12 @@ def models(config: StudyConfig) -> list[ModelChoice]:
     seen: set[str] = set()
     for text in config.variants:
         compact = text.replace(" ", "")
+        if LAYER_SEPARATOR in compact:  # a hybrid stack: one relax string per layer, checked now, named as given
+            stack_specs(base, compact, config.model.layers)
+            if compact not in seen:
+                seen.add(compact)
+                out.append(ModelChoice(label=compact, kind="transformer", spec=compact))
+            continue
         no_position = compact in NO_POSITION_LABELS and base.position == "none"
         spec = base if no_position else base.relax(text)
         label = "position=none" if no_position else _label(spec, base)
@@ -172,10 +178,20 @@ def _count(kind: str, spec: str, width: int, vocab_size: int, max_len: int, laye
     from axiomformer.models import build_model, count_parameters
 
     max_len = max_len or 16
-    attention = AttentionSpec.standard(width, heads, causal=True, max_len=max_len).relax(spec) if spec else None
+    base = AttentionSpec.standard(width, heads, causal=True, max_len=max_len)
+    stack = stack_specs(base, spec, layers) if spec else None
+    attention = stack[0] if stack else None
     causal = attention.causal if attention is not None else True
+    hybrid = {"layer_specs": stack} if stack and LAYER_SEPARATOR in spec else {}
     net = build_model(
-        kind, vocab_size=vocab_size, dim=width, num_layers=layers, max_len=max_len, spec=attention, causal=causal
+        kind,
+        vocab_size=vocab_size,
+        dim=width,
+        num_layers=layers,
+        max_len=max_len,
+        spec=attention,
+        causal=causal,
+        **hybrid,
     )
     return count_parameters(net)
 

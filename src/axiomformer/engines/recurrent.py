@@ -1,0 +1,135 @@
+"""The recurrent engine: a transport with a state (``axes/transport.py``, trait ``state``) chunk by chunk.
+
+The delta-rule family and Mamba-2 have no normalizer over the keys, so their output is o_t = S_t (scale q_t) with the
+(head_dim_v x head_dim) state S_t = S_{t-1} P_t + gamma_t v_t k_t^T, P_t = Diag(alpha_t) (I - beta_t w_t w_t^T). Within
+a chunk the products are the UT form of ``transported_scores`` with the chunk's own cumulative log decay c (so every
+exponent c_a - c_b, a >= b, is <= 0), plus the state entering the chunk S_0:
+
+    U = (I + (M' o G(W, W)) diag beta)^-1 [ (W o e^c) S_0^T + (M' o G(W, K)) diag(gamma) V ]     (u_t = S_{t-1} w_t)
+    O = (Q o e^c) S_0^T + (M o G(Q, K)) diag(gamma) V - (M o G(Q, W)) diag(beta) U
+    S_end = S_0 o e^{c_end} + V^T diag(gamma) (K o e^{c_end - c}) - U^T diag(beta) (W o e^{c_end - c})
+
+(Yang et al. 2024, DeltaNet's chunkwise form, arXiv:2406.06484, sec. 3, with the decay of Gated DeltaNet / KDA). One
+chunk of the whole sequence is the parallel form, chunks of one token the recurrence; a KV cache keeps S for decoding.
+Memory is O(L) in the length (O(chunk^2) per step).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from axiomformer.axes.transport import TransportGates, decayed_gram
+from axiomformer.engines.base import EngineBase
+from axiomformer.engines.plan import Plan, ProblemKind
+from axiomformer.engines.problem import AttentionProblem
+from axiomformer.precision import compute_dtype
+
+DEFAULT_CHUNK = 64
+"""Tokens per chunk **(our choice: fla's chunk size for these kernels)**."""
+
+DIAG_CHUNK = 16
+"""Tokens per chunk with a per-channel decay (trait ``diag_decay``): its decayed products hold (chunk x chunk x
+head_dim) factors. At L = 1024, 8 heads of 64, one CPU thread, chunks of 64 took 4.2 s and 1.1 GiB for KDA's forward
+and backward (47.8x SDPA) **(our choice; fla's KDA kernels use sub-chunks of 16 too)**."""
+
+
+def chunk_for(traits: frozenset, chunk: int) -> int:
+    """The chunk size for a transport with ``traits``: at most DIAG_CHUNK with a per-channel decay."""
+    return min(chunk, DIAG_CHUNK) if "diag_decay" in traits else chunk
+
+
+def _chunk(q: Tensor, k: Tensor, v: Tensor, g: TransportGates, state: Tensor) -> tuple[Tensor, Tensor]:
+    """(out (batch, heads, n, head_dim_v), state after the chunk) for one chunk (module docstring)."""
+    n = k.shape[-2]
+    pos = torch.arange(n, device=k.device)
+    c = g.log_decay.cumsum(-2)
+    write = torch.ones_like(k[..., 0]) if g.write is None else g.write
+    out = torch.matmul(q * c.exp(), state.transpose(-2, -1))
+    out = out + torch.matmul(decayed_gram(q, c, pos, k, c, pos, False) * write.unsqueeze(-2), v)
+    end = c[..., -1:, :]
+    to_end = (end - c).exp()
+    new_state = state * end.exp() + torch.matmul((v * write.unsqueeze(-1)).transpose(-2, -1), k * to_end)
+    if g.w is not None and g.beta is not None:
+        w, beta = g.w, g.beta
+        eye = torch.eye(n, dtype=q.dtype, device=q.device)
+        lower = eye + decayed_gram(w, c, pos, w, c, pos, True) * beta.unsqueeze(-2)
+        rhs = torch.matmul(w * c.exp(), state.transpose(-2, -1))
+        rhs = rhs + torch.matmul(decayed_gram(w, c, pos, k, c, pos, True) * write.unsqueeze(-2), v)
+        u = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+        out = out - torch.matmul(decayed_gram(q, c, pos, w, c, pos, False) * beta.unsqueeze(-2), u)
+        new_state = new_state - torch.matmul((u * beta.unsqueeze(-1)).transpose(-2, -1), w * to_end)
+    return out, new_state
+
+
+def state_form(
+    q: Tensor, k: Tensor, v: Tensor, gates: TransportGates, state: Tensor | None = None, chunk: int = DEFAULT_CHUNK
+) -> tuple[Tensor, Tensor]:
+    """The transport's output and final state, chunk by chunk.
+
+    Args:
+        q: (batch, heads, n, head_dim) queries, already scaled (query t at token t); k: (batch, heads, n, head_dim);
+            v: (batch, heads, n, head_dim_v); gates: the :class:`TransportGates` of the n tokens.
+        state: (batch, heads, head_dim_v, head_dim) the state before the first token (zeros when None).
+        chunk: tokens per chunk (1: the token-by-token recurrence; n: the parallel form).
+
+    Returns:
+        out (batch, heads, n, head_dim_v) and the state after the last token, in the dtype of q.
+    """
+    b, h, n, d = k.shape
+    if state is None:
+        state = q.new_zeros(b, h, v.shape[-1], d)
+    outs = []
+    for s in range(0, n, max(1, chunk)):
+        part = slice(s, s + chunk)
+        g = gates.tokens(part)
+        out, state = _chunk(q[:, :, part], k[:, :, part], v[:, :, part], g, state)
+        outs.append(out)
+    out = torch.cat(outs, dim=-2) if outs else q.new_zeros(b, h, 0, v.shape[-1])
+    return out, state
+
+
+class RecurrentEngine(EngineBase):
+    """A transport with a state (trait ``state``, normalizer trait ``identity``) in O(L) memory: :func:`state_form`.
+
+    Declines: weights requests (it has none), masks other than key padding (a padded key's gates are zero already:
+    ``TransportGates.masked``), float biases, ALiBi, dropout, windows, a query offset other than the bottom-right one,
+    and ``torch.compile`` tracing (the chunk loop would compile a graph per length)."""
+
+    name = "recurrent"
+    returns_weights = False
+    double_backward = True
+    transports = True
+
+    def __init__(self, chunk: int = DEFAULT_CHUNK):
+        self.chunk = chunk
+
+    def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
+        return (
+            "state" in plan.transport_traits
+            and "identity" in plan.normalizer_traits
+            and plan.proportional
+            and kind.mask in ("none", "key")
+            and not kind.bias
+            and kind.alibi == "none"
+            and not kind.dropout
+            and not kind.window
+            and kind.aligned
+            and kind.causal
+            and not kind.compiling
+        )
+
+    def __call__(
+        self, plan: Plan, problem: AttentionProblem, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        q, k, v = problem.q, problem.k, problem.v
+        dtype = compute_dtype(q.dtype, k.dtype)
+        gates = problem.transport.cast(dtype)
+        if problem.mask is not None:  # key padding: (batch|1, 1, 1, k_len)
+            keep = torch.broadcast_to(problem.mask, (q.shape[0], 1, 1, k.shape[-2]))[:, 0, 0]
+            gates = gates.masked(keep)
+        scale = problem.scale.to(dtype) if isinstance(problem.scale, Tensor) else problem.scale
+        lead = k.shape[-2] - q.shape[-2]  # keys before the first query (bottom-right aligned)
+        qs = torch.nn.functional.pad(q.to(dtype) * scale, (0, 0, lead, 0))
+        out, _ = state_form(qs, k.to(dtype), v.to(dtype), gates, chunk=chunk_for(plan.transport_traits, self.chunk))
+        return out[:, :, lead:].to(v.dtype), None
