@@ -386,7 +386,9 @@ def test_report_command_rebuilds_the_report_from_the_store(tiny_toml, tmp_path):
     assert result.exit_code == 0, result.output
     assert (out / "report.md").read_text() == before
     assert (out / "report.html").is_file() and len(list((out / "figures").glob("*.png"))) == 2
-    assert summary.trained == 36 and not summary.failed  # 3 models x 2 lengths x (2 rates x 2 selection seeds + 2 seeds)
+    assert (
+        summary.trained == 36 and not summary.failed
+    )  # 3 models x 2 lengths x (2 rates x 2 selection seeds + 2 seeds)
     answer = json.loads(CliRunner().invoke(app, ["report", str(out), "--json"]).output)
     assert len(answer["cells"]) == 3 * 2 and len(answer["comparisons"]) == 2 * 2  # 2 non-standard models x 2
     for cell in answer["cells"]:

@@ -49,7 +49,9 @@ def test_a_tiny_rho_study_writes_a_report_with_figures(tmp_path):
         "tasks": [{"name": "majority", "seq_lens": [6]}],
     }
     summary = run_study(validate_config(data), tmp_path, progress=False)
-    assert summary.failed == [] and summary.trained == 16  # 4 arms x (2 selection runs at seeds 1000-1001 + 2 reported seeds)
+    assert (
+        summary.failed == [] and summary.trained == 16
+    )  # 4 arms x (2 selection runs at seeds 1000-1001 + 2 reported seeds)
     text = (tmp_path / "report.md").read_text()
     assert "## The answer" in text and "attn-only rho=identity" in text and "[" in text
     assert (tmp_path / "figures" / "rho_accuracy.png").stat().st_size > 0

@@ -58,7 +58,9 @@ def flow_section() -> Any:
     )
 
 
-def task_test_items(task: str, seq_len: int, options: dict[str, Any], batch_size: int, batches: int):
+def task_test_items(
+    task: str, seq_len: int, options: dict[str, Any], batch_size: int, batches: int
+) -> tuple[Any, Any, Any]:
     """The test items every run of a study cell is scored on: ``(task, inputs, targets)``, the inputs and targets int64
     (batches * batch_size, seq_len), exactly as the trainer draws its test split (``train._eval_set``)."""
     import torch
