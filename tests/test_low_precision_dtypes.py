@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from axiomformer import Attention, AttentionSpec
-from axiomformer.spec import AXES
+from axiomformer.spec import AXES, required_fields
 
 DT = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64}
 PAIRS = [("bf16", "bf16"), ("f16", "f16"), ("bf16", "f32"), ("f32", "f16"), ("f16", "f64"), ("f64", "bf16")]
@@ -23,8 +23,8 @@ CHOICES = [(axis, name) for axis, names in AXES.items() for name in names[1:]] +
 
 
 def _spec(axis: str, name: str, aggregator: str) -> AttentionSpec:
-    fields = {"aggregator": aggregator, axis: name}
-    return AttentionSpec(dim=8, num_heads=2, topk=2, causal=name != "sinkhorn", **fields)
+    fields = {"causal": name != "sinkhorn", **required_fields(axis, name), "aggregator": aggregator, axis: name}
+    return AttentionSpec(dim=8, num_heads=2, topk=2, **fields)
 
 
 @pytest.mark.parametrize("aggregator", ["identity", "laser"])

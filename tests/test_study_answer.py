@@ -222,6 +222,9 @@ def test_quick_study_then_report_json_gives_pilot_verdicts_on_disjoint_seeds(tmp
     design = answer["design"]
     assert design["pilot"] and not set(design["selection_seeds"]) & set(design["reported_seeds"])
     assert answer["verdicts"] and all(v["verdict"] == "pilot" and agrees(v) for v in answer["verdicts"])
+    # the same JSON fields as the default preset's report: the battery's evidence, the answer, the A/A control
+    assert {"answer", "control_answer", "aa_control", "cpu_seconds"} <= set(answer) and design["tasks"]
+    assert {"metric", "lr_sensitive"} <= set(answer["verdicts"][0]) and answer["aa_control"]["verdict"] == "pilot"
     with ResultsStore(out) as store:
         seeds = {r["seed"] for r in store.runs()}
     assert seeds == set(design["selection_seeds"]) | set(design["reported_seeds"])

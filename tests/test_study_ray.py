@@ -116,4 +116,4 @@ def test_a_ray_worker_that_dies_mid_sweep_fails_its_run_and_a_rerun_finishes_it(
         ray.shutdown()
     assert not again.failed and again.already_stored == first.trained
     runs = _runs(tmp_path / "ray")
-    assert len(runs) == 6 and first.failed[0] in runs  # the rerun finished the sweep, the killed run included
+    assert len(runs) == 8 and first.failed[0] in runs  # the rerun finished the sweep, the killed run included
