@@ -392,24 +392,6 @@ def test_planted_solve_rate_task_uses_newcombe_on_solved_runs(tmp_path):
     assert (v["ci_low"], v["ci_high"]) == pytest.approx((expected.low, expected.high)) and agrees(v)
 
 
-@pytest.mark.parametrize(
-    ("toml", "message"),
-    [
-        ("margin = 0\n", "margin must be > 0"),
-        ("solve_margin = -0.1\n", "margin must be > 0"),
-        ("selection_seeds = [1000]\n", "at least 2 distinct selection_seeds"),
-        ("seeds = 3\nselection_seeds = [2, 1000]\n", "overlap the reported seeds"),
-        ('controls = ["attention"]\n', "no_mixing, uniform_mixing"),
-    ],
-)
-def test_bad_battery_configs_are_one_error_line(tmp_path, toml, message):
-    path = tmp_path / "bad.toml"
-    path.write_text(toml)
-    result = CliRunner().invoke(app, ["study", "--config", str(path), "--out", str(tmp_path / "out")])
-    assert result.exit_code == 2 and message in result.output
-    assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1
-
-
 # ---------------------------------------------------------------------------------------------------- the run record
 def test_the_store_columns_are_the_run_record_fields_and_a_malformed_row_is_refused(tmp_path):
     from pydantic import ValidationError

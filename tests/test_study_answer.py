@@ -185,6 +185,9 @@ def test_a_store_of_the_previous_version_renders_with_pilot_verdicts_and_stays_u
         ("margin = 0\n", "margin must be > 0"),
         ("margin = -0.1\n", "margin must be > 0"),
         ("seeds = 3\nselection_seeds = [2, 1000]\n", "overlap the reported seeds"),
+        ("solve_margin = -0.1\n", "margin must be > 0"),
+        ("selection_seeds = [1000]\n", "at least 2 distinct selection_seeds"),
+        ('controls = ["attention"]\n', "no_mixing, uniform_mixing"),
     ],
 )
 def test_bad_design_configs_fail_in_one_line_with_exit_2(tmp_path, text, message):

@@ -246,13 +246,6 @@ def _pairs(d: StudyData) -> list[tuple[str, tuple[str, int]]]:
     ]
 
 
-def families(d: StudyData) -> tuple[list, list]:
-    """(primary, secondary) lists of (model, (task, length)) as :func:`main_families` assigns them (the
-    ``control_task`` family is left out here)."""
-    found = main_families(d)
-    return [(m, t) for m, t, f in found if f == "primary"], [(m, t) for m, t, f in found if f == "secondary"]
-
-
 FAMILIES = ("primary", "control_task", "secondary")
 """The main suite's families, each corrected on its own: ``primary`` (the config's ``primary`` models on every task
 that discriminates), ``control_task`` (the same models on tasks that do not: reported apart, never the answer) and
@@ -480,7 +473,6 @@ __all__ = [
     "comparisons",
     "cpu_seconds",
     "design",
-    "families",
     "main_families",
     "n_test_items",
     "suite_contrasts",
