@@ -75,10 +75,13 @@ class StudyBudget(_Strict, Budget):
     at the selection seed, keeps the one with the best validation accuracy (ties: lower validation loss), and
     reports its test accuracy over the seeds at that rate (as MAD and Zoology do). ``lr`` is used only when
     ``lr_grid`` is empty. ``None`` fields take the trainer's task defaults. A task's ``budget`` table overrides
-    these fields for that task (``None`` there: keep the study's value).
+    these fields for that task (``None`` there: keep the study's value). ``fast``: train every run on the trainer's
+    fast path (``TrainConfig.fast``: fused AdamW, the same update rule rounded differently; ``docs/training_speed.md``),
+    for every arm alike.
     """
 
     lr_grid: list[float] | None = None
+    fast: bool | None = None
 
     @field_validator("steps")
     @classmethod

@@ -438,6 +438,8 @@ def make_run(
     """The run of ``cell`` at ``seed`` and learning rate ``lr`` (``None``: the trainer's task default)."""
     budget = {k: v for k, v in cell.budget.items() if k != "lr_grid"} | {"lr": lr}
     budget = {k: v for k, v in budget.items() if v is not None or k in ("target_accuracy", "patience")}
+    if not budget.get("fast"):  # the plain loop is the trainer's default: runs stored before ``fast`` keep their keys
+        budget.pop("fast", None)
     tc = {
         "task": cell.task,
         "seq_len": cell.seq_len,
