@@ -6,8 +6,8 @@ fixed budget and no patience (the runs go to the end unless they reach the targe
 accuracy, the validation curve (steps to solve: the first evaluation at or above ``SOLVED``), whether the training
 loss was still falling over the last quarter, and CPU seconds (one torch thread per run, two runs at once).
 
-    nice -n 5 python benchmarks/battery_pilot.py benchmarks/results/battery-pilot/pilot.json [round]
-    python benchmarks/battery_pilot.py --summary benchmarks/results/battery-pilot/pilot.json  # writes pilot.md
+    nice -n 5 python benchmarks/battery_pilot.py benchmarks/results/study-pilot/pilot.json [round]
+    python benchmarks/battery_pilot.py --summary benchmarks/results/study-pilot/pilot.json  # writes pilot.md
 
 The summary gives, per candidate, the task's ceiling on the pilot's test items (``Task.ceiling``), each arm's mean
 test accuracy, the standard model's solve rate and median steps to solve, and the call: a candidate qualifies when

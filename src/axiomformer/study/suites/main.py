@@ -40,7 +40,7 @@ BATTERY = [
     {"name": "induction", "seq_lens": [32], "options": {"vocab": 16}, "metric": "solve_rate"},
 ]
 """The task battery, chosen by the pilot (``benchmarks/battery_pilot.py``, numbers in
-``benchmarks/results/battery-pilot/``): on each the standard model solved in 200-400 steps at both pilot seeds while
+``benchmarks/results/study-pilot/``): on each the standard model solved in 200-400 steps at both pilot seeds while
 uniform mixing (no scores) stayed well below it and no mixing at chance, and every target is a token of its own prefix
 (ceiling 1, exact). ``copy`` asks for order (positions), ``mqar`` for associative recall, ``induction`` for the token
 after an earlier trigger among 15 distractor symbols (selection). ``induction``'s pilot curves jump from chance to
@@ -141,7 +141,7 @@ def pilot_note() -> list:
         Heading("How the battery was chosen (pilot)", 3),
         Paragraph(
             "A pilot on seeds that no study reports (2000-2001; `benchmarks/battery_pilot.py`, numbers in "
-            "`benchmarks/results/battery-pilot/pilot.md`) trained the standard model and both validity controls on "
+            "`benchmarks/results/study-pilot/pilot.md`) trained the standard model and both validity controls on "
             "candidate tasks with a fixed budget and no patience, and kept the tasks on which the standard model "
             "solved at every pilot seed while uniform mixing stayed at least 0.05 below it. " + TASK_DOC
         ),
