@@ -17,7 +17,7 @@ from axiomformer.cli import app
 from axiomformer.flows import DataError, FlowNet, load_dataset, read_idx
 from axiomformer.flows.data import FASHION_FILES, patchify
 from axiomformer.flows.experiment import FlowConfig, t_interval, train, train_group
-from axiomformer.flows.inference_flow import _pseudo_label_step, label_free_flow
+from axiomformer.flows.inference_flow import label_free_flow
 
 
 def _idx_bytes(array: np.ndarray) -> bytes:
@@ -188,20 +188,56 @@ def test_t_interval_matches_the_t_table():
     assert t_interval([0.4]) == (0.4, None, None)
 
 
-def test_pseudo_label_step_is_a_descent_step_for_its_pseudo_labels():
-    torch.manual_seed(0)
-    net = FlowNet(3, 3, dim=6, steps=0, model="quadratic", num_tokens=4, readout="mean")
-    with torch.no_grad():
-        net.theta.mul_(3)
-    Z = net.embed_inputs(_tiny_tokens()[0]).detach()
+def _pseudo_label_step(net: FlowNet, Z: torch.Tensor, h: float) -> torch.Tensor:
+    """The removed arm, written out: one gradient step of the cross-entropy of the network's own argmax labels."""
+    Z = Z.detach().requires_grad_(True)
     logits = net.classify(Z)
-    C = F.one_hot(logits.argmax(-1), 3).float()
-    loss = lambda Z: -(C * torch.log_softmax(net.classify(Z), -1)).sum()
-    h = 4 / float(torch.linalg.matrix_norm(net.theta.detach(), ord=2)) ** 2
-    assert loss(_pseudo_label_step(net, Z, h)) < loss(Z).detach()
-    out = label_free_flow(net, _tiny_tokens()[0], _tiny_tokens()[1], [0, 1, 3])
-    assert set(out) == {(m, k) for m in ("pseudo_label", "attention_term") for k in (0, 1, 3)}
-    assert out[("pseudo_label", 0)] == out[("attention_term", 0)]
+    C = F.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+    (grad,) = torch.autograd.grad(-(C * torch.log_softmax(logits, -1)).sum(), Z)
+    return (Z - h * grad).detach()
+
+
+@pytest.mark.parametrize("model", ["linear", "quadratic"])
+def test_the_pseudo_label_flow_cannot_change_a_prediction_which_is_why_it_is_not_an_arm(model):
+    """The reason ``docs/flows.md`` gives for removing the pseudo-label flow: its steps (h = 1/L) never flip an argmax,
+    on 50 random classifiers and features, so its accuracy is K = 0's by construction."""
+    flips = moved = 0
+    for seed in range(50):
+        torch.manual_seed(seed)
+        net = FlowNet(3, 4, dim=5, steps=0, model=model, num_tokens=3, readout="mean")
+        with torch.no_grad():
+            net.theta.mul_(3)
+        x = torch.randn(64, 3, 3) if model == "quadratic" else torch.randn(64, 3)
+        Z = net.embed_inputs(x).detach()
+        n = 3 if model == "quadratic" else 1
+        h = n / float(torch.linalg.matrix_norm(net.theta.detach(), ord=2)) ** 2
+        before = net.classify(Z).argmax(-1)
+        for _ in range(5):
+            Z2 = _pseudo_label_step(net, Z, h)
+            moved += int(not torch.equal(Z2, Z))
+            Z = Z2
+        flips += int((net.classify(Z).argmax(-1) != before).sum())
+    assert moved == 250 and flips == 0
+
+
+def test_label_free_flow_moves_the_features_and_a_planted_no_op_is_caught(monkeypatch):
+    from axiomformer.flows import inference_flow
+
+    torch.manual_seed(0)
+    x, y = _tiny_tokens()
+    for model in ("linear", "quadratic"):
+        net = FlowNet(3, 3, dim=6, steps=0, model=model, num_tokens=4, readout="mean")
+        inputs = x if model == "quadratic" else x.mean(1)
+        Z = net.embed_inputs(inputs).detach()
+        for method in inference_flow.LABEL_FREE_METHODS:
+            assert not torch.allclose(inference_flow.flow_step(net, method)(Z), Z)
+        out = label_free_flow(net, inputs, y, [0, 1, 3])
+        assert set(out) == {("attention_term", k) for k in (0, 1, 3)}
+    with pytest.raises(ValueError, match="choose one of attention_term"):
+        inference_flow.flow_step(net, "pseudo_label")
+    monkeypatch.setattr(inference_flow, "flow_step", lambda net, method: lambda Z: Z)
+    with pytest.raises(RuntimeError, match="'attention_term' left the features unchanged at step 1"):
+        label_free_flow(net, x, y, [0, 1])
 
 
 def test_cli_flow_missing_file_prints_a_clear_error_without_traceback(tmp_path):
@@ -263,8 +299,38 @@ def test_cli_flow_json_on_tiny_fashion_mnist(tmp_path):
     assert all(0.0 <= r["acc_mean"] <= 1.0 and r["ci_low"] <= r["acc_mean"] <= r["ci_high"] for r in payload["arms"])
     k0 = {(r["theta"], r["noise"], r["acc_mean"]) for r in payload["arms"] if r["K"] == 0}
     assert len(k0) == 2 * 2  # K = 0 is one network per theta setting and noise
-    assert {(r["method"], r["K"]) for r in payload["test_time_flow"]} >= {("pseudo_label", 1), ("attention_term", 1)}
+    assert {(r["method"], r["K"]) for r in payload["test_time_flow"]} >= {("attention_term", 1)}
+    assert not any(r["method"] == "pseudo_label" for r in payload["test_time_flow"])
     assert payload["sanity"]["oracle_flow"]["monotone"] is True
     assert not any("oracle" in str(r) for r in payload["arms"] + payload["test_time_flow"])
     for name in ("flow_accuracy.png", "flow_test_time.png", "flow_results.json"):
         assert (out / name).stat().st_size > 0
+
+
+def _moves(net: FlowNet, x: torch.Tensor) -> bool:
+    """Whether one flow step changes the features (K = 1 against K = 0, the same weights)."""
+    with torch.no_grad():
+        first, second = net.features(x)[:2]
+    return not torch.allclose(first, second)
+
+
+@pytest.mark.parametrize("model", ["linear", "quadratic"])
+def test_every_flow_arm_changes_the_features_at_k_1_and_a_planted_no_op_is_caught(model):
+    """Every mixing but ``neither`` (the no-flow control, K = 0's features by definition) moves the features."""
+    from axiomformer.flows.net import ATTENTION_MIXINGS, MIXINGS, VALUES
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 4, 3) if model == "quadratic" else torch.randn(8, 3)
+    for mixing in MIXINGS:
+        if model == "linear" and mixing == "token_mlp":  # refused: nothing to match its parameters to
+            continue
+        for value in VALUES if mixing in ATTENTION_MIXINGS else ("tied",):
+            net = FlowNet(3, 3, dim=6, steps=1, model=model, mixing=mixing, value=value, num_tokens=4)
+            assert _moves(net, x) == (mixing != "neither"), (mixing, value)
+
+    class NoOpAttention(FlowNet):
+        def _attention(self, Z, k):
+            return torch.zeros_like(Z)
+
+    planted = NoOpAttention(3, 3, dim=6, steps=1, model=model, mixing="attention", num_tokens=4)
+    assert not _moves(planted, x)
