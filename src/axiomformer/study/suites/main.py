@@ -37,7 +37,13 @@ representative per assumption)**; the other relaxations are in the full preset."
 BATTERY = [
     {"name": "copy", "seq_lens": [16], "options": {"vocab": 8}, "metric": "accuracy", "budget": {"steps": 1000}},
     {"name": "mqar", "seq_lens": [16], "options": {"vocab": 16, "num_pairs": 2}, "metric": "solve_rate"},
-    {"name": "induction", "seq_lens": [32], "options": {"vocab": 16}, "metric": "solve_rate", "budget": {"steps": 1300}},
+    {
+        "name": "induction",
+        "seq_lens": [32],
+        "options": {"vocab": 16},
+        "metric": "solve_rate",
+        "budget": {"steps": 1300},
+    },
 ]
 """The task battery, chosen by the pilot (``benchmarks/battery_pilot.py``, numbers in
 ``benchmarks/results/study-pilot/``): on each the standard model solved in 200-400 steps at both pilot seeds while
