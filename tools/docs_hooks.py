@@ -106,10 +106,16 @@ def routing() -> str:
 
 
 def engines() -> str:
-    """One API entry per registered engine, in routing order (``ENGINE_ORDER``), rendered by mkdocstrings."""
-    from axiomformer.engines import ENGINE_ORDER, ENGINES
+    """A table of what each registered engine computes (its ``computes`` over choice traits), then one API entry per
+    engine, in routing order (``ENGINE_ORDER``), rendered by mkdocstrings."""
+    from axiomformer.engines import ENGINE_ORDER, ENGINES, describe_engines
 
-    blocks = []
+    rows = [f"| `{name}` | {what} |" for name, what in describe_engines()]
+    blocks = [
+        "| engine | computes (traits of the plan's choices; `accepts` adds the problem's kind) |\n|---|---|\n"
+        + "\n".join(rows)
+        + "\n"
+    ]
     for name in ENGINE_ORDER:
         cls = type(ENGINES[name])
         blocks.append(f"::: {cls.__module__}.{cls.__qualname__}\n    options:\n      heading_level: 3\n")
