@@ -145,7 +145,7 @@ def report_command(
         "--json",
         help="print the verdicts as JSON on stdout: cells (mean, "
         "95% CI, seeds, lr, converged) and comparisons with the "
-        "standard model (paired difference, CI, Holm p)",
+        "standard model (paired difference, Bonferroni-corrected CI and p-value over each family)",
     ),
 ) -> None:
     """Rebuild report.md, report.html and figures/ of a study from its results.sqlite alone."""
