@@ -37,7 +37,19 @@ def main(nets: int = 6) -> None:
     for arm, mixing, value in ARMS:
         for K in (0,) if mixing == "neither" else (1, 4):
             start = time.process_time()
-            train_arm(fits, cfg, "fixed", mixing, value, K, x, y, [0.5] * nets, list(range(nets)), 3e-3)
+            train_arm(
+                fits,
+                cfg=cfg,
+                theta="fixed",
+                mixing=mixing,
+                value=value,
+                K=K,
+                x=x,
+                y=y,
+                sigmas=[0.5] * nets,
+                seeds=list(range(nets)),
+                lr=3e-3,
+            )
             print(f"{arm} K={K}: {(time.process_time() - start) / nets:.3f} CPU s per network and epoch", flush=True)
 
 

@@ -1,6 +1,6 @@
 """Issue 4 acceptance: long-range recall with default settings, on CPU.
 
-Runs, with every tunable left at its task default (``axiomformer.train.TASK_DEFAULTS``):
+Runs, with every tunable left at its task default (the task class's ``budget_defaults``):
 
     mqar   seq_len 64   transformer (standard spec)   -> accuracy >= 0.95
     needle seq_len 256  transformer (standard spec)   -> accuracy >= 0.9

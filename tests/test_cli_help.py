@@ -86,3 +86,13 @@ def test_a_plain_rich_console_would_truncate_the_same_table(capsys):
     table.add_row("attention " + "y" * 150, "-")
     Console().print(table)
     assert "y" * 150 not in capsys.readouterr().out
+
+
+def test_report_help_names_the_correction_the_report_applies():
+    from typer.testing import CliRunner
+
+    from axiomformer.cli import app
+    from axiomformer.study.statistics import CORRECTION
+
+    text = " ".join(CliRunner().invoke(app, ["report", "--help"], terminal_width=200).output.split())
+    assert CORRECTION == "bonferroni" and "Bonferroni" in text and "Holm" not in text, text

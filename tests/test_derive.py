@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,6 +202,14 @@ def test_markdown_has_latex_labels_and_every_step(chain, tmp_path):
     assert result.exit_code == 0 and out.read_text().startswith("# The derivation")
     bad = CliRunner().invoke(app, ["derive", "--format", "pdf"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_headings_are_plain_text_so_the_table_of_contents_shows_no_raw_latex(chain):
+    # The site's table of contents lists headings unrendered: math belongs in the body.
+    headings = [line for line in to_markdown(chain).splitlines() if line.startswith("#")]
+    assert len(headings) >= 9 and [h for h in headings if "$" in h or "\\" in h] == []
+    committed = (Path(__file__).parent.parent / "docs" / "derive.md").read_text(encoding="utf-8")
+    assert [h for h in committed.splitlines() if h.startswith("#")] == headings
 
 
 # ------------------------------------------------------------------ departures placed in the composition (issue 23)

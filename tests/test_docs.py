@@ -117,3 +117,17 @@ def test_a_results_store_that_cannot_be_read_is_named_and_the_build_goes_on(tmp_
     monkeypatch.setattr(results, "RESULTS", tmp_path / "benchmarks" / "results")
     page = results.study_section(store, "X")
     assert "could not be read" in page and "benchmarks/results/study-x" in page and "The committed words." in page
+
+
+def test_the_study_page_lists_every_registered_suite(monkeypatch):
+    pytest.importorskip("mkdocs")
+    from axiomformer.study import registry
+    from axiomformer.study.suites import BUILTIN
+
+    hooks = _load("docs_hooks")
+    page = hooks.suites()
+    assert all(f"| `{name}` | {registry.get_suite(name).summary}" in page for name in BUILTIN), page
+    assert "<!-- generated: suites -->" in (TOOLS.parent / "docs" / "study.md").read_text()
+    planted = registry.get_suite("rho")
+    monkeypatch.setitem(registry._SUITES, "planted", planted)  # a suite registered later appears too
+    assert "| `planted` |" in hooks.suites()

@@ -5,6 +5,7 @@ independent computation, and a planted wrong version shows that the check can fa
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -159,14 +160,14 @@ def test_classifier_arm_with_theta_fixed_trains_only_the_embedding():
     x = torch.randn(32, 4, 3, generator=g) + F.one_hot(y, 3).float()[:, None, :]
     cfg = FlowConfig(dim=8, batch_size=16, readout="mean")
     fit = FlowNet(3, 3, dim=8, steps=0, model="quadratic", num_tokens=4)
-    net = build_arm(fit, cfg, "fixed", "attention", "classifier", 2, x, seed=1)
+    net = build_arm(fit, cfg=cfg, theta="fixed", mixing="attention", value="classifier", K=2, x=x, seed=1)
     assert _trainable(net) == {"embed.weight", "embed.bias", "position"}
     before = {name: p.detach().clone() for name, p in net.named_parameters()}
-    train_group([net], x, y, [0.0], [1], 2, 1e-2, cfg)
+    train_group([net], x=x, y=y, sigmas=[0.0], seeds=[1], epochs=2, lr=1e-2, cfg=cfg)
     assert torch.equal(net.theta, before["theta"])  # fixed: bit-identical
     assert not torch.equal(net.embed.weight, before["embed.weight"])  # the embedding did train
     # the check can fail: the tied arm trains its phi too
-    tied = build_arm(fit, cfg, "fixed", "attention", "tied", 2, x, seed=1)
+    tied = build_arm(fit, cfg=cfg, theta="fixed", mixing="attention", value="tied", K=2, x=x, seed=1)
     assert _trainable(tied) - {"embed.weight", "embed.bias", "position"} == {"phis.0"}
 
 
@@ -322,14 +323,22 @@ def test_learning_rate_is_chosen_per_k_on_validation():
         mixings=("attention", "neither"),
         values=("tied",),
     )
-    chosen = choose_lrs(cfg, x, y, [0.0], [0, 1, 2], 0, lambda *a: None)
+    chosen = choose_lrs(replace(cfg, K=(0, 1, 2)), x=x, y=y, noise=[0.0], seed=0, say=lambda *a: None)
     assert set(chosen) == {
         lr_key("fixed", "attention/tied", 1),
         lr_key("fixed", "attention/tied", 2),
         lr_key("fixed", "neither", 0),
     }
     assert set(chosen.values()) <= {1e-3, 1e-2}
-    kept = choose_lrs(cfg, x, y, [0.0], [0, 1, 2], 0, lambda *a: None, known={lr_key("fixed", "neither", 0): 7.0})
+    kept = choose_lrs(
+        replace(cfg, K=(0, 1, 2)),
+        x=x,
+        y=y,
+        noise=[0.0],
+        seed=0,
+        say=lambda *a: None,
+        known={lr_key("fixed", "neither", 0): 7.0},
+    )
     assert kept[lr_key("fixed", "neither", 0)] == 7.0  # a resumed choice is kept
 
 
@@ -368,7 +377,7 @@ def test_run_writes_comparisons_flow_params_and_a_report_and_resumes(tmp_path, m
     monkeypatch.setattr(experiment, "load_dataset", lambda *a, **k: ds)
     out = tmp_path / "out"
     rng = torch.random.get_rng_state()
-    result = run_flow_experiment("tiny", noise=(0.0,), steps=(0, 1), out_dir=out, config=cfg)
+    result = run_flow_experiment("tiny", noise=(0.0,), out_dir=out, config=replace(cfg, K=(0, 1)))
     assert torch.equal(torch.random.get_rng_state(), rng)  # the caller's stream is untouched
     params = {(r["arm"], r["K"]): r["flow_params"] for r in result["arms"]}
     assert params[("attention/tied", 1)] == 36 and params[("attention/classifier", 1)] == 0
@@ -388,11 +397,11 @@ def test_run_writes_comparisons_flow_params_and_a_report_and_resumes(tmp_path, m
     # even though the training function now fails)
     (out / "flow_results.partial.json").write_text(json.dumps(saved))
     monkeypatch.setattr(experiment, "train_arm", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trained")))
-    again = run_flow_experiment("tiny", noise=(0.0,), steps=(0, 1), out_dir=out, config=cfg)
+    again = run_flow_experiment("tiny", noise=(0.0,), out_dir=out, config=replace(cfg, K=(0, 1)))
     assert [r["acc"] for r in again["arms"]] == [r["acc"] for r in saved["arms"]]
     assert not (out / "flow_results.partial.json").exists()
     # a partial store of another protocol is not used
     other = dict(saved, seeds=[7, 8, 9])
     (out / "flow_results.partial.json").write_text(json.dumps(other))
     with pytest.raises(AssertionError, match="trained"):
-        run_flow_experiment("tiny", noise=(0.0,), steps=(0, 1), out_dir=out, config=cfg)
+        run_flow_experiment("tiny", noise=(0.0,), out_dir=out, config=replace(cfg, K=(0, 1)))

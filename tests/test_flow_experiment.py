@@ -135,14 +135,14 @@ def test_fixed_theta_is_bit_identical_after_training_and_the_rest_moves(group):
         for _ in range(group)
     ]
     before = [(n.theta.detach().clone(), n.embed.weight.detach().clone()) for n in nets]
-    train_group(nets, x, y, [0.5] * group, list(range(group)), 2, 1e-2, cfg)
+    train_group(nets, x=x, y=y, sigmas=[0.5] * group, seeds=list(range(group)), epochs=2, lr=1e-2, cfg=cfg)
     for net, (theta, embed) in zip(nets, before):
         assert net.theta.requires_grad is False
         assert torch.equal(net.theta, theta)  # bit-identical
         assert not torch.equal(net.embed.weight, embed)  # the features' parameters did train
     learned = FlowNet(3, 3, dim=6, steps=2, model="quadratic", num_tokens=4, mixing="both")
     theta = learned.theta.detach().clone()
-    train(learned, x, y, 0.5, 2, 1e-2, 0, cfg)
+    train(learned, x=x, y=y, sigma=0.5, epochs=2, lr=1e-2, seed=0, cfg=cfg)
     assert not torch.equal(learned.theta, theta)  # the check can fail: a learned theta moves
 
 
@@ -155,9 +155,9 @@ def test_training_side_by_side_equals_training_alone():
     b.load_state_dict(a.state_dict())
     a1.load_state_dict(a.state_dict())
     b1.load_state_dict(a.state_dict())
-    train_group([a, b], x, y, [0.0, 1.0], [1, 2], 2, 1e-2, cfg)
-    train(a1, x, y, 0.0, 2, 1e-2, 1, cfg)
-    train(b1, x, y, 1.0, 2, 1e-2, 2, cfg)
+    train_group([a, b], x=x, y=y, sigmas=[0.0, 1.0], seeds=[1, 2], epochs=2, lr=1e-2, cfg=cfg)
+    train(a1, x=x, y=y, sigma=0.0, epochs=2, lr=1e-2, seed=1, cfg=cfg)
+    train(b1, x=x, y=y, sigma=1.0, epochs=2, lr=1e-2, seed=2, cfg=cfg)
     for p, q in zip([*a.parameters(), *b.parameters()], [*a1.parameters(), *b1.parameters()]):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert not torch.equal(a.embed.weight, b.embed.weight)  # different noise and batches: different networks

@@ -150,7 +150,9 @@ def _reference(model):
 
 def _errors(method, model, steps=(16, 32, 64)):
     Z, A, B, ref = _reference(model)
-    return [float((integrate(method, A, B, Z, 1 / n, n) - ref).abs().max()) for n in steps]
+    return [
+        float((integrate(method, attention=A, linear=B, Z0=Z, h=1 / n, n_steps=n) - ref).abs().max()) for n in steps
+    ]
 
 
 def _ratios(errs):

@@ -13,7 +13,7 @@ from axiomformer import Attention, AttentionSpec
 from axiomformer.axes.normalizer import NORMALIZERS, normalize
 from axiomformer.axes.registry import Choice, Registry
 from axiomformer.axes.score import SCORES, build_score
-from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, problem_kind
+from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, engine_accepts, problem_kind
 from axiomformer.spec import AXES, REGISTRIES, allows_causal, required_fields
 
 DIM, HEADS = 16, 2
@@ -121,6 +121,22 @@ def trait_violations(choice: Choice) -> list[str]:
         whole = choice.impl(s, n)
         if not torch.allclose(torch.cat([choice.impl(s[..., :4], n), choice.impl(s[..., 4:], n)], -1), whole):
             wrong.append("elementwise")
+    if choice.has("closed_grad"):
+        n = torch.arange(1.0, 6.0).view(5, 1)
+        g = torch.randn(s.shape, generator=torch.Generator().manual_seed(2))
+        leaf = s.clone().requires_grad_()
+        u = choice.impl(leaf, n)
+        (expected,) = torch.autograd.grad(u, leaf, g)  # autograd of the formula, the independent value
+        in_place = choice.extra["impl_"](s.clone(), n)
+        grad = choice.extra["grad_"](u.detach().clone(), n, g.clone())
+        if not (torch.allclose(in_place, u) and torch.allclose(grad, expected)):
+            wrong.append("closed_grad")
+    if choice.has("entmax"):
+        from entmax import entmax_bisect
+
+        expected = entmax_bisect(s, alpha=choice.extra["alpha"], dim=-1, n_iter=100)
+        if not torch.allclose(choice.impl(s, False), expected, atol=1e-5):
+            wrong.append("entmax")
     return wrong
 
 
@@ -136,6 +152,12 @@ def test_the_trait_check_catches_a_choice_that_claims_a_trait_it_does_not_have()
         "sinkless", "u = softmax(s)", "planted", lambda s, training: torch.softmax(s, -1), frozenset({"sink"})
     )
     assert trait_violations(sinkless) == ["sink"]
+    relu = NORMALIZERS["relu"]
+    steep = {**relu.extra, "grad_": lambda u, n, g: relu.extra["grad_"](u, n, g).mul_(2.0)}
+    assert trait_violations(Choice("steep", "u", "planted", relu.impl, relu.traits, steep)) == ["closed_grad"]
+    sparsemax = NORMALIZERS["sparsemax"]
+    misnamed = Choice("misnamed", "u", "planted", sparsemax.impl, sparsemax.traits, {"alpha": 1.5})
+    assert trait_violations(misnamed) == ["entmax"]
 
 
 @pytest.mark.parametrize("name", [c.name for c in SCORES if c.has("dot_form")])
@@ -225,7 +247,7 @@ def test_every_choice_runs_the_same_on_every_engine_that_accepts_it_as_on_the_re
             q_offset=3,
             alibi_slopes=att.position.slopes if name == "alibi" else None,
         )
-        if not ENGINES[engine].accepts(att.plan, problem_kind(att.plan, problem)):
+        if not engine_accepts(ENGINES[engine], att.plan, problem_kind(att.plan, problem)):
             continue
         got = run(engine)
         floor = 1e-3 * max(float(t.norm()) for t in expected[1:])

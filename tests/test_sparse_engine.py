@@ -8,7 +8,7 @@ import torch
 from entmax import entmax15, sparsemax
 
 from axiomformer import AttentionSpec
-from axiomformer.engines import ENGINES, AttentionProblem, problem_kind, sparse
+from axiomformer.engines import ENGINES, AttentionProblem, engine_accepts, problem_kind, sparse
 from axiomformer.engines.chunked import ChunkedEngine
 from test_engines import BATCH, DIM, HEADS, K_LEN, Q_LEN, _assert_close, _run
 
@@ -160,7 +160,7 @@ def test_nan_in_a_key_poisons_exactly_the_queries_that_see_it(kind, calls):
 
 
 def _accepts(att, problem) -> bool:
-    return ENGINES["sparse"].accepts(att.plan, problem_kind(att.plan, problem))
+    return engine_accepts(ENGINES["sparse"], att.plan, problem_kind(att.plan, problem))
 
 
 def test_applies_only_where_the_closed_form_is_exact():

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from axiomformer.checkpoint import load_checkpoint
 from axiomformer.cli import app
 from axiomformer.tasks import TASKS, make_task
-from axiomformer.train import MIN_LR_RATIO, TASK_DEFAULTS, TrainConfig, evaluate, lr_factor, train
+from axiomformer.tasks.needle import NeedleTask
+from axiomformer.train import MIN_LR_RATIO, TrainConfig, evaluate, lr_factor, train
 
 TINY = dict(
     task="copy",
@@ -37,7 +38,7 @@ def test_same_seed_gives_identical_losses(model):
 
 def test_unset_fields_take_the_task_defaults_and_explicit_none_disables_early_stop():
     config = TrainConfig(task="needle", seq_len=256)
-    for name, value in TASK_DEFAULTS["needle"].items():
+    for name, value in NeedleTask.budget_defaults.items():
         assert getattr(config, name) == value
     assert TrainConfig(task="needle", target_accuracy=None).target_accuracy is None
     assert TrainConfig(task="needle", steps=7).steps == 7

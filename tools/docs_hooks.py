@@ -3,8 +3,9 @@
 ``<!-- generated: design-space -->`` becomes every axis of ``axiomformer.spec.AXES`` with its choices and its axis
 module's docstring (formula and source of every choice); the build fails when a choice is missing from its module's
 docstring. ``<!-- generated: routing -->`` becomes the engine that automatic routing picks for the standard spec and
-every single-axis relaxation, measured by running each one. ``<!-- generated: engines -->`` becomes the API entry of
-every registered engine in routing order. ``<!-- generated: audit-matrix -->`` becomes the relaxation-by-check
+every single-axis relaxation, measured by running each one. ``<!-- generated: engines -->`` becomes the table of
+what each registered engine computes and its API entry, in routing order. ``<!-- generated: suites -->`` becomes the
+table of every registered study suite. ``<!-- generated: audit-matrix -->`` becomes the relaxation-by-check
 matrix, measured by auditing every single-axis relaxation. ``<!-- generated: hf-zoo -->`` becomes the Hugging Face
 zoo table read from ``benchmarks/results/hf_zoo.json``. ``<!-- generated: results NAME -->`` becomes a Results page
 read from the committed stores (``tools/docs_results.py``).
@@ -106,10 +107,16 @@ def routing() -> str:
 
 
 def engines() -> str:
-    """One API entry per registered engine, in routing order (``ENGINE_ORDER``), rendered by mkdocstrings."""
-    from axiomformer.engines import ENGINE_ORDER, ENGINES
+    """A table of what each registered engine computes (its ``computes`` over choice traits), then one API entry per
+    engine, in routing order (``ENGINE_ORDER``), rendered by mkdocstrings."""
+    from axiomformer.engines import ENGINE_ORDER, ENGINES, describe_engines
 
-    blocks = []
+    rows = [f"| `{name}` | {what} |" for name, what in describe_engines()]
+    blocks = [
+        "| engine | computes (traits of the plan's choices; `accepts` adds the problem's kind) |\n|---|---|\n"
+        + "\n".join(rows)
+        + "\n"
+    ]
     for name in ENGINE_ORDER:
         cls = type(ENGINES[name])
         blocks.append(f"::: {cls.__module__}.{cls.__qualname__}\n    options:\n      heading_level: 3\n")
@@ -136,7 +143,24 @@ def hf_zoo() -> str:
     return zoo_markdown(json.loads(path.read_text()))
 
 
+def suites() -> str:
+    """The table of every registered study suite (``axiomformer.study.registry``): name, summary, presets, and the
+    page that describes it."""
+    import axiomformer.study  # noqa: F401 - importing it registers the built-in suites
+    from axiomformer.study.registry import get_suite, registered
+
+    pages = {"main": "study.md", "long-range": "study.md#the-long-range-suite"}
+    rows = ["| suite | what it measures | presets | described in |", "|---|---|---|---|"]
+    for name in registered():
+        suite = get_suite(name)
+        page = pages.get(name, "open_questions.md")
+        presets = ", ".join(p for p in ("quick", "default", "full") if p in suite.presets)
+        rows.append(f"| `{name}` | {suite.summary.replace('|', chr(92) + '|')} | {presets} | [{page}]({page}) |")
+    return "\n".join(rows) + "\n"
+
+
 GENERATORS = {
+    "suites": suites,
     "design-space": design_space,
     "routing": routing,
     "engines": engines,

@@ -1,6 +1,7 @@
 """The training budget: one pydantic model shared by the trainer (``TrainConfig``), the study config and the CLI.
 
-A field left ``None`` takes the task's default (``axiomformer.train.TASK_DEFAULTS``) when the trainer runs; a study
+A field left ``None`` takes the task's default (its class's ``budget_defaults``, ``axiomformer.tasks.base``) when the
+trainer runs; a study
 file fills them explicitly. Early stopping is on the **validation** split (see ``axiomformer.tasks.base``): the run
 stops once the validation accuracy reaches ``target_accuracy`` or after ``patience`` evaluations without
 improvement, and the weights of the best validation evaluation are the ones tested (Prechelt 1998, "Early stopping

@@ -1,10 +1,10 @@
 """The design-space table, generated from the registries: one row per choice of every axis, with its formula, the
 assumption it relaxes and how (``Choice.relaxes``), and its source.
 
-The README's table and ``docs/design_space.md`` (through ``tools/docs_hooks.py``) are this output;
-``tests/test_design_space.py`` fails when the README's copy differs (regenerate it with
-``python -m axiomformer.design_space README.md``). Choices that other packages register (``axes/plugins.py``) appear
-with their package named.
+``docs/design_space.md`` (through ``tools/docs_hooks.py``, at every docs build) is this output; the README links to
+that page and holds no copy (``tests/test_design_space.py``). ``python -m axiomformer.design_space FILE.md`` refreshes
+a copy between the markers :data:`BEGIN` and :data:`END` of any Markdown file. Choices that other packages register
+(``axes/plugins.py``) appear with their package named.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from axiomformer.spec import ALIASES, FIELD_RELAXATIONS, REGISTRIES
 
 BEGIN, END = "<!-- design-space table: generated -->", "<!-- design-space table: end -->"
-"""The markers around the generated table in the README."""
+"""The markers around a generated copy of the table in a Markdown file."""
 
 
 def _cell(text: str) -> str:

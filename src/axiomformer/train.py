@@ -48,20 +48,8 @@ GENERIC_DEFAULTS: dict[str, Any] = {
     "target_accuracy": None,
     "patience": None,
 }
-"""Defaults of the tunable fields for a task without its own entry in ``TASK_DEFAULTS``."""
-
-TASK_DEFAULTS: dict[str, dict[str, Any]] = {
-    "copy": {"steps": 1500, "batch_size": 32, "target_accuracy": 0.99},
-    "mqar": {"steps": 1500, "batch_size": 32, "target_accuracy": 0.99},
-    "selective_copy": {"steps": 1500, "batch_size": 32, "target_accuracy": 0.99},
-    "needle": {"steps": 600, "batch_size": 32, "eval_every": 50, "eval_batches": 8, "target_accuracy": 0.98},
-    "induction": {"steps": 1500, "batch_size": 32, "eval_batches": 8, "target_accuracy": 0.98},
-    "digits": {"steps": 800, "batch_size": 32, "lr": 1e-3, "eval_batches": 8, "target_accuracy": None},
-    "text": {"steps": 1000, "batch_size": 32, "lr": 3e-3, "target_accuracy": None},
-}
-"""Per-task defaults, tuned so that ``experiments/long_range.py`` meets issue 4's acceptance; a field of
-``TrainConfig`` left unset takes its task's value here, else ``GENERIC_DEFAULTS``."""
-
+"""Defaults of the tunable fields where the task's ``budget_defaults`` (``tasks/base.py``: tuned per task class) give
+none."""
 
 MIN_LR_RATIO = 0.1
 """Cosine decay ends at this fraction of the peak learning rate **(our choice)**."""
@@ -72,7 +60,7 @@ class TrainConfig(Budget):
     plus what is trained on what.
 
     Fields left unset among ``steps, batch_size, lr, warmup, eval_every, eval_batches, target_accuracy`` take the
-    task's defaults (``TASK_DEFAULTS``); ``target_accuracy=None`` given explicitly disables early stopping on it.
+    task's defaults (its class's ``budget_defaults``, else ``GENERIC_DEFAULTS``); ``target_accuracy=None`` given explicitly disables early stopping on it.
     ``init_from``: a safetensors state dict (saved by an earlier run, same model and width) to start from instead of
     a fresh initialization (the long-range suite's curriculum warm start). ``init_stream``: 0 initializes the model
     from ``seed``; any other value draws the initial weights from another stream (``init_seed``) while the training
@@ -138,7 +126,7 @@ class TrainConfig(Budget):
             raise ValueError(f"unknown task {self.task!r}; choose one of: {', '.join(TASKS)}")
         if self.model not in MODEL_KINDS:
             raise ValueError(f"unknown model {self.model!r}; choose one of: {', '.join(MODEL_KINDS)}")
-        defaults = {**GENERIC_DEFAULTS, **TASK_DEFAULTS.get(self.task, {})}
+        defaults = {**GENERIC_DEFAULTS, **TASKS[self.task].budget_defaults}
         explicit = set(self.model_fields_set)
         for name, value in defaults.items():
             if getattr(self, name) is None and (name not in ("target_accuracy", "patience") or name not in explicit):
@@ -393,12 +381,12 @@ def train(
         run = _Run()
         _loop(
             run,
-            config,
-            task,
-            spec,
-            model,
-            parallel,
-            val_set,
+            config=config,
+            task=task,
+            spec=spec,
+            model=model,
+            parallel=parallel,
+            val_set=val_set,
             progress=progress and parallel.main,
             log=log if parallel.main else None,
         )
@@ -408,7 +396,18 @@ def train(
         peak = meter.stop()
         if on_end is not None:
             extra["end"] = _callback(on_end, model, task)
-    result = _result(config, task, spec, model, run, extra, (test_accuracy, test_loss, n_test), seconds, peak, meter)
+    result = _result(
+        config,
+        task=task,
+        spec=spec,
+        model=model,
+        run=run,
+        extra=extra,
+        test=(test_accuracy, test_loss, n_test),
+        seconds=seconds,
+        peak=peak,
+        meter=meter,
+    )
     if parallel.main:
         _save(model, config, result, save_state, checkpoint_dir)
     return result
@@ -416,6 +415,7 @@ def train(
 
 def _result(
     config: TrainConfig,
+    *,
     task: Any,
     spec: AttentionSpec | None,
     model: torch.nn.Module,
@@ -523,13 +523,13 @@ class _Run:
 
 def _loop(
     run: _Run,
+    *,
     config: TrainConfig,
     task: Any,
     spec: AttentionSpec | None,
     model: torch.nn.Module,
     parallel: DataParallel,
     val_set: list,
-    *,
     progress: bool,
     log: Callable[[str], None] | None,
 ) -> None:
@@ -566,14 +566,14 @@ def _loop(
             if run.steps_done % config.eval_every == 0 or run.steps_done == config.steps or not finite:
                 run.stop_reason = _evaluate_and_decide(
                     run,
-                    config,
-                    model,
-                    parallel,
-                    val_set,
-                    float(loss.detach()),
-                    finite,
-                    log,
-                    lambda info: bar.update(job, info=info),
+                    config=config,
+                    model=model,
+                    parallel=parallel,
+                    val_set=val_set,
+                    loss=float(loss.detach()),
+                    finite=finite,
+                    log=log,
+                    show=lambda info: bar.update(job, info=info),
                 )
                 if run.stop_reason != "steps":
                     break
@@ -606,6 +606,7 @@ def _step_parts(config: TrainConfig, model: torch.nn.Module, net: torch.nn.Modul
 
 def _evaluate_and_decide(
     run: _Run,
+    *,
     config: TrainConfig,
     model: torch.nn.Module,
     parallel: DataParallel,
@@ -750,7 +751,6 @@ def _progress_bar(enabled: bool) -> Progress:
 
 __all__ = [
     "GENERIC_DEFAULTS",
-    "TASK_DEFAULTS",
     "TrainConfig",
     "TrainResult",
     "eval_counts",

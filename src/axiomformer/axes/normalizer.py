@@ -119,6 +119,11 @@ NORMALIZER_TRAITS = {
     "ordered": "the weights depend on the order of the keys: A0 is relaxed too (the audit's set_symmetry fails)",
     "closed_vjp": "extra['vjp'](z, u, g, delta, **options) -> dL/dz in closed form, from the logits z (blocked keys "
     "-inf), u = impl(z), g = dL/du and delta = sum_j u_j g_j (the rowwise engine's backward)",
+    "closed_grad": "an ``elementwise`` choice whose du/ds is a function of u and n: extra['impl_'](s, n) is impl "
+    "computed in place in s, extra['grad_'](u, n, g) -> g * du/ds in place in g (it may overwrite u) -- the "
+    "elementwise engine's forward and backward; without the trait it calls impl and differentiates it per chunk",
+    "entmax": "equals alpha-entmax(s) = relu((alpha - 1) s - tau)^(1 / (alpha - 1)), rows summing to 1, for the fixed "
+    "alpha = extra['alpha'] > 1 (Peters et al. 2019, eq. 8; the sparse engine computes the alphas of its ``ALPHAS``)",
     "columns": "a query's weights depend on the other queries' scores (column sums): impl receives the whole (q_len x "
     "k_len) matrix, a row without a visible key all -inf; engines that split the queries into chunks decline it",
     "noncausal": "defined only without a causal mask: the spec refuses causal=True",
@@ -542,12 +547,36 @@ def _sigmoid(s: Tensor, n: Tensor) -> Tensor:
     return torch.sigmoid(s - n.log())
 
 
+def _sigmoid_(s: Tensor, n: Tensor) -> Tensor:
+    return s.sub_(n.log()).sigmoid_()
+
+
+def _sigmoid_grad_(u: Tensor, n: Tensor, g: Tensor) -> Tensor:
+    return g.mul_(u.addcmul_(u, u, value=-1.0))  # du/ds = u (1 - u)
+
+
 def _relu(s: Tensor, n: Tensor) -> Tensor:
     return F.relu(s) / n
 
 
+def _relu_(s: Tensor, n: Tensor) -> Tensor:
+    return s.relu_().div_(n)
+
+
+def _relu_grad_(u: Tensor, n: Tensor, g: Tensor) -> Tensor:
+    return g.mul_(u.sign_().div_(n))  # du/ds = [s > 0] / n = [u > 0] / n
+
+
 def _none(s: Tensor, n: Tensor) -> Tensor:
     return s
+
+
+def _none_(s: Tensor, n: Tensor) -> Tensor:
+    return s
+
+
+def _none_grad_(u: Tensor, n: Tensor, g: Tensor) -> Tensor:
+    return g  # du/ds = 1
 
 
 def _linear(kernel: Tensor) -> Tensor:
@@ -570,7 +599,8 @@ NORMALIZERS = Registry(
             "u = sigmoid(s - log n_i)",
             "Ramapuram et al. 2024, sigmoid attention with b = -log n",
             _sigmoid,
-            frozenset({"elementwise"}),
+            frozenset({"elementwise", "closed_grad"}),
+            {"impl_": _sigmoid_, "grad_": _sigmoid_grad_},
             relaxes="A5: each weight from its own score; rows need not sum to 1",
         ),
         Choice(
@@ -578,7 +608,8 @@ NORMALIZERS = Registry(
             "u = relu(s) / n_i",
             "Wortsman et al. 2023, ReLU attention",
             _relu,
-            frozenset({"elementwise"}),
+            frozenset({"elementwise", "closed_grad"}),
+            {"impl_": _relu_, "grad_": _relu_grad_},
             relaxes="A5: each weight from its own score; not shift invariant, rows need not sum to 1",
         ),
         Choice(
@@ -586,7 +617,8 @@ NORMALIZERS = Registry(
             "u = argmin_{p in simplex} |p - s|^2 = relu(s - tau)",
             "Martins & Astudillo 2016, eq. 2",
             _sparsemax,
-            frozenset({"row", "sorting"}),
+            frozenset({"row", "sorting", "entmax"}),
+            {"alpha": 2.0},
             relaxes="A5: a Euclidean projection onto the simplex; "
             "exact zeros, weights depend on score differences linearly",
         ),
@@ -595,7 +627,8 @@ NORMALIZERS = Registry(
             "u = relu(s / 2 - tau)^2 (1.5-entmax)",
             "Peters et al. 2019, eq. 10 (alpha = 1.5)",
             _entmax15,
-            frozenset({"row", "sorting"}),
+            frozenset({"row", "sorting", "entmax"}),
+            {"alpha": 1.5},
             relaxes="A5: the Tsallis-1.5 regularised argmax; exact zeros",
         ),
         Choice(
@@ -716,7 +749,8 @@ NORMALIZERS = Registry(
             "Katharopoulos et al. 2020, eq. 4 without the denominator, as the delta-rule family and Mamba-2's SSD "
             "(Dao & Gu 2024, sec. 3) use it",
             _none,
-            frozenset({"elementwise", "signed", "identity"}),
+            frozenset({"elementwise", "closed_grad", "signed", "identity"}),
+            {"impl_": _none_, "grad_": _none_grad_},
             relaxes="A5: nothing normalizes the relevance (weights are the scaled scores, signed and unbounded)",
         ),
     ],

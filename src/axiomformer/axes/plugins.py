@@ -38,11 +38,12 @@ class PluginWarning(UserWarning):
     """A plug-in choice that could not be loaded and was skipped (its entry point and distribution named)."""
 
 
-class _Broken(Exception):
-    """One plug-in is unusable (the message says why); it is skipped with a warning."""
+class BrokenPlugin(Exception):
+    """One plug-in is unusable (the message says why); it is skipped with a warning (also of ``engines/plugins.py``)."""
 
 
-def _package(entry: metadata.EntryPoint) -> str:
+def distribution_name(entry: metadata.EntryPoint) -> str:
+    """The distribution that declares ``entry`` (its top-level module when the metadata gives none)."""
     dist = getattr(entry, "dist", None)
     return dist.name if dist is not None else entry.value.split(":")[0].split(".")[0]
 
@@ -53,19 +54,19 @@ def _load(entry: metadata.EntryPoint, package: str, axis: str, name: str) -> Cho
         choice = loaded if isinstance(loaded, Choice) else (loaded() if callable(loaded) else loaded)
     # Anything the plug-in's own code raises, SystemExit too (a sys.exit at import); not KeyboardInterrupt.
     except (Exception, SystemExit) as err:
-        raise _Broken(f"loading it raised {type(err).__name__}: {err}") from err
+        raise BrokenPlugin(f"loading it raised {type(err).__name__}: {err}") from err
     if not isinstance(choice, Choice):
-        raise _Broken(f"it gives {type(choice).__name__}, not an axiomformer.axes.registry.Choice")
+        raise BrokenPlugin(f"it gives {type(choice).__name__}, not an axiomformer.axes.registry.Choice")
     if choice.name != name:
-        raise _Broken(f"it names the {axis} choice {name!r}, but its Choice is named {choice.name!r}")
+        raise BrokenPlugin(f"it names the {axis} choice {name!r}, but its Choice is named {choice.name!r}")
     return choice
 
 
 def _add(registries: dict[str, Registry], entry: metadata.EntryPoint, package: str) -> None:
-    """Load and register one entry point; raises :class:`_Broken` (skip it) or UserInputError (a clash)."""
+    """Load and register one entry point; raises :class:`BrokenPlugin` (skip it) or UserInputError (a clash)."""
     axis, _, name = entry.name.partition(".")
     if axis not in registries or not name:
-        raise _Broken(f"expected a name '<axis>.<choice>' with an axis of: {', '.join(registries)}")
+        raise BrokenPlugin(f"expected a name '<axis>.<choice>' with an axis of: {', '.join(registries)}")
     if name in registries[axis]:
         raise UserInputError(
             f"{axis} choice {name!r} is registered twice: by {registries[axis].origin(name)} and by {package}"
@@ -74,7 +75,7 @@ def _add(registries: dict[str, Registry], entry: metadata.EntryPoint, package: s
     try:
         registries[axis].register(choice, origin=package)
     except ValueError as err:  # an undeclared trait (the name was checked free above)
-        raise _Broken(f"registering it raised: {err}") from err
+        raise BrokenPlugin(f"registering it raised: {err}") from err
 
 
 def load_choices(registries: dict[str, Registry], entries: list[metadata.EntryPoint] | None = None) -> list[str]:
@@ -94,13 +95,13 @@ def load_choices(registries: dict[str, Registry], entries: list[metadata.EntryPo
     added: list[str] = []
     seen: set[tuple[str, str, str]] = set()
     for entry in sorted(entries, key=lambda e: e.name):
-        package = _package(entry)
+        package = distribution_name(entry)
         if (package, entry.name, entry.value) in seen:  # one distribution found twice on sys.path
             continue
         seen.add((package, entry.name, entry.value))
         try:
             _add(registries, entry, package)
-        except _Broken as why:
+        except BrokenPlugin as why:
             warnings.warn(
                 f"axiomformer: skipped the plug-in choice {entry.name!r} ({entry.value}) of the distribution "
                 f"{package} in the entry-point group {GROUP}: {why}",

@@ -13,6 +13,7 @@ from axiomformer.errors import expect_file_path
 def register(app: typer.Typer) -> None:
     @app.command("audit")
     def audit_command(
+        *,
         target: str = typer.Argument(
             None,
             help="spec:standard, spec:<relax string>, torch.nn.MultiheadAttention, "

@@ -26,6 +26,7 @@ def _lengths(text: str | None, quick: bool) -> tuple[int, ...]:
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench_command(
+        *,
         quick: bool = typer.Option(
             False,
             "--quick",

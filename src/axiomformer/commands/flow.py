@@ -40,6 +40,7 @@ def register(app: typer.Typer) -> None:
 
 
 def flow_command(
+    *,
     data: str = typer.Option(
         "mnist5k",
         "--data",
@@ -87,12 +88,31 @@ def flow_command(
     or learned; attention / shuffled / token_mlp / MLP / both / neither; tied, free or classifier values), the
     Holm-corrected paired comparisons, a test-time flow, and sanity checks."""
     expect_writable_folder(out)
-    config, noise_levels, step_counts = _flow_config(
-        data, model, patch, readout, theta, mixing, value, seeds, noise, steps, quick
+    config, noise_levels = _flow_config(
+        data,
+        model=model,
+        patch=patch,
+        readout=readout,
+        theta=theta,
+        mixing=mixing,
+        value=value,
+        seeds=seeds,
+        noise=noise,
+        steps=steps,
+        quick=quick,
     )
     if not (quiet or as_json):
-        _announce(data, config, step_counts, noise_levels, out)
-    result = _run(data, config, noise_levels, step_counts, out, quiet or as_json, seed, quick, data_dir)
+        _announce(data, config, noise_levels, out)
+    result = _run(
+        data,
+        config=config,
+        noise_levels=noise_levels,
+        out=out,
+        quiet=quiet or as_json,
+        seed=seed,
+        quick=quick,
+        data_dir=data_dir,
+    )
     if not (quiet or as_json):
         _print_tables(result)
     if as_json:
@@ -101,6 +121,7 @@ def flow_command(
 
 def _flow_config(
     data: str,
+    *,
     model: str,
     patch: int,
     readout: str,
@@ -112,7 +133,7 @@ def _flow_config(
     steps: str,
     quick: bool,
 ):
-    """The checked options of ``flow``: the experiment config, the noise levels and the numbers of flow steps."""
+    """The checked options of ``flow``: the experiment config (``--steps`` becomes its ``K``) and the noise levels."""
     from axiomformer.flows.data import DATASETS
     from axiomformer.flows.experiment import THETAS, default_config
     from axiomformer.flows.loss import MODELS
@@ -133,15 +154,15 @@ def _flow_config(
     if seeds is not None:
         overrides["seeds"] = seeds
     noise_levels = _numbers(noise, "--noise", float, "0,0.5,1.0")
-    step_counts = _numbers(steps, "--steps", int, "0,1,2,4,8")
-    return default_config(quick, **overrides), noise_levels, step_counts
+    overrides["K"] = tuple(_numbers(steps, "--steps", int, "0,1,2,4,8"))
+    return default_config(quick, **overrides), noise_levels
 
 
-def _announce(data: str, config, step_counts: list, noise_levels: list, out: Path | None) -> None:
+def _announce(data: str, config, noise_levels: list, out: Path | None) -> None:
     """The opening progress lines on stderr."""
     arms = f"{', '.join(config.mixings)} (values {', '.join(config.values)}) x theta {', '.join(config.thetas)}"
     typer.echo(
-        f"flow: {data}, arms {arms}, K = {step_counts}, noise = {noise_levels}; learning rates "
+        f"flow: {data}, arms {arms}, K = {list(config.K)}, noise = {noise_levels}; learning rates "
         "first, then one line per arm",
         err=True,
     )
@@ -151,9 +172,9 @@ def _announce(data: str, config, step_counts: list, noise_levels: list, out: Pat
 
 def _run(
     data: str,
+    *,
     config,
     noise_levels: list,
-    step_counts: list,
     out: Path | None,
     quiet: bool,
     seed: int,
@@ -170,7 +191,6 @@ def _run(
             return run_flow_experiment(
                 data,
                 noise=noise_levels,
-                steps=step_counts,
                 out_dir=out,
                 quiet=quiet,
                 seed=seed,

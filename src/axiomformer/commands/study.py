@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
 
 
 def study_command(
+    *,
     suite: str = typer.Option(
         "main",
         "--suite",
@@ -65,7 +66,7 @@ def study_command(
     """Run a study suite (default: relax each assumption of the derivation), every model under one matched budget
     with its own learning rate chosen on validation, and write results.sqlite, report.md, report.html and
     figures/ to the out dir. Rerun with the same --out to resume."""
-    cfg = _study_config(suite, quick, preset, config, seeds, backend, address)
+    cfg = _study_config(suite, quick=quick, preset=preset, config=config, seeds=seeds, backend=backend, address=address)
     out_dir = out or Path("runs") / f"study-{datetime.now():%Y%m%d-%H%M%S}"
     summary = _run_study(cfg, out_dir, backend, address, progress)
     typer.echo(
@@ -79,6 +80,7 @@ def study_command(
 
 def _study_config(
     suite: str,
+    *,
     quick: bool,
     preset: str | None,
     config: Path | None,
@@ -143,7 +145,7 @@ def report_command(
         "--json",
         help="print the verdicts as JSON on stdout: cells (mean, "
         "95% CI, seeds, lr, converged) and comparisons with the "
-        "standard model (paired difference, CI, Holm p)",
+        "standard model (paired difference, Bonferroni-corrected CI and p-value over each family)",
     ),
 ) -> None:
     """Rebuild report.md, report.html and figures/ of a study from its results.sqlite alone."""

@@ -29,6 +29,7 @@ def _fmt(x: float) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("surgery")
     def surgery_command(
+        *,
         model_dir: Path | None = typer.Option(
             None,
             "--model-dir",

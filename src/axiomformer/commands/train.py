@@ -49,6 +49,7 @@ def register(app: typer.Typer) -> None:
 
 
 def train_command(
+    *,
     task: str = typer.Option("mqar", help="task name, e.g. mqar, copy, needle, digits; a wrong one lists all"),
     seq_len: int = typer.Option(64, "--seq-len", help="sequence length"),
     model: str = typer.Option("transformer", help="transformer | rnn | lstm | gru"),

@@ -110,7 +110,7 @@ def to_markdown(chain: Chain) -> str:
         out += [f"**Unlocalized failure:** {chain.reason}.", ""]
     out += ["## Limits: what no step checks", ""] + [f"- {limit}" for limit in LIMITS] + [""]
     out += [
-        "## Why $1/\\sqrt{d}$, measured",
+        "## Why 1/sqrt(d), measured",  # plain text: the table of contents shows headings unrendered
         "",
         r"For $q, k$ with i.i.d. unit-variance entries, $\mathrm{Var}(q^\top k) = d$, so unscaled logits grow "
         r"like $\sqrt{d}$ and the softmax saturates. Entropies in nats over "

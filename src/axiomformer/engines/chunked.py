@@ -33,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from axiomformer.axes.normalizer import normalize
 from axiomformer.axes.position import alibi_bias
-from axiomformer.engines.base import EngineBase
+from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, REFERENCE_MAX_ELEMENTS, Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem, block_mask, causal_key_end, row_scale, slice_block
 from axiomformer.engines.reference import contribute, scaled_scores
@@ -186,6 +186,9 @@ class ChunkedEngine(EngineBase):
     """
 
     name = "chunked"
+    # A ``columns`` normalizer (sinkhorn) couples every query of a head: a chunk of queries cannot be normalized
+    # alone, so it runs on the reference engine, which holds the whole matrix.
+    computes = Computes(none_of={"normalizer": {"columns"}})
 
     def __init__(
         self, memory_budget: int = DEFAULT_BUDGET, query_chunk: int | None = None, key_chunk: int | None = None
@@ -195,9 +198,7 @@ class ChunkedEngine(EngineBase):
         self.key_chunk = key_chunk
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
-        # A ``columns`` normalizer (sinkhorn) couples every query of a head: a chunk of queries cannot be normalized
-        # alone, so it runs on the reference engine, which holds the whole matrix.
-        return not kind.compiling and "columns" not in plan.normalizer_traits
+        return not kind.compiling
 
     def worthwhile(self, plan: Plan, kind: ProblemKind) -> bool:
         """Whether automatic routing should chunk this problem.

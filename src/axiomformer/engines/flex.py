@@ -19,7 +19,7 @@ import logging
 import torch
 from torch import Tensor
 
-from axiomformer.engines.base import EngineBase
+from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
 from axiomformer.engines.sdpa import _augment, dot_form
@@ -76,6 +76,10 @@ class FlexEngine(EngineBase):
     """FlexAttention for softmax with ALiBi (and causal/key-padding masks), on devices where it compiles."""
 
     name = "flex"
+    computes = Computes(
+        all_of={"score": {"dot_form"}, "contribution": {"proportional"}},
+        any_of={"normalizer": {"softmax", "softmax_in_eval"}},
+    )
     double_backward = False
 
     def __init__(self, compile: bool = True, devices: tuple[str, ...] = ("cuda",)):
@@ -89,8 +93,6 @@ class FlexEngine(EngineBase):
             kind.device in self.devices
             and kind.device not in self.failed
             and kind.alibi != "none"
-            and "dot_form" in plan.score_traits
-            and plan.proportional
             and plan.softmax_like(kind.training)
             and not kind.bias
             and not plan.spec.softcap

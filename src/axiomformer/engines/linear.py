@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from axiomformer.axes.normalizer import LINEAR_EPS
-from axiomformer.engines.base import EngineBase
+from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
 from axiomformer.engines.reference import scaled_query
@@ -121,15 +121,14 @@ class LinearEngine(EngineBase):
     """O(q_len + k_len) linear attention; causal by chunked prefix sums of (phi(k) v^T) states."""
 
     name = "linear"
+    computes = Computes(all_of={"normalizer": {"kernel"}, "contribution": {"proportional"}})
 
     def __init__(self, chunk: int = 64):
         self.chunk = chunk
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
         return (
-            "kernel" in plan.normalizer_traits
-            and plan.proportional
-            and not kind.bias
+            not kind.bias
             and kind.alibi == "none"
             and not kind.window
             and kind.mask in ("none", "key")

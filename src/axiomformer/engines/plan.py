@@ -131,11 +131,6 @@ class Plan:
             object.__setattr__(self, name, value)
 
     # ------------------------------------------------------------------ traits as flags
-    @property
-    def kind(self) -> str:
-        """The normalizer's name (engines with hand-written kernels per choice dispatch on it)."""
-        return self.spec.normalizer
-
     def softmax_like(self, training: bool) -> bool:
         """The normalizer is a plain softmax in this mode (``softmax``, or ``softmax_in_eval`` at default options)."""
         traits = self.normalizer_traits

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from axiomformer.axes.transport import TransportGates, decayed_gram
-from axiomformer.engines.base import EngineBase
+from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
 from axiomformer.precision import compute_dtype
@@ -100,16 +100,14 @@ class RecurrentEngine(EngineBase):
     returns_weights = False
     double_backward = True
     transports = True
+    computes = Computes(all_of={"transport": {"state"}, "normalizer": {"identity"}, "contribution": {"proportional"}})
 
     def __init__(self, chunk: int = DEFAULT_CHUNK):
         self.chunk = chunk
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
         return (
-            "state" in plan.transport_traits
-            and "identity" in plan.normalizer_traits
-            and plan.proportional
-            and kind.mask in ("none", "key")
+            kind.mask in ("none", "key")
             and not kind.bias
             and kind.alibi == "none"
             and not kind.dropout

@@ -31,11 +31,13 @@ from typing import Any, NamedTuple
 from torch import Tensor
 
 from axiomformer.axes.scale import constant_scale
+from axiomformer.engines.base import EVERY_CHOICE
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.elementwise import ElementwiseEngine
 from axiomformer.engines.flex import EngineUnavailable, FlexEngine
 from axiomformer.engines.linear import LinearEngine
 from axiomformer.engines.plan import Plan, problem_kind
+from axiomformer.engines.plugins import load_engines
 from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows, zero_rows_without_keys
 from axiomformer.engines.recurrent import RecurrentEngine
 from axiomformer.engines.reference import ReferenceEngine
@@ -82,6 +84,7 @@ def unregister_engine(name: str) -> None:
     if name == "reference":
         raise ValueError("the reference engine cannot be removed")
     ENGINES.pop(name, None)
+    ENGINE_ORIGINS.pop(name, None)
     if name in ENGINE_ORDER:
         ENGINE_ORDER.remove(name)
     _ROUTES.clear()
@@ -97,6 +100,18 @@ register_engine(RowwiseEngine())
 register_engine(ChunkedEngine())
 register_engine(RecurrentEngine())
 register_engine(ChunkedTransportEngine())
+ENGINE_ORIGINS: dict[str, str] = dict.fromkeys(ENGINE_ORDER, "axiomformer")
+"""Who registered each engine of the entry points' loading: ``"axiomformer"`` or a distribution's name."""
+PLUGIN_ENGINES: list[str] = load_engines(register_engine, ENGINE_ORIGINS)
+"""Names of the engines other packages registered through the entry-point group ``axiomformer.engines``
+(``engines/plugins.py``)."""
+
+
+def describe_engines() -> list[tuple[str, str]]:
+    """``(name, what it computes)`` of every registered engine in routing order: its ``computes`` declaration over
+    the traits of the plan's choices (``engines/base.py``) in words, e.g. ``("elementwise", "normalizer:
+    elementwise, none of ...; score: plain_dot; contribution: proportional")``."""
+    return [(name, getattr(ENGINES[name], "computes", EVERY_CHOICE).describe()) for name in ENGINE_ORDER]
 
 
 @contextlib.contextmanager
@@ -117,8 +132,13 @@ def _usable(engine, kind, need_weights: bool, double_backward: bool) -> bool:
 
 
 def engine_accepts(engine, plan: Plan, kind) -> bool:
-    """``engine.accepts``, and a plan with a transport only for an engine that computes transports."""
-    return (getattr(engine, "transports", False) or not plan.transported) and engine.accepts(plan, kind)
+    """Whether the traits of the plan's choices meet ``engine.computes`` (``engines/base.py``), a plan with a
+    transport only for an engine that computes transports, and ``engine.accepts``."""
+    return (
+        (getattr(engine, "transports", False) or not plan.transported)
+        and getattr(engine, "computes", EVERY_CHOICE).admits(plan)
+        and engine.accepts(plan, kind)
+    )
 
 
 def route(

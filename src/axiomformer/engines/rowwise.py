@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from axiomformer.engines.autograd import differentiable_backward
-from axiomformer.engines.base import EngineBase
+from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 from axiomformer.engines.rowkernels import row_kernel
@@ -208,18 +208,17 @@ class RowwiseEngine(EngineBase):
     """
 
     name = "rowwise"
+    computes = Computes(
+        all_of={"normalizer": {"closed_vjp"}, "score": {"plain_dot"}, "contribution": {"proportional"}},
+        none_of={"normalizer": {"parametric"}},
+    )
 
     def __init__(self, memory_budget: int = DEFAULT_BUDGET):
         self.memory_budget = memory_budget
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
-        traits = plan.normalizer_traits
         return (
-            "closed_vjp" in traits
-            and "parametric" not in traits
-            and "plain_dot" in plan.score_traits
-            and plan.proportional
-            and kind.mask == "none"
+            kind.mask == "none"
             and not kind.bias
             and kind.alibi == "none"
             and not kind.dropout

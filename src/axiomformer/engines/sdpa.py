@@ -32,7 +32,7 @@ from torch import Tensor
 
 from axiomformer.engines import autograd
 from axiomformer.engines.autograd import sdpa
-from axiomformer.engines.base import EngineBase
+from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import ALIBI_F32_MAX_SPAN, Plan, ProblemKind, alibi_form
 from axiomformer.engines.problem import AttentionProblem, causal_mask, window_mask
 
@@ -128,16 +128,17 @@ class SDPAEngine(EngineBase):
     """PyTorch's fused scaled dot-product attention for the standard point and the scores that reduce to it."""
 
     name = "sdpa"
+    computes = Computes(
+        all_of={"score": {"dot_form"}, "contribution": {"proportional"}},
+        any_of={"normalizer": {"softmax", "softmax_in_eval", "sink"}},
+    )
+    """Softmax-like normalizers (``softmax_in_eval`` only outside training at default options, ``sink`` only with
+    ``dot_form_exact``: ``accepts``) with a score that has a dot form."""
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
-        traits = plan.score_traits
         if plan.spec.softcap:  # tanh of the logits: no fused kernel computes it
             return False
-        if not (
-            "dot_form" in traits
-            and plan.proportional
-            and (plan.softmax_like(kind.training) or (plan.sink and "dot_form_exact" in traits))
-        ):
+        if not (plan.softmax_like(kind.training) or (plan.sink and "dot_form_exact" in plan.score_traits)):
             return False
         if kind.bias and kind.dtype not in (torch.float32, torch.float64):
             return False

@@ -1,7 +1,8 @@
 """Sparsemax and 1.5-entmax attention without sorting, chunked over queries, with a recomputing closed-form backward.
 
-For ``normalizer in ("sparsemax", "entmax15")`` with dot scores, proportional contributions and no mask other than the
-causal one, the weights of query i are a thresholded function of its row of scores z_i = q_i K^T (q already scaled):
+For a normalizer with the trait ``entmax`` (alpha-entmax of a fixed alpha, ``extra["alpha"]``: 2 for sparsemax, 1.5
+for 1.5-entmax; the engine reads the trait, never the name) with dot scores, proportional contributions and no mask
+other than the causal one, the weights of query i are a thresholded function of its row of scores z_i = q_i K^T (q already scaled):
 
     sparsemax (Martins & Astudillo 2016):      p = relu(z - tau),              sum_j p_j = 1
     1.5-entmax (Peters, Niculae & Martins 2019): p = relu(z / 2 - tau)^2,    sum_j p_j = 1
@@ -56,13 +57,23 @@ from entmax import entmax15, sparsemax
 from torch import Tensor
 
 from axiomformer.engines.autograd import differentiable_backward
-from axiomformer.engines.base import EngineBase
+from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk, plain_dot
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 
-KINDS = ("sparsemax", "entmax15")
-"""The normalizers this engine has a closed form for (accepted by name: a new sparse choice needs its own threshold
-and Jacobian here before this engine may run it)."""
+ALPHAS = {2.0: "sparsemax", 1.5: "entmax15"}
+"""The alphas of alpha-entmax this engine has a threshold and a Jacobian for, and the name of each kernel here
+(alpha = 2 is sparsemax, 1.5 is 1.5-entmax). A normalizer with the trait ``entmax`` and ``extra["alpha"]`` among them
+runs here, whatever its name; another alpha needs its own threshold and Jacobian first."""
+
+KINDS = tuple(ALPHAS.values())
+"""The kernels (``kind`` of the functions below)."""
+
+COMPUTES = Computes(
+    all_of={"normalizer": {"entmax"}, "score": {"plain_dot"}, "contribution": {"proportional"}},
+    none_of={"normalizer": {"parametric", "configured", "random", "halves", "columns"}},
+)
+"""What the engine computes: alpha-entmax normalizers of a fixed alpha in :data:`ALPHAS`, with plain dot scores."""
 
 MAX_ITERATIONS = 100
 """Passes over a block before the remaining rows fall back to the sort-based threshold of the ``entmax`` package."""
@@ -394,26 +405,30 @@ def sparse_attention(plan: Plan, problem: AttentionProblem, chunk: int) -> Tenso
     scale = problem.scale
     if isinstance(scale, Tensor):
         scale = scale.to(problem.q.dtype)
-    return SparseAttention.apply(
-        problem.q, problem.k, problem.v, scale, plan.kind, problem.causal, problem.q_offset, chunk
-    )
+    kind = ALPHAS[plan.normalizer_choice.extra["alpha"]]
+    return SparseAttention.apply(problem.q, problem.k, problem.v, scale, kind, problem.causal, problem.q_offset, chunk)
 
 
 class SparseEngine(EngineBase):
-    """Sparsemax and 1.5-entmax with dot scores, sort-free, in chunks of queries, with the closed-form backward.
+    """alpha-entmax of a fixed alpha in :data:`ALPHAS` (sparsemax, 1.5-entmax: trait ``entmax``) with dot scores,
+    sort-free, in chunks of queries, with the closed-form backward.
 
     With causal masking, ``q_offset >= 0`` guarantees every query sees at least one key (key 0). Declines while
     ``torch.compile`` traces (a Python loop over query chunks and a convergence test read back to the host).
     """
 
     name = "sparse"
+    computes = COMPUTES
 
     def __init__(self, memory_budget: int = DEFAULT_BUDGET):
         self.memory_budget = memory_budget
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
         return (
-            plan.kind in KINDS and plain_dot(plan, kind) and (not kind.causal or kind.offset_ok) and not kind.compiling
+            plan.normalizer_choice.extra.get("alpha") in ALPHAS
+            and plain_dot(plan, kind)
+            and (not kind.causal or kind.offset_ok)
+            and not kind.compiling
         )
 
     def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:

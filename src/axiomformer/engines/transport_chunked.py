@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from axiomformer.axes.transport import TransportGates, transported_scores
-from axiomformer.engines.base import EngineBase
+from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
 from axiomformer.precision import compute_dtype
@@ -124,18 +124,17 @@ class ChunkedTransportEngine(EngineBase):
     returns_weights = False
     double_backward = True
     transports = True
+    computes = Computes(
+        all_of={"transport": {"householder"}, "normalizer": {"softmax"}, "contribution": {"proportional"}},
+        none_of={"transport": {"decay", "diag_decay", "state"}},
+    )
 
     def __init__(self, block: int = DEFAULT_BLOCK):
         self.block = block
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
-        traits = plan.transport_traits
         return (
-            "householder" in traits
-            and not traits & {"decay", "diag_decay", "state"}
-            and "softmax" in plan.normalizer_traits
-            and plan.proportional
-            and kind.mask in ("none", "key")
+            kind.mask in ("none", "key")
             and not kind.mask_heads
             and not kind.bias
             and kind.alibi == "none"

@@ -23,7 +23,8 @@ from __future__ import annotations
 import copy
 import json
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,9 @@ class FlowConfig:
     lr_seeds: int = 2
     oracle_steps: int = 100
     equivalence_margin: float = 0.02
+    K: tuple[int, ...] = (0, 1, 2, 4)
+    """The numbers of flow steps K of the arms (0 = multinomial regression): the command line's ``--steps``, the
+    store's ``"K"`` (its list, and each row's value)."""
 
 
 def default_config(quick: bool = False, **overrides) -> FlowConfig:
@@ -90,7 +94,7 @@ def default_config(quick: bool = False, **overrides) -> FlowConfig:
     return cfg
 
 
-def _validate(cfg: FlowConfig, noise: list[float], steps: list[int]) -> None:
+def _validate(cfg: FlowConfig, noise: list[float]) -> None:
     def check(name, values, choices):
         bad = [v for v in values if v not in choices]
         if bad or not values:
@@ -106,8 +110,8 @@ def _validate(cfg: FlowConfig, noise: list[float], steps: list[int]) -> None:
             "mixing token_mlp needs --model quadratic (the linear model's tied attention step has no "
             "parameters to match)"
         )
-    if any(s < 0 for s in noise) or any(k < 0 for k in steps) or not noise or not steps:
-        raise ValueError(f"noise levels and steps must be non-empty and >= 0; got noise={noise}, steps={steps}")
+    if any(s < 0 for s in noise) or any(k < 0 for k in cfg.K) or not noise or not cfg.K:
+        raise ValueError(f"noise levels and flow steps K must be non-empty and >= 0; got noise={noise}, K={cfg.K}")
     if cfg.seeds < 1 or cfg.epochs < 0 or cfg.fit_epochs < 0:
         raise ValueError(f"seeds must be >= 1 and epochs >= 0; got seeds={cfg.seeds}, epochs={cfg.epochs}")
 
@@ -146,15 +150,15 @@ def prepare(ds: Dataset, cfg: FlowConfig) -> tuple[torch.Tensor, ...]:
 
 
 def make_net(
-    cfg: FlowConfig, x: torch.Tensor, num_classes: int, steps: int, mixing: str = "neither", value: str = "tied"
+    cfg: FlowConfig, *, x: torch.Tensor, num_classes: int, K: int, mixing: str = "neither", value: str = "tied"
 ) -> FlowNet:
-    """The FlowNet of one arm for inputs shaped like ``x``."""
+    """The FlowNet of one arm, K flow steps, for inputs shaped like ``x``."""
     tokens = x.shape[1] if cfg.model == "quadratic" else None
     return FlowNet(
         x.shape[-1],
         num_classes,
         cfg.dim,
-        steps,
+        K,
         model=cfg.model,
         mixing=mixing,
         value=value,
@@ -169,6 +173,7 @@ def make_net(
 
 def train_group(
     nets: list[FlowNet],
+    *,
     x: torch.Tensor,
     y: torch.Tensor,
     sigmas: list[float],
@@ -219,11 +224,11 @@ def train_group(
 
 
 def train(
-    net: FlowNet, x: torch.Tensor, y: torch.Tensor, sigma: float, epochs: int, lr: float, seed: int, cfg: FlowConfig
+    net: FlowNet, *, x: torch.Tensor, y: torch.Tensor, sigma: float, epochs: int, lr: float, seed: int, cfg: FlowConfig
 ) -> FlowNet:
     """Train one network: :func:`train_group` of one (AdamW on the parameters that require grad; a frozen theta is
     not in the optimizer; cross-entropy; fresh Gaussian noise of std ``sigma`` on every batch)."""
-    return train_group([net], x, y, [sigma], [seed], epochs, lr, cfg)[0]
+    return train_group([net], x=x, y=y, sigmas=[sigma], seeds=[seed], epochs=epochs, lr=lr, cfg=cfg)[0]
 
 
 def accuracy(net: FlowNet, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -247,11 +252,15 @@ def arm_names(cfg: FlowConfig) -> list[tuple[str, str, str]]:
     return out
 
 
-def build_arm(fit: FlowNet, cfg: FlowConfig, theta: str, mixing: str, value: str, K: int, x, seed: int) -> FlowNet:
+def build_arm(
+    fit: FlowNet, *, cfg: FlowConfig, theta: str, mixing: str, value: str, K: int, x: torch.Tensor, seed: int
+) -> FlowNet:
     """One arm's untrained network: the fitted K = 0 network ``fit``'s embedding and theta, new flow parameters
     (seeded), theta frozen if ``theta == 'fixed'``."""
     with seeded(seed):
-        net = make_net(cfg, x, fit.theta.shape[0], K, mixing, value if value != "none" else "tied")
+        net = make_net(
+            cfg, x=x, num_classes=fit.theta.shape[0], K=K, mixing=mixing, value=value if value != "none" else "tied"
+        )
     net.load_state_dict(fit.state_dict(), strict=False)
     if theta == "fixed":
         net.freeze_classifier()
@@ -260,6 +269,7 @@ def build_arm(fit: FlowNet, cfg: FlowConfig, theta: str, mixing: str, value: str
 
 def train_arm(
     fits: list[FlowNet],
+    *,
     cfg: FlowConfig,
     theta: str,
     mixing: str,
@@ -272,8 +282,10 @@ def train_arm(
     lr: float,
 ) -> list[FlowNet]:
     """Build and train one arm for every (fit, sigma, seed), side by side."""
-    nets = [build_arm(f, cfg, theta, mixing, value, K, x, s) for f, s in zip(fits, seeds)]
-    return train_group(nets, x, y, sigmas, [s + 1 for s in seeds], cfg.epochs, lr, cfg)
+    nets = [
+        build_arm(f, cfg=cfg, theta=theta, mixing=mixing, value=value, K=K, x=x, seed=s) for f, s in zip(fits, seeds)
+    ]
+    return train_group(nets, x=x, y=y, sigmas=sigmas, seeds=[s + 1 for s in seeds], epochs=cfg.epochs, lr=lr, cfg=cfg)
 
 
 def fit_classifiers(cfg: FlowConfig, x, y, sigmas: list[float], seeds: list[int]) -> list[FlowNet]:
@@ -282,8 +294,8 @@ def fit_classifiers(cfg: FlowConfig, x, y, sigmas: list[float], seeds: list[int]
     nets = []
     for s in seeds:
         with seeded(s):
-            nets.append(make_net(cfg, x, int(y.max()) + 1, 0))
-    return train_group(nets, x, y, sigmas, seeds, cfg.fit_epochs, cfg.lr, cfg)
+            nets.append(make_net(cfg, x=x, num_classes=int(y.max()) + 1, K=0))
+    return train_group(nets, x=x, y=y, sigmas=sigmas, seeds=seeds, epochs=cfg.fit_epochs, lr=cfg.lr, cfg=cfg)
 
 
 def lr_key(theta: str, arm: str, K: int) -> str:
@@ -305,7 +317,14 @@ def _check_disjoint(select: list[int], reported: list[int]) -> None:
 
 
 def choose_lrs(
-    cfg: FlowConfig, x, y, noise: list[float], steps: list[int], seed: int, say, known: dict[str, float] | None = None
+    cfg: FlowConfig,
+    *,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    noise: list[float],
+    seed: int,
+    say: Callable[..., None],
+    known: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """One learning rate per (theta setting, arm, K), the same rule for all: the best mean validation accuracy over
     ``cfg.lr_grid`` at that K (``neither``: the K = 0 network), the median noise level, ``cfg.lr_seeds`` seeds of its
@@ -318,7 +337,7 @@ def choose_lrs(
             (t, a, m, v, 0 if m == "neither" else k)
             for t in cfg.thetas
             for a, m, v in arms
-            for k in steps
+            for k in cfg.K
             if k > 0 or m == "neither"
         )
     )
@@ -342,7 +361,17 @@ def choose_lrs(
                     [
                         accuracy(n, xv, yv)
                         for n in train_arm(
-                            fits, cfg, theta, mixing, value, k, xt, yt, [sigma] * len(val_seeds), val_seeds, lr
+                            fits,
+                            cfg=cfg,
+                            theta=theta,
+                            mixing=mixing,
+                            value=value,
+                            K=k,
+                            x=xt,
+                            y=yt,
+                            sigmas=[sigma] * len(val_seeds),
+                            seeds=val_seeds,
+                            lr=lr,
                         )
                     ]
                 )
@@ -354,13 +383,29 @@ def choose_lrs(
     return chosen
 
 
-def _flow_params(cfg: FlowConfig, x, num_classes: int, mixing: str, value: str, K: int) -> int:
+def _flow_params(cfg: FlowConfig, *, x: torch.Tensor, num_classes: int, mixing: str, value: str, K: int) -> int:
     """An arm's ``flow_params``: the scalars of its flow steps (0 at K = 0, for ``neither`` and the classifier form)."""
     with seeded(0):  # the count needs a network, not the caller's random stream
-        return make_net(cfg, x, num_classes, K, mixing, value if value != "none" else "tied").flow_parameter_count()
+        net = make_net(
+            cfg, x=x, num_classes=num_classes, K=K, mixing=mixing, value=value if value != "none" else "tied"
+        )
+        return net.flow_parameter_count()
 
 
-def _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick) -> dict:
+def _assemble(
+    ds: Dataset,
+    *,
+    cfg: FlowConfig,
+    xtr: torch.Tensor,
+    xte: torch.Tensor,
+    noise: list[float],
+    seeds: list[int],
+    acc: dict,
+    tt: dict,
+    lrs: dict[str, float],
+    quick: bool,
+) -> dict:
+    """The result dict (the store ``flow_results.json``) of the cells finished so far."""
     from axiomformer.flows.comparisons import compare_arms
 
     arms = []
@@ -374,7 +419,7 @@ def _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick) -> di
                 "value": value,
                 "K": K,
                 "noise": sigma,
-                "flow_params": _flow_params(cfg, xtr, ds.num_classes, mixing, value, K),
+                "flow_params": _flow_params(cfg, x=xtr, num_classes=ds.num_classes, mixing=mixing, value=value, K=K),
                 "acc_mean": mean,
                 "ci_low": low,
                 "ci_high": high,
@@ -409,7 +454,7 @@ def _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick) -> di
         "readout": cfg.readout,
         "readout_mixes_tokens": cfg.model == "quadratic" and cfg.readout in MIXING_READOUTS,
         "noise": noise,
-        "K": steps,
+        "K": list(cfg.K),
         "seeds": seeds,
         "interval": INTERVAL,
         "arms": arms,
@@ -449,34 +494,58 @@ def _resume(out_dir, header: dict) -> tuple[dict, dict]:
         return {}, {}
 
 
-def _train_arms(cfg, fits, xtr, ytr, runs, x_tests, yte, steps, lrs, acc, say, save, t0) -> None:
+def _train_arms(
+    cfg: FlowConfig,
+    *,
+    fits: list[FlowNet],
+    xtr: torch.Tensor,
+    ytr: torch.Tensor,
+    runs: list[tuple[int, float]],
+    x_tests: list[torch.Tensor],
+    yte: torch.Tensor,
+    lrs: dict[str, float],
+    acc: dict,
+    say: Callable[..., None],
+    save: Callable[[], None],
+    t0: float,
+) -> None:
     """Train and score every (theta, arm, K) not yet in ``acc``; ``save()`` after each arm (resumable)."""
     noise = list(dict.fromkeys(r[1] for r in runs))
     sigmas, run_seeds = [r[1] for r in runs], [1000 * r[0] for r in runs]
     for theta in cfg.thetas:
         base = None  # K = 0 and 'neither' have no flow parameters: one network, reported under every arm
         for arm, mixing, value in arm_names(cfg):
-            for K in steps:
+            for K in cfg.K:
                 if all((theta, arm, mixing, value, K, s) in acc for s in noise):
                     continue
                 if K == 0 or mixing == "neither":
                     base = base or train_arm(
                         fits,
-                        cfg,
-                        theta,
-                        "neither",
-                        "none",
-                        0,
-                        xtr,
-                        ytr,
-                        sigmas,
-                        run_seeds,
-                        lrs[lr_key(theta, "neither", 0)],
+                        cfg=cfg,
+                        theta=theta,
+                        mixing="neither",
+                        value="none",
+                        K=0,
+                        x=xtr,
+                        y=ytr,
+                        sigmas=sigmas,
+                        seeds=run_seeds,
+                        lr=lrs[lr_key(theta, "neither", 0)],
                     )
                     nets = base
                 else:
                     nets = train_arm(
-                        fits, cfg, theta, mixing, value, K, xtr, ytr, sigmas, run_seeds, lrs[lr_key(theta, arm, K)]
+                        fits,
+                        cfg=cfg,
+                        theta=theta,
+                        mixing=mixing,
+                        value=value,
+                        K=K,
+                        x=xtr,
+                        y=ytr,
+                        sigmas=sigmas,
+                        seeds=run_seeds,
+                        lr=lrs[lr_key(theta, arm, K)],
                     )
                 for key in [(theta, arm, mixing, value, K, s) for s in noise]:
                     acc.pop(key, None)
@@ -494,8 +563,8 @@ def _train_arms(cfg, fits, xtr, ytr, runs, x_tests, yte, steps, lrs, acc, say, s
 
 def run_flow_experiment(
     dataset: str = "mnist5k",
+    *,
     noise=(0.0, 1.0),
-    steps=(0, 1, 2, 4),
     out_dir=None,
     quiet: bool = True,
     seed: int = 0,
@@ -509,13 +578,12 @@ def run_flow_experiment(
         dataset: ``"mnist5k"`` (default), ``"digits"`` or ``"fashion-mnist"`` (the four IDX files in
             ``data_dir``).
         noise: noise levels sigma, in units of the training pixel standard deviation.
-        steps: numbers of flow steps K (0 = multinomial regression).
         out_dir: folder for ``flow_results.json``, ``flow_results.md`` and the figures (None: write nothing). An
             interrupted run of the same protocol there (``flow_results.partial.json``) is resumed.
         quiet: no progress lines.
         seed: base seed (runs use seed, seed + 1, ...).
         quick: the small protocol of :func:`default_config` (a pilot: it claims nothing).
-        config: the settings (default :func:`default_config`).
+        config: the settings (default :func:`default_config`), the numbers of flow steps ``K`` among them.
 
     Returns:
         ``{"data", "n_train", "n_test", "model", "patch", "readout", "readout_mixes_tokens", "interval",
@@ -532,39 +600,53 @@ def run_flow_experiment(
     from axiomformer.flows.inference_flow import sanity_checks
 
     t0, c0 = time.perf_counter(), time.process_time()
-    noise, steps = [float(s) for s in noise], sorted({int(k) for k in steps})
+    noise = [float(s) for s in noise]
     cfg = config or default_config(quick)
-    _validate(cfg, noise, steps)
+    cfg = replace(cfg, K=tuple(sorted({int(k) for k in cfg.K})))
+    _validate(cfg, noise)
     say = (lambda *_: None) if quiet else (lambda *a: print(*a, flush=True))
     ds = load_dataset(dataset, data_dir, seed=seed)
     xtr, ytr, xte, yte = prepare(ds, cfg)
     seeds = [seed + i for i in range(cfg.seeds)]
     _check_disjoint(selection_seeds(cfg, seed), [1000 * s for s in seeds])
-    header = _header(ds.name, noise, steps, seeds, quick, cfg)
+    header = _header(ds.name, noise, seeds, quick, cfg)
     acc, lrs = _resume(out_dir, header)
     if acc or lrs:
         say(f"resuming {out_dir}: {len(acc)} finished cells, {len(lrs)} learning rates")
     tt: dict[tuple, list[float]] = {}
 
+    def assemble() -> dict:
+        return _assemble(ds, cfg=cfg, xtr=xtr, xte=xte, noise=noise, seeds=seeds, acc=acc, tt=tt, lrs=lrs, quick=quick)
+
     def save():
         if out_dir is not None:  # finished arms survive an interruption
             Path(out_dir).mkdir(parents=True, exist_ok=True)
-            _write_json(
-                Path(out_dir) / "flow_results.partial.json",
-                _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick),
-            )
+            _write_json(Path(out_dir) / "flow_results.partial.json", assemble())
 
-    lrs.update(choose_lrs(cfg, xtr, ytr, noise, steps, seed, say, known=lrs))
+    lrs.update(choose_lrs(cfg, x=xtr, y=ytr, noise=noise, seed=seed, say=say, known=lrs))
     save()
     runs = [(s, sigma) for s in seeds for sigma in noise]  # every arm trains these side by side
     fits = fit_classifiers(cfg, xtr, ytr, [r[1] for r in runs], [1000 * r[0] for r in runs])
     x_tests = [xte + sigma * fixed_noise(xte.shape, s) for s, sigma in runs]
-    _test_time_flow(runs, fits, x_tests, yte, steps, tt)
+    _test_time_flow(runs, fits=fits, x_tests=x_tests, yte=yte, K=cfg.K, tt=tt)
     say(f"fitted theta for {len(runs)} (seed, noise) runs  [{time.perf_counter() - t0:.0f} s]")
-    _train_arms(cfg, fits, xtr, ytr, runs, x_tests, yte, steps, lrs, acc, say, save, t0)
-    result = _assemble(ds, cfg, xtr, xte, noise, steps, seeds, acc, tt, lrs, quick)
+    _train_arms(
+        cfg,
+        fits=fits,
+        xtr=xtr,
+        ytr=ytr,
+        runs=runs,
+        x_tests=x_tests,
+        yte=yte,
+        lrs=lrs,
+        acc=acc,
+        say=say,
+        save=save,
+        t0=t0,
+    )
+    result = assemble()
     result["sanity"] = sanity_checks(
-        fits[runs.index((seeds[0], max(noise)))], xtr, ytr, max(noise), seeds[0], cfg.oracle_steps
+        fits[runs.index((seeds[0], max(noise)))], x=xtr, y=ytr, sigma=max(noise), seed=seeds[0], steps=cfg.oracle_steps
     )
     result["runtime_s"] = round(time.perf_counter() - t0, 2)
     result["cpu_s"] = round(time.process_time() - c0, 2)
@@ -573,24 +655,26 @@ def run_flow_experiment(
     return result
 
 
-def _header(name: str, noise: list[float], steps: list[int], seeds: list[int], quick: bool, cfg: FlowConfig) -> dict:
+def _header(name: str, noise: list[float], seeds: list[int], quick: bool, cfg: FlowConfig) -> dict:
     """The protocol a partial result in ``out_dir`` must match to be resumed (:func:`_resume`)."""
     return {
         "data": name,
         "noise": noise,
-        "K": steps,
+        "K": list(cfg.K),
         "seeds": seeds,
         "quick": quick,
         "config": json.loads(json.dumps(asdict(cfg))),
     }
 
 
-def _test_time_flow(runs: list[tuple], fits: list, x_tests: list, yte, steps: list[int], tt: dict) -> None:
+def _test_time_flow(
+    runs: list[tuple], *, fits: list, x_tests: list, yte: torch.Tensor, K: tuple[int, ...], tt: dict
+) -> None:
     """Append the label-free test-time flow of each (seed, noise) run to ``tt``, keyed by (*flow key, noise)."""
     from axiomformer.flows.inference_flow import label_free_flow
 
     for (_, sigma), fit, x_test in zip(runs, fits, x_tests):
-        for key, value in label_free_flow(fit, x_test, yte, steps).items():
+        for key, value in label_free_flow(fit, x_test, yte, K).items():
             tt.setdefault((*key, sigma), []).append(value)
 
 

@@ -43,13 +43,13 @@ def _spectral_sq(theta: Tensor) -> float:
     return float(torch.linalg.matrix_norm(theta.double(), ord=2)) ** 2
 
 
-def label_free_flow(net: FlowNet, x: Tensor, y: Tensor, steps, methods=LABEL_FREE_METHODS) -> dict[tuple, float]:
+def label_free_flow(net: FlowNet, x: Tensor, y: Tensor, K, methods=LABEL_FREE_METHODS) -> dict[tuple, float]:
     """Accuracy of ``net``'s classifier after K label-free flow steps of its test features, theta fixed.
 
     Args:
         net: a trained network (its embedding gives Z_0; its theta (K, r) is the fixed classifier).
         x: test inputs shaped as ``net`` expects; y: (n,) labels, used only to score.
-        steps: the K values to report (0 = no flow).
+        K: the numbers of flow steps to report (0 = no flow), ``FlowConfig.K``.
 
     Returns:
         ``{(method, K): accuracy}``; ``attention_term`` is absent for the ``flatten`` readout (no (d, d) form).
@@ -65,11 +65,11 @@ def label_free_flow(net: FlowNet, x: Tensor, y: Tensor, steps, methods=LABEL_FRE
             continue
         step = flow_step(net, method)
         Z = Z0
-        for k in range(max(steps) + 1):
-            if k in steps:
+        for k in range(max(K) + 1):
+            if k in K:
                 with torch.no_grad():
                     out[(method, k)] = float((net.classify(Z).argmax(-1) == y).float().mean())
-            if k < max(steps):
+            if k < max(K):
                 moved = step(Z)
                 if torch.equal(moved, Z):
                     raise RuntimeError(
@@ -140,7 +140,7 @@ def _soft_target_check(seed: int) -> dict:
     return errors
 
 
-def sanity_checks(net: FlowNet, x: Tensor, y: Tensor, sigma: float, seed: int, steps: int) -> dict:
+def sanity_checks(net: FlowNet, *, x: Tensor, y: Tensor, sigma: float, seed: int, steps: int) -> dict:
     """The oracle flow of ``net``'s read-out training features (true labels, noise ``sigma``) and the soft-target
     gradient check; JSON-ready. Not results: the oracle's accuracy rise is guaranteed by construction."""
     noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(20_000 + seed))

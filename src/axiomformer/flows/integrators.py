@@ -139,12 +139,12 @@ INTEGRATORS = ("euler", "rk4", "lie_trotter", "strang")
 
 def integrate(
     method: str,
+    *,
     attention: VectorField,
     linear: VectorField,
     Z0: Tensor,
     h: float,
     n_steps: int,
-    *,
     project: float | None = None,
     return_trajectory: bool = False,
 ) -> Tensor:

@@ -53,7 +53,7 @@ def flow_section() -> Any:
 
     return _jsonable(
         run_flow_experiment(
-            dataset="digits", quick=True, steps=(0, 2), noise=(0.0, 1.0), config=default_config(True, patch=4)
+            dataset="digits", quick=True, noise=(0.0, 1.0), config=default_config(True, patch=4, K=(0, 2))
         )
     )
 

@@ -15,7 +15,7 @@ split their data once into train and eval; their ``val`` and ``test`` draw from 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -123,6 +123,11 @@ class Task:
     name: ClassVar[str] = "task"
     prefix_determined: ClassVar[bool] = False
     """True when the target at every scored position is a function of ``inputs[:t+1]`` (the ceiling is 1, exact)."""
+    budget_defaults: ClassVar[dict[str, Any]] = {}
+    """The training budget tuned for this task: values of ``TrainConfig`` fields (``steps``, ``batch_size``, ``lr``,
+    ``warmup``, ``eval_every``, ``eval_batches``, ``target_accuracy``, ``patience``) that a run leaves unset; the rest
+    come from ``axiomformer.train.GENERIC_DEFAULTS``. Tuned so that ``experiments/long_range.py`` meets issue 4's
+    acceptance."""
     vocab_size: int
     seq_len: int
     chance: float

@@ -7,6 +7,8 @@ half is not scored. Tokens: data ``0 .. vocab-1``, ``SEP = vocab``, ``PAD = voca
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import numpy as np
 
 from axiomformer.tasks.base import IGNORE, SyntheticTask, left_pad, positive
@@ -22,6 +24,7 @@ class CopyTask(SyntheticTask):
 
     name = "copy"
     prefix_determined = True
+    budget_defaults: ClassVar[dict[str, Any]] = {"steps": 1500, "batch_size": 32, "target_accuracy": 0.99}
 
     def __init__(self, seq_len: int, vocab: int = 16):
         self.seq_len = positive("seq_len", seq_len, 2)

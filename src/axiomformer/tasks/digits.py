@@ -12,6 +12,7 @@ in two pools, so validation (which picks the learning rate and stops training) n
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -61,6 +62,13 @@ class DigitsTask(Task):
     """
 
     name = "digits"
+    budget_defaults: ClassVar[dict[str, Any]] = {
+        "steps": 800,
+        "batch_size": 32,
+        "lr": 1e-3,
+        "eval_batches": 8,
+        "target_accuracy": None,
+    }
 
     def __init__(self, seq_len: int = PIXELS, eval_fraction: float = 0.25):
         if seq_len < PIXELS:

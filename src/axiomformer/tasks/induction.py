@@ -8,6 +8,8 @@ vocabulary with the filler, so the model must find the token *after* the earlier
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import numpy as np
 
 from axiomformer.tasks.base import IGNORE, SyntheticTask, positive
@@ -23,6 +25,12 @@ class InductionTask(SyntheticTask):
 
     name = "induction"
     prefix_determined = True
+    budget_defaults: ClassVar[dict[str, Any]] = {
+        "steps": 1500,
+        "batch_size": 32,
+        "eval_batches": 8,
+        "target_accuracy": 0.98,
+    }
 
     def __init__(self, seq_len: int, vocab: int = 16):
         self.seq_len = positive("seq_len", seq_len, 3)

@@ -11,6 +11,8 @@ Zoology's setting needs far more steps than a CPU minute allows (pass ``vocab=64
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import numpy as np
 
 from axiomformer.tasks.base import IGNORE, SyntheticTask, left_pad, positive
@@ -34,6 +36,7 @@ class MQARTask(SyntheticTask):
 
     name = "mqar"
     prefix_determined = True
+    budget_defaults: ClassVar[dict[str, Any]] = {"steps": 1500, "batch_size": 32, "target_accuracy": 0.99}
 
     def __init__(
         self,

@@ -20,6 +20,8 @@ Generation is vectorized: seq_len = 10,000 costs one random array.
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import numpy as np
 
 from axiomformer.tasks.base import IGNORE, SyntheticTask, positive
@@ -44,6 +46,13 @@ class NeedleTask(SyntheticTask):
     """
 
     name = "needle"
+    budget_defaults: ClassVar[dict[str, Any]] = {
+        "steps": 600,
+        "batch_size": 32,
+        "eval_every": 50,
+        "eval_batches": 8,
+        "target_accuracy": 0.98,
+    }
 
     def __init__(
         self,
@@ -126,6 +135,7 @@ class KeyValueNeedleTask(NeedleTask):
     """
 
     name = "needle_kv"
+    budget_defaults: ClassVar[dict[str, Any]] = {}  # the generic budget: the needle's tuning is not inherited
 
     def __init__(
         self, seq_len: int, num_keys: int = 16, num_filler: int = 32, window: int | None = None, pairs: int = 4

@@ -7,6 +7,8 @@ d_1 and at d_j it is d_{j+1}. Tokens: data ``0 .. vocab-1``, ``NOISE = vocab``, 
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import numpy as np
 
 from axiomformer.tasks.base import IGNORE, SyntheticTask, positive
@@ -23,6 +25,7 @@ class SelectiveCopyTask(SyntheticTask):
 
     name = "selective_copy"
     prefix_determined = True
+    budget_defaults: ClassVar[dict[str, Any]] = {"steps": 1500, "batch_size": 32, "target_accuracy": 0.99}
 
     def __init__(self, seq_len: int, vocab: int = 16, num_tokens: int | None = None):
         self.seq_len = positive("seq_len", seq_len, 2)

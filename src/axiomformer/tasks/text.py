@@ -9,6 +9,7 @@ A batch is windows at random offsets of its region; every position is scored wit
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ class TextTask(Task):
     """
 
     name = "text"
+    budget_defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 32, "lr": 3e-3, "target_accuracy": None}
 
     def __init__(self, seq_len: int, path: str | Path | None = None, eval_fraction: float = 0.1):
         self.seq_len = positive("seq_len", seq_len)

@@ -1,0 +1,101 @@
+"""Engines from other packages: the entry-point group ``axiomformer.engines``.
+
+A package adds an engine by declaring one entry point per engine, named after the engine and pointing at an object
+that follows the protocol of ``engines/base.py`` (an instance, a class, or a function of no arguments returning
+one), e.g. in its ``pyproject.toml``::
+
+    [project.entry-points."axiomformer.engines"]
+    my_engine = "mydistribution_name.engine:MyEngine"
+
+The engines are loaded once, when ``axiomformer.engines`` is imported, after the built-in ones, and registered with
+:func:`~axiomformer.engines.router.register_engine`: tried before the engine named by their ``before`` attribute
+(default ``"reference"``, i.e. after every built-in fast engine). The router asks them like every engine (their
+``computes`` over the traits of a plan's choices, then ``accepts``), ``Attention(spec, engine="my_engine")`` forces
+one, and the generated equivalence matrix (``tests/test_engine_matrix.py``) checks every cell they accept against
+the reference engine. The module that defines one should import from ``axiomformer.engines.base``, ``.plan`` and
+``.problem`` only: ``axiomformer.engines`` itself is still being imported.
+
+A broken plug-in never stops axiomformer, as for choices (``axes/plugins.py``): an entry point whose module fails to
+import, whose attribute is missing, whose factory raises, or whose object lacks the protocol's attributes (or is
+misnamed) is skipped with one :class:`~axiomformer.axes.plugins.PluginWarning` naming the entry point and its
+distribution. Only a clash stays an error: a name that axiomformer or another distribution registered already
+raises naming both.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+from axiomformer.axes.plugins import BrokenPlugin, PluginWarning, distribution_name
+from axiomformer.errors import UserInputError
+
+GROUP = "axiomformer.engines"
+"""The entry-point group."""
+
+PROTOCOL = ("name", "returns_weights", "double_backward", "accepts", "twice_differentiable", "__call__")
+"""The attributes an engine must have (``engines/base.py``); ``EngineBase`` gives all but ``__call__``'s body."""
+
+
+def _load(entry: metadata.EntryPoint) -> Any:
+    try:
+        loaded: Any = entry.load()
+        # A class or a factory is called; an instance (it has ``accepts``) is the engine.
+        engine = (
+            loaded() if isinstance(loaded, type) or (callable(loaded) and not hasattr(loaded, "accepts")) else loaded
+        )
+    # Anything the plug-in's own code raises, SystemExit too (a sys.exit at import); not KeyboardInterrupt.
+    except (Exception, SystemExit) as err:
+        raise BrokenPlugin(f"loading it raised {type(err).__name__}: {err}") from err
+    missing = [name for name in PROTOCOL if not hasattr(engine, name)]
+    if missing:
+        raise BrokenPlugin(f"it gives {type(engine).__name__}, which lacks {', '.join(missing)} (see engines/base.py)")
+    if engine.name != entry.name:
+        raise BrokenPlugin(f"its entry point names the engine {entry.name!r}, but the engine is named {engine.name!r}")
+    return engine
+
+
+def load_engines(
+    register: Callable[..., None], registered: dict[str, str], entries: list[metadata.EntryPoint] | None = None
+) -> list[str]:
+    """Register every engine of the entry-point group; returns their names.
+
+    An engine that cannot be loaded is skipped with one :class:`~axiomformer.axes.plugins.PluginWarning` naming the
+    entry point, its target and its distribution; the same entry point of the same distribution seen twice counts once.
+
+    Args:
+        register: ``register_engine(engine, before=...)`` of the router.
+        registered: engine name -> who registered it (``"axiomformer"`` or a distribution); updated.
+        entries: the entry points (default: the installed ones of :data:`GROUP`).
+
+    Raises:
+        UserInputError (a ValueError): an engine name registered twice (naming both registrants).
+    """
+    entries = list(metadata.entry_points(group=GROUP)) if entries is None else entries
+    added: list[str] = []
+    seen: set[tuple[str, str, str]] = set()
+    for entry in sorted(entries, key=lambda e: e.name):
+        package = distribution_name(entry)
+        if (package, entry.name, entry.value) in seen:  # one distribution found twice on sys.path
+            continue
+        seen.add((package, entry.name, entry.value))
+        if entry.name in registered:
+            raise UserInputError(
+                f"engine {entry.name!r} is registered twice: by {registered[entry.name]} and by {package}"
+            )
+        try:
+            engine = _load(entry)
+        except BrokenPlugin as why:
+            warnings.warn(
+                f"axiomformer: skipped the plug-in engine {entry.name!r} ({entry.value}) of the distribution "
+                f"{package} in the entry-point group {GROUP}: {why}",
+                PluginWarning,
+                stacklevel=2,
+            )
+            continue
+        register(engine, before=getattr(engine, "before", "reference"))
+        registered[entry.name] = package
+        added.append(entry.name)
+    return added
