@@ -48,6 +48,19 @@ def distribution_name(entry: metadata.EntryPoint) -> str:
     return dist.name if dist is not None else entry.value.split(":")[0].split(".")[0]
 
 
+def unique_entries(entries: list[metadata.EntryPoint]) -> list[tuple[metadata.EntryPoint, str]]:
+    """``(entry, distribution)`` by entry name, each once: one distribution found twice on ``sys.path`` declares the
+    same entry point twice, which is not a clash."""
+    seen: set[tuple[str, str, str]] = set()
+    out = []
+    for entry in sorted(entries, key=lambda e: e.name):
+        package = distribution_name(entry)
+        if (package, entry.name, entry.value) not in seen:
+            seen.add((package, entry.name, entry.value))
+            out.append((entry, package))
+    return out
+
+
 def _load(entry: metadata.EntryPoint, package: str, axis: str, name: str) -> Choice:
     try:
         loaded: Any = entry.load()
@@ -93,12 +106,7 @@ def load_choices(registries: dict[str, Registry], entries: list[metadata.EntryPo
     """
     entries = list(metadata.entry_points(group=GROUP)) if entries is None else entries
     added: list[str] = []
-    seen: set[tuple[str, str, str]] = set()
-    for entry in sorted(entries, key=lambda e: e.name):
-        package = distribution_name(entry)
-        if (package, entry.name, entry.value) in seen:  # one distribution found twice on sys.path
-            continue
-        seen.add((package, entry.name, entry.value))
+    for entry, package in unique_entries(entries):
         try:
             _add(registries, entry, package)
         except BrokenPlugin as why:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
-from axiomformer.axes.plugins import BrokenPlugin, PluginWarning, distribution_name
+from axiomformer.axes.plugins import BrokenPlugin, PluginWarning, unique_entries
 from axiomformer.errors import UserInputError
 
 GROUP = "axiomformer.engines"
@@ -75,12 +75,7 @@ def load_engines(
     """
     entries = list(metadata.entry_points(group=GROUP)) if entries is None else entries
     added: list[str] = []
-    seen: set[tuple[str, str, str]] = set()
-    for entry in sorted(entries, key=lambda e: e.name):
-        package = distribution_name(entry)
-        if (package, entry.name, entry.value) in seen:  # one distribution found twice on sys.path
-            continue
-        seen.add((package, entry.name, entry.value))
+    for entry, package in unique_entries(entries):
         if entry.name in registered:
             raise UserInputError(
                 f"engine {entry.name!r} is registered twice: by {registered[entry.name]} and by {package}"
