@@ -14,8 +14,9 @@ traits); a choice with none runs on the reference and chunked engines. The modul
 ``axiomformer.axes.registry`` (and torch): ``axiomformer.spec`` is still being imported.
 
 A broken plug-in never stops axiomformer: an entry point whose module fails to import, whose attribute is missing,
-whose object is not a ``Choice`` (or is misnamed), whose factory raises, or whose registration fails (an undeclared
-trait, a malformed ``<axis>.<choice>`` name) is skipped with one :class:`PluginWarning` naming the entry point and
+whose object is not a ``Choice`` (or is misnamed, or has fields of the wrong type: text that is not a string, an
+``impl`` that cannot be called, traits that are not a set of names), whose factory raises, or whose registration fails
+(an undeclared trait, a malformed ``<axis>.<choice>`` name) is skipped with one :class:`PluginWarning` naming the entry point and
 its distribution (as httpie and llm do with a crashing plug-in). Only a clash stays an error: two registrants of one
 name (two distributions, or a distribution and axiomformer) raise naming both, since which one a spec means is
 undecidable. One distribution reachable twice on ``sys.path`` is one plug-in, not a clash.
@@ -72,7 +73,30 @@ def _load(entry: metadata.EntryPoint, package: str, axis: str, name: str) -> Cho
         raise BrokenPlugin(f"it gives {type(choice).__name__}, not an axiomformer.axes.registry.Choice")
     if choice.name != name:
         raise BrokenPlugin(f"it names the {axis} choice {name!r}, but its Choice is named {choice.name!r}")
+    wrong = _wrong_fields(choice)
+    if wrong:
+        raise BrokenPlugin(f"its Choice has {'; '.join(wrong)}")
     return choice
+
+
+def _wrong_fields(choice: Choice) -> list[str]:
+    """What in ``choice`` would fail later, at a forward or in a table, rather than now (a dataclass checks no
+    types): the text fields as strings, ``impl`` callable, ``traits`` a set of strings, ``extra`` a dict."""
+    wrong = [
+        f"{field} of type {type(getattr(choice, field)).__name__} (expected str)"
+        for field in ("formula", "source", "relaxes")
+        if not isinstance(getattr(choice, field), str)
+    ]
+    if choice.impl is not None and not callable(choice.impl):
+        wrong.append(f"impl of type {type(choice.impl).__name__} (expected a function or a module factory)")
+    traits = choice.traits
+    if isinstance(traits, str) or not isinstance(traits, (set, frozenset, tuple, list)):
+        wrong.append(f"traits of type {type(traits).__name__} (expected a frozenset of trait names)")
+    elif not all(isinstance(t, str) for t in traits):
+        wrong.append("traits that are not all strings")
+    if not isinstance(choice.extra, dict):
+        wrong.append(f"extra of type {type(choice.extra).__name__} (expected a dict)")
+    return wrong
 
 
 def _add(registries: dict[str, Registry], entry: metadata.EntryPoint, package: str) -> None:
@@ -87,8 +111,9 @@ def _add(registries: dict[str, Registry], entry: metadata.EntryPoint, package: s
     choice = _load(entry, package, axis, name)
     try:
         registries[axis].register(choice, origin=package)
-    except ValueError as err:  # an undeclared trait (the name was checked free above)
-        raise BrokenPlugin(f"registering it raised: {err}") from err
+    # An undeclared trait (the name was checked free above), or anything a registry subclass raises.
+    except Exception as err:
+        raise BrokenPlugin(f"registering it raised {type(err).__name__}: {err}") from err
 
 
 def load_choices(registries: dict[str, Registry], entries: list[metadata.EntryPoint] | None = None) -> list[str]:

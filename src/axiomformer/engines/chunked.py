@@ -24,11 +24,14 @@ The block sizes come from ``memory_budget`` (float32 elements of one score block
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from axiomformer.axes.normalizer import normalize
@@ -150,20 +153,72 @@ def attend_chunk(
 
 
 # ---------------------------------------------------------------------------------------------- the engine
+class _CastParameters(nn.Module):
+    """``module`` computed with its floating parameters cast to ``dtype`` once, at construction.
+
+    Every block of a chunked problem then reads the same cast tensors, so autograd sums the blocks' gradients in
+    ``dtype`` and casts the sum back to the parameter's own dtype once. Casting in every block instead (what
+    ``call_in`` does for a module whose parameters are in another dtype) rounds each block's gradient to bfloat16 or
+    float16 before the sum: with a few blocks that loses most of a small gradient. ``module`` is held, not registered,
+    so its parameters stay the caller's."""
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        object.__setattr__(self, "inner", module)
+        self.cast = {name: p.to(dtype) for name, p in module.named_parameters() if p.is_floating_point()}
+
+    def forward(self, *args: Tensor) -> Tensor:
+        return torch.func.functional_call(self.inner, self.cast, args)
+
+
+def _floating_to(value: Any, dtype: torch.dtype) -> Any:
+    return value.to(dtype) if isinstance(value, Tensor) and value.is_floating_point() else value
+
+
+def _in_compute_dtype(
+    parts: Plan, problem: AttentionProblem, k: Tensor, v: Tensor, params: dict
+) -> tuple[Plan, AttentionProblem, Tensor, Tensor, dict]:
+    """The problem with q, k, v, a tensor scale or bias, the normalizer's parameters and the score's and
+    contribution's parameters cast once to the dtypes every block computes in (max(input dtype, float32), as the
+    reference engine): the same forward, bit for bit, and low-precision gradients summed over blocks in float32."""
+    scores_dtype = compute_dtype(problem.q.dtype, k.dtype)
+    values_dtype = compute_dtype(scores_dtype, v.dtype)
+    tensors = [problem.q, k, v, *parts.parameters(), *(p for p in params.values() if isinstance(p, Tensor))]
+    if all(t.dtype in (scores_dtype, values_dtype) for t in tensors if t.is_floating_point()):
+        return parts, problem, k, v, params
+    cast_parts = copy.copy(parts)
+    object.__setattr__(cast_parts, "score_fn", _CastParameters(parts.score_fn, scores_dtype))
+    object.__setattr__(cast_parts, "contribution", _CastParameters(parts.contribution, values_dtype))
+    k, v = k.to(scores_dtype), v.to(values_dtype)
+    cast_problem = dataclasses.replace(
+        problem,
+        q=problem.q.to(scores_dtype),
+        k=k,
+        v=v,
+        scale=_floating_to(problem.scale, scores_dtype),
+        bias=_floating_to(problem.bias, scores_dtype),
+    )
+    cast_params = {name: _floating_to(value, scores_dtype) for name, value in params.items()}
+    return cast_parts, cast_problem, k, v, cast_params
+
+
 def chunked_attention(
     parts, problem: AttentionProblem, k: Tensor, v: Tensor, query_chunk: int, key_chunk: int
 ) -> Tensor:
-    """Attention output (batch, heads, q_len, head_dim_v), ``query_chunk`` queries at a time, each checkpointed."""
-    q = problem.q
+    """Attention output (batch, heads, q_len, head_dim_v) in v's dtype, ``query_chunk`` queries at a time, each
+    checkpointed. Inputs and parameters are cast to the compute dtype once, before the problem is split."""
+    out_dtype = v.dtype
     needs_grad = torch.is_grad_enabled() and (
-        q.requires_grad
+        problem.q.requires_grad
         or k.requires_grad
         or v.requires_grad
         or any(p.requires_grad for p in parts.parameters())
         or (isinstance(problem.scale, Tensor) and problem.scale.requires_grad)
+        or (isinstance(problem.bias, Tensor) and problem.bias.requires_grad)
     )
+    parts, problem, k, v, params = _in_compute_dtype(parts, problem, k, v, parts.normalizer_params())
+    q = problem.q
     outs = []
-    params = parts.normalizer_params()
     for qs in _blocks(problem.q_len, query_chunk):
         k_end = causal_key_end(qs.start, qs.stop, problem.q_offset, problem.causal, problem.k_len)
         # The normalizer's parameters are read once, here, not again when the checkpoint recomputes: under
@@ -171,7 +226,7 @@ def chunked_attention(
         fn = partial(attend_chunk, parts, problem, qs=qs, key_chunk=key_chunk, params=params)
         args = (q[..., qs, :], k[..., :k_end, :], v[..., :k_end, :])
         outs.append(checkpoint(fn, *args, use_reentrant=False) if needs_grad else fn(*args))
-    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)).to(v.dtype)
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)).to(out_dtype)
 
 
 class ChunkedEngine(EngineBase):

@@ -16,8 +16,8 @@ the reference engine. The module that defines one should import from ``axiomform
 ``.problem`` only: ``axiomformer.engines`` itself is still being imported.
 
 A broken plug-in never stops axiomformer, as for choices (``axes/plugins.py``): an entry point whose module fails to
-import, whose attribute is missing, whose factory raises, or whose object lacks the protocol's attributes (or is
-misnamed) is skipped with one :class:`~axiomformer.axes.plugins.PluginWarning` naming the entry point and its
+import, whose attribute is missing, whose factory raises, whose object lacks the protocol's attributes (or is
+misnamed, or an attribute raises when read, or ``computes`` is not a ``Computes``) is skipped with one :class:`~axiomformer.axes.plugins.PluginWarning` naming the entry point and its
 distribution. Only a clash stays an error: a name that axiomformer or another distribution registered already
 raises naming both.
 """
@@ -30,6 +30,7 @@ from importlib import metadata
 from typing import Any
 
 from axiomformer.axes.plugins import BrokenPlugin, PluginWarning, unique_entries
+from axiomformer.engines.base import EVERY_CHOICE, Computes
 from axiomformer.errors import UserInputError
 
 GROUP = "axiomformer.engines"
@@ -49,12 +50,34 @@ def _load(entry: metadata.EntryPoint) -> Any:
     # Anything the plug-in's own code raises, SystemExit too (a sys.exit at import); not KeyboardInterrupt.
     except (Exception, SystemExit) as err:
         raise BrokenPlugin(f"loading it raised {type(err).__name__}: {err}") from err
-    missing = [name for name in PROTOCOL if not hasattr(engine, name)]
+    try:
+        _check_protocol(engine, entry.name)
+    # A property of the plug-in's engine that raises when read is the plug-in's fault too.
+    except (Exception, SystemExit) as err:
+        if isinstance(err, BrokenPlugin):
+            raise
+        raise BrokenPlugin(f"reading its attributes raised {type(err).__name__}: {err}") from err
+    return engine
+
+
+def _check_protocol(engine: Any, name: str) -> None:
+    """Raise :class:`BrokenPlugin` unless ``engine`` has the protocol's attributes, of usable types, and ``name``."""
+    missing = [attr for attr in PROTOCOL if not hasattr(engine, attr)]
     if missing:
         raise BrokenPlugin(f"it gives {type(engine).__name__}, which lacks {', '.join(missing)} (see engines/base.py)")
-    if engine.name != entry.name:
-        raise BrokenPlugin(f"its entry point names the engine {entry.name!r}, but the engine is named {engine.name!r}")
-    return engine
+    if engine.name != name:
+        raise BrokenPlugin(f"its entry point names the engine {name!r}, but the engine is named {engine.name!r}")
+    not_callable = [
+        attr for attr in ("accepts", "twice_differentiable", "__call__") if not callable(getattr(engine, attr))
+    ]
+    if not_callable:
+        raise BrokenPlugin(f"its {', '.join(not_callable)} cannot be called")
+    computes = getattr(engine, "computes", EVERY_CHOICE)
+    if not isinstance(computes, Computes):
+        raise BrokenPlugin(f"its computes is a {type(computes).__name__}, not an axiomformer.engines.base.Computes")
+    before = getattr(engine, "before", "reference")
+    if before is not None and not isinstance(before, str):
+        raise BrokenPlugin(f"its before is a {type(before).__name__}, not an engine name")
 
 
 def load_engines(
@@ -90,7 +113,17 @@ def load_engines(
                 stacklevel=2,
             )
             continue
-        register(engine, before=getattr(engine, "before", "reference"))
+        before = getattr(engine, "before", "reference")
+        if before is not None and before not in registered:
+            warnings.warn(
+                f"axiomformer: the plug-in engine {entry.name!r} of the distribution {package} asks to be tried "
+                f"before {before!r}, which is not registered (registered: {', '.join(registered)}); it is tried "
+                "just before the reference engine",
+                PluginWarning,
+                stacklevel=2,
+            )
+            before = "reference"
+        register(engine, before=before)
         registered[entry.name] = package
         added.append(entry.name)
     return added

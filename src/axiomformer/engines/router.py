@@ -26,10 +26,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import warnings
 from typing import Any, NamedTuple
 
 from torch import Tensor
 
+from axiomformer.axes.plugins import PluginWarning
 from axiomformer.axes.scale import constant_scale
 from axiomformer.engines.base import EVERY_CHOICE
 from axiomformer.engines.chunked import ChunkedEngine
@@ -53,6 +55,8 @@ ENGINE_ORDER: list[str] = []
 ROUTE_CACHE_MAX = 256
 """Routing decisions kept; the oldest is dropped first. Keys hold no lengths or values, so a model uses a handful."""
 _ROUTES: dict[tuple, str] = {}
+_WARNED: set[str] = set()
+"""Plug-in engines already warned about (one warning each per process)."""
 _PREFERRED: list[str] = []
 """The stack of :func:`prefer_engine` blocks (a plain list: ``torch.compile`` traces it, not a ``ContextVar``)."""
 
@@ -196,15 +200,37 @@ def _decide(plan, kind, requested, explicit, need_weights, double_backward) -> s
                 f"engine {requested!r} is not differentiable twice (double_backward=True); use 'auto' or 'reference'"
             )
     for name in ENGINE_ORDER:
-        candidate = ENGINES[name]
+        if _takes(name, plan, kind, need_weights, double_backward):
+            return name
+    return "reference"
+
+
+def _takes(name: str, plan: Plan, kind, need_weights: bool, double_backward: bool) -> bool:
+    """Whether automatic routing gives the problem to engine ``name``. A plug-in engine whose own code raises
+    while being asked is passed over with one :class:`PluginWarning` (the rest of the routing goes on); a built-in
+    engine's error is a bug of axiomformer and propagates."""
+    candidate = ENGINES[name]
+    try:
         worthwhile = getattr(candidate, "worthwhile", None)
-        if (
+        return bool(
             _usable(candidate, kind, need_weights, double_backward)
             and engine_accepts(candidate, plan, kind)
             and (worthwhile is None or worthwhile(plan, kind))
-        ):
-            return name
-    return "reference"
+        )
+    except Exception as err:
+        origin = ENGINE_ORIGINS.get(name, "axiomformer")
+        if origin == "axiomformer":
+            raise
+        if name not in _WARNED:
+            _WARNED.add(name)
+            warnings.warn(
+                f"axiomformer: the plug-in engine {name!r} of the distribution {origin} raised "
+                f"{type(err).__name__} while being asked whether it runs {plan.spec.variant}: {err}; "
+                "routing passes it over",
+                PluginWarning,
+                stacklevel=4,
+            )
+        return False
 
 
 class Attended(NamedTuple):
