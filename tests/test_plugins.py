@@ -105,6 +105,37 @@ BROKEN = {  # module body, entry-point name, target, what the warning says
     "undeclared_trait": (CHOICE.replace('"elementwise"', '"no_such_trait"'), "normalizer.relu3", "RELU3", "trait"),
     "malformed_name": (CHOICE, "relu3", "RELU3", "expected a name '<axis>.<choice>'"),
     "unknown_axis": (CHOICE, "positions.relu3", "RELU3", "an axis of: normalizer"),
+    # A Choice whose fields have the wrong types registers fine and would fail only at a forward or in a table.
+    "impl_not_callable": (
+        CHOICE.replace("lambda s, n: torch.relu(s) ** 3 / n", '"relu"'),
+        "normalizer.relu3",
+        "RELU3",
+        "impl of type str",
+    ),
+    "traits_a_string": (
+        CHOICE.replace('frozenset({"elementwise"})', '"elementwise"'),
+        "normalizer.relu3",
+        "RELU3",
+        "traits of type str",
+    ),
+    "traits_not_names": (
+        CHOICE.replace('frozenset({"elementwise"})', "frozenset({3})"),
+        "normalizer.relu3",
+        "RELU3",
+        "traits that are not all strings",
+    ),
+    "formula_not_text": (
+        CHOICE.replace('"u = relu(s)^3 / n_i"', "None"),
+        "normalizer.relu3",
+        "RELU3",
+        "formula of type NoneType",
+    ),
+    "extra_not_a_dict": (
+        CHOICE.replace('frozenset({"elementwise"}))', 'frozenset({"elementwise"}), extra=[1])'),
+        "normalizer.relu3",
+        "RELU3",
+        "extra of type list",
+    ),
 }
 
 
@@ -138,3 +169,21 @@ def test_one_distribution_found_twice_on_the_path_is_one_plug_in(monkeypatch):
     registries = {"normalizer": Registry("normalizer", [Choice("softmax", "u", "s")], {"elementwise": "x"})}
     assert load_choices(registries, entries * 2) == ["normalizer.relu2"]
     assert registries["normalizer"].origin("relu2") == "axiomformer-relu2"
+
+
+def test_a_registry_that_raises_anything_at_registration_skips_the_plug_in(tmp_path, monkeypatch):
+    """Not only ValueError: whatever ``register`` raises (a TypeError of a registry subclass here) is the plug-in's
+    skip, with the warning naming the error."""
+
+    class Picky(Registry):
+        def register(self, choice, *, origin="axiomformer"):
+            raise TypeError("picky registry")
+
+    make_dist(tmp_path, "pkg_picky", "pkg_picky_choices", CHOICE, "normalizer.relu3", "RELU3")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entries = [e for d in metadata.distributions(path=[str(tmp_path)]) for e in d.entry_points]
+    registries = {"normalizer": Picky("normalizer", [Choice("softmax", "u", "s")], {"elementwise": "x"})}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert load_choices(registries, entries) == []
+    assert len(caught) == 1 and "TypeError: picky registry" in str(caught[0].message)
