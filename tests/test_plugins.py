@@ -17,6 +17,7 @@ import pytest
 
 from axiomformer.axes.plugins import GROUP, PluginWarning, load_choices
 from axiomformer.axes.registry import Choice, Registry
+from axiomformer.spec import REGISTRIES
 
 HERE = Path(__file__).parent
 SRC = HERE.parent / "src"
@@ -136,6 +137,18 @@ BROKEN = {  # module body, entry-point name, target, what the warning says
         "RELU3",
         "extra of type list",
     ),
+    "promised_extra_missing": (
+        CHOICE.replace('frozenset({"elementwise"})', 'frozenset({"elementwise", "parametric"})'),
+        "normalizer.relu3",
+        "RELU3",
+        "parametric: parameters, parametric: params",
+    ),
+    "name_not_an_identifier": (
+        CHOICE.replace('Choice("relu3"', 'Choice("re-lu"'),
+        "normalizer.re-lu",
+        "RELU3",
+        "not an identifier",
+    ),
 }
 
 
@@ -145,7 +158,8 @@ def test_a_broken_plug_in_is_skipped_with_one_warning_naming_it_and_its_distribu
     make_dist(tmp_path, f"pkg_{kind}", f"pkg_{kind}_choices", body, name, target)
     monkeypatch.syspath_prepend(str(tmp_path))
     entries = [e for d in metadata.distributions(path=[str(tmp_path)]) for e in d.entry_points]
-    registries = {"normalizer": Registry("normalizer", [Choice("softmax", "u", "s")], {"elementwise": "x"})}
+    traits = {"elementwise": "x", "parametric": "y"}
+    registries = {"normalizer": Registry("normalizer", [Choice("softmax", "u", "s")], traits)}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert load_choices(registries, entries) == []
@@ -187,3 +201,17 @@ def test_a_registry_that_raises_anything_at_registration_skips_the_plug_in(tmp_p
         warnings.simplefilter("always")
         assert load_choices(registries, entries) == []
     assert len(caught) == 1 and "TypeError: picky registry" in str(caught[0].message)
+
+
+def test_every_built_in_choice_has_the_extras_its_traits_promise():
+    """The table the plug-in check reads (``TRAIT_EXTRAS``) against the built-in choices, which the code runs: a key
+    the table names that a working choice lacks would mean the table is wrong."""
+    from axiomformer.axes.plugins import TRAIT_EXTRAS, missing_extras
+
+    assert {axis for axis, _ in TRAIT_EXTRAS} <= set(REGISTRIES)
+    assert {
+        (axis, choice.name): missing_extras(axis, choice)
+        for axis, registry in REGISTRIES.items()
+        for choice in registry
+        if missing_extras(axis, choice)
+    } == {}
