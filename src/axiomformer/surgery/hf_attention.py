@@ -42,6 +42,7 @@ attention function; set ``model.config.output_attentions = True`` to get its map
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -142,7 +143,7 @@ def _plan(core: Attention, s_aux: Tensor | None) -> Plan:
     return Plan(core.spec, core.score_fn, core.contribution, _Sinks(s_aux.float().reshape(-1)))
 
 
-def _check_arguments(kwargs: dict) -> None:
+def _check_arguments(kwargs: dict[str, Any]) -> None:
     unknown = sorted(
         name for name, value in kwargs.items() if name not in INFORMATIONAL and value is not None and value is not False
     )
@@ -153,7 +154,9 @@ def _check_arguments(kwargs: dict) -> None:
         )
 
 
-def _visibility(q_len: int, k_len: int, causal: bool, sliding_window: int | None, device) -> Tensor | None:
+def _visibility(
+    q_len: int, k_len: int, causal: bool, sliding_window: int | None, device: torch.device
+) -> Tensor | None:
     """Bool (q_len, k_len) of the causal and sliding-window rules when there is no mask, or None when all visible.
 
     As transformers: causal aligned as its SDPA path aligns it (query i sees keys j <= i) with the window
@@ -192,6 +195,31 @@ def _expand_kv_heads(heads: int, key: Tensor, value: Tensor) -> tuple[Tensor, Te
     return key, value
 
 
+def _masks(
+    attention_mask: Tensor | None,
+    position_bias: Tensor | None,
+    causal: bool,
+    sliding_window: int | None,
+    sizes: tuple[int, int, int, int],
+    device: torch.device,
+) -> tuple[Tensor | None, Tensor | None, bool]:
+    """(mask, bias, causal flag) for :func:`attend`: transformers' mask and position bias, and the causal and
+    sliding-window rules, as the engines' fast causal flag where it is exact, else folded into the mask.
+
+    ``sizes``: (batch, heads, q_len, k_len)."""
+    batch, heads, q_len, k_len = sizes
+    mask, bias = prepare_masks(hf_attention_mask(attention_mask), None, batch, heads, q_len, k_len)
+    if position_bias is not None:
+        bias = position_bias if bias is None else bias + position_bias
+    causal = causal and attention_mask is None and q_len > 1
+    window_bites = sliding_window is not None and k_len > sliding_window
+    flag = causal and q_len == k_len and not window_bites  # the engines' fast causal path
+    rule = None if flag else _visibility(q_len, k_len, causal, sliding_window, device)
+    if rule is not None:
+        mask = rule.view(1, 1, q_len, k_len) if mask is None else mask & rule
+    return mask, bias, flag
+
+
 def axiomformer_attention_forward(
     module: nn.Module,
     query: Tensor,
@@ -206,7 +234,7 @@ def axiomformer_attention_forward(
     s_aux: Tensor | None = None,
     position_bias: Tensor | None = None,
     output_attentions: bool | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
     """transformers ``AttentionInterface`` function: attention computed by axiomformer's engines.
 
@@ -240,17 +268,10 @@ def axiomformer_attention_forward(
         if output_attentions is not None
         else getattr(getattr(module, "config", None), "output_attentions", False)
     )
-
-    mask, bias = prepare_masks(hf_attention_mask(attention_mask), None, batch, heads, q_len, k_len)
-    if position_bias is not None:
-        bias = position_bias if bias is None else bias + position_bias
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    causal = causal and attention_mask is None and q_len > 1
-    window_bites = sliding_window is not None and k_len > sliding_window
-    flag = causal and q_len == k_len and not window_bites  # the engines' fast causal path
-    rule = None if flag else _visibility(q_len, k_len, causal, sliding_window, query.device)
-    if rule is not None:
-        mask = rule.view(1, 1, q_len, k_len) if mask is None else mask & rule
+    mask, bias, flag = _masks(
+        attention_mask, position_bias, causal, sliding_window, (batch, heads, q_len, k_len), query.device
+    )
     out, weights, _ = attend(
         query,
         key,
