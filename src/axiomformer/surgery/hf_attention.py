@@ -196,25 +196,26 @@ def _expand_kv_heads(heads: int, key: Tensor, value: Tensor) -> tuple[Tensor, Te
 
 
 def _masks(
+    module: nn.Module,
+    is_causal: bool | None,
     attention_mask: Tensor | None,
     position_bias: Tensor | None,
-    causal: bool,
     sliding_window: int | None,
-    sizes: tuple[int, int, int, int],
-    device: torch.device,
+    query: Tensor,
+    k_len: int,
 ) -> tuple[Tensor | None, Tensor | None, bool]:
     """(mask, bias, causal flag) for :func:`attend`: transformers' mask and position bias, and the causal and
-    sliding-window rules, as the engines' fast causal flag where it is exact, else folded into the mask.
-
-    ``sizes``: (batch, heads, q_len, k_len)."""
-    batch, heads, q_len, k_len = sizes
+    sliding-window rules (causal: ``is_causal``, else the calling module's), as the engines' fast causal flag where
+    it is exact, else folded into the mask. ``query``: (batch, heads, q_len, head_dim), for its sizes and device."""
+    batch, heads, q_len, _ = query.shape
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     mask, bias = prepare_masks(hf_attention_mask(attention_mask), None, batch, heads, q_len, k_len)
     if position_bias is not None:
         bias = position_bias if bias is None else bias + position_bias
     causal = causal and attention_mask is None and q_len > 1
     window_bites = sliding_window is not None and k_len > sliding_window
     flag = causal and q_len == k_len and not window_bites  # the engines' fast causal path
-    rule = None if flag else _visibility(q_len, k_len, causal, sliding_window, device)
+    rule = None if flag else _visibility(q_len, k_len, causal, sliding_window, query.device)
     if rule is not None:
         mask = rule.view(1, 1, q_len, k_len) if mask is None else mask & rule
     return mask, bias, flag
@@ -256,22 +257,12 @@ def axiomformer_attention_forward(
     """
     _check_arguments(kwargs)
     _check_window(sliding_window)
-    batch, heads, q_len, head_dim = query.shape
+    _, heads, q_len, head_dim = query.shape
     k_len = key.shape[-2]
     key, value = _expand_kv_heads(heads, key, value)
-    scaling = head_dim**-0.5 if scaling is None else float(scaling)
     core = _core(heads, head_dim, None if softcap is None else float(softcap), s_aux is not None)
-    if not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
-        query = query * (scaling * math.sqrt(head_dim))  # the core applies head_dim ** -0.5
-    need_weights = bool(
-        output_attentions
-        if output_attentions is not None
-        else getattr(getattr(module, "config", None), "output_attentions", False)
-    )
-    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    mask, bias, flag = _masks(
-        attention_mask, position_bias, causal, sliding_window, (batch, heads, q_len, k_len), query.device
-    )
+    query = _rescaled(query, scaling)
+    mask, bias, flag = _masks(module, is_causal, attention_mask, position_bias, sliding_window, query, k_len)
     out, weights, _ = attend(
         query,
         key,
@@ -284,12 +275,30 @@ def axiomformer_attention_forward(
         q_offset=key.shape[-2] - q_len,
         dropout_p=dropout,
         training=module.training,
-        need_weights=need_weights,
+        need_weights=_need_weights(module, output_attentions),
         engine=core.engine,
     )
     if weights is not None:
         weights = weights[..., :k_len].to(query.dtype)
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _rescaled(query: Tensor, scaling: float | None) -> Tensor:
+    """``query`` rescaled so that the core's head_dim ** -0.5 applies transformers' ``scaling`` (None: the same)."""
+    head_dim = query.shape[-1]
+    scaling = head_dim**-0.5 if scaling is None else float(scaling)
+    if not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
+        query = query * (scaling * math.sqrt(head_dim))  # the core applies head_dim ** -0.5
+    return query
+
+
+def _need_weights(module: nn.Module, output_attentions: bool | None) -> bool:
+    """Whether to return the weights: ``output_attentions``, else the calling module's config's."""
+    return bool(
+        output_attentions
+        if output_attentions is not None
+        else getattr(getattr(module, "config", None), "output_attentions", False)
+    )
 
 
 def register_with_transformers() -> str:
