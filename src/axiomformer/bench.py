@@ -361,7 +361,7 @@ def _steps_of(
         for row in XT_ROWS:
             xt = xt_attend[(is_causal, row)]
             if xt is not None:
-                yield ("standard", row), _Step(lambda f=xt: f(q, k, v), [q, k, v], grad)
+                yield ("standard", row), _Step(_bound(xt, q, k, v), [q, k, v], grad)
 
     return steps
 
@@ -369,6 +369,11 @@ def _steps_of(
 def _core_call(module: Attention, q: Tensor, k: Tensor, v: Tensor, engine: str) -> Callable[[], Tensor]:
     """The attention core's output on ``engine`` as a call of no arguments (one per case, bound now)."""
     return lambda: attention_core(module, q, k, v, engine)[0]
+
+
+def _bound(fn: Callable[[Tensor, Tensor, Tensor], Tensor], q: Tensor, k: Tensor, v: Tensor) -> Callable[[], Tensor]:
+    """``fn(q, k, v)`` as a call of no arguments."""
+    return lambda: fn(q, k, v)
 
 
 def _time_rows(

@@ -558,7 +558,7 @@ def _train_arms(
                 _score_arm(acc, cell, runs, nets, x_tests, yte)
                 say(
                     f"theta={theta} {arm} K={K}: "
-                    + ", ".join(f"noise {sigma:g} {np.mean(acc[(*cell, sigma)]):.3f}" for sigma in noise)
+                    + ", ".join(f"noise {sigma:g} {np.mean(acc[cell + (sigma,)]):.3f}" for sigma in noise)
                     + f"  [{time.perf_counter() - t0:.0f} s wall, {time.process_time():.0f} s CPU]"
                 )
             save()
@@ -575,9 +575,9 @@ def _score_arm(
     """Replace the test accuracies of ``cell`` = (theta, arm, mixing, value, K) in ``acc``, one per (seed, noise) run,
     keyed by (*cell, noise)."""
     for sigma in dict.fromkeys(r[1] for r in runs):
-        acc.pop((*cell, sigma), None)
+        acc.pop(cell + (sigma,), None)
     for (_, sigma), net, x_test in zip(runs, nets, x_tests):
-        acc.setdefault((*cell, sigma), []).append(accuracy(net, x_test, yte))
+        acc.setdefault(cell + (sigma,), []).append(accuracy(net, x_test, yte))
 
 
 def run_flow_experiment(
