@@ -140,9 +140,6 @@ class GeneralForm(nn.Module):
         m, n, g, p = (q.to(DTYPE) for q in parts)
         return cls(d, w_q, w_k, w_v, RowRelevance(), order, m, n, g, p, plant=plant)
 
-    def _parts(self) -> dict:
-        return {name: getattr(self, name) for name in ("order", "m", "n", "g", "p")}
-
     def _clone(self) -> GeneralForm:
         """A shallow copy of the same class (a subclass that overrides a part or ``forward`` stays itself down the
         chain) whose own term slots can be changed without touching this module; parameters stay shared."""

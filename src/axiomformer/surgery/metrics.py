@@ -23,7 +23,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from axiomformer.surgery.load import builtin_sentences, load_model, model_name
-from axiomformer.surgery.replace import AxiomSelfAttention, attention_layers, relax_model, replace_attention
+from axiomformer.surgery.replace import (
+    AxiomSelfAttention,
+    _check_layer_indices,
+    attention_layers,
+    relax_model,
+    replace_attention,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -214,9 +220,7 @@ def _check_relaxations(wrappers: list[AxiomSelfAttention], specs: list[str], lay
     """Fail on a bad relax string or layer index before measuring anything (ValueError)."""
     for spec in specs:
         wrappers[0].spec.relax(spec)
-    for i in layers or []:
-        if not isinstance(i, int) or not 0 <= i < len(wrappers):
-            raise ValueError(f"layer index {i!r} out of range; the model has layers 0..{len(wrappers) - 1}")
+    _check_layer_indices(layers or [], len(wrappers))
 
 
 def _measure_relaxation(

@@ -272,6 +272,13 @@ def attention_layers(model: nn.Module) -> list[AxiomSelfAttention]:
     return [m for m in model.modules() if isinstance(m, AxiomSelfAttention)]
 
 
+def _check_layer_indices(indices: Iterable[int], count: int) -> None:
+    """ValueError unless every index is an int in 0 .. count - 1 (the model's layers)."""
+    for i in indices:
+        if not isinstance(i, int) or not 0 <= i < count:
+            raise ValueError(f"layer index {i!r} out of range; the model has layers 0..{count - 1}")
+
+
 def _transfer(old: Attention, new: Attention) -> list[str]:
     """Copy every parameter/buffer of ``old`` whose name and shape exist in ``new``; return the fresh names."""
     target = new.state_dict()
@@ -310,9 +317,7 @@ def relax_model(
         replace_attention(model)
     wrappers = attention_layers(model)
     indices: Sequence[int] = range(len(wrappers)) if layers is None else list(layers)
-    for i in indices:
-        if not isinstance(i, int) or not 0 <= i < len(wrappers):
-            raise ValueError(f"layer index {i!r} out of range; the model has layers 0..{len(wrappers) - 1}")
+    _check_layer_indices(indices, len(wrappers))
     for i in indices:
         wrapper = wrappers[i]
         old = wrapper.attention
