@@ -76,7 +76,8 @@ class RunRecord(BaseModel):
     finished_at: str | None = None
 
     def row(self) -> dict[str, Any]:
-        """The record as the plain dict the store's readers index (``outcome`` as a dict, unset extras kept)."""
+        """The record as the plain dict of the store's columns (``outcome`` as a dict, unset extras kept): what
+        ``ResultsStore.add_run`` writes; every reader gets the record itself from ``ResultsStore.runs``."""
         return self.model_dump()
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from rich.console import Console
 
 from axiomformer.study.config import CONTROLS, StudyConfig
+from axiomformer.study.record import RunRecord
 from axiomformer.study.sections import audit_spec, ceilings_section, derive_section, flow_section, missing_module
 from axiomformer.study.store import ResultsStore
 from axiomformer.study.sweep import Run, models
@@ -126,24 +127,39 @@ def execute_in_worker(*args: Any) -> dict[str, Any]:
         return execute(*args)
 
 
-def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
-    """The :class:`~axiomformer.study.record.RunRecord` of a finished run, as the store's row (validated here)."""
+def _assumptions(run: Run) -> tuple[dict[str, bool], str | None]:
+    """Which of A0-A5 the run's model keeps, and its relax string (``None`` for a model without scores)."""
     from axiomformer.spec import AttentionSpec, stack_assumptions, stack_specs
-    from axiomformer.study.record import RunRecord
 
     if run.model.kind == "transformer":
         tc = run.train_config
-        assumptions: dict[str, bool] = {
-            "A0": True,
-            **stack_assumptions(
-                stack_specs(AttentionSpec.standard(tc["dim"], tc["heads"], causal=True), run.model.spec, tc["layers"])
-            ),
-        }
-        spec = run.model.spec
-    elif run.model.kind in CONTROLS:
-        assumptions, spec = {}, None  # a validity control: no scores to hold assumptions about
-    else:
-        assumptions, spec = {"A0": False}, None  # a recurrent aggregator is order-dependent: A0 itself relaxed
+        standard = AttentionSpec.standard(tc["dim"], tc["heads"], causal=True)
+        return {"A0": True, **stack_assumptions(stack_specs(standard, run.model.spec, tc["layers"]))}, run.model.spec
+    if run.model.kind in CONTROLS:
+        return {}, None  # a validity control: no scores to hold assumptions about
+    return {"A0": False}, None  # a recurrent aggregator is order-dependent: A0 itself relaxed
+
+
+_OUTCOME = ("val_accuracy", "val_loss", "best_step", "converged", "stop_reason", "history", "extra", "n_test")
+_MEASURED = (
+    "params",
+    "accuracy",
+    "loss",
+    "steps",
+    "seconds",
+    "cpu_seconds",
+    "tokens_per_second",
+    "peak_mem_mb",
+    "memory_source",
+    "engine",
+    "losses",
+)
+
+
+def _row(run: Run, result: dict[str, Any], backend: str) -> RunRecord:
+    """The :class:`~axiomformer.study.record.RunRecord` of a finished run (validated here, as the store will)."""
+    assumptions, spec = _assumptions(run)
+    tc = run.train_config
     record = {
         "key": run.key,
         "label": run.model.label,
@@ -155,46 +171,21 @@ def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
         "task_config": {
             "task": run.task,
             "seq_len": run.seq_len,
-            "options": run.train_config.get("task_options", {}),
+            "options": tc.get("task_options", {}),
             "chance": result.get("chance"),
         },
         "seed": run.seed,
-        "dim": run.train_config["dim"],
-        "layers": run.train_config["layers"],
-        "heads": run.train_config["heads"] if run.model.kind == "transformer" else None,
-        "params": result.get("params"),
-        "accuracy": result.get("accuracy"),
-        "loss": result.get("loss"),
-        "steps": result.get("steps"),
-        "seconds": result.get("seconds"),
-        "cpu_seconds": result.get("cpu_seconds"),
-        "tokens_per_second": result.get("tokens_per_second"),
-        "peak_mem_mb": result.get("peak_mem_mb"),
-        "memory_source": result.get("memory_source"),
-        "engine": result.get("engine"),
-        "losses": result.get("losses"),
-        "train_config": run.train_config,
-        "outcome": {
-            "lr": run.train_config.get("lr"),
-            **{
-                k: result.get(k)
-                for k in (
-                    "val_accuracy",
-                    "val_loss",
-                    "best_step",
-                    "converged",
-                    "stop_reason",
-                    "history",
-                    "extra",
-                    "n_test",
-                )
-            },
-        },
+        "dim": tc["dim"],
+        "layers": tc["layers"],
+        "heads": tc["heads"] if run.model.kind == "transformer" else None,
+        **{k: result.get(k) for k in _MEASURED},
+        "train_config": tc,
+        "outcome": {"lr": tc.get("lr"), **{k: result.get(k) for k in _OUTCOME}},
         **provenance(),
         "backend": backend,
         "host": platform.node(),
     }
-    return RunRecord.model_validate(record).row()
+    return RunRecord.model_validate(record)
 
 
 # ---------------------------------------------------------------------------------------------------- backends
@@ -510,7 +501,7 @@ def _run_stages(
     """Plan and train each stage in turn (a later stage sees the stored runs), counting them in ``summary``."""
     planned: dict[str, Run] = {}
     for index, stage in enumerate(stages):
-        runs = first if index == 0 else stage({r["key"]: r for r in store.runs()})
+        runs = first if index == 0 else stage({r.key: r for r in store.runs()})
         new = [r for r in runs if r.key not in planned]
         planned.update((r.key, r) for r in new)
         _set_planned(store, planned)

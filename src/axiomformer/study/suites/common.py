@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from axiomformer.study.config import StudyConfig
+from axiomformer.study.record import RunRecord
 from axiomformer.study.statistics import fmt_signed
 from axiomformer.study.sweep import Cell, ModelChoice, cell_budget
 
@@ -118,18 +119,18 @@ def preset_base(tasks: list[dict[str, Any]], model: dict[str, Any], variants: tu
 class Rows:
     """The reported rows of a suite (``StudyData.rows``) by (label, task, seq_len), then by seed."""
 
-    def __init__(self, rows: Iterable[dict[str, Any]]):
+    def __init__(self, rows: Iterable[RunRecord]):
         self.rows = list(rows)
-        self.by: dict[tuple[str, str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
+        self.by: dict[tuple[str, str, int], dict[int, RunRecord]] = defaultdict(dict)
         for r in self.rows:
-            self.by[(r["label"], r["task"], r["seq_len"])][r["seed"]] = r
-        self.labels = list(dict.fromkeys(r["label"] for r in self.rows))
-        self.tasks = list(dict.fromkeys((r["task"], r["seq_len"]) for r in self.rows))
+            self.by[(r.label, r.task, r.seq_len)][r.seed] = r
+        self.labels = list(dict.fromkeys(r.label for r in self.rows))
+        self.tasks = list(dict.fromkeys((r.task, r.seq_len) for r in self.rows))
 
-    def seeds(self, label: str, task: str, seq_len: int) -> dict[int, dict[str, Any]]:
+    def seeds(self, label: str, task: str, seq_len: int) -> dict[int, RunRecord]:
         return self.by.get((label, task, seq_len), {})
 
-    def metric(self, label: str, task: str, seq_len: int, fn: Callable[[dict[str, Any]], Any]) -> dict[int, float]:
+    def metric(self, label: str, task: str, seq_len: int, fn: Callable[[RunRecord], Any]) -> dict[int, float]:
         """seed -> fn(row), skipping rows where fn gives None."""
         out = {}
         for seed, row in self.seeds(label, task, seq_len).items():
@@ -139,16 +140,16 @@ class Rows:
         return out
 
     def accuracy(self, label: str, task: str, seq_len: int) -> dict[int, float]:
-        return self.metric(label, task, seq_len, lambda r: r.get("accuracy"))
+        return self.metric(label, task, seq_len, lambda r: r.accuracy)
 
-    def first(self, label: str, task: str, seq_len: int) -> dict[str, Any] | None:
+    def first(self, label: str, task: str, seq_len: int) -> RunRecord | None:
         seeds = self.seeds(label, task, seq_len)
         return seeds[min(seeds)] if seeds else None
 
 
-def extra(row: dict[str, Any], phase: str) -> dict[str, Any]:
+def extra(row: RunRecord, phase: str) -> dict[str, Any]:
     """``TrainResult.extra[phase]`` of a stored row (``{}`` when absent)."""
-    return ((row.get("outcome") or {}).get("extra") or {}).get(phase) or {}
+    return row.outcome.extra.get(phase) or {}
 
 
 def task_title(task: str, options: dict[str, Any]) -> str:
@@ -156,17 +157,17 @@ def task_title(task: str, options: dict[str, Any]) -> str:
     return f"{task} ({shown})" if shown else task
 
 
-def budget_note(config: dict[str, Any]) -> str:
+def budget_note(config: StudyConfig) -> str:
     """What budget and protocol the report's numbers come from."""
-    budget = config.get("budget") or {}
-    grid = budget.get("lr_grid") or [budget.get("lr")]
+    budget = config.budget
+    grid = budget.lr_grid or [budget.lr]
     return (
-        f"Budget: at most {budget.get('steps')} steps, batch {budget.get('batch_size')}, AdamW with warmup "
-        f"{budget.get('warmup')} and cosine decay; learning rate chosen per arm and task from {grid} on the "
-        f"validation split at selection seeds {config.get('selection_seeds', [config.get('selection_seed', 0)])} (never "
+        f"Budget: at most {budget.steps} steps, batch {budget.batch_size}, AdamW with warmup "
+        f"{budget.warmup} and cosine decay; learning rate chosen per arm and task from {grid} on the "
+        f"validation split at selection seeds {config.selection_seeds} (never "
         f"reported); early stopping on validation (patience "
-        f"{budget.get('patience')}); accuracy on the held-out test split; {config.get('seeds')} seed(s) per arm. "
-        f"Model: {config.get('model', {}).get('layers')} layer(s), width {config.get('model', {}).get('dim')}."
+        f"{budget.patience}); accuracy on the held-out test split; {config.seeds} seed(s) per arm. "
+        f"Model: {config.model.layers} layer(s), width {config.model.dim}."
     )
 
 
@@ -367,18 +368,12 @@ def diverged_blocks(d) -> list:
     accuracy is not finite (a comparison pairs only seeds finite on both sides)."""
     from axiomformer.study.render import Heading, Paragraph
 
-    bad = [
-        r
-        for r in d.all_rows
-        if (r.get("outcome") or {}).get("stop_reason") == "nonfinite"
-        or r.get("accuracy") is None
-        or not math.isfinite(float(r["accuracy"]))
-    ]
+    bad = [r for r in d.all_rows if r.outcome.stop_reason == "nonfinite" or not _finite(r.accuracy)]
     if not bad:
         return []
     names = "; ".join(
-        f"{r['label']} {r['task']}@{r['seq_len']} seed {r['seed']} lr {(r.get('outcome') or {}).get('lr')}"
-        + ("" if r.get("accuracy") is not None and math.isfinite(float(r["accuracy"])) else " (no test accuracy)")
+        f"{r.label} {r.task}@{r.seq_len} seed {r.seed} lr {r.outcome.lr}"
+        + ("" if _finite(r.accuracy) else " (no test accuracy)")
         for r in bad
     )
     return [
@@ -390,7 +385,11 @@ def diverged_blocks(d) -> list:
     ]
 
 
-def seed_values(rows: Rows, label: str, task: str, seq_len: int, fn: Callable[[dict[str, Any]], Any]) -> dict:
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def seed_values(rows: Rows, label: str, task: str, seq_len: int, fn: Callable[[RunRecord], Any]) -> dict:
     """seed -> fn(row) over the finite values only (a diverged run's missing accuracy drops that seed)."""
     return {s: v for s, v in rows.metric(label, task, seq_len, fn).items() if math.isfinite(v)}
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from axiomformer.study.contrasts import Contrast
+from axiomformer.study.record import RunRecord
 from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
     Rows,
@@ -90,7 +91,7 @@ FULL = _BASE | {
 }
 
 
-def _sampled(row: dict) -> float | None:
+def _sampled(row: RunRecord) -> float | None:
     return extra(row, "end").get("sampled_accuracy")
 
 
@@ -100,8 +101,8 @@ def comparisons(d) -> list[Contrast]:
     evaluation."""
     rows = Rows(d.rows)
     out = []
-    acc = lambda r: r.get("accuracy")
-    tasks = [(t["name"], n) for t in d.config.get("tasks", []) for n in t["seq_lens"]]
+    acc = lambda r: r.accuracy
+    tasks = [(t.name, n) for t in d.config.tasks for n in t.seq_lens]
     for index, (t, n) in enumerate(tasks):
         family = "primary" if index == 0 else "secondary"
         for a in ("gumbel soft", "gumbel hard"):
@@ -142,7 +143,7 @@ def sections(d, figures_dir: Path) -> list:
     from axiomformer.study.render import Heading, Image, Paragraph, Table
 
     rows = Rows(d.rows)
-    tasks = [(t["name"], n) for t in d.config.get("tasks", []) for n in t["seq_lens"]]
+    tasks = [(t.name, n) for t in d.config.tasks for n in t.seq_lens]
     blocks = verdict_blocks(
         d,
         figures_dir,
@@ -175,7 +176,7 @@ def sections(d, figures_dir: Path) -> list:
     fig, axes = new_figure(max(1, len(tasks)), width=4.5)
     for ax, (t, n) in zip(axes, tasks):
         for i, (label, _, _) in enumerate(ARMS):
-            for j, (mode, fn) in enumerate((("deterministic", lambda r: r.get("accuracy")), ("sampled", _sampled))):
+            for j, (mode, fn) in enumerate((("deterministic", lambda r: r.accuracy), ("sampled", _sampled))):
                 values = list(rows.metric(label, t, n, fn).values())
                 if not values:
                     continue

@@ -107,7 +107,7 @@ def _at(rows: Rows, label: str, task: str, seq_len: int, length: int) -> dict[in
 
 def _task_keys(d) -> list[tuple[str, int, str]]:
     """(task, seq_len, title) per task setting of the config."""
-    return [(t["name"], n, f"{t['name']}@{n}") for t in d.config.get("tasks", []) for n in t["seq_lens"]]
+    return [(t.name, n, f"{t.name}@{n}") for t in d.config.tasks for n in t.seq_lens]
 
 
 ORDER_TASKS = ("sort", "reverse")
@@ -155,7 +155,7 @@ def comparisons(d) -> list[Contrast]:
                     seq_len,
                     "primary",
                     _extrapolated(rows, label, task, seq_len),
-                    seed_values(rows, label, task, seq_len, lambda r: r.get("accuracy")),
+                    seed_values(rows, label, task, seq_len, lambda r: r.accuracy),
                     ok,
                 )
             )
@@ -227,7 +227,7 @@ def sections(d, figures_dir: Path) -> list:
             if first is None:
                 continue
             values = [list(_at(rows, label, task, seq_len, n).values()) for n in lengths]
-            table.rows.append([label, *[fmt_interval(v) for v in values], str(first.get("params"))])
+            table.rows.append([label, *[fmt_interval(v) for v in values], str(first.params)])
             errorbar(ax, lengths, values, label.split("=")[1])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("test length (trained at the first)")
@@ -243,8 +243,8 @@ def sections(d, figures_dir: Path) -> list:
 
 def _chance(rows: Rows, task: str, seq_len: int) -> float:
     for r in rows.rows:
-        if r["task"] == task and r["seq_len"] == seq_len:
-            return float((r.get("task_config") or {}).get("chance") or 0.0)
+        if r.task == task and r.seq_len == seq_len:
+            return float(r.task_config.get("chance") or 0.0)
     return 0.0
 
 

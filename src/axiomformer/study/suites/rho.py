@@ -104,24 +104,24 @@ def comparisons(d) -> list[Contrast]:
     secondary on the others."""
     rows = Rows(d.rows)
     out = []
-    for t in d.config.get("tasks", []):
-        for n in t["seq_lens"]:
-            family = "primary" if t["name"] in NEEDS_RHO else "secondary"
+    for t in d.config.tasks:
+        for n in t.seq_lens:
+            family = "primary" if t.name in NEEDS_RHO else "secondary"
             for question, a, b in QUESTIONS:
-                if not rows.seeds(a, t["name"], n) or not rows.seeds(b, t["name"], n):
+                if not rows.seeds(a, t.name, n) or not rows.seeds(b, t.name, n):
                     continue
-                acc = lambda r: r.get("accuracy")
+                acc = lambda r: r.accuracy
                 out.append(
                     Contrast(
                         question,
                         a,
                         b,
-                        f"{t['name']}@{n}",
+                        f"{t.name}@{n}",
                         n,
                         family,
-                        seed_values(rows, a, t["name"], n, acc),
-                        seed_values(rows, b, t["name"], n, acc),
-                        converged(rows, (a, t["name"], n), (b, t["name"], n)),
+                        seed_values(rows, a, t.name, n, acc),
+                        seed_values(rows, b, t.name, n, acc),
+                        converged(rows, (a, t.name, n), (b, t.name, n)),
                     )
                 )
     return out
@@ -131,7 +131,7 @@ def sections(d, figures_dir: Path) -> list:
     from axiomformer.study.render import Heading, Image, Paragraph, Table
 
     rows = Rows(d.rows)
-    tasks = [(t["name"], n) for t in d.config.get("tasks", []) for n in t["seq_lens"]]
+    tasks = [(t.name, n) for t in d.config.tasks for n in t.seq_lens]
     blocks = verdict_blocks(
         d,
         figures_dir,
@@ -159,7 +159,7 @@ def sections(d, figures_dir: Path) -> list:
             [
                 label,
                 *[fmt_interval(list(rows.accuracy(label, t, n).values())) for t, n in tasks],
-                ", ".join(str(f.get("params")) for f in firsts if f),
+                ", ".join(str(f.params) for f in firsts if f),
             ]
         )
     blocks += [Heading("Test accuracy", 2), table]

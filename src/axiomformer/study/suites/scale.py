@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from axiomformer.study.contrasts import Contrast
+from axiomformer.study.record import RunRecord
 from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
     Rows,
@@ -100,7 +101,7 @@ FULL = _BASE | {
 }
 
 
-def _entropy(row: dict, key: str) -> float | None:
+def _entropy(row: RunRecord, key: str) -> float | None:
     layers = extra(row, "init").get("init_entropy") or []
     values = [layer.get(key) for layer in layers if layer.get(key) is not None]
     values = [v for v in values if not (isinstance(v, float) and math.isnan(v))]
@@ -111,26 +112,26 @@ def comparisons(d) -> list[Contrast]:
     """Per task and head_dim: scale = none (primary) and learned (secondary) against inv_sqrt_d, test accuracy."""
     rows = Rows(d.rows)
     out = []
-    acc = lambda r: r.get("accuracy")
-    for t in d.config.get("tasks", []):
-        for n in t["seq_lens"]:
+    acc = lambda r: r.accuracy
+    for t in d.config.tasks:
+        for n in t.seq_lens:
             for head_dim in HEAD_DIMS:
                 b = _label(head_dim, "inv_sqrt_d")
                 for scale in SCALES[1:]:
                     a = _label(head_dim, scale)
-                    if not rows.seeds(a, t["name"], n) or not rows.seeds(b, t["name"], n):
+                    if not rows.seeds(a, t.name, n) or not rows.seeds(b, t.name, n):
                         continue
                     out.append(
                         Contrast(
                             f"does dropping 1/sqrt(d) cost accuracy? (scale={scale})",
                             a,
                             b,
-                            f"{t['name']}@{n}",
+                            f"{t.name}@{n}",
                             n,
                             "primary" if scale == "none" else "secondary",
-                            seed_values(rows, a, t["name"], n, acc),
-                            seed_values(rows, b, t["name"], n, acc),
-                            converged(rows, (a, t["name"], n), (b, t["name"], n)),
+                            seed_values(rows, a, t.name, n, acc),
+                            seed_values(rows, b, t.name, n, acc),
+                            converged(rows, (a, t.name, n), (b, t.name, n)),
                         )
                     )
     return out
@@ -151,7 +152,7 @@ def sections(d, figures_dir: Path) -> list:
     from axiomformer.study.render import Heading, Image, Paragraph, Table
 
     rows = Rows(d.rows)
-    tasks = [(t["name"], n) for t in d.config.get("tasks", []) for n in t["seq_lens"]]
+    tasks = [(t.name, n) for t in d.config.tasks for n in t.seq_lens]
     blocks = verdict_blocks(
         d,
         figures_dir,
@@ -163,7 +164,7 @@ def sections(d, figures_dir: Path) -> list:
     blocks += [
         Heading("What was measured", 2),
         Paragraph(
-            f"Causal Transformers of width {d.config.get('model', {}).get('dim')} with head_dim in {list(HEAD_DIMS)} "
+            f"Causal Transformers of width {d.config.model.dim} with head_dim in {list(HEAD_DIMS)} "
             "(heads = width / head_dim, so the arms have the same parameters) and scale = 1/sqrt(d) (`inv_sqrt_d`), 1 "
             "(`none`) or learned per head (initialized at 1/sqrt(d)). At initialization: the entropy (nats) of the last "
             "query row's attention weights (n keys; maximum log n), averaged over layers, heads and a validation batch, "
@@ -197,10 +198,10 @@ def sections(d, figures_dir: Path) -> list:
                         fmt_interval(closed) if closed else "— (frozen phase)",
                         f"{math.log(n):.3f}",
                         fmt_interval(list(rows.accuracy(label, task, n).values())),
-                        str(next(iter(seeds.values())).get("params")),
+                        str(next(iter(seeds.values())).params),
                     ]
                 )
-                mean = _mean_curve([r.get("losses") or [] for r in seeds.values()])
+                mean = _mean_curve([r.losses or [] for r in seeds.values()])
                 if mean:
                     ax.plot(range(1, len(mean) + 1), mean, label=scale, color=f"C{i}", lw=1)
             ax.set_title(f"head_dim {head_dim}: training loss", fontsize=9)
