@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import statistics as stats
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -143,13 +144,13 @@ def discriminating(tasks: list[dict[str, Any]]) -> set[str]:
     return {t["task"] for t in tasks if t["discriminates"]}
 
 
-def loss_still_falling(losses: list[float], *, tail: float = 0.25, drop: float = 0.01) -> bool:
+def loss_still_falling(losses: Sequence[float | None], *, tail: float = 0.25, drop: float = 0.01) -> bool:
     """Whether a training loss curve was still falling at its end: over the last ``tail`` of the steps (at least 20
     points), the least-squares slope is negative at p < 0.01 (scipy ``linregress``) and the fitted line drops by more
     than ``drop`` of the window's mean loss. Non-finite losses count as not falling (a diverged run)."""
     from scipy.stats import linregress
 
-    window = [float(x) for x in losses[-max(20, int(len(losses) * tail)) :]]
+    window = [math.nan if x is None else float(x) for x in losses[-max(20, int(len(losses) * tail)) :]]
     if len(window) < 20 or not all(math.isfinite(x) for x in window):
         return False
     fit = linregress(range(len(window)), window)

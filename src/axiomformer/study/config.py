@@ -37,7 +37,7 @@ from axiomformer.errors import UserInputError
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found]  # the 3.10 backport, not installed on 3.11+
 
 BASELINES = ("rnn", "lstm", "gru")
 """Order-dependent aggregators (relaxing A0 itself): the recurrent baselines a sweep may include."""
@@ -136,7 +136,7 @@ class TaskSettings(_Strict):
     seq_lens: list[int] = Field(min_length=1)
     options: dict[str, Any] = Field(default_factory=dict)
     metric: Literal["accuracy", "solve_rate"] = "accuracy"
-    budget: StudyBudget = Field(default_factory=StudyBudget)
+    budget: StudyBudget = Field(default_factory=lambda: StudyBudget.model_validate({}))
     length_budgets: dict[str, StudyBudget] = Field(default_factory=dict)
 
     @field_validator("seq_lens")
@@ -225,8 +225,8 @@ class StudyConfig(_Strict):
     variants: list[str] = Field(default_factory=lambda: ["standard"], min_length=1)
     baselines: list[str] = Field(default_factory=list)
     tasks: list[TaskSettings] = Field(min_length=1)
-    budget: StudyBudget = Field(default_factory=StudyBudget)
-    model: ModelSettings = Field(default_factory=ModelSettings)
+    budget: StudyBudget = Field(default_factory=lambda: StudyBudget.model_validate({}))
+    model: ModelSettings = Field(default_factory=lambda: ModelSettings.model_validate({}))
     sections: Sections = Field(default_factory=Sections)
     threads: int | None = Field(None, gt=0)
     workers: int | Literal["auto"] = "auto"
@@ -294,6 +294,7 @@ class StudyConfig(_Strict):
         from axiomformer.spec import LAYER_SEPARATOR, AttentionSpec, stack_specs
 
         for text in value:
+            causal: bool | None
             base = AttentionSpec.standard(64, 4, causal=True)
             if LAYER_SEPARATOR in text:  # a hybrid stack: each layer's spec, with the fields its choices need
                 causal = all(s.causal for s in stack_specs(base, text, len(text.split(LAYER_SEPARATOR))))

@@ -12,11 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.config import StudyConfig
 from axiomformer.study.record import RunRecord
 from axiomformer.study.render import Heading, Image, Paragraph, Table
+
+if TYPE_CHECKING:
+    from axiomformer.study.report import StudyData
 
 CI_METHOD = "clopper-pearson"
 """How the interval of one run's test accuracy is computed: exact binomial over its scored test items."""
@@ -84,7 +87,7 @@ def seed_results(rows: list[RunRecord], label: str, task: str, n: int, threshold
     return [SeedResult.of(r, threshold) for r in sorted(picked, key=lambda r: r.seed)]
 
 
-def runs_json(d, *, solved: float) -> dict[str, Any]:
+def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
     """The ``long_range`` block of ``report --json``: per (model, task, length) every reported seed's test accuracy
     with its Clopper-Pearson interval, ``n_test``, the steps it trained and whether it solves the length, the same for
     its zero-shot run (trained at the shortest length only), and the longest length every seed solves."""
@@ -138,7 +141,7 @@ def runs_json(d, *, solved: float) -> dict[str, Any]:
     }
 
 
-def longest_solved(d, label: str, task: str, lengths: list[int], solved: float) -> int | None:
+def longest_solved(d: StudyData, label: str, task: str, lengths: list[int], solved: float) -> int | None:
     """The longest length at which every reported seed of ``label`` solves ``task`` (the lower bound of its exact
     95 % interval >= ``solved``), and at least one seed ran there (``None``: no such length)."""
     seeds = d.config.seeds
@@ -160,10 +163,10 @@ def zero_shot_label(label: str, length: int) -> str:
     return ZERO_SHOT.format(label=label, length=length)
 
 
-def _task_lengths(d) -> dict[str, list[int]]:
+def _task_lengths(d: StudyData) -> dict[str, list[int]]:
     tasks: dict[str, list[int]] = {}
-    for task in d.config.tasks:  # every configured length, run yet or not
-        tasks.setdefault(task.name, []).extend(task.seq_lens)
+    for settings in d.config.tasks:  # every configured length, run yet or not
+        tasks.setdefault(settings.name, []).extend(settings.seq_lens)
     for task, n in d.tasks:
         tasks.setdefault(task, []).append(n)
     return {t: sorted(set(ns)) for t, ns in tasks.items()}
@@ -174,7 +177,7 @@ def _mean(results: list[SeedResult]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _figure(d, tasks: dict[str, list[int]], solved: float, path: Path) -> Path:
+def _figure(d: StudyData, tasks: dict[str, list[int]], solved: float, path: Path) -> Path:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(5.5 * len(tasks), 4.2), layout="constrained")
@@ -223,7 +226,7 @@ def _figure(d, tasks: dict[str, list[int]], solved: float, path: Path) -> Path:
     return path
 
 
-def _protocol(d, solved: float) -> Paragraph:
+def _protocol(d: StudyData, solved: float) -> Paragraph:
     cfg = d.config
     seeds = cfg.seeds
     selection = cfg.selection_seeds
@@ -295,7 +298,7 @@ def _budget_table(cfg: StudyConfig) -> Table:
     return budgets
 
 
-def _task_table(d, task: str, lengths: list[int], solved: float) -> Table:
+def _task_table(d: StudyData, task: str, lengths: list[int], solved: float) -> Table:
     seeds = d.config.seeds
     table = Table(
         [
@@ -344,7 +347,7 @@ def _task_table(d, task: str, lengths: list[int], solved: float) -> Table:
     return table
 
 
-def sections(d, figures_dir: Path, *, solved: float) -> list:
+def sections(d: StudyData, figures_dir: Path, *, solved: float) -> list:
     """Protocol, budget per length, the longest solved length, per-task tables, the figure, failures, provenance."""
     from axiomformer.study import report
 

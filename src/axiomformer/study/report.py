@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from axiomformer.study.config import StudyConfig, stored_config
 from axiomformer.study.record import RunRecord
@@ -48,19 +48,13 @@ class StudyData:
         source = [(p["task"], p["seq_len"]) for p in planned] or [(r.task, r.seq_len) for r in self.rows]
         self.tasks: list[tuple[str, int]] = list(dict.fromkeys(source))
         self.missing = len([p for p in planned if p["key"] not in {r.key for r in self.all_rows}])
-        self.acc: dict[tuple[str, str, int], list[float]] = defaultdict(list)
         self.by_model: dict[str, list[RunRecord]] = defaultdict(list)
         for r in self.rows:
-            self.acc[(r.label, r.task, r.seq_len)].append(r.accuracy)
             self.by_model[r.label].append(r)
         self.failures = [f for f in store.failures() if not keys or f["key"] in keys]
         self.audits = store.audits()
         self.sections = store.sections()
         self.last_invocation = store.get_meta("last_invocation")
-
-    def mean(self, label: str, task: str, seq_len: int) -> float | None:
-        values = self.acc.get((label, task, seq_len))
-        return statistics.fmean(values) if values else None
 
 
 def _task_name(task: tuple[str, int]) -> str:
@@ -94,7 +88,7 @@ def _headline(d: StudyData) -> list:
                 + (" (lr at grid edge)" if c.lr_at_grid_edge else "")
             )
         table.rows.append([m["label"], assumption_of(m["label"], m["kind"]), *cells])
-    chance = {}
+    chance: dict[tuple[str, int], float | None] = {}
     for r in d.rows:
         chance.setdefault((r.task, r.seq_len), r.task_config.get("chance"))
     if any(v is not None for v in chance.values()):
@@ -211,7 +205,7 @@ def _throughput(d: StudyData) -> list:
             table.rows.append([m["label"], "—", "—", "—", "—", "0"])
             continue
 
-        def avg(name: str, rows=rows) -> str:
+        def avg(name: str, rows: list[RunRecord] = rows) -> str:
             vals = [getattr(r, name) for r in rows if getattr(r, name) is not None]
             return f"{statistics.fmean(vals):,.1f}" if vals else "—"
 
@@ -227,14 +221,6 @@ def _throughput(d: StudyData) -> list:
         f"{', '.join(sources) or '—'})."
     )
     return [Heading("Throughput and peak memory"), table]
-
-
-def _scalars(payload: dict[str, Any]) -> list[list[str]]:
-    return [
-        [k, f"{v:.3g}" if isinstance(v, float) else str(v)]
-        for k, v in payload.items()
-        if isinstance(v, (int, float, str, bool)) or v is None
-    ]
 
 
 def _cached_section(d: StudyData, key: str, title: str) -> tuple[list, Any]:
@@ -412,7 +398,15 @@ def study_json(out_dir: str | Path) -> dict[str, Any]:
         return to_json(StudyData(store))
 
 
-def build_report(out_dir: str | Path) -> dict[str, Path]:
+class ReportPaths(TypedDict):
+    """What :func:`build_report` wrote: the Markdown and HTML report and the figures by name."""
+
+    markdown: Path
+    html: Path
+    figures: dict[str, Path]
+
+
+def build_report(out_dir: str | Path) -> ReportPaths:
     """Write ``report.md``, ``report.html`` and ``figures/*.png`` in ``out_dir`` from its ``results.sqlite``.
 
     Returns:
@@ -444,4 +438,4 @@ def build_report(out_dir: str | Path) -> dict[str, Path]:
     md, page = out_dir / "report.md", out_dir / "report.html"
     md.write_text(to_markdown(blocks), encoding="utf-8")
     page.write_text(to_html(blocks, title), encoding="utf-8")
-    return {"markdown": md, "html": page, "figures": figures}  # type: ignore[dict-item]
+    return {"markdown": md, "html": page, "figures": figures}

@@ -20,18 +20,22 @@ import platform
 import subprocess
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.progress import Progress, TaskID
 
 from axiomformer.study.config import CONTROLS, StudyConfig
 from axiomformer.study.record import RunRecord
 from axiomformer.study.sections import audit_spec, ceilings_section, derive_section, flow_section, missing_module
 from axiomformer.study.store import ResultsStore
 from axiomformer.study.sweep import Run, models
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import SimpleQueue
 
 BACKENDS = ("local", "ray")
 
@@ -106,7 +110,8 @@ def execute(
                 progress=False,
             )
         cpu = time.process_time()
-        result = trainer.train(config, progress=False, save_state=root / save_state if save_state else None)
+        # Any: a TrainResult, or the plain mapping a stand-in trainer (tests, the Ray smoke run) returns
+        result: Any = trainer.train(config, progress=False, save_state=root / save_state if save_state else None)
     out = result.to_dict() if hasattr(result, "to_dict") else dict(result)
     out["cpu_seconds"] = time.process_time() - cpu
     out["memory_source"] = out.get("memory_method") or "trainer"
@@ -229,7 +234,7 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def worker_init(parent: int, started=None) -> None:
+def worker_init(parent: int, started: SimpleQueue[int] | None = None) -> None:
     """Initializer of a study worker process: the study process alone answers Ctrl-C (a terminal's Ctrl-C reaches
     the whole process group; the workers ignore it and are stopped by the study), the worker exits when the study
     process dies (:func:`_die_with_parent`), and it reports its pid on ``started`` (so the study can stop it)."""
@@ -241,7 +246,7 @@ def worker_init(parent: int, started=None) -> None:
         started.put(os.getpid())
 
 
-def _stop_workers(started) -> None:
+def _stop_workers(started: SimpleQueue[int]) -> None:
     """SIGKILL every worker that reported its pid: their runs are dropped (a rerun trains them). They are this
     process's unreaped children, so no pid can have been reused."""
     import signal
@@ -331,7 +336,7 @@ class StudySummary:
     trained: int = 0
     failed: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    report: dict[str, Path] = field(default_factory=dict)
+    report: Mapping[str, object] = field(default_factory=dict)  # report.ReportPaths once written
 
 
 def _num(value: Any, fmt: str) -> str:
@@ -403,18 +408,7 @@ def run_study(
             _sections(store, sections_todo, console, bar, task_id)
             bar.update(task_id, description="done")
         summary.seconds = time.perf_counter() - start
-        _record_invocation(
-            store,
-            {
-                "seconds": round(summary.seconds, 2),
-                "trained": summary.trained,
-                "backend": backend,
-                "workers": config.resolved_workers() if backend == "local" else None,
-                "load_average_start": load_start,
-                "load_average_end": _load(),
-                "cpu_count": os.cpu_count(),
-            },
-        )
+        _record_invocation(store, _invocation(summary, config, backend, load_start))
     if write_report:
         from axiomformer.study.report import build_report
 
@@ -495,8 +489,8 @@ def _run_stages(
     address: str | None,
     summary: StudySummary,
     console: Console,
-    bar,
-    task_id,
+    bar: Progress,
+    task_id: TaskID,
 ) -> None:
     """Plan and train each stage in turn (a later stage sees the stored runs), counting them in ``summary``."""
     planned: dict[str, Run] = {}
@@ -517,6 +511,21 @@ def _run_stages(
             soft_wrap=True,
         )
         _train(store, config, todo, backend, address, summary, console, bar, task_id)
+
+
+def _invocation(
+    summary: StudySummary, config: StudyConfig, backend: str, load_start: list[float] | None
+) -> dict[str, Any]:
+    """What this call of the study did and on what machine load (the report's provenance)."""
+    return {
+        "seconds": round(summary.seconds, 2),
+        "trained": summary.trained,
+        "backend": backend,
+        "workers": config.resolved_workers() if backend == "local" else None,
+        "load_average_start": load_start,
+        "load_average_end": _load(),
+        "cpu_count": os.cpu_count(),
+    }
 
 
 def _record_invocation(store: ResultsStore, record: dict[str, Any]) -> None:
@@ -557,15 +566,8 @@ def _load() -> list[float] | None:
         return None
 
 
-def _progress(console: Console, enabled: bool):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+def _progress(console: Console, enabled: bool) -> Progress:
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     return Progress(
         TextColumn("[bold]{task.description}"),
@@ -580,7 +582,7 @@ def _progress(console: Console, enabled: bool):
     )
 
 
-def _audits(store: ResultsStore, specs: list[str], console: Console, bar, task_id) -> None:
+def _audits(store: ResultsStore, specs: list[str], console: Console, bar: Progress, task_id: TaskID) -> None:
     for spec in specs:
         bar.update(task_id, description=f"audit {spec}")
         try:
@@ -596,7 +598,9 @@ def _audits(store: ResultsStore, specs: list[str], console: Console, bar, task_i
         bar.advance(task_id)
 
 
-def _sections(store: ResultsStore, todo: list[tuple[str, Callable[[], Any]]], console: Console, bar, task_id) -> None:
+def _sections(
+    store: ResultsStore, todo: list[tuple[str, Callable[[], Any]]], console: Console, bar: Progress, task_id: TaskID
+) -> None:
     for name, fn in todo:
         bar.update(task_id, description=f"{name} section")
         t0 = time.perf_counter()
@@ -620,8 +624,8 @@ def _train(
     address: str | None,
     summary: StudySummary,
     console: Console,
-    bar,
-    task_id,
+    bar: Progress,
+    task_id: TaskID,
 ) -> None:
     if not todo:
         return

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from axiomformer.study.config import StudyConfig
 from axiomformer.study.record import RunRecord
@@ -28,6 +28,8 @@ from axiomformer.study.sweep import AA_LABEL, Cell, CountFn, Run, cells, make_ru
 
 Stored = dict[str, RunRecord] | None
 Stage = Callable[[Stored], list[Run]]
+Chosen = float | None | Literal["missing"]
+"""A cell's chosen learning rate: a rate, ``None`` (the trainer's default), or ``"missing"`` (no run stored yet)."""
 
 
 def selection_score(row: RunRecord) -> tuple[float, float]:
@@ -42,12 +44,13 @@ def _mean_score(rows: list[RunRecord]) -> tuple[float, float]:
     return (sum(a for a, _ in scores) / len(scores), sum(b for _, b in scores) / len(scores))
 
 
-def choose_lr(candidates: list[tuple[float | None, Any]]) -> float | str | None:
+def choose_lr(candidates: list[tuple[float | None, Any]]) -> Chosen:
     """The learning rate whose selection runs score best on average over the selection seeds
     (:func:`selection_score`); the first in grid order wins a tie. ``candidates``: ``(lr, stored rows)`` in grid order,
     the rows as a list (one per selection seed stored), one row, or ``None``. Returns ``"missing"`` when no run is
     stored."""
-    best, chosen = None, "missing"
+    best: tuple[float, float] | None = None
+    chosen: Chosen = "missing"
     for lr, rows in candidates:
         rows = [r for r in (rows if isinstance(rows, list) else [rows]) if r is not None]
         if not rows:
@@ -74,7 +77,7 @@ def tried_lrs(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord], wid
     step = _ratio(lrs)
     for _ in range(widenings):
         best = _chosen_among(config, cell, stored, lrs)
-        if best == "missing":
+        if best == "missing" or best is None:  # None: never in a grid of two or more rates
             break
         if best == min(lrs):
             lrs = [best / step, *lrs]
@@ -93,7 +96,7 @@ def _selection(config: StudyConfig, cell: Cell, lrs: list | None = None, *, save
     ]
 
 
-def _chosen_among(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord], lrs: list) -> float | str | None:
+def _chosen_among(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord], lrs: list) -> Chosen:
     runs = _selection(config, cell, lrs)
     by_lr: dict[Any, list] = {}
     for r in runs:
@@ -101,7 +104,7 @@ def _chosen_among(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord],
     return choose_lr(list(by_lr.items()))
 
 
-def _chosen(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord]) -> float | str | None:
+def _chosen(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord]) -> Chosen:
     return _chosen_among(config, cell, stored, tried_lrs(config, cell, stored, config.lr_widen))
 
 
@@ -117,7 +120,7 @@ def ranked_lrs(candidates: list[tuple[float | None, Any]]) -> list[float | None]
     return [lr for _, lr in sorted(scored, key=lambda item: item[0])]
 
 
-def _second_best(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord]) -> float | str | None:
+def _second_best(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord]) -> Chosen:
     lrs = tried_lrs(config, cell, stored, config.lr_widen)
     by_lr: dict[Any, list] = {}
     for r in _selection(config, cell, lrs):
@@ -160,7 +163,7 @@ def selection_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]:
 
         return stage
 
-    def lr_of(cell: Cell, stored: dict[str, RunRecord]) -> float | str | None:
+    def lr_of(cell: Cell, stored: dict[str, RunRecord]) -> Chosen:
         reference = standard.get((cell.task, cell.seq_len)) if is_aa(cell) else cell
         return "missing" if reference is None else _chosen(config, reference, stored)
 

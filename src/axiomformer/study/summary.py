@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -140,28 +141,32 @@ def cell_stats(d: StudyData) -> list[CellStat]:
     return out
 
 
-def design(d: StudyData) -> dict[str, Any]:
-    """The ``design`` block: seeds, level, correction, margin, the families, and whether (and why) this is a pilot."""
+def _pilot_reason(d: StudyData) -> str | None:
+    """Why the store claims nothing (every verdict ``pilot``), or ``None`` when it decides."""
     cfg = d.config
     seeds = cfg.seeds
-    selection = cfg.selection_seeds
-    reason = None
-    if "selection_seed" in d.config_migrations and any(s < seeds for s in selection):
-        reason = (
+    if "selection_seed" in d.config_migrations and any(s < seeds for s in cfg.selection_seeds):
+        return (
             "store written by a previous version: its selection seed was also a reported seed; rerun the "
             "study for verdicts"
         )
-    elif cfg.pilot:
-        reason = "a pilot run (quick preset): it claims nothing"
-    elif seeds < cfg.min_seeds:
-        reason = f"{seeds} reported seeds, fewer than the preset's minimum of {cfg.min_seeds}"
-    else:
-        finished = max((len(runs) for runs in _by_cell(d).values()), default=0)
-        if d.rows and finished < cfg.min_seeds:
-            reason = (
-                f"a partial store: {finished} of {seeds} reported seeds finished, fewer than the preset's "
-                f"minimum of {cfg.min_seeds}; rerun the same command with the same --out to resume"
-            )
+    if cfg.pilot:
+        return "a pilot run (quick preset): it claims nothing"
+    if seeds < cfg.min_seeds:
+        return f"{seeds} reported seeds, fewer than the preset's minimum of {cfg.min_seeds}"
+    finished = max((len(runs) for runs in _by_cell(d).values()), default=0)
+    if d.rows and finished < cfg.min_seeds:
+        return (
+            f"a partial store: {finished} of {seeds} reported seeds finished, fewer than the preset's "
+            f"minimum of {cfg.min_seeds}; rerun the same command with the same --out to resume"
+        )
+    return None
+
+
+def design(d: StudyData) -> dict[str, Any]:
+    """The ``design`` block: seeds, level, correction, margin, the families, and whether (and why) this is a pilot."""
+    cfg = d.config
+    seeds, selection, reason = cfg.seeds, cfg.selection_seeds, _pilot_reason(d)
     contrasts = suite_contrasts(d)
     margins = {"accuracy": cfg.margin, "solve_rate": cfg.solve_margin}
     base = {
@@ -223,7 +228,7 @@ def suite_contrasts(d: StudyData) -> list | None:
     return None if suite.comparisons is None else list(suite.comparisons(d))
 
 
-def _model_order(d: StudyData):
+def _model_order(d: StudyData) -> Callable[[str], int]:
     order = {label: i for i, label in enumerate(_labels(d))}
     return lambda label: order.get(label, len(order))
 

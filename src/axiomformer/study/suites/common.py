@@ -18,16 +18,24 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from axiomformer.study.config import StudyConfig
+from axiomformer.study.config import StudyConfig, TaskSettings
 from axiomformer.study.record import RunRecord
 from axiomformer.study.statistics import fmt_signed
 from axiomformer.study.sweep import Cell, ModelChoice, cell_budget
 
-ArmsFn = Callable[[StudyConfig, Any, int], list[ModelChoice]]
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from axiomformer.study.render import Table
+    from axiomformer.study.report import StudyData
+    from axiomformer.study.statistics import Verdict
+
+ArmsFn = Callable[[StudyConfig, TaskSettings, int], list[ModelChoice]]
 """``arms(config, task_settings, seq_len) -> the arms trained on that task and length``."""
 
 
@@ -152,15 +160,10 @@ def extra(row: RunRecord, phase: str) -> dict[str, Any]:
     return row.outcome.extra.get(phase) or {}
 
 
-def task_title(task: str, options: dict[str, Any]) -> str:
-    shown = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
-    return f"{task} ({shown})" if shown else task
-
-
 def budget_note(config: StudyConfig) -> str:
     """What budget and protocol the report's numbers come from."""
     budget = config.budget
-    grid = budget.lr_grid or [budget.lr]
+    grid: list[float] | list[float | None] = budget.lr_grid or [budget.lr]
     return (
         f"Budget: at most {budget.steps} steps, batch {budget.batch_size}, AdamW with warmup "
         f"{budget.warmup} and cosine decay; learning rate chosen per arm and task from {grid} on the "
@@ -171,7 +174,7 @@ def budget_note(config: StudyConfig) -> str:
     )
 
 
-def closing_blocks(d) -> list:
+def closing_blocks(d: StudyData) -> list:
     """The main report's failed-runs and provenance sections (budget, versions, commits, hosts, wall time)."""
     from axiomformer.study.report import failures_block, provenance_block
 
@@ -179,7 +182,7 @@ def closing_blocks(d) -> list:
 
 
 # ---------------------------------------------------------------------------------------------------- figures
-def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
+def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6) -> tuple[Figure, list[Axes]]:
     """A ``matplotlib.figure.Figure`` with ``ncols`` axes (no pyplot state, no backend switch)."""
     from matplotlib.figure import Figure
 
@@ -199,7 +202,7 @@ def finite_prefix(curve: list) -> list[float]:
     return out
 
 
-def save(fig, folder: Path, name: str) -> Path:
+def save(fig: Figure, folder: Path, name: str) -> Path:
     """Write ``fig`` as ``folder/name.png``. Axes on a log scale with nothing positive to show (every run of a panel
     diverged or is missing) fall back to a linear scale instead of failing the report."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -216,7 +219,7 @@ def save(fig, folder: Path, name: str) -> Path:
     return path
 
 
-def errorbar(ax, xs: list[float], values: list[list[float]], label: str, **style: Any) -> None:
+def errorbar(ax: Axes, xs: Sequence[float], values: list[list[float]], label: str, **style: Any) -> None:
     """Means with their t interval as error bars (no bar where the interval is undefined)."""
     means, lows, highs = [], [], []
     for v in values:
@@ -228,12 +231,12 @@ def errorbar(ax, xs: list[float], values: list[list[float]], label: str, **style
 
 
 # ---------------------------------------------------------------------------------------------------- verdicts
-def verdict_sentence(v, margin: float) -> str:
+def verdict_sentence(v: Verdict, margin: float) -> str:
     """One sentence per verdict of a contrast (``a vs b``: the difference is a - b), generated from its interval."""
     a, _, b = v.model.partition(" vs ")
     ci = (
         "no interval (fewer than two paired seeds)"
-        if v.ci_low is None
+        if v.ci_low is None or v.ci_high is None
         else f"{fmt_signed(v.diff)} [{fmt_signed(v.ci_low)}, {fmt_signed(v.ci_high)}]"
     )
     where = f"{v.task}: {a} against {b}"
@@ -249,13 +252,13 @@ def verdict_sentence(v, margin: float) -> str:
     mde = "" if v.mde is None else f"; detects {v.mde:.3f} at 80 % power with {v.n_seeds} seeds"
     why = (
         "a side did not converge"
-        if (v.ci_low is not None and -margin < v.ci_low and v.ci_high < margin)
+        if (v.ci_low is not None and v.ci_high is not None and -margin < v.ci_low and v.ci_high < margin)
         else "the interval includes 0 and reaches beyond the margin"
     )
     return f"{where}: not yet known, difference {ci} ({why}{mde}; a decision needs {need} seeds)."
 
 
-def _verdict_table(found: list, family: str):
+def _verdict_table(found: list[tuple[Verdict, int, str]], family: str) -> Table:
     from axiomformer.study.render import Table
 
     table = Table(
@@ -273,7 +276,11 @@ def _verdict_table(found: list, family: str):
     for v, _, fam in found:
         if fam != family:
             continue
-        ci = "—" if v.ci_low is None else f"{fmt_signed(v.diff)} [{fmt_signed(v.ci_low)}, {fmt_signed(v.ci_high)}]"
+        ci = (
+            "—"
+            if v.ci_low is None or v.ci_high is None
+            else f"{fmt_signed(v.diff)} [{fmt_signed(v.ci_low)}, {fmt_signed(v.ci_high)}]"
+        )
         need = (
             f"decided with {v.n_seeds} seeds"
             if v.verdict in ("forced", "better", "free")
@@ -290,7 +297,7 @@ def _verdict_table(found: list, family: str):
     return table
 
 
-def verdict_blocks(d, figures_dir: Path, *, question: str, facts: list[str] | None = None) -> list:
+def verdict_blocks(d: StudyData, figures_dir: Path, *, question: str, facts: list[str] | None = None) -> list:
     """The suite's answer, generated from its verdicts (``study.summary.verdicts``, the same objects as
     ``report --json``): the design line, a table per family, one sentence per verdict, a figure of the differences
     with their intervals and the ±margin band; ``facts``: what holds by construction (stated, not tested)."""
@@ -362,7 +369,7 @@ def draw_contrasts(found: list, margin: float, path: Path) -> Path:
     return save(fig, path.parent, path.stem)
 
 
-def diverged_blocks(d) -> list:
+def diverged_blocks(d: StudyData) -> list:
     """A note naming every stored run whose training loss became non-finite (``stop_reason == "nonfinite"``) or
     whose test accuracy is not a number: recorded as diverged, left out of every mean and comparison where its
     accuracy is not finite (a comparison pairs only seeds finite on both sides)."""

@@ -12,6 +12,7 @@ training-time noise left on, averaged over ``axiomformer.probes.SAMPLED_DRAWS`` 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.contrasts import Contrast
 from axiomformer.study.record import RunRecord
@@ -34,10 +35,15 @@ from axiomformer.study.suites.common import (
     verdict_blocks,
 )
 
+if TYPE_CHECKING:
+    from axiomformer.study.config import StudyConfig, TaskSettings
+    from axiomformer.study.report import StudyData
+    from axiomformer.study.sweep import ModelChoice
+
 TAU_FINAL = 0.5
 """Final temperature of the annealing schedule (Jang et al. 2017 anneal towards 0.5) **(our choice)**."""
 
-ARMS = (
+ARMS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("softmax", "standard", {}),
     ("sparsemax", "normalizer=sparsemax", {}),
     ("gumbel soft", "normalizer=gumbel_softmax", {"gumbel_tau_final": TAU_FINAL, "probes": ["sampled_eval"]}),
@@ -49,7 +55,7 @@ ARMS = (
 )
 
 
-def arms(config, task, seq_len: int):
+def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelChoice]:
     return [arm(label, spec, **options) for label, spec, options in ARMS]
 
 
@@ -95,7 +101,7 @@ def _sampled(row: RunRecord) -> float | None:
     return extra(row, "end").get("sampled_accuracy")
 
 
-def comparisons(d) -> list[Contrast]:
+def comparisons(d: StudyData) -> list[Contrast]:
     """Primary, on the first task: each Gumbel arm against softmax and against sparsemax (deterministic test
     accuracy). Secondary: the same on the other tasks, and each Gumbel arm's sampled against its deterministic
     evaluation."""
@@ -139,7 +145,7 @@ def comparisons(d) -> list[Contrast]:
     return out
 
 
-def sections(d, figures_dir: Path) -> list:
+def sections(d: StudyData, figures_dir: Path) -> list:
     from axiomformer.study.render import Heading, Image, Paragraph, Table
 
     rows = Rows(d.rows)

@@ -19,6 +19,7 @@ learned table; the measurement says what it costs.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.contrasts import Contrast
 from axiomformer.study.registry import Suite, register
@@ -40,12 +41,20 @@ from axiomformer.study.suites.common import (
     verdict_blocks,
 )
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from axiomformer.study.config import StudyConfig, TaskSettings
+    from axiomformer.study.record import RunRecord
+    from axiomformer.study.report import StudyData
+    from axiomformer.study.sweep import ModelChoice
+
 POSITIONS = ("none", "sinusoidal", "learned", "rope", "alibi")
 FACTORS = (2, 4, 8)
 """Test lengths as multiples of the training length."""
 
 
-def arms(config, task, seq_len: int):
+def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelChoice]:
     lengths = [f * seq_len for f in FACTORS]
     return [
         arm(f"position={p}", f"position={p}", causal=False, input_position="none", eval_lengths=lengths)
@@ -105,7 +114,7 @@ def _at(rows: Rows, label: str, task: str, seq_len: int, length: int) -> dict[in
     )
 
 
-def _task_keys(d) -> list[tuple[str, int, str]]:
+def _task_keys(d: StudyData) -> list[tuple[str, int, str]]:
     """(task, seq_len, title) per task setting of the config."""
     return [(t.name, n, f"{t.name}@{n}") for t in d.config.tasks for n in t.seq_lens]
 
@@ -129,11 +138,11 @@ def _extrapolated(rows: Rows, label: str, task: str, seq_len: int) -> dict[int, 
     return {s: sum(p[s] for p in per) / len(per) for s in sorted(seeds)}
 
 
-def _length_metric(length: int):
+def _length_metric(length: int) -> Callable[[RunRecord], Any]:
     return lambda r: (extra(r, "end").get("length_accuracy") or {}).get(str(length), {}).get("accuracy")
 
 
-def comparisons(d) -> list[Contrast]:
+def comparisons(d: StudyData) -> list[Contrast]:
     """Primary: per (position, task) its accuracy at 2L-8L minus its own accuracy at L (does it extrapolate?).
     Secondary: per task each position against RoPE at 2L-8L, and on the set task against NoPE. NoPE on the order
     tasks is left out (by construction, :data:`FACTS`)."""
@@ -187,7 +196,7 @@ def comparisons(d) -> list[Contrast]:
     return out
 
 
-def sections(d, figures_dir: Path) -> list:
+def sections(d: StudyData, figures_dir: Path) -> list:
     from axiomformer.study.render import Heading, Image, Paragraph, Table
 
     blocks = verdict_blocks(

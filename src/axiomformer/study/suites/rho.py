@@ -19,6 +19,7 @@ lists each count.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from axiomformer.study.contrasts import Contrast
 from axiomformer.study.registry import Suite, register
@@ -39,6 +40,11 @@ from axiomformer.study.suites.common import (
     verdict_blocks,
 )
 
+if TYPE_CHECKING:
+    from axiomformer.study.config import StudyConfig, TaskSettings
+    from axiomformer.study.report import StudyData
+    from axiomformer.study.sweep import ModelChoice
+
 ARMS = (
     ("attn-only rho=identity", "standard", 0),
     ("attn-only rho=mlp", "aggregator=mlp", 0),
@@ -48,7 +54,7 @@ ARMS = (
 """(label, spec, mlp_ratio) of each arm."""
 
 
-def arms(config, task, seq_len: int):
+def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelChoice]:
     return [arm(label, spec, causal=False, input_position="none", mlp_ratio=ratio) for label, spec, ratio in ARMS]
 
 
@@ -99,7 +105,7 @@ NEEDS_RHO = ("distinct",)
 """Tasks that need a nonlinearity after the sum: their comparisons form the primary family."""
 
 
-def comparisons(d) -> list[Contrast]:
+def comparisons(d: StudyData) -> list[Contrast]:
     """The three questions of :data:`QUESTIONS` per task; primary on ``distinct`` (a nonlinearity after the sum),
     secondary on the others."""
     rows = Rows(d.rows)
@@ -127,7 +133,7 @@ def comparisons(d) -> list[Contrast]:
     return out
 
 
-def sections(d, figures_dir: Path) -> list:
+def sections(d: StudyData, figures_dir: Path) -> list:
     from axiomformer.study.render import Heading, Image, Paragraph, Table
 
     rows = Rows(d.rows)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from axiomformer.study.contrasts import Contrast
 from axiomformer.study.record import RunRecord
@@ -36,6 +37,11 @@ from axiomformer.study.suites.common import (
     verdict_blocks,
 )
 
+if TYPE_CHECKING:
+    from axiomformer.study.config import StudyConfig, TaskSettings
+    from axiomformer.study.report import StudyData
+    from axiomformer.study.sweep import ModelChoice
+
 HEAD_DIMS = (8, 16, 64)
 SCALES = ("inv_sqrt_d", "none", "learned")
 MLP_RATIO = 2
@@ -46,13 +52,13 @@ def _label(head_dim: int, scale: str) -> str:
     return f"d={head_dim} scale={scale}"
 
 
-def scales_of(config) -> list[str]:
+def scales_of(config: StudyConfig) -> list[str]:
     """``inv_sqrt_d`` and every ``scale=...`` among the config's ``variants`` (e.g. ``["standard", "scale=none"]``)."""
     wanted = [v.split("=", 1)[1] for v in config.variants if v.replace(" ", "").startswith("scale=")]
     return ["inv_sqrt_d", *[s for s in SCALES if s in wanted and s != "inv_sqrt_d"]]
 
 
-def arms(config, task, seq_len: int):
+def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelChoice]:
     dim = config.model.dim
     out = []
     for head_dim in HEAD_DIMS:
@@ -108,7 +114,7 @@ def _entropy(row: RunRecord, key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def comparisons(d) -> list[Contrast]:
+def comparisons(d: StudyData) -> list[Contrast]:
     """Per task and head_dim: scale = none (primary) and learned (secondary) against inv_sqrt_d, test accuracy."""
     rows = Rows(d.rows)
     out = []
@@ -148,7 +154,7 @@ def _mean_curve(curves: list[list]) -> list[float]:
     return out if any(math.isfinite(v) for v in out) else []
 
 
-def sections(d, figures_dir: Path) -> list:
+def sections(d: StudyData, figures_dir: Path) -> list:
     from axiomformer.study.render import Heading, Image, Paragraph, Table
 
     rows = Rows(d.rows)
