@@ -188,7 +188,7 @@ def cell_interval(values: Sequence[float | None], n_test: int | None = None, lev
     return t_interval(data, level)
 
 
-def tost_p(diffs: Sequence[float], margin: float) -> tuple[float, float]:
+def tost_p(diffs: Sequence[float] | np.ndarray, margin: float) -> tuple[float, float]:
     """One-sided p-values ``(p_lower, p_upper)`` of the paired TOST: H0 ``mean <= -margin`` and H0
     ``mean >= +margin`` (Schuirmann 1987). Zero spread gives 0 or 1 by the side the mean is on.
 

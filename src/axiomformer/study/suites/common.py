@@ -19,11 +19,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.config import StudyConfig, TaskSettings
+from axiomformer.study.contrasts import Contrast
 from axiomformer.study.record import RunRecord
+from axiomformer.study.registry import Suite, register
 from axiomformer.study.statistics import fmt_signed
 from axiomformer.study.sweep import Cell, ModelChoice, cell_budget
 
@@ -406,3 +409,88 @@ def converged(rows: Rows, *labels_task: tuple[str, str, int]) -> bool:
     from axiomformer.study.battery import run_converged
 
     return all(run_converged(r) for key in labels_task for r in rows.seeds(*key).values())
+
+
+# ---------------------------------------------------------------------------------------------------- the suite base
+def config_tasks(d: StudyData) -> list[tuple[str, int]]:
+    """(task, seq_len) of every task setting of the stored config, in config order (run yet or not)."""
+    return [(t.name, n) for t in d.config.tasks for n in t.seq_lens]
+
+
+def accuracy_of(row: RunRecord) -> float | None:
+    """A run's test accuracy (the metric of most contrasts)."""
+    return row.accuracy
+
+
+def paired(
+    rows: Rows, question: str, a: str, b: str, task: str, seq_len: int, family: str, metric: Callable = accuracy_of
+) -> Contrast | None:
+    """The contrast ``a - b`` of two arms on one task setting, by ``metric`` over their finite seeds (``None`` when
+    either arm has no reported run there)."""
+    if not rows.seeds(a, task, seq_len) or not rows.seeds(b, task, seq_len):
+        return None
+    return Contrast(
+        question,
+        a,
+        b,
+        f"{task}@{seq_len}",
+        seq_len,
+        family,
+        seed_values(rows, a, task, seq_len, metric),
+        seed_values(rows, b, task, seq_len, metric),
+        converged(rows, (a, task, seq_len), (b, task, seq_len)),
+    )
+
+
+def interval_bar(ax: Axes, x: float, values: list[float], width: float, **style: Any) -> None:
+    """One bar at the mean of ``values`` with its t interval as the error bar (none where it is undefined)."""
+    mean, low, high = interval(values)
+    err = [[0 if low != low else mean - low], [0 if high != high else high - mean]]
+    ax.bar(x, mean, width, yerr=err, capsize=3, **style)
+
+
+@dataclass(frozen=True)
+class OpenQuestion:
+    """An open-question suite, declared by what it asks; :func:`register_question` runs, stores and reports it.
+
+    Attributes:
+        name, summary, presets: as in :class:`axiomformer.study.registry.Suite`.
+        arms: the arms per (config, task, seq_len) (:func:`arm_stages` trains them).
+        comparisons: ``(StudyData) -> list of Contrast``: the questions, turned into the verdicts.
+        question: the question the report's answer opens with (:func:`verdict_blocks`).
+        measured: ``(StudyData) -> str``: what was measured, before the budget note (:func:`budget_note`).
+        body: ``(StudyData, Rows, figures_dir) -> blocks``: the suite's own tables and figures.
+        facts: what holds by construction (stated, not tested).
+    """
+
+    name: str
+    summary: str
+    presets: dict[str, dict[str, Any]]
+    arms: ArmsFn
+    comparisons: Callable[[StudyData], list[Contrast]]
+    question: str
+    measured: Callable[[StudyData], str]
+    body: Callable[[StudyData, Rows, Path], list]
+    facts: list[str] | None = None
+
+    def sections(self, d: StudyData, figures_dir: Path) -> list:
+        """The report: the answer, what was measured, the suite's body, diverged runs, failures and provenance."""
+        from axiomformer.study.render import Heading, Paragraph
+
+        blocks = verdict_blocks(d, figures_dir, question=self.question, facts=self.facts)
+        blocks += [Heading("What was measured", 2), Paragraph(self.measured(d) + budget_note(d.config))]
+        return blocks + self.body(d, Rows(d.rows), figures_dir) + diverged_blocks(d) + closing_blocks(d)
+
+
+def register_question(question: OpenQuestion) -> Suite:
+    """Register ``question`` as a study suite: its arms' stages, its comparisons and its report."""
+    return register(
+        Suite(
+            name=question.name,
+            summary=question.summary,
+            presets=question.presets,
+            sections=question.sections,
+            stages=arm_stages(question.arms),
+            comparisons=question.comparisons,
+        )
+    )

@@ -22,23 +22,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.contrasts import Contrast
-from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
+    OpenQuestion,
     Rows,
+    accuracy_of,
     arm,
-    arm_stages,
-    budget_note,
-    closing_blocks,
     converged,
-    diverged_blocks,
     errorbar,
     extra,
     fmt_interval,
     new_figure,
     preset_base,
+    register_question,
     save,
     seed_values,
-    verdict_blocks,
 )
 
 if TYPE_CHECKING:
@@ -106,12 +103,7 @@ FULL = _BASE | {
 def _at(rows: Rows, label: str, task: str, seq_len: int, length: int) -> dict[int, float]:
     if length == seq_len:
         return rows.accuracy(label, task, seq_len)
-    return rows.metric(
-        label,
-        task,
-        seq_len,
-        lambda r: (extra(r, "end").get("length_accuracy") or {}).get(str(length), {}).get("accuracy"),
-    )
+    return rows.metric(label, task, seq_len, _length_metric(length))
 
 
 def _task_keys(d: StudyData) -> list[tuple[str, int, str]]:
@@ -164,7 +156,7 @@ def comparisons(d: StudyData) -> list[Contrast]:
                     seq_len,
                     "primary",
                     _extrapolated(rows, label, task, seq_len),
-                    seed_values(rows, label, task, seq_len, lambda r: r.accuracy),
+                    seed_values(rows, label, task, seq_len, accuracy_of),
                     ok,
                 )
             )
@@ -196,35 +188,23 @@ def comparisons(d: StudyData) -> list[Contrast]:
     return out
 
 
-def sections(d: StudyData, figures_dir: Path) -> list:
-    from axiomformer.study.render import Heading, Image, Paragraph, Table
-
-    blocks = verdict_blocks(
-        d,
-        figures_dir,
-        question=(
-            "does each position choice extrapolate in length — trained at L, tested unchanged at 2L, 4L and 8L — and how "
-            "does it compare with RoPE (and, on the set task, with NoPE)? Primary: each choice's accuracy at 2L-8L (mean "
-            "of the three) minus its own accuracy at L, paired within the run (forced = it loses accuracy beyond L, free "
-            "= it holds within the margin)."
-        ),
-        facts=FACTS,
+def _measured(d: StudyData) -> str:
+    return (
+        "Bidirectional (non-causal) Transformer encoders, one per position choice (NoPE = `position=none`: no "
+        "position signal anywhere), trained at length L and tested unchanged at L, 2L, 4L and 8L (the same weights; "
+        "no step of training at the test lengths). Tasks: `majority` (the target is the most frequent symbol, a "
+        "function of the multiset: permuting the input leaves it unchanged), `sort` and `reverse` (each position's "
+        "target depends on positions). Accuracy over every scored position of the test split; "
+        "mean and 95 % t interval over seeds. "
     )
-    blocks += [
-        Heading("What was measured", 2),
-        Paragraph(
-            "Bidirectional (non-causal) Transformer encoders, one per position choice (NoPE = `position=none`: no "
-            "position signal anywhere), trained at length L and tested unchanged at L, 2L, 4L and 8L (the same weights; "
-            "no step of training at the test lengths). Tasks: `majority` (the target is the most frequent symbol, a "
-            "function of the multiset: permuting the input leaves it unchanged), `sort` and `reverse` (each position's "
-            "target depends on positions). Accuracy over every scored position of the test split; "
-            "mean and 95 % t interval over seeds. " + budget_note(d.config)
-        ),
-        Heading("Accuracy against test length", 2),
-    ]
+
+
+def _body(d: StudyData, rows: Rows, figures_dir: Path) -> list:
+    from axiomformer.study.render import Heading, Image, Table
+
+    blocks: list = [Heading("Accuracy against test length", 2)]
     keys = _task_keys(d)
     fig, axes = new_figure(max(1, len(keys)), width=4.2)
-    rows = Rows(d.rows)
     for ax, (task, seq_len, title) in zip(axes, keys):
         lengths = [seq_len] + [f * seq_len for f in FACTORS]
         table = Table(
@@ -247,7 +227,7 @@ def sections(d: StudyData, figures_dir: Path) -> list:
         blocks += [Heading(title, 3), table]
     path = save(fig, figures_dir, "positions_accuracy_vs_length")
     blocks.append(Image(f"figures/{path.name}", "accuracy against test length per position choice, per task"))
-    return blocks + diverged_blocks(d) + closing_blocks(d)
+    return blocks
 
 
 def _chance(rows: Rows, task: str, seq_len: int) -> float:
@@ -257,13 +237,21 @@ def _chance(rows: Rows, task: str, seq_len: int) -> float:
     return 0.0
 
 
-SUITE = register(
-    Suite(
+SUITE = register_question(
+    OpenQuestion(
         name="positions",
         summary="bidirectional encoders: set vs order tasks, each position choice, length extrapolation to 2L, 4L, 8L",
         presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
-        sections=sections,
-        stages=arm_stages(arms),
+        arms=arms,
         comparisons=comparisons,
+        question=(
+            "does each position choice extrapolate in length — trained at L, tested unchanged at 2L, 4L and 8L — and how "
+            "does it compare with RoPE (and, on the set task, with NoPE)? Primary: each choice's accuracy at 2L-8L (mean "
+            "of the three) minus its own accuracy at L, paired within the run (forced = it loses accuracy beyond L, free "
+            "= it holds within the margin)."
+        ),
+        measured=_measured,
+        body=_body,
+        facts=FACTS,
     )
 )
