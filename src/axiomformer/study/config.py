@@ -57,6 +57,14 @@ def _stored(info: ValidationInfo) -> bool:
     return bool(info.context and info.context.get("stored"))
 
 
+def _known(kind: str, names: list[str], choices: tuple[str, ...]) -> list[str]:
+    """``names`` when each is one of ``choices``; else the error naming the first unknown one and the choices."""
+    for name in names:
+        if name not in choices:
+            raise ValueError(f"unknown {kind} {name!r}; choose from: {', '.join(choices)}")
+    return names
+
+
 class StudyConfigError(UserInputError):
     """A study configuration that cannot be used; the message names the offending key and what is allowed."""
 
@@ -265,10 +273,7 @@ class StudyConfig(_Strict):
     @field_validator("controls")
     @classmethod
     def _known_controls(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if name not in CONTROLS:
-                raise ValueError(f"unknown control {name!r}; choose from: {', '.join(CONTROLS)}")
-        return value
+        return _known("control", value, CONTROLS)
 
     @model_validator(mode="after")
     def _disjoint_seeds(self, info: ValidationInfo) -> StudyConfig:
@@ -283,10 +288,7 @@ class StudyConfig(_Strict):
     @field_validator("baselines")
     @classmethod
     def _known_baselines(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if name not in BASELINES:
-                raise ValueError(f"unknown baseline {name!r}; choose from: {', '.join(BASELINES)}")
-        return value
+        return _known("baseline", value, BASELINES)
 
     @field_validator("variants")
     @classmethod

@@ -382,6 +382,19 @@ def provenance_block(d: StudyData) -> list:
     return _provenance(d)
 
 
+def load_study(out_dir: str | Path) -> StudyData:
+    """The :class:`StudyData` of a study out dir, read from its ``results.sqlite`` (opened read-only).
+
+    Raises:
+        FileNotFoundError: ``out_dir`` has no ``results.sqlite``.
+    """
+    out_dir = Path(out_dir)
+    if not (out_dir / "results.sqlite").is_file():
+        raise FileNotFoundError(f"no results.sqlite in {out_dir}: not a study out dir")
+    with ResultsStore(out_dir, readonly=True) as store:
+        return StudyData(store)
+
+
 def study_json(out_dir: str | Path) -> dict[str, Any]:
     """The answer of a study out dir as a JSON-ready dict (``axiomformer.study.summary.to_json``: design, cells,
     comparisons, verdicts).
@@ -391,11 +404,7 @@ def study_json(out_dir: str | Path) -> dict[str, Any]:
     """
     from axiomformer.study.summary import to_json
 
-    out_dir = Path(out_dir)
-    if not (out_dir / "results.sqlite").is_file():
-        raise FileNotFoundError(f"no results.sqlite in {out_dir}: not a study out dir")
-    with ResultsStore(out_dir, readonly=True) as store:
-        return to_json(StudyData(store))
+    return to_json(load_study(out_dir))
 
 
 class ReportPaths(TypedDict):
@@ -416,10 +425,7 @@ def build_report(out_dir: str | Path) -> ReportPaths:
         FileNotFoundError: ``out_dir`` has no ``results.sqlite``.
     """
     out_dir = Path(out_dir)
-    if not (out_dir / "results.sqlite").is_file():
-        raise FileNotFoundError(f"no results.sqlite in {out_dir}: not a study out dir")
-    with ResultsStore(out_dir, readonly=True) as store:
-        d = StudyData(store)
+    d = load_study(out_dir)
     from axiomformer.study.registry import get_suite
 
     figures_dir = out_dir / "figures"

@@ -404,7 +404,8 @@ def run_study(
         with bar:
             task_id = bar.add_task("study", total=len(audits_todo) + len(sections_todo))
             _audits(store, audits_todo, console, bar, task_id)
-            _run_stages(store, config, stages, first, backend, address, summary, console, bar, task_id)
+            session = _Session(store, config, backend, address, summary, console, bar, task_id)
+            _run_stages(session, stages, first)
             _sections(store, sections_todo, console, bar, task_id)
             bar.update(task_id, description="done")
         summary.seconds = time.perf_counter() - start
@@ -480,19 +481,24 @@ def _ceiling_cells(config: StudyConfig) -> list[dict[str, Any]]:
     return out
 
 
-def _run_stages(
-    store: ResultsStore,
-    config: StudyConfig,
-    stages: list[Callable],
-    first: list[Run],
-    backend: str,
-    address: str | None,
-    summary: StudySummary,
-    console: Console,
-    bar: Progress,
-    task_id: TaskID,
-) -> None:
-    """Plan and train each stage in turn (a later stage sees the stored runs), counting them in ``summary``."""
+@dataclass
+class _Session:
+    """One call of :func:`run_study`: its store and config, the backend it trains on, what it has done so far
+    (``summary``) and where it reports (``console``, the progress ``bar`` and its task)."""
+
+    store: ResultsStore
+    config: StudyConfig
+    backend: str
+    address: str | None
+    summary: StudySummary
+    console: Console
+    bar: Progress
+    task_id: TaskID
+
+
+def _run_stages(session: _Session, stages: list[Callable], first: list[Run]) -> None:
+    """Plan and train each stage in turn (a later stage sees the stored runs), counting them in the summary."""
+    store, summary, bar, task_id = session.store, session.summary, session.bar, session.task_id
     planned: dict[str, Run] = {}
     for index, stage in enumerate(stages):
         runs = first if index == 0 else stage({r.key: r for r in store.runs()})
@@ -504,13 +510,13 @@ def _run_stages(
         summary.planned += len(new)
         summary.already_stored += len(new) - len(todo)
         bar.update(task_id, total=(bar.tasks[0].total or 0) + len(todo))
-        console.print(
+        session.console.print(
             f"stage {index + 1}/{len(stages)}: {len(new)} run(s), {len(new) - len(todo)} already "
             f"stored, {len(todo)} to train",
             markup=False,
             soft_wrap=True,
         )
-        _train(store, config, todo, backend, address, summary, console, bar, task_id)
+        _train(session, todo)
 
 
 def _invocation(
@@ -616,22 +622,15 @@ def _sections(
         bar.advance(task_id)
 
 
-def _train(
-    store: ResultsStore,
-    config: StudyConfig,
-    todo: list[Run],
-    backend: str,
-    address: str | None,
-    summary: StudySummary,
-    console: Console,
-    bar: Progress,
-    task_id: TaskID,
-) -> None:
+def _train(session: _Session, todo: list[Run]) -> None:
+    """Train ``todo`` on the session's backend, storing each run (or its failure) as it finishes."""
     if not todo:
         return
+    store, config, summary, console = session.store, session.config, session.summary, session.console
+    bar, task_id = session.bar, session.task_id
     workdir = str(Path(store.path).parent.resolve())
-    if backend == "ray":
-        outcomes = _ray(todo, config.threads, address, workdir)
+    if session.backend == "ray":
+        outcomes = _ray(todo, config.threads, session.address, workdir)
     elif config.resolved_workers() > 1 and len(todo) > 1:
         outcomes = _pool(todo, config.threads, min(config.resolved_workers(), len(todo)), workdir)
     else:
@@ -654,7 +653,7 @@ def _train(
                 soft_wrap=True,
             )
         else:
-            store.add_run(_row(run, result, backend))
+            store.add_run(_row(run, result, session.backend))
             summary.trained += 1
             console.print(
                 f"[{n}/{summary.planned}] {_status(run, result)}", markup=False, highlight=False, soft_wrap=True

@@ -110,6 +110,28 @@ def fmt_interval(values: list[float], digits: int = 3) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- presets
+def suite_budget(**changes: Any) -> dict[str, Any]:
+    """The training budget an open-question suite starts from (1000 steps of batch 32, evaluation every 50 steps on
+    4 batches, patience 5, learning rates 3e-3 and 1e-2), with ``changes``."""
+    base = {
+        "steps": 1000,
+        "batch_size": 32,
+        "warmup": 20,
+        "eval_every": 50,
+        "eval_batches": 4,
+        "patience": 5,
+        "target_accuracy": None,
+        "lr_grid": [3e-3, 1e-2],
+    }
+    return base | changes
+
+
+def quick_budget(budget: dict[str, Any], steps: int) -> dict[str, Any]:
+    """A quick preset's ``budget``: ``steps`` steps at one learning rate, no early stopping (a pilot claims
+    nothing, it shows that the suite runs)."""
+    return budget | {"steps": steps, "lr_grid": [3e-3], "patience": None, "target_accuracy": None}
+
+
 def preset_base(tasks: list[dict[str, Any]], model: dict[str, Any], variants: tuple[str, ...] = ("standard",)) -> dict:
     """What every open-question suite's presets share: its arms come from its own stages (no sweep baselines, no
     audit/derive/flow sections, widths not matched), selection seed 1000 (never reported), at least 5 reported seeds

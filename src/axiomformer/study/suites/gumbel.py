@@ -28,9 +28,11 @@ from axiomformer.study.suites.common import (
     new_figure,
     paired,
     preset_base,
+    quick_budget,
     register_question,
     save,
     seed_values,
+    suite_budget,
 )
 
 if TYPE_CHECKING:
@@ -58,16 +60,7 @@ def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelCho
     return [arm(label, spec, **options) for label, spec, options in ARMS]
 
 
-_BUDGET = {
-    "steps": 1000,
-    "batch_size": 32,
-    "warmup": 20,
-    "eval_every": 50,
-    "eval_batches": 4,
-    "patience": 5,
-    "target_accuracy": 0.99,
-    "lr_grid": [3e-3, 1e-2],
-}
+_BUDGET = suite_budget(target_accuracy=0.99)
 _TASKS = [
     {"name": "needle", "seq_lens": [32], "options": {"shared": False}},
     {"name": "mqar", "seq_lens": [32], "options": {"vocab": 16}},
@@ -79,11 +72,7 @@ DEFAULT = _BASE | {"name": "gumbel suite (default preset)", "seeds": 6, "budget"
 """The marked needle at 32 tokens, where softmax reaches the target within the budget and the Gumbel arms'
 seed-to-seed spread was largest in the pilot (hard: 0.312 and 1.000), hence 6 reported seeds; early stopping at the
 target accuracy; about 6 CPU-minutes. MQAR is in the full preset."""
-QUICK = _BASE | {
-    "name": "gumbel suite (quick preset)",
-    "seeds": 2,
-    "budget": _BUDGET | {"steps": 200, "lr_grid": [3e-3], "patience": None, "target_accuracy": None},
-}
+QUICK = _BASE | {"name": "gumbel suite (quick preset)", "seeds": 2, "budget": quick_budget(_BUDGET, 200)}
 FULL = _BASE | {
     "name": "gumbel suite (full preset)",
     "seeds": 10,

@@ -33,9 +33,11 @@ from axiomformer.study.suites.common import (
     fmt_interval,
     new_figure,
     preset_base,
+    quick_budget,
     register_question,
     save,
     seed_values,
+    suite_budget,
 )
 
 if TYPE_CHECKING:
@@ -59,16 +61,7 @@ def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelCho
     ]
 
 
-_BUDGET = {
-    "steps": 1000,
-    "batch_size": 32,
-    "warmup": 20,
-    "eval_every": 50,
-    "eval_batches": 4,
-    "patience": 5,
-    "target_accuracy": None,
-    "lr_grid": [3e-3, 1e-2],
-}
+_BUDGET = suite_budget()
 _TASKS = [
     {"name": "majority", "seq_lens": [8], "options": {"num_symbols": 8}},
     {"name": "sort", "seq_lens": [8], "options": {"num_symbols": 8}},
@@ -89,7 +82,7 @@ QUICK = _BASE | {
     "seeds": 2,
     "tasks": _TASKS[:2],
     "lr_widen": 0,
-    "budget": _BUDGET | {"steps": 300, "lr_grid": [3e-3], "patience": None},
+    "budget": quick_budget(_BUDGET, 300),
 }
 FULL = _BASE | {
     "name": "positions suite (full preset)",

@@ -31,8 +31,10 @@ from axiomformer.study.suites.common import (
     new_figure,
     paired,
     preset_base,
+    quick_budget,
     register_question,
     save,
+    suite_budget,
 )
 
 if TYPE_CHECKING:
@@ -54,16 +56,7 @@ def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelCho
     return [arm(label, spec, causal=False, input_position="none", mlp_ratio=ratio) for label, spec, ratio in ARMS]
 
 
-_BUDGET = {
-    "steps": 2500,
-    "batch_size": 32,
-    "warmup": 20,
-    "eval_every": 100,
-    "eval_batches": 4,
-    "patience": 6,
-    "target_accuracy": 0.99,
-    "lr_grid": [3e-3, 1e-2],
-}
+_BUDGET = suite_budget(steps=2500, eval_every=100, patience=6, target_accuracy=0.99)
 _DISTINCT = {"num_symbols": 4, "min_distinct": 2}
 """4 symbols, 2..4 distinct in 8 tokens (chance 1/3). With k = 1 allowed the held-out split holds constant rows that
 training never sees, which capped every arm at 0.62 test accuracy in the pilot; with ``min_distinct = 2`` the
@@ -76,11 +69,7 @@ _BASE = preset_base(_TASKS, {"dim": 32, "layers": 1, "heads": 2})
 DEFAULT = _BASE | {"name": "rho suite (default preset)", "seeds": 5, "budget": _BUDGET, "tasks": _TASKS[:1]}
 """The task that needs a nonlinearity after the sum only (majority is in the full preset): 4 arms, 5 reported seeds,
 about 5 CPU-minutes."""
-QUICK = _BASE | {
-    "name": "rho suite (quick preset)",
-    "seeds": 2,
-    "budget": _BUDGET | {"steps": 300, "lr_grid": [3e-3], "patience": None, "target_accuracy": None},
-}
+QUICK = _BASE | {"name": "rho suite (quick preset)", "seeds": 2, "budget": quick_budget(_BUDGET, 300)}
 FULL = _BASE | {
     "name": "rho suite (full preset)",
     "seeds": 10,

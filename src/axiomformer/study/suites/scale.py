@@ -27,8 +27,10 @@ from axiomformer.study.suites.common import (
     new_figure,
     paired,
     preset_base,
+    quick_budget,
     register_question,
     save,
+    suite_budget,
 )
 
 if TYPE_CHECKING:
@@ -71,16 +73,7 @@ def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelCho
     return out
 
 
-_BUDGET = {
-    "steps": 600,
-    "batch_size": 32,
-    "warmup": 20,
-    "eval_every": 50,
-    "eval_batches": 4,
-    "patience": 5,
-    "target_accuracy": None,
-    "lr_grid": [3e-3, 1e-2],
-}
+_BUDGET = suite_budget(steps=600)
 _MQAR = {"vocab": 32, "num_pairs": 4}
 """16 keys, 4 pairs at 32 tokens: off the ceiling at this budget (pilot at width 128: 0.45 test accuracy after 600
 steps at head_dim 32, 0.28 at head_dim 128; docs/open_questions.md). At 16 tokens with 16 tokens of vocabulary (one pair) 16 of
@@ -90,11 +83,7 @@ _BASE = preset_base(_TASKS, {"dim": 64, "layers": 1, "heads": 1}, ("standard", "
 DEFAULT = _BASE | {"name": "scale suite (default preset)", "seeds": 5, "budget": _BUDGET}
 """head_dim 8, 16, 64 at width 64 (8, 4, 1 heads) x scale inv_sqrt_d, none (the learned scale is in the full preset):
 6 arms, 5 reported seeds, 600 steps (the pilot's budget), about 4 CPU-minutes."""
-QUICK = _BASE | {
-    "name": "scale suite (quick preset)",
-    "seeds": 2,
-    "budget": _BUDGET | {"steps": 200, "lr_grid": [3e-3], "patience": None},
-}
+QUICK = _BASE | {"name": "scale suite (quick preset)", "seeds": 2, "budget": quick_budget(_BUDGET, 200)}
 FULL = _BASE | {
     "name": "scale suite (full preset)",
     "seeds": 10,
