@@ -45,24 +45,24 @@ def _accuracy_vs_length(d: StudyData, stats: list[CellStat], task: str, lengths:
     ax = fig.subplots()
     cmap = colormaps["tab20"]
     for i, m in enumerate(d.models):
-        points = sorted((c.seq_len, c) for c in stats if c.model == m["label"] and c.task.split("@")[0] == task)
+        points = sorted((c.seq_len, c) for c in stats if c.model == m.label and c.task.split("@")[0] == task)
         if not points:
             continue
         xs = [n for n, _ in points]
         ys = [c.mean for _, c in points]
         lo = [c.mean - (c.ci_low if c.ci_low is not None else c.mean) for _, c in points]
         hi = [(c.ci_high if c.ci_high is not None else c.mean) - c.mean for _, c in points]
-        recurrent = m["kind"] != "transformer"
+        recurrent = m.kind != "transformer"
         ax.errorbar(
             xs,
             ys,
             yerr=[lo, hi],
-            label=m["label"],
+            label=m.label,
             marker="s" if recurrent else "o",
             capsize=3,
             linestyle="--" if recurrent else "-",
-            linewidth=2.2 if recurrent or m["label"] == "standard" else 1,
-            color="black" if m["label"] == "standard" else cmap(i % 20),
+            linewidth=2.2 if recurrent or m.label == "standard" else 1,
+            color="black" if m.label == "standard" else cmap(i % 20),
         )
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [str(n) for n in lengths])

@@ -95,7 +95,7 @@ def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
     cells = []
     for m in d.models:
         for task, lengths in tasks.items():
-            zero = zero_shot_label(m["label"], lengths[0])
+            zero = zero_shot_label(m.label, lengths[0])
             for n in lengths:
 
                 def pack(results: list[SeedResult]) -> list[dict[str, Any]]:
@@ -114,12 +114,12 @@ def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
                         for r in results
                     ]
 
-                runs = pack(seed_results(d.rows, m["label"], task, n, solved))
+                runs = pack(seed_results(d.rows, m.label, task, n, solved))
                 shot = pack(seed_results(d.all_rows, zero, task, n, solved)) if n != lengths[0] else []
                 if runs or shot:
                     cells.append(
                         {
-                            "model": m["label"],
+                            "model": m.label,
                             "task": task,
                             "seq_len": n,
                             "runs": runs,
@@ -127,9 +127,7 @@ def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
                             "seeds_solving": sum(r["solved"] for r in runs),
                         }
                     )
-    longest = {
-        m["label"]: {t: longest_solved(d, m["label"], t, ls, solved) for t, ls in tasks.items()} for m in d.models
-    }
+    longest = {m.label: {t: longest_solved(d, m.label, t, ls, solved) for t, ls in tasks.items()} for m in d.models}
     return {
         "long_range": {
             "solved": solved,
@@ -189,10 +187,10 @@ def _figure(d: StudyData, tasks: dict[str, list[int]], solved: float, path: Path
         for i, m in enumerate(d.models):
             shift = 1.0 + 0.06 * (i - spread / 2)  # a small horizontal offset per model, so equal points stay visible
             color = colors[i % len(colors)]
-            name = m["label"] if m["label"] != "standard" else "Transformer (standard)"
+            name = m.label if m.label != "standard" else "Transformer (standard)"
             xs, means = [], []
             for n in lengths:
-                results = seed_results(d.rows, m["label"], task, n, solved)
+                results = seed_results(d.rows, m.label, task, n, solved)
                 for r in results:
                     if r.accuracy is not None:
                         ax.plot([n * shift], [r.accuracy], marker=".", color=color, alpha=0.5, linestyle="none")
@@ -201,7 +199,7 @@ def _figure(d: StudyData, tasks: dict[str, list[int]], solved: float, path: Path
                     means.append(_mean(results))
             if xs:
                 ax.plot(xs, means, marker="o", color=color, label=f"{name} (curriculum, mean)")
-            zero = zero_shot_label(m["label"], lengths[0])
+            zero = zero_shot_label(m.label, lengths[0])
             zx, zy = [], []
             for n in lengths[1:]:
                 mean = _mean(seed_results(d.all_rows, zero, task, n, solved))
@@ -312,18 +310,18 @@ def _task_table(d: StudyData, task: str, lengths: list[int], solved: float) -> T
         ]
     )
     for m in d.models:
-        zero = zero_shot_label(m["label"], lengths[0])
+        zero = zero_shot_label(m.label, lengths[0])
         for n in lengths:
-            results = seed_results(d.rows, m["label"], task, n, solved)
+            results = seed_results(d.rows, m.label, task, n, solved)
             zs = seed_results(d.all_rows, zero, task, n, solved) if n != lengths[0] else []
             if not results and not zs:
-                table.rows.append([m["label"], str(n), "—", "—", "—", "—", "—"])
+                table.rows.append([m.label, str(n), "—", "—", "—", "—", "—"])
                 continue
             steps = ", ".join(f"{r.steps}" + ("" if r.converged else "*") for r in results) or "—"
             ns = sorted({r.n_test for r in results + zs if r.n_test})
             table.rows.append(
                 [
-                    m["label"],
+                    m.label,
                     str(n),
                     "; ".join(r.text() for r in results) or "—",
                     f"{sum(r.solved for r in results)}/{max(seeds, len(results))}",
@@ -356,7 +354,7 @@ def sections(d: StudyData, figures_dir: Path, *, solved: float) -> list:
     summary = Table(["model", *(f"{t}: longest solved (every seed)" for t in tasks)])
     for m in d.models:
         summary.rows.append(
-            [m["label"], *(str(longest_solved(d, m["label"], t, ls, solved) or "none") for t, ls in tasks.items())]
+            [m.label, *(str(longest_solved(d, m.label, t, ls, solved) or "none") for t, ls in tasks.items())]
         )
     summary.note = (
         f"Longest length at which every reported seed's exact 95 % interval lies above {solved} (none: no length)."

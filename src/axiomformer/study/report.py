@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from axiomformer.study.config import StudyConfig, stored_config
-from axiomformer.study.record import RunRecord
+from axiomformer.study.record import ModelRecord, RunRecord
 from axiomformer.study.render import Heading, Image, Paragraph, Table, to_html, to_markdown
 from axiomformer.study.store import ResultsStore
 from axiomformer.study.sweep import assumption_of
@@ -40,11 +40,11 @@ class StudyData:
         self.second_rows, self.second_lrs = second_best_rows(self.config, self.all_rows)
         self.lr_edges = lr_at_edge(self.config, self.all_rows, self.lrs)
         self.suite = self.config.suite
-        self.models: list[dict[str, Any]] = store.get_meta("models") or [
-            {"label": r.label, "kind": r.model, "spec": r.spec} for r in {r.label: r for r in rows}.values()
+        self.models = [ModelRecord.model_validate(m) for m in store.get_meta("models") or []] or [
+            ModelRecord(label=r.label, kind=r.model, spec=r.spec) for r in {r.label: r for r in rows}.values()
         ]
-        self.kind = {m["label"]: m["kind"] for m in self.models}
-        self.spec = {m["label"]: m["spec"] for m in self.models}
+        self.kind = {m.label: m.kind for m in self.models}
+        self.spec = {m.label: m.spec for m in self.models}
         source = [(p["task"], p["seq_len"]) for p in planned] or [(r.task, r.seq_len) for r in self.rows]
         self.tasks: list[tuple[str, int]] = list(dict.fromkeys(source))
         self.missing = len([p for p in planned if p["key"] not in {r.key for r in self.all_rows}])
@@ -75,7 +75,7 @@ def _headline(d: StudyData) -> list:
     for m in d.models:
         cells = []
         for t in d.tasks:
-            c = stats.get((m["label"], _task_name(t)))
+            c = stats.get((m.label, _task_name(t)))
             if c is None:
                 cells.append("—")
                 continue
@@ -87,7 +87,7 @@ def _headline(d: StudyData) -> list:
                 + ("" if c.converged else " (not converged)")
                 + (" (lr at grid edge)" if c.lr_at_grid_edge else "")
             )
-        table.rows.append([m["label"], assumption_of(m["label"], m["kind"]), *cells])
+        table.rows.append([m.label, assumption_of(m.label, m.kind), *cells])
     chance: dict[tuple[str, int], float | None] = {}
     for r in d.rows:
         chance.setdefault((r.task, r.seq_len), r.task_config.get("chance"))
@@ -149,7 +149,7 @@ def _params(d: StudyData) -> list:
     for m in d.models:
         cells, worst = [], 0.0
         for task in d.tasks:
-            rows = [r for r in d.by_model[m["label"]] if (r.task, r.seq_len) == task]
+            rows = [r for r in d.by_model[m.label] if (r.task, r.seq_len) == task]
             ref = [r for r in d.by_model["standard"] if (r.task, r.seq_len) == task]
             if not rows:
                 cells.append("—")
@@ -159,7 +159,7 @@ def _params(d: StudyData) -> list:
                 worst = max(worst, abs(p - ref_p) / ref_p)
             cells.append(f"{p:,} (w={width})" if p is not None else f"? (w={width})")
         worst_all = max(worst_all, worst)
-        table.rows.append([m["label"], *cells, f"{worst:.1%}" + (" (over tolerance)" if worst > tol else "")])
+        table.rows.append([m.label, *cells, f"{worst:.1%}" + (" (over tolerance)" if worst > tol else "")])
     table.note = (
         f"Trainable parameters (w = width: model dim for a Transformer, hidden size for an RNN), matched to the "
         f"standard Transformer within {tol:.0%}; largest deviation {worst_all:.1%}."
@@ -173,20 +173,20 @@ def _audits(d: StudyData) -> list:
         return out + [Paragraph("Audit section disabled in this study's config.")]
     table = Table(["model", "spec", "passed", "failed", "not applicable", "failed checks"])
     for m in d.models:
-        if m["kind"] != "transformer":
+        if m.kind != "transformer" or m.spec is None:  # a Transformer always has its relax string
             continue
-        payload = d.audits.get(m["spec"])
+        payload = d.audits.get(m.spec)
         if payload is None:
-            table.rows.append([m["label"], m["spec"], NOT_AVAILABLE, "", "", ""])
+            table.rows.append([m.label, m.spec, NOT_AVAILABLE, "", "", ""])
         elif "error" in payload:
-            table.rows.append([m["label"], m["spec"], "error", "", "", payload["error"]])
+            table.rows.append([m.label, m.spec, "error", "", "", payload["error"]])
         else:
             checks = payload.get("checks", [])
             failed = [f"{c['name']} ({c.get('assumption')})" for c in checks if c.get("passed") is False]
             table.rows.append(
                 [
-                    m["label"],
-                    m["spec"],
+                    m.label,
+                    m.spec,
                     str(sum(c.get("passed") is True for c in checks)),
                     str(len(failed)),
                     str(sum(c.get("passed") is None for c in checks)),
@@ -200,9 +200,9 @@ def _audits(d: StudyData) -> list:
 def _throughput(d: StudyData) -> list:
     table = Table(["model", "engine", "train tokens/s", "peak memory (MB)", "seconds per run", "runs"])
     for m in d.models:
-        rows = d.by_model[m["label"]]
+        rows = d.by_model[m.label]
         if not rows:
-            table.rows.append([m["label"], "—", "—", "—", "—", "0"])
+            table.rows.append([m.label, "—", "—", "—", "—", "0"])
             continue
 
         def avg(name: str, rows: list[RunRecord] = rows) -> str:
@@ -211,7 +211,7 @@ def _throughput(d: StudyData) -> list:
 
         engines = ", ".join(sorted({str(r.engine) for r in rows}))
         table.rows.append(
-            [m["label"], engines, avg("tokens_per_second"), avg("peak_mem_mb"), avg("seconds"), str(len(rows))]
+            [m.label, engines, avg("tokens_per_second"), avg("peak_mem_mb"), avg("seconds"), str(len(rows))]
         )
     sources = sorted({str(r.memory_source) for r in d.rows})
     table.note = (

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from axiomformer.study.record import RunRecord
+from axiomformer.study.record import ModelRecord, RunRecord
 from axiomformer.study.statistics import (
     CORRECTION,
     POWER,
@@ -105,7 +105,7 @@ def _converged(runs: dict[int, RunRecord]) -> bool:
 
 def _labels(d: StudyData) -> list[str]:
     """The sweep's models, then any other label of the reported rows (a suite's arms), in first-seen order."""
-    return list(dict.fromkeys([m["label"] for m in d.models] + [r.label for r in d.rows]))
+    return list(dict.fromkeys([m.label for m in d.models] + [r.label for r in d.rows]))
 
 
 def cell_stats(d: StudyData) -> list[CellStat]:
@@ -237,11 +237,11 @@ def _pairs(d: StudyData) -> list[tuple[str, tuple[str, int]]]:
     """Every (model, (task, length)) with runs of both the model and the standard model, in report order."""
     cells = _by_cell(d)
     return [
-        (m["label"], t)
+        (m.label, t)
         for t in d.tasks
         if cells.get((REFERENCE, *t))
         for m in d.models
-        if m["label"] != REFERENCE and cells.get((m["label"], *t))
+        if m.label != REFERENCE and cells.get((m.label, *t))
     ]
 
 
@@ -257,7 +257,7 @@ def main_families(d: StudyData) -> list[tuple[str, tuple[str, int], str]]:
     from axiomformer.study.battery import CONTROL_LABELS, discriminating, task_validity
     from axiomformer.study.sweep import AA_LABEL
 
-    labels = {m["label"]: m for m in d.models}
+    labels = {m.label: m for m in d.models}
     wanted = _wanted(d)
     good = discriminating(task_validity(d, cell_stats(d)))
     out = []
@@ -272,12 +272,12 @@ def main_families(d: StudyData) -> list[tuple[str, tuple[str, int], str]]:
 
 def _wanted(d: StudyData) -> set[str]:
     """The config's ``primary`` labels that name a model of this study."""
-    known = {m["label"] for m in d.models} | {_relax_text(m) for m in d.models}
+    known = {m.label for m in d.models} | {_relax_text(m) for m in d.models}
     return {p.replace(" ", "") for p in d.config.primary} & known
 
 
-def _relax_text(model: dict[str, Any]) -> str:
-    return model["label"] if model["kind"] == "transformer" else model["kind"]
+def _relax_text(model: ModelRecord) -> str:
+    return model.label if model.kind == "transformer" else model.kind
 
 
 def _value(row: RunRecord, metric: str) -> float:
