@@ -1,4 +1,5 @@
-"""What the open-question suites (positions, rho, scale, gumbel) share: arms with model options, their stages, the
+"""What the open-question suites (positions, rho, scale, gumbel) share: the base they are declared on
+(:class:`OpenQuestion`, registered by :func:`register_question`), arms with model options, their stages, the
 reported rows grouped by arm, intervals over seeds, paired differences, and small matplotlib figures.
 
 An *arm* is a :class:`axiomformer.study.sweep.ModelChoice` whose ``options`` carry the ``TrainConfig`` fields the
