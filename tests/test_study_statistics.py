@@ -18,7 +18,6 @@ from axiomformer.study.statistics import (
     cell_interval,
     clopper_pearson,
     decide,
-    holm,
     mde,
     one_comparison,
     paired_family,
@@ -249,12 +248,6 @@ def test_bad_pairs_and_margins_are_rejected():
 def test_one_pair_gives_no_interval_and_no_claim():
     v = one_comparison(_item([0.9], [0.1]))
     assert v.ci_low is None and v.verdict == "inconclusive" and v.n_seeds == 1
-
-
-def test_holm_against_a_hand_computation():
-    # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
-    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert holm([]) == []
 
 
 def test_a_bound_that_three_decimals_would_print_as_zero_is_printed_in_full():

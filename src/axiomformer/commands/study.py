@@ -8,8 +8,13 @@ import signal
 import threading
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from axiomformer.study.config import StudyConfig
+    from axiomformer.study.runner import StudySummary
 
 
 @contextlib.contextmanager
@@ -87,7 +92,7 @@ def _study_config(
     seeds: int | None,
     backend: str,
     address: str | None,
-):
+) -> StudyConfig:
     """The checked study config of ``study``'s options; bad input is a ``typer.BadParameter``."""
     from axiomformer.study.config import StudyConfigError, load_config, validate_config
     from axiomformer.study.runner import BACKENDS
@@ -119,7 +124,7 @@ def _study_config(
     return cfg
 
 
-def _run_study(cfg, out_dir: Path, backend: str, address: str | None, progress: bool):
+def _run_study(cfg: StudyConfig, out_dir: Path, backend: str, address: str | None, progress: bool) -> StudySummary:
     """Run the study, Ctrl-C handled; a study error or an interrupt is one error line and its exit code."""
     from axiomformer.study.runner import StudyError, run_study
 
