@@ -312,6 +312,9 @@ def planted(
 
 
 def _report(path) -> dict:
+    """The report's files rebuilt (``report``), then its JSON (``report --json``, which writes nothing)."""
+    built = CliRunner().invoke(app, ["report", str(path)])
+    assert built.exit_code == 0, built.output
     result = CliRunner().invoke(app, ["report", str(path), "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
@@ -457,3 +460,19 @@ def test_an_older_stored_config_is_migrated_by_name_and_keeps_its_rules():
     assert back.config.selection_seeds == [0] and back.config.lr_widen == 0  # what that version did
     with pytest.raises(StudyConfigError, match=r"\[stpes\] .*unknown key|unknown key 'stpes'"):
         stored_config(old | {"stpes": 1})
+
+
+def test_the_median_steps_to_solve_counts_runs_that_never_solved_as_beyond_the_budget():
+    """5 of 8 runs solve at 200, 250, 250, 400, 700 steps, 3 never: the median of all 8 (statistics.median with the
+    3 at +inf) is 550, not the solved runs' 250; with fewer than half solving it lies beyond the budget (None)."""
+    import math
+    import statistics
+
+    from axiomformer.study.battery import median_steps_to_solve
+
+    steps = [200, 250, 250, 400, 700, None, None, None]
+    expected = statistics.median([math.inf if s is None else s for s in steps])
+    assert median_steps_to_solve(steps) == expected == 550
+    assert median_steps_to_solve([100, None, None]) is None
+    assert median_steps_to_solve([100, 300, None]) == 300
+    assert median_steps_to_solve([]) is None

@@ -87,6 +87,9 @@ def planted_store(path, values: dict[str, list[float]], config: dict, converged:
 
 
 def _answer(path) -> dict:
+    """The report's files rebuilt (``report``), then its JSON (``report --json``, which writes nothing)."""
+    built = CliRunner().invoke(app, ["report", str(path)])
+    assert built.exit_code == 0, built.output
     result = CliRunner().invoke(app, ["report", str(path), "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
@@ -186,6 +189,9 @@ def test_a_store_of_the_previous_version_renders_with_pilot_verdicts_and_stays_u
         ("margin = -0.1\n", "margin must be > 0"),
         ("seeds = 3\nselection_seeds = [2, 1000]\n", "overlap the reported seeds"),
         ("solve_margin = -0.1\n", "margin must be > 0"),
+        ("margin = inf\n", "margin must be > 0 and < 1"),
+        ("solve_margin = 1.0\n", "margin must be > 0 and < 1"),
+        ("margin = nan\n", "margin must be > 0 and < 1"),
         ("selection_seeds = [1000]\n", "at least 2 distinct selection_seeds"),
         ('controls = ["attention"]\n', "no_mixing, uniform_mixing"),
     ],

@@ -16,7 +16,8 @@ its own evidence (``report --json``'s ``design.tasks``, one entry per task and l
   :data:`DISCRIMINATION_GAP`, and its mean does not exceed the ceiling (within the ceiling's Monte Carlo error);
   a task without a ceiling never discriminates. ``why`` says which condition decided.
 * ``standard_median_steps_to_solve``: the median over the standard model's reported runs of the first evaluation
-  step whose validation accuracy reached the study's ``solve_threshold`` (``None`` when fewer than half solved);
+  step whose validation accuracy reached the study's ``solve_threshold``, a run that never did counting as beyond
+  the budget (``None`` when that puts the median beyond it: fewer than half solved);
   ``budget_ratio``: ``steps`` over it (the budget reaches past the plateau when it is at least
   :data:`BUDGET_RATIO`).
 
@@ -64,6 +65,15 @@ def steps_to_solve(row: RunRecord, threshold: float) -> int | None:
         if point.get("accuracy") is not None and point["accuracy"] >= threshold:
             return int(point["step"])
     return None
+
+
+def median_steps_to_solve(solve_steps: Sequence[int | None]) -> int | None:
+    """The median of runs' steps to solve, a run that never solved (``None``) counting as beyond the budget: leaving
+    it out would favour the budget (5 of 8 runs solving at 200-700 steps have the median 250 alone, 550 with the
+    other 3). ``None`` when the median lies beyond the budget (fewer than half solved) or there is no run."""
+    beyond = [math.inf if s is None else float(s) for s in solve_steps]
+    middle = stats.median(beyond) if beyond else math.inf
+    return None if math.isinf(middle) else int(middle)
 
 
 def _budget_steps(d: StudyData, task: str, seq_len: int) -> int | None:
@@ -115,8 +125,7 @@ def task_validity(d: StudyData, cell_stats: list[Any]) -> list[dict[str, Any]]:
         discriminates, why = _why(stat, uniform, ceiling)
         standard_runs = [r for r in d.rows if r.label == "standard" and r.task == task and r.seq_len == seq_len]
         solve_steps = [steps_to_solve(r, threshold) for r in standard_runs]
-        solved = sorted(s for s in solve_steps if s is not None)
-        median = int(stats.median(solved)) if solved and len(solved) * 2 >= len(solve_steps) else None
+        median = median_steps_to_solve(solve_steps)
         steps = _budget_steps(d, task, seq_len)
         chance = next((r.task_config.get("chance") for r in standard_runs), None)
         out.append(

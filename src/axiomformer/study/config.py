@@ -174,7 +174,7 @@ class StudyConfig(_Strict):
             two).
         selection_seeds: the seeds whose mean validation accuracy picks each cell's learning rate from
             ``budget.lr_grid``; disjoint from the reported seeds and never reported (no winner's curse).
-        margin: equivalence margin in accuracy (> 0): a relaxation is ``free`` when its whole interval lies inside
+        margin: equivalence margin in accuracy (in (0, 1)): a relaxation is ``free`` when its whole interval lies inside
             ``±margin`` (``axiomformer.study.statistics``).
         solve_margin: the same margin for a difference of solve rates (tasks whose ``metric`` is ``solve_rate``).
         solve_threshold: a run solves its task when its test accuracy reaches this.
@@ -252,9 +252,11 @@ class StudyConfig(_Strict):
     @field_validator("margin", "solve_margin")
     @classmethod
     def _positive_margin(cls, value: float) -> float:
-        if not value > 0:
+        # A difference of two accuracies or solve rates lies in [-1, 1]: a margin of 1 or more calls every interval
+        # free, so it decides nothing.
+        if not 0 < value < 1:
             raise ValueError(
-                f"a margin must be > 0 (a difference of accuracies or solve rates, e.g. 0.02), got {value}"
+                f"a margin must be > 0 and < 1 (a difference of accuracies or solve rates, e.g. 0.02), got {value}"
             )
         return value
 
@@ -281,7 +283,7 @@ class StudyConfig(_Strict):
         if overlap and not _stored(info):
             raise ValueError(
                 f"selection_seeds {overlap} overlap the reported seeds 0..{self.seeds - 1}; choose "
-                f"selection seeds >= {self.seeds} (e.g. 1000)"
+                f"selection seeds >= {self.seeds} (e.g. {max(1000, self.seeds)} and {max(1000, self.seeds) + 1})"
             )
         return self
 

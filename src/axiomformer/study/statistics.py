@@ -500,16 +500,37 @@ def _solve_power(p_ref: float, n: int, alpha: float, power: float) -> float | No
     return abs(math.sin(other / 2) ** 2 - p_ref)
 
 
-def _solve_seeds(p_a: float, p_b: float, alpha: float, power: float) -> int | None:
-    """Runs a side at which the observed difference of solve rates would be detected at ``power`` (``None``: no
-    difference to detect, or more than :data:`SEEDS_CAP`)."""
+def _solve_seeds(p_a: float, p_b: float, alpha: float, power: float, margin: float) -> int | None:
+    """Runs a side a decision would take at the observed solve rates (``None``: more than :data:`SEEDS_CAP`).
+
+    Inside the margin (|p_a - p_b| < margin) the question is equivalence: the fewest runs a side at which the
+    Newcombe interval at level ``1 - alpha`` of the observed rates fits inside ``±margin`` (e.g. 8/8 against 8/8 at
+    ±0.25 and level 1 - 0.05 / 24: 29). Outside it, detection: the runs a side at which the difference would be
+    detected at ``power`` (Cohen's h, statsmodels' ``NormalIndPower``)."""
     from statsmodels.stats.power import NormalIndPower
 
+    if abs(p_a - p_b) < margin:
+        return _equivalence_seeds(p_a, p_b, 1 - alpha, margin)
     h = abs(2 * math.asin(math.sqrt(p_a)) - 2 * math.asin(math.sqrt(p_b)))
-    if h == 0:
-        return None
     n = float(NormalIndPower().solve_power(effect_size=h, nobs1=None, alpha=alpha, power=power, ratio=1.0))
     return None if n > SEEDS_CAP else max(2, math.ceil(n))
+
+
+def _equivalence_seeds(p_a: float, p_b: float, level: float, margin: float) -> int | None:
+    def fits(n: int) -> bool:
+        ci = newcombe_difference(round(p_a * n), n, round(p_b * n), n, level)
+        return -margin < ci.low and ci.high < margin
+
+    high = 2
+    while not fits(high):  # doubling, then bisection: the interval narrows as n grows (up to rounding of p n)
+        if high > SEEDS_CAP:
+            return None
+        high *= 2
+    low = high // 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return max(2, high)
 
 
 def _p_equivalent_rates(s_a: int, n_a: int, s_b: int, n_b: int, margin: float, family_size: int) -> float:
@@ -577,7 +598,7 @@ def solve_rate_comparison(
         p_eq,
         min(n_a, n_b),
         _solve_power(s_b / n_b, min(n_a, n_b), alpha / family_size, power),
-        min(n_a, n_b) if decided else _solve_seeds(s_a / n_a, s_b / n_b, alpha / family_size, power),
+        min(n_a, n_b) if decided else _solve_seeds(s_a / n_a, s_b / n_b, alpha / family_size, power, margin),
         item.converged,
         "solve_rate",
     )
