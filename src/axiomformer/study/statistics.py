@@ -519,7 +519,7 @@ def _solve_seeds(p_a: float, p_b: float, alpha: float, power: float, margin: flo
 def _equivalence_seeds(p_a: float, p_b: float, level: float, margin: float) -> int | None:
     def fits(n: int) -> bool:
         ci = newcombe_difference(round(p_a * n), n, round(p_b * n), n, level)
-        return -margin < ci.low and ci.high < margin
+        return ci.low is not None and ci.high is not None and -margin < ci.low and ci.high < margin
 
     high = 2
     while not fits(high):  # doubling, then bisection: the interval narrows as n grows (up to rounding of p n)
