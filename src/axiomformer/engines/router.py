@@ -27,18 +27,19 @@ import contextlib
 import dataclasses
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from torch import Tensor
 
 from axiomformer.axes.plugins import PluginWarning
 from axiomformer.axes.scale import constant_scale
-from axiomformer.engines.base import EVERY_CHOICE
+from axiomformer.engines.base import EVERY_CHOICE, Engine
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.elementwise import ElementwiseEngine
 from axiomformer.engines.flex import EngineUnavailable, FlexEngine
 from axiomformer.engines.linear import LinearEngine
-from axiomformer.engines.plan import Plan, problem_kind
+from axiomformer.engines.plan import Plan, ProblemKind, problem_kind
 from axiomformer.engines.plugins import load_engines
 from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows, zero_rows_without_keys
 from axiomformer.engines.recurrent import RecurrentEngine
@@ -71,7 +72,7 @@ def route_cache_clear() -> None:
     _ROUTES.clear()
 
 
-def register_engine(engine, *, before: str | None = "reference") -> None:
+def register_engine(engine: Engine, *, before: str | None = "reference") -> None:
     """Add an engine (see ``engines/base.py`` for the protocol) to the registry, tried before ``before`` (default:
     just before the reference); an engine of the same name is replaced in place."""
     ENGINES[engine.name] = engine
@@ -119,7 +120,7 @@ def describe_engines() -> list[tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def prefer_engine(name: str):
+def prefer_engine(name: str) -> Iterator[None]:
     """Within the block, every layer that ``name`` can run uses it (``"reference"`` runs all); like the environment
     variable ``AXIOMFORMER_ENGINE=<name>``, scoped and without touching the environment."""
     if name != "auto" and name not in ENGINES:
@@ -131,11 +132,11 @@ def prefer_engine(name: str):
         _PREFERRED.pop()
 
 
-def _usable(engine, kind, need_weights: bool, double_backward: bool) -> bool:
+def _usable(engine: Engine, kind: ProblemKind, need_weights: bool, double_backward: bool) -> bool:
     return (engine.returns_weights or not need_weights) and (not double_backward or engine.twice_differentiable(kind))
 
 
-def engine_accepts(engine, plan: Plan, kind) -> bool:
+def engine_accepts(engine: Engine, plan: Plan, kind: ProblemKind) -> bool:
     """Whether the traits of the plan's choices meet ``engine.computes`` (``engines/base.py``), a plan with a
     transport only for an engine that computes transports, and ``engine.accepts``."""
     return (
@@ -184,7 +185,9 @@ def route(
     return name
 
 
-def _decide(plan, kind, requested, explicit, need_weights, double_backward) -> str:
+def _decide(
+    plan: Plan, kind: ProblemKind, requested: str, explicit: bool, need_weights: bool, double_backward: bool
+) -> str:
     if requested != "auto":
         chosen = ENGINES[requested]
         if engine_accepts(chosen, plan, kind) and _usable(chosen, kind, need_weights, double_backward):
@@ -205,7 +208,7 @@ def _decide(plan, kind, requested, explicit, need_weights, double_backward) -> s
     return "reference"
 
 
-def _takes(name: str, plan: Plan, kind, need_weights: bool, double_backward: bool) -> bool:
+def _takes(name: str, plan: Plan, kind: ProblemKind, need_weights: bool, double_backward: bool) -> bool:
     """Whether automatic routing gives the problem to engine ``name``. A plug-in engine whose own code raises
     while being asked is passed over with one :class:`PluginWarning` (the rest of the routing goes on); a built-in
     engine's error is a bug of axiomformer and propagates."""
@@ -266,7 +269,7 @@ def _resolve_options(
     scale: float | Tensor | None,
     causal: bool | None,
     window: int | None,
-) -> tuple[Plan, float | Tensor, bool, int | None]:
+) -> tuple[Plan, float | Tensor, bool, int]:
     """:func:`attend`'s defaults filled in: ``(parts, scale, causal, window)``, with its ValueErrors."""
     if parts is None:
         if spec is None:
@@ -389,8 +392,8 @@ def attend(
             f"input; call the Attention layer"
         )
     if 0 in target[2:]:  # no query or no key: nothing for an engine to compute
-        out, weights = empty_output(q, k, v, target)
-        return Attended(out, weights if need_weights else None, "reference")
+        empty, no_weights = empty_output(q, k, v, target)
+        return Attended(empty, no_weights if need_weights else None, "reference")
     problem = AttentionProblem(
         q=q,
         k=k,
