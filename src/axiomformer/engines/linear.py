@@ -38,11 +38,6 @@ from axiomformer.engines.reference import scaled_query
 from axiomformer.precision import compute_dtype
 
 
-def key_only_mask(mask: Tensor | None) -> bool:
-    """Whether a bool mask broadcastable to (batch, heads, q_len, k_len) depends on the key only (or is None)."""
-    return mask is None or mask.shape[-2] == 1
-
-
 class _Divide(torch.autograd.Function):
     """out = num / den for den (..., 1), keeping out (the result) instead of num for the backward:
     dL/dden = -sum(g * out) / den. The (L x head_dim_v) numerator is freed after the forward."""
