@@ -111,27 +111,24 @@ def _elementwise_chunk(
 ) -> Tensor:
     # An elementwise normalizer needs no row sum: one key block at a time, with n_i counted over the whole row.
     k_end = k.shape[-2]
-    n_visible = _visible_count(problem, qs, k_end, key_chunk)
-    if n_visible is None:
-        n_visible = torch.full((1, 1, 1, 1), float(problem.k_len), device=q.device, dtype=compute_dtype(q.dtype))
-    kind = parts.normalizer_choice
-    return _summed(
-        contribute(
-            parts.contribution,
-            _dropout(
-                normalize(
-                    _scores(parts, problem, q, k[..., ks, :], qs, ks),
-                    block_mask(problem, qs, ks),
-                    kind,
-                    training=problem.training,
-                    n_visible=n_visible,
-                ),
-                problem,
-            ),
-            v[..., ks, :],
-        )
-        for ks in _key_blocks(problem, qs, k_end, key_chunk)
+    counted = _visible_count(problem, qs, k_end, key_chunk)
+    n_visible = (
+        counted
+        if counted is not None
+        else torch.full((1, 1, 1, 1), float(problem.k_len), device=q.device, dtype=compute_dtype(q.dtype))
     )
+
+    def block_output(ks: slice) -> Tensor:
+        weights = normalize(
+            _scores(parts, problem, q, k[..., ks, :], qs, ks),
+            block_mask(problem, qs, ks),
+            parts.normalizer_choice,
+            training=problem.training,
+            n_visible=n_visible,
+        )
+        return contribute(parts.contribution, _dropout(weights, problem), v[..., ks, :])
+
+    return _summed(map(block_output, _key_blocks(problem, qs, k_end, key_chunk)))
 
 
 def attend_chunk(
