@@ -250,6 +250,31 @@ BROKEN_ENGINES = {  # module body, entry name, target, what the warning says
     "not_an_engine": ("ENGINE = 3\n", "plugged", "ENGINE", "int, which lacks name"),
     "misnamed": (ENGINE_MODULE, "other", "Plugged", "the engine is named 'plugged'"),
     "factory_raises": ("def make():\n    raise RuntimeError('boom')\n", "plugged", "make", "boom"),
+    "property_raises": (
+        ENGINE_MODULE + "\nclass Raising(Plugged):\n    @property\n    def returns_weights(self):\n"
+        "        raise RuntimeError('no weights today')\n",
+        "plugged",
+        "Raising",
+        "no weights today",
+    ),
+    "computes_wrong_type": (
+        ENGINE_MODULE + "\nclass Loose(Plugged):\n    computes = {'normalizer': {'elementwise'}}\n",
+        "plugged",
+        "Loose",
+        "computes is a dict",
+    ),
+    "accepts_not_callable": (
+        ENGINE_MODULE + "\nclass Flag(Plugged):\n    accepts = True\n",
+        "plugged",
+        "Flag",
+        "accepts cannot be called",
+    ),
+    "before_not_a_name": (
+        ENGINE_MODULE + "\nclass Early(Plugged):\n    before = 3\n",
+        "plugged",
+        "Early",
+        "before is a int",
+    ),
 }
 
 
@@ -273,3 +298,33 @@ def test_an_engine_name_registered_twice_fails_naming_both(tmp_path, load_engine
     entries = _engine_dist(tmp_path, "my-engines", {"sparse": "Plugged"})
     with pytest.raises(ValueError, match="engine 'sparse' is registered twice: by axiomformer and by my-engines"):
         load_engines(tmp_path, entries)
+
+
+def test_an_unknown_before_is_named_and_the_engine_still_registers(tmp_path, load_engines):
+    body = ENGINE_MODULE + "\nclass Lost(Plugged):\n    before = 'no_such_engine'\n"
+    entries = _engine_dist(tmp_path, "pkg-lost", {"plugged": "Lost"}, body)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert load_engines(tmp_path, entries) == ["plugged"]
+    assert len(caught) == 1 and "'no_such_engine', which is not registered" in str(caught[0].message)
+    assert ENGINE_ORDER.index("plugged") == ENGINE_ORDER.index("reference") - 1
+
+
+def test_an_engine_that_raises_while_routed_is_passed_over_with_one_warning(tmp_path, load_engines, monkeypatch):
+    """A plug-in engine whose ``accepts`` raises at routing time: automatic routing warns once, names it and its
+    distribution, and routes to the built-in engines; the library keeps working."""
+    body = ENGINE_MODULE + "\nclass Crashy(Plugged):\n    def accepts(self, plan, kind):\n        raise KeyError('x')\n"
+    entries = _engine_dist(tmp_path, "pkg-crashy", {"plugged": "Crashy"}, body)
+    assert load_engines(tmp_path, entries) == ["plugged"]
+    monkeypatch.setattr(router, "_WARNED", set())
+    spec = AttentionSpec.standard(16, 2, causal=True).relax(normalizer="sigmoid")
+    q, k, v = (torch.randn(1, 2, 5, 8) for _ in range(3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = attend(q, k, v, spec=spec, causal=True)
+        attend(q, k, v * 2, spec=spec, causal=True, q_offset=0)
+    messages = [str(w.message) for w in caught if w.category is PluginWarning]
+    assert len(messages) == 1 and "'plugged'" in messages[0] and "pkg-crashy" in messages[0], messages
+    assert first.engine == "elementwise"
+    reference = attend(q, k, v, spec=spec, causal=True, engine="reference").out
+    torch.testing.assert_close(first.out, reference)

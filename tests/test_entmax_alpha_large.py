@@ -90,3 +90,44 @@ def test_blocked_keys_leave_every_gradient_finite(alpha):
     torch.testing.assert_close(
         p[0, [0, 2]].double(), torch.tensor([float(v) for v in want], dtype=torch.float64), rtol=0, atol=1e-6
     )
+
+
+# ---------------------------------------------------------------------------------------------- the bound on alpha
+def test_random_rows_at_the_bound_match_mpmath():
+    """At ENTMAX_ALPHA_MAX (32) on random rows whose smallest weights lie near the support's edge: within 1e-3 of
+    mpmath, small weights included (the test set holds one below 0.01)."""
+    alpha = normalizer.ENTMAX_ALPHA_MAX
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 16, generator=g) * (2.0 / (alpha - 1))
+    p = entmax_alpha(x, torch.tensor(alpha)).double()
+    ref = torch.tensor([[float(v) for v in exact(row.double().tolist(), alpha)] for row in x], dtype=torch.float64)
+    assert float(ref[ref > 0].min()) < 0.01
+    assert float((p - ref).abs().max()) < 1e-3
+
+
+def test_beyond_the_bound_small_weights_are_lost():
+    """Why the bound: at alpha = 300 a weight of 0.0045 has u = p^299 ~ 1e-700, below float64 (and ENTMAX_TINY), and
+    comes out 0 — the 1e-3 check above fails there, so it can tell."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 48, generator=g) * (2.0 / 299)
+    p = entmax_alpha(x, torch.tensor(300.0)).double()
+    ref = torch.tensor([[float(v) for v in exact(row.double().tolist(), 300.0)] for row in x], dtype=torch.float64)
+    assert float((p - ref).abs().max()) > 1e-3
+
+
+def test_the_learned_alpha_is_bounded_by_a_clamp():
+    """alpha = 1 + min(softplus(theta), 31): at the initialisation 1.5 as before (theta in float32); far above the bound 32, with
+    a finite (zero) gradient for theta and finite score gradients."""
+    from axiomformer import AttentionSpec
+    from axiomformer.axes.normalizer import Normalizer
+
+    module = Normalizer(AttentionSpec(dim=4, num_heads=2, normalizer="entmax_alpha"))
+    assert torch.allclose(module.params()["alpha"], torch.tensor(1.5, dtype=torch.float64), rtol=0, atol=1e-7)
+    with torch.no_grad():
+        module.alpha_raw.fill_(200.0)
+    params = module.params()
+    assert float(params["alpha"].max()) == normalizer.ENTMAX_ALPHA_MAX
+    assert float(params["alpha_minus_one"].max()) == normalizer.ENTMAX_ALPHA_MAX - 1
+    x = (torch.randn(1, 2, 3, 6) * 0.05).requires_grad_(True)
+    module(x).mul(torch.randn(1, 2, 3, 6)).sum().backward()
+    assert torch.isfinite(x.grad).all() and float(module.alpha_raw.grad.abs().max()) == 0.0

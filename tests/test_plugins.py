@@ -17,6 +17,7 @@ import pytest
 
 from axiomformer.axes.plugins import GROUP, PluginWarning, load_choices
 from axiomformer.axes.registry import Choice, Registry
+from axiomformer.spec import REGISTRIES
 
 HERE = Path(__file__).parent
 SRC = HERE.parent / "src"
@@ -105,6 +106,49 @@ BROKEN = {  # module body, entry-point name, target, what the warning says
     "undeclared_trait": (CHOICE.replace('"elementwise"', '"no_such_trait"'), "normalizer.relu3", "RELU3", "trait"),
     "malformed_name": (CHOICE, "relu3", "RELU3", "expected a name '<axis>.<choice>'"),
     "unknown_axis": (CHOICE, "positions.relu3", "RELU3", "an axis of: normalizer"),
+    # A Choice whose fields have the wrong types registers fine and would fail only at a forward or in a table.
+    "impl_not_callable": (
+        CHOICE.replace("lambda s, n: torch.relu(s) ** 3 / n", '"relu"'),
+        "normalizer.relu3",
+        "RELU3",
+        "impl of type str",
+    ),
+    "traits_a_string": (
+        CHOICE.replace('frozenset({"elementwise"})', '"elementwise"'),
+        "normalizer.relu3",
+        "RELU3",
+        "traits of type str",
+    ),
+    "traits_not_names": (
+        CHOICE.replace('frozenset({"elementwise"})', "frozenset({3})"),
+        "normalizer.relu3",
+        "RELU3",
+        "traits that are not all strings",
+    ),
+    "formula_not_text": (
+        CHOICE.replace('"u = relu(s)^3 / n_i"', "None"),
+        "normalizer.relu3",
+        "RELU3",
+        "formula of type NoneType",
+    ),
+    "extra_not_a_dict": (
+        CHOICE.replace('frozenset({"elementwise"}))', 'frozenset({"elementwise"}), extra=[1])'),
+        "normalizer.relu3",
+        "RELU3",
+        "extra of type list",
+    ),
+    "promised_extra_missing": (
+        CHOICE.replace('frozenset({"elementwise"})', 'frozenset({"elementwise", "parametric"})'),
+        "normalizer.relu3",
+        "RELU3",
+        "parametric: parameters, parametric: params",
+    ),
+    "name_not_an_identifier": (
+        CHOICE.replace('Choice("relu3"', 'Choice("re-lu"'),
+        "normalizer.re-lu",
+        "RELU3",
+        "not an identifier",
+    ),
 }
 
 
@@ -114,7 +158,8 @@ def test_a_broken_plug_in_is_skipped_with_one_warning_naming_it_and_its_distribu
     make_dist(tmp_path, f"pkg_{kind}", f"pkg_{kind}_choices", body, name, target)
     monkeypatch.syspath_prepend(str(tmp_path))
     entries = [e for d in metadata.distributions(path=[str(tmp_path)]) for e in d.entry_points]
-    registries = {"normalizer": Registry("normalizer", [Choice("softmax", "u", "s")], {"elementwise": "x"})}
+    traits = {"elementwise": "x", "parametric": "y"}
+    registries = {"normalizer": Registry("normalizer", [Choice("softmax", "u", "s")], traits)}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert load_choices(registries, entries) == []
@@ -138,3 +183,35 @@ def test_one_distribution_found_twice_on_the_path_is_one_plug_in(monkeypatch):
     registries = {"normalizer": Registry("normalizer", [Choice("softmax", "u", "s")], {"elementwise": "x"})}
     assert load_choices(registries, entries * 2) == ["normalizer.relu2"]
     assert registries["normalizer"].origin("relu2") == "axiomformer-relu2"
+
+
+def test_a_registry_that_raises_anything_at_registration_skips_the_plug_in(tmp_path, monkeypatch):
+    """Not only ValueError: whatever ``register`` raises (a TypeError of a registry subclass here) is the plug-in's
+    skip, with the warning naming the error."""
+
+    class Picky(Registry):
+        def register(self, choice, *, origin="axiomformer"):
+            raise TypeError("picky registry")
+
+    make_dist(tmp_path, "pkg_picky", "pkg_picky_choices", CHOICE, "normalizer.relu3", "RELU3")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entries = [e for d in metadata.distributions(path=[str(tmp_path)]) for e in d.entry_points]
+    registries = {"normalizer": Picky("normalizer", [Choice("softmax", "u", "s")], {"elementwise": "x"})}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert load_choices(registries, entries) == []
+    assert len(caught) == 1 and "TypeError: picky registry" in str(caught[0].message)
+
+
+def test_every_built_in_choice_has_the_extras_its_traits_promise():
+    """The table the plug-in check reads (``TRAIT_EXTRAS``) against the built-in choices, which the code runs: a key
+    the table names that a working choice lacks would mean the table is wrong."""
+    from axiomformer.axes.plugins import TRAIT_EXTRAS, missing_extras
+
+    assert {axis for axis, _ in TRAIT_EXTRAS} <= set(REGISTRIES)
+    assert {
+        (axis, choice.name): missing_extras(axis, choice)
+        for axis, registry in REGISTRIES.items()
+        for choice in registry
+        if missing_extras(axis, choice)
+    } == {}

@@ -16,7 +16,10 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -132,23 +135,27 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _step(forward, inputs: list[Tensor], grad: Tensor):
-    """Forward + backward; ``call.clear()`` drops the gradients of the last call (before measuring memory, so that
-    the freed old gradients do not offset the new ones)."""
+class _Step:
+    """Forward + backward; ``clear()`` drops the gradients of the last call (before measuring memory, so that the
+    freed old gradients do not offset the new ones)."""
 
-    def clear():
-        for t in inputs:
+    def __init__(self, forward: Callable[[], Tensor], inputs: list[Tensor], grad: Tensor) -> None:
+        self.forward, self.inputs, self.grad = forward, inputs, grad
+
+    def clear(self) -> None:
+        for t in self.inputs:
             t.grad = None
 
-    def call():
-        clear()
-        forward().backward(grad)
-
-    call.clear = clear
-    return call
+    def __call__(self) -> None:
+        self.clear()
+        self.forward().backward(self.grad)
 
 
-def _timed(call, device) -> float:
+Timed = Callable[[], object]
+"""A call the bench times (its result is ignored)."""
+
+
+def _timed(call: Timed, device: torch.device) -> float:
     _sync(device)
     start = time.perf_counter()
     call()
@@ -169,12 +176,16 @@ MIN_CI_REPEATS = 7
 """Paired repeats of the default bench: the 95 % interval of a ratio needs enough pairs to mean something."""
 
 
-def interleaved_times(a, b, device, repeats: int, warmup: bool = True) -> tuple[list[float], list[float], int]:
+def interleaved_times(
+    a: Timed, b: Timed, device: torch.device, repeats: int, warmup: bool = True
+) -> tuple[list[float], list[float], int]:
     """Milliseconds of ``repeats`` pairs of ``a`` and ``b`` run alternately (A B A B ...) after one warm-up each
     (unless the caller has just run them), and how many first pairs the warm-up check dropped (WARMUP_OUTLIER)."""
     if warmup:
         a(), b()
-    times_a, times_b, dropped = [], [], 0
+    times_a: list[float] = []
+    times_b: list[float] = []
+    dropped = 0
     while len(times_a) < repeats:
         times_a.append(_timed(a, device))
         times_b.append(_timed(b, device))
@@ -188,7 +199,7 @@ def interleaved_times(a, b, device, repeats: int, warmup: bool = True) -> tuple[
     return times_a, times_b, dropped
 
 
-def interleaved_ms(a, b, device, repeats: int, warmup: bool = True) -> tuple[float, float]:
+def interleaved_ms(a: Timed, b: Timed, device: torch.device, repeats: int, warmup: bool = True) -> tuple[float, float]:
     """Median milliseconds of ``a`` and ``b`` (:func:`interleaved_times`)."""
     times_a, times_b, _ = interleaved_times(a, b, device, repeats, warmup)
     return statistics.median(times_a), statistics.median(times_b)
@@ -214,7 +225,7 @@ XT_ROWS = {"x-transformers": False, "x-transformers-flash": True}
 (``flash=True``, which calls ``F.scaled_dot_product_attention``), so the comparison is fair to it."""
 
 
-def _x_transformers_attend(causal: bool, flash: bool = False):
+def _x_transformers_attend(causal: bool, flash: bool = False) -> Callable[[Tensor, Tensor, Tensor], Tensor] | None:
     try:
         from x_transformers.attend import Attend
     except ImportError:
@@ -241,7 +252,15 @@ def variant_spec(dim: int, heads: int, relax: str) -> AttentionSpec:
         return AttentionSpec.standard(dim, heads, causal=True).relax(relax)
 
 
-def _cases(variants, length: int, is_causal: bool, heads: int, head_dim: int, reference_max_len: int, dev):
+def _cases(
+    variants: tuple[str, ...],
+    length: int,
+    is_causal: bool,
+    heads: int,
+    head_dim: int,
+    reference_max_len: int,
+    dev: torch.device,
+) -> Iterator[tuple[AttentionSpec, Attention, str]]:
     """(spec, module, engine) for each variant: ``auto`` and, up to ``reference_max_len``, ``reference``."""
     for relax in variants:
         if spec_requirements(variant_spec(heads * head_dim, heads, relax)).get("causal", is_causal) != is_causal:
@@ -253,9 +272,18 @@ def _cases(variants, length: int, is_causal: bool, heads: int, head_dim: int, re
             yield spec, module, engine
 
 
-def _measure_memory(settings: list[tuple[bool, int]], steps, meter: PeakMemory, log) -> dict[tuple, float]:
+StepKey = tuple[str, str] | None
+"""A timed step's key: (variant, engine), None for the SDPA baseline."""
+
+Steps = Callable[[bool, int], Iterator[tuple[StepKey, _Step]]]
+"""The steps of one (is_causal, length) setting: SDPA's first, then each case's."""
+
+
+def _measure_memory(
+    settings: list[tuple[bool, int]], steps: Steps, meter: PeakMemory, log: Callable[[str], Any]
+) -> dict[tuple[bool, int, StepKey], float]:
     """The first pass of :func:`run_bench`: each step's peak memory in MiB, keyed ``(is_causal, length, key)``."""
-    memory: dict[tuple, float] = {}
+    memory: dict[tuple[bool, int, StepKey], float] = {}
     for is_causal, length in settings:
         for key, step in steps(is_causal, length):
             step.clear()
@@ -281,7 +309,7 @@ def run_bench(
     repeats: int = MIN_CI_REPEATS,
     reference_max_len: int = 1024,
     device: str | None = None,
-    log=print,
+    log: Callable[[str], Any] = print,
 ) -> tuple[list[Row], str]:
     """Benchmark rows (one per variant, engine, length and mask) and the memory method used.
 
@@ -297,61 +325,105 @@ def run_bench(
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     meter = PeakMemory(dev, allocator_modes=True)
     settings = [(is_causal, length) for is_causal in causal for length in lengths]
+    steps = _steps_of(variants, batch, heads, head_dim, reference_max_len, causal, dev)
+    memory = _measure_memory(settings, steps, meter, log)
+    rows: list[Row] = []
+    for is_causal, length in settings:
+        rows += _time_rows(steps, is_causal, length, memory, dev, repeats, log)
+    return rows, meter.method
+
+
+def _steps_of(
+    variants: tuple[str, ...],
+    batch: int,
+    heads: int,
+    head_dim: int,
+    reference_max_len: int,
+    causal: tuple[bool, ...],
+    dev: torch.device,
+) -> Steps:
+    """The steps of each (is_causal, length) setting of :func:`run_bench`; x-transformers' ``Attend`` is built once
+    per mask and flash path."""
     xt_attend = {
         (is_causal, row): _x_transformers_attend(is_causal, flash)
         for is_causal in causal
         for row, flash in XT_ROWS.items()
     }
 
-    def steps(is_causal: bool, length: int):
+    def steps(is_causal: bool, length: int) -> Iterator[tuple[StepKey, _Step]]:
         """(key, step) pairs: SDPA's first (key None), then each case's, then x-transformers'."""
         (q, k, v), grad = _inputs(length, batch, heads, head_dim, dev)
-        yield None, _step(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal), [q, k, v], grad)
+        yield None, _Step(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal), [q, k, v], grad)
         for spec, module, engine in _cases(variants, length, is_causal, heads, head_dim, reference_max_len, dev):
             name = "reference" if engine == "reference" else _route(module, q, k, v)
-            call = lambda m=module, e=name: attention_core(m, q, k, v, e)[0]
-            yield (spec.variant, name), _step(call, [q, k, v] + list(module.parameters()), grad)
+            call = _core_call(module, q, k, v, name)
+            yield (spec.variant, name), _Step(call, [q, k, v] + list(module.parameters()), grad)
         for row in XT_ROWS:
-            if xt_attend[(is_causal, row)] is not None:
-                yield ("standard", row), _step(lambda f=xt_attend[(is_causal, row)]: f(q, k, v), [q, k, v], grad)
+            xt = xt_attend[(is_causal, row)]
+            if xt is not None:
+                yield ("standard", row), _Step(_bound(xt, q, k, v), [q, k, v], grad)
 
-    memory = _measure_memory(settings, steps, meter, log)
+    return steps
+
+
+def _core_call(module: Attention, q: Tensor, k: Tensor, v: Tensor, engine: str) -> Callable[[], Tensor]:
+    """The attention core's output on ``engine`` as a call of no arguments (one per case, bound now)."""
+    return lambda: attention_core(module, q, k, v, engine)[0]
+
+
+def _bound(fn: Callable[[Tensor, Tensor, Tensor], Tensor], q: Tensor, k: Tensor, v: Tensor) -> Callable[[], Tensor]:
+    """``fn(q, k, v)`` as a call of no arguments."""
+    return lambda: fn(q, k, v)
+
+
+def _time_rows(
+    steps: Steps,
+    is_causal: bool,
+    length: int,
+    memory: dict[tuple[bool, int, StepKey], float],
+    dev: torch.device,
+    repeats: int,
+    log: Callable[[str], Any],
+) -> list[Row]:
+    """The second pass of :func:`run_bench` for one setting: each step timed against SDPA, interleaved."""
+    sdpa_mem = memory[(is_causal, length, None)]
     rows: list[Row] = []
-    for is_causal, length in settings:
-        sdpa_mem = memory[(is_causal, length, None)]
-        sdpa = None
-        for key, step in steps(is_causal, length):
-            if key is None:
-                sdpa = step
-                continue
-            times, sdpa_times, dropped = interleaved_times(step, sdpa, dev, repeats)
-            ms, sdpa_ms = statistics.median(times), statistics.median(sdpa_times)
-            rows.append(
-                Row(
-                    key[0],
-                    key[1],
-                    length,
-                    is_causal,
-                    round(ms, 3),
-                    round(sdpa_ms, 3),
-                    round(ms / sdpa_ms, 3),
-                    round(memory[(is_causal, length, key)], 1),
-                    round(sdpa_mem, 1),
-                    ratio_interval(times, sdpa_times),
-                    dropped,
-                )
+    sdpa: _Step | None = None
+    for key, step in steps(is_causal, length):
+        if key is None:
+            sdpa = step
+            continue
+        assert sdpa is not None  # steps() yields SDPA's step first
+        times, sdpa_times, dropped = interleaved_times(step, sdpa, dev, repeats)
+        ms, sdpa_ms = statistics.median(times), statistics.median(sdpa_times)
+        rows.append(
+            Row(
+                key[0],
+                key[1],
+                length,
+                is_causal,
+                round(ms, 3),
+                round(sdpa_ms, 3),
+                round(ms / sdpa_ms, 3),
+                round(memory[(is_causal, length, key)], 1),
+                round(sdpa_mem, 1),
+                ratio_interval(times, sdpa_times),
+                dropped,
             )
-            log(_describe(rows[-1]))
-    return rows, meter.method
+        )
+        log(_describe(rows[-1]))
+    return rows
 
 
-def _route(module, q, k, v) -> str:
+def _route(module: Attention, q: Tensor, k: Tensor, v: Tensor) -> str:
     """The fast engine for this self-attention problem: the first that accepts it, as ``auto`` routes long sequences.
 
     (``auto`` leaves problems small enough for one chunk to the reference engine; the bench measures the memory-lean
     engine at every length so that its rows are comparable across lengths.)
     """
     spec = module.spec
+    slopes = module.position.slopes if spec.position == "alibi" else None
+    assert slopes is None or isinstance(slopes, Tensor)  # a buffer, registered for ALiBi only
     problem = AttentionProblem(
         q=q,
         k=k,
@@ -360,7 +432,7 @@ def _route(module, q, k, v) -> str:
         training=module.training,
         dropout_p=spec.dropout,
         window=spec.window,
-        alibi_slopes=module.position.slopes if spec.position == "alibi" else None,
+        alibi_slopes=slopes,
     )
     kind = problem_kind(module.plan, problem)
     for name in ENGINE_ORDER:
@@ -429,7 +501,7 @@ def markdown(rows: list[Row], device: str, method: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[Row], path) -> None:
+def plot(rows: list[Row], path: str | Path) -> None:
     """Time and peak memory against sequence length, one line per variant, SDPA dashed (PNG)."""
     from matplotlib.figure import Figure
 
@@ -458,5 +530,6 @@ def plot(rows: list[Row], path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def rows_as_dicts(rows: list[Row]) -> list[dict]:
+def rows_as_dicts(rows: list[Row]) -> list[dict[str, Any]]:
+    """The rows as plain dicts (for JSON)."""
     return [asdict(r) for r in rows]

@@ -27,8 +27,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     while True:
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # what torch.compile returns
-            model = model._orig_mod
+        elif isinstance(compiled := getattr(model, "_orig_mod", None), nn.Module):  # what torch.compile returns
+            model = compiled
         else:
             return model
 

@@ -368,34 +368,51 @@ def train(
     parallel = DataParallel.current(config.device)
     parallel.check_batch(config.batch_size)
     with seeded(config.init_seed, [parallel.device]):
-        task, spec, model = _build(config, parallel.device)
-        val_set, test_set = (_eval_set(task, config, parallel, split) for split in ("val", "test"))
-        extra: dict[str, Any] = {}
-        on_init = _with_probes(config, val_set, on_init, "init")
-        on_end = _with_probes(config, test_set, on_end, "end")
-        if on_init is not None:
-            extra["init"] = _callback(on_init, model, task)
-        meter = PeakMemory(parallel.device)
-        meter.start()
-        start = time.perf_counter()
-        run = _Run()
-        _loop(
-            run,
-            config=config,
-            task=task,
-            spec=spec,
-            model=model,
-            parallel=parallel,
-            val_set=val_set,
-            progress=progress and parallel.main,
-            log=log if parallel.main else None,
-        )
-        run.best.restore(model)
-        test_accuracy, test_loss, n_test = _test_counts(model, test_set, parallel)
-        seconds = time.perf_counter() - start
-        peak = meter.stop()
-        if on_end is not None:
-            extra["end"] = _callback(on_end, model, task)
+        model, result = _train_and_test(config, parallel, progress=progress, log=log, on_init=on_init, on_end=on_end)
+    if parallel.main:
+        _save(model, config, result, save_state, checkpoint_dir)
+    return result
+
+
+def _train_and_test(
+    config: TrainConfig,
+    parallel: DataParallel,
+    *,
+    progress: bool,
+    log: Callable[[str], None] | None,
+    on_init: Callable[[torch.nn.Module, Any], dict] | None,
+    on_end: Callable[[torch.nn.Module, Any], dict] | None,
+) -> tuple[torch.nn.Module, TrainResult]:
+    """The body of :func:`train` inside its seeded block: build, train, restore the best weights, test; the model
+    and its result."""
+    task, spec, model = _build(config, parallel.device)
+    val_set, test_set = (_eval_set(task, config, parallel, split) for split in ("val", "test"))
+    extra: dict[str, Any] = {}
+    on_init = _with_probes(config, val_set, on_init, "init")
+    on_end = _with_probes(config, test_set, on_end, "end")
+    if on_init is not None:
+        extra["init"] = _callback(on_init, model, task)
+    meter = PeakMemory(parallel.device)
+    meter.start()
+    start = time.perf_counter()
+    run = _Run()
+    _loop(
+        run,
+        config=config,
+        task=task,
+        spec=spec,
+        model=model,
+        parallel=parallel,
+        val_set=val_set,
+        progress=progress and parallel.main,
+        log=log if parallel.main else None,
+    )
+    run.best.restore(model)
+    test_accuracy, test_loss, n_test = _test_counts(model, test_set, parallel)
+    seconds = time.perf_counter() - start
+    peak = meter.stop()
+    if on_end is not None:
+        extra["end"] = _callback(on_end, model, task)
     result = _result(
         config,
         task=task,
@@ -408,9 +425,7 @@ def train(
         peak=peak,
         meter=meter,
     )
-    if parallel.main:
-        _save(model, config, result, save_state, checkpoint_dir)
-    return result
+    return model, result
 
 
 def _result(

@@ -22,7 +22,7 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
                     choice)**. tau and hard are the spec fields ``gumbel_tau``, ``gumbel_hard`` (trait ``configured``).
     linear          u = K_ij / sum_j K_ij, K_ij = phi(s q_i).phi(k_j) (Katharopoulos et al. 2020, eq. 6-7; a
                     temperature s enters through the query, see ``axes/scale.py``)
-    entmax_alpha    u = alpha-entmax(s), alpha_h > 1 learned per head (Peters et al. 2019; Correia et al. 2019)
+    entmax_alpha    u = alpha-entmax(s), alpha_h in (1, 32] learned per head (Peters et al. 2019; Correia et al. 2019)
     softmax1        u = exp(s) / (1 + sum_j exp(s_j)), a zero-logit sink (Miller 2023)
     diff            u = softmax(s1) - lambda_h softmax(s2), s1, s2 the scaled scores of the first and second halves
                     of each head's q and k, lambda_h learned per head from 0.2 (Ye et al. 2024, arXiv:2410.05258;
@@ -229,7 +229,9 @@ def entmax_alpha(x: Tensor, alpha: Tensor | float, alpha_minus_one: Tensor | Non
 
     Args:
         x: (..., k_len) float scores; -inf entries get weight 0 (each row needs one finite entry).
-        alpha: >= 1, a float or a tensor broadcastable to (..., 1) (e.g. (1, heads, 1, 1)).
+        alpha: >= 1, a float or a tensor broadcastable to (..., 1) (e.g. (1, heads, 1, 1)). Weights below
+            1e-300^(1 / (alpha - 1)) (``ENTMAX_TINY`` for u = p^(alpha - 1) in float64) come out 0: below 2.2e-10
+            up to ``ENTMAX_ALPHA_MAX`` = 32, the bound of the learned alpha, but 0.1 at alpha = 300.
         alpha_minus_one: alpha - 1 itself (>= 0), read instead of ``alpha`` when given: 1 + a tiny beta rounds to 1
             (below 1e-16 even in float64), beta itself does not.
     """
@@ -398,6 +400,14 @@ def _entmax_alpha(
     return entmax_alpha(s, alpha, alpha_minus_one)
 
 
+ENTMAX_ALPHA_MAX = 32.0
+"""The largest alpha a learned ``entmax_alpha`` takes (alpha = 1 + min(softplus(theta), 31)) **(our bound)**. A weight
+p is held as u = p^(alpha - 1) in float64, and u at or below ``ENTMAX_TINY`` = 1e-300 counts as outside the support:
+weights below 1e-300^(1 / (alpha - 1)) are dropped. Up to alpha = 32 that is below 2.2e-10, so a row of a million
+keys loses less than 3e-4 of its mass; at alpha = 300 weights below 0.1 would vanish. Above alpha of about 10 the weights are
+already close to an argmax, so the bound costs the model nothing it could use."""
+
+
 def _alpha_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
     # alpha = 1 + softplus(theta) > 1, initialised to 1.5 (1.5-entmax) in every head.
     return {"alpha_raw": nn.Parameter(torch.full((spec.num_heads,), math.log(math.expm1(0.5))))}
@@ -406,10 +416,13 @@ def _alpha_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
 def _alpha_params(module: nn.Module) -> dict[str, Tensor]:
     # alpha - 1 = softplus(theta) is handed over as itself: 1 + softplus(theta) rounds to exactly 1 in float32 for
     # theta below about -17 (in float64 below -37), and entmax_alpha, accurate down to alpha = 1, reads alpha - 1.
+    # The bound (ENTMAX_ALPHA_MAX) is a clamp: below it the values and gradients are softplus's own.
     raw = module.alpha_raw
     assert isinstance(raw, Tensor)  # the parameter, or torch.func.functional_call's stand-in for it
-    beta = F.softplus(raw).view(1, -1, 1, 1)
-    return {"alpha": 1.0 + F.softplus(raw.double()).view(1, -1, 1, 1), "alpha_minus_one": beta}
+    top = ENTMAX_ALPHA_MAX - 1.0
+    beta = F.softplus(raw).clamp(max=top).view(1, -1, 1, 1)
+    alpha = 1.0 + F.softplus(raw.double()).clamp(max=top).view(1, -1, 1, 1)
+    return {"alpha": alpha, "alpha_minus_one": beta}
 
 
 def _diff(s: Tensor, training: bool, lam: Tensor | float = DIFF_LAMBDA_INIT, **params: Tensor) -> Tensor:
@@ -658,7 +671,7 @@ NORMALIZERS = Registry(
         ),
         Choice(
             "entmax_alpha",
-            "u = alpha-entmax(s) = relu((alpha - 1) s - tau)^(1 / (alpha - 1)), alpha_h > 1 learned "
+            "u = alpha-entmax(s) = relu((alpha - 1) s - tau)^(1 / (alpha - 1)), alpha_h in (1, 32] learned "
             "per head (initialised to 1.5); the softmax at alpha = 1",
             "Peters et al. 2019, eq. 8; Correia et al. "
             "2019 (adaptively sparse transformers, learned alpha); our log1p form of the bisection (accurate for "

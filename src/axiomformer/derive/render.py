@@ -94,8 +94,13 @@ def to_markdown(chain: Chain) -> str:
             f"(tolerance `{s.tolerance:g}`): **{_verdict(s).lower()}**",
             "",
         ]
+    return "\n".join(out + _markdown_final(chain)) + "\n"
+
+
+def _markdown_final(chain: Chain) -> list[str]:
+    """The Markdown after the steps: the comparison with SDPA, the limits, and the measured scale argument."""
     sa = chain.scale_argument
-    out += [
+    out = [
         "## Final: the A5 module is `torch.nn.functional.scaled_dot_product_attention`",
         "",
         r"$$ \mathrm{Attention}(Q, K, V) = \mathrm{softmax}\Big(\frac{QK^\top}{\sqrt{d}}\Big) V $$",
@@ -121,4 +126,4 @@ def to_markdown(chain: Chain) -> str:
     ]
     for d, var, hs, hu in zip(sa["dims"], sa["var_qk"], sa["entropy_scaled"], sa["entropy_unscaled"]):
         out.append(f"| {d} | {var:.2f} | {hs:.3f} | {hu:.3f} |")
-    return "\n".join(out) + "\n"
+    return out

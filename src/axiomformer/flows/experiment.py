@@ -23,9 +23,10 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,7 +74,7 @@ class FlowConfig:
     store's ``"K"`` (its list, and each row's value)."""
 
 
-def default_config(quick: bool = False, **overrides) -> FlowConfig:
+def default_config(quick: bool = False, **overrides: Any) -> FlowConfig:
     """The default run (sized in ``docs/flows.md`` from the measured per-arm cost to about 10 core-minutes on the
     shared machine): theta fixed (the source's setting), 16 seeds (a power calculation from the previous store's
     variance, ``benchmarks/flow_power.py``: a paired difference of 0.02 detected with power 0.8 at the Bonferroni
@@ -95,7 +96,7 @@ def default_config(quick: bool = False, **overrides) -> FlowConfig:
 
 
 def _validate(cfg: FlowConfig, noise: list[float]) -> None:
-    def check(name, values, choices):
+    def check(name: str, values: list[str], choices: tuple[str, ...]) -> None:
         bad = [v for v in values if v not in choices]
         if bad or not values:
             raise ValueError(f"unknown {name} {bad or values!r}; choose from: {', '.join(choices)}")
@@ -116,7 +117,7 @@ def _validate(cfg: FlowConfig, noise: list[float]) -> None:
         raise ValueError(f"seeds must be >= 1 and epochs >= 0; got seeds={cfg.seeds}, epochs={cfg.epochs}")
 
 
-def t_interval(values) -> tuple[float, float | None, float | None]:
+def t_interval(values: Sequence[float]) -> tuple[float, float | None, float | None]:
     """(mean, low, high): the 95% Student-t interval of the mean over seeds; (mean, None, None) for one value."""
     from scipy import stats
 
@@ -236,7 +237,7 @@ def accuracy(net: FlowNet, x: torch.Tensor, y: torch.Tensor) -> float:
         return float((net(x).argmax(-1) == y).float().mean())
 
 
-def fixed_noise(shape, seed: int) -> torch.Tensor:
+def fixed_noise(shape: torch.Size | tuple[int, ...], seed: int) -> torch.Tensor:
     """The one fixed standard-normal test noise draw of seed ``seed``."""
     return torch.randn(shape, generator=torch.Generator().manual_seed(10_000 + seed))
 
@@ -275,8 +276,8 @@ def train_arm(
     mixing: str,
     value: str,
     K: int,
-    x,
-    y,
+    x: torch.Tensor,
+    y: torch.Tensor,
     sigmas: list[float],
     seeds: list[int],
     lr: float,
@@ -288,7 +289,9 @@ def train_arm(
     return train_group(nets, x=x, y=y, sigmas=sigmas, seeds=[s + 1 for s in seeds], epochs=cfg.epochs, lr=lr, cfg=cfg)
 
 
-def fit_classifiers(cfg: FlowConfig, x, y, sigmas: list[float], seeds: list[int]) -> list[FlowNet]:
+def fit_classifiers(
+    cfg: FlowConfig, x: torch.Tensor, y: torch.Tensor, sigmas: list[float], seeds: list[int]
+) -> list[FlowNet]:
     """Stage 1: the K = 0 network (embedding + theta) trained end to end per (sigma, seed): the multinomial
     regression fit."""
     nets = []
@@ -331,16 +334,7 @@ def choose_lrs(
     own (:func:`selection_seeds`, disjoint from the reported seeds and never reported), on the last
     ``val_fraction`` of the training split (the test set is never used). Ties go to the smaller learning rate.
     ``known``: choices already made (a resumed run), kept as they are."""
-    arms = arm_names(cfg) + ([] if "neither" in cfg.mixings else [("neither", "neither", "none")])
-    cells = list(
-        dict.fromkeys(
-            (t, a, m, v, 0 if m == "neither" else k)
-            for t in cfg.thetas
-            for a, m, v in arms
-            for k in cfg.K
-            if k > 0 or m == "neither"
-        )
-    )
+    cells = _lr_cells(cfg)
     chosen = dict(known or {})
     if len(cfg.lr_grid) < 2:
         lr = cfg.lr_grid[0] if cfg.lr_grid else cfg.lr
@@ -350,37 +344,68 @@ def choose_lrs(
     sigma = float(np.median(noise))
     val_seeds = selection_seeds(cfg, seed)
     xv = xv + sigma * fixed_noise(xv.shape, seed + 777)
-    fits = None
+    split = (xt, yt, xv, yv)
+    fits: list[FlowNet] | None = None
     for theta, arm, mixing, value, k in cells:
         if lr_key(theta, arm, k) in chosen:
             continue
         fits = fits or fit_classifiers(cfg, xt, yt, [sigma] * len(val_seeds), val_seeds)
         scores = {
-            lr: float(
-                np.mean(
-                    [
-                        accuracy(n, xv, yv)
-                        for n in train_arm(
-                            fits,
-                            cfg=cfg,
-                            theta=theta,
-                            mixing=mixing,
-                            value=value,
-                            K=k,
-                            x=xt,
-                            y=yt,
-                            sigmas=[sigma] * len(val_seeds),
-                            seeds=val_seeds,
-                            lr=lr,
-                        )
-                    ]
-                )
+            lr: _validation_accuracy(
+                fits, split, cfg=cfg, theta=theta, mixing=mixing, value=value, K=k, sigma=sigma, seeds=val_seeds, lr=lr
             )
             for lr in cfg.lr_grid
         }
         chosen[lr_key(theta, arm, k)] = max(scores, key=lambda lr: (scores[lr], -lr))
         say(f"lr for theta={theta} {arm} K={k}: {chosen[lr_key(theta, arm, k)]:g}  (validation accuracy {scores})")
     return chosen
+
+
+def _validation_accuracy(
+    fits: list[FlowNet],
+    split: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    *,
+    cfg: FlowConfig,
+    theta: str,
+    mixing: str,
+    value: str,
+    K: int,
+    sigma: float,
+    seeds: list[int],
+    lr: float,
+) -> float:
+    """The mean validation accuracy over ``seeds`` of one arm trained at ``lr`` (:func:`train_arm`) on the training
+    part of ``split`` = (x_train, y_train, x_val, y_val)."""
+    xt, yt, xv, yv = split
+    nets = train_arm(
+        fits,
+        cfg=cfg,
+        theta=theta,
+        mixing=mixing,
+        value=value,
+        K=K,
+        x=xt,
+        y=yt,
+        sigmas=[sigma] * len(seeds),
+        seeds=seeds,
+        lr=lr,
+    )
+    return float(np.mean([accuracy(n, xv, yv) for n in nets]))
+
+
+def _lr_cells(cfg: FlowConfig) -> list[tuple[str, str, str, str, int]]:
+    """(theta, arm, mixing, value, K) of every learning rate :func:`choose_lrs` chooses (``neither``: K = 0 only,
+    chosen even when ``neither`` is not an arm: every arm's K = 0 is that network)."""
+    arms = arm_names(cfg) + ([] if "neither" in cfg.mixings else [("neither", "neither", "none")])
+    return list(
+        dict.fromkeys(
+            (t, a, m, v, 0 if m == "neither" else k)
+            for t in cfg.thetas
+            for a, m, v in arms
+            for k in cfg.K
+            if k > 0 or m == "neither"
+        )
+    )
 
 
 def _flow_params(cfg: FlowConfig, *, x: torch.Tensor, num_classes: int, mixing: str, value: str, K: int) -> int:
@@ -408,40 +433,22 @@ def _assemble(
     """The result dict (the store ``flow_results.json``) of the cells finished so far."""
     from axiomformer.flows.comparisons import compare_arms
 
-    arms = []
-    for (theta, arm, mixing, value, K, sigma), values in acc.items():
-        mean, low, high = t_interval(values)
-        arms.append(
-            {
-                "arm": arm,
-                "theta": theta,
-                "mixing": mixing,
-                "value": value,
-                "K": K,
-                "noise": sigma,
-                "flow_params": _flow_params(cfg, x=xtr, num_classes=ds.num_classes, mixing=mixing, value=value, K=K),
-                "acc_mean": mean,
-                "ci_low": low,
-                "ci_high": high,
-                "n_seeds": len(values),
-                "acc": values,
-            }
-        )
-    flows = []
-    for (method, K, sigma), values in tt.items():
-        mean, low, high = t_interval(values)
-        flows.append(
-            {
-                "method": method,
-                "K": K,
-                "noise": sigma,
-                "acc_mean": mean,
-                "ci_low": low,
-                "ci_high": high,
-                "n_seeds": len(values),
-                "acc": values,
-            }
-        )
+    arms = [
+        {
+            "arm": arm,
+            "theta": theta,
+            "mixing": mixing,
+            "value": value,
+            "K": K,
+            "noise": sigma,
+            "flow_params": _flow_params(cfg, x=xtr, num_classes=ds.num_classes, mixing=mixing, value=value, K=K),
+            **_seed_summary(values),
+        }
+        for (theta, arm, mixing, value, K, sigma), values in acc.items()
+    ]
+    flows = [
+        {"method": method, "K": K, "noise": sigma, **_seed_summary(values)} for (method, K, sigma), values in tt.items()
+    ]
     comparisons, equivalence = compare_arms(
         {(t, a, k, s): v for (t, a, _, _, k, s), v in acc.items()}, cfg.equivalence_margin
     )
@@ -470,6 +477,12 @@ def _assemble(
     }
 
 
+def _seed_summary(values: list[float]) -> dict[str, Any]:
+    """A result row's accuracies over seeds: their mean, 95 % interval (:func:`t_interval`), count and the values."""
+    mean, low, high = t_interval(values)
+    return {"acc_mean": mean, "ci_low": low, "ci_high": high, "n_seeds": len(values), "acc": values}
+
+
 def _write_json(path: Path, payload: dict) -> None:
     """Write ``payload`` to ``path`` atomically (a temporary file, then a rename): never half-written."""
     tmp = path.with_name(path.name + ".tmp")
@@ -477,7 +490,9 @@ def _write_json(path: Path, payload: dict) -> None:
     tmp.replace(path)
 
 
-def _resume(out_dir, header: dict) -> tuple[dict, dict]:
+def _resume(
+    out_dir: str | Path | None, header: dict[str, Any]
+) -> tuple[dict[tuple[Any, ...], list[float]], dict[str, float]]:
     """(per-seed accuracies, learning rates) of an interrupted run of the same protocol in ``out_dir``; empty if
     there is none, it is unreadable, or any setting differs."""
     path = Path(out_dir) / "flow_results.partial.json" if out_dir is not None else None
@@ -512,6 +527,22 @@ def _train_arms(
     """Train and score every (theta, arm, K) not yet in ``acc``; ``save()`` after each arm (resumable)."""
     noise = list(dict.fromkeys(r[1] for r in runs))
     sigmas, run_seeds = [r[1] for r in runs], [1000 * r[0] for r in runs]
+
+    def train(theta: str, mixing: str, value: str, K: int, lr: float) -> list[FlowNet]:
+        return train_arm(
+            fits,
+            cfg=cfg,
+            theta=theta,
+            mixing=mixing,
+            value=value,
+            K=K,
+            x=xtr,
+            y=ytr,
+            sigmas=sigmas,
+            seeds=run_seeds,
+            lr=lr,
+        )
+
     for theta in cfg.thetas:
         base = None  # K = 0 and 'neither' have no flow parameters: one network, reported under every arm
         for arm, mixing, value in arm_names(cfg):
@@ -519,59 +550,47 @@ def _train_arms(
                 if all((theta, arm, mixing, value, K, s) in acc for s in noise):
                     continue
                 if K == 0 or mixing == "neither":
-                    base = base or train_arm(
-                        fits,
-                        cfg=cfg,
-                        theta=theta,
-                        mixing="neither",
-                        value="none",
-                        K=0,
-                        x=xtr,
-                        y=ytr,
-                        sigmas=sigmas,
-                        seeds=run_seeds,
-                        lr=lrs[lr_key(theta, "neither", 0)],
-                    )
+                    base = base or train(theta, "neither", "none", 0, lrs[lr_key(theta, "neither", 0)])
                     nets = base
                 else:
-                    nets = train_arm(
-                        fits,
-                        cfg=cfg,
-                        theta=theta,
-                        mixing=mixing,
-                        value=value,
-                        K=K,
-                        x=xtr,
-                        y=ytr,
-                        sigmas=sigmas,
-                        seeds=run_seeds,
-                        lr=lrs[lr_key(theta, arm, K)],
-                    )
-                for key in [(theta, arm, mixing, value, K, s) for s in noise]:
-                    acc.pop(key, None)
-                for (_, sigma), net, x_test in zip(runs, nets, x_tests):
-                    acc.setdefault((theta, arm, mixing, value, K, sigma), []).append(accuracy(net, x_test, yte))
+                    nets = train(theta, mixing, value, K, lrs[lr_key(theta, arm, K)])
+                cell = (theta, arm, mixing, value, K)
+                _score_arm(acc, cell, runs, nets, x_tests, yte)
                 say(
                     f"theta={theta} {arm} K={K}: "
-                    + ", ".join(
-                        f"noise {sigma:g} {np.mean(acc[(theta, arm, mixing, value, K, sigma)]):.3f}" for sigma in noise
-                    )
+                    + ", ".join(f"noise {sigma:g} {np.mean(acc[cell + (sigma,)]):.3f}" for sigma in noise)
                     + f"  [{time.perf_counter() - t0:.0f} s wall, {time.process_time():.0f} s CPU]"
                 )
             save()
 
 
+def _score_arm(
+    acc: dict[tuple[Any, ...], list[float]],
+    cell: tuple[str, str, str, str, int],
+    runs: list[tuple[int, float]],
+    nets: list[FlowNet],
+    x_tests: list[torch.Tensor],
+    yte: torch.Tensor,
+) -> None:
+    """Replace the test accuracies of ``cell`` = (theta, arm, mixing, value, K) in ``acc``, one per (seed, noise) run,
+    keyed by (*cell, noise)."""
+    for sigma in dict.fromkeys(r[1] for r in runs):
+        acc.pop(cell + (sigma,), None)
+    for (_, sigma), net, x_test in zip(runs, nets, x_tests):
+        acc.setdefault(cell + (sigma,), []).append(accuracy(net, x_test, yte))
+
+
 def run_flow_experiment(
     dataset: str = "mnist5k",
     *,
-    noise=(0.0, 1.0),
-    out_dir=None,
+    noise: Iterable[float] = (0.0, 1.0),
+    out_dir: str | Path | None = None,
     quiet: bool = True,
     seed: int = 0,
     quick: bool = False,
-    data_dir=None,
+    data_dir: str | Path | None = None,
     config: FlowConfig | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Run the flow experiment (protocol in the module docstring and ``docs/flows.md``).
 
     Args:
@@ -600,59 +619,114 @@ def run_flow_experiment(
     from axiomformer.flows.inference_flow import sanity_checks
 
     t0, c0 = time.perf_counter(), time.process_time()
-    noise = [float(s) for s in noise]
-    cfg = config or default_config(quick)
-    cfg = replace(cfg, K=tuple(sorted({int(k) for k in cfg.K})))
-    _validate(cfg, noise)
-    say = (lambda *_: None) if quiet else (lambda *a: print(*a, flush=True))
-    ds = load_dataset(dataset, data_dir, seed=seed)
-    xtr, ytr, xte, yte = prepare(ds, cfg)
-    seeds = [seed + i for i in range(cfg.seeds)]
-    _check_disjoint(selection_seeds(cfg, seed), [1000 * s for s in seeds])
-    header = _header(ds.name, noise, seeds, quick, cfg)
-    acc, lrs = _resume(out_dir, header)
-    if acc or lrs:
-        say(f"resuming {out_dir}: {len(acc)} finished cells, {len(lrs)} learning rates")
-    tt: dict[tuple, list[float]] = {}
-
-    def assemble() -> dict:
-        return _assemble(ds, cfg=cfg, xtr=xtr, xte=xte, noise=noise, seeds=seeds, acc=acc, tt=tt, lrs=lrs, quick=quick)
-
-    def save():
-        if out_dir is not None:  # finished arms survive an interruption
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
-            _write_json(Path(out_dir) / "flow_results.partial.json", assemble())
-
-    lrs.update(choose_lrs(cfg, x=xtr, y=ytr, noise=noise, seed=seed, say=say, known=lrs))
-    save()
-    runs = [(s, sigma) for s in seeds for sigma in noise]  # every arm trains these side by side
-    fits = fit_classifiers(cfg, xtr, ytr, [r[1] for r in runs], [1000 * r[0] for r in runs])
-    x_tests = [xte + sigma * fixed_noise(xte.shape, s) for s, sigma in runs]
-    _test_time_flow(runs, fits=fits, x_tests=x_tests, yte=yte, K=cfg.K, tt=tt)
-    say(f"fitted theta for {len(runs)} (seed, noise) runs  [{time.perf_counter() - t0:.0f} s]")
-    _train_arms(
-        cfg,
-        fits=fits,
-        xtr=xtr,
-        ytr=ytr,
-        runs=runs,
-        x_tests=x_tests,
-        yte=yte,
-        lrs=lrs,
-        acc=acc,
-        say=say,
-        save=save,
-        t0=t0,
-    )
-    result = assemble()
+    say: Callable[..., None] = (lambda *_: None) if quiet else (lambda *a: print(*a, flush=True))
+    run = _start_run(dataset, noise, out_dir, seed=seed, quick=quick, data_dir=data_dir, config=config, say=say)
+    runs, fits = _run_arms(run, seed, say, t0)
+    result = run.assemble()
+    first, sigma = run.seeds[0], max(run.noise)
     result["sanity"] = sanity_checks(
-        fits[runs.index((seeds[0], max(noise)))], x=xtr, y=ytr, sigma=max(noise), seed=seeds[0], steps=cfg.oracle_steps
+        fits[runs.index((first, sigma))], x=run.xtr, y=run.ytr, sigma=sigma, seed=first, steps=run.cfg.oracle_steps
     )
     result["runtime_s"] = round(time.perf_counter() - t0, 2)
     result["cpu_s"] = round(time.process_time() - c0, 2)
     if out_dir is not None:
         _write_outputs(Path(out_dir), result)
     return result
+
+
+@dataclass
+class _Run:
+    """One run of :func:`run_flow_experiment`: its data and settings, and the results so far (per-seed accuracies
+    ``acc``, test-time flows ``tt``, learning rates ``lrs``), which :meth:`save` writes as the partial store."""
+
+    ds: Dataset
+    cfg: FlowConfig
+    xtr: torch.Tensor
+    ytr: torch.Tensor
+    xte: torch.Tensor
+    yte: torch.Tensor
+    noise: list[float]
+    seeds: list[int]
+    quick: bool
+    out_dir: str | Path | None
+    acc: dict[tuple[Any, ...], list[float]]
+    lrs: dict[str, float]
+    tt: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
+
+    def assemble(self) -> dict[str, Any]:
+        return _assemble(
+            self.ds,
+            cfg=self.cfg,
+            xtr=self.xtr,
+            xte=self.xte,
+            noise=self.noise,
+            seeds=self.seeds,
+            acc=self.acc,
+            tt=self.tt,
+            lrs=self.lrs,
+            quick=self.quick,
+        )
+
+    def save(self) -> None:
+        if self.out_dir is not None:  # finished arms survive an interruption
+            Path(self.out_dir).mkdir(parents=True, exist_ok=True)
+            _write_json(Path(self.out_dir) / "flow_results.partial.json", self.assemble())
+
+
+def _start_run(
+    dataset: str,
+    noise: Iterable[float],
+    out_dir: str | Path | None,
+    *,
+    seed: int,
+    quick: bool,
+    data_dir: str | Path | None,
+    config: FlowConfig | None,
+    say: Callable[..., None],
+) -> _Run:
+    """The checked settings, the data and what an interrupted run in ``out_dir`` left (:func:`_resume`)."""
+    levels = [float(s) for s in noise]
+    cfg = config or default_config(quick)
+    cfg = replace(cfg, K=tuple(sorted({int(k) for k in cfg.K})))
+    _validate(cfg, levels)
+    ds = load_dataset(dataset, data_dir, seed=seed)
+    xtr, ytr, xte, yte = prepare(ds, cfg)
+    seeds = [seed + i for i in range(cfg.seeds)]
+    _check_disjoint(selection_seeds(cfg, seed), [1000 * s for s in seeds])
+    acc, lrs = _resume(out_dir, _header(ds.name, levels, seeds, quick, cfg))
+    if acc or lrs:
+        say(f"resuming {out_dir}: {len(acc)} finished cells, {len(lrs)} learning rates")
+    return _Run(ds, cfg, xtr, ytr, xte, yte, levels, seeds, quick, out_dir, acc, lrs)
+
+
+def _run_arms(
+    run: _Run, seed: int, say: Callable[..., None], t0: float
+) -> tuple[list[tuple[int, float]], list[FlowNet]]:
+    """Choose the learning rates, fit theta per (seed, noise) run, the test-time flows, then train every arm; the
+    runs and their fitted K = 0 networks."""
+    cfg = run.cfg
+    run.lrs.update(choose_lrs(cfg, x=run.xtr, y=run.ytr, noise=run.noise, seed=seed, say=say, known=run.lrs))
+    run.save()
+    runs = [(s, sigma) for s in run.seeds for sigma in run.noise]  # every arm trains these side by side
+    fits = fit_classifiers(cfg, run.xtr, run.ytr, [r[1] for r in runs], [1000 * r[0] for r in runs])
+    x_tests = [run.xte + sigma * fixed_noise(run.xte.shape, s) for s, sigma in runs]
+    _test_time_flow(runs, fits=fits, x_tests=x_tests, yte=run.yte, K=cfg.K, tt=run.tt)
+    say(f"fitted theta for {len(runs)} (seed, noise) runs  [{time.perf_counter() - t0:.0f} s]")
+    _train_arms(
+        cfg,
+        fits=fits,
+        xtr=run.xtr,
+        ytr=run.ytr,
+        runs=runs,
+        x_tests=x_tests,
+        yte=run.yte,
+        lrs=run.lrs,
+        acc=run.acc,
+        say=say,
+        save=run.save,
+        t0=t0,
+    )
+    return runs, fits
 
 
 def _header(name: str, noise: list[float], seeds: list[int], quick: bool, cfg: FlowConfig) -> dict:

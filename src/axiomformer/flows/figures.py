@@ -4,9 +4,10 @@ noise level, with the 95% intervals, for each theta setting; and the test-time f
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
-def _panel(ax, rows: list[dict], key: str, title: str) -> None:
+def _panel(ax: Any, rows: list[dict[str, Any]], key: str, title: str) -> None:  # ax: a matplotlib Axes (untyped)
     for name in dict.fromkeys(r[key] for r in rows):
         pts = sorted((r for r in rows if r[key] == name), key=lambda r: r["K"])
         ks = [r["K"] for r in pts]

@@ -24,7 +24,7 @@ integrator and the step size, reported under "sanity" and never beside accuracie
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -43,7 +43,9 @@ def _spectral_sq(theta: Tensor) -> float:
     return float(torch.linalg.matrix_norm(theta.double(), ord=2)) ** 2
 
 
-def label_free_flow(net: FlowNet, x: Tensor, y: Tensor, K, methods=LABEL_FREE_METHODS) -> dict[tuple, float]:
+def label_free_flow(
+    net: FlowNet, x: Tensor, y: Tensor, K: Sequence[int], methods: Sequence[str] = LABEL_FREE_METHODS
+) -> dict[tuple[str, int], float]:
     """Accuracy of ``net``'s classifier after K label-free flow steps of its test features, theta fixed.
 
     Args:
@@ -57,7 +59,7 @@ def label_free_flow(net: FlowNet, x: Tensor, y: Tensor, K, methods=LABEL_FREE_ME
     Raises:
         RuntimeError: a flow step left the features unchanged (a no-op arm).
     """
-    out = {}
+    out: dict[tuple[str, int], float] = {}
     with torch.no_grad():
         Z0 = net.embed_inputs(x)
     for method in methods:

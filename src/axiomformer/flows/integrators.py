@@ -49,7 +49,7 @@ def rk4_step(f: VectorField, Z: Tensor, h: float) -> Tensor:
 _SUB = {"euler": euler_step, "rk4": rk4_step}
 
 
-def _sub(name: str):
+def _sub(name: str) -> Callable[[VectorField, Tensor, float], Tensor]:
     if name not in _SUB:
         raise ValueError(f"unknown substep {name!r}; choose one of: {', '.join(SUBSTEPS)}")
     return _SUB[name]

@@ -64,6 +64,45 @@ def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"unknown {name} {value!r}; choose one of: {', '.join(choices)}")
 
 
+def _check_options(
+    model: str, mixing: str, value: str, readout: str, transposed_term: str, steps: int, num_tokens: int | None
+) -> None:
+    """The checks of :class:`FlowNet`'s options (its Raises, all but the token MLP's width and ``shuffled``)."""
+    _choice("model", model, MODELS)
+    _choice("mixing", mixing, MIXINGS)
+    _choice("value", value, VALUES)
+    _choice("readout", readout, READOUTS)
+    _choice("transposed_term", transposed_term, TRANSPOSED_TERMS)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    if model == "quadratic" and not num_tokens:
+        raise ValueError("model='quadratic' needs num_tokens (inputs are (batch, num_tokens, in_features))")
+    if value == "free" and transposed_term != "drop" and model == "quadratic":
+        raise ValueError(
+            "value='free' replaces the values of the row-normalized self-attention; it needs transposed_term='drop'"
+        )
+    if model == "linear" and mixing == "token_mlp":
+        raise ValueError(
+            "mixing=token_mlp needs model='quadratic': the linear model's tied attention step has "
+            "no parameters to match (its keys and values are the classifier's theta)"
+        )
+
+
+def _mlp_hidden(mixing: str, dim: int, hidden: int | None) -> int:
+    """The MLP's hidden width: ``hidden`` (default 2 dim), or for ``token_mlp`` the width whose parameter count comes
+    closest to the attention step's d^2 (ValueError when not within :data:`PARAM_TOLERANCE`)."""
+    if mixing != "token_mlp":
+        return hidden or 2 * dim
+    hidden = matched_hidden(dim, dim * dim)
+    count = 2 * dim * hidden + hidden + dim
+    if abs(count - dim * dim) > PARAM_TOLERANCE * dim * dim:
+        raise ValueError(
+            f"mixing=token_mlp: no hidden width gives within 15% of the attention step's "
+            f"{dim * dim} parameters at dim={dim} (closest: {count}); use dim=3 or dim >= 5"
+        )
+    return hidden
+
+
 class FlowNet(nn.Module):
     """K flow steps between a linear embedding and a multinomial-regression classifier theta.
 
@@ -116,64 +155,42 @@ class FlowNet(nn.Module):
         project: float | None = None,
         num_tokens: int | None = None,
         transposed_term: str = "drop",
-    ):
+    ) -> None:
         super().__init__()
-        _choice("model", model, MODELS)
-        _choice("mixing", mixing, MIXINGS)
-        _choice("value", value, VALUES)
-        _choice("readout", readout, READOUTS)
-        _choice("transposed_term", transposed_term, TRANSPOSED_TERMS)
-        if steps < 0:
-            raise ValueError(f"steps must be >= 0, got {steps}")
-        if model == "quadratic" and not num_tokens:
-            raise ValueError("model='quadratic' needs num_tokens (inputs are (batch, num_tokens, in_features))")
-        if value == "free" and transposed_term != "drop" and model == "quadratic":
-            raise ValueError(
-                "value='free' replaces the values of the row-normalized self-attention; it needs transposed_term='drop'"
-            )
-        if model == "linear" and mixing == "token_mlp":
-            raise ValueError(
-                "mixing=token_mlp needs model='quadratic': the linear model's tied attention step has "
-                "no parameters to match (its keys and values are the classifier's theta)"
-            )
+        _check_options(model, mixing, value, readout, transposed_term, steps, num_tokens)
         self.model, self.steps, self.share_steps, self.step_size = model, steps, share_steps, step_size
         self.mixing, self.value, self.readout = mixing, value, readout
         self.project, self.transposed_term = project, transposed_term
         self.use_attention = mixing in ATTENTION_MIXINGS
         self.use_mlp = mixing in ("mlp", "both", "token_mlp")
-        hidden = hidden or 2 * dim
-        if mixing == "token_mlp":
-            hidden = matched_hidden(dim, dim * dim)
-            count = 2 * dim * hidden + hidden + dim
-            if abs(count - dim * dim) > PARAM_TOLERANCE * dim * dim:
-                raise ValueError(
-                    f"mixing=token_mlp: no hidden width gives within 15% of the attention step's "
-                    f"{dim * dim} parameters at dim={dim} (closest: {count}); use dim=3 or dim >= 5"
-                )
+        hidden = _mlp_hidden(mixing, dim, hidden)
         n_blocks = 0 if steps == 0 else (1 if share_steps else steps)
         self.embed = nn.Linear(in_features, dim)
         self.mlps = nn.ModuleList(_mlp(dim, hidden) for _ in range(n_blocks if self.use_mlp else 0))
         attn_blocks = n_blocks if self.use_attention else 0
-        width = dim
         if model == "linear":
+            width = dim
             if value == "free":
                 self.values = nn.ParameterList(
                     nn.Parameter(torch.randn(num_classes, dim) / dim**0.5) for _ in range(attn_blocks)
                 )
         else:
-            tokens = num_tokens + (1 if readout == "cls" else 0)
-            self.position = nn.Parameter(torch.zeros(tokens, dim))
-            if readout == "cls":
-                self.cls_token = nn.Parameter(torch.zeros(dim))
-            learned_form = attn_blocks if value != "classifier" else 0
-            self.phis = nn.ParameterList(nn.Parameter(torch.randn(dim, dim) / dim) for _ in range(learned_form))
-            if value == "free":
-                self.values = nn.ParameterList(
-                    nn.Parameter(torch.randn(dim, dim) / dim**0.5) for _ in range(attn_blocks)
-                )
-            if readout == "flatten":
-                width = tokens * dim
+            assert num_tokens is not None  # _check_options: the quadratic model needs it
+            width = self._build_token_parameters(num_tokens, dim, attn_blocks)
         self.theta = nn.Parameter(torch.randn(num_classes, width) / width**0.5)
+
+    def _build_token_parameters(self, num_tokens: int, dim: int, attn_blocks: int) -> int:
+        """The quadratic model's positions, CLS token, forms phi and free values (in this order: the random draws and
+        the parameters' order follow it); returns the readout's width."""
+        tokens = num_tokens + (1 if self.readout == "cls" else 0)
+        self.position = nn.Parameter(torch.zeros(tokens, dim))
+        if self.readout == "cls":
+            self.cls_token = nn.Parameter(torch.zeros(dim))
+        learned_form = attn_blocks if self.value != "classifier" else 0
+        self.phis = nn.ParameterList(nn.Parameter(torch.randn(dim, dim) / dim) for _ in range(learned_form))
+        if self.value == "free":
+            self.values = nn.ParameterList(nn.Parameter(torch.randn(dim, dim) / dim**0.5) for _ in range(attn_blocks))
+        return tokens * dim if self.readout == "flatten" else dim
 
     @property
     def classifier_parameters(self) -> list[nn.Parameter]:
@@ -281,7 +298,7 @@ class FlowNet(nn.Module):
         """Logits (batch, num_classes) = readout(Z) theta^T."""
         return self.read_out(Z) @ self.theta.T
 
-    def forward(self, x: Tensor, return_features: bool = False):
+    def forward(self, x: Tensor, return_features: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
         feats = self.features(x)
         logits = self.classify(feats[-1])
         return (logits, feats) if return_features else logits

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from torch import nn
 
@@ -36,7 +37,7 @@ def build_model(
     max_len: int,
     spec: AttentionSpec | None = None,
     causal: bool = True,
-    **options,
+    **options: Any,
 ) -> nn.Module:
     """A model mapping token ids (batch, seq) int64 -> logits (batch, seq, vocab_size).
 

@@ -13,6 +13,9 @@ from torch import Tensor, nn
 
 RECURRENT_KINDS = ("rnn", "lstm", "gru")
 
+RecurrentState = Tensor | tuple[Tensor, Tensor]
+"""The final state of the stack: h (num_layers, batch, dim); for ``lstm`` the pair (h, c)."""
+
 
 class RecurrentLM(nn.Module):
     """Recurrent language model: token ids (batch, seq) int64 -> logits (batch, seq, vocab_size).
@@ -38,6 +41,7 @@ class RecurrentLM(nn.Module):
         self.kind, self.vocab_size, self.dim = kind, vocab_size, dim
         self.embed = nn.Embedding(vocab_size, dim)
         nn.init.normal_(self.embed.weight, std=dim**-0.5)
+        self.rnn: nn.RNNBase
         if kind == "rnn":
             self.rnn = nn.RNN(dim, dim, num_layers, nonlinearity="tanh", batch_first=True)
         else:
@@ -49,7 +53,9 @@ class RecurrentLM(nn.Module):
     def engines(self) -> list[str]:
         return ["recurrent"]
 
-    def forward(self, ids: Tensor, state=None, *, return_state: bool = False):
+    def forward(
+        self, ids: Tensor, state: RecurrentState | None = None, *, return_state: bool = False
+    ) -> Tensor | tuple[Tensor, RecurrentState]:
         """Logits (batch, seq, vocab_size); with ``return_state`` also the final recurrent state.
 
         Args:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -72,7 +73,9 @@ class Block(nn.Module):
         position_ids: Tensor | None = None,
     ) -> Tensor:
         x = x + self.attn(self.norm1(x), cache=cache, key_padding_mask=key_padding_mask, position_ids=position_ids)
-        return x if self.mlp is None else x + self.mlp(self.norm2(x))
+        if self.mlp is None or self.norm2 is None:  # attention-only: both are None together
+            return x
+        return x + self.mlp(self.norm2(x))
 
 
 class TransformerLM(nn.Module):
@@ -152,7 +155,7 @@ class TransformerLM(nn.Module):
     @property
     def layer_specs(self) -> list[AttentionSpec]:
         """The spec of each layer (all ``spec`` unless the model was built with ``layer_specs``)."""
-        return [block.attn.spec for block in self.blocks]
+        return [attn.spec for attn in self._attentions()]
 
     def new_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per layer, for incremental decoding."""
@@ -161,7 +164,11 @@ class TransformerLM(nn.Module):
     @property
     def engines(self) -> list[str]:
         """Names of the attention engines that ran in the last forward, one per layer."""
-        return [block.attn.last_engine or "" for block in self.blocks]
+        return [attn.last_engine or "" for attn in self._attentions()]
+
+    def _attentions(self) -> list[Attention]:
+        """Each block's attention layer, first to last (``self.blocks`` holds only :class:`Block`)."""
+        return [cast(Block, block).attn for block in self.blocks]
 
     def embed_tokens(self, ids: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """(batch, seq, dim): scaled token embeddings plus the input position encoding of ``positions``

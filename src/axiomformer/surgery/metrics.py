@@ -15,13 +15,26 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from axiomformer.surgery.load import builtin_sentences, load_model, model_name
-from axiomformer.surgery.replace import attention_layers, relax_model, replace_attention
+from axiomformer.surgery.replace import (
+    AxiomSelfAttention,
+    _check_layer_indices,
+    attention_layers,
+    relax_model,
+    replace_attention,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+M = TypeVar("M", bound=nn.Module)
 
 DEFAULT_RELAXATIONS: tuple[str, ...] = (
     "aggregator=mlp",
@@ -49,13 +62,15 @@ axis except ``normalizer=gumbel_softmax`` and ``scale=learned``, which equal the
 initialisation (Gumbel noise only in training; the learned scale starts at 1/sqrt(head_dim))."""
 
 
-def clone_model(model):
+def clone_model(model: M) -> M:
     """A deep copy of ``model`` that shares its embedding tables (surgery never modifies them; saves memory/time)."""
     shared = {id(m): m for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     return copy.deepcopy(model, memo=shared)
 
 
-def tokenize(tokenizer, sentences: Sequence[str], batch_size: int = 32, max_length: int = 128) -> list[dict]:
+def tokenize(
+    tokenizer: PreTrainedTokenizerBase, sentences: Sequence[str], batch_size: int = 32, max_length: int = 128
+) -> list[dict[str, Tensor]]:
     """Padded, truncated batches (dicts of (batch, seq) int64 tensors: input_ids, attention_mask, ...)."""
     return [
         dict(
@@ -72,7 +87,7 @@ def tokenize(tokenizer, sentences: Sequence[str], batch_size: int = 32, max_leng
 
 
 @torch.no_grad()
-def last_hidden_states(model, batches: Sequence[dict]) -> list[Tensor]:
+def last_hidden_states(model: nn.Module, batches: Sequence[dict[str, Tensor]]) -> list[Tensor]:
     """The model's last hidden state (batch, seq, dim) for each batch."""
     return [model(**batch).last_hidden_state for batch in batches]
 
@@ -83,13 +98,13 @@ def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
     return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
 
 
-def embed(model, batches: Sequence[dict]) -> Tensor:
+def embed(model: nn.Module, batches: Sequence[dict[str, Tensor]]) -> Tensor:
     """Mean-pooled sentence embeddings (n_sentences, dim), float32."""
     hidden = last_hidden_states(model, batches)
     return torch.cat([mean_pool(h, b["attention_mask"]) for h, b in zip(hidden, batches)]).float()
 
 
-def max_abs_err(reference: Sequence[Tensor], other: Sequence[Tensor], batches: Sequence[dict]) -> float:
+def max_abs_err(reference: Sequence[Tensor], other: Sequence[Tensor], batches: Sequence[dict[str, Tensor]]) -> float:
     """Largest |difference| of two lists of hidden states over the real (non-padding) tokens."""
     worst = 0.0
     for a, b, batch in zip(reference, other, batches):
@@ -149,7 +164,7 @@ class SurgeryReport:
 
 
 def run_surgery(
-    model_dir=None,
+    model_dir: str | Path | None = None,
     relaxations: Sequence[str] | None = None,
     sentences: Sequence[str] | None = None,
     *,
@@ -157,8 +172,8 @@ def run_surgery(
     batch_size: int = 32,
     seed: int = 0,
     on_result: Callable[[dict], None] | None = None,
-    model_and_tokenizer=None,
-    audit_fn: Callable | None = None,
+    model_and_tokenizer: tuple[nn.Module, PreTrainedTokenizerBase] | None = None,
+    audit_fn: Callable[[nn.Module], dict[str, Any]] | None = None,
 ) -> SurgeryReport:
     """Measure the standard replacement and each relaxation on a sentence set.
 
@@ -192,25 +207,42 @@ def run_surgery(
         layers=None if layers is None else list(layers),
     )
     specs = list(relaxations or DEFAULT_RELAXATIONS)
-    wrappers = attention_layers(replaced)
-    for spec in specs:  # fail on a bad relax string before measuring anything
-        wrappers[0].spec.relax(spec)
-    for i in layers or []:
-        if not isinstance(i, int) or not 0 <= i < len(wrappers):
-            raise ValueError(f"layer index {i!r} out of range; the model has layers 0..{len(wrappers) - 1}")
+    _check_relaxations(attention_layers(replaced), specs, layers)
     report.audit = audit_fn(model) if audit_fn is not None else None
     for spec in specs:
-        relaxed = relax_model(clone_model(replaced), spec, layers, seed=seed)
-        after = embed(relaxed, batches)
-        row = {
-            "spec": spec,
-            "cosine": mean_cosine(reference, after),
-            "retrieval_agreement": retrieval_agreement(reference, after),
-        }
-        report.relaxations.append(row)
-        wrappers = attention_layers(relaxed)
-        report.fresh_parameters[spec] = list(wrappers[layers[0] if layers else 0].fresh_parameters)
+        row = _measure_relaxation(report, replaced, spec, layers, seed=seed, batches=batches, reference=reference)
         if on_result is not None:
             on_result(row)
-        del relaxed
     return report
+
+
+def _check_relaxations(wrappers: list[AxiomSelfAttention], specs: list[str], layers: Sequence[int] | None) -> None:
+    """Fail on a bad relax string or layer index before measuring anything (ValueError)."""
+    for spec in specs:
+        wrappers[0].spec.relax(spec)
+    _check_layer_indices(layers or [], len(wrappers))
+
+
+def _measure_relaxation(
+    report: SurgeryReport,
+    replaced: nn.Module,
+    spec: str,
+    layers: Sequence[int] | None,
+    *,
+    seed: int,
+    batches: list[dict[str, Tensor]],
+    reference: Tensor,
+) -> dict[str, Any]:
+    """Relax a copy of ``replaced`` by ``spec``, compare its embeddings with ``reference`` and add the row and the
+    relaxed layer's fresh parameters to ``report``; the row."""
+    relaxed = relax_model(clone_model(replaced), spec, layers, seed=seed)
+    after = embed(relaxed, batches)
+    row = {
+        "spec": spec,
+        "cosine": mean_cosine(reference, after),
+        "retrieval_agreement": retrieval_agreement(reference, after),
+    }
+    report.relaxations.append(row)
+    wrappers = attention_layers(relaxed)
+    report.fresh_parameters[spec] = list(wrappers[layers[0] if layers else 0].fresh_parameters)
+    return row

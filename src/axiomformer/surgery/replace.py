@@ -21,6 +21,7 @@ map (A3), the aggregator (A1) or input position encodings could not act through 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any, NoReturn, SupportsIndex, cast
 
 import torch
 from torch import Tensor, nn
@@ -76,6 +77,7 @@ class AxiomSelfAttention(nn.Module):
         for name, _ in list(module.named_children()):
             delattr(module, name)
         module.__class__ = _adopting_class(type(module))
+        assert isinstance(module, AxiomSelfAttention)  # its class is now a subclass of both
         module._setup(attention, layer_idx)
         return module
 
@@ -87,11 +89,11 @@ class AxiomSelfAttention(nn.Module):
         self,
         hidden_states: Tensor,
         attention_mask: Tensor | None = None,
-        cache=None,
+        cache: object | None = None,
         encoder_hidden_states: Tensor | None = None,
         head_mask: Tensor | None = None,
         output_attentions: bool | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> tuple[Tensor, Tensor | None]:
         if cache is not None or encoder_hidden_states is not None:
             raise NotImplementedError("surgery replaces encoder self-attention only (no KV cache, no cross-attention)")
@@ -117,7 +119,7 @@ class AxiomSelfAttention(nn.Module):
     def extra_repr(self) -> str:
         return f"layer_idx={self.layer_idx}"
 
-    def __reduce_ex__(self, protocol):
+    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
         base = getattr(type(self), "_adopted_base", None)
         if base is None:
             return super().__reduce_ex__(protocol)
@@ -125,7 +127,7 @@ class AxiomSelfAttention(nn.Module):
         return _new_adopted, (base,), self.__dict__
 
 
-_ADOPTING: dict[type, type] = {}
+_ADOPTING: dict[type, type[AxiomSelfAttention]] = {}
 
 
 def _new_adopted(base: type) -> AxiomSelfAttention:
@@ -133,15 +135,30 @@ def _new_adopted(base: type) -> AxiomSelfAttention:
     return cls.__new__(cls)
 
 
-def _adopting_class(base: type) -> type:
+def _adopting_class(base: type) -> type[AxiomSelfAttention]:
     """The class ``Axiom<Base>(AxiomSelfAttention, base)``: our behaviour, and still an instance of ``base``."""
     if issubclass(base, AxiomSelfAttention):
         return base
     if base not in _ADOPTING:
-        _ADOPTING[base] = type(
+        made = type(
             f"Axiom{base.__name__}", (AxiomSelfAttention, base), {"__module__": __name__, "_adopted_base": base}
         )
+        _ADOPTING[base] = cast(type[AxiomSelfAttention], made)  # type() of these bases makes such a subclass
     return _ADOPTING[base]
+
+
+def _attribute(module: nn.Module, name: str) -> Any:
+    """A plain attribute of a transformers module (a config, a submodule, a head count), which nn.Module's typing
+    would call ``Tensor | Module``."""
+    return getattr(module, name)
+
+
+def _linear(module: nn.Module, name: str) -> nn.Linear:
+    """The projection ``module.<name>``; SurgeryError when it is not an ``nn.Linear``."""
+    layer = getattr(module, name, None)
+    if not isinstance(layer, nn.Linear):
+        raise SurgeryError(f"{type(module).__name__}.{name} is not an nn.Linear (got {type(layer).__name__})")
+    return layer
 
 
 def _is_bert_attention_block(module: nn.Module) -> bool:
@@ -178,8 +195,8 @@ def attention_from_bert(self_attention: nn.Module, output_dense: nn.Linear) -> A
     Raises:
         SurgeryError: the attention width differs from the model width (``all_head_size != hidden_size``).
     """
-    q, k, v = self_attention.query, self_attention.key, self_attention.value
-    dim, heads = q.in_features, int(self_attention.num_attention_heads)
+    q, k, v = (_linear(self_attention, name) for name in ("query", "key", "value"))
+    dim, heads = q.in_features, int(_attribute(self_attention, "num_attention_heads"))
     if q.out_features != dim or output_dense.out_features != dim:
         raise SurgeryError(
             f"attention width {q.out_features} differs from model width {dim}; AttentionSpec needs "
@@ -197,13 +214,14 @@ def attention_from_bert(self_attention: nn.Module, output_dense: nn.Linear) -> A
             (module.v_proj, v),
             (module.out_proj, output_dense),
         ):
+            assert isinstance(ours, nn.Linear)  # the standard spec's projections are linear
             ours.weight.copy_(theirs.weight)
             if ours.bias is not None:
                 ours.bias.copy_(theirs.bias)
     return module
 
 
-def _refuse_save_pretrained(*args, **kwargs):
+def _refuse_save_pretrained(*args: object, **kwargs: object) -> NoReturn:
     raise SurgeryError(
         "save_pretrained after replace_attention would write attention weights under names transformers does not "
         "know (attention.self.attention.*, no attention.output.dense): from_pretrained would silently initialise "
@@ -216,7 +234,8 @@ def _block_save_pretrained(model: nn.Module) -> None:
     """Make ``model.save_pretrained`` (and ``push_to_hub``, which calls it) raise instead of writing a checkpoint
     that reloads with random attention weights (huggingface/optimum PR#676 blocks saving converted models too)."""
     if hasattr(model, "save_pretrained"):
-        model.save_pretrained = _refuse_save_pretrained
+        # nn.Module's attribute typing knows tensors and modules only; this is a plain function attribute.
+        model.save_pretrained = _refuse_save_pretrained  # type: ignore[assignment]
 
 
 def replace_attention(model: nn.Module) -> nn.Module:
@@ -232,16 +251,18 @@ def replace_attention(model: nn.Module) -> nn.Module:
     blocks = attention_blocks(model)
     name = register_with_transformers()
     if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(name)
+        _attribute(model, "set_attn_implementation")(name)
     else:  # pragma: no cover - older transformers
-        model.config._attn_implementation = name
+        _attribute(model, "config")._attn_implementation = name
     for idx, block in enumerate(blocks):
-        if isinstance(block.self, AxiomSelfAttention):
+        inner = _attribute(block, "self")
+        if isinstance(inner, AxiomSelfAttention):
             continue
-        attention = attention_from_bert(block.self, block.output.dense)
-        attention.train(block.self.training)
-        AxiomSelfAttention.adopt(block.self, attention, layer_idx=idx)
-        block.output.dense = nn.Identity()
+        output = _attribute(block, "output")
+        attention = attention_from_bert(inner, _linear(output, "dense"))
+        attention.train(inner.training)
+        AxiomSelfAttention.adopt(inner, attention, layer_idx=idx)
+        output.dense = nn.Identity()
     _block_save_pretrained(model)
     return model
 
@@ -249,6 +270,13 @@ def replace_attention(model: nn.Module) -> nn.Module:
 def attention_layers(model: nn.Module) -> list[AxiomSelfAttention]:
     """The :class:`AxiomSelfAttention` modules of a replaced model, in layer order (empty before surgery)."""
     return [m for m in model.modules() if isinstance(m, AxiomSelfAttention)]
+
+
+def _check_layer_indices(indices: Iterable[int], count: int) -> None:
+    """ValueError unless every index is an int in 0 .. count - 1 (the model's layers)."""
+    for i in indices:
+        if not isinstance(i, int) or not 0 <= i < count:
+            raise ValueError(f"layer index {i!r} out of range; the model has layers 0..{count - 1}")
 
 
 def _transfer(old: Attention, new: Attention) -> list[str]:
@@ -289,9 +317,7 @@ def relax_model(
         replace_attention(model)
     wrappers = attention_layers(model)
     indices: Sequence[int] = range(len(wrappers)) if layers is None else list(layers)
-    for i in indices:
-        if not isinstance(i, int) or not 0 <= i < len(wrappers):
-            raise ValueError(f"layer index {i!r} out of range; the model has layers 0..{len(wrappers) - 1}")
+    _check_layer_indices(indices, len(wrappers))
     for i in indices:
         wrapper = wrappers[i]
         old = wrapper.attention

@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 from axiomformer.tasks.base import IGNORE, SPLITS, SyntheticTask, Task, in_eval_split, row_hash
 from axiomformer.tasks.copy import CopyTask
@@ -45,7 +47,7 @@ def task_options(name: str) -> tuple[str, ...]:
     return tuple(p for p in params if p not in ("self", "seq_len"))
 
 
-def make_task(name: str, *, seq_len: int, **options) -> Task:
+def make_task(name: str, *, seq_len: int, **options: Any) -> Task:
     """Build task ``name`` for sequences of ``seq_len`` tokens.
 
     Raises:
@@ -60,7 +62,8 @@ def make_task(name: str, *, seq_len: int, **options) -> Task:
             f"unknown option(s) {', '.join(map(repr, unknown))} for task {name!r}; "
             f"choose from: {', '.join(valid) or '(none)'}"
         )
-    return TASKS[name](seq_len=seq_len, **options)
+    build: Callable[..., Task] = TASKS[name]  # every task class takes seq_len and its own options
+    return build(seq_len=seq_len, **options)
 
 
 __all__ = [

@@ -8,6 +8,7 @@ A batch is windows at random offsets of its region; every position is scored wit
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -58,7 +59,7 @@ class TextTask(Task):
                     f"fewer than seq_len + 1 = {self.seq_len + 1}; use a longer file or shorter seq_len"
                 )
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Iterable[int] | Tensor) -> str:
         return "".join(self.chars[int(i)] for i in ids)
 
     def batch(self, batch_size: int, seed: int, split: str = "train") -> tuple[Tensor, Tensor]:
