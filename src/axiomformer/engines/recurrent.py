@@ -89,6 +89,22 @@ def state_form(
     return out, state
 
 
+def sequential_kind(kind: ProblemKind) -> bool:
+    """Whether a transport's sequential forms (state form, chunked form) run problems of this kind: a causal,
+    bottom-right aligned problem with no mask but key padding, no float bias, ALiBi, dropout or window, and not while
+    ``torch.compile`` traces (a Python loop over the chunks)."""
+    return (
+        kind.mask in ("none", "key")
+        and not kind.bias
+        and kind.alibi == "none"
+        and not kind.dropout
+        and not kind.window
+        and kind.aligned
+        and kind.causal
+        and not kind.compiling
+    )
+
+
 def aligned_inputs(problem: AttentionProblem) -> tuple[Tensor, Tensor, Tensor, TransportGates, Tensor | None, int]:
     """The inputs of a transport's sequential forms (state form, chunked form), in max(q, k dtype, float32):
     ``(qs, k, v, gates, keep, lead)`` with the scaled queries front-padded by ``lead`` rows to the key length
@@ -123,16 +139,7 @@ class RecurrentEngine(EngineBase):
         self.chunk = chunk
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
-        return (
-            kind.mask in ("none", "key")
-            and not kind.bias
-            and kind.alibi == "none"
-            and not kind.dropout
-            and not kind.window
-            and kind.aligned
-            and kind.causal
-            and not kind.compiling
-        )
+        return sequential_kind(kind)
 
     def __call__(
         self, plan: Plan, problem: AttentionProblem, need_weights: bool = False

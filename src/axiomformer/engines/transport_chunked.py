@@ -24,7 +24,7 @@ from axiomformer.axes.transport import TransportGates, transported_scores
 from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
-from axiomformer.engines.recurrent import aligned_inputs
+from axiomformer.engines.recurrent import aligned_inputs, sequential_kind
 
 DEFAULT_BLOCK = 64
 """Tokens per block **(our choice: fla's PaTH kernels use 64)**."""
@@ -133,17 +133,7 @@ class ChunkedTransportEngine(EngineBase):
         self.block = block
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
-        return (
-            kind.mask in ("none", "key")
-            and not kind.mask_heads
-            and not kind.bias
-            and kind.alibi == "none"
-            and not kind.dropout
-            and not kind.window
-            and kind.aligned
-            and kind.causal
-            and not kind.compiling
-        )
+        return not kind.mask_heads and sequential_kind(kind)
 
     def __call__(
         self, plan: Plan, problem: AttentionProblem, need_weights: bool = False
