@@ -42,12 +42,12 @@ def _in_dtype(module: nn.Module, dtype: torch.dtype, inputs: tuple[Tensor, ...],
     """``module(*inputs, **kwargs)`` with every floating input, parameter and buffer cast to ``dtype`` (torch's type
     promotion, as for ``a + b``); gradients flow back to each parameter and input in its own dtype."""
 
-    def cast(t: Tensor) -> Tensor:
+    def promoted(t: Tensor) -> Tensor:
         return t.to(dtype) if t.is_floating_point() else t
 
-    state = {n: cast(p) for n, p in module.named_parameters()}
-    state |= {n: cast(b) for n, b in module.named_buffers()}
-    return torch.func.functional_call(module, state, tuple(cast(t) for t in inputs), kwargs, strict=False)
+    state = {n: promoted(p) for n, p in module.named_parameters()}
+    state |= {n: promoted(b) for n, b in module.named_buffers()}
+    return torch.func.functional_call(module, state, tuple(promoted(t) for t in inputs), kwargs, strict=False)
 
 
 def _with_weights(out: Tensor, weights: Tensor | None, need_weights: bool) -> Tensor | tuple[Tensor, Tensor]:
