@@ -23,7 +23,7 @@ real_add, real_close, real_init = store.ResultsStore.add_run, store.ResultsStore
 
 def add_run(self, row):
     inserted = real_add(self, row)
-    stored.append(row["key"])
+    stored.append(row.key)
     if "after-run-" in mode and len(stored) == int(mode.rsplit("-", 1)[1]):
         os.kill(os.getpid(), signal.SIGKILL if mode.startswith("kill") else signal.SIGINT)
     elif mode in ("twice", "workers") and len(stored) == 1:

@@ -312,6 +312,9 @@ def planted(
 
 
 def _report(path) -> dict:
+    """The report's files rebuilt (``report``), then its JSON (``report --json``, which writes nothing)."""
+    built = CliRunner().invoke(app, ["report", str(path)])
+    assert built.exit_code == 0, built.output
     result = CliRunner().invoke(app, ["report", str(path), "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
@@ -351,7 +354,7 @@ def test_planted_battery_design_answer_and_the_symmetric_rule(tmp_path):
     }
     assert set(answer["control_answer"]["A4"]) == {"mqar@8"}  # a task that does not discriminate: reported apart
     with ResultsStore(tmp_path / "s", readonly=True) as store:
-        assert answer["cpu_seconds"] == pytest.approx(sum(r["cpu_seconds"] for r in store.runs()))
+        assert answer["cpu_seconds"] == pytest.approx(sum(r.cpu_seconds for r in store.runs()))
     report = (tmp_path / "s" / "report.md").read_text()
     assert report.index("| assumption | relaxation | copy@8 |") < report.index("### Can each task answer?")
 
@@ -409,4 +412,67 @@ def test_the_store_columns_are_the_run_record_fields_and_a_malformed_row_is_refu
         with pytest.raises(ValidationError, match="unknown_field"):
             store.add_run(_row("standard", "copy", 2, 1e-3, 0.9) | {"unknown_field": 1})
         (back,) = store.runs()  # nothing half-written; what comes back is the validated record
-        assert RunRecord.model_validate(back).row() == back and back["outcome"]["n_test"] == 64
+        assert RunRecord.model_validate(back.row()) == back and back.outcome.n_test == 64
+
+
+def test_a_run_record_comes_back_from_the_store_as_the_same_typed_record(tmp_path):
+    from axiomformer.study.record import RunOutcome, RunRecord
+
+    record = RunRecord.model_validate(
+        _row("standard", "copy", 0, 1e-3, 0.9) | {"finished_at": "2026-12-02T00:00:00+00:00"}
+    )
+    record = record.model_copy(update={"outcome": RunOutcome(val_accuracy=0.8, extra={"end": {"x": 1}}, probe=2)})
+    with ResultsStore(tmp_path / "s") as store:
+        assert store.add_run(record)
+        (back,) = store.runs()
+    assert isinstance(back, RunRecord) and back == record
+    assert back.outcome.extra == {"end": {"x": 1}} and back.outcome.model_extra == {"probe": 2}
+
+
+def test_a_malformed_stored_row_is_reported_naming_its_key_and_the_field(tmp_path):
+    from axiomformer.study.store import StoreError
+
+    with ResultsStore(tmp_path / "s") as store:
+        store.add_run(_row("standard", "copy", 0, 1e-3, 0.9))
+        # a row written past the record (by hand, or by another tool): its seed is not an integer
+        store.conn.execute("UPDATE runs SET seed = 'one'")
+        with pytest.raises(StoreError, match=r"'standard\|copy@8\|seed=0\|lr=0.001' is malformed: seed: "):
+            store.runs()
+
+
+def test_the_stored_config_reads_back_as_the_study_config_it_was_written_from(tmp_path):
+    from axiomformer.study.config import stored_config
+    from axiomformer.study.sweep import default_config
+
+    config = default_config(quick=True)
+    with ResultsStore(tmp_path / "s") as store:
+        store.set_meta("config", config.model_dump())
+        back = stored_config(store.get_meta("config"))
+    assert back.config == config and back.migrations == ()
+
+
+def test_an_older_stored_config_is_migrated_by_name_and_keeps_its_rules():
+    from axiomformer.study.config import StudyConfigError, stored_config
+
+    old = {"seeds": 3, "selection_seed": 0, "tasks": [{"name": "copy", "seq_lens": [8]}]}
+    back = stored_config(old)
+    assert back.migrations == ("selection_seed", "lr_widen")
+    assert back.config.selection_seeds == [0] and back.config.lr_widen == 0  # what that version did
+    with pytest.raises(StudyConfigError, match=r"\[stpes\] .*unknown key|unknown key 'stpes'"):
+        stored_config(old | {"stpes": 1})
+
+
+def test_the_median_steps_to_solve_counts_runs_that_never_solved_as_beyond_the_budget():
+    """5 of 8 runs solve at 200, 250, 250, 400, 700 steps, 3 never: the median of all 8 (statistics.median with the
+    3 at +inf) is 550, not the solved runs' 250; with fewer than half solving it lies beyond the budget (None)."""
+    import math
+    import statistics
+
+    from axiomformer.study.battery import median_steps_to_solve
+
+    steps = [200, 250, 250, 400, 700, None, None, None]
+    expected = statistics.median([math.inf if s is None else s for s in steps])
+    assert median_steps_to_solve(steps) == expected == 550
+    assert median_steps_to_solve([100, None, None]) is None
+    assert median_steps_to_solve([100, 300, None]) == 300
+    assert median_steps_to_solve([]) is None

@@ -294,10 +294,28 @@ def test_a_broken_plug_in_engine_is_skipped_with_one_warning_naming_it_and_its_d
     assert ENGINE_ORDER == before
 
 
-def test_an_engine_name_registered_twice_fails_naming_both(tmp_path, load_engines):
+def test_a_plug_in_engine_named_like_a_built_in_is_skipped_and_the_built_in_kept(tmp_path, load_engines):
+    built_in = router.ENGINES["sparse"]
     entries = _engine_dist(tmp_path, "my-engines", {"sparse": "Plugged"})
-    with pytest.raises(ValueError, match="engine 'sparse' is registered twice: by axiomformer and by my-engines"):
-        load_engines(tmp_path, entries)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert load_engines(tmp_path, entries) == []
+    assert len(caught) == 1 and "'sparse' is a built-in engine of axiomformer, which is kept" in str(caught[0].message)
+    assert router.ENGINES["sparse"] is built_in and router.ENGINE_ORIGINS["sparse"] == "axiomformer"
+
+
+def test_two_distributions_registering_one_engine_name_keep_neither(tmp_path, load_engines, monkeypatch):
+    first = _engine_dist(tmp_path / "a", "pkg-a", {"plugged": "Plugged"})
+    second = _engine_dist(tmp_path / "b", "pkg-b", {"plugged": "Plugged"})
+    monkeypatch.syspath_prepend(str(tmp_path / "a"))
+    monkeypatch.syspath_prepend(str(tmp_path / "b"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        names = engine_plugins.load_engines(
+            register_engine, router.ENGINE_ORIGINS, first + second, unregister=unregister_engine
+        )
+    assert names == [] and "plugged" not in ENGINE_ORDER and "plugged" not in router.ENGINE_ORIGINS
+    assert len(caught) == 1 and "by pkg-a and by pkg-b; neither is kept" in str(caught[0].message)
 
 
 def test_an_unknown_before_is_named_and_the_engine_still_registers(tmp_path, load_engines):

@@ -131,3 +131,19 @@ def test_the_learned_alpha_is_bounded_by_a_clamp():
     x = (torch.randn(1, 2, 3, 6) * 0.05).requires_grad_(True)
     module(x).mul(torch.randn(1, 2, 3, 6)).sum().backward()
     assert torch.isfinite(x.grad).all() and float(module.alpha_raw.grad.abs().max()) == 0.0
+
+
+def test_a_weight_at_the_support_s_edge_at_the_bound_matches_a_deep_mpmath_reference():
+    """alpha = 32, row [-0.032, 0]: p0 = 2.59069e-4, so u = p0^31 ~ 1e-111 and the reference needs more than 111
+    digits (at 80 digits a bisection returns 2.44e-3, a wrong reference, not a wrong library); here 250."""
+    mp.mp.dps = 250
+    beta = mp.mpf(31)
+    z = [beta * mp.mpf(v) for v in (-0.032, 0.0)]
+    lo, hi = max(z) - 1, max(z)
+    for _ in range(900):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(max(zi - mid, 0) ** (1 / beta) for zi in z) >= 1 else (lo, mid)
+    p = [max(zi - lo, 0) ** (1 / beta) for zi in z]
+    expected = float(p[0] / sum(p))
+    got = entmax_alpha(torch.tensor([[-0.032, 0.0]], dtype=torch.float64), normalizer.ENTMAX_ALPHA_MAX)[0, 0]
+    assert abs(float(got) - expected) < 1e-9 and 2.5e-4 < expected < 2.7e-4

@@ -136,3 +136,15 @@ def test_the_cycle_check_follows_importlib_targets(tmp_path):
     graph = import_graph(package)
     assert "axiomformer.plugins.one" in graph["axiomformer.core"]
     assert cycles(graph) == [frozenset({"axiomformer.core", "axiomformer.plugins.one"})]
+
+
+def test_the_study_imports_nothing_above_it():
+    """``study/`` is a job under the command line (docs/ARCHITECTURE.md): none of its modules imports a command
+    module or the ``cli`` at run time, so the study runs, stores and reports from a library call alone."""
+    upward = {
+        name: sorted(d for d in deps if d == "axiomformer.cli" or d.startswith("axiomformer.commands"))
+        for name, deps in import_graph().items()
+        if name == "axiomformer.study" or name.startswith("axiomformer.study.")
+    }
+    assert {name: deps for name, deps in upward.items() if deps} == {}
+    assert len(upward) > 20  # every study module was looked at, the suites included

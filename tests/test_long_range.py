@@ -9,6 +9,7 @@ from scipy.stats import beta
 
 from axiomformer.study import validate_config
 from axiomformer.study.long_range_report import SeedResult, exact_interval, zero_shot_label
+from axiomformer.study.record import RunOutcome, RunRecord
 from axiomformer.study.suites import get_suite
 from axiomformer.tasks import base as task_base
 from axiomformer.tasks import make_task, row_hash
@@ -101,8 +102,21 @@ def test_exact_interval_is_clopper_pearson(k, n):
     assert exact_interval(0.5, None) is None and exact_interval(float("nan"), 10) is None
 
 
-def _row(acc, n, stop="target"):
-    return {"seed": 0, "accuracy": acc, "steps": 10, "outcome": {"n_test": n, "stop_reason": stop, "converged": True}}
+def _row(acc, n, stop="target") -> RunRecord:
+    return RunRecord(
+        key="k",
+        label="standard",
+        model="transformer",
+        task="needle",
+        seq_len=64,
+        seed=0,
+        dim=16,
+        layers=1,
+        accuracy=acc,
+        steps=10,
+        train_config={},
+        outcome=RunOutcome(n_test=n, stop_reason=stop, converged=True),
+    )
 
 
 def test_solved_needs_the_lower_bound_above_the_line_not_the_point():
@@ -130,9 +144,12 @@ def test_zero_shot_runs_start_from_the_shortest_length_and_train_nothing():
     cfg = validate_config(get_suite("long-range").preset("quick"))
     steps = stages(cfg)
     select = steps[0](None)
-    stored = {r.key: {"outcome": {"val_accuracy": 0.5, "val_loss": 1.0}} for r in select}
+    stored = {
+        r.key: _row(None, None).model_copy(update={"outcome": RunOutcome(val_accuracy=0.5, val_loss=1.0)})
+        for r in select
+    }
     reported = steps[1](stored)
-    stored |= {r.key: {"outcome": {}} for r in reported}
+    stored |= {r.key: _row(None, None).model_copy(update={"outcome": RunOutcome()}) for r in reported}
     longer = steps[2](stored)
     zero = [r for r in longer if r.model.label.endswith("only)")]
     warm = [r for r in longer if not r.model.label.endswith("only)")]

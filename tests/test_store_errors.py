@@ -218,3 +218,20 @@ def test_report_in_a_read_only_folder_answers_json_and_refuses_files_in_one_line
         assert _side_files(folder) == []
     finally:
         os.chmod(folder, stat.S_IRWXU)
+
+
+def test_report_json_is_a_reader_and_writes_nothing(tmp_path):
+    """``axiomformer report DIR --json`` prints the verdicts and leaves the folder as it was: no report.md, report.html
+    or figures/ appear (only ``report`` without --json rebuilds them)."""
+    from typer.testing import CliRunner
+
+    from axiomformer.cli import app
+
+    committed = Path(__file__).parent.parent / "benchmarks" / "results" / "study-default" / "results.sqlite"
+    if not committed.is_file():
+        pytest.skip("no committed study store in this checkout")
+    shutil.copy(committed, tmp_path / "results.sqlite")
+    done = CliRunner().invoke(app, ["report", str(tmp_path), "--json"])
+    assert done.exit_code == 0, done.output
+    assert '"cells"' in done.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.sqlite"]

@@ -309,8 +309,8 @@ def test_store_keeps_one_row_per_key(tmp_path):
     with ResultsStore(tmp_path) as store:
         assert store.add_run(row) is True
         assert store.add_run(row | {"accuracy": 0.9}) is False
-        assert store.count() == 1 and store.runs()[0]["accuracy"] == 0.5
-        assert store.runs()[0]["assumptions"] == {"A1": True}
+        assert store.count() == 1 and store.runs()[0].accuracy == 0.5
+        assert store.runs()[0].assumptions == {"A1": True}
 
 
 # ---------------------------------------------------------------------------------------------------- end to end
@@ -326,7 +326,7 @@ def test_study_writes_store_report_and_figures_and_a_rerun_trains_nothing(tiny_t
 
     cfg = load_config(tiny_toml, base=default_sweep())
     with ResultsStore(out) as store:
-        planned = plan_all(cfg, {r["key"]: r for r in store.runs()})
+        planned = plan_all(cfg, {r.key: r for r in store.runs()})
     db = sqlite3.connect(out / "results.sqlite")
     rows = db.execute(
         "SELECT key, label, seed, accuracy, params, git_commit, package_version, assumptions FROM runs"

@@ -87,6 +87,9 @@ def planted_store(path, values: dict[str, list[float]], config: dict, converged:
 
 
 def _answer(path) -> dict:
+    """The report's files rebuilt (``report``), then its JSON (``report --json``, which writes nothing)."""
+    built = CliRunner().invoke(app, ["report", str(path)])
+    assert built.exit_code == 0, built.output
     result = CliRunner().invoke(app, ["report", str(path), "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
@@ -170,7 +173,7 @@ def test_a_store_of_the_previous_version_renders_with_pilot_verdicts_and_stays_u
     values = {"standard": [0.8, 0.81, 0.79], "A4=cosine": [0.1, 0.12, 0.11], "A5=sigmoid": [0.8, 0.8, 0.81]}
     path = planted_store(tmp_path / "old", values, old | {"selection_seed": 0})
     with ResultsStore(path) as store:  # the old layout: seed 0 is both the selection run and a reported run
-        assert {r["seed"] for r in store.runs()} == {0, 1, 2}
+        assert {r.seed for r in store.runs()} == {0, 1, 2}
     before = hashlib.sha256((path / "results.sqlite").read_bytes()).hexdigest()
     answer = _answer(path)
     assert "previous version" in answer["design"]["pilot_reason"]
@@ -186,6 +189,9 @@ def test_a_store_of_the_previous_version_renders_with_pilot_verdicts_and_stays_u
         ("margin = -0.1\n", "margin must be > 0"),
         ("seeds = 3\nselection_seeds = [2, 1000]\n", "overlap the reported seeds"),
         ("solve_margin = -0.1\n", "margin must be > 0"),
+        ("margin = inf\n", "margin must be > 0 and < 1"),
+        ("solve_margin = 1.0\n", "margin must be > 0 and < 1"),
+        ("margin = nan\n", "margin must be > 0 and < 1"),
         ("selection_seeds = [1000]\n", "at least 2 distinct selection_seeds"),
         ('controls = ["attention"]\n', "no_mixing, uniform_mixing"),
     ],
@@ -229,7 +235,7 @@ def test_quick_study_then_report_json_gives_pilot_verdicts_on_disjoint_seeds(tmp
     assert {"answer", "control_answer", "aa_control", "cpu_seconds"} <= set(answer) and design["tasks"]
     assert {"metric", "lr_sensitive"} <= set(answer["verdicts"][0]) and answer["aa_control"]["verdict"] == "pilot"
     with ResultsStore(out) as store:
-        seeds = {r["seed"] for r in store.runs()}
+        seeds = {r.seed for r in store.runs()}
     assert seeds == set(design["selection_seeds"]) | set(design["reported_seeds"])
 
 

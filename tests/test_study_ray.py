@@ -6,6 +6,7 @@ import pytest
 from rich.console import Console
 
 from axiomformer.study import ResultsStore, default_sweep, run_study, validate_config
+from axiomformer.study.record import RunRecord
 
 ray = pytest.importorskip("ray")
 
@@ -43,9 +44,9 @@ COMPARED = (
 )
 
 
-def _runs(out) -> dict[str, dict]:
+def _runs(out) -> dict[str, RunRecord]:
     with ResultsStore(out) as store:
-        return {r["key"]: r for r in store.runs()}
+        return {r.key: r for r in store.runs()}
 
 
 @pytest.mark.slow
@@ -61,8 +62,8 @@ def test_ray_backend_gives_the_same_results_as_the_local_backend(tmp_path):
     a, b = _runs(tmp_path / "local"), _runs(tmp_path / "ray")
     assert a.keys() == b.keys() and len(a) == 8
     for key in a:
-        assert {k: a[key][k] for k in COMPARED} == {k: b[key][k] for k in COMPARED}
-        assert (a[key]["backend"], b[key]["backend"]) == ("local", "ray")
+        assert {k: getattr(a[key], k) for k in COMPARED} == {k: getattr(b[key], k) for k in COMPARED}
+        assert (a[key].backend, b[key].backend) == ("local", "ray")
     assert (tmp_path / "ray" / "report.md").is_file()
 
 

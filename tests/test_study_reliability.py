@@ -58,8 +58,8 @@ def test_a_diverged_run_is_stored_as_diverged_and_the_study_reports(diverged_stu
     assert not summary.failed and summary.report["markdown"].is_file()
     with ResultsStore(out, readonly=True) as store:
         rows = store.runs()
-    diverged = [r for r in rows if r["outcome"]["stop_reason"] == "nonfinite"]
-    assert diverged and all(r["loss"] is None for r in diverged)
+    diverged = [r for r in rows if r.outcome.stop_reason == "nonfinite"]
+    assert diverged and all(r.loss is None for r in diverged)
     assert study_json(out)["cells"]
 
 

@@ -70,7 +70,7 @@ def test_interrupt_in_the_kth_run_then_resume_loses_and_duplicates_nothing(tmp_p
     assert len(after) == len({r[0] for r in after}) == total
     assert set(before) <= set(after)  # stored rows untouched: same metrics, same finish time
     with ResultsStore(out) as store:
-        assert {r[0] for r in after} == {r.key for r in plan_all(config, {r["key"]: r for r in store.runs()})}
+        assert {r[0] for r in after} == {r.key for r in plan_all(config, {r.key: r for r in store.runs()})}
 
 
 def _drive(mode: str, path, out) -> subprocess.CompletedProcess:

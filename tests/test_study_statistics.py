@@ -18,7 +18,6 @@ from axiomformer.study.statistics import (
     cell_interval,
     clopper_pearson,
     decide,
-    holm,
     mde,
     one_comparison,
     paired_family,
@@ -251,12 +250,6 @@ def test_one_pair_gives_no_interval_and_no_claim():
     assert v.ci_low is None and v.verdict == "inconclusive" and v.n_seeds == 1
 
 
-def test_holm_against_a_hand_computation():
-    # sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.02, 0.03, 0.06, 0.06
-    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert holm([]) == []
-
-
 def test_a_bound_that_three_decimals_would_print_as_zero_is_printed_in_full():
     from axiomformer.study.statistics import fmt_signed
 
@@ -283,3 +276,23 @@ def test_mean_interval_is_never_zero_width_at_the_boundaries():
             abs(low - (centre - half) / (1 + z * z / n)) < 1e-9 and abs(high - (centre + half) / (1 + z * z / n)) < 1e-9
         )
     assert _mean_interval([0.5, 0.5, 0.5])[1:] == (None, None)  # no spread, not 0/1: no interval
+
+
+def test_seeds_needed_for_equal_solve_rates_is_where_the_newcombe_interval_fits_the_margin():
+    """8/8 against 8/8 (difference 0, inside ±0.25): the seeds a side a `free` would take are the fewest n at which
+    statsmodels' Newcombe interval of n/n against n/n, at the family's level, lies inside ±0.25 — found here by a
+    plain scan (29 at a family of 24); no longer 'no difference to detect'."""
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
+    from axiomformer.study.statistics import PairedItem, solve_rate_comparison
+
+    level = 1 - 0.05 / 24
+    scan = next(
+        n
+        for n in range(2, 200)
+        if max(map(abs, confint_proportions_2indep(n, n, n, n, method="newcomb", compare="diff", alpha=1 - level)))
+        < 0.25
+    )
+    item = PairedItem("A2", "A2=joint", "induction@32", [1.0] * 8, [1.0] * 8, True)
+    verdict = solve_rate_comparison(item, threshold=0.9, family_size=24, margin=0.25)
+    assert verdict.verdict == "inconclusive" and verdict.seeds_needed == scan == 29

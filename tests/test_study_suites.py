@@ -13,6 +13,8 @@ from typer.testing import CliRunner
 
 from axiomformer.cli import app
 from axiomformer.study import ResultsStore, load_config, run_study, validate_config
+from axiomformer.study.config import StudyConfig, stored_config
+from axiomformer.study.record import RunOutcome, RunRecord
 from axiomformer.study.stages import choose_lr, reported_rows, stages_for
 from axiomformer.study.suites import BUILTIN, PRESETS, get_suite
 from axiomformer.study.sweep import cells, state_path
@@ -49,17 +51,25 @@ def test_long_range_default_covers_64_to_10000_for_the_transformer_and_a_recurre
             assert len(budgets) == 1, (task.name, n)
 
 
-def _row(label, seed, lr, val, acc, seq_len=8, init=None):
-    return {
-        "key": f"{label}{seed}{lr}{seq_len}",
-        "label": label,
-        "task": "needle",
-        "seq_len": seq_len,
-        "seed": seed,
-        "accuracy": acc,
-        "train_config": {"lr": lr, **({"init_from": init} if init else {})},
-        "outcome": {"val_accuracy": val, "val_loss": 1.0},
-    }
+def _stored(config: dict) -> StudyConfig:
+    """A config of the previous version (one ``selection_seed``, default 0, also reported) read back from a store."""
+    return stored_config({"tasks": [{"name": "needle", "seq_lens": [8, 16]}], **config}).config
+
+
+def _row(label, seed, lr, val, acc, seq_len=8, init=None) -> RunRecord:
+    return RunRecord(
+        key=f"{label}{seed}{lr}{seq_len}",
+        label=label,
+        model="transformer",
+        task="needle",
+        seq_len=seq_len,
+        seed=seed,
+        dim=16,
+        layers=1,
+        accuracy=acc,
+        train_config={"lr": lr, **({"init_from": init} if init else {})},
+        outcome=RunOutcome(val_accuracy=val, val_loss=1.0),
+    )
 
 
 def test_choice_is_the_best_validation_run_and_only_its_rate_is_reported():
@@ -69,14 +79,19 @@ def test_choice_is_the_best_validation_run_and_only_its_rate_is_reported():
         _row("m", 1, 3e-3, None, 0.2),
         _row("m", 1, 1e-3, None, 0.95),
     ]
-    reported, lrs = reported_rows({"seeds": 2}, rows)
+    reported, lrs = reported_rows(_stored({"seeds": 2}), rows)
     assert lrs == {("m", "needle", 8): 3e-3}
-    assert sorted(r["accuracy"] for r in reported) == [0.1, 0.2]  # test accuracy plays no part in the choice
+    assert sorted(r.accuracy for r in reported) == [0.1, 0.2]  # test accuracy plays no part in the choice
     assert (
         choose_lr(
             [
-                (1e-3, {"outcome": {"val_accuracy": 0.5, "val_loss": 2.0}}),
-                (3e-3, {"outcome": {"val_accuracy": 0.5, "val_loss": 1.0}}),
+                (
+                    1e-3,
+                    _row("m", 1000, 1e-3, 0.5, None).model_copy(
+                        update={"outcome": RunOutcome(val_accuracy=0.5, val_loss=2.0)}
+                    ),
+                ),
+                (3e-3, _row("m", 1000, 3e-3, 0.5, None)),
                 (1e-2, None),
             ]
         )
@@ -91,7 +106,7 @@ def test_curriculum_reports_longer_lengths_at_the_rate_chosen_at_the_shortest():
         _row("m", 0, 1e-2, 0.9, 0.8),
         _row("m", 0, 1e-2, 0.0, 0.6, seq_len=16, init="states/a.safetensors"),
     ]
-    reported, lrs = reported_rows({"seeds": 1, "curriculum": True}, rows)
+    reported, lrs = reported_rows(_stored({"seeds": 1, "curriculum": True}), rows)
     assert lrs == {("m", "needle", 8): 1e-2, ("m", "needle", 16): 1e-2} and len(reported) == 2
 
 
@@ -135,20 +150,20 @@ def test_curriculum_warm_starts_each_length_from_the_previous_one_and_resumes(tm
     assert not summary.failed and summary.trained == 2 * 2 * 2 + 2 * 2 + 2 * 2 * 2 + 2 * 2 * 2
     with ResultsStore(out) as store:
         rows = store.runs()
-    reported, _lrs = reported_rows(cfg.model_dump(), rows)
+    reported, _lrs = reported_rows(cfg, rows)
     for label in ("standard", "gru"):
-        chain = sorted((r for r in reported if r["label"] == label and r["seed"] == 0), key=lambda r: r["seq_len"])
-        assert [r["seq_len"] for r in chain] == [8, 12, 16]
+        chain = sorted((r for r in reported if r.label == label and r.seed == 0), key=lambda r: r.seq_len)
+        assert [r.seq_len for r in chain] == [8, 12, 16]
         for prev, run in itertools.pairwise(chain):
-            assert run["train_config"]["init_from"] == state_path(prev["key"])
-            assert run["train_config"]["lr"] == chain[0]["train_config"]["lr"]
-        assert all((out / state_path(r["key"])).is_file() for r in chain)
+            assert run.train_config["init_from"] == state_path(prev.key)
+            assert run.train_config["lr"] == chain[0].train_config["lr"]
+        assert all((out / state_path(r.key)).is_file() for r in chain)
     # the warm start really loads the weights: zero steps from the 16-token state reproduce its test accuracy
     from axiomformer.train import TrainConfig, train
 
-    last = next(r for r in reported if (r["label"], r["seq_len"], r["seed"]) == ("standard", 16, 0))
-    tc = dict(last["train_config"], steps=0, init_from=str(out / state_path(last["key"])))
-    assert train(TrainConfig(**tc), progress=False).accuracy == last["accuracy"]
+    last = next(r for r in reported if (r.label, r.seq_len, r.seed) == ("standard", 16, 0))
+    tc = dict(last.train_config, steps=0, init_from=str(out / state_path(last.key)))
+    assert train(TrainConfig(**tc), progress=False).accuracy == last.accuracy
     with pytest.raises(FileNotFoundError, match="no such state file"):
         train(TrainConfig(**dict(tc, init_from=str(out / "states" / "missing.safetensors"))), progress=False)
     # a rerun trains nothing

@@ -18,9 +18,10 @@ whose object is not a ``Choice`` (or is misnamed, or has fields of the wrong typ
 ``impl`` that cannot be called, traits that are not a set of names, a trait without the ``extra`` entries it
 promises: :data:`TRAIT_EXTRAS`), whose factory raises, or whose registration fails (an undeclared trait, a malformed
 ``<axis>.<choice>`` name, a choice name that is not an identifier) is skipped with one :class:`PluginWarning` naming the entry point and
-its distribution (as httpie and llm do with a crashing plug-in). Only a clash stays an error: two registrants of one
-name (two distributions, or a distribution and axiomformer) raise naming both, since which one a spec means is
-undecidable. One distribution reachable twice on ``sys.path`` is one plug-in, not a clash.
+its distribution (as httpie and llm do with a crashing plug-in). So is a clash: a plug-in that takes the name of a
+built-in choice is skipped (the built-in is kept), and a name that two distributions register is kept by neither,
+since which one a spec means is undecidable (the warning names both). One distribution reachable twice on
+``sys.path`` is one plug-in, not a clash.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from importlib import metadata
 from typing import Any
 
 from axiomformer.axes.registry import Choice, Registry
-from axiomformer.errors import UserInputError
 
 GROUP = "axiomformer.choices"
 """The entry-point group."""
@@ -45,10 +45,15 @@ class BrokenPlugin(Exception):
     """One plug-in is unusable (the message says why); it is skipped with a warning (also of ``engines/plugins.py``)."""
 
 
+class PluginClash(BrokenPlugin):
+    """Two distributions register one name: neither is kept, nor any later registrant of that name."""
+
+
 def distribution_name(entry: metadata.EntryPoint) -> str:
-    """The distribution that declares ``entry`` (its top-level module when the metadata gives none)."""
+    """The distribution that declares ``entry`` (its top-level module when the metadata gives no name)."""
     dist = getattr(entry, "dist", None)
-    return dist.name if dist is not None else entry.value.split(":")[0].split(".")[0]
+    name = getattr(dist, "name", None) if dist is not None else None
+    return name if isinstance(name, str) and name else entry.value.split(":")[0].split(".")[0]
 
 
 def unique_entries(entries: list[metadata.EntryPoint]) -> list[tuple[metadata.EntryPoint, str]]:
@@ -68,9 +73,18 @@ def _load(entry: metadata.EntryPoint, package: str, axis: str, name: str) -> Cho
     try:
         loaded: Any = entry.load()
         choice = loaded if isinstance(loaded, Choice) else (loaded() if callable(loaded) else loaded)
-    # Anything the plug-in's own code raises, SystemExit too (a sys.exit at import); not KeyboardInterrupt.
-    except (Exception, SystemExit) as err:
+        return _checked(choice, axis, name)
+    except BrokenPlugin:
+        raise
+    # Anything the plug-in's own code raises (SystemExit or a BaseException of its own too), also from a property
+    # of its Choice read by the checks; not KeyboardInterrupt.
+    except BaseException as err:
+        if isinstance(err, KeyboardInterrupt):
+            raise
         raise BrokenPlugin(f"loading it raised {type(err).__name__}: {err}") from err
+
+
+def _checked(choice: Any, axis: str, name: str) -> Choice:
     if not isinstance(choice, Choice):
         raise BrokenPlugin(f"it gives {type(choice).__name__}, not an axiomformer.axes.registry.Choice")
     if choice.name != name:
@@ -135,7 +149,8 @@ def _wrong_fields(choice: Choice) -> list[str]:
 
 
 def _add(registries: dict[str, Registry], entry: metadata.EntryPoint, package: str) -> None:
-    """Load and register one entry point; raises :class:`BrokenPlugin` (skip it) or UserInputError (a clash)."""
+    """Load and register one entry point; raises :class:`BrokenPlugin` (skip it; :class:`PluginClash` for a name
+    another distribution registered)."""
     axis, _, name = entry.name.partition(".")
     if axis not in registries or not name:
         raise BrokenPlugin(f"expected a name '<axis>.<choice>' with an axis of: {', '.join(registries)}")
@@ -144,8 +159,14 @@ def _add(registries: dict[str, Registry], entry: metadata.EntryPoint, package: s
             f"the choice name {name!r} is not an identifier (letters, digits, _), so no spec could name it"
         )
     if name in registries[axis]:
-        raise UserInputError(
-            f"{axis} choice {name!r} is registered twice: by {registries[axis].origin(name)} and by {package}"
+        first = registries[axis].origin(name)
+        if first == "axiomformer":
+            raise BrokenPlugin(f"{name!r} is a built-in {axis} choice of axiomformer, which is kept")
+        # Two distributions, one name: which one a spec means is undecidable, so neither is kept.
+        registries[axis].unregister(name)
+        raise PluginClash(
+            f"{axis} choice {name!r} is registered twice: by {first} and by {package}; neither is kept (a spec "
+            "naming it would be ambiguous)"
         )
     choice = _load(entry, package, axis, name)
     try:
@@ -165,15 +186,22 @@ def load_choices(registries: dict[str, Registry], entries: list[metadata.EntryPo
         registries: axis name -> registry (``axiomformer.spec.REGISTRIES``).
         entries: the entry points (default: the installed ones of :data:`GROUP`).
 
-    Raises:
-        UserInputError (a ValueError): a name registered twice (naming both packages, or axiomformer and the package).
+    A name that axiomformer registers already keeps the built-in choice; a name two distributions register is kept by
+    neither (both named in the warning).
     """
     entries = list(metadata.entry_points(group=GROUP)) if entries is None else entries
     added: list[str] = []
+    clashed: set[str] = set()
     for entry, package in unique_entries(entries):
         try:
+            if entry.name in clashed:
+                raise BrokenPlugin("more than one distribution registers this name, so none is kept")
             _add(registries, entry, package)
         except BrokenPlugin as why:
+            if isinstance(why, PluginClash):
+                clashed.add(entry.name)
+                if entry.name in added:
+                    added.remove(entry.name)
             warnings.warn(
                 f"axiomformer: skipped the plug-in choice {entry.name!r} ({entry.value}) of the distribution "
                 f"{package} in the entry-point group {GROUP}: {why}",

@@ -8,8 +8,13 @@ import signal
 import threading
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from axiomformer.study.config import StudyConfig
+    from axiomformer.study.runner import StudySummary
 
 
 @contextlib.contextmanager
@@ -87,7 +92,7 @@ def _study_config(
     seeds: int | None,
     backend: str,
     address: str | None,
-):
+) -> StudyConfig:
     """The checked study config of ``study``'s options; bad input is a ``typer.BadParameter``."""
     from axiomformer.study.config import StudyConfigError, load_config, validate_config
     from axiomformer.study.runner import BACKENDS
@@ -119,7 +124,7 @@ def _study_config(
     return cfg
 
 
-def _run_study(cfg, out_dir: Path, backend: str, address: str | None, progress: bool):
+def _run_study(cfg: StudyConfig, out_dir: Path, backend: str, address: str | None, progress: bool) -> StudySummary:
     """Run the study, Ctrl-C handled; a study error or an interrupt is one error line and its exit code."""
     from axiomformer.study.runner import StudyError, run_study
 
@@ -143,26 +148,23 @@ def report_command(
     as_json: bool = typer.Option(
         False,
         "--json",
-        help="print the verdicts as JSON on stdout: cells (mean, "
+        help="print the verdicts as JSON on stdout and write nothing: cells (mean, "
         "95% CI, seeds, lr, converged) and comparisons with the "
         "standard model (paired difference, Bonferroni-corrected CI and p-value over each family)",
     ),
 ) -> None:
-    """Rebuild report.md, report.html and figures/ of a study from its results.sqlite alone."""
+    """Rebuild report.md, report.html and figures/ of a study from its results.sqlite alone; with --json, print the
+    verdicts instead and write nothing (a reader: the study folder may be read-only or shared)."""
     import json
 
     from axiomformer.study.report import build_report, study_json
 
     try:
+        if as_json:
+            typer.echo(json.dumps(study_json(directory), indent=1))
+            return
         paths = build_report(directory)
     except FileNotFoundError as err:
         raise typer.BadParameter(str(err), param_hint="DIRECTORY") from None
-    except PermissionError as err:
-        if not as_json:
-            raise
-        # The verdicts need only reading: a read-only study folder still answers --json.
-        typer.echo(f"note: report files not rewritten ({err.filename}: {err.strerror})", err=True)
-    if as_json:
-        typer.echo(json.dumps(study_json(directory), indent=1))
     else:
         typer.echo(f"wrote {paths['markdown']}, {paths['html']} and {len(paths['figures'])} figure(s)")

@@ -18,8 +18,8 @@ the reference engine. The module that defines one should import from ``axiomform
 A broken plug-in never stops axiomformer, as for choices (``axes/plugins.py``): an entry point whose module fails to
 import, whose attribute is missing, whose factory raises, whose object lacks the protocol's attributes (or is
 misnamed, or an attribute raises when read, or ``computes`` is not a ``Computes``) is skipped with one :class:`~axiomformer.axes.plugins.PluginWarning` naming the entry point and its
-distribution. Only a clash stays an error: a name that axiomformer or another distribution registered already
-raises naming both.
+distribution. So is a clash: a plug-in named like a built-in engine is skipped (the built-in is kept), and a name
+that two distributions register is kept by neither (the warning names both).
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
-from axiomformer.axes.plugins import BrokenPlugin, PluginWarning, unique_entries
+from axiomformer.axes.plugins import BrokenPlugin, PluginClash, PluginWarning, unique_entries
 from axiomformer.engines.base import EVERY_CHOICE, Computes
-from axiomformer.errors import UserInputError
 
 GROUP = "axiomformer.engines"
 """The entry-point group."""
@@ -47,14 +46,16 @@ def _load(entry: metadata.EntryPoint) -> Any:
         engine = (
             loaded() if isinstance(loaded, type) or (callable(loaded) and not hasattr(loaded, "accepts")) else loaded
         )
-    # Anything the plug-in's own code raises, SystemExit too (a sys.exit at import); not KeyboardInterrupt.
-    except (Exception, SystemExit) as err:
+    # Anything the plug-in's own code raises (SystemExit or a BaseException of its own too); not KeyboardInterrupt.
+    except BaseException as err:
+        if isinstance(err, KeyboardInterrupt):
+            raise
         raise BrokenPlugin(f"loading it raised {type(err).__name__}: {err}") from err
     try:
         _check_protocol(engine, entry.name)
     # A property of the plug-in's engine that raises when read is the plug-in's fault too.
-    except (Exception, SystemExit) as err:
-        if isinstance(err, BrokenPlugin):
+    except BaseException as err:
+        if isinstance(err, (BrokenPlugin, KeyboardInterrupt)):
             raise
         raise BrokenPlugin(f"reading its attributes raised {type(err).__name__}: {err}") from err
     return engine
@@ -81,7 +82,10 @@ def _check_protocol(engine: Any, name: str) -> None:
 
 
 def load_engines(
-    register: Callable[..., None], registered: dict[str, str], entries: list[metadata.EntryPoint] | None = None
+    register: Callable[..., None],
+    registered: dict[str, str],
+    entries: list[metadata.EntryPoint] | None = None,
+    unregister: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Register every engine of the entry-point group; returns their names.
 
@@ -93,19 +97,21 @@ def load_engines(
         registered: engine name -> who registered it (``"axiomformer"`` or a distribution); updated.
         entries: the entry points (default: the installed ones of :data:`GROUP`).
 
-    Raises:
-        UserInputError (a ValueError): an engine name registered twice (naming both registrants).
+        unregister: ``unregister_engine(name)`` of the router, to take back the first of two distributions that
+            register one name (without it the first stays).
+
+    A name that axiomformer registers already keeps the built-in engine; a name two distributions register is kept
+    by neither (both named in the warning).
     """
     entries = list(metadata.entry_points(group=GROUP)) if entries is None else entries
     added: list[str] = []
+    clashed: set[str] = set()
     for entry, package in unique_entries(entries):
-        if entry.name in registered:
-            raise UserInputError(
-                f"engine {entry.name!r} is registered twice: by {registered[entry.name]} and by {package}"
-            )
         try:
-            engine = _load(entry)
+            engine = _admitted(entry, package, registered, clashed, unregister)
         except BrokenPlugin as why:
+            if isinstance(why, PluginClash) and entry.name in added:
+                added.remove(entry.name)
             warnings.warn(
                 f"axiomformer: skipped the plug-in engine {entry.name!r} ({entry.value}) of the distribution "
                 f"{package} in the entry-point group {GROUP}: {why}",
@@ -123,7 +129,42 @@ def load_engines(
                 stacklevel=2,
             )
             before = "reference"
-        register(engine, before=before)
+        try:
+            register(engine, before=before)
+        except Exception as err:  # e.g. a name that cannot be a registry key
+            warnings.warn(
+                f"axiomformer: skipped the plug-in engine {entry.name!r} ({entry.value}) of the distribution "
+                f"{package} in the entry-point group {GROUP}: registering it raised {type(err).__name__}: {err}",
+                PluginWarning,
+                stacklevel=2,
+            )
+            continue
         registered[entry.name] = package
         added.append(entry.name)
     return added
+
+
+def _admitted(
+    entry: metadata.EntryPoint,
+    package: str,
+    registered: dict[str, str],
+    clashed: set[str],
+    unregister: Callable[[str], None] | None,
+) -> Any:
+    """The entry's engine, or :class:`BrokenPlugin`: a built-in name keeps the built-in engine; a name two
+    distributions register is kept by neither (:class:`PluginClash`)."""
+    if entry.name in clashed:
+        raise BrokenPlugin("more than one distribution registers this name, so none is kept")
+    if entry.name in registered:
+        first = registered[entry.name]
+        if first == "axiomformer":
+            raise BrokenPlugin(f"{entry.name!r} is a built-in engine of axiomformer, which is kept")
+        clashed.add(entry.name)
+        if unregister is not None:
+            unregister(entry.name)
+            registered.pop(entry.name, None)
+        raise PluginClash(
+            f"engine {entry.name!r} is registered twice: by {first} and by {package}; neither is kept (forcing it "
+            "by name would be ambiguous)"
+        )
+    return _load(entry)

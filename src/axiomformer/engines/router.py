@@ -107,7 +107,7 @@ register_engine(RecurrentEngine())
 register_engine(ChunkedTransportEngine())
 ENGINE_ORIGINS: dict[str, str] = dict.fromkeys(ENGINE_ORDER, "axiomformer")
 """Who registered each engine of the entry points' loading: ``"axiomformer"`` or a distribution's name."""
-PLUGIN_ENGINES: list[str] = load_engines(register_engine, ENGINE_ORIGINS)
+PLUGIN_ENGINES: list[str] = load_engines(register_engine, ENGINE_ORIGINS, unregister=unregister_engine)
 """Names of the engines other packages registered through the entry-point group ``axiomformer.engines``
 (``engines/plugins.py``)."""
 

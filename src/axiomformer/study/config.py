@@ -24,10 +24,12 @@ Example (``study.toml``)::
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from axiomformer.budget import Budget
 from axiomformer.errors import UserInputError
@@ -35,7 +37,7 @@ from axiomformer.errors import UserInputError
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found]  # the 3.10 backport, not installed on 3.11+
 
 BASELINES = ("rnn", "lstm", "gru")
 """Order-dependent aggregators (relaxing A0 itself): the recurrent baselines a sweep may include."""
@@ -46,6 +48,21 @@ CONTROLS = ("no_mixing", "uniform_mixing")
 METRICS = ("accuracy", "solve_rate")
 """How a task's comparisons are measured: the paired mean test accuracy (graded tasks), or the share of runs that
 solve the task (solve-or-stuck tasks; a run solves when its test accuracy reaches ``solve_threshold``)."""
+
+
+def _stored(info: ValidationInfo) -> bool:
+    """Whether this is a stored config read back (:func:`stored_config`): the rules for designing a new study (two
+    selection seeds, disjoint from the reported ones) do not apply to a study that has already run under older
+    rules; its report says what they mean for its verdicts."""
+    return bool(info.context and info.context.get("stored"))
+
+
+def _known(kind: str, names: list[str], choices: tuple[str, ...]) -> list[str]:
+    """``names`` when each is one of ``choices``; else the error naming the first unknown one and the choices."""
+    for name in names:
+        if name not in choices:
+            raise ValueError(f"unknown {kind} {name!r}; choose from: {', '.join(choices)}")
+    return names
 
 
 class StudyConfigError(UserInputError):
@@ -127,7 +144,7 @@ class TaskSettings(_Strict):
     seq_lens: list[int] = Field(min_length=1)
     options: dict[str, Any] = Field(default_factory=dict)
     metric: Literal["accuracy", "solve_rate"] = "accuracy"
-    budget: StudyBudget = Field(default_factory=StudyBudget)
+    budget: StudyBudget = Field(default_factory=lambda: StudyBudget.model_validate({}))
     length_budgets: dict[str, StudyBudget] = Field(default_factory=dict)
 
     @field_validator("seq_lens")
@@ -157,7 +174,7 @@ class StudyConfig(_Strict):
             two).
         selection_seeds: the seeds whose mean validation accuracy picks each cell's learning rate from
             ``budget.lr_grid``; disjoint from the reported seeds and never reported (no winner's curse).
-        margin: equivalence margin in accuracy (> 0): a relaxation is ``free`` when its whole interval lies inside
+        margin: equivalence margin in accuracy (in (0, 1)): a relaxation is ``free`` when its whole interval lies inside
             ``±margin`` (``axiomformer.study.statistics``).
         solve_margin: the same margin for a difference of solve rates (tasks whose ``metric`` is ``solve_rate``).
         solve_threshold: a run solves its task when its test accuracy reaches this.
@@ -216,8 +233,8 @@ class StudyConfig(_Strict):
     variants: list[str] = Field(default_factory=lambda: ["standard"], min_length=1)
     baselines: list[str] = Field(default_factory=list)
     tasks: list[TaskSettings] = Field(min_length=1)
-    budget: StudyBudget = Field(default_factory=StudyBudget)
-    model: ModelSettings = Field(default_factory=ModelSettings)
+    budget: StudyBudget = Field(default_factory=lambda: StudyBudget.model_validate({}))
+    model: ModelSettings = Field(default_factory=lambda: ModelSettings.model_validate({}))
     sections: Sections = Field(default_factory=Sections)
     threads: int | None = Field(None, gt=0)
     workers: int | Literal["auto"] = "auto"
@@ -235,16 +252,18 @@ class StudyConfig(_Strict):
     @field_validator("margin", "solve_margin")
     @classmethod
     def _positive_margin(cls, value: float) -> float:
-        if not value > 0:
+        # A difference of two accuracies or solve rates lies in [-1, 1]: a margin of 1 or more calls every interval
+        # free, so it decides nothing.
+        if not 0 < value < 1:
             raise ValueError(
-                f"a margin must be > 0 (a difference of accuracies or solve rates, e.g. 0.02), got {value}"
+                f"a margin must be > 0 and < 1 (a difference of accuracies or solve rates, e.g. 0.02), got {value}"
             )
         return value
 
     @field_validator("selection_seeds")
     @classmethod
-    def _non_negative(cls, value: list[int]) -> list[int]:
-        if len(set(value)) < 2:
+    def _non_negative(cls, value: list[int], info: ValidationInfo) -> list[int]:
+        if len(set(value)) < 2 and not _stored(info):
             raise ValueError(
                 f"need at least 2 distinct selection_seeds (a learning rate chosen on one seed rewards its luck), "
                 f"got {value}; e.g. [1000, 1001]"
@@ -256,28 +275,22 @@ class StudyConfig(_Strict):
     @field_validator("controls")
     @classmethod
     def _known_controls(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if name not in CONTROLS:
-                raise ValueError(f"unknown control {name!r}; choose from: {', '.join(CONTROLS)}")
-        return value
+        return _known("control", value, CONTROLS)
 
     @model_validator(mode="after")
-    def _disjoint_seeds(self) -> StudyConfig:
+    def _disjoint_seeds(self, info: ValidationInfo) -> StudyConfig:
         overlap = sorted(set(self.selection_seeds) & set(range(self.seeds)))
-        if overlap:
+        if overlap and not _stored(info):
             raise ValueError(
                 f"selection_seeds {overlap} overlap the reported seeds 0..{self.seeds - 1}; choose "
-                f"selection seeds >= {self.seeds} (e.g. 1000)"
+                f"selection seeds >= {self.seeds} (e.g. {max(1000, self.seeds)} and {max(1000, self.seeds) + 1})"
             )
         return self
 
     @field_validator("baselines")
     @classmethod
     def _known_baselines(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if name not in BASELINES:
-                raise ValueError(f"unknown baseline {name!r}; choose from: {', '.join(BASELINES)}")
-        return value
+        return _known("baseline", value, BASELINES)
 
     @field_validator("variants")
     @classmethod
@@ -285,6 +298,7 @@ class StudyConfig(_Strict):
         from axiomformer.spec import LAYER_SEPARATOR, AttentionSpec, stack_specs
 
         for text in value:
+            causal: bool | None
             base = AttentionSpec.standard(64, 4, causal=True)
             if LAYER_SEPARATOR in text:  # a hybrid stack: each layer's spec, with the fields its choices need
                 causal = all(s.causal for s in stack_specs(base, text, len(text.split(LAYER_SEPARATOR))))
@@ -393,3 +407,57 @@ def load_config(path: str | Path, *, base: dict[str, Any] | None = None) -> Stud
         raise StudyConfigError(f"{path} is not valid TOML: {err}") from None
     data.setdefault("name", f"axiomformer study ({path.name})")
     return validate_config(data, base=base, source=str(path))
+
+
+# ---------------------------------------------------------------------------------------------------- stored configs
+def _selection_seed(data: dict[str, Any]) -> dict[str, Any] | None:
+    """Before ``selection_seeds`` (a list), a store kept one ``selection_seed`` (default 0), also a reported seed."""
+    if "selection_seeds" in data:
+        return None
+    out = {k: v for k, v in data.items() if k != "selection_seed"}
+    out["selection_seeds"] = [int(data.get("selection_seed", 0))]
+    return out
+
+
+def _lr_widen(data: dict[str, Any]) -> dict[str, Any] | None:
+    """Before ``lr_widen``, the learning-rate grid was never widened."""
+    return None if "lr_widen" in data else {**data, "lr_widen": 0}
+
+
+MIGRATIONS: tuple[tuple[str, Callable[[dict[str, Any]], dict[str, Any] | None]], ...] = (
+    ("selection_seed", _selection_seed),
+    ("lr_widen", _lr_widen),
+)
+"""Named steps that bring a config stored by an older version to the current fields, in order; each returns the
+migrated dict, or ``None`` when the config does not need it."""
+
+
+@dataclass(frozen=True)
+class StoredConfig:
+    """A study config read back from a results store: the :class:`StudyConfig` it was written as, and the names of
+    the :data:`MIGRATIONS` that brought an older one to the current fields (``()`` for a current one)."""
+
+    config: StudyConfig
+    migrations: tuple[str, ...] = ()
+
+
+def stored_config(data: dict[str, Any], *, source: str = "stored config") -> StoredConfig:
+    """Read a config stored by ``run_study`` (``StudyConfig.model_dump()`` as JSON) back as a :class:`StudyConfig`.
+
+    An older config is migrated first (:data:`MIGRATIONS`); the rules for designing a new study that a stored one
+    may predate (two disjoint selection seeds) are not applied again.
+
+    Raises:
+        StudyConfigError: a stored config that is not a study config even after migration, naming the key.
+    """
+    applied = []
+    for name, step in MIGRATIONS:
+        migrated = step(data)
+        if migrated is not None:
+            data = migrated
+            applied.append(name)
+    try:
+        config = StudyConfig.model_validate(data, context={"stored": True})
+    except ValidationError as err:
+        raise _explain(err, source) from None
+    return StoredConfig(config=config, migrations=tuple(applied))

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from axiomformer.study.report import StudyData
+    from axiomformer.study.statistics import Verdict
+    from axiomformer.study.summary import CellStat
 
 
 def draw_figures(d: StudyData, folder: Path) -> dict[str, Path]:
@@ -35,7 +37,7 @@ def draw_figures(d: StudyData, folder: Path) -> dict[str, Path]:
     return out
 
 
-def _accuracy_vs_length(d: StudyData, stats, task: str, lengths: list[int], path: Path) -> Path:
+def _accuracy_vs_length(d: StudyData, stats: list[CellStat], task: str, lengths: list[int], path: Path) -> Path:
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
@@ -43,24 +45,24 @@ def _accuracy_vs_length(d: StudyData, stats, task: str, lengths: list[int], path
     ax = fig.subplots()
     cmap = colormaps["tab20"]
     for i, m in enumerate(d.models):
-        points = sorted((c.seq_len, c) for c in stats if c.model == m["label"] and c.task.split("@")[0] == task)
+        points = sorted((c.seq_len, c) for c in stats if c.model == m.label and c.task.split("@")[0] == task)
         if not points:
             continue
         xs = [n for n, _ in points]
         ys = [c.mean for _, c in points]
         lo = [c.mean - (c.ci_low if c.ci_low is not None else c.mean) for _, c in points]
         hi = [(c.ci_high if c.ci_high is not None else c.mean) - c.mean for _, c in points]
-        recurrent = m["kind"] != "transformer"
+        recurrent = m.kind != "transformer"
         ax.errorbar(
             xs,
             ys,
             yerr=[lo, hi],
-            label=m["label"],
+            label=m.label,
             marker="s" if recurrent else "o",
             capsize=3,
             linestyle="--" if recurrent else "-",
-            linewidth=2.2 if recurrent or m["label"] == "standard" else 1,
-            color="black" if m["label"] == "standard" else cmap(i % 20),
+            linewidth=2.2 if recurrent or m.label == "standard" else 1,
+            color="black" if m.label == "standard" else cmap(i % 20),
         )
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [str(n) for n in lengths])
@@ -83,7 +85,7 @@ COLORS = {
 }
 
 
-def draw_differences(found, margin: float, path: Path) -> Path:
+def draw_differences(found: list[tuple[Verdict, int, str]], margin: float, path: Path) -> Path:
     """The paired difference to the standard model of every comparison with its interval, the ±``margin`` band
     shaded, coloured by verdict; primary family on top, then the secondary one. ``found``: ``(Verdict, seq_len,
     family)`` as ``study.summary.verdicts`` gives them."""
@@ -97,7 +99,7 @@ def draw_differences(found, margin: float, path: Path) -> Path:
     ax.axvline(0.0, color="black", linewidth=0.8)
     for y, (v, _, family) in enumerate(found):
         color = COLORS.get(v.verdict, "black")
-        if v.ci_low is not None:
+        if v.ci_low is not None and v.ci_high is not None:
             ax.plot([v.ci_low, v.ci_high], [y, y], color=color, linewidth=2.2, solid_capstyle="butt")
         ax.plot([v.diff], [y], marker="o" if family == "primary" else "s", color=color, markersize=5)
     labels = [

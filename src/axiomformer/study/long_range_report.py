@@ -12,9 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from axiomformer.study.config import StudyConfig
+from axiomformer.study.record import RunRecord
 from axiomformer.study.render import Heading, Image, Paragraph, Table
+
+if TYPE_CHECKING:
+    from axiomformer.study.report import StudyData
 
 CI_METHOD = "clopper-pearson"
 """How the interval of one run's test accuracy is computed: exact binomial over its scored test items."""
@@ -32,9 +37,9 @@ def exact_interval(accuracy: float | None, n: int | None, level: float = 0.95) -
     return float(ci.low), float(ci.high)
 
 
-def n_test(row: dict[str, Any]) -> int | None:
+def n_test(row: RunRecord) -> int | None:
     """Scored test items behind a stored row's accuracy (``None`` for a store written before it was recorded)."""
-    value = (row.get("outcome") or {}).get("n_test")
+    value = row.outcome.n_test
     return int(value) if value else None
 
 
@@ -52,20 +57,19 @@ class SeedResult:
     solved: bool
 
     @classmethod
-    def of(cls, row: dict[str, Any], threshold: float) -> SeedResult:
-        outcome = row.get("outcome") or {}
-        acc = row.get("accuracy")
-        acc = float(acc) if acc is not None and math.isfinite(float(acc)) else None
+    def of(cls, row: RunRecord, threshold: float) -> SeedResult:
+        outcome = row.outcome
+        acc = row.accuracy if row.accuracy is not None and math.isfinite(row.accuracy) else None
         n = n_test(row)
         ci = exact_interval(acc, n)
-        diverged = outcome.get("stop_reason") == "nonfinite" or acc is None
+        diverged = outcome.stop_reason == "nonfinite" or acc is None
         return cls(
-            seed=int(row["seed"]),
+            seed=row.seed,
             accuracy=acc,
             n_test=n,
             ci=ci,
-            steps=int(row.get("steps") or 0),
-            converged=bool(outcome.get("converged", True)),
+            steps=int(row.steps or 0),
+            converged=bool(outcome.converged),  # a store's outcome always has the key; None (unknown) reads as not
             diverged=diverged,
             solved=ci is not None and ci[0] >= threshold and not diverged,
         )
@@ -77,13 +81,13 @@ class SeedResult:
         return f"s{self.seed} {self.accuracy:.3f}{ci}" + (" (diverged)" if self.diverged else "")
 
 
-def seed_results(rows: list[dict[str, Any]], label: str, task: str, n: int, threshold: float) -> list[SeedResult]:
+def seed_results(rows: list[RunRecord], label: str, task: str, n: int, threshold: float) -> list[SeedResult]:
     """The runs of ``label`` on ``task`` at length ``n`` among ``rows``, by seed."""
-    picked = [r for r in rows if (r["label"], r["task"], r["seq_len"]) == (label, task, n)]
-    return [SeedResult.of(r, threshold) for r in sorted(picked, key=lambda r: r["seed"])]
+    picked = [r for r in rows if (r.label, r.task, r.seq_len) == (label, task, n)]
+    return [SeedResult.of(r, threshold) for r in sorted(picked, key=lambda r: r.seed)]
 
 
-def runs_json(d, *, solved: float) -> dict[str, Any]:
+def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
     """The ``long_range`` block of ``report --json``: per (model, task, length) every reported seed's test accuracy
     with its Clopper-Pearson interval, ``n_test``, the steps it trained and whether it solves the length, the same for
     its zero-shot run (trained at the shortest length only), and the longest length every seed solves."""
@@ -91,7 +95,7 @@ def runs_json(d, *, solved: float) -> dict[str, Any]:
     cells = []
     for m in d.models:
         for task, lengths in tasks.items():
-            zero = zero_shot_label(m["label"], lengths[0])
+            zero = zero_shot_label(m.label, lengths[0])
             for n in lengths:
 
                 def pack(results: list[SeedResult]) -> list[dict[str, Any]]:
@@ -110,12 +114,12 @@ def runs_json(d, *, solved: float) -> dict[str, Any]:
                         for r in results
                     ]
 
-                runs = pack(seed_results(d.rows, m["label"], task, n, solved))
+                runs = pack(seed_results(d.rows, m.label, task, n, solved))
                 shot = pack(seed_results(d.all_rows, zero, task, n, solved)) if n != lengths[0] else []
                 if runs or shot:
                     cells.append(
                         {
-                            "model": m["label"],
+                            "model": m.label,
                             "task": task,
                             "seq_len": n,
                             "runs": runs,
@@ -123,9 +127,7 @@ def runs_json(d, *, solved: float) -> dict[str, Any]:
                             "seeds_solving": sum(r["solved"] for r in runs),
                         }
                     )
-    longest = {
-        m["label"]: {t: longest_solved(d, m["label"], t, ls, solved) for t, ls in tasks.items()} for m in d.models
-    }
+    longest = {m.label: {t: longest_solved(d, m.label, t, ls, solved) for t, ls in tasks.items()} for m in d.models}
     return {
         "long_range": {
             "solved": solved,
@@ -137,10 +139,10 @@ def runs_json(d, *, solved: float) -> dict[str, Any]:
     }
 
 
-def longest_solved(d, label: str, task: str, lengths: list[int], solved: float) -> int | None:
+def longest_solved(d: StudyData, label: str, task: str, lengths: list[int], solved: float) -> int | None:
     """The longest length at which every reported seed of ``label`` solves ``task`` (the lower bound of its exact
     95 % interval >= ``solved``), and at least one seed ran there (``None``: no such length)."""
-    seeds = int(d.config.get("seeds", 1))
+    seeds = d.config.seeds
     best = None
     for n in lengths:
         results = seed_results(d.rows, label, task, n, solved)
@@ -159,10 +161,10 @@ def zero_shot_label(label: str, length: int) -> str:
     return ZERO_SHOT.format(label=label, length=length)
 
 
-def _task_lengths(d) -> dict[str, list[int]]:
+def _task_lengths(d: StudyData) -> dict[str, list[int]]:
     tasks: dict[str, list[int]] = {}
-    for task in d.config.get("tasks") or []:  # every configured length, run yet or not
-        tasks.setdefault(task["name"], []).extend(task["seq_lens"])
+    for settings in d.config.tasks:  # every configured length, run yet or not
+        tasks.setdefault(settings.name, []).extend(settings.seq_lens)
     for task, n in d.tasks:
         tasks.setdefault(task, []).append(n)
     return {t: sorted(set(ns)) for t, ns in tasks.items()}
@@ -173,22 +175,22 @@ def _mean(results: list[SeedResult]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _figure(d, tasks: dict[str, list[int]], solved: float, path: Path) -> Path:
+def _figure(d: StudyData, tasks: dict[str, list[int]], solved: float, path: Path) -> Path:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(5.5 * len(tasks), 4.2), layout="constrained")
     axes = fig.subplots(1, len(tasks), squeeze=False)[0]
     colors = [f"C{i}" for i in range(10)]
     for ax, (task, lengths) in zip(axes, tasks.items()):
-        chance = next((r.get("task_config", {}).get("chance") for r in d.rows if r["task"] == task), None)
+        chance = next((r.task_config.get("chance") for r in d.rows if r.task == task), None)
         spread = max(1, len(d.models) - 1)
         for i, m in enumerate(d.models):
             shift = 1.0 + 0.06 * (i - spread / 2)  # a small horizontal offset per model, so equal points stay visible
             color = colors[i % len(colors)]
-            name = m["label"] if m["label"] != "standard" else "Transformer (standard)"
+            name = m.label if m.label != "standard" else "Transformer (standard)"
             xs, means = [], []
             for n in lengths:
-                results = seed_results(d.rows, m["label"], task, n, solved)
+                results = seed_results(d.rows, m.label, task, n, solved)
                 for r in results:
                     if r.accuracy is not None:
                         ax.plot([n * shift], [r.accuracy], marker=".", color=color, alpha=0.5, linestyle="none")
@@ -197,7 +199,7 @@ def _figure(d, tasks: dict[str, list[int]], solved: float, path: Path) -> Path:
                     means.append(_mean(results))
             if xs:
                 ax.plot(xs, means, marker="o", color=color, label=f"{name} (curriculum, mean)")
-            zero = zero_shot_label(m["label"], lengths[0])
+            zero = zero_shot_label(m.label, lengths[0])
             zx, zy = [], []
             for n in lengths[1:]:
                 mean = _mean(seed_results(d.all_rows, zero, task, n, solved))
@@ -222,16 +224,14 @@ def _figure(d, tasks: dict[str, list[int]], solved: float, path: Path) -> Path:
     return path
 
 
-def _protocol(d, solved: float) -> Paragraph:
+def _protocol(d: StudyData, solved: float) -> Paragraph:
     cfg = d.config
-    seeds = int(cfg.get("seeds", 1))
-    from axiomformer.study.stages import selection_seeds_of
-
-    selection = selection_seeds_of(cfg)
+    seeds = cfg.seeds
+    selection = cfg.selection_seeds
     overlap = any(s < seeds for s in selection)
     return Paragraph(
         f"Protocol: curriculum over lengths — each (model, task) picks its learning rate from "
-        f"{(cfg.get('budget') or {}).get('lr_grid')} on the validation split at the shortest length (selection seed(s) "
+        f"{cfg.budget.lr_grid} on the validation split at the shortest length (selection seed(s) "
         f"{', '.join(map(str, selection))}, "
         + ("also reported" if overlap else "never reported")
         + "), then trains length by "
@@ -247,7 +247,7 @@ def _protocol(d, solved: float) -> Paragraph:
     )
 
 
-def _budget_table(cfg: dict[str, Any]) -> Table:
+def _budget_table(cfg: StudyConfig) -> Table:
     budgets = Table(
         [
             "task",
@@ -261,19 +261,20 @@ def _budget_table(cfg: dict[str, Any]) -> Table:
             "patience",
         ]
     )
-    for task in cfg.get("tasks") or []:
-        for n in task["seq_lens"]:
+    for task in cfg.tasks:
+        for n in task.seq_lens:
+            at_length = task.length_budgets.get(str(n))
             b = {
-                **(cfg.get("budget") or {}),
-                **{k: v for k, v in (task.get("budget") or {}).items() if v is not None},
-                **{k: v for k, v in ((task.get("length_budgets") or {}).get(str(n)) or {}).items() if v is not None},
+                **cfg.budget.model_dump(),
+                **{k: v for k, v in task.budget.model_dump().items() if v is not None},
+                **{k: v for k, v in (at_length.model_dump() if at_length else {}).items() if v is not None},
             }
             b.setdefault("test_batches", b.get("eval_batches"))
             if b.get("test_batches") is None:
                 b["test_batches"] = b.get("eval_batches")
             budgets.rows.append(
                 [
-                    task["name"],
+                    task.name,
                     str(n),
                     *(
                         str(b.get(k, "—"))
@@ -295,8 +296,8 @@ def _budget_table(cfg: dict[str, Any]) -> Table:
     return budgets
 
 
-def _task_table(d, task: str, lengths: list[int], solved: float) -> Table:
-    seeds = int(d.config.get("seeds", 1))
+def _task_table(d: StudyData, task: str, lengths: list[int], solved: float) -> Table:
+    seeds = d.config.seeds
     table = Table(
         [
             "model",
@@ -309,18 +310,18 @@ def _task_table(d, task: str, lengths: list[int], solved: float) -> Table:
         ]
     )
     for m in d.models:
-        zero = zero_shot_label(m["label"], lengths[0])
+        zero = zero_shot_label(m.label, lengths[0])
         for n in lengths:
-            results = seed_results(d.rows, m["label"], task, n, solved)
+            results = seed_results(d.rows, m.label, task, n, solved)
             zs = seed_results(d.all_rows, zero, task, n, solved) if n != lengths[0] else []
             if not results and not zs:
-                table.rows.append([m["label"], str(n), "—", "—", "—", "—", "—"])
+                table.rows.append([m.label, str(n), "—", "—", "—", "—", "—"])
                 continue
             steps = ", ".join(f"{r.steps}" + ("" if r.converged else "*") for r in results) or "—"
             ns = sorted({r.n_test for r in results + zs if r.n_test})
             table.rows.append(
                 [
-                    m["label"],
+                    m.label,
                     str(n),
                     "; ".join(r.text() for r in results) or "—",
                     f"{sum(r.solved for r in results)}/{max(seeds, len(results))}",
@@ -331,7 +332,7 @@ def _task_table(d, task: str, lengths: list[int], solved: float) -> Table:
                     ", ".join(map(str, ns)) or "unknown",
                 ]
             )
-    chance = next((r.get("task_config", {}).get("chance") for r in d.rows if r["task"] == task), None)
+    chance = next((r.task_config.get("chance") for r in d.rows if r.task == task), None)
     table.note = (
         f"Per reported seed (s0, s1, ...): test accuracy at the best validation checkpoint and its "
         f"Clopper-Pearson 95 % interval over n_test scored test sequences. Seeds solving: runs whose lower "
@@ -344,7 +345,7 @@ def _task_table(d, task: str, lengths: list[int], solved: float) -> Table:
     return table
 
 
-def sections(d, figures_dir: Path, *, solved: float) -> list:
+def sections(d: StudyData, figures_dir: Path, *, solved: float) -> list:
     """Protocol, budget per length, the longest solved length, per-task tables, the figure, failures, provenance."""
     from axiomformer.study import report
 
@@ -353,7 +354,7 @@ def sections(d, figures_dir: Path, *, solved: float) -> list:
     summary = Table(["model", *(f"{t}: longest solved (every seed)" for t in tasks)])
     for m in d.models:
         summary.rows.append(
-            [m["label"], *(str(longest_solved(d, m["label"], t, ls, solved) or "none") for t, ls in tasks.items())]
+            [m.label, *(str(longest_solved(d, m.label, t, ls, solved) or "none") for t, ls in tasks.items())]
         )
     summary.note = (
         f"Longest length at which every reported seed's exact 95 % interval lies above {solved} (none: no length)."

@@ -31,6 +31,18 @@ class RunOutcome(BaseModel):
     n_test: int | None = None
 
 
+class ModelRecord(BaseModel):
+    """One model of a study as the store keeps it (meta ``models``): the ``label`` the report calls it, its ``kind``
+    (``transformer``, a recurrent baseline or a validity control) and ``spec`` (its relax string; ``None`` for a
+    model without scores)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    label: str
+    kind: str
+    spec: str | None = None
+
+
 class RunRecord(BaseModel):
     """One finished run of a study (one row of the store's ``runs`` table).
 
@@ -76,8 +88,9 @@ class RunRecord(BaseModel):
     finished_at: str | None = None
 
     def row(self) -> dict[str, Any]:
-        """The record as the plain dict the store's readers index (``outcome`` as a dict, unset extras kept)."""
+        """The record as the plain dict of the store's columns (``outcome`` as a dict, unset extras kept): what
+        ``ResultsStore.add_run`` writes; every reader gets the record itself from ``ResultsStore.runs``."""
         return self.model_dump()
 
 
-__all__ = ["RunOutcome", "RunRecord"]
+__all__ = ["ModelRecord", "RunOutcome", "RunRecord"]

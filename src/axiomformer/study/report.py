@@ -11,8 +11,10 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+from axiomformer.study.config import StudyConfig, stored_config
+from axiomformer.study.record import ModelRecord, RunRecord
 from axiomformer.study.render import Heading, Image, Paragraph, Table, to_html, to_markdown
 from axiomformer.study.store import ResultsStore
 from axiomformer.study.sweep import assumption_of
@@ -24,39 +26,35 @@ class StudyData:
     """The runs of a study grouped for the report (the planned sweep from the store's meta, else every row)."""
 
     def __init__(self, store: ResultsStore):
-        self.config: dict[str, Any] = store.get_meta("config", {}) or {}
+        stored = stored_config(store.get_meta("config") or {}, source=f"{store.path} (meta 'config')")
+        self.config: StudyConfig = stored.config
+        self.config_migrations = stored.migrations  # what an older store's config needed to read as a current one
         planned = store.get_meta("planned") or []
         rows = store.runs()
         keys = {p["key"] for p in planned}
-        self.all_rows = [r for r in rows if not keys or r["key"] in keys]
+        self.all_rows = [r for r in rows if not keys or r.key in keys]
         self.extra_rows = len(rows) - len(self.all_rows)
         from axiomformer.study.stages import lr_at_edge, reported_rows, second_best_rows
 
         self.rows, self.lrs = reported_rows(self.config, self.all_rows)
         self.second_rows, self.second_lrs = second_best_rows(self.config, self.all_rows)
         self.lr_edges = lr_at_edge(self.config, self.all_rows, self.lrs)
-        self.suite = str(self.config.get("suite", "main"))
-        self.models: list[dict[str, Any]] = store.get_meta("models") or [
-            {"label": r["label"], "kind": r["model"], "spec": r["spec"]} for r in {r["label"]: r for r in rows}.values()
+        self.suite = self.config.suite
+        self.models = [ModelRecord.model_validate(m) for m in store.get_meta("models") or []] or [
+            ModelRecord(label=r.label, kind=r.model, spec=r.spec) for r in {r.label: r for r in rows}.values()
         ]
-        self.kind = {m["label"]: m["kind"] for m in self.models}
-        self.spec = {m["label"]: m["spec"] for m in self.models}
-        source = planned or self.rows
-        self.tasks: list[tuple[str, int]] = list(dict.fromkeys((p["task"], p["seq_len"]) for p in source))
-        self.missing = len([p for p in planned if p["key"] not in {r["key"] for r in self.all_rows}])
-        self.acc: dict[tuple[str, str, int], list[float]] = defaultdict(list)
-        self.by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.kind = {m.label: m.kind for m in self.models}
+        self.spec = {m.label: m.spec for m in self.models}
+        source = [(p["task"], p["seq_len"]) for p in planned] or [(r.task, r.seq_len) for r in self.rows]
+        self.tasks: list[tuple[str, int]] = list(dict.fromkeys(source))
+        self.missing = len([p for p in planned if p["key"] not in {r.key for r in self.all_rows}])
+        self.by_model: dict[str, list[RunRecord]] = defaultdict(list)
         for r in self.rows:
-            self.acc[(r["label"], r["task"], r["seq_len"])].append(r["accuracy"])
-            self.by_model[r["label"]].append(r)
+            self.by_model[r.label].append(r)
         self.failures = [f for f in store.failures() if not keys or f["key"] in keys]
         self.audits = store.audits()
         self.sections = store.sections()
         self.last_invocation = store.get_meta("last_invocation")
-
-    def mean(self, label: str, task: str, seq_len: int) -> float | None:
-        values = self.acc.get((label, task, seq_len))
-        return statistics.fmean(values) if values else None
 
 
 def _task_name(task: tuple[str, int]) -> str:
@@ -77,7 +75,7 @@ def _headline(d: StudyData) -> list:
     for m in d.models:
         cells = []
         for t in d.tasks:
-            c = stats.get((m["label"], _task_name(t)))
+            c = stats.get((m.label, _task_name(t)))
             if c is None:
                 cells.append("—")
                 continue
@@ -89,18 +87,17 @@ def _headline(d: StudyData) -> list:
                 + ("" if c.converged else " (not converged)")
                 + (" (lr at grid edge)" if c.lr_at_grid_edge else "")
             )
-        table.rows.append([m["label"], assumption_of(m["label"], m["kind"]), *cells])
-    chance = {}
+        table.rows.append([m.label, assumption_of(m.label, m.kind), *cells])
+    chance: dict[tuple[str, int], float | None] = {}
     for r in d.rows:
-        chance.setdefault((r["task"], r["seq_len"]), (r.get("task_config") or {}).get("chance"))
+        chance.setdefault((r.task, r.seq_len), r.task_config.get("chance"))
     if any(v is not None for v in chance.values()):
         table.rows.append(
             ["(chance)", "", *(f"{chance[t]:.3f}" if chance.get(t) is not None else "—" for t in d.tasks)]
         )
     cfg = d.config
-    seeds = int(cfg.get("seeds", 1))
-    grid = (cfg.get("budget") or {}).get("lr_grid")
-    from axiomformer.study.stages import selection_seeds_of
+    seeds = cfg.seeds
+    grid = cfg.budget.lr_grid
 
     methods = sorted({c.ci_method for c in stats.values()})
     items = sorted({c.n_test for c in stats.values() if c.n_test})
@@ -108,8 +105,8 @@ def _headline(d: StudyData) -> list:
         f"Test accuracy on scored positions: mean over the reported seeds 0..{seeds - 1} with its 95 % "
         f"interval ({', '.join(methods) or '—'}), on the same {'/'.join(map(str, items)) or '?'} scored "
         f"test items for every model and seed, at the learning rate chosen for the cell (`lr`) from "
-        f"{grid or 'one value'} (widened one step beyond an edge up to {cfg.get('lr_widen', 0)} times) by "
-        f"mean validation accuracy at selection seeds {selection_seeds_of(cfg)}, which are never reported. "
+        f"{grid or 'one value'} (widened one step beyond an edge up to {cfg.lr_widen} times) by "
+        f"mean validation accuracy at selection seeds {cfg.selection_seeds}, which are never reported. "
         f"`not converged`: a reported run used its whole budget while its training loss was still falling "
         f"(a significantly negative slope over the last quarter of its steps; {flagged} cell(s)). `lr at grid edge`: the chosen rate is the smallest or largest "
         f"tried ({edges} cell(s)). `—`: no finished run. Columns are `task@sequence length`."
@@ -131,7 +128,7 @@ def _selection(d: StudyData) -> list:
         cells = []
         for lr in lrs:
             rows = by_lr.get(lr) or []
-            accs = [(r.get("outcome") or {}).get("val_accuracy") for r in rows]
+            accs = [r.outcome.val_accuracy for r in rows]
             accs = [a for a in accs if a is not None]
             mark = " (best)" if best == lr else ""
             cells.append(f"{statistics.fmean(accs):.3f}{mark}" if accs else "—")
@@ -146,23 +143,23 @@ def _selection(d: StudyData) -> list:
 
 
 def _params(d: StudyData) -> list:
-    tol = (d.config.get("model") or {}).get("tolerance", 0.10)
+    tol = d.config.model.tolerance
     table = Table(["model", *map(_task_name, d.tasks), "max deviation"])
     worst_all = 0.0
     for m in d.models:
         cells, worst = [], 0.0
         for task in d.tasks:
-            rows = [r for r in d.by_model[m["label"]] if (r["task"], r["seq_len"]) == task]
-            ref = [r for r in d.by_model["standard"] if (r["task"], r["seq_len"]) == task]
+            rows = [r for r in d.by_model[m.label] if (r.task, r.seq_len) == task]
+            ref = [r for r in d.by_model["standard"] if (r.task, r.seq_len) == task]
             if not rows:
                 cells.append("—")
                 continue
-            p, width = rows[0]["params"], rows[0]["dim"]
-            if ref and p is not None and ref[0]["params"]:
-                worst = max(worst, abs(p - ref[0]["params"]) / ref[0]["params"])
+            p, width, ref_p = rows[0].params, rows[0].dim, ref[0].params if ref else None
+            if p is not None and ref_p:
+                worst = max(worst, abs(p - ref_p) / ref_p)
             cells.append(f"{p:,} (w={width})" if p is not None else f"? (w={width})")
         worst_all = max(worst_all, worst)
-        table.rows.append([m["label"], *cells, f"{worst:.1%}" + (" (over tolerance)" if worst > tol else "")])
+        table.rows.append([m.label, *cells, f"{worst:.1%}" + (" (over tolerance)" if worst > tol else "")])
     table.note = (
         f"Trainable parameters (w = width: model dim for a Transformer, hidden size for an RNN), matched to the "
         f"standard Transformer within {tol:.0%}; largest deviation {worst_all:.1%}."
@@ -172,24 +169,24 @@ def _params(d: StudyData) -> list:
 
 def _audits(d: StudyData) -> list:
     out: list = [Heading("Audit verdict per variant")]
-    if not (d.config.get("sections") or {}).get("audit", True):
+    if not d.config.sections.audit:
         return out + [Paragraph("Audit section disabled in this study's config.")]
     table = Table(["model", "spec", "passed", "failed", "not applicable", "failed checks"])
     for m in d.models:
-        if m["kind"] != "transformer":
+        if m.kind != "transformer" or m.spec is None:  # a Transformer always has its relax string
             continue
-        payload = d.audits.get(m["spec"])
+        payload = d.audits.get(m.spec)
         if payload is None:
-            table.rows.append([m["label"], m["spec"], NOT_AVAILABLE, "", "", ""])
+            table.rows.append([m.label, m.spec, NOT_AVAILABLE, "", "", ""])
         elif "error" in payload:
-            table.rows.append([m["label"], m["spec"], "error", "", "", payload["error"]])
+            table.rows.append([m.label, m.spec, "error", "", "", payload["error"]])
         else:
             checks = payload.get("checks", [])
             failed = [f"{c['name']} ({c.get('assumption')})" for c in checks if c.get("passed") is False]
             table.rows.append(
                 [
-                    m["label"],
-                    m["spec"],
+                    m.label,
+                    m.spec,
                     str(sum(c.get("passed") is True for c in checks)),
                     str(len(failed)),
                     str(sum(c.get("passed") is None for c in checks)),
@@ -203,20 +200,20 @@ def _audits(d: StudyData) -> list:
 def _throughput(d: StudyData) -> list:
     table = Table(["model", "engine", "train tokens/s", "peak memory (MB)", "seconds per run", "runs"])
     for m in d.models:
-        rows = d.by_model[m["label"]]
+        rows = d.by_model[m.label]
         if not rows:
-            table.rows.append([m["label"], "—", "—", "—", "—", "0"])
+            table.rows.append([m.label, "—", "—", "—", "—", "0"])
             continue
 
-        def avg(name: str, rows=rows) -> str:
-            vals = [r[name] for r in rows if r.get(name) is not None]
+        def avg(name: str, rows: list[RunRecord] = rows) -> str:
+            vals = [getattr(r, name) for r in rows if getattr(r, name) is not None]
             return f"{statistics.fmean(vals):,.1f}" if vals else "—"
 
-        engines = ", ".join(sorted({str(r["engine"]) for r in rows}))
+        engines = ", ".join(sorted({str(r.engine) for r in rows}))
         table.rows.append(
-            [m["label"], engines, avg("tokens_per_second"), avg("peak_mem_mb"), avg("seconds"), str(len(rows))]
+            [m.label, engines, avg("tokens_per_second"), avg("peak_mem_mb"), avg("seconds"), str(len(rows))]
         )
-    sources = sorted({str(r.get("memory_source")) for r in d.rows})
+    sources = sorted({str(r.memory_source) for r in d.rows})
     table.note = (
         "Means over every run of the model (all tasks and seeds). Tokens/s are training tokens per wall-clock "
         "second, so they reflect the machine's load. Peak memory: the run's own peak resident-set growth on "
@@ -224,14 +221,6 @@ def _throughput(d: StudyData) -> list:
         f"{', '.join(sources) or '—'})."
     )
     return [Heading("Throughput and peak memory"), table]
-
-
-def _scalars(payload: dict[str, Any]) -> list[list[str]]:
-    return [
-        [k, f"{v:.3g}" if isinstance(v, float) else str(v)]
-        for k, v in payload.items()
-        if isinstance(v, (int, float, str, bool)) or v is None
-    ]
 
 
 def _cached_section(d: StudyData, key: str, title: str) -> tuple[list, Any]:
@@ -315,9 +304,9 @@ def _failures(d: StudyData) -> list:
 def _provenance(d: StudyData) -> list:
     rows = d.all_rows
     last = d.last_invocation or {}
-    versions = sorted({str(r["package_version"]) for r in rows})
-    commits = sorted({str(r["git_commit"]) for r in rows})
-    budget = d.config.get("budget", {})
+    versions = sorted({str(r.package_version) for r in rows})
+    commits = sorted({str(r.git_commit) for r in rows})
+    budget = d.config.budget.model_dump()
     return [
         Heading("Provenance"),
         Table(
@@ -329,14 +318,14 @@ def _provenance(d: StudyData) -> list:
                     + (f" (+{d.extra_rows} from other sweeps, not shown)" if d.extra_rows else ""),
                 ],
                 ["budget (every model)", ", ".join(f"{k}={v}" for k, v in budget.items() if v is not None)],
-                ["model", ", ".join(f"{k}={v}" for k, v in (d.config.get("model") or {}).items())],
-                ["base spec", str(d.config.get("base_spec", "standard"))],
+                ["model", ", ".join(f"{k}={v}" for k, v in d.config.model.model_dump().items())],
+                ["base spec", d.config.base_spec],
                 ["package version", ", ".join(versions) or "—"],
                 ["git commit", ", ".join(commits) or "—"],
-                ["backends", ", ".join(sorted({str(r["backend"]) for r in rows})) or "—"],
-                ["hosts", ", ".join(sorted({str(r["host"]) for r in rows})) or "—"],
-                ["total training seconds (wall, summed over runs)", f"{sum(r['seconds'] or 0 for r in rows):,.1f}"],
-                ["total training CPU seconds", f"{sum(r.get('cpu_seconds') or 0 for r in rows):,.1f}"],
+                ["backends", ", ".join(sorted({str(r.backend) for r in rows})) or "—"],
+                ["hosts", ", ".join(sorted({str(r.host) for r in rows})) or "—"],
+                ["total training seconds (wall, summed over runs)", f"{sum(r.seconds or 0 for r in rows):,.1f}"],
+                ["total training CPU seconds", f"{sum(r.cpu_seconds or 0 for r in rows):,.1f}"],
                 [
                     "last `axiomformer study` call that trained",
                     (
@@ -393,6 +382,19 @@ def provenance_block(d: StudyData) -> list:
     return _provenance(d)
 
 
+def load_study(out_dir: str | Path) -> StudyData:
+    """The :class:`StudyData` of a study out dir, read from its ``results.sqlite`` (opened read-only).
+
+    Raises:
+        FileNotFoundError: ``out_dir`` has no ``results.sqlite``.
+    """
+    out_dir = Path(out_dir)
+    if not (out_dir / "results.sqlite").is_file():
+        raise FileNotFoundError(f"no results.sqlite in {out_dir}: not a study out dir")
+    with ResultsStore(out_dir, readonly=True) as store:
+        return StudyData(store)
+
+
 def study_json(out_dir: str | Path) -> dict[str, Any]:
     """The answer of a study out dir as a JSON-ready dict (``axiomformer.study.summary.to_json``: design, cells,
     comparisons, verdicts).
@@ -402,14 +404,18 @@ def study_json(out_dir: str | Path) -> dict[str, Any]:
     """
     from axiomformer.study.summary import to_json
 
-    out_dir = Path(out_dir)
-    if not (out_dir / "results.sqlite").is_file():
-        raise FileNotFoundError(f"no results.sqlite in {out_dir}: not a study out dir")
-    with ResultsStore(out_dir, readonly=True) as store:
-        return to_json(StudyData(store))
+    return to_json(load_study(out_dir))
 
 
-def build_report(out_dir: str | Path) -> dict[str, Path]:
+class ReportPaths(TypedDict):
+    """What :func:`build_report` wrote: the Markdown and HTML report and the figures by name."""
+
+    markdown: Path
+    html: Path
+    figures: dict[str, Path]
+
+
+def build_report(out_dir: str | Path) -> ReportPaths:
     """Write ``report.md``, ``report.html`` and ``figures/*.png`` in ``out_dir`` from its ``results.sqlite``.
 
     Returns:
@@ -419,19 +425,16 @@ def build_report(out_dir: str | Path) -> dict[str, Path]:
         FileNotFoundError: ``out_dir`` has no ``results.sqlite``.
     """
     out_dir = Path(out_dir)
-    if not (out_dir / "results.sqlite").is_file():
-        raise FileNotFoundError(f"no results.sqlite in {out_dir}: not a study out dir")
-    with ResultsStore(out_dir, readonly=True) as store:
-        d = StudyData(store)
+    d = load_study(out_dir)
     from axiomformer.study.registry import get_suite
 
     figures_dir = out_dir / "figures"
-    title = str(d.config.get("name", "axiomformer study"))
+    title = d.config.name
     blocks = [
         Heading(title, 1),
         Paragraph(
             f"{len(d.all_rows)} finished runs ({len(d.rows)} reported, the rest learning-rate selection), "
-            f"{len({r['label'] for r in d.rows}) or len(d.models)} models or arms, {len(d.tasks)} task "
+            f"{len({r.label for r in d.rows}) or len(d.models)} models or arms, {len(d.tasks)} task "
             f"settings; suite `{d.suite}`. "
             "Rebuild with `axiomformer report <dir>`."
         ),
@@ -441,4 +444,4 @@ def build_report(out_dir: str | Path) -> dict[str, Path]:
     md, page = out_dir / "report.md", out_dir / "report.html"
     md.write_text(to_markdown(blocks), encoding="utf-8")
     page.write_text(to_html(blocks, title), encoding="utf-8")
-    return {"markdown": md, "html": page, "figures": figures}  # type: ignore[dict-item]
+    return {"markdown": md, "html": page, "figures": figures}

@@ -20,17 +20,22 @@ import platform
 import subprocess
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.progress import Progress, TaskID
 
 from axiomformer.study.config import CONTROLS, StudyConfig
+from axiomformer.study.record import RunRecord
 from axiomformer.study.sections import audit_spec, ceilings_section, derive_section, flow_section, missing_module
 from axiomformer.study.store import ResultsStore
 from axiomformer.study.sweep import Run, models
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import SimpleQueue
 
 BACKENDS = ("local", "ray")
 
@@ -105,7 +110,8 @@ def execute(
                 progress=False,
             )
         cpu = time.process_time()
-        result = trainer.train(config, progress=False, save_state=root / save_state if save_state else None)
+        # Any: a TrainResult, or the plain mapping a stand-in trainer (tests, the Ray smoke run) returns
+        result: Any = trainer.train(config, progress=False, save_state=root / save_state if save_state else None)
     out = result.to_dict() if hasattr(result, "to_dict") else dict(result)
     out["cpu_seconds"] = time.process_time() - cpu
     out["memory_source"] = out.get("memory_method") or "trainer"
@@ -126,24 +132,39 @@ def execute_in_worker(*args: Any) -> dict[str, Any]:
         return execute(*args)
 
 
-def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
-    """The :class:`~axiomformer.study.record.RunRecord` of a finished run, as the store's row (validated here)."""
+def _assumptions(run: Run) -> tuple[dict[str, bool], str | None]:
+    """Which of A0-A5 the run's model keeps, and its relax string (``None`` for a model without scores)."""
     from axiomformer.spec import AttentionSpec, stack_assumptions, stack_specs
-    from axiomformer.study.record import RunRecord
 
     if run.model.kind == "transformer":
         tc = run.train_config
-        assumptions: dict[str, bool] = {
-            "A0": True,
-            **stack_assumptions(
-                stack_specs(AttentionSpec.standard(tc["dim"], tc["heads"], causal=True), run.model.spec, tc["layers"])
-            ),
-        }
-        spec = run.model.spec
-    elif run.model.kind in CONTROLS:
-        assumptions, spec = {}, None  # a validity control: no scores to hold assumptions about
-    else:
-        assumptions, spec = {"A0": False}, None  # a recurrent aggregator is order-dependent: A0 itself relaxed
+        standard = AttentionSpec.standard(tc["dim"], tc["heads"], causal=True)
+        return {"A0": True, **stack_assumptions(stack_specs(standard, run.model.spec, tc["layers"]))}, run.model.spec
+    if run.model.kind in CONTROLS:
+        return {}, None  # a validity control: no scores to hold assumptions about
+    return {"A0": False}, None  # a recurrent aggregator is order-dependent: A0 itself relaxed
+
+
+_OUTCOME = ("val_accuracy", "val_loss", "best_step", "converged", "stop_reason", "history", "extra", "n_test")
+_MEASURED = (
+    "params",
+    "accuracy",
+    "loss",
+    "steps",
+    "seconds",
+    "cpu_seconds",
+    "tokens_per_second",
+    "peak_mem_mb",
+    "memory_source",
+    "engine",
+    "losses",
+)
+
+
+def _row(run: Run, result: dict[str, Any], backend: str) -> RunRecord:
+    """The :class:`~axiomformer.study.record.RunRecord` of a finished run (validated here, as the store will)."""
+    assumptions, spec = _assumptions(run)
+    tc = run.train_config
     record = {
         "key": run.key,
         "label": run.model.label,
@@ -155,46 +176,21 @@ def _row(run: Run, result: dict[str, Any], backend: str) -> dict[str, Any]:
         "task_config": {
             "task": run.task,
             "seq_len": run.seq_len,
-            "options": run.train_config.get("task_options", {}),
+            "options": tc.get("task_options", {}),
             "chance": result.get("chance"),
         },
         "seed": run.seed,
-        "dim": run.train_config["dim"],
-        "layers": run.train_config["layers"],
-        "heads": run.train_config["heads"] if run.model.kind == "transformer" else None,
-        "params": result.get("params"),
-        "accuracy": result.get("accuracy"),
-        "loss": result.get("loss"),
-        "steps": result.get("steps"),
-        "seconds": result.get("seconds"),
-        "cpu_seconds": result.get("cpu_seconds"),
-        "tokens_per_second": result.get("tokens_per_second"),
-        "peak_mem_mb": result.get("peak_mem_mb"),
-        "memory_source": result.get("memory_source"),
-        "engine": result.get("engine"),
-        "losses": result.get("losses"),
-        "train_config": run.train_config,
-        "outcome": {
-            "lr": run.train_config.get("lr"),
-            **{
-                k: result.get(k)
-                for k in (
-                    "val_accuracy",
-                    "val_loss",
-                    "best_step",
-                    "converged",
-                    "stop_reason",
-                    "history",
-                    "extra",
-                    "n_test",
-                )
-            },
-        },
+        "dim": tc["dim"],
+        "layers": tc["layers"],
+        "heads": tc["heads"] if run.model.kind == "transformer" else None,
+        **{k: result.get(k) for k in _MEASURED},
+        "train_config": tc,
+        "outcome": {"lr": tc.get("lr"), **{k: result.get(k) for k in _OUTCOME}},
         **provenance(),
         "backend": backend,
         "host": platform.node(),
     }
-    return RunRecord.model_validate(record).row()
+    return RunRecord.model_validate(record)
 
 
 # ---------------------------------------------------------------------------------------------------- backends
@@ -238,7 +234,7 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def worker_init(parent: int, started=None) -> None:
+def worker_init(parent: int, started: SimpleQueue[int] | None = None) -> None:
     """Initializer of a study worker process: the study process alone answers Ctrl-C (a terminal's Ctrl-C reaches
     the whole process group; the workers ignore it and are stopped by the study), the worker exits when the study
     process dies (:func:`_die_with_parent`), and it reports its pid on ``started`` (so the study can stop it)."""
@@ -250,7 +246,7 @@ def worker_init(parent: int, started=None) -> None:
         started.put(os.getpid())
 
 
-def _stop_workers(started) -> None:
+def _stop_workers(started: SimpleQueue[int]) -> None:
     """SIGKILL every worker that reported its pid: their runs are dropped (a rerun trains them). They are this
     process's unreaped children, so no pid can have been reused."""
     import signal
@@ -340,7 +336,7 @@ class StudySummary:
     trained: int = 0
     failed: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    report: dict[str, Path] = field(default_factory=dict)
+    report: Mapping[str, object] = field(default_factory=dict)  # report.ReportPaths once written
 
 
 def _num(value: Any, fmt: str) -> str:
@@ -408,22 +404,12 @@ def run_study(
         with bar:
             task_id = bar.add_task("study", total=len(audits_todo) + len(sections_todo))
             _audits(store, audits_todo, console, bar, task_id)
-            _run_stages(store, config, stages, first, backend, address, summary, console, bar, task_id)
+            session = _Session(store, config, backend, address, summary, console, bar, task_id)
+            _run_stages(session, stages, first)
             _sections(store, sections_todo, console, bar, task_id)
             bar.update(task_id, description="done")
         summary.seconds = time.perf_counter() - start
-        _record_invocation(
-            store,
-            {
-                "seconds": round(summary.seconds, 2),
-                "trained": summary.trained,
-                "backend": backend,
-                "workers": config.resolved_workers() if backend == "local" else None,
-                "load_average_start": load_start,
-                "load_average_end": _load(),
-                "cpu_count": os.cpu_count(),
-            },
-        )
+        _record_invocation(store, _invocation(summary, config, backend, load_start))
     if write_report:
         from axiomformer.study.report import build_report
 
@@ -495,22 +481,27 @@ def _ceiling_cells(config: StudyConfig) -> list[dict[str, Any]]:
     return out
 
 
-def _run_stages(
-    store: ResultsStore,
-    config: StudyConfig,
-    stages: list[Callable],
-    first: list[Run],
-    backend: str,
-    address: str | None,
-    summary: StudySummary,
-    console: Console,
-    bar,
-    task_id,
-) -> None:
-    """Plan and train each stage in turn (a later stage sees the stored runs), counting them in ``summary``."""
+@dataclass
+class _Session:
+    """One call of :func:`run_study`: its store and config, the backend it trains on, what it has done so far
+    (``summary``) and where it reports (``console``, the progress ``bar`` and its task)."""
+
+    store: ResultsStore
+    config: StudyConfig
+    backend: str
+    address: str | None
+    summary: StudySummary
+    console: Console
+    bar: Progress
+    task_id: TaskID
+
+
+def _run_stages(session: _Session, stages: list[Callable], first: list[Run]) -> None:
+    """Plan and train each stage in turn (a later stage sees the stored runs), counting them in the summary."""
+    store, summary, bar, task_id = session.store, session.summary, session.bar, session.task_id
     planned: dict[str, Run] = {}
     for index, stage in enumerate(stages):
-        runs = first if index == 0 else stage({r["key"]: r for r in store.runs()})
+        runs = first if index == 0 else stage({r.key: r for r in store.runs()})
         new = [r for r in runs if r.key not in planned]
         planned.update((r.key, r) for r in new)
         _set_planned(store, planned)
@@ -519,13 +510,28 @@ def _run_stages(
         summary.planned += len(new)
         summary.already_stored += len(new) - len(todo)
         bar.update(task_id, total=(bar.tasks[0].total or 0) + len(todo))
-        console.print(
+        session.console.print(
             f"stage {index + 1}/{len(stages)}: {len(new)} run(s), {len(new) - len(todo)} already "
             f"stored, {len(todo)} to train",
             markup=False,
             soft_wrap=True,
         )
-        _train(store, config, todo, backend, address, summary, console, bar, task_id)
+        _train(session, todo)
+
+
+def _invocation(
+    summary: StudySummary, config: StudyConfig, backend: str, load_start: list[float] | None
+) -> dict[str, Any]:
+    """What this call of the study did and on what machine load (the report's provenance)."""
+    return {
+        "seconds": round(summary.seconds, 2),
+        "trained": summary.trained,
+        "backend": backend,
+        "workers": config.resolved_workers() if backend == "local" else None,
+        "load_average_start": load_start,
+        "load_average_end": _load(),
+        "cpu_count": os.cpu_count(),
+    }
 
 
 def _record_invocation(store: ResultsStore, record: dict[str, Any]) -> None:
@@ -566,15 +572,8 @@ def _load() -> list[float] | None:
         return None
 
 
-def _progress(console: Console, enabled: bool):
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+def _progress(console: Console, enabled: bool) -> Progress:
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     return Progress(
         TextColumn("[bold]{task.description}"),
@@ -589,7 +588,7 @@ def _progress(console: Console, enabled: bool):
     )
 
 
-def _audits(store: ResultsStore, specs: list[str], console: Console, bar, task_id) -> None:
+def _audits(store: ResultsStore, specs: list[str], console: Console, bar: Progress, task_id: TaskID) -> None:
     for spec in specs:
         bar.update(task_id, description=f"audit {spec}")
         try:
@@ -605,7 +604,9 @@ def _audits(store: ResultsStore, specs: list[str], console: Console, bar, task_i
         bar.advance(task_id)
 
 
-def _sections(store: ResultsStore, todo: list[tuple[str, Callable[[], Any]]], console: Console, bar, task_id) -> None:
+def _sections(
+    store: ResultsStore, todo: list[tuple[str, Callable[[], Any]]], console: Console, bar: Progress, task_id: TaskID
+) -> None:
     for name, fn in todo:
         bar.update(task_id, description=f"{name} section")
         t0 = time.perf_counter()
@@ -621,22 +622,15 @@ def _sections(store: ResultsStore, todo: list[tuple[str, Callable[[], Any]]], co
         bar.advance(task_id)
 
 
-def _train(
-    store: ResultsStore,
-    config: StudyConfig,
-    todo: list[Run],
-    backend: str,
-    address: str | None,
-    summary: StudySummary,
-    console: Console,
-    bar,
-    task_id,
-) -> None:
+def _train(session: _Session, todo: list[Run]) -> None:
+    """Train ``todo`` on the session's backend, storing each run (or its failure) as it finishes."""
     if not todo:
         return
+    store, config, summary, console = session.store, session.config, session.summary, session.console
+    bar, task_id = session.bar, session.task_id
     workdir = str(Path(store.path).parent.resolve())
-    if backend == "ray":
-        outcomes = _ray(todo, config.threads, address, workdir)
+    if session.backend == "ray":
+        outcomes = _ray(todo, config.threads, session.address, workdir)
     elif config.resolved_workers() > 1 and len(todo) > 1:
         outcomes = _pool(todo, config.threads, min(config.resolved_workers(), len(todo)), workdir)
     else:
@@ -659,7 +653,7 @@ def _train(
                 soft_wrap=True,
             )
         else:
-            store.add_run(_row(run, result, backend))
+            store.add_run(_row(run, result, session.backend))
             summary.trained += 1
             console.print(
                 f"[{n}/{summary.planned}] {_status(run, result)}", markup=False, highlight=False, soft_wrap=True

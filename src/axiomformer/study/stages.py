@@ -1,9 +1,9 @@
 """A study in stages: which runs can be planned only once earlier ones are stored.
 
-A *stage* is a function ``stage(stored) -> list[Run]`` of the results stored so far (``stored``: run key -> row, as
-``ResultsStore.runs`` gives it; ``None`` for a stage that needs nothing). The runner calls the stages in order and
-trains, after each, whatever the store lacks, so an interrupted study resumes at the stage it was in and a stage's
-plan is a pure function of the store. Two protocols:
+A *stage* is a function ``stage(stored) -> list[Run]`` of the results stored so far (``stored``: run key -> the
+:class:`~axiomformer.study.record.RunRecord` that ``ResultsStore.runs`` gives back; ``None`` for a stage that needs
+nothing). The runner calls the stages in order and trains, after each, whatever the store lacks, so an interrupted
+study resumes at the stage it was in and a stage's plan is a pure function of the store. Two protocols:
 
 * **learning-rate selection** (default): stage 1 trains every cell once per learning rate of ``budget.lr_grid`` at
   each of the ``selection_seeds``; up to ``lr_widen`` stages then extend the grid one step beyond its edge for each
@@ -20,34 +20,37 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from axiomformer.study.config import StudyConfig
+from axiomformer.study.record import RunRecord
 from axiomformer.study.sweep import AA_LABEL, Cell, CountFn, Run, cells, make_run
 
-Stored = dict[str, dict[str, Any]] | None
+Stored = dict[str, RunRecord] | None
 Stage = Callable[[Stored], list[Run]]
+Chosen = float | None | Literal["missing"]
+"""A cell's chosen learning rate: a rate, ``None`` (the trainer's default), or ``"missing"`` (no run stored yet)."""
 
 
-def selection_score(row: dict[str, Any]) -> tuple[float, float]:
+def selection_score(row: RunRecord) -> tuple[float, float]:
     """Higher is better: (validation accuracy, -validation loss) of a stored run."""
-    out = row.get("outcome") or {}
-    acc = out.get("val_accuracy")
-    loss = out.get("val_loss")
+    acc = row.outcome.val_accuracy
+    loss = row.outcome.val_loss
     return (acc if acc is not None else -1.0, -(loss if loss is not None else float("inf")))
 
 
-def _mean_score(rows: list[dict[str, Any]]) -> tuple[float, float]:
+def _mean_score(rows: list[RunRecord]) -> tuple[float, float]:
     scores = [selection_score(r) for r in rows]
     return (sum(a for a, _ in scores) / len(scores), sum(b for _, b in scores) / len(scores))
 
 
-def choose_lr(candidates: list[tuple[float | None, Any]]) -> float | str | None:
+def choose_lr(candidates: list[tuple[float | None, Any]]) -> Chosen:
     """The learning rate whose selection runs score best on average over the selection seeds
     (:func:`selection_score`); the first in grid order wins a tie. ``candidates``: ``(lr, stored rows)`` in grid order,
     the rows as a list (one per selection seed stored), one row, or ``None``. Returns ``"missing"`` when no run is
     stored."""
-    best, chosen = None, "missing"
+    best: tuple[float, float] | None = None
+    chosen: Chosen = "missing"
     for lr, rows in candidates:
         rows = [r for r in (rows if isinstance(rows, list) else [rows]) if r is not None]
         if not rows:
@@ -64,7 +67,7 @@ def _ratio(grid: list[float | None]) -> float:
     return values[1] / values[0] if len(values) > 1 and values[0] > 0 else 10**0.5
 
 
-def tried_lrs(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]], widenings: int) -> list:
+def tried_lrs(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord], widenings: int) -> list:
     """The learning rates of ``cell`` after ``widenings`` rounds of widening: start from the grid; each round, when
     the best rate so far (on the stored selection runs) is the smallest or the largest tried, add the next one beyond
     it (one grid step further). A one-value grid (or the trainer default, ``None``) is never widened."""
@@ -74,7 +77,7 @@ def tried_lrs(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]]
     step = _ratio(lrs)
     for _ in range(widenings):
         best = _chosen_among(config, cell, stored, lrs)
-        if best == "missing":
+        if best == "missing" or best is None:  # None: never in a grid of two or more rates
             break
         if best == min(lrs):
             lrs = [best / step, *lrs]
@@ -93,7 +96,7 @@ def _selection(config: StudyConfig, cell: Cell, lrs: list | None = None, *, save
     ]
 
 
-def _chosen_among(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]], lrs: list) -> float | str | None:
+def _chosen_among(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord], lrs: list) -> Chosen:
     runs = _selection(config, cell, lrs)
     by_lr: dict[Any, list] = {}
     for r in runs:
@@ -101,7 +104,7 @@ def _chosen_among(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, A
     return choose_lr(list(by_lr.items()))
 
 
-def _chosen(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]]) -> float | str | None:
+def _chosen(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord]) -> Chosen:
     return _chosen_among(config, cell, stored, tried_lrs(config, cell, stored, config.lr_widen))
 
 
@@ -117,7 +120,7 @@ def ranked_lrs(candidates: list[tuple[float | None, Any]]) -> list[float | None]
     return [lr for _, lr in sorted(scored, key=lambda item: item[0])]
 
 
-def _second_best(config: StudyConfig, cell: Cell, stored: dict[str, dict[str, Any]]) -> float | str | None:
+def _second_best(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord]) -> Chosen:
     lrs = tried_lrs(config, cell, stored, config.lr_widen)
     by_lr: dict[Any, list] = {}
     for r in _selection(config, cell, lrs):
@@ -160,7 +163,7 @@ def selection_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]:
 
         return stage
 
-    def lr_of(cell: Cell, stored: dict[str, dict[str, Any]]) -> float | str | None:
+    def lr_of(cell: Cell, stored: dict[str, RunRecord]) -> Chosen:
         reference = standard.get((cell.task, cell.seq_len)) if is_aa(cell) else cell
         return "missing" if reference is None else _chosen(config, reference, stored)
 
@@ -255,7 +258,7 @@ def plan(config: StudyConfig, *, count: CountFn | None = None) -> list[Run]:
     return stages_for(config, count=count)[0](None)
 
 
-def plan_all(config: StudyConfig, stored: dict[str, dict[str, Any]]) -> list[Run]:
+def plan_all(config: StudyConfig, stored: dict[str, RunRecord]) -> list[Run]:
     """Every run the stages plan given ``stored`` (run key -> row), duplicates merged, in stage order."""
     out: dict[str, Run] = {}
     for index, stage in enumerate(stages_for(config)):
@@ -264,25 +267,18 @@ def plan_all(config: StudyConfig, stored: dict[str, dict[str, Any]]) -> list[Run
     return list(out.values())
 
 
-def selection_seeds_of(config: dict[str, Any]) -> list[int]:
-    """The selection seeds of a stored config (a previous version's single ``selection_seed`` as a list)."""
-    if config.get("selection_seeds") is not None:
-        return [int(s) for s in config["selection_seeds"]]
-    return [int(config.get("selection_seed", 0))]
-
-
-def selection_groups(config: dict[str, Any], rows: list[dict[str, Any]]) -> dict[tuple, list[tuple[Any, list]]]:
+def selection_groups(config: StudyConfig, rows: list[RunRecord]) -> dict[tuple, list[tuple[Any, list]]]:
     """(label, task, length) -> ``[(lr, [selection rows])]`` in increasing lr order: what :func:`choose_lr` reads."""
-    chosen_seeds = set(selection_seeds_of(config))
+    chosen_seeds = set(config.selection_seeds)
     groups: dict[tuple, dict[Any, list]] = defaultdict(dict)
     for r in rows:
-        tc = r.get("train_config") or {}
-        if r["seed"] in chosen_seeds and not tc.get("init_from"):
-            groups[(r["label"], r["task"], r["seq_len"])].setdefault(tc.get("lr"), []).append(r)
+        tc = r.train_config
+        if r.seed in chosen_seeds and not tc.get("init_from"):
+            groups[(r.label, r.task, r.seq_len)].setdefault(tc.get("lr"), []).append(r)
     return {k: sorted(v.items(), key=lambda item: (item[0] is None, item[0] or 0.0)) for k, v in groups.items()}
 
 
-def lr_at_edge(config: dict[str, Any], rows: list[dict[str, Any]], lrs: dict[tuple, Any]) -> set[tuple]:
+def lr_at_edge(config: StudyConfig, rows: list[RunRecord], lrs: dict[tuple, Any]) -> set[tuple]:
     """The cells whose chosen rate is the smallest or the largest of the rates tried (two or more): the optimum may
     lie outside the grid, even after widening ("lr at grid edge")."""
     out = set()
@@ -293,47 +289,43 @@ def lr_at_edge(config: dict[str, Any], rows: list[dict[str, Any]], lrs: dict[tup
     return out
 
 
-def reported_rows(
-    config: dict[str, Any], rows: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], dict[tuple, float | None]]:
+def reported_rows(config: StudyConfig, rows: list[RunRecord]) -> tuple[list[RunRecord], dict[tuple, float | None]]:
     """The rows a report counts, and the chosen learning rate per (label, task, length).
 
     A row is reported when its seed is among ``0 .. seeds-1`` and its learning rate is the one chosen for its cell:
     by the selection seeds' mean validation score at that length (over every rate tried, the widened ones included),
     or, with a curriculum, at the task's shortest length. Works from the stored rows and the stored config alone (no
-    replanning); a store of the previous version (one ``selection_seed``) is read the same way.
+    replanning); a store of the previous version (one ``selection_seed``, migrated by ``config.stored_config``) is
+    read the same way.
     """
-    seeds = int(config.get("seeds", 1))
-    curriculum = bool(config.get("curriculum", False))
+    seeds, curriculum = config.seeds, config.curriculum
     shortest: dict[str, int] = {}
     for r in rows:
-        shortest[r["task"]] = min(shortest.get(r["task"], r["seq_len"]), r["seq_len"])
+        shortest[r.task] = min(shortest.get(r.task, r.seq_len), r.seq_len)
     chosen_at = {k: choose_lr(v) for k, v in selection_groups(config, rows).items()}
     lrs: dict[tuple, float | None] = {}
     out = []
     for r in rows:
-        ident = (r["label"], r["task"], r["seq_len"])
-        label = "standard" if r["label"] == AA_LABEL else r["label"]
-        source = (label, r["task"], shortest[r["task"]]) if curriculum else (label, r["task"], r["seq_len"])
+        ident = (r.label, r.task, r.seq_len)
+        label = "standard" if r.label == AA_LABEL else r.label
+        source = (label, r.task, shortest[r.task]) if curriculum else (label, r.task, r.seq_len)
         lr = chosen_at.get(source, "missing")
-        if lr == "missing" or r["seed"] >= seeds or (r.get("train_config") or {}).get("lr") != lr:
+        if lr == "missing" or r.seed >= seeds or r.train_config.get("lr") != lr:
             continue
         lrs[ident] = lr
         out.append(r)
     return out, lrs
 
 
-def second_best_rows(
-    config: dict[str, Any], rows: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], dict[tuple, Any]]:
+def second_best_rows(config: StudyConfig, rows: list[RunRecord]) -> tuple[list[RunRecord], dict[tuple, Any]]:
     """The ``lr_check`` rows: reported seeds of each cell at its second-best rate (by the selection seeds' mean
     validation score over every rate tried), and that rate per (label, task, length)."""
-    seeds = int(config.get("seeds", 1))
+    seeds = config.seeds
     second = {k: ranked[1] for k, v in selection_groups(config, rows).items() if len(ranked := ranked_lrs(v)) > 1}
     out, lrs = [], {}
     for r in rows:
-        ident = (r["label"], r["task"], r["seq_len"])
-        if ident in second and r["seed"] < seeds and (r.get("train_config") or {}).get("lr") == second[ident]:
+        ident = (r.label, r.task, r.seq_len)
+        if ident in second and r.seed < seeds and r.train_config.get("lr") == second[ident]:
             lrs[ident] = second[ident]
             out.append(r)
     return out, lrs

@@ -123,12 +123,12 @@ def fmt_signed(x: float) -> str:
     return f"{x:+.1e}" if x != 0 and abs(x) < 5e-4 else f"{x:+.3f}"
 
 
-def _clean(values: Sequence[float]) -> np.ndarray:
+def _clean(values: Sequence[float | None] | np.ndarray) -> np.ndarray:
     data = np.asarray([float(v) for v in values if v is not None], dtype=float)
     return data[np.isfinite(data)]
 
 
-def t_interval(values: Sequence[float], level: float = CONFIDENCE) -> Interval:
+def t_interval(values: Sequence[float | None] | np.ndarray, level: float = CONFIDENCE) -> Interval:
     """The mean of ``values`` and its two-sided Student-t interval at ``level``.
 
     Zero spread gives the zero-width interval ``[mean, mean]`` (what the data say); fewer than two values give no
@@ -165,7 +165,7 @@ def clopper_pearson(successes: int, trials: int, level: float = CONFIDENCE) -> I
     return Interval(successes / trials, float(low), float(high), "Clopper-Pearson", level, 1)
 
 
-def cell_interval(values: Sequence[float], n_test: int | None = None, level: float = CONFIDENCE) -> Interval:
+def cell_interval(values: Sequence[float | None], n_test: int | None = None, level: float = CONFIDENCE) -> Interval:
     """A cell's mean test accuracy over seeds with a valid interval.
 
     Two or more seeds that differ: :func:`t_interval` (``method`` ``"t over seeds"``). One run, or seeds that all
@@ -188,7 +188,7 @@ def cell_interval(values: Sequence[float], n_test: int | None = None, level: flo
     return t_interval(data, level)
 
 
-def tost_p(diffs: Sequence[float], margin: float) -> tuple[float, float]:
+def tost_p(diffs: Sequence[float] | np.ndarray, margin: float) -> tuple[float, float]:
     """One-sided p-values ``(p_lower, p_upper)`` of the paired TOST: H0 ``mean <= -margin`` and H0
     ``mean >= +margin`` (Schuirmann 1987). Zero spread gives 0 or 1 by the side the mean is on.
 
@@ -379,6 +379,16 @@ def _p_difference(data: np.ndarray) -> float:
     return float(ttest_1samp(data, 0.0).pvalue)
 
 
+def _paired_differences(item: PairedItem, margin: float, family_size: int) -> np.ndarray:
+    """The finite per-seed differences model minus standard (a diverged seed drops its pair)."""
+    if len(item.values) != len(item.reference):
+        raise ValueError(f"paired samples must have equal lengths, got {len(item.values)} and {len(item.reference)}")
+    if not margin > 0 or family_size < 1:
+        raise ValueError(f"need margin > 0 and family_size >= 1, got {margin} and {family_size}")
+    data = np.asarray(item.values, dtype=float) - np.asarray(item.reference, dtype=float)
+    return data[np.isfinite(data)]
+
+
 def one_comparison(
     item: PairedItem,
     *,
@@ -393,35 +403,17 @@ def one_comparison(
     Raises:
         ValueError: ``values`` and ``reference`` of different lengths, ``margin <= 0`` or ``family_size < 1``.
     """
-    if len(item.values) != len(item.reference):
-        raise ValueError(f"paired samples must have equal lengths, got {len(item.values)} and {len(item.reference)}")
-    if not margin > 0 or family_size < 1:
-        raise ValueError(f"need margin > 0 and family_size >= 1, got {margin} and {family_size}")
-    data = np.asarray(item.values, dtype=float) - np.asarray(item.reference, dtype=float)
-    data = data[np.isfinite(data)]
+    data = _paired_differences(item, margin, family_size)
     level = 1 - alpha / family_size
     method = "paired t" + (f", Bonferroni over {family_size}" if family_size > 1 else "")
     n = int(data.size)
     diff = float(data.mean()) if n else float("nan")
     if n < 2:
+        verdict = decide(None, None, margin, pilot=pilot)
         return Verdict(
-            item.assumption,
-            item.model,
-            item.task,
-            decide(None, None, margin, pilot=pilot),
-            diff,
-            None,
-            None,
-            method,
-            level,
-            margin,
-            1.0,
-            1.0,
-            n,
-            None,
-            None,
-            item.converged,
-        )
+            item.assumption, item.model, item.task, verdict, diff, None, None, method, level, margin, 1.0, 1.0, n,
+            None, None, item.converged
+        )  # fmt: skip
     ci = t_interval(data, level)
     sd = float(data.std(ddof=1))
     if sd == 0.0:
@@ -508,16 +500,51 @@ def _solve_power(p_ref: float, n: int, alpha: float, power: float) -> float | No
     return abs(math.sin(other / 2) ** 2 - p_ref)
 
 
-def _solve_seeds(p_a: float, p_b: float, alpha: float, power: float) -> int | None:
-    """Runs a side at which the observed difference of solve rates would be detected at ``power`` (``None``: no
-    difference to detect, or more than :data:`SEEDS_CAP`)."""
+def _solve_seeds(p_a: float, p_b: float, alpha: float, power: float, margin: float) -> int | None:
+    """Runs a side a decision would take at the observed solve rates (``None``: more than :data:`SEEDS_CAP`).
+
+    Inside the margin (|p_a - p_b| < margin) the question is equivalence: the fewest runs a side at which the
+    Newcombe interval at level ``1 - alpha`` of the observed rates fits inside ``±margin`` (e.g. 8/8 against 8/8 at
+    ±0.25 and level 1 - 0.05 / 24: 29). Outside it, detection: the runs a side at which the difference would be
+    detected at ``power`` (Cohen's h, statsmodels' ``NormalIndPower``)."""
     from statsmodels.stats.power import NormalIndPower
 
+    if abs(p_a - p_b) < margin:
+        return _equivalence_seeds(p_a, p_b, 1 - alpha, margin)
     h = abs(2 * math.asin(math.sqrt(p_a)) - 2 * math.asin(math.sqrt(p_b)))
-    if h == 0:
-        return None
     n = float(NormalIndPower().solve_power(effect_size=h, nobs1=None, alpha=alpha, power=power, ratio=1.0))
     return None if n > SEEDS_CAP else max(2, math.ceil(n))
+
+
+def _equivalence_seeds(p_a: float, p_b: float, level: float, margin: float) -> int | None:
+    def fits(n: int) -> bool:
+        ci = newcombe_difference(round(p_a * n), n, round(p_b * n), n, level)
+        return -margin < ci.low and ci.high < margin
+
+    high = 2
+    while not fits(high):  # doubling, then bisection: the interval narrows as n grows (up to rounding of p n)
+        if high > SEEDS_CAP:
+            return None
+        high *= 2
+    low = high // 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return max(2, high)
+
+
+def _p_equivalent_rates(s_a: int, n_a: int, s_b: int, n_b: int, margin: float, family_size: int) -> float:
+    """statsmodels' TOST of two proportions against ``±margin``, referred to a two-sided interval's level and
+    Bonferroni-corrected (1 where it cannot be computed)."""
+    from statsmodels.stats.proportion import tost_proportions_2indep
+
+    with warnings.catch_warnings():  # statsmodels divides by zero for rates of 0 or 1 in a term it then discards
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            p_eq_raw = float(tost_proportions_2indep(s_a, n_a, s_b, n_b, -margin, margin, compare="diff").pvalue)
+        except (ValueError, ZeroDivisionError):
+            p_eq_raw = 1.0
+    return 1.0 if not math.isfinite(p_eq_raw) else min(1.0, p_eq_raw * 2 * family_size)
 
 
 def solve_rate_comparison(
@@ -540,7 +567,6 @@ def solve_rate_comparison(
         ValueError: an empty side, ``margin <= 0`` or ``family_size < 1``.
     """
     from scipy.stats import fisher_exact
-    from statsmodels.stats.proportion import tost_proportions_2indep
 
     if not margin > 0 or family_size < 1:
         raise ValueError(f"need margin > 0 and family_size >= 1, got {margin} and {family_size}")
@@ -553,13 +579,7 @@ def solve_rate_comparison(
     level = 1 - alpha / family_size
     ci = newcombe_difference(s_a, n_a, s_b, n_b, level)
     p_diff = min(1.0, float(fisher_exact([[s_a, n_a - s_a], [s_b, n_b - s_b]]).pvalue) * family_size)
-    with warnings.catch_warnings():  # statsmodels divides by zero for rates of 0 or 1 in a term it then discards
-        warnings.simplefilter("ignore", RuntimeWarning)
-        try:
-            p_eq_raw = float(tost_proportions_2indep(s_a, n_a, s_b, n_b, -margin, margin, compare="diff").pvalue)
-        except (ValueError, ZeroDivisionError):
-            p_eq_raw = 1.0
-    p_eq = 1.0 if not math.isfinite(p_eq_raw) else min(1.0, p_eq_raw * 2 * family_size)
+    p_eq = _p_equivalent_rates(s_a, n_a, s_b, n_b, margin, family_size)
     verdict = decide(ci.low, ci.high, margin, pilot=pilot)
     decided = verdict in ("forced", "better", "free")
     method = "Newcombe hybrid score" + (f", Bonferroni over {family_size}" if family_size > 1 else "")
@@ -578,19 +598,10 @@ def solve_rate_comparison(
         p_eq,
         min(n_a, n_b),
         _solve_power(s_b / n_b, min(n_a, n_b), alpha / family_size, power),
-        min(n_a, n_b) if decided else _solve_seeds(s_a / n_a, s_b / n_b, alpha / family_size, power),
+        min(n_a, n_b) if decided else _solve_seeds(s_a / n_a, s_b / n_b, alpha / family_size, power, margin),
         item.converged,
         "solve_rate",
     )
-
-
-def holm(pvalues: Sequence[float], *, alpha: float = ALPHA) -> list[float]:
-    """Holm-adjusted p-values (step-down, monotone, capped at 1), via statsmodels' ``multipletests``."""
-    if len(pvalues) == 0:
-        return []
-    from statsmodels.stats.multitest import multipletests
-
-    return [float(p) for p in multipletests(list(pvalues), alpha=alpha, method="holm")[1]]
 
 
 def mean_interval(
@@ -633,7 +644,6 @@ __all__ = [
     "cell_interval",
     "clopper_pearson",
     "decide",
-    "holm",
     "mde",
     "mean_interval",
     "newcombe_difference",

@@ -25,7 +25,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from axiomformer.errors import UserInputError
+from axiomformer.study.record import RunRecord
 
 FILENAME = "results.sqlite"
 
@@ -71,6 +74,11 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 _JSON_COLUMNS = ("assumptions", "task_config", "losses", "train_config", "outcome")
+
+
+def _fields(err: ValidationError) -> str:
+    """A pydantic ``ValidationError`` in one line that names each offending field."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'row'}: {e['msg']}" for e in err.errors())
 
 
 def _now() -> str:
@@ -267,8 +275,6 @@ class ResultsStore:
             pydantic.ValidationError (a ValueError): a row that is not a valid ``RunRecord``, naming the field;
                 nothing is written.
         """
-        from axiomformer.study.record import RunRecord
-
         given = row.row() if isinstance(row, RunRecord) else dict(row)
         if given.get("finished_at") is None:
             given["finished_at"] = _now()
@@ -290,17 +296,22 @@ class ResultsStore:
         )
         return counts[0] == 1
 
-    def runs(self) -> list[dict[str, Any]]:
-        """Every stored run as a validated :class:`~axiomformer.study.record.RunRecord` dict, in insertion order."""
-        from axiomformer.study.record import RunRecord
+    def runs(self) -> list[RunRecord]:
+        """Every stored run as a validated :class:`~axiomformer.study.record.RunRecord`, in insertion order.
 
+        Raises:
+            StoreError: a stored row that is not a valid ``RunRecord``, naming its key and the field.
+        """
         out = []
         for row in self.conn.execute("SELECT * FROM runs ORDER BY rowid"):
             item = dict(row)
             for name in _JSON_COLUMNS:
                 if item.get(name) is not None:
                     item[name] = json.loads(item[name])
-            out.append(RunRecord.model_validate({k: v for k, v in item.items() if v is not None}).row())
+            try:
+                out.append(RunRecord.model_validate({k: v for k, v in item.items() if v is not None}))
+            except ValidationError as err:
+                raise StoreError(f"{self.path}: stored run {item.get('key')!r} is malformed: {_fields(err)}") from None
         return out
 
     def count(self) -> int:

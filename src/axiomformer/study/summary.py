@@ -25,13 +25,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from axiomformer.study.record import ModelRecord, RunRecord
 from axiomformer.study.statistics import (
-    ALPHA,
     CORRECTION,
-    MARGIN,
     POWER,
     PairedItem,
     Verdict,
@@ -82,24 +82,21 @@ def _n_test(key: str) -> int | None:
         return None
 
 
-def n_test_items(row: dict[str, Any]) -> int | None:
+def n_test_items(row: RunRecord) -> int | None:
     """Scored test items of a stored run: its own record when it has one, else recounted from its training config
     (the test set is a pure function of task, options, batch size and ``test_batches`` or ``eval_batches``); ``None``
     if it cannot be."""
-    stored = (row.get("outcome") or {}).get("n_test")
+    stored = row.outcome.n_test
     if stored is not None:
         return int(stored)
-    return _n_test(json.dumps(row.get("train_config") or {}, sort_keys=True))
+    return _n_test(json.dumps(row.train_config, sort_keys=True))
 
 
-def _by_cell(d: StudyData) -> dict[tuple[str, str, int], dict[int, dict[str, Any]]]:
-    out: dict[tuple[str, str, int], dict[int, dict[str, Any]]] = {}
-    for r in d.rows:
-        out.setdefault((r["label"], r["task"], r["seq_len"]), {})[r["seed"]] = r
-    return out
+def _by_cell(d: StudyData) -> dict[tuple[str, str, int], dict[int, RunRecord]]:
+    return _by_rows(d.rows)
 
 
-def _converged(runs: dict[int, dict[str, Any]]) -> bool:
+def _converged(runs: dict[int, RunRecord]) -> bool:
     """Every run of a cell converged (``battery.run_converged``: solved early, or its loss no longer falling)."""
     from axiomformer.study.battery import run_converged
 
@@ -108,7 +105,7 @@ def _converged(runs: dict[int, dict[str, Any]]) -> bool:
 
 def _labels(d: StudyData) -> list[str]:
     """The sweep's models, then any other label of the reported rows (a suite's arms), in first-seen order."""
-    return list(dict.fromkeys([m["label"] for m in d.models] + [r["label"] for r in d.rows]))
+    return list(dict.fromkeys([m.label for m in d.models] + [r.label for r in d.rows]))
 
 
 def cell_stats(d: StudyData) -> list[CellStat]:
@@ -122,7 +119,7 @@ def cell_stats(d: StudyData) -> list[CellStat]:
                 continue
             seeds = sorted(runs)
             n_test = n_test_items(runs[seeds[0]])
-            ci = cell_interval([runs[s]["accuracy"] for s in seeds], n_test)
+            ci = cell_interval([runs[s].accuracy for s in seeds], n_test)
             ident = (label, task, seq_len)
             out.append(
                 CellStat(
@@ -144,42 +141,44 @@ def cell_stats(d: StudyData) -> list[CellStat]:
     return out
 
 
-def design(d: StudyData) -> dict[str, Any]:
-    """The ``design`` block: seeds, level, correction, margin, the families, and whether (and why) this is a pilot."""
+def _pilot_reason(d: StudyData) -> str | None:
+    """Why the store claims nothing (every verdict ``pilot``), or ``None`` when it decides."""
     cfg = d.config
-    seeds = int(cfg.get("seeds", 1))
-    from axiomformer.study.stages import selection_seeds_of
-
-    selection = selection_seeds_of(cfg)
-    reason = None
-    if "selection_seeds" not in cfg and any(s < seeds for s in selection):
-        reason = (
+    seeds = cfg.seeds
+    if "selection_seed" in d.config_migrations and any(s < seeds for s in cfg.selection_seeds):
+        return (
             "store written by a previous version: its selection seed was also a reported seed; rerun the "
             "study for verdicts"
         )
-    elif cfg.get("pilot"):
-        reason = "a pilot run (quick preset): it claims nothing"
-    elif seeds < int(cfg.get("min_seeds", 10)):
-        reason = f"{seeds} reported seeds, fewer than the preset's minimum of {cfg.get('min_seeds', 10)}"
-    else:
-        finished = max((len(runs) for runs in _by_cell(d).values()), default=0)
-        if d.rows and finished < int(cfg.get("min_seeds", 10)):
-            reason = (
-                f"a partial store: {finished} of {seeds} reported seeds finished, fewer than the preset's "
-                f"minimum of {cfg.get('min_seeds', 10)}; rerun the same command with the same --out to resume"
-            )
+    if cfg.pilot:
+        return "a pilot run (quick preset): it claims nothing"
+    if seeds < cfg.min_seeds:
+        return f"{seeds} reported seeds, fewer than the preset's minimum of {cfg.min_seeds}"
+    finished = max((len(runs) for runs in _by_cell(d).values()), default=0)
+    if d.rows and finished < cfg.min_seeds:
+        return (
+            f"a partial store: {finished} of {seeds} reported seeds finished, fewer than the preset's "
+            f"minimum of {cfg.min_seeds}; rerun the same command with the same --out to resume"
+        )
+    return None
+
+
+def design(d: StudyData) -> dict[str, Any]:
+    """The ``design`` block: seeds, level, correction, margin, the families, and whether (and why) this is a pilot."""
+    cfg = d.config
+    seeds, selection, reason = cfg.seeds, cfg.selection_seeds, _pilot_reason(d)
     contrasts = suite_contrasts(d)
-    margins = {"accuracy": float(cfg.get("margin", MARGIN)), "solve_rate": float(cfg.get("solve_margin", 0.25))}
+    margins = {"accuracy": cfg.margin, "solve_rate": cfg.solve_margin}
     base = {
         "selection_seeds": selection,
         "reported_seeds": list(range(seeds)),
-        "alpha": float(cfg.get("alpha", ALPHA)),
+        "alpha": cfg.alpha,
         "correction": CORRECTION,
         "margin": margins["accuracy"],
         "margins": margins,
-        "solve_threshold": float(cfg.get("solve_threshold", 0.9)),
+        "solve_threshold": cfg.solve_threshold,
         "power": POWER,
-        "min_seeds": int(cfg.get("min_seeds", 10)),
+        "min_seeds": cfg.min_seeds,
         "pilot": reason is not None,
         "pilot_reason": reason,
     }
@@ -229,7 +228,7 @@ def suite_contrasts(d: StudyData) -> list | None:
     return None if suite.comparisons is None else list(suite.comparisons(d))
 
 
-def _model_order(d: StudyData):
+def _model_order(d: StudyData) -> Callable[[str], int]:
     order = {label: i for i, label in enumerate(_labels(d))}
     return lambda label: order.get(label, len(order))
 
@@ -238,11 +237,11 @@ def _pairs(d: StudyData) -> list[tuple[str, tuple[str, int]]]:
     """Every (model, (task, length)) with runs of both the model and the standard model, in report order."""
     cells = _by_cell(d)
     return [
-        (m["label"], t)
+        (m.label, t)
         for t in d.tasks
         if cells.get((REFERENCE, *t))
         for m in d.models
-        if m["label"] != REFERENCE and cells.get((m["label"], *t))
+        if m.label != REFERENCE and cells.get((m.label, *t))
     ]
 
 
@@ -258,7 +257,7 @@ def main_families(d: StudyData) -> list[tuple[str, tuple[str, int], str]]:
     from axiomformer.study.battery import CONTROL_LABELS, discriminating, task_validity
     from axiomformer.study.sweep import AA_LABEL
 
-    labels = {m["label"]: m for m in d.models}
+    labels = {m.label: m for m in d.models}
     wanted = _wanted(d)
     good = discriminating(task_validity(d, cell_stats(d)))
     out = []
@@ -273,20 +272,20 @@ def main_families(d: StudyData) -> list[tuple[str, tuple[str, int], str]]:
 
 def _wanted(d: StudyData) -> set[str]:
     """The config's ``primary`` labels that name a model of this study."""
-    known = {m["label"] for m in d.models} | {_relax_text(m) for m in d.models}
-    return {p.replace(" ", "") for p in d.config.get("primary") or []} & known
+    known = {m.label for m in d.models} | {_relax_text(m) for m in d.models}
+    return {p.replace(" ", "") for p in d.config.primary} & known
 
 
-def _relax_text(model: dict[str, Any]) -> str:
-    return model["label"] if model["kind"] == "transformer" else model["kind"]
+def _relax_text(model: ModelRecord) -> str:
+    return model.label if model.kind == "transformer" else model.kind
 
 
-def _value(row: dict[str, Any], metric: str) -> float:
+def _value(row: RunRecord, metric: str) -> float:
     """A run's value for a comparison: its test accuracy; ``nan`` for a diverged run (left out of an accuracy
     comparison, counted as not solved in a solve-rate one)."""
     from axiomformer.study.battery import diverged
 
-    return float("nan") if diverged(row) else float(row["accuracy"])
+    return float("nan") if diverged(row) or row.accuracy is None else float(row.accuracy)
 
 
 def _compare(
@@ -347,10 +346,10 @@ def _family_verdicts(d: StudyData, pairs: list, info: dict[str, Any]) -> list[tu
     return out
 
 
-def _by_rows(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[int, dict[str, Any]]]:
-    out: dict[tuple[str, str, int], dict[int, dict[str, Any]]] = {}
+def _by_rows(rows: list[RunRecord]) -> dict[tuple[str, str, int], dict[int, RunRecord]]:
+    out: dict[tuple[str, str, int], dict[int, RunRecord]] = {}
     for r in rows:
-        out.setdefault((r["label"], r["task"], r["seq_len"]), {})[r["seed"]] = r
+        out.setdefault((r.label, r.task, r.seq_len), {})[r.seed] = r
     return out
 
 
@@ -376,7 +375,7 @@ def aa_control(d: StudyData) -> dict[str, Any] | None:
     broken: ``broken`` true), else ``free`` if every task's is, else ``inconclusive``. ``None`` without A/A runs."""
     from axiomformer.study.sweep import AA_LABEL
 
-    if not any(r["label"] == AA_LABEL for r in d.rows):
+    if not any(r.label == AA_LABEL for r in d.rows):
         return None
     info = design(d)
     tasks = [t for t in d.tasks if _by_cell(d).get((AA_LABEL, *t))]
@@ -419,7 +418,7 @@ def comparisons(d: StudyData) -> list[tuple[Verdict, int, str]]:
 
 def cpu_seconds(d: StudyData) -> float:
     """The CPU seconds of every finished run in the store (selection runs included)."""
-    return float(sum(float(r.get("cpu_seconds") or 0.0) for r in d.all_rows))
+    return float(sum(float(r.cpu_seconds or 0.0) for r in d.all_rows))
 
 
 def to_json(d: StudyData) -> dict[str, Any]:

@@ -13,10 +13,13 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from axiomformer.spec import ALIASES, AXES, LAYER_SEPARATOR, AttentionSpec, stack_specs
-from axiomformer.study.config import StudyConfig, validate_config
+from axiomformer.study.config import StudyConfig, TaskSettings, validate_config
+
+if TYPE_CHECKING:
+    from axiomformer.tasks.base import Task
 
 DEFAULT_VARIANTS: tuple[str, ...] = (
     "standard",
@@ -199,7 +202,7 @@ def _count(kind: str, spec: str, width: int, vocab_size: int, max_len: int, laye
 _TASKS: dict[str, Any] = {}
 
 
-def _task(name: str, seq_len: int, options: dict):
+def _task(name: str, seq_len: int, options: dict) -> Task:
     from axiomformer.tasks import make_task
 
     key = json.dumps([name, seq_len, options], sort_keys=True, default=str)
@@ -305,7 +308,7 @@ def match_widths(config: StudyConfig, choices: list[ModelChoice], count: CountFn
                     out.width[key], out.params[key] = m.dim, target
                     continue
 
-                def at(w: int, choice=choice, seq_len=seq_len, task=task) -> int:
+                def at(w: int, choice: ModelChoice = choice, seq_len: int = seq_len, task: TaskSettings = task) -> int:
                     return count(choice, w, seq_len, task.name, task.options)
 
                 top = 2 * max(m.dim, 8)
@@ -387,7 +390,7 @@ def run_key(label: str, task: str, seq_len: int, seed: int, train_config: dict[s
     return f"{label}|{task}@{seq_len}|seed={seed}|{digest}"
 
 
-def cell_budget(config: StudyConfig, task, seq_len: int) -> dict[str, Any]:
+def cell_budget(config: StudyConfig, task: TaskSettings, seq_len: int) -> dict[str, Any]:
     """The study budget, overridden by the task's ``budget`` and then its ``length_budgets[str(seq_len)]``."""
     budget = config.budget.model_dump()
     for override in (task.budget, task.length_budgets.get(str(seq_len))):

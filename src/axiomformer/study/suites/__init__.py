@@ -27,8 +27,16 @@ What a suite defines (:class:`Suite`):
   tables, ``study.summary.cell_stats(data)`` (mean, 95 % interval, lr, converged per cell) and
   ``study.summary.verdicts(data)`` (paired differences to the standard model with family-corrected intervals and
   verdicts, ``study.statistics``).
-  ``data.rows`` holds only the reported runs (chosen learning rate, reported seeds); ``data.all_rows`` every stored
-  run; ``data.config`` the stored config as a dict.
+  ``data.rows`` holds only the reported runs (chosen learning rate, reported seeds) and ``data.all_rows`` every stored
+  run, each a :class:`axiomformer.study.record.RunRecord`; ``data.models`` the study's models
+  (``record.ModelRecord``); ``data.config`` the stored config as the ``StudyConfig`` it was written from
+  (``study.config.stored_config``: an older store's config is migrated first).
+
+An open question (a few arms compared pairwise, as ``positions``, ``rho``, ``scale`` and ``gumbel``) is declared
+instead on the base in ``study.suites.common``: ``SUITE = register_question(OpenQuestion(name, summary, presets,
+arms, comparisons, question, measured, body))`` — its arms per task, its comparisons (``paired`` builds an a-vs-b
+contrast), the question its answer opens with, what was measured and its own tables and figures; the base trains the
+arms (``arm_stages``) and writes the answer, the diverged runs, failures and provenance around the body.
 
 Adding a suite (e.g. ``positions``):
 

@@ -1,4 +1,5 @@
-"""What the open-question suites (positions, rho, scale, gumbel) share: arms with model options, their stages, the
+"""What the open-question suites (positions, rho, scale, gumbel) share: the base they are declared on
+(:class:`OpenQuestion`, registered by :func:`register_question`), arms with model options, their stages, the
 reported rows grouped by arm, intervals over seeds, paired differences, and small matplotlib figures.
 
 An *arm* is a :class:`axiomformer.study.sweep.ModelChoice` whose ``options`` carry the ``TrainConfig`` fields the
@@ -18,15 +19,27 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from axiomformer.study.config import StudyConfig
+from axiomformer.study.config import StudyConfig, TaskSettings
+from axiomformer.study.contrasts import Contrast
+from axiomformer.study.record import RunRecord
+from axiomformer.study.registry import Suite, register
 from axiomformer.study.statistics import fmt_signed
 from axiomformer.study.sweep import Cell, ModelChoice, cell_budget
 
-ArmsFn = Callable[[StudyConfig, Any, int], list[ModelChoice]]
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from axiomformer.study.render import Table
+    from axiomformer.study.report import StudyData
+    from axiomformer.study.statistics import Verdict
+
+ArmsFn = Callable[[StudyConfig, TaskSettings, int], list[ModelChoice]]
 """``arms(config, task_settings, seq_len) -> the arms trained on that task and length``."""
 
 
@@ -98,6 +111,28 @@ def fmt_interval(values: list[float], digits: int = 3) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- presets
+def suite_budget(**changes: Any) -> dict[str, Any]:
+    """The training budget an open-question suite starts from (1000 steps of batch 32, evaluation every 50 steps on
+    4 batches, patience 5, learning rates 3e-3 and 1e-2), with ``changes``."""
+    base = {
+        "steps": 1000,
+        "batch_size": 32,
+        "warmup": 20,
+        "eval_every": 50,
+        "eval_batches": 4,
+        "patience": 5,
+        "target_accuracy": None,
+        "lr_grid": [3e-3, 1e-2],
+    }
+    return base | changes
+
+
+def quick_budget(budget: dict[str, Any], steps: int) -> dict[str, Any]:
+    """A quick preset's ``budget``: ``steps`` steps at one learning rate, no early stopping (a pilot claims
+    nothing, it shows that the suite runs)."""
+    return budget | {"steps": steps, "lr_grid": [3e-3], "patience": None, "target_accuracy": None}
+
+
 def preset_base(tasks: list[dict[str, Any]], model: dict[str, Any], variants: tuple[str, ...] = ("standard",)) -> dict:
     """What every open-question suite's presets share: its arms come from its own stages (no sweep baselines, no
     audit/derive/flow sections, widths not matched), selection seed 1000 (never reported), at least 5 reported seeds
@@ -118,18 +153,18 @@ def preset_base(tasks: list[dict[str, Any]], model: dict[str, Any], variants: tu
 class Rows:
     """The reported rows of a suite (``StudyData.rows``) by (label, task, seq_len), then by seed."""
 
-    def __init__(self, rows: Iterable[dict[str, Any]]):
+    def __init__(self, rows: Iterable[RunRecord]):
         self.rows = list(rows)
-        self.by: dict[tuple[str, str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
+        self.by: dict[tuple[str, str, int], dict[int, RunRecord]] = defaultdict(dict)
         for r in self.rows:
-            self.by[(r["label"], r["task"], r["seq_len"])][r["seed"]] = r
-        self.labels = list(dict.fromkeys(r["label"] for r in self.rows))
-        self.tasks = list(dict.fromkeys((r["task"], r["seq_len"]) for r in self.rows))
+            self.by[(r.label, r.task, r.seq_len)][r.seed] = r
+        self.labels = list(dict.fromkeys(r.label for r in self.rows))
+        self.tasks = list(dict.fromkeys((r.task, r.seq_len) for r in self.rows))
 
-    def seeds(self, label: str, task: str, seq_len: int) -> dict[int, dict[str, Any]]:
+    def seeds(self, label: str, task: str, seq_len: int) -> dict[int, RunRecord]:
         return self.by.get((label, task, seq_len), {})
 
-    def metric(self, label: str, task: str, seq_len: int, fn: Callable[[dict[str, Any]], Any]) -> dict[int, float]:
+    def metric(self, label: str, task: str, seq_len: int, fn: Callable[[RunRecord], Any]) -> dict[int, float]:
         """seed -> fn(row), skipping rows where fn gives None."""
         out = {}
         for seed, row in self.seeds(label, task, seq_len).items():
@@ -139,38 +174,33 @@ class Rows:
         return out
 
     def accuracy(self, label: str, task: str, seq_len: int) -> dict[int, float]:
-        return self.metric(label, task, seq_len, lambda r: r.get("accuracy"))
+        return self.metric(label, task, seq_len, lambda r: r.accuracy)
 
-    def first(self, label: str, task: str, seq_len: int) -> dict[str, Any] | None:
+    def first(self, label: str, task: str, seq_len: int) -> RunRecord | None:
         seeds = self.seeds(label, task, seq_len)
         return seeds[min(seeds)] if seeds else None
 
 
-def extra(row: dict[str, Any], phase: str) -> dict[str, Any]:
+def extra(row: RunRecord, phase: str) -> dict[str, Any]:
     """``TrainResult.extra[phase]`` of a stored row (``{}`` when absent)."""
-    return ((row.get("outcome") or {}).get("extra") or {}).get(phase) or {}
+    return row.outcome.extra.get(phase) or {}
 
 
-def task_title(task: str, options: dict[str, Any]) -> str:
-    shown = ", ".join(f"{k}={v}" for k, v in sorted(options.items()))
-    return f"{task} ({shown})" if shown else task
-
-
-def budget_note(config: dict[str, Any]) -> str:
+def budget_note(config: StudyConfig) -> str:
     """What budget and protocol the report's numbers come from."""
-    budget = config.get("budget") or {}
-    grid = budget.get("lr_grid") or [budget.get("lr")]
+    budget = config.budget
+    grid: list[float] | list[float | None] = budget.lr_grid or [budget.lr]
     return (
-        f"Budget: at most {budget.get('steps')} steps, batch {budget.get('batch_size')}, AdamW with warmup "
-        f"{budget.get('warmup')} and cosine decay; learning rate chosen per arm and task from {grid} on the "
-        f"validation split at selection seeds {config.get('selection_seeds', [config.get('selection_seed', 0)])} (never "
+        f"Budget: at most {budget.steps} steps, batch {budget.batch_size}, AdamW with warmup "
+        f"{budget.warmup} and cosine decay; learning rate chosen per arm and task from {grid} on the "
+        f"validation split at selection seeds {config.selection_seeds} (never "
         f"reported); early stopping on validation (patience "
-        f"{budget.get('patience')}); accuracy on the held-out test split; {config.get('seeds')} seed(s) per arm. "
-        f"Model: {config.get('model', {}).get('layers')} layer(s), width {config.get('model', {}).get('dim')}."
+        f"{budget.patience}); accuracy on the held-out test split; {config.seeds} seed(s) per arm. "
+        f"Model: {config.model.layers} layer(s), width {config.model.dim}."
     )
 
 
-def closing_blocks(d) -> list:
+def closing_blocks(d: StudyData) -> list:
     """The main report's failed-runs and provenance sections (budget, versions, commits, hosts, wall time)."""
     from axiomformer.study.report import failures_block, provenance_block
 
@@ -178,7 +208,7 @@ def closing_blocks(d) -> list:
 
 
 # ---------------------------------------------------------------------------------------------------- figures
-def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
+def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6) -> tuple[Figure, list[Axes]]:
     """A ``matplotlib.figure.Figure`` with ``ncols`` axes (no pyplot state, no backend switch)."""
     from matplotlib.figure import Figure
 
@@ -198,7 +228,7 @@ def finite_prefix(curve: list) -> list[float]:
     return out
 
 
-def save(fig, folder: Path, name: str) -> Path:
+def save(fig: Figure, folder: Path, name: str) -> Path:
     """Write ``fig`` as ``folder/name.png``. Axes on a log scale with nothing positive to show (every run of a panel
     diverged or is missing) fall back to a linear scale instead of failing the report."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -215,7 +245,7 @@ def save(fig, folder: Path, name: str) -> Path:
     return path
 
 
-def errorbar(ax, xs: list[float], values: list[list[float]], label: str, **style: Any) -> None:
+def errorbar(ax: Axes, xs: Sequence[float], values: list[list[float]], label: str, **style: Any) -> None:
     """Means with their t interval as error bars (no bar where the interval is undefined)."""
     means, lows, highs = [], [], []
     for v in values:
@@ -227,12 +257,12 @@ def errorbar(ax, xs: list[float], values: list[list[float]], label: str, **style
 
 
 # ---------------------------------------------------------------------------------------------------- verdicts
-def verdict_sentence(v, margin: float) -> str:
+def verdict_sentence(v: Verdict, margin: float) -> str:
     """One sentence per verdict of a contrast (``a vs b``: the difference is a - b), generated from its interval."""
     a, _, b = v.model.partition(" vs ")
     ci = (
         "no interval (fewer than two paired seeds)"
-        if v.ci_low is None
+        if v.ci_low is None or v.ci_high is None
         else f"{fmt_signed(v.diff)} [{fmt_signed(v.ci_low)}, {fmt_signed(v.ci_high)}]"
     )
     where = f"{v.task}: {a} against {b}"
@@ -248,13 +278,13 @@ def verdict_sentence(v, margin: float) -> str:
     mde = "" if v.mde is None else f"; detects {v.mde:.3f} at 80 % power with {v.n_seeds} seeds"
     why = (
         "a side did not converge"
-        if (v.ci_low is not None and -margin < v.ci_low and v.ci_high < margin)
+        if (v.ci_low is not None and v.ci_high is not None and -margin < v.ci_low and v.ci_high < margin)
         else "the interval includes 0 and reaches beyond the margin"
     )
     return f"{where}: not yet known, difference {ci} ({why}{mde}; a decision needs {need} seeds)."
 
 
-def _verdict_table(found: list, family: str):
+def _verdict_table(found: list[tuple[Verdict, int, str]], family: str) -> Table:
     from axiomformer.study.render import Table
 
     table = Table(
@@ -272,7 +302,11 @@ def _verdict_table(found: list, family: str):
     for v, _, fam in found:
         if fam != family:
             continue
-        ci = "—" if v.ci_low is None else f"{fmt_signed(v.diff)} [{fmt_signed(v.ci_low)}, {fmt_signed(v.ci_high)}]"
+        ci = (
+            "—"
+            if v.ci_low is None or v.ci_high is None
+            else f"{fmt_signed(v.diff)} [{fmt_signed(v.ci_low)}, {fmt_signed(v.ci_high)}]"
+        )
         need = (
             f"decided with {v.n_seeds} seeds"
             if v.verdict in ("forced", "better", "free")
@@ -289,7 +323,7 @@ def _verdict_table(found: list, family: str):
     return table
 
 
-def verdict_blocks(d, figures_dir: Path, *, question: str, facts: list[str] | None = None) -> list:
+def verdict_blocks(d: StudyData, figures_dir: Path, *, question: str, facts: list[str] | None = None) -> list:
     """The suite's answer, generated from its verdicts (``study.summary.verdicts``, the same objects as
     ``report --json``): the design line, a table per family, one sentence per verdict, a figure of the differences
     with their intervals and the ±margin band; ``facts``: what holds by construction (stated, not tested)."""
@@ -361,24 +395,18 @@ def draw_contrasts(found: list, margin: float, path: Path) -> Path:
     return save(fig, path.parent, path.stem)
 
 
-def diverged_blocks(d) -> list:
+def diverged_blocks(d: StudyData) -> list:
     """A note naming every stored run whose training loss became non-finite (``stop_reason == "nonfinite"``) or
     whose test accuracy is not a number: recorded as diverged, left out of every mean and comparison where its
     accuracy is not finite (a comparison pairs only seeds finite on both sides)."""
     from axiomformer.study.render import Heading, Paragraph
 
-    bad = [
-        r
-        for r in d.all_rows
-        if (r.get("outcome") or {}).get("stop_reason") == "nonfinite"
-        or r.get("accuracy") is None
-        or not math.isfinite(float(r["accuracy"]))
-    ]
+    bad = [r for r in d.all_rows if r.outcome.stop_reason == "nonfinite" or not _finite(r.accuracy)]
     if not bad:
         return []
     names = "; ".join(
-        f"{r['label']} {r['task']}@{r['seq_len']} seed {r['seed']} lr {(r.get('outcome') or {}).get('lr')}"
-        + ("" if r.get("accuracy") is not None and math.isfinite(float(r["accuracy"])) else " (no test accuracy)")
+        f"{r.label} {r.task}@{r.seq_len} seed {r.seed} lr {r.outcome.lr}"
+        + ("" if _finite(r.accuracy) else " (no test accuracy)")
         for r in bad
     )
     return [
@@ -390,7 +418,11 @@ def diverged_blocks(d) -> list:
     ]
 
 
-def seed_values(rows: Rows, label: str, task: str, seq_len: int, fn: Callable[[dict[str, Any]], Any]) -> dict:
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def seed_values(rows: Rows, label: str, task: str, seq_len: int, fn: Callable[[RunRecord], Any]) -> dict:
     """seed -> fn(row) over the finite values only (a diverged run's missing accuracy drops that seed)."""
     return {s: v for s, v in rows.metric(label, task, seq_len, fn).items() if math.isfinite(v)}
 
@@ -400,3 +432,88 @@ def converged(rows: Rows, *labels_task: tuple[str, str, int]) -> bool:
     from axiomformer.study.battery import run_converged
 
     return all(run_converged(r) for key in labels_task for r in rows.seeds(*key).values())
+
+
+# ---------------------------------------------------------------------------------------------------- the suite base
+def config_tasks(d: StudyData) -> list[tuple[str, int]]:
+    """(task, seq_len) of every task setting of the stored config, in config order (run yet or not)."""
+    return [(t.name, n) for t in d.config.tasks for n in t.seq_lens]
+
+
+def accuracy_of(row: RunRecord) -> float | None:
+    """A run's test accuracy (the metric of most contrasts)."""
+    return row.accuracy
+
+
+def paired(
+    rows: Rows, question: str, a: str, b: str, task: str, seq_len: int, family: str, metric: Callable = accuracy_of
+) -> Contrast | None:
+    """The contrast ``a - b`` of two arms on one task setting, by ``metric`` over their finite seeds (``None`` when
+    either arm has no reported run there)."""
+    if not rows.seeds(a, task, seq_len) or not rows.seeds(b, task, seq_len):
+        return None
+    return Contrast(
+        question,
+        a,
+        b,
+        f"{task}@{seq_len}",
+        seq_len,
+        family,
+        seed_values(rows, a, task, seq_len, metric),
+        seed_values(rows, b, task, seq_len, metric),
+        converged(rows, (a, task, seq_len), (b, task, seq_len)),
+    )
+
+
+def interval_bar(ax: Axes, x: float, values: list[float], width: float, **style: Any) -> None:
+    """One bar at the mean of ``values`` with its t interval as the error bar (none where it is undefined)."""
+    mean, low, high = interval(values)
+    err = [[0 if low != low else mean - low], [0 if high != high else high - mean]]
+    ax.bar(x, mean, width, yerr=err, capsize=3, **style)
+
+
+@dataclass(frozen=True)
+class OpenQuestion:
+    """An open-question suite, declared by what it asks; :func:`register_question` runs, stores and reports it.
+
+    Attributes:
+        name, summary, presets: as in :class:`axiomformer.study.registry.Suite`.
+        arms: the arms per (config, task, seq_len) (:func:`arm_stages` trains them).
+        comparisons: ``(StudyData) -> list of Contrast``: the questions, turned into the verdicts.
+        question: the question the report's answer opens with (:func:`verdict_blocks`).
+        measured: ``(StudyData) -> str``: what was measured, before the budget note (:func:`budget_note`).
+        body: ``(StudyData, Rows, figures_dir) -> blocks``: the suite's own tables and figures.
+        facts: what holds by construction (stated, not tested).
+    """
+
+    name: str
+    summary: str
+    presets: dict[str, dict[str, Any]]
+    arms: ArmsFn
+    comparisons: Callable[[StudyData], list[Contrast]]
+    question: str
+    measured: Callable[[StudyData], str]
+    body: Callable[[StudyData, Rows, Path], list]
+    facts: list[str] | None = None
+
+    def sections(self, d: StudyData, figures_dir: Path) -> list:
+        """The report: the answer, what was measured, the suite's body, diverged runs, failures and provenance."""
+        from axiomformer.study.render import Heading, Paragraph
+
+        blocks = verdict_blocks(d, figures_dir, question=self.question, facts=self.facts)
+        blocks += [Heading("What was measured", 2), Paragraph(self.measured(d) + budget_note(d.config))]
+        return blocks + self.body(d, Rows(d.rows), figures_dir) + diverged_blocks(d) + closing_blocks(d)
+
+
+def register_question(question: OpenQuestion) -> Suite:
+    """Register ``question`` as a study suite: its arms' stages, its comparisons and its report."""
+    return register(
+        Suite(
+            name=question.name,
+            summary=question.summary,
+            presets=question.presets,
+            sections=question.sections,
+            stages=arm_stages(question.arms),
+            comparisons=question.comparisons,
+        )
+    )

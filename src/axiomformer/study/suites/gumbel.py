@@ -12,31 +12,39 @@ training-time noise left on, averaged over ``axiomformer.probes.SAMPLED_DRAWS`` 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.contrasts import Contrast
-from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
+    OpenQuestion,
     Rows,
+    accuracy_of,
     arm,
-    arm_stages,
-    budget_note,
-    closing_blocks,
+    config_tasks,
     converged,
-    diverged_blocks,
     extra,
     fmt_interval,
-    interval,
+    interval_bar,
     new_figure,
+    paired,
     preset_base,
+    quick_budget,
+    register_question,
     save,
     seed_values,
-    verdict_blocks,
+    suite_budget,
 )
+
+if TYPE_CHECKING:
+    from axiomformer.study.config import StudyConfig, TaskSettings
+    from axiomformer.study.record import RunRecord
+    from axiomformer.study.report import StudyData
+    from axiomformer.study.sweep import ModelChoice
 
 TAU_FINAL = 0.5
 """Final temperature of the annealing schedule (Jang et al. 2017 anneal towards 0.5) **(our choice)**."""
 
-ARMS = (
+ARMS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("softmax", "standard", {}),
     ("sparsemax", "normalizer=sparsemax", {}),
     ("gumbel soft", "normalizer=gumbel_softmax", {"gumbel_tau_final": TAU_FINAL, "probes": ["sampled_eval"]}),
@@ -48,20 +56,11 @@ ARMS = (
 )
 
 
-def arms(config, task, seq_len: int):
+def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelChoice]:
     return [arm(label, spec, **options) for label, spec, options in ARMS]
 
 
-_BUDGET = {
-    "steps": 1000,
-    "batch_size": 32,
-    "warmup": 20,
-    "eval_every": 50,
-    "eval_batches": 4,
-    "patience": 5,
-    "target_accuracy": 0.99,
-    "lr_grid": [3e-3, 1e-2],
-}
+_BUDGET = suite_budget(target_accuracy=0.99)
 _TASKS = [
     {"name": "needle", "seq_lens": [32], "options": {"shared": False}},
     {"name": "mqar", "seq_lens": [32], "options": {"vocab": 16}},
@@ -73,11 +72,7 @@ DEFAULT = _BASE | {"name": "gumbel suite (default preset)", "seeds": 6, "budget"
 """The marked needle at 32 tokens, where softmax reaches the target within the budget and the Gumbel arms'
 seed-to-seed spread was largest in the pilot (hard: 0.312 and 1.000), hence 6 reported seeds; early stopping at the
 target accuracy; about 6 CPU-minutes. MQAR is in the full preset."""
-QUICK = _BASE | {
-    "name": "gumbel suite (quick preset)",
-    "seeds": 2,
-    "budget": _BUDGET | {"steps": 200, "lr_grid": [3e-3], "patience": None, "target_accuracy": None},
-}
+QUICK = _BASE | {"name": "gumbel suite (quick preset)", "seeds": 2, "budget": quick_budget(_BUDGET, 200)}
 FULL = _BASE | {
     "name": "gumbel suite (full preset)",
     "seeds": 10,
@@ -90,78 +85,56 @@ FULL = _BASE | {
 }
 
 
-def _sampled(row: dict) -> float | None:
+GUMBEL = ("gumbel soft", "gumbel hard")
+"""The Gumbel arms, each compared with softmax and sparsemax."""
+
+
+def _sampled(row: RunRecord) -> float | None:
     return extra(row, "end").get("sampled_accuracy")
 
 
-def comparisons(d) -> list[Contrast]:
+def comparisons(d: StudyData) -> list[Contrast]:
     """Primary, on the first task: each Gumbel arm against softmax and against sparsemax (deterministic test
     accuracy). Secondary: the same on the other tasks, and each Gumbel arm's sampled against its deterministic
     evaluation."""
     rows = Rows(d.rows)
-    out = []
-    acc = lambda r: r.get("accuracy")
-    tasks = [(t["name"], n) for t in d.config.get("tasks", []) for n in t["seq_lens"]]
-    for index, (t, n) in enumerate(tasks):
+    out: list[Contrast | None] = []
+    for index, (t, n) in enumerate(config_tasks(d)):
         family = "primary" if index == 0 else "secondary"
-        for a in ("gumbel soft", "gumbel hard"):
-            for b in ("softmax", "sparsemax"):
-                if rows.seeds(a, t, n) and rows.seeds(b, t, n):
-                    out.append(
-                        Contrast(
-                            "does sampling in training cost test accuracy?",
-                            a,
-                            b,
-                            f"{t}@{n}",
-                            n,
-                            family,
-                            seed_values(rows, a, t, n, acc),
-                            seed_values(rows, b, t, n, acc),
-                            converged(rows, (a, t, n), (b, t, n)),
-                        )
-                    )
-        for a in ("gumbel soft", "gumbel hard"):
-            if rows.seeds(a, t, n):
-                out.append(
-                    Contrast(
-                        "does the noise matter at test time?",
-                        f"{a} sampled",
-                        f"{a} deterministic",
-                        f"{t}@{n}",
-                        n,
-                        "secondary",
-                        seed_values(rows, a, t, n, _sampled),
-                        seed_values(rows, a, t, n, acc),
-                        converged(rows, (a, t, n)),
-                    )
-                )
-    return out
+        question = "does sampling in training cost test accuracy?"
+        out += [paired(rows, question, a, b, t, n, family) for a in GUMBEL for b in ("softmax", "sparsemax")]
+        out += [_noise_at_test(rows, a, t, n) for a in GUMBEL if rows.seeds(a, t, n)]
+    return [c for c in out if c is not None]
 
 
-def sections(d, figures_dir: Path) -> list:
-    from axiomformer.study.render import Heading, Image, Paragraph, Table
-
-    rows = Rows(d.rows)
-    tasks = [(t["name"], n) for t in d.config.get("tasks", []) for n in t["seq_lens"]]
-    blocks = verdict_blocks(
-        d,
-        figures_dir,
-        question=(
-            "does training with Gumbel-softmax sampling (annealed, soft or hard) cost test accuracy against softmax and "
-            "sparsemax? (a - b: the Gumbel arm minus the reference, deterministic test accuracy)"
-        ),
+def _noise_at_test(rows: Rows, a: str, t: str, n: int) -> Contrast:
+    return Contrast(
+        "does the noise matter at test time?",
+        f"{a} sampled",
+        f"{a} deterministic",
+        f"{t}@{n}",
+        n,
+        "secondary",
+        seed_values(rows, a, t, n, _sampled),
+        seed_values(rows, a, t, n, accuracy_of),
+        converged(rows, (a, t, n)),
     )
-    blocks += [
-        Heading("What was measured", 2),
-        Paragraph(
-            f"Causal Transformers whose every attention layer uses softmax, sparsemax, or Gumbel-softmax with the "
-            f"temperature annealed exponentially from 1 to {TAU_FINAL} over the training steps, soft or hard "
-            "(straight-through one-hot rows). Test accuracy in two modes: deterministic (noise off: softmax(s / tau), "
-            "or the one-hot argmax of the scores when hard; for softmax and sparsemax the only mode) and sampled (the "
-            "Gumbel noise on, as in training; mean over 4 draws per seed). Mean and 95 % t interval over seeds. "
-            + budget_note(d.config)
-        ),
-    ]
+
+
+def _measured(d: StudyData) -> str:
+    return (
+        f"Causal Transformers whose every attention layer uses softmax, sparsemax, or Gumbel-softmax with the "
+        f"temperature annealed exponentially from 1 to {TAU_FINAL} over the training steps, soft or hard "
+        "(straight-through one-hot rows). Test accuracy in two modes: deterministic (noise off: softmax(s / tau), "
+        "or the one-hot argmax of the scores when hard; for softmax and sparsemax the only mode) and sampled (the "
+        "Gumbel noise on, as in training; mean over 4 draws per seed). Mean and 95 % t interval over seeds. "
+    )
+
+
+def _body(d: StudyData, rows: Rows, figures_dir: Path) -> list:
+    from axiomformer.study.render import Heading, Image, Table
+
+    tasks = config_tasks(d)
     table = Table(["arm", *[f"{t}@{n} {mode}" for t, n in tasks for mode in ("deterministic", "sampled")]])
     for label, _, _ in ARMS:
         cells = []
@@ -170,45 +143,37 @@ def sections(d, figures_dir: Path) -> list:
             sampled = list(rows.metric(label, t, n, _sampled).values())
             cells.append(fmt_interval(sampled) if sampled else "= deterministic")
         table.rows.append([label, *cells])
-    blocks += [Heading("Test accuracy", 2), table]
-
     fig, axes = new_figure(max(1, len(tasks)), width=4.5)
     for ax, (t, n) in zip(axes, tasks):
         for i, (label, _, _) in enumerate(ARMS):
-            for j, (mode, fn) in enumerate((("deterministic", lambda r: r.get("accuracy")), ("sampled", _sampled))):
+            for j, (mode, fn) in enumerate((("deterministic", accuracy_of), ("sampled", _sampled))):
                 values = list(rows.metric(label, t, n, fn).values())
-                if not values:
-                    continue
-                mean, low, high = interval(values)
-                err = [[0 if low != low else mean - low], [0 if high != high else high - mean]]
-                ax.bar(
-                    i + (j - 0.5) * 0.38,
-                    mean,
-                    0.36,
-                    yerr=err,
-                    capsize=3,
-                    color=f"C{j}",
-                    label=mode if i == len(ARMS) - 1 else None,
-                )
+                if values:
+                    legend = mode if i == len(ARMS) - 1 else None
+                    interval_bar(ax, i + (j - 0.5) * 0.38, values, 0.36, color=f"C{j}", label=legend)
         ax.set_xticks(range(len(ARMS)), [label for label, _, _ in ARMS], fontsize=8)
         ax.set_ylim(0, 1.02)
         ax.set_ylabel("test accuracy")
         ax.set_title(f"{t}@{n}", fontsize=9)
         ax.legend(fontsize=7)
     path = save(fig, figures_dir, "gumbel_accuracy")
-    blocks.append(Image(f"figures/{path.name}", "test accuracy per normalizer, deterministic and sampled evaluation"))
+    caption = "test accuracy per normalizer, deterministic and sampled evaluation"
+    return [Heading("Test accuracy", 2), table, Image(f"figures/{path.name}", caption)]
 
-    return blocks + diverged_blocks(d) + closing_blocks(d)
 
-
-SUITE = register(
-    Suite(
+SUITE = register_question(
+    OpenQuestion(
         name="gumbel",
         summary="Gumbel-softmax (annealed, soft or hard) as selection vs softmax and sparsemax, "
         "evaluated deterministic and sampled",
         presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
-        sections=sections,
-        stages=arm_stages(arms),
+        arms=arms,
         comparisons=comparisons,
+        question=(
+            "does training with Gumbel-softmax sampling (annealed, soft or hard) cost test accuracy against softmax and "
+            "sparsemax? (a - b: the Gumbel arm minus the reference, deterministic test accuracy)"
+        ),
+        measured=_measured,
+        body=_body,
     )
 )

@@ -26,8 +26,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from axiomformer.study.registry import Suite, register
+
+if TYPE_CHECKING:
+    from axiomformer.study.config import StudyConfig
+    from axiomformer.study.record import RunRecord
+    from axiomformer.study.report import StudyData
+    from axiomformer.study.stages import Stage, Stored
+    from axiomformer.study.sweep import Cell, Run
 
 SOLVED = 0.9
 """Accuracy a run's exact 95 % interval must clear (its lower bound) for the report to count a length as solved
@@ -137,7 +145,7 @@ FULL = DEFAULT | {
 }
 
 
-def stages(config) -> list:
+def stages(config: StudyConfig) -> list[Stage]:
     """The curriculum (``study.stages.curriculum_stages``) plus, at each longer length, a zero-shot run per (model,
     task, reported seed): the weights trained at the shortest length only, tested at that length with the same test
     set as the curriculum run there (``steps = 0``: nothing trained, one validation batch)."""
@@ -150,9 +158,9 @@ def stages(config) -> list:
     shortest = {c.task: min(x.seq_len for x in all_cells if x.task == c.task) for c in all_cells}
     first = {(c.model.label, c.task): c for c in all_cells if c.seq_len == shortest[c.task]}
 
-    def source(cell, seed: int, stored: dict) -> str | None:
+    def source(cell: Cell, seed: int, stored: dict[str, RunRecord]) -> str | None:
         start = first[(cell.model.label, cell.task)]
-        by_lr: dict = {}
+        by_lr: dict[float | None, list[RunRecord | None]] = {}
         for lr in start.budget["lr_grid"]:
             for s in config.selection_seeds:
                 by_lr.setdefault(lr, []).append(stored.get(make_run(config, start, s, lr).key))
@@ -160,8 +168,8 @@ def stages(config) -> list:
         run = None if lr == "missing" else make_run(config, start, seed, lr, save_state=True)
         return run.state_path if run is not None and stored.get(run.key) is not None else None
 
-    def with_zero_shot(stage, index: int):
-        def run_stage(stored):
+    def with_zero_shot(stage: Stage, index: int) -> Stage:
+        def run_stage(stored: Stored) -> list[Run]:
             out = stage(stored)
             for cell in all_cells:
                 lengths = sorted({c.seq_len for c in all_cells if c.task == cell.task})
@@ -184,14 +192,14 @@ def stages(config) -> list:
     return base[:2] + [with_zero_shot(stage, i) for i, stage in enumerate(base[2:], start=1)]
 
 
-def runs_json(d) -> dict:
+def runs_json(d: StudyData) -> dict:
     """The ``long_range`` block of ``report --json`` (``long_range_report.runs_json``)."""
     from axiomformer.study import long_range_report
 
     return long_range_report.runs_json(d, solved=SOLVED)
 
 
-def sections(d, figures_dir: Path) -> list:
+def sections(d: StudyData, figures_dir: Path) -> list:
     from axiomformer.study import long_range_report
 
     return long_range_report.sections(d, figures_dir, solved=SOLVED)

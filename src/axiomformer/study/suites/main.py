@@ -11,9 +11,13 @@ other relaxations and tasks as a secondary family (full preset).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from axiomformer.study.registry import Suite, register
 from axiomformer.study.sweep import DEFAULT_BASELINES, DEFAULT_VARIANTS
+
+if TYPE_CHECKING:
+    from axiomformer.study.report import StudyData
 
 LR_GRID = [1e-3, 3e-3, 1e-2]
 """The learning-rate grid: every arm picks its rate from it on the selection seeds (never reported); its second-best
@@ -166,7 +170,7 @@ TASK_DOC = (
 )
 
 
-def sections(d, figures_dir: Path) -> list:
+def sections(d: StudyData, figures_dir: Path) -> list:
     from axiomformer.study import report
 
     return report.main_sections(d, figures_dir, pilot_note())

@@ -19,33 +19,41 @@ learned table; the measurement says what it costs.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.contrasts import Contrast
-from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
+    OpenQuestion,
     Rows,
+    accuracy_of,
     arm,
-    arm_stages,
-    budget_note,
-    closing_blocks,
     converged,
-    diverged_blocks,
     errorbar,
     extra,
     fmt_interval,
     new_figure,
     preset_base,
+    quick_budget,
+    register_question,
     save,
     seed_values,
-    verdict_blocks,
+    suite_budget,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from axiomformer.study.config import StudyConfig, TaskSettings
+    from axiomformer.study.record import RunRecord
+    from axiomformer.study.report import StudyData
+    from axiomformer.study.sweep import ModelChoice
 
 POSITIONS = ("none", "sinusoidal", "learned", "rope", "alibi")
 FACTORS = (2, 4, 8)
 """Test lengths as multiples of the training length."""
 
 
-def arms(config, task, seq_len: int):
+def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelChoice]:
     lengths = [f * seq_len for f in FACTORS]
     return [
         arm(f"position={p}", f"position={p}", causal=False, input_position="none", eval_lengths=lengths)
@@ -53,16 +61,7 @@ def arms(config, task, seq_len: int):
     ]
 
 
-_BUDGET = {
-    "steps": 1000,
-    "batch_size": 32,
-    "warmup": 20,
-    "eval_every": 50,
-    "eval_batches": 4,
-    "patience": 5,
-    "target_accuracy": None,
-    "lr_grid": [3e-3, 1e-2],
-}
+_BUDGET = suite_budget()
 _TASKS = [
     {"name": "majority", "seq_lens": [8], "options": {"num_symbols": 8}},
     {"name": "sort", "seq_lens": [8], "options": {"num_symbols": 8}},
@@ -83,7 +82,7 @@ QUICK = _BASE | {
     "seeds": 2,
     "tasks": _TASKS[:2],
     "lr_widen": 0,
-    "budget": _BUDGET | {"steps": 300, "lr_grid": [3e-3], "patience": None},
+    "budget": quick_budget(_BUDGET, 300),
 }
 FULL = _BASE | {
     "name": "positions suite (full preset)",
@@ -97,17 +96,12 @@ FULL = _BASE | {
 def _at(rows: Rows, label: str, task: str, seq_len: int, length: int) -> dict[int, float]:
     if length == seq_len:
         return rows.accuracy(label, task, seq_len)
-    return rows.metric(
-        label,
-        task,
-        seq_len,
-        lambda r: (extra(r, "end").get("length_accuracy") or {}).get(str(length), {}).get("accuracy"),
-    )
+    return rows.metric(label, task, seq_len, _length_metric(length))
 
 
-def _task_keys(d) -> list[tuple[str, int, str]]:
+def _task_keys(d: StudyData) -> list[tuple[str, int, str]]:
     """(task, seq_len, title) per task setting of the config."""
-    return [(t["name"], n, f"{t['name']}@{n}") for t in d.config.get("tasks", []) for n in t["seq_lens"]]
+    return [(t.name, n, f"{t.name}@{n}") for t in d.config.tasks for n in t.seq_lens]
 
 
 ORDER_TASKS = ("sort", "reverse")
@@ -129,11 +123,11 @@ def _extrapolated(rows: Rows, label: str, task: str, seq_len: int) -> dict[int, 
     return {s: sum(p[s] for p in per) / len(per) for s in sorted(seeds)}
 
 
-def _length_metric(length: int):
+def _length_metric(length: int) -> Callable[[RunRecord], Any]:
     return lambda r: (extra(r, "end").get("length_accuracy") or {}).get(str(length), {}).get("accuracy")
 
 
-def comparisons(d) -> list[Contrast]:
+def comparisons(d: StudyData) -> list[Contrast]:
     """Primary: per (position, task) its accuracy at 2L-8L minus its own accuracy at L (does it extrapolate?).
     Secondary: per task each position against RoPE at 2L-8L, and on the set task against NoPE. NoPE on the order
     tasks is left out (by construction, :data:`FACTS`)."""
@@ -155,7 +149,7 @@ def comparisons(d) -> list[Contrast]:
                     seq_len,
                     "primary",
                     _extrapolated(rows, label, task, seq_len),
-                    seed_values(rows, label, task, seq_len, lambda r: r.get("accuracy")),
+                    seed_values(rows, label, task, seq_len, accuracy_of),
                     ok,
                 )
             )
@@ -187,35 +181,23 @@ def comparisons(d) -> list[Contrast]:
     return out
 
 
-def sections(d, figures_dir: Path) -> list:
-    from axiomformer.study.render import Heading, Image, Paragraph, Table
-
-    blocks = verdict_blocks(
-        d,
-        figures_dir,
-        question=(
-            "does each position choice extrapolate in length — trained at L, tested unchanged at 2L, 4L and 8L — and how "
-            "does it compare with RoPE (and, on the set task, with NoPE)? Primary: each choice's accuracy at 2L-8L (mean "
-            "of the three) minus its own accuracy at L, paired within the run (forced = it loses accuracy beyond L, free "
-            "= it holds within the margin)."
-        ),
-        facts=FACTS,
+def _measured(d: StudyData) -> str:
+    return (
+        "Bidirectional (non-causal) Transformer encoders, one per position choice (NoPE = `position=none`: no "
+        "position signal anywhere), trained at length L and tested unchanged at L, 2L, 4L and 8L (the same weights; "
+        "no step of training at the test lengths). Tasks: `majority` (the target is the most frequent symbol, a "
+        "function of the multiset: permuting the input leaves it unchanged), `sort` and `reverse` (each position's "
+        "target depends on positions). Accuracy over every scored position of the test split; "
+        "mean and 95 % t interval over seeds. "
     )
-    blocks += [
-        Heading("What was measured", 2),
-        Paragraph(
-            "Bidirectional (non-causal) Transformer encoders, one per position choice (NoPE = `position=none`: no "
-            "position signal anywhere), trained at length L and tested unchanged at L, 2L, 4L and 8L (the same weights; "
-            "no step of training at the test lengths). Tasks: `majority` (the target is the most frequent symbol, a "
-            "function of the multiset: permuting the input leaves it unchanged), `sort` and `reverse` (each position's "
-            "target depends on positions). Accuracy over every scored position of the test split; "
-            "mean and 95 % t interval over seeds. " + budget_note(d.config)
-        ),
-        Heading("Accuracy against test length", 2),
-    ]
+
+
+def _body(d: StudyData, rows: Rows, figures_dir: Path) -> list:
+    from axiomformer.study.render import Heading, Image, Table
+
+    blocks: list = [Heading("Accuracy against test length", 2)]
     keys = _task_keys(d)
     fig, axes = new_figure(max(1, len(keys)), width=4.2)
-    rows = Rows(d.rows)
     for ax, (task, seq_len, title) in zip(axes, keys):
         lengths = [seq_len] + [f * seq_len for f in FACTORS]
         table = Table(
@@ -227,7 +209,7 @@ def sections(d, figures_dir: Path) -> list:
             if first is None:
                 continue
             values = [list(_at(rows, label, task, seq_len, n).values()) for n in lengths]
-            table.rows.append([label, *[fmt_interval(v) for v in values], str(first.get("params"))])
+            table.rows.append([label, *[fmt_interval(v) for v in values], str(first.params)])
             errorbar(ax, lengths, values, label.split("=")[1])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("test length (trained at the first)")
@@ -238,23 +220,31 @@ def sections(d, figures_dir: Path) -> list:
         blocks += [Heading(title, 3), table]
     path = save(fig, figures_dir, "positions_accuracy_vs_length")
     blocks.append(Image(f"figures/{path.name}", "accuracy against test length per position choice, per task"))
-    return blocks + diverged_blocks(d) + closing_blocks(d)
+    return blocks
 
 
 def _chance(rows: Rows, task: str, seq_len: int) -> float:
     for r in rows.rows:
-        if r["task"] == task and r["seq_len"] == seq_len:
-            return float((r.get("task_config") or {}).get("chance") or 0.0)
+        if r.task == task and r.seq_len == seq_len:
+            return float(r.task_config.get("chance") or 0.0)
     return 0.0
 
 
-SUITE = register(
-    Suite(
+SUITE = register_question(
+    OpenQuestion(
         name="positions",
         summary="bidirectional encoders: set vs order tasks, each position choice, length extrapolation to 2L, 4L, 8L",
         presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
-        sections=sections,
-        stages=arm_stages(arms),
+        arms=arms,
         comparisons=comparisons,
+        question=(
+            "does each position choice extrapolate in length — trained at L, tested unchanged at 2L, 4L and 8L — and how "
+            "does it compare with RoPE (and, on the set task, with NoPE)? Primary: each choice's accuracy at 2L-8L (mean "
+            "of the three) minus its own accuracy at L, paired within the run (forced = it loses accuracy beyond L, free "
+            "= it holds within the margin)."
+        ),
+        measured=_measured,
+        body=_body,
+        facts=FACTS,
     )
 )

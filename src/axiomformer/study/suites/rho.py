@@ -19,25 +19,29 @@ lists each count.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from axiomformer.study.contrasts import Contrast
-from axiomformer.study.registry import Suite, register
 from axiomformer.study.suites.common import (
+    OpenQuestion,
     Rows,
     arm,
-    arm_stages,
-    budget_note,
-    closing_blocks,
-    converged,
-    diverged_blocks,
+    config_tasks,
     fmt_interval,
-    interval,
+    interval_bar,
     new_figure,
+    paired,
     preset_base,
+    quick_budget,
+    register_question,
     save,
-    seed_values,
-    verdict_blocks,
+    suite_budget,
 )
+
+if TYPE_CHECKING:
+    from axiomformer.study.config import StudyConfig, TaskSettings
+    from axiomformer.study.contrasts import Contrast
+    from axiomformer.study.report import StudyData
+    from axiomformer.study.sweep import ModelChoice
 
 ARMS = (
     ("attn-only rho=identity", "standard", 0),
@@ -48,20 +52,11 @@ ARMS = (
 """(label, spec, mlp_ratio) of each arm."""
 
 
-def arms(config, task, seq_len: int):
+def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelChoice]:
     return [arm(label, spec, causal=False, input_position="none", mlp_ratio=ratio) for label, spec, ratio in ARMS]
 
 
-_BUDGET = {
-    "steps": 2500,
-    "batch_size": 32,
-    "warmup": 20,
-    "eval_every": 100,
-    "eval_batches": 4,
-    "patience": 6,
-    "target_accuracy": 0.99,
-    "lr_grid": [3e-3, 1e-2],
-}
+_BUDGET = suite_budget(steps=2500, eval_every=100, patience=6, target_accuracy=0.99)
 _DISTINCT = {"num_symbols": 4, "min_distinct": 2}
 """4 symbols, 2..4 distinct in 8 tokens (chance 1/3). With k = 1 allowed the held-out split holds constant rows that
 training never sees, which capped every arm at 0.62 test accuracy in the pilot; with ``min_distinct = 2`` the
@@ -74,11 +69,7 @@ _BASE = preset_base(_TASKS, {"dim": 32, "layers": 1, "heads": 2})
 DEFAULT = _BASE | {"name": "rho suite (default preset)", "seeds": 5, "budget": _BUDGET, "tasks": _TASKS[:1]}
 """The task that needs a nonlinearity after the sum only (majority is in the full preset): 4 arms, 5 reported seeds,
 about 5 CPU-minutes."""
-QUICK = _BASE | {
-    "name": "rho suite (quick preset)",
-    "seeds": 2,
-    "budget": _BUDGET | {"steps": 300, "lr_grid": [3e-3], "patience": None, "target_accuracy": None},
-}
+QUICK = _BASE | {"name": "rho suite (quick preset)", "seeds": 2, "budget": quick_budget(_BUDGET, 300)}
 FULL = _BASE | {
     "name": "rho suite (full preset)",
     "seeds": 10,
@@ -99,57 +90,32 @@ NEEDS_RHO = ("distinct",)
 """Tasks that need a nonlinearity after the sum: their comparisons form the primary family."""
 
 
-def comparisons(d) -> list[Contrast]:
+def comparisons(d: StudyData) -> list[Contrast]:
     """The three questions of :data:`QUESTIONS` per task; primary on ``distinct`` (a nonlinearity after the sum),
     secondary on the others."""
     rows = Rows(d.rows)
-    out = []
-    for t in d.config.get("tasks", []):
-        for n in t["seq_lens"]:
-            family = "primary" if t["name"] in NEEDS_RHO else "secondary"
-            for question, a, b in QUESTIONS:
-                if not rows.seeds(a, t["name"], n) or not rows.seeds(b, t["name"], n):
-                    continue
-                acc = lambda r: r.get("accuracy")
-                out.append(
-                    Contrast(
-                        question,
-                        a,
-                        b,
-                        f"{t['name']}@{n}",
-                        n,
-                        family,
-                        seed_values(rows, a, t["name"], n, acc),
-                        seed_values(rows, b, t["name"], n, acc),
-                        converged(rows, (a, t["name"], n), (b, t["name"], n)),
-                    )
-                )
-    return out
-
-
-def sections(d, figures_dir: Path) -> list:
-    from axiomformer.study.render import Heading, Image, Paragraph, Table
-
-    rows = Rows(d.rows)
-    tasks = [(t["name"], n) for t in d.config.get("tasks", []) for n in t["seq_lens"]]
-    blocks = verdict_blocks(
-        d,
-        figures_dir,
-        question=(
-            "on a set task that needs a nonlinearity after the sum (`distinct`), does rho = identity cost accuracy when "
-            "nothing follows the sum, and does the MLP sublayer make a learned rho redundant?"
-        ),
-    )
-    blocks += [
-        Heading("What was measured", 2),
-        Paragraph(
-            "Bidirectional encoders without positions, four arms: attention-only blocks (no MLP sublayer) with rho = "
-            "identity (A1) or a learned rho (`aggregator=mlp`: rho(s) = s + W2 GELU(W1 s) after the sum over tokens), and "
-            "the same with the usual MLP sublayer. Tasks: `majority` (needs no nonlinearity after aggregation) and "
-            "`distinct` (the number of distinct symbols: a step function of each aggregated count). Test accuracy, mean "
-            "and 95 % t interval over seeds. " + budget_note(d.config)
-        ),
+    found = [
+        paired(rows, question, a, b, task, n, "primary" if task in NEEDS_RHO else "secondary")
+        for task, n in config_tasks(d)
+        for question, a, b in QUESTIONS
     ]
+    return [c for c in found if c is not None]
+
+
+def _measured(d: StudyData) -> str:
+    return (
+        "Bidirectional encoders without positions, four arms: attention-only blocks (no MLP sublayer) with rho = "
+        "identity (A1) or a learned rho (`aggregator=mlp`: rho(s) = s + W2 GELU(W1 s) after the sum over tokens), and "
+        "the same with the usual MLP sublayer. Tasks: `majority` (needs no nonlinearity after aggregation) and "
+        "`distinct` (the number of distinct symbols: a step function of each aggregated count). Test accuracy, mean "
+        "and 95 % t interval over seeds. "
+    )
+
+
+def _body(d: StudyData, rows: Rows, figures_dir: Path) -> list:
+    from axiomformer.study.render import Heading, Image, Table
+
+    tasks = config_tasks(d)
     table = Table(["arm", *[f"{t}@{n}" for t, n in tasks], "params"])
     for label, _, _ in ARMS:
         firsts = [rows.first(label, t, n) for t, n in tasks]
@@ -159,44 +125,38 @@ def sections(d, figures_dir: Path) -> list:
             [
                 label,
                 *[fmt_interval(list(rows.accuracy(label, t, n).values())) for t, n in tasks],
-                ", ".join(str(f.get("params")) for f in firsts if f),
+                ", ".join(str(f.params) for f in firsts if f),
             ]
         )
-    blocks += [Heading("Test accuracy", 2), table]
-
     fig, axes = new_figure(1, width=6.5)
     ax = axes[0]
     width = 0.8 / max(1, len(ARMS))
     for i, (label, _, _) in enumerate(ARMS):
         for j, (t, n) in enumerate(tasks):
-            mean, low, high = interval(list(rows.accuracy(label, t, n).values()))
-            err = [[0 if low != low else mean - low], [0 if high != high else high - mean]]
-            ax.bar(
-                j + (i - (len(ARMS) - 1) / 2) * width,
-                mean,
-                width,
-                yerr=err,
-                capsize=3,
-                label=label if j == 0 else None,
-                color=f"C{i}",
+            x = j + (i - (len(ARMS) - 1) / 2) * width
+            interval_bar(
+                ax, x, list(rows.accuracy(label, t, n).values()), width, label=label if j == 0 else None, color=f"C{i}"
             )
     ax.set_xticks(range(len(tasks)), [f"{t}@{n}" for t, n in tasks])
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1.02)
     ax.legend(fontsize=7)
     path = save(fig, figures_dir, "rho_accuracy")
-    blocks.append(Image(f"figures/{path.name}", "test accuracy per arm and task"))
-
-    return blocks + diverged_blocks(d) + closing_blocks(d)
+    return [Heading("Test accuracy", 2), table, Image(f"figures/{path.name}", "test accuracy per arm and task")]
 
 
-SUITE = register(
-    Suite(
+SUITE = register_question(
+    OpenQuestion(
         name="rho",
         summary="A1 without the MLP: attention-only blocks with rho = identity vs a learned rho",
         presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
-        sections=sections,
-        stages=arm_stages(arms),
+        arms=arms,
         comparisons=comparisons,
+        question=(
+            "on a set task that needs a nonlinearity after the sum (`distinct`), does rho = identity cost accuracy when "
+            "nothing follows the sum, and does the MLP sublayer make a learned rho redundant?"
+        ),
+        measured=_measured,
+        body=_body,
     )
 )
