@@ -7,12 +7,13 @@ Read with ``spec.py`` (the axes) and ``axes/`` (each choice's formula). Shapes: 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
 
 from axiomformer.axes import Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value
+from axiomformer.axes.aggregator import LogValuesAggregator
 from axiomformer.axes.position import TokenPositions, alibi_slope_list, apply_rope, token_positions
 from axiomformer.axes.select import Select
 from axiomformer.axes.transport import Transport, TransportGates, build_transport, transport_keys
@@ -41,12 +42,34 @@ def _in_dtype(module: nn.Module, dtype: torch.dtype, inputs: tuple[Tensor, ...],
     """``module(*inputs, **kwargs)`` with every floating input, parameter and buffer cast to ``dtype`` (torch's type
     promotion, as for ``a + b``); gradients flow back to each parameter and input in its own dtype."""
 
-    def cast(t: Tensor) -> Tensor:
+    def promoted(t: Tensor) -> Tensor:
         return t.to(dtype) if t.is_floating_point() else t
 
-    state = {n: cast(p) for n, p in module.named_parameters()}
-    state |= {n: cast(b) for n, b in module.named_buffers()}
-    return torch.func.functional_call(module, state, tuple(cast(t) for t in inputs), kwargs, strict=False)
+    state = {n: promoted(p) for n, p in module.named_parameters()}
+    state |= {n: promoted(b) for n, b in module.named_buffers()}
+    return torch.func.functional_call(module, state, tuple(promoted(t) for t in inputs), kwargs, strict=False)
+
+
+def _with_weights(out: Tensor, weights: Tensor | None, need_weights: bool) -> Tensor | tuple[Tensor, Tensor]:
+    """``forward``'s result: ``out``, or ``(out, weights)`` when ``need_weights``."""
+    if not need_weights:
+        return out
+    if weights is None:  # attend returns the weights whenever they are asked for
+        raise RuntimeError("the engine returned no attention weights although need_weights=True")
+    return out, weights
+
+
+def _load_linear(proj: nn.Module, weight: Tensor, bias: Tensor | None) -> None:
+    """Copy a weight (and bias) of ``nn.MultiheadAttention`` into the projection ``proj``.
+
+    Raises:
+        ValueError: ``proj`` is not an ``nn.Linear`` (a spec whose value map or keys are not one linear map).
+    """
+    if not isinstance(proj, nn.Linear):
+        raise ValueError(f"cannot load nn.MultiheadAttention weights into a {type(proj).__name__} projection")
+    proj.weight.copy_(weight)
+    if bias is not None:
+        proj.bias.copy_(bias)
 
 
 @dataclass
@@ -117,7 +140,7 @@ class KVCache:
     def keep_last(self, n: int) -> None:
         """Drop all but the last ``n`` stored positions (their indices stay absolute through ``start``)."""
         drop = self.length - n
-        if drop <= 0:
+        if drop <= 0 or self.k is None or self.v is None:  # nothing stored: nothing to drop
             return
         self.k, self.v = self.k[..., drop:, :], self.v[..., drop:, :]
         if self.positions is not None:
@@ -164,20 +187,20 @@ class KVCache:
 
 def _with_stored(cache: KVCache, k: Tensor, v: Tensor, gates: TransportGates) -> tuple[Tensor, Tensor, TransportGates]:
     """The cache's keys (transported to the last token: identity gates) before the new keys, values and gates."""
-    if cache.k is None:
+    if cache.k is None or cache.v is None:
         return k, v, gates
     past = cache.length
     old_write = cache.write if cache.write is not None else k.new_ones(k.shape[0], k.shape[1], past)
     new_write = gates.write if gates.write is not None else k.new_ones(k.shape[0], k.shape[1], k.shape[-2])
 
-    def front(t: Tensor | None, last: tuple[int, ...]) -> Tensor | None:
-        return None if t is None else torch.cat([t.new_zeros(*t.shape[:2], past, *last), t], dim=2)
+    def front(t: Tensor, last: tuple[int, ...]) -> Tensor:
+        return torch.cat([t.new_zeros(*t.shape[:2], past, *last), t], dim=2)
 
     ld = gates.log_decay
     stored = TransportGates(
         front(ld, ld.shape[3:]),
-        front(gates.beta, ()),
-        front(gates.w, k.shape[3:]),
+        None if gates.beta is None else front(gates.beta, ()),
+        None if gates.w is None else front(gates.w, k.shape[3:]),
         torch.cat([old_write.expand(k.shape[0], k.shape[1], -1), new_write.expand(k.shape[0], k.shape[1], -1)], -1),
     )
     return torch.cat([cache.k, k], dim=-2), torch.cat([cache.v, v], dim=-2), stored
@@ -189,6 +212,17 @@ def _drop_front(mask: Tensor | None, start: int, total: int) -> Tensor | None:
     if mask is None or not start or mask.dim() == 0 or mask.shape[-1] != total:
         return mask
     return mask[..., start:]
+
+
+class _CallOptions(NamedTuple):
+    """The keyword arguments of :meth:`Attention.forward` (see there), by their names."""
+
+    attn_mask: Tensor | None
+    key_padding_mask: Tensor | None
+    need_weights: bool
+    cache: KVCache | None
+    position_ids: Tensor | None
+    key_position_ids: Tensor | None
 
 
 class Attention(nn.Module):
@@ -354,30 +388,54 @@ class Attention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
+        options = _CallOptions(attn_mask, key_padding_mask, need_weights, cache, position_ids, key_position_ids)
         dtype = _common_dtype(self, query, key, value)
         if dtype is not None:  # mixed floating dtypes: run once more with everything in the promoted one
-            return _in_dtype(
-                self,
-                dtype,
-                (query, key, value),
-                dict(
-                    attn_mask=attn_mask,
-                    key_padding_mask=key_padding_mask,
-                    need_weights=need_weights,
-                    cache=cache,
-                    position_ids=position_ids,
-                    key_position_ids=key_position_ids,
-                ),
-            )
-        batch, q_len, _ = query.shape
+            return _in_dtype(self, dtype, (query, key, value), options._asdict())
+        return self._forward(query, key, value, options)
+
+    def _forward(
+        self, query: Tensor, key: Tensor, value: Tensor, options: _CallOptions
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """``forward`` on inputs of one floating dtype."""
+        cache = options.cache
         if cache is not None:
             cache.claim(self._cache_layout())
         past, start = (cache.seen, cache.start) if cache is not None else (0, 0)
-        new_k_len = key.shape[1]
-        pos = self._positions(query, key, q_len, past, cache, position_ids, key_position_ids, key_padding_mask)
-        attn_mask = _drop_front(attn_mask, start, past + new_k_len)
-        key_padding_mask = _drop_front(key_padding_mask, start, past + new_k_len)
+        total = past + key.shape[1]
+        pos = self._positions(
+            query,
+            key,
+            query.shape[1],
+            past,
+            cache,
+            options.position_ids,
+            options.key_position_ids,
+            options.key_padding_mask,
+        )
+        attn_mask = _drop_front(options.attn_mask, start, total)
+        key_padding_mask = _drop_front(options.key_padding_mask, start, total)
+        q, k, v = self._project(query, key, value, pos, key_padding_mask, cache)
+        if self.transport is not None:
+            return self._transported(
+                self.transport, query, key, q, k, v, attn_mask, key_padding_mask, options.need_weights, cache
+            )
+        return self._attend_keys(
+            query, key, value, (q, k, v), pos, attn_mask, key_padding_mask, options.need_weights, cache, past
+        )
 
+    def _project(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        pos: TokenPositions,
+        key_padding_mask: Tensor | None,
+        cache: KVCache | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """q (batch, heads, q_len, head_dim) and the new k, v (batch, kv_heads, new_k_len, head_dim): the projections
+        (A3) with the position's input encodings, short convolution and rotations."""
+        new_k_len = key.shape[1]
         # Position enters through the query/key inputs (sinusoidal, learned) or by rotating q and k (RoPE).
         q, k, v = (
             self.q_proj(self.position.encode_inputs(query, pos.q)),
@@ -397,13 +455,30 @@ class Attention(nn.Module):
         q, k = self.position.rotate(q, pos.q), self.position.rotate(k, pos.k)
         if self.spec.kv_rope_dim:
             q, k = self._decoupled_rope(query, key, q, k, pos)
-        if self.transport is not None:
-            return self._transported(query, key, q, k, v, attn_mask, key_padding_mask, need_weights, cache)
+        return q, k, v
+
+    def _attend_keys(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        qkv: tuple[Tensor, Tensor, Tensor],
+        pos: TokenPositions,
+        attn_mask: Tensor | None,
+        key_padding_mask: Tensor | None,
+        need_weights: bool,
+        cache: KVCache | None,
+        past: int,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """``forward`` without a transport from the projected ``qkv``: the cached keys, masks and score biases, the
+        routed engine, rho and the output projection."""
+        q, k, v = qkv
+        batch, q_len, _ = query.shape
         all_k_pos = pos.k
         if cache is not None:
             all_k_pos = cache.key_positions(pos)
             if self.kv_down is not None:  # MLA's compressed cache: the latent c alone, k and v rebuilt from it
-                k, v = self._latent_keys(query, key, value, pos, all_k_pos, cache)
+                k, v = self._latent_keys(self.kv_down, query, key, value, pos, all_k_pos, cache)
             else:
                 k, v = cache.append(k, v)  # the cache holds kv_heads heads (GQA's memory saving)
         k_len = k.shape[-2]
@@ -422,9 +497,21 @@ class Attention(nn.Module):
             empty = rows_without_keys(mask, self.spec.causal, q_len, k_len, q_offset, query.device, self.spec.window)
             if empty is not None:
                 out = out.masked_fill(empty.all(1).unsqueeze(-1), 0.0)
-        return (out, result.weights) if need_weights else out
+        return _with_weights(out, result.weights, need_weights)
 
-    def _transported(self, query, key, q, k, v, attn_mask, key_padding_mask, need_weights, cache):
+    def _transported(
+        self,
+        transport: Transport,
+        query: Tensor,
+        key: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        attn_mask: Tensor | None,
+        key_padding_mask: Tensor | None,
+        need_weights: bool,
+        cache: KVCache | None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """``forward`` for a spec with a transport (``axes/transport.py``): the gates from the key input, then the
         routed engine (reference: the parallel form; recurrent: the state form), or with a cache its state (trait
         ``state``) or its keys transported to the last token. Padded keys change nothing (their gates are zero)."""
@@ -433,10 +520,10 @@ class Attention(nn.Module):
                 f"transport={self.spec.transport!r} carries the relevance through every key in between: only the "
                 f"causal mask and key_padding_mask are defined, got an attn_mask"
             )
-        q, k = self.transport.prepare(q, k)
+        q, k = transport.prepare(q, k)
         new = k.shape[-2]
         keep = None if key_padding_mask is None else key_padding_mask[:, -new:]
-        gates = self.transport.gates(key, k, keep)
+        gates = transport.gates(key, k, keep)
         weights = None
         if cache is not None and self._cache_layout().endswith("(state)"):
             if need_weights:
@@ -462,15 +549,26 @@ class Attention(nn.Module):
         out = self.out_proj(self.aggregator(self._merge_heads(heads), query))
         if empty is not None:  # a query that sees no real key: a zero row (W_o's bias would make it non-zero)
             out = out.masked_fill(empty.unsqueeze(-1), 0.0)
-        return (out, weights) if need_weights else out
+        return _with_weights(out, weights, need_weights)
 
-    def _decoupled_rope(self, query, key, q, k, pos) -> tuple[Tensor, Tensor]:
+    def _decoupled_rope(
+        self, query: Tensor, key: Tensor, q: Tensor, k: Tensor, pos: TokenPositions
+    ) -> tuple[Tensor, Tensor]:
         """[q; RoPE(W_qr x)] per head and [k; RoPE(W_kr x)] with the rotated part shared by the key heads."""
         qr = apply_rope(self._split_heads(self.q_rope(query)), pos.q)
         kr = apply_rope(self.k_rope(key).unsqueeze(1), pos.k)  # (batch, 1, k_len, kv_rope_dim)
         return torch.cat([q, qr], -1), torch.cat([k, kr.expand(-1, k.shape[1], -1, -1)], -1)
 
-    def _latent_keys(self, query, key, value, pos, all_k_pos, cache: KVCache) -> tuple[Tensor, Tensor]:
+    def _latent_keys(
+        self,
+        kv_down: nn.Linear,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        pos: TokenPositions,
+        all_k_pos: Tensor,
+        cache: KVCache,
+    ) -> tuple[Tensor, Tensor]:
         """MLA with a KV cache: append the new tokens' latent c = W_dkv x (batch, 1, new, kv_latent) to the cache and
         rebuild every key (rotated at its position) and value from the stored latents.
 
@@ -482,15 +580,17 @@ class Attention(nn.Module):
                 f"kv_latent={self.spec.kv_latent}: a KV cache stores one joint latent per token, so key and value "
                 f"must be the same input"
             )
-        latent = self.kv_down(self.position.encode_inputs(key, pos.k)).unsqueeze(1)
+        latent = kv_down(self.position.encode_inputs(key, pos.k)).unsqueeze(1)
         if self.spec.kv_rope_dim:  # the decoupled RoPE key, rotated once at its position, is cached beside it
             latent = torch.cat([latent, apply_rope(self.k_rope(key).unsqueeze(1), pos.k)], -1)
         stored, _ = cache.append(latent, latent[..., :0])  # values: nothing beyond the latent
         c, kr = stored[:, 0, :, : self.spec.kv_latent], stored[:, :, :, self.spec.kv_latent :]
-        k = self.position.rotate(self._split_heads(self.k_proj[-1](c), self.spec.kv_heads), all_k_pos)
+        k_up, v_up = self.k_proj, self.v_proj
+        assert isinstance(k_up, nn.Sequential) and isinstance(v_up, nn.Sequential)  # (W_dkv, W_u) with kv_latent
+        k = self.position.rotate(self._split_heads(k_up[-1](c), self.spec.kv_heads), all_k_pos)
         if self.spec.kv_rope_dim:
             k = torch.cat([k, kr.expand(-1, k.shape[1], -1, -1)], -1)
-        return k, self._split_heads(self.v_proj[-1](c), self.spec.kv_heads)
+        return k, self._split_heads(v_up[-1](c), self.spec.kv_heads)
 
     def _cache_layout(self) -> str:
         """What this layer keeps in a KV cache: ``"transport=<name> (state)"`` for a state transport (unless an engine
@@ -501,7 +601,9 @@ class Attention(nn.Module):
         state = "state" in self.plan.transport_traits and self.engine in ("auto", "recurrent")
         return f"transport={self.spec.transport} ({'state' if state else 'keys'})"
 
-    def _state_step(self, q, k, v, gates, keep, cache: KVCache) -> tuple[Tensor, Tensor | None]:
+    def _state_step(
+        self, q: Tensor, k: Tensor, v: Tensor, gates: TransportGates, keep: Tensor | None, cache: KVCache
+    ) -> tuple[Tensor, Tensor | None]:
         """The new tokens folded into the cache's state (``engines/recurrent.state_form``); (heads' output, the
         (batch, q_len) queries that see no real key, or None)."""
         if cache.state is not None and cache.state.shape[:2] != k.shape[:2]:
@@ -525,7 +627,7 @@ class Attention(nn.Module):
         return out[:, :, lead:], (empty if bool(empty.any()) else None)
 
     def _contextual_bias(
-        self, q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, scale, q_offset: int
+        self, q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, scale: float | Tensor, q_offset: int
     ) -> Tensor:
         """``bias`` plus the position's bias from the layer's scaled scores (CoPE), the blocked keys (causal, window,
         ``mask``) opening no gate; (batch, heads, q_len, k_len)."""
@@ -551,7 +653,15 @@ class Attention(nn.Module):
         return mask & key_padding_mask[:, None, :, None]
 
     def _positions(
-        self, query, key, q_len, past, cache, position_ids, key_position_ids, key_padding_mask
+        self,
+        query: Tensor,
+        key: Tensor,
+        q_len: int,
+        past: int,
+        cache: KVCache | None,
+        position_ids: Tensor | None,
+        key_position_ids: Tensor | None,
+        key_padding_mask: Tensor | None,
     ) -> TokenPositions:
         """Token positions of the queries and new keys (absolute: a cache's dropped tokens count)."""
         new_k_len = key.shape[1]
@@ -596,8 +706,10 @@ class Attention(nn.Module):
         if self.select is not None:  # the keys a second score picks (axes/select.py), as a mask
             keep = None if mask is None or mask.shape[-2] != 1 or mask.shape[1] != 1 else mask[:, 0, 0, :]
             chosen = self.select.mask(q, k, q_offset, self.spec.causal, keep)
-            mask = chosen if mask is None else mask & chosen
-        wrap = self.aggregator if "log_values" in self.plan.aggregator_traits else None
+            if chosen is not None:
+                mask = chosen if mask is None else mask & chosen
+        # The trait log_values promises the aggregator's encode and decode.
+        wrap = cast(LogValuesAggregator, self.aggregator) if "log_values" in self.plan.aggregator_traits else None
         if wrap is not None:  # A1 around the weighted sum: LASER's exp(v - m) in, m + log(out) out
             dtype = v.dtype
             v, shift = wrap.encode(v, mask)  # exp(v - m) in max(dtype, float32): q and k follow, one dtype per call
@@ -694,7 +806,9 @@ class Attention(nn.Module):
 
     # ------------------------------------------------------------------ interop
     @classmethod
-    def from_multihead_attention(cls, mha: nn.MultiheadAttention, *, causal: bool = False, **spec_fields) -> Attention:
+    def from_multihead_attention(
+        cls, mha: nn.MultiheadAttention, *, causal: bool = False, **spec_fields: Any
+    ) -> Attention:
         """A standard-spec Attention carrying the weights of ``mha`` (``batch_first`` either way).
 
         Our ``forward`` is always batch-first and takes ``key_padding_mask`` with True = real token, whereas ``mha``
@@ -714,18 +828,12 @@ class Attention(nn.Module):
             mha.embed_dim, mha.num_heads, causal=causal, bias=mha.in_proj_bias is not None, dropout=mha.dropout
         ).relax(spec_fields)
         module = cls(spec).to(device=mha.in_proj_weight.device, dtype=mha.in_proj_weight.dtype)
-        w_q, w_k, w_v = mha.in_proj_weight.detach().chunk(3, dim=0)
+        weights = mha.in_proj_weight.detach().chunk(3, dim=0)
+        biases = (None,) * 3 if mha.in_proj_bias is None else mha.in_proj_bias.detach().chunk(3)
         with torch.no_grad():
-            module.q_proj.weight.copy_(w_q)
-            module.k_proj.weight.copy_(w_k)
-            module.v_proj.weight.copy_(w_v)
-            module.out_proj.weight.copy_(mha.out_proj.weight)
-            if mha.in_proj_bias is not None:
-                b_q, b_k, b_v = mha.in_proj_bias.detach().chunk(3)
-                module.q_proj.bias.copy_(b_q)
-                module.k_proj.bias.copy_(b_k)
-                module.v_proj.bias.copy_(b_v)
-                module.out_proj.bias.copy_(mha.out_proj.bias)
+            for proj, weight, bias in zip((module.q_proj, module.k_proj, module.v_proj), weights, biases):
+                _load_linear(proj, weight, bias)
+            _load_linear(module.out_proj, mha.out_proj.weight, None if mha.in_proj_bias is None else mha.out_proj.bias)
         return module
 
     def extra_repr(self) -> str:

@@ -420,7 +420,9 @@ def sdpa_function(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tens
 _ADAPTERS: list[tuple[Any, Callable[..., Adapter]]] = []
 
 
-def register_adapter(match: Any, factory: Callable[..., Adapter] | None = None, *, first: bool = True):
+def register_adapter(
+    match: Any, factory: Callable[..., Adapter] | None = None, *, first: bool = True
+) -> Callable[..., Any]:
     """Teach :func:`make_adapter` a new kind of target.
 
     Args:

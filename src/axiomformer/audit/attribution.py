@@ -86,6 +86,24 @@ def _shape(st: dict[str, float] | None, tol: float) -> str | None:
     ]
 
 
+def _structure(facts: dict[str, object], name: str) -> dict[str, float] | None:
+    """The Jacobian structure ``facts[name]`` (``audit/structure.py``), or None when it was not measured."""
+    value = facts.get(name)
+    return value if isinstance(value, dict) else None
+
+
+def _number(facts: dict[str, object], name: str) -> float:
+    """The tolerance ``facts[name]`` (0 when absent).
+
+    Raises:
+        TypeError: it is not a number.
+    """
+    value = facts.get(name, 0.0)
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"audit fact {name!r} must be a number, got {type(value).__name__}")
+    return float(value)
+
+
 def _nonlinear(shape: str | None, additive: bool) -> list[str]:
     """Candidates for a map that is not affine in the values, from the shape of its local Jacobian."""
     if shape is None:
@@ -107,8 +125,8 @@ def _candidates(c: AuditCheck, out: dict[str, AuditCheck], facts: dict[str, obje
         return name in out and out[name].passed is False
 
     additive = not failed("token_additivity")
-    nonlinear = _shape(facts.get("nonlinear"), float(facts.get("fd_tol", 0.0)))  # type: ignore[arg-type]
-    linear = _shape(facts.get("linear"), float(facts.get("tol", 0.0)))  # type: ignore[arg-type]
+    nonlinear = _shape(_structure(facts, "nonlinear"), _number(facts, "fd_tol"))
+    linear = _shape(_structure(facts, "linear"), _number(facts, "tol"))
     row_scale = bool("bilinear_scores" in out and out["bilinear_scores"].facts.get("row_scale"))
     reorders = bool("bilinear_scores" in out and out["bilinear_scores"].facts.get("key_order"))
     one_form = _one_form(out)

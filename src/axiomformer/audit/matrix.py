@@ -99,7 +99,7 @@ def relaxation_matrix(dim: int = 16, num_heads: int = 2, seed: int = 0, referenc
             MatrixRow(relax, axis, AXIS_TAG[axis], audit(f"spec:{target}", dim=dim, num_heads=num_heads, seed=seed))
         )
     if references:
-        refs = [
+        refs: list[tuple[str, Any, dict[str, Any]]] = [
             ("standard, causal", "spec:causal=true", {}),
             ("torch SDPA", "torch.nn.functional.scaled_dot_product_attention", {}),
             ("torch SDPA, causal", "torch.nn.functional.scaled_dot_product_attention", {"causal": True}),

@@ -7,6 +7,7 @@ Luce's choice axiom for ratio independence. See ``docs/audit.md``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -173,7 +174,7 @@ def entropy_inputs(
     return out
 
 
-def scale_entropy(p: Probe, seed: int, a4: list[AuditCheck] = ()) -> AuditCheck:
+def scale_entropy(p: Probe, seed: int, a4: Sequence[AuditCheck] = ()) -> AuditCheck:
     name = "scale_entropy"
     hs, ds = [], []
     inputs = entropy_inputs(p.a.num_heads, HEAD_DIMS, seed=seed, dtype=p.a.dtype)

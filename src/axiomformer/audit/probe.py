@@ -146,7 +146,8 @@ class Probe:
 
     def qkv(self, seq: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
         n = seq or self.seq
-        return tuple(self.randn(self.batch, n, self.a.dim) for _ in range(3))
+        shape = (self.batch, n, self.a.dim)
+        return self.randn(*shape), self.randn(*shape), self.randn(*shape)  # drawn in this order: q, k, v
 
     def f(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         with torch.no_grad():

@@ -22,7 +22,7 @@ instead (its ``rho`` is the identity): ``encode`` maps the values before the eng
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +33,19 @@ from axiomformer.precision import upcast
 
 if TYPE_CHECKING:
     from axiomformer.spec import AttentionSpec
+
+
+class LogValuesAggregator(Protocol):
+    """What the trait ``log_values`` promises of an aggregator module (see the module docstring)."""
+
+    def encode(self, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(v', m): the values (batch, heads, k_len, head_dim) mapped before the weighted sum, and what ``decode``
+        needs."""
+        ...
+
+    def decode(self, out: Tensor, m: Tensor) -> Tensor:
+        """The engine's output (batch, heads, q_len, head_dim) mapped back."""
+        ...
 
 
 class IdentityAggregator(nn.Module):
@@ -154,4 +167,4 @@ AGGREGATORS = Registry(
 
 def build_aggregator(spec: AttentionSpec) -> nn.Module:
     """The rho module for ``spec.aggregator``."""
-    return AGGREGATORS[spec.aggregator].impl(spec)
+    return AGGREGATORS[spec.aggregator].implementation()(spec)

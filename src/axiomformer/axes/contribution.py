@@ -89,4 +89,4 @@ CONTRIBUTIONS = Registry(
 
 def build_contribution(spec: AttentionSpec) -> nn.Module:
     """The contribution module for ``spec.contribution``."""
-    return CONTRIBUTIONS[spec.contribution].impl(spec)
+    return CONTRIBUTIONS[spec.contribution].implementation()(spec)

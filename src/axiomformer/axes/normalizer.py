@@ -60,7 +60,8 @@ Feature maps of the linear normalizer (:data:`FEATURE_MAPS`): elu (elu(x) + 1), 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -323,13 +324,13 @@ class _Recentred(torch.autograd.Function):
     alpha gradient is added outside it (``_entmax_recentred``)."""
 
     @staticmethod
-    def forward(ctx, shifted: Tensor, beta: Tensor, tau: Tensor) -> Tensor:
+    def forward(ctx: Any, shifted: Tensor, beta: Tensor, tau: Tensor) -> Tensor:
         p = _recentred_weights(shifted, beta, tau)
         ctx.save_for_backward(shifted, beta, tau, p)
         return p
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
         shifted, beta, tau, p = ctx.saved_tensors
         dx = None
         if ctx.needs_input_grad[0]:
@@ -416,9 +417,11 @@ def _alpha_params(module: nn.Module) -> dict[str, Tensor]:
     # alpha - 1 = softplus(theta) is handed over as itself: 1 + softplus(theta) rounds to exactly 1 in float32 for
     # theta below about -17 (in float64 below -37), and entmax_alpha, accurate down to alpha = 1, reads alpha - 1.
     # The bound (ENTMAX_ALPHA_MAX) is a clamp: below it the values and gradients are softplus's own.
+    raw = module.alpha_raw
+    assert isinstance(raw, Tensor)  # the parameter, or torch.func.functional_call's stand-in for it
     top = ENTMAX_ALPHA_MAX - 1.0
-    beta = F.softplus(module.alpha_raw).clamp(max=top).view(1, -1, 1, 1)
-    alpha = 1.0 + F.softplus(module.alpha_raw.double()).clamp(max=top).view(1, -1, 1, 1)
+    beta = F.softplus(raw).clamp(max=top).view(1, -1, 1, 1)
+    alpha = 1.0 + F.softplus(raw.double()).clamp(max=top).view(1, -1, 1, 1)
     return {"alpha": alpha, "alpha_minus_one": beta}
 
 
@@ -527,11 +530,11 @@ def _power(s: Tensor, training: bool, **params: Tensor) -> Tensor:
 # For the trait ``closed_vjp``: dL/dz from the logits z (blocked keys -inf), the weights u = impl(z), g = dL/du (which
 # the function may overwrite) and delta = sum_j u_j g_j (= rowsum(dO * O) when out = u V), without autograd (the
 # rowwise engine's backward).
-def _softmax_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
+def _softmax_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options: Any) -> Tensor:
     return g.sub_(delta).mul_(u)  # softmax, and topk: the softmax over the kept keys (u = 0 elsewhere)
 
 
-def _softpick_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
+def _softpick_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options: Any) -> Tensor:
     # u_j = relu(a_j) / D, a_j = e^(z_j - m) - e^-m, D = sum_l |a_l| + eps e^-m:
     # dL/da_k = ([a_k > 0] g_k - sign(a_k) sum_j g_j u_j) / D, and da_k/dz_k = e^(z_k - m) (0 at a blocked key).
     a, floor = softpick_terms(z)
@@ -540,7 +543,7 @@ def _softpick_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> 
     return g.mul_(u > 0).sub_(a.sign_().mul_(delta)).div_(denom).mul_(e)
 
 
-def _stick_breaking_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
+def _stick_breaking_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options: Any) -> Tensor:
     # log u_j = logsigmoid(z_j) + sum_{l > j} logsigmoid(-z_l): with dA = g u,
     # dL/dz_j = dA_j sigmoid(-z_j) - sigmoid(z_j) sum_{j' < j} dA_j'.
     d = g.mul_(u)
@@ -548,7 +551,7 @@ def _stick_breaking_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **option
     return d.mul_(torch.sigmoid(-z)).sub_(before.mul_(torch.sigmoid(z)))
 
 
-def _power_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options) -> Tensor:
+def _power_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options: Any) -> Tensor:
     # u_j = t_j^p / W, t = z / m, W = sum_l t_l^p: dL/dz_k = p t_k^(p-1) (g_k - delta) / (m W); 0 in a row of zeros
     # (uniform there by convention, a constant) and at a blocked key (t = 0).
     t, m, has = _power_terms(z)
@@ -777,13 +780,13 @@ class _EluPlusOne(torch.autograd.Function):
     i.e. min(phi, 1) (``F.elu(x) + 1`` keeps elu's output besides phi: one more (L x head_dim) tensor per input)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor) -> Tensor:
         phi = torch.where(x > 0, x + 1, torch.exp(torch.clamp(x, max=0.0)))
         ctx.save_for_backward(phi)
         return phi
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         (phi,) = ctx.saved_tensors
         return grad * torch.clamp(phi, max=1.0)  # differentiable again through phi (double backward)
 
@@ -861,7 +864,7 @@ def changed_options(spec: AttentionSpec) -> dict[str, str]:
 
 def feature_map(x: Tensor, kind: str = "elu") -> Tensor:
     """Kernel feature map of linear attention (:data:`FEATURE_MAPS`): ``elu(x) + 1`` by default."""
-    return FEATURE_MAPS[kind].impl(x)
+    return FEATURE_MAPS[kind].implementation()(x)
 
 
 def normalize(
@@ -898,40 +901,62 @@ def normalize(
         ValueError: unknown ``kind`` (naming the choices).
     """
     choice = kind if isinstance(kind, Choice) else NORMALIZERS[kind]
+    impl = choice.implementation()
     s = upcast(scores)
+    visible = None
     if mask is not None:
         mask = torch.broadcast_to(mask, s.shape)
-        has_key = mask.any(dim=-1, keepdim=True)
-        if choice.has("columns"):
-            visible = mask  # an empty row stays blocked: it takes no part in the column sums (impl gives it 0)
-        else:
-            # A row with no visible key is normalized as if every key were visible with score 0, then zeroed by the
-            # mask: the weights are 0 and every gradient stays finite.
-            s = s.masked_fill(~has_key, 0.0)
-            visible = mask | ~has_key
+        s, visible = _visible_keys(s, mask, choice)
     if choice.has("kernel"):
-        return choice.impl(s if mask is None else s.masked_fill(~mask, 0.0))
+        return impl(s if mask is None else s.masked_fill(~mask, 0.0))
     if choice.has("elementwise"):
-        if n_visible is None:
-            n_visible = (
-                torch.full_like(s[..., :1], float(s.shape[-1]))
-                if mask is None
-                else visible.sum(dim=-1, keepdim=True).to(s.dtype)
-            )
-        weights = choice.impl(s, n_visible.to(s.dtype))  # n_i counted in float32 by some engines
+        weights = impl(s, _visible_counts(s, visible, n_visible))
     else:
-        if mask is not None:
-            s = s.masked_fill(~visible, float("-inf"))
-        # A sort-based threshold fails on NaN; such rows are computed on zeros and reported as NaN.
-        nan_rows = torch.isnan(s).any(dim=-1, keepdim=True)
-        weights = choice.impl(s.masked_fill(nan_rows, 0.0), training, **(params or {}))
-        if choice.has("halves"):  # two stacked score matrices made one weight matrix
-            nan_rows = nan_rows.any(dim=0)
-            mask = None if mask is None else mask[0]
-        weights = weights.masked_fill(nan_rows, float("nan"))
+        weights, mask = _row_weights(impl, choice, s, mask, visible, training, params or {})
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
     return weights
+
+
+def _visible_keys(s: Tensor, mask: Tensor, choice: Choice) -> tuple[Tensor, Tensor]:
+    # Returns the scores and the keys the normalizer sees. A row with no visible key is normalized as if every key
+    # were visible with score 0, then zeroed by the mask: the weights are 0 and every gradient stays finite. Under
+    # ``columns`` an empty row stays blocked: it takes no part in the column sums (impl gives it 0).
+    if choice.has("columns"):
+        return s, mask
+    has_key = mask.any(dim=-1, keepdim=True)
+    return s.masked_fill(~has_key, 0.0), mask | ~has_key
+
+
+def _visible_counts(s: Tensor, visible: Tensor | None, n_visible: Tensor | None) -> Tensor:
+    # The n_i of an elementwise normalizer, in the scores' dtype (n_i counted in float32 by some engines).
+    if n_visible is None:
+        if visible is None:
+            return torch.full_like(s[..., :1], float(s.shape[-1]))
+        return visible.sum(dim=-1, keepdim=True).to(s.dtype)
+    return n_visible.to(s.dtype)
+
+
+def _row_weights(
+    impl: Callable[..., Tensor],
+    choice: Choice,
+    s: Tensor,
+    mask: Tensor | None,
+    visible: Tensor | None,
+    training: bool,
+    params: dict[str, Tensor],
+) -> tuple[Tensor, Tensor | None]:
+    # The weights of a normalizer over whole rows, and the mask still to apply to them (a ``halves`` normalizer
+    # makes one weight matrix of two stacked score matrices: the first one's mask).
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    # A sort-based threshold fails on NaN; such rows are computed on zeros and reported as NaN.
+    nan_rows = torch.isnan(s).any(dim=-1, keepdim=True)
+    weights = impl(s.masked_fill(nan_rows, 0.0), training, **params)
+    if choice.has("halves"):
+        nan_rows = nan_rows.any(dim=0)
+        mask = None if mask is None else mask[0]
+    return weights.masked_fill(nan_rows, float("nan")), mask
 
 
 class Normalizer(nn.Module):

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -104,12 +104,12 @@ class _Rope(torch.autograd.Function):
     ``_Rope``, so every order of derivative works."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(ctx: Any, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         ctx.save_for_backward(cos, sin)
         return _rotate_(torch.empty_like(x), x, cos, sin)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         cos, sin = ctx.saved_tensors
         return _Rope.apply(grad, cos, -sin), None, None  # differentiable again (double backward)
 
@@ -185,6 +185,12 @@ def causal_conv(x: Tensor, weight: Tensor, history: Tensor | None) -> tuple[Tens
 
 class Position(nn.Module):
     """The position choice of a spec: adds input encodings, rotates q/k, or provides ALiBi slopes."""
+
+    # Registered only for the choices that use them (alibi, conv): declared for the type checker.
+    slopes: Tensor
+    conv_q: Tensor
+    conv_k: Tensor
+    conv_v: Tensor
 
     def __init__(self, spec: AttentionSpec):
         super().__init__()
@@ -360,40 +366,62 @@ def token_positions(
     """
     k_len = past + new_k_len
     if position_ids is not None or key_position_ids is not None:
-        q = (
-            _as_positions(position_ids, q_len, "position_ids")
-            if position_ids is not None
-            else torch.arange(k_len - q_len, k_len, device=device)
-        )
-        if key_position_ids is not None:
-            k = _as_positions(key_position_ids, new_k_len, "key_position_ids")
-        elif self_attention and position_ids is not None and new_k_len == q_len:
-            k = q
-        else:
-            k = torch.arange(past, k_len, device=device)
-        return TokenPositions(q, k, default=False)
-    usable_mask = (
-        key_padding_mask is not None
-        and key_padding_mask.dtype == torch.bool
-        and key_padding_mask.dim() == 2
-        and key_padding_mask.shape[-1] == k_len
-    )  # else the mask check raises
-    if usable_mask and self_attention and new_k_len == q_len:
-        full = positions_from_padding(key_padding_mask)
-        # Whether the mask pads on the left is read back to the host; while torch.compile traces, the positions from
-        # the mask are used either way (the same values when nothing pads on the left).
-        if (
-            cached is not None
-            or torch.compiler.is_compiling()
-            or not torch.equal(full, torch.arange(k_len, device=device).expand_as(full))
-        ):
-            return TokenPositions(full[:, k_len - q_len :], full[:, past:], default=False)
+        return _given_positions(q_len, new_k_len, past, device, position_ids, key_position_ids, self_attention)
+    if key_padding_mask is not None and self_attention and new_k_len == q_len:
+        from_mask = _padding_positions(key_padding_mask, q_len, past, device, cached)
+        if from_mask is not None:
+            return from_mask
     if cached is not None and self_attention and new_k_len == q_len:
         new = cached[:, -1:] + 1 + torch.arange(new_k_len, device=device)
         return TokenPositions(new, new, default=False)
     return TokenPositions(
         torch.arange(k_len - q_len, k_len, device=device), torch.arange(past, k_len, device=device), default=True
     )
+
+
+def _given_positions(
+    q_len: int,
+    new_k_len: int,
+    past: int,
+    device: torch.device,
+    position_ids: Tensor | None,
+    key_position_ids: Tensor | None,
+    self_attention: bool,
+) -> TokenPositions:
+    # Rule 1: ids given; the side not given takes the indices (self-attention keys share the queries' ids).
+    k_len = past + new_k_len
+    q = (
+        _as_positions(position_ids, q_len, "position_ids")
+        if position_ids is not None
+        else torch.arange(k_len - q_len, k_len, device=device)
+    )
+    if key_position_ids is not None:
+        k = _as_positions(key_position_ids, new_k_len, "key_position_ids")
+    elif self_attention and position_ids is not None and new_k_len == q_len:
+        k = q
+    else:
+        k = torch.arange(past, k_len, device=device)
+    return TokenPositions(q, k, default=False)
+
+
+def _padding_positions(
+    key_padding_mask: Tensor, q_len: int, past: int, device: torch.device, cached: Tensor | None
+) -> TokenPositions | None:
+    # Rule 2: positions counted over the real tokens of a self-attention call's key padding mask; None when the mask
+    # is not a (batch, k_len) bool one (the mask check then raises) or pads nothing on the left of an uncached call.
+    k_len = past + q_len
+    if key_padding_mask.dtype != torch.bool or key_padding_mask.dim() != 2 or key_padding_mask.shape[-1] != k_len:
+        return None
+    full = positions_from_padding(key_padding_mask)
+    # Whether the mask pads on the left is read back to the host; while torch.compile traces, the positions from
+    # the mask are used either way (the same values when nothing pads on the left).
+    if (
+        cached is not None
+        or torch.compiler.is_compiling()
+        or not torch.equal(full, torch.arange(k_len, device=device).expand_as(full))
+    ):
+        return TokenPositions(full[:, k_len - q_len :], full[:, past:], default=False)
+    return None
 
 
 def _move_cope(module: Position, generator: torch.Generator) -> None:

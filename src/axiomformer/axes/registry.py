@@ -38,6 +38,16 @@ class Choice:
     def has(self, trait: str) -> bool:
         return trait in self.traits
 
+    def implementation(self) -> Callable[..., Any]:
+        """``impl``, on an axis where every choice has one (a choice may leave it out only where its axis says so).
+
+        Raises:
+            ValueError: the choice has none (a plug-in registered it without one).
+        """
+        if self.impl is None:
+            raise ValueError(f"choice {self.name!r} has no implementation")
+        return self.impl
+
 
 class Registry:
     """The ordered choices of one axis; the first is the standard one."""

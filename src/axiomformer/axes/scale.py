@@ -64,6 +64,7 @@ def _log_n_parameters(spec: AttentionSpec, width: int) -> dict[str, nn.Parameter
 # Module-level functions, not lambdas: a Scale module keeps its choice's impl, and models must pickle (copy.deepcopy,
 # torch.save of a whole model).
 def _fixed(module: Scale, n_visible: Tensor | None) -> float:
+    assert module.fixed is not None  # set for every constant choice, the only ones with this impl
     return module.fixed
 
 
@@ -171,6 +172,10 @@ class Scale(nn.Module):
     see; see ``engines.problem.visible_counts``).
     """
 
+    # Registered only for the parametric choices that use them: declared for the type checker.
+    log_scale: Tensor
+    log_n_coef: Tensor
+
     def __init__(self, spec: AttentionSpec):
         super().__init__()
         self.kind = spec.scale
@@ -178,11 +183,11 @@ class Scale(nn.Module):
         self.head_dim = spec.head_dim
         choice = SCALES[spec.scale]
         self.per_row = choice.has("per_row")
-        self.fixed = choice.extra["value"](spec, self.width) if choice.has("constant") else None
+        self.fixed: float | None = choice.extra["value"](spec, self.width) if choice.has("constant") else None
         if choice.has("parametric"):
             for name, parameter in choice.extra["parameters"](spec, self.width).items():
                 self.register_parameter(name, parameter)
-        self._impl = choice.impl
+        self._impl = choice.implementation()
 
     def forward(self, n_visible: Tensor | None = None) -> float | Tensor:
         return self._impl(self, n_visible)

@@ -23,7 +23,7 @@ Choices:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -77,14 +77,14 @@ class _UnitRows(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, scale: Tensor | None, eps: float) -> Tensor:
+    def forward(ctx: Any, x: Tensor, scale: Tensor | None, eps: float) -> Tensor:
         inv = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min_(eps).reciprocal_()
         ctx.save_for_backward(x, scale)
         ctx.eps = eps
         return x * (inv if scale is None else inv * scale)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor | None, None]:
         x, scale = ctx.saved_tensors
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
         inv = norm.clamp_min(ctx.eps).reciprocal()
@@ -276,4 +276,4 @@ SCORES = Registry(
 
 def build_score(spec: AttentionSpec) -> nn.Module:
     """The score module for ``spec.score``."""
-    return SCORES[spec.score].impl(spec)
+    return SCORES[spec.score].implementation()(spec)

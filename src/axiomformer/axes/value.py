@@ -49,4 +49,4 @@ VALUES = Registry(
 
 def build_value(spec: AttentionSpec) -> nn.Module:
     """The value map for ``spec.value``."""
-    return VALUES[spec.value].impl(spec)
+    return VALUES[spec.value].implementation()(spec)

@@ -10,6 +10,7 @@ path stays the fast one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +31,8 @@ DOUBLE_BACKWARD_HINT = "use Attention(..., double_backward=True) (or attend(...,
 
 
 def differentiable_backward(
-    exact: Callable[..., Tensor], inputs: Sequence, grad_out: Tensor, needs: Sequence[bool]
-) -> list:
+    exact: Callable[..., Tensor], inputs: Sequence[Any], grad_out: Tensor, needs: Sequence[bool]
+) -> list[Tensor | None]:
     """Vector-Jacobian products of ``exact(*inputs)`` with ``grad_out`` for the inputs in ``needs``, as a graph.
 
     ``inputs`` are the tensors a ``torch.autograd.Function`` saved (with their history when the outer backward
@@ -44,7 +45,9 @@ def differentiable_backward(
     return [next(got) if need else None for need in needs]
 
 
-def _math_sdpa(q, k, v, attn_mask, is_causal, scale):
+def _math_sdpa(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float | None
+) -> Tensor:
     with sdpa_kernel(SDPBackend.MATH):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
 
@@ -54,23 +57,29 @@ class _SDPA(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool, scale: float
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        attn_mask: Tensor | None,
+        dropout_p: float,
+        is_causal: bool,
+        scale: float | None,
     ) -> Tensor:
         ctx.save_for_backward(q, k, v, attn_mask)
         ctx.options = (dropout_p, is_causal, scale)
         needs = ctx.needs_input_grad[:4]
         with torch.enable_grad():
-            leaves = [
-                None if t is None else t.detach().requires_grad_(need) for t, need in zip((q, k, v, attn_mask), needs)
-            ]
+            lq, lk, lv = (t.detach().requires_grad_(need) for t, need in zip((q, k, v), needs))
+            lm = None if attn_mask is None else attn_mask.detach().requires_grad_(needs[3])
             out = F.scaled_dot_product_attention(
-                *leaves[:3], attn_mask=leaves[3], dropout_p=dropout_p, is_causal=is_causal, scale=scale
+                lq, lk, lv, attn_mask=lm, dropout_p=dropout_p, is_causal=is_causal, scale=scale
             )
-        ctx.graph = (leaves, out)
+        ctx.graph = ([lq, lk, lv, lm], out)
         return out.detach()
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         needs = ctx.needs_input_grad[:4]
         dropout_p, is_causal, scale = ctx.options
         if torch.is_grad_enabled():
@@ -90,6 +99,10 @@ class _SDPA(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
+def _wide(t: Tensor) -> Tensor:
+    return t.float() if t.is_floating_point() else t
+
+
 def sdpa(
     q: Tensor,
     k: Tensor,
@@ -105,8 +118,10 @@ def sdpa(
     """
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, attn_mask))
     if needs_grad and q.dtype in LOW_PRECISION:  # the backward in float32 (see LOW_PRECISION); the forward is the same
-        wide = [t.float() if t is not None and t.is_floating_point() else t for t in (q, k, v, attn_mask)]
-        return sdpa(*wide[:3], attn_mask=wide[3], dropout_p=dropout_p, is_causal=is_causal, scale=scale).to(q.dtype)
+        wide_mask = None if attn_mask is None else _wide(attn_mask)
+        return sdpa(
+            _wide(q), _wide(k), _wide(v), attn_mask=wide_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        ).to(q.dtype)
     if torch.compiler.is_compiling() or not needs_grad:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale

@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import operator
+from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
@@ -98,8 +101,38 @@ def _dropout(weights: Tensor, problem: AttentionProblem) -> Tensor:
     return weights
 
 
+def _summed(parts: Iterable[Tensor]) -> Tensor:
+    # Left to right, one block's contribution at a time (at most one block's output alive besides the sum).
+    return functools.reduce(operator.add, parts)
+
+
+def _elementwise_chunk(
+    parts: Plan, problem: AttentionProblem, q: Tensor, k: Tensor, v: Tensor, qs: slice, key_chunk: int
+) -> Tensor:
+    # An elementwise normalizer needs no row sum: one key block at a time, with n_i counted over the whole row.
+    k_end = k.shape[-2]
+    counted = _visible_count(problem, qs, k_end, key_chunk)
+    n_visible = (
+        counted
+        if counted is not None
+        else torch.full((1, 1, 1, 1), float(problem.k_len), device=q.device, dtype=compute_dtype(q.dtype))
+    )
+
+    def block_output(ks: slice) -> Tensor:
+        weights = normalize(
+            _scores(parts, problem, q, k[..., ks, :], qs, ks),
+            block_mask(problem, qs, ks),
+            parts.normalizer_choice,
+            training=problem.training,
+            n_visible=n_visible,
+        )
+        return contribute(parts.contribution, _dropout(weights, problem), v[..., ks, :])
+
+    return _summed(map(block_output, _key_blocks(problem, qs, k_end, key_chunk)))
+
+
 def attend_chunk(
-    parts,
+    parts: Plan,
     problem: AttentionProblem,
     q: Tensor,
     k: Tensor,
@@ -115,22 +148,7 @@ def attend_chunk(
     k_end = k.shape[-2]
     blocks = _blocks(k_end, key_chunk)
     if "elementwise" in parts.normalizer_traits:
-        blocks = _key_blocks(problem, qs, k_end, key_chunk)
-        n_visible = _visible_count(problem, qs, k_end, key_chunk)
-        if n_visible is None:
-            n_visible = torch.full((1, 1, 1, 1), float(problem.k_len), device=q.device, dtype=compute_dtype(q.dtype))
-        out = None
-        for ks in blocks:
-            weights = normalize(
-                _scores(parts, problem, q, k[..., ks, :], qs, ks),
-                block_mask(problem, qs, ks),
-                kind,
-                training=problem.training,
-                n_visible=n_visible,
-            )
-            part = contribute(parts.contribution, _dropout(weights, problem), v[..., ks, :])
-            out = part if out is None else out + part
-        return out
+        return _elementwise_chunk(parts, problem, q, k, v, qs, key_chunk)
     if len(blocks) == 1:
         scores = _scores(parts, problem, q, k, qs, blocks[0])
     else:
@@ -145,11 +163,7 @@ def attend_chunk(
     weights = _dropout(weights, problem)
     if parts.proportional or len(blocks) == 1:
         return contribute(parts.contribution, weights, v)
-    out = None
-    for ks in blocks:
-        part = contribute(parts.contribution, weights[..., ks], v[..., ks, :])
-        out = part if out is None else out + part
-    return out
+    return _summed(contribute(parts.contribution, weights[..., ks], v[..., ks, :]) for ks in blocks)
 
 
 # ---------------------------------------------------------------------------------------------- the engine
@@ -161,6 +175,8 @@ class _CastParameters(nn.Module):
     ``call_in`` does for a module whose parameters are in another dtype) rounds each block's gradient to bfloat16 or
     float16 before the sum: with a few blocks that loses most of a small gradient. ``module`` is held, not registered,
     so its parameters stay the caller's."""
+
+    inner: nn.Module  # set with object.__setattr__, so that it is not registered
 
     def __init__(self, module: nn.Module, dtype: torch.dtype):
         super().__init__()
@@ -203,7 +219,7 @@ def _in_compute_dtype(
 
 
 def chunked_attention(
-    parts, problem: AttentionProblem, k: Tensor, v: Tensor, query_chunk: int, key_chunk: int
+    parts: Plan, problem: AttentionProblem, k: Tensor, v: Tensor, query_chunk: int, key_chunk: int
 ) -> Tensor:
     """Attention output (batch, heads, q_len, head_dim_v) in v's dtype, ``query_chunk`` queries at a time, each
     checkpointed. Inputs and parameters are cast to the compute dtype once, before the problem is split."""

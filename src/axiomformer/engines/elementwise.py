@@ -21,6 +21,9 @@ elementwise map is diagonal. The engine names no choice: a normalizer another pa
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -50,15 +53,23 @@ def _counts(rows: int, start: int, offset: int, causal: bool, k_len: int, like: 
 class _Chunk:
     """One chunk of queries: rows ``start:stop`` (absolute positions ``offset + start ..``) and their visible keys."""
 
-    def __init__(self, rows: slice, end: int, diagonal, offset: int, causal: bool, k_len: int, like: Tensor):
+    def __init__(
+        self,
+        rows: slice,
+        end: int,
+        diagonal: tuple[int, Tensor] | None,
+        offset: int,
+        causal: bool,
+        k_len: int,
+        like: Tensor,
+    ):
         self.rows, self.end, self.diagonal = rows, end, diagonal
         self.n = _counts(rows.stop - rows.start, rows.start, offset, causal, k_len, like)
 
     def weights(self, s: Tensor, choice: Choice) -> Tensor:
         """u (batch*heads, rows, end) from the chunk's scores (overwritten with a ``closed_grad`` choice), 0 after
         each query's diagonal."""
-        assert choice.impl is not None  # a normalizer always has one
-        impl = choice.extra["impl_"] if "closed_grad" in choice.traits else choice.impl
+        impl = choice.extra["impl_"] if "closed_grad" in choice.traits else choice.implementation()
         return fill_hidden_(impl(s, self.n), self.diagonal, 0.0)
 
     def grad(self, s: Tensor, u: Tensor, choice: Choice, grad_u: Tensor) -> Tensor:
@@ -67,25 +78,24 @@ class _Chunk:
         grad_u = fill_hidden_(grad_u, self.diagonal, 0.0)
         if "closed_grad" in choice.traits:
             return choice.extra["grad_"](u, self.n, grad_u)
-        assert choice.impl is not None
+        impl = choice.implementation()
         with torch.enable_grad():  # the Jacobian of an elementwise map is diagonal: one VJP per chunk is exact
             leaf = s.detach().requires_grad_()
-            (grad_s,) = torch.autograd.grad(choice.impl(leaf, self.n), leaf, grad_u)
+            (grad_s,) = torch.autograd.grad(impl(leaf, self.n), leaf, grad_u)
         return grad_s
 
 
 def exact_elementwise(q: Tensor, k: Tensor, v: Tensor, choice: Choice, causal: bool, offset: int) -> Tensor:
     """The same output in plain tensor ops, from the registry's ``impl`` (what second-order gradients
     differentiate)."""
-    assert choice.impl is not None
     q_len, k_len = q.shape[-2], k.shape[-2]
-    w = choice.impl(torch.bmm(q, k.transpose(-2, -1)), _counts(q_len, 0, offset, causal, k_len, q))
+    w = choice.implementation()(torch.bmm(q, k.transpose(-2, -1)), _counts(q_len, 0, offset, causal, k_len, q))
     if causal:
         w = w.masked_fill(~causal_mask(q_len, k_len, offset, q.device), 0.0)
     return torch.bmm(w, v)
 
 
-def _chunks(q_len: int, size: int, offset: int, causal: bool, k_len: int, like: Tensor):
+def _chunks(q_len: int, size: int, offset: int, causal: bool, k_len: int, like: Tensor) -> Iterator[_Chunk]:
     for rows, end, diagonal in query_chunks(q_len, size, offset, causal, k_len, like.device):
         yield _Chunk(rows, end, diagonal, offset, causal, k_len, like)
 
@@ -97,7 +107,9 @@ class ElementwiseAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, choice: Choice, causal: bool, offset: int, size: int) -> Tensor:
+    def forward(
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, choice: Choice, causal: bool, offset: int, size: int
+    ) -> Tensor:
         k_len = k.shape[-2]
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         for c in _chunks(q.shape[-2], size, offset, causal, k_len, q):
@@ -108,7 +120,7 @@ class ElementwiseAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v = ctx.saved_tensors
         choice = ctx.choice
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward

@@ -15,6 +15,7 @@ routes that device's problems to the next engine that accepts them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -27,7 +28,7 @@ from axiomformer.engines.sdpa import _augment, dot_form
 logger = logging.getLogger(__name__)
 
 
-def flex_mods(problem: AttentionProblem):
+def flex_mods(problem: AttentionProblem) -> tuple[Callable[..., Tensor] | None, Callable[..., Tensor] | None]:
     """(score_mod, mask_mod) of ``problem``: ALiBi as a score edit, bottom-right causal and key padding as a mask.
 
     Either may be None. Indices are those of flex_attention: (batch, head, query index, key index).
@@ -86,7 +87,7 @@ class FlexEngine(EngineBase):
         self.compile = compile
         self.devices = devices
         self.failed: dict[str, str] = {}
-        self._compiled = None
+        self._compiled: Callable[..., Tensor] | None = None
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
         return (
@@ -102,7 +103,7 @@ class FlexEngine(EngineBase):
             and not kind.dropout
         )
 
-    def _kernel(self):
+    def _kernel(self) -> Callable[..., Tensor]:
         from torch.nn.attention.flex_attention import flex_attention
 
         if not self.compile:
@@ -111,7 +112,7 @@ class FlexEngine(EngineBase):
             self._compiled = torch.compile(flex_attention, dynamic=False)
         return self._compiled
 
-    def attend(self, parts, problem: AttentionProblem, k: Tensor, v: Tensor) -> Tensor:
+    def attend(self, parts: Plan, problem: AttentionProblem, k: Tensor, v: Tensor) -> Tensor:
         """flex_attention output (batch, heads, q_len, head_dim_v) with rows without a visible key set to zero."""
         from torch.nn.attention.flex_attention import create_block_mask
 
@@ -129,9 +130,9 @@ class FlexEngine(EngineBase):
         has_key = _rows_with_keys(problem)
         return out if has_key is None else out.masked_fill(~has_key, 0.0)
 
-    def __call__(self, parts: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
+    def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
         try:
-            return self.attend(parts, problem, problem.k, problem.v), None
+            return self.attend(plan, problem, problem.k, problem.v), None
         except Exception as err:
             device = problem.q.device.type
             self.failed[device] = f"{type(err).__name__}: {err}"

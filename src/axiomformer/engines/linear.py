@@ -23,6 +23,9 @@ the chunked engine. Computed in max(input dtype, float32) (as the reference's ke
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -35,23 +38,18 @@ from axiomformer.engines.reference import scaled_query
 from axiomformer.precision import compute_dtype
 
 
-def key_only_mask(mask: Tensor | None) -> bool:
-    """Whether a bool mask broadcastable to (batch, heads, q_len, k_len) depends on the key only (or is None)."""
-    return mask is None or mask.shape[-2] == 1
-
-
 class _Divide(torch.autograd.Function):
     """out = num / den for den (..., 1), keeping out (the result) instead of num for the backward:
     dL/dden = -sum(g * out) / den. The (L x head_dim_v) numerator is freed after the forward."""
 
     @staticmethod
-    def forward(ctx, num: Tensor, den: Tensor) -> Tensor:
+    def forward(ctx: Any, num: Tensor, den: Tensor) -> Tensor:
         out = num / den
         ctx.save_for_backward(out, den)
         return out
 
     @staticmethod
-    def backward(ctx, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
         out, den = ctx.saved_tensors
         return grad / den, -(grad * out).sum(-1, keepdim=True) / den
 
@@ -91,7 +89,9 @@ def _causal_linear(phi_q: Tensor, phi_k: Tensor, v: Tensor, q_offset: int, chunk
     return num, den
 
 
-def linear_attention(problem: AttentionProblem, k: Tensor, v: Tensor, phi, chunk: int = 64) -> Tensor:
+def linear_attention(
+    problem: AttentionProblem, k: Tensor, v: Tensor, phi: Callable[[Tensor], Tensor], chunk: int = 64
+) -> Tensor:
     """Linear attention output (batch, heads, q_len, head_dim_v) in ``v.dtype``.
 
     Args:

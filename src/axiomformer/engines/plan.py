@@ -29,6 +29,7 @@ from axiomformer.axes.registry import Choice
 from axiomformer.axes.scale import SCALES
 from axiomformer.axes.score import SCORES
 from axiomformer.axes.transport import TRANSPORTS
+from axiomformer.engines.problem import AttentionProblem
 from axiomformer.spec import AttentionSpec
 
 REFERENCE_MAX_ELEMENTS = 2**24
@@ -193,7 +194,7 @@ class ProblemKind(NamedTuple):
     compiling: bool
 
 
-def _alibi_span_ok(problem, max_slope: float | None) -> bool:
+def _alibi_span_ok(problem: AttentionProblem, max_slope: float | None) -> bool:
     if problem.q.dtype == torch.float64:
         return True
     if problem.q.dtype != torch.float32:
@@ -201,12 +202,13 @@ def _alibi_span_ok(problem, max_slope: float | None) -> bool:
     if max_slope is None:
         if torch.compiler.is_compiling():
             return False  # no host read while tracing: take the materialized (exact) path
+        assert problem.alibi_slopes is not None  # alibi_form's caller checked
         max_slope = float(problem.alibi_slopes.abs().max())
     center = (problem.k_len - 1) // 2
     return max_slope * max(center, problem.k_len - 1 - center) <= ALIBI_F32_MAX_SPAN
 
 
-def alibi_form(problem, max_slope: float | None = None) -> str:
+def alibi_form(problem: AttentionProblem, max_slope: float | None = None) -> str:
     """The ``alibi`` field of :class:`ProblemKind` (see there); ``max_slope`` saves reading the slopes."""
     if problem.alibi_slopes is None:
         return "none"
@@ -260,7 +262,7 @@ def plain_dot(plan: Plan, kind: ProblemKind) -> bool:
     )
 
 
-def closed_form_chunk(problem, memory_budget: int, blocks: int, most: int = 128) -> int:
+def closed_form_chunk(problem: AttentionProblem, memory_budget: int, blocks: int, most: int = 128) -> int:
     """Queries per chunk on the closed-form paths (``engines/elementwise.py``, ``engines/sparse.py``): score blocks
     of at most ``blocks * memory_budget`` elements (over batch and heads) and at most ``most`` queries.
 

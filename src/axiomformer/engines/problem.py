@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import Tensor
@@ -125,7 +125,9 @@ def visible_counts(
     return torch.broadcast_to(visible, visible.shape[:2] + (q_len, k_len)).sum(-1, keepdim=True).float()
 
 
-def _visible(mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int, device, window: int) -> Tensor:
+def _visible(
+    mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int, device: torch.device | None, window: int
+) -> Tensor:
     """bool (batch|1, heads|1, q_len|1, k_len): ``mask`` and the causal and window rules, whichever apply."""
     visible = window_mask(q_len, k_len, q_offset, window, causal, device) if window else None
     if causal:
@@ -216,12 +218,12 @@ class AttentionProblem:
 
 
 # ---------------------------------------------------------------------------------------------- query chunks
-def per_row_scale(scale) -> bool:
+def per_row_scale(scale: object) -> TypeGuard[Tensor]:
     """The scale differs between queries (``scale=log_n``: a (batch|1, heads, q_len, 1) tensor with q_len > 1)."""
     return isinstance(scale, Tensor) and scale.dim() >= 2 and scale.shape[-2] != 1
 
 
-def row_scale(scale, qs: slice):
+def row_scale(scale: float | Tensor, qs: slice) -> float | Tensor:
     """The scale of the queries ``qs``: a per-row scale sliced, anything else as it is."""
     return scale[..., qs, :] if per_row_scale(scale) else scale
 

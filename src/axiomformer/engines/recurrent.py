@@ -89,6 +89,39 @@ def state_form(
     return out, state
 
 
+def sequential_kind(kind: ProblemKind) -> bool:
+    """Whether a transport's sequential forms (state form, chunked form) run problems of this kind: a causal,
+    bottom-right aligned problem with no mask but key padding, no float bias, ALiBi, dropout or window, and not while
+    ``torch.compile`` traces (a Python loop over the chunks)."""
+    return (
+        kind.mask in ("none", "key")
+        and not kind.bias
+        and kind.alibi == "none"
+        and not kind.dropout
+        and not kind.window
+        and kind.aligned
+        and kind.causal
+        and not kind.compiling
+    )
+
+
+def aligned_inputs(problem: AttentionProblem) -> tuple[Tensor, Tensor, Tensor, TransportGates, Tensor | None, int]:
+    """The inputs of a transport's sequential forms (state form, chunked form), in max(q, k dtype, float32):
+    ``(qs, k, v, gates, keep, lead)`` with the scaled queries front-padded by ``lead`` rows to the key length
+    (bottom-right aligned: ``lead`` keys before the first query), the gates masked at padded keys and ``keep``
+    (batch, k_len) the key padding (None without a mask)."""
+    q, k, v = problem.q, problem.k, problem.v
+    dtype = compute_dtype(q.dtype, k.dtype)
+    keep = None
+    if problem.mask is not None:  # key padding: (batch|1, 1, 1, k_len)
+        keep = torch.broadcast_to(problem.mask, (q.shape[0], 1, 1, k.shape[-2]))[:, 0, 0]
+    gates = problem.transport.cast(dtype).masked(keep)
+    scale = problem.scale.to(dtype) if isinstance(problem.scale, Tensor) else problem.scale
+    lead = k.shape[-2] - q.shape[-2]
+    qs = torch.nn.functional.pad(q.to(dtype) * scale, (0, 0, lead, 0))
+    return qs, k.to(dtype), v.to(dtype), gates, keep, lead
+
+
 class RecurrentEngine(EngineBase):
     """A transport with a state (trait ``state``, normalizer trait ``identity``) in O(L) memory: :func:`state_form`.
 
@@ -106,28 +139,11 @@ class RecurrentEngine(EngineBase):
         self.chunk = chunk
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
-        return (
-            kind.mask in ("none", "key")
-            and not kind.bias
-            and kind.alibi == "none"
-            and not kind.dropout
-            and not kind.window
-            and kind.aligned
-            and kind.causal
-            and not kind.compiling
-        )
+        return sequential_kind(kind)
 
     def __call__(
         self, plan: Plan, problem: AttentionProblem, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        q, k, v = problem.q, problem.k, problem.v
-        dtype = compute_dtype(q.dtype, k.dtype)
-        gates = problem.transport.cast(dtype)
-        if problem.mask is not None:  # key padding: (batch|1, 1, 1, k_len)
-            keep = torch.broadcast_to(problem.mask, (q.shape[0], 1, 1, k.shape[-2]))[:, 0, 0]
-            gates = gates.masked(keep)
-        scale = problem.scale.to(dtype) if isinstance(problem.scale, Tensor) else problem.scale
-        lead = k.shape[-2] - q.shape[-2]  # keys before the first query (bottom-right aligned)
-        qs = torch.nn.functional.pad(q.to(dtype) * scale, (0, 0, lead, 0))
-        out, _ = state_form(qs, k.to(dtype), v.to(dtype), gates, chunk=chunk_for(plan.transport_traits, self.chunk))
-        return out[:, :, lead:].to(v.dtype), None
+        qs, k, v, gates, _, lead = aligned_inputs(problem)
+        out, _ = state_form(qs, k, v, gates, chunk=chunk_for(plan.transport_traits, self.chunk))
+        return out[:, :, lead:].to(problem.v.dtype), None

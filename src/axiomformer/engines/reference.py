@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from axiomformer.axes.normalizer import normalize
 from axiomformer.axes.transport import transported_scores
@@ -22,7 +22,7 @@ from axiomformer.engines.problem import AttentionProblem
 from axiomformer.precision import compute_dtype
 
 
-def call_in(module, args: tuple[Tensor, ...], dtype: torch.dtype) -> Tensor:
+def call_in(module: nn.Module, args: tuple[Tensor, ...], dtype: torch.dtype) -> Tensor:
     """``module(*args)`` computed in ``dtype``: the tensors and the module's parameters are cast (the parameters
     through ``torch.func.functional_call``, so their gradients flow back to the module in its own dtype)."""
     args = tuple(a.to(dtype) for a in args)
@@ -32,13 +32,13 @@ def call_in(module, args: tuple[Tensor, ...], dtype: torch.dtype) -> Tensor:
     return torch.func.functional_call(module, {name: p.to(dtype) for name, p in params.items()}, args)
 
 
-def contribute(contribution, weights: Tensor, v: Tensor) -> Tensor:
+def contribute(contribution: nn.Module, weights: Tensor, v: Tensor) -> Tensor:
     """The contribution module's output in max(weights, v dtype, float32): a float16 value path accumulates its
     weighted sum in float32, as the fused kernels do; the caller casts back to the value dtype."""
     return call_in(contribution, (weights, v), compute_dtype(weights.dtype, v.dtype))
 
 
-def scaled_query(q: Tensor, scale) -> Tensor:
+def scaled_query(q: Tensor, scale: float | Tensor) -> Tensor:
     """``scale * q``: the temperature of a kernel normalizer enters through the query, phi(scale q).phi(k), so that
     f(q, scale=s) == f(s q, scale=1) on every engine and a learned scale gets its gradient (the default scale of a
     kernel normalizer is 1: ``axes.scale.constant_scale``)."""
@@ -46,7 +46,13 @@ def scaled_query(q: Tensor, scale) -> Tensor:
 
 
 def scaled_scores(
-    parts: Plan, q: Tensor, k: Tensor, scale, bias: Tensor | None, transport: Any = None, q_offset: int = 0
+    parts: Plan,
+    q: Tensor,
+    k: Tensor,
+    scale: float | Tensor,
+    bias: Tensor | None,
+    transport: Any = None,
+    q_offset: int = 0,
 ) -> Tensor:
     """``softcap(scale * score(q, k)) + bias`` (or, for the linear normalizer, the kernel phi(scale q).phi(k)
     exp(bias)) in max(input dtype, float32) (``axiomformer.precision``): float16 inputs are upcast before the product,
@@ -107,8 +113,10 @@ class ReferenceEngine(EngineBase):
     double_backward = True
     transports = True
 
-    def __call__(self, parts: Plan, problem: AttentionProblem, need_weights: bool = False):
-        weights = attention_weights(parts, problem)
+    def __call__(
+        self, plan: Plan, problem: AttentionProblem, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        weights = attention_weights(plan, problem)
         dropped = F.dropout(weights, p=problem.dropout_p) if problem.training and problem.dropout_p > 0 else weights
-        out = contribute(parts.contribution, dropped, problem.v).to(problem.v.dtype)
+        out = contribute(plan.contribution, dropped, problem.v).to(problem.v.dtype)
         return out, (weights if need_weights else None)

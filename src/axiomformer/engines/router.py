@@ -27,18 +27,19 @@ import contextlib
 import dataclasses
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from torch import Tensor
 
 from axiomformer.axes.plugins import PluginWarning
 from axiomformer.axes.scale import constant_scale
-from axiomformer.engines.base import EVERY_CHOICE
+from axiomformer.engines.base import EVERY_CHOICE, Engine
 from axiomformer.engines.chunked import ChunkedEngine
 from axiomformer.engines.elementwise import ElementwiseEngine
 from axiomformer.engines.flex import EngineUnavailable, FlexEngine
 from axiomformer.engines.linear import LinearEngine
-from axiomformer.engines.plan import Plan, problem_kind
+from axiomformer.engines.plan import Plan, ProblemKind, problem_kind
 from axiomformer.engines.plugins import load_engines
 from axiomformer.engines.problem import AttentionProblem, clean_nonfinite, poison_rows, zero_rows_without_keys
 from axiomformer.engines.recurrent import RecurrentEngine
@@ -71,7 +72,7 @@ def route_cache_clear() -> None:
     _ROUTES.clear()
 
 
-def register_engine(engine, *, before: str | None = "reference") -> None:
+def register_engine(engine: Engine, *, before: str | None = "reference") -> None:
     """Add an engine (see ``engines/base.py`` for the protocol) to the registry, tried before ``before`` (default:
     just before the reference); an engine of the same name is replaced in place."""
     ENGINES[engine.name] = engine
@@ -119,7 +120,7 @@ def describe_engines() -> list[tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def prefer_engine(name: str):
+def prefer_engine(name: str) -> Iterator[None]:
     """Within the block, every layer that ``name`` can run uses it (``"reference"`` runs all); like the environment
     variable ``AXIOMFORMER_ENGINE=<name>``, scoped and without touching the environment."""
     if name != "auto" and name not in ENGINES:
@@ -131,11 +132,11 @@ def prefer_engine(name: str):
         _PREFERRED.pop()
 
 
-def _usable(engine, kind, need_weights: bool, double_backward: bool) -> bool:
+def _usable(engine: Engine, kind: ProblemKind, need_weights: bool, double_backward: bool) -> bool:
     return (engine.returns_weights or not need_weights) and (not double_backward or engine.twice_differentiable(kind))
 
 
-def engine_accepts(engine, plan: Plan, kind) -> bool:
+def engine_accepts(engine: Engine, plan: Plan, kind: ProblemKind) -> bool:
     """Whether the traits of the plan's choices meet ``engine.computes`` (``engines/base.py``), a plan with a
     transport only for an engine that computes transports, and ``engine.accepts``."""
     return (
@@ -184,7 +185,9 @@ def route(
     return name
 
 
-def _decide(plan, kind, requested, explicit, need_weights, double_backward) -> str:
+def _decide(
+    plan: Plan, kind: ProblemKind, requested: str, explicit: bool, need_weights: bool, double_backward: bool
+) -> str:
     if requested != "auto":
         chosen = ENGINES[requested]
         if engine_accepts(chosen, plan, kind) and _usable(chosen, kind, need_weights, double_backward):
@@ -205,7 +208,7 @@ def _decide(plan, kind, requested, explicit, need_weights, double_backward) -> s
     return "reference"
 
 
-def _takes(name: str, plan: Plan, kind, need_weights: bool, double_backward: bool) -> bool:
+def _takes(name: str, plan: Plan, kind: ProblemKind, need_weights: bool, double_backward: bool) -> bool:
     """Whether automatic routing gives the problem to engine ``name``. A plug-in engine whose own code raises
     while being asked is passed over with one :class:`PluginWarning` (the rest of the routing goes on); a built-in
     engine's error is a bug of axiomformer and propagates."""
@@ -266,7 +269,7 @@ def _resolve_options(
     scale: float | Tensor | None,
     causal: bool | None,
     window: int | None,
-) -> tuple[Plan, float | Tensor, bool, int | None]:
+) -> tuple[Plan, float | Tensor, bool, int]:
     """:func:`attend`'s defaults filled in: ``(parts, scale, causal, window)``, with its ValueErrors."""
     if parts is None:
         if spec is None:
@@ -291,6 +294,86 @@ def _resolve_options(
         )
     window = check_window(spec.window if window is None else window)
     return parts, scale, causal, window
+
+
+class _Options(NamedTuple):
+    """:func:`attend`'s options checked, with their defaults filled in."""
+
+    parts: Plan
+    mask: Tensor | None
+    bias: Tensor | None
+    scale: float | Tensor
+    causal: bool
+    window: int
+
+    def problem(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        alibi_slopes: Tensor | None,
+        q_offset: int | None,
+        dropout_p: float | None,
+        training: bool,
+        transport: Any,
+    ) -> AttentionProblem:
+        """The problem of these options (``q_offset`` and ``dropout_p`` defaulted as :func:`attend` says)."""
+        return AttentionProblem(
+            q=q,
+            k=k,
+            v=v,
+            causal=self.causal,
+            mask=self.mask,
+            bias=self.bias,
+            alibi_slopes=alibi_slopes,
+            q_offset=k.shape[-2] - q.shape[-2] if q_offset is None else q_offset,
+            dropout_p=self.parts.spec.dropout if dropout_p is None else dropout_p,
+            training=training,
+            scale=self.scale,
+            window=self.window,
+            transport=transport,
+        )
+
+
+def _checked_options(
+    q: Tensor,
+    target: tuple[int, int, int, int],
+    spec: AttentionSpec | None,
+    parts: Plan | None,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    scale: float | Tensor | None,
+    causal: bool | None,
+    window: int | None,
+    alibi_slopes: Tensor | None,
+    transport: Any,
+) -> _Options:
+    """:func:`attend`'s options checked against the problem's shape ``target`` and its defaults filled in.
+
+    Raises:
+        ValueError: mask or bias shapes that do not fit (naming them, see ``engines/validate.py``), a negative window;
+            no ``scale`` for a scale choice that is not a constant (``learned``, ``log_n``, or any choice a package
+            registers without a value), naming the constant ones; a causal-only normalizer without a causal mask, a
+            non-causal-only one (sinkhorn) with one; an odd head_dim for a normalizer that splits heads in halves
+            (``diff``); a nonzero float bias for a normalizer blind to the scores' sign (``power``); a plan with a
+            transport without its gates.
+    """
+    mask, bias = as_problem_4d("mask", mask, target), as_problem_4d("bias", bias, target)
+    check_per_head("alibi_slopes", alibi_slopes, target)
+    check_per_head("scale", scale, target)
+    parts, scale, causal, window = _resolve_options(q, spec, parts, scale, causal, window)
+    spec = parts.spec
+    if bias is not None and "sign_blind" in parts.normalizer_traits and bool((bias != 0).any()):
+        raise ValueError(
+            f"normalizer={spec.normalizer!r} weighs a score by its magnitude whatever its sign, so a float bias or "
+            f"mask (a large negative entry) would become weight; pass a boolean mask (True = may attend)"
+        )
+    if parts.transported and transport is None:
+        raise ValueError(
+            f"transport={spec.transport!r} needs its gates (transport=TransportGates(...)) computed from the key "
+            f"input; call the Attention layer"
+        )
+    return _Options(parts, mask, bias, scale, causal, window)
 
 
 def _solve(
@@ -337,74 +420,38 @@ def attend(
     """Attention of queries to keys and values, on the engine the router picks.
 
     Args:
-        q: (batch, heads, q_len, head_dim); k: (batch, heads, k_len, head_dim); v: (batch, heads, k_len, head_dim_v)
+        q, k, v: (batch, heads, q_len, head_dim), (batch, heads, k_len, head_dim), (batch, heads, k_len, head_dim_v)
             (batch and heads may broadcast).
-        spec: the point of the design space (default: the standard spec of this width, ``causal`` as given).
-        parts: the layer's :class:`~axiomformer.engines.plan.Plan` (its spec resolved once, with the score and
+        spec: the point of the design space (default: the standard spec of this width, ``causal`` as given); parts:
+            the layer's :class:`~axiomformer.engines.plan.Plan` (its spec resolved once, with the score and
             contribution modules; default: built from ``spec`` when they have no parameters).
-        mask: bool, True = may attend, broadcastable to (batch, heads, q_len, k_len) (``masks.prepare_masks`` turns
-            user masks into this pair).
-        bias: float added to the scores, broadcastable likewise (finite).
-        scale: temperature: a float, a (1, heads, 1, 1) tensor, or a per-row (batch|1, heads, q_len, 1) tensor
-            (``scale=log_n``); default the value of a ``constant`` scale choice (``axes/scale.py``): 1/sqrt(head_dim)
-            for ``"inv_sqrt_d"`` (head_dim / 2 for ``normalizer="diff"``; 1 with the linear normalizer), 1 for
-            ``"none"``. Every normalizer honours it (the linear one as phi(s q)).
-        causal: bottom-right aligned causal mask (default ``spec.causal``).
-        q_offset: position of query 0 among the keys (default ``k_len - q_len``).
-        alibi_slopes: (heads,) ALiBi slopes, or None.
-        dropout_p: dropout on the weights in training (default ``spec.dropout``).
-        need_weights: also return the weights that produced ``out``.
-        engine: ``"auto"`` or an engine name to force.
-        double_backward: route to an engine differentiable to every order.
-        window: sliding window of keys (default ``spec.window``; see ``engines.problem.window_mask``).
-        transport: the :class:`~axiomformer.axes.transport.TransportGates` over the key positions, for a plan with a
-            transport (``Attention`` computes them from the key input).
+        mask: bool, True = may attend; bias: float added to the scores (finite); both broadcastable to (batch, heads,
+            q_len, k_len) (``masks.prepare_masks`` turns user masks into this pair).
+        scale: a float, a (1, heads, 1, 1) or a per-row (batch|1, heads, q_len, 1) tensor (``scale=log_n``), honoured
+            by every normalizer (the linear one as phi(s q)); default the value of a ``constant`` scale choice
+            (``axes/scale.py``): 1/sqrt(head_dim) for ``"inv_sqrt_d"`` (head_dim / 2 for ``normalizer="diff"``; 1
+            with the linear normalizer), 1 for ``"none"``.
+        causal: bottom-right aligned causal mask (default ``spec.causal``); q_offset: position of query 0 among the
+            keys (default ``k_len - q_len``); window: sliding window of keys (default ``spec.window``, see
+            ``engines.problem.window_mask``); alibi_slopes: (heads,) ALiBi slopes, or None.
+        dropout_p: dropout on the weights in training (default ``spec.dropout``); need_weights: also return the
+            weights that produced ``out``; engine: ``"auto"`` or an engine name to force; double_backward: route to
+            an engine differentiable to every order; transport: the gates (``axes.transport.TransportGates``) over
+            the key positions for a plan with a transport (``Attention`` computes them from the key input).
 
     Returns:
         :class:`Attended` ``(out, weights, engine)``. A query with no visible key gets a zero row; a query that may
         see a key whose key or value is non-finite gets a NaN row (engines/problem.py).
 
     Raises:
-        ValueError: q, k, v, mask or bias shapes that do not fit (naming them, see ``engines/validate.py``), a
-            negative window, and see :func:`route` and :func:`default_parts`; no ``scale`` for a scale choice that is
-            not a constant (``learned``, ``log_n``, or any choice a package registers without a value), naming the
-            constant ones; a causal-only normalizer without a causal mask, a non-causal-only one (sinkhorn) with one;
-            an odd head_dim for a normalizer that splits heads in halves (``diff``); a nonzero float bias for a
-            normalizer blind to the scores' sign (``power``); a plan with a transport without its gates.
+        ValueError: see :func:`_checked_options` (shapes that do not fit, naming them; the spec's conditions on
+            scale, causal mask, head_dim, bias and transport), :func:`route` and :func:`default_parts`.
     """
     target = problem_shape(q, k, v)
-    mask, bias = as_problem_4d("mask", mask, target), as_problem_4d("bias", bias, target)
-    check_per_head("alibi_slopes", alibi_slopes, target)
-    check_per_head("scale", scale, target)
-    parts, scale, causal, window = _resolve_options(q, spec, parts, scale, causal, window)
-    spec = parts.spec
-    if bias is not None and "sign_blind" in parts.normalizer_traits and bool((bias != 0).any()):
-        raise ValueError(
-            f"normalizer={spec.normalizer!r} weighs a score by its magnitude whatever its sign, so a float bias or "
-            f"mask (a large negative entry) would become weight; pass a boolean mask (True = may attend)"
-        )
-    if parts.transported and transport is None:
-        raise ValueError(
-            f"transport={spec.transport!r} needs its gates (transport=TransportGates(...)) computed from the key "
-            f"input; call the Attention layer"
-        )
+    options = _checked_options(q, target, spec, parts, mask, bias, scale, causal, window, alibi_slopes, transport)
     if 0 in target[2:]:  # no query or no key: nothing for an engine to compute
-        out, weights = empty_output(q, k, v, target)
-        return Attended(out, weights if need_weights else None, "reference")
-    problem = AttentionProblem(
-        q=q,
-        k=k,
-        v=v,
-        causal=causal,
-        mask=mask,
-        bias=bias,
-        alibi_slopes=alibi_slopes,
-        q_offset=k.shape[-2] - q.shape[-2] if q_offset is None else q_offset,
-        dropout_p=spec.dropout if dropout_p is None else dropout_p,
-        training=training,
-        scale=scale,
-        window=window,
-        transport=transport,
-    )
-    out, weights, name = _solve(parts, problem, engine, need_weights, double_backward)
+        empty, no_weights = empty_output(q, k, v, target)
+        return Attended(empty, no_weights if need_weights else None, "reference")
+    problem = options.problem(q, k, v, alibi_slopes, q_offset, dropout_p, training, transport)
+    out, weights, name = _solve(options.parts, problem, engine, need_weights, double_backward)
     return Attended(out, weights if need_weights else None, name)

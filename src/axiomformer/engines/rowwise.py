@@ -24,6 +24,9 @@ wrong backward per kernel and a planted wrong cap slope.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -53,7 +56,9 @@ class _Row:
         kernel = self.kernel
         self.sigmoid_cap = 0 < self.cap <= SIGMOID_CAP_MAX and kernel.shift_invariant and not kernel.selects
 
-    def logits(self, q_c: Tensor, k_c: Tensor, diagonal, out: Tensor, slope: Tensor | None = None) -> Tensor:
+    def logits(
+        self, q_c: Tensor, k_c: Tensor, diagonal: tuple[int, Tensor] | None, out: Tensor, slope: Tensor | None = None
+    ) -> Tensor:
         """The capped logits t of the chunk in ``out``, hidden keys -inf; with a cap and ``slope``, dt/dz there."""
         if not self.cap:
             return fill_hidden_(torch.bmm(q_c, k_c.transpose(-2, -1), out=out), diagonal, float("-inf"))
@@ -74,7 +79,7 @@ class _Row:
         own: the kernel leaves t intact."""
         return bool(self.cap) and self.kernel.keeps_logits
 
-    def slope_(self, t: Tensor, diagonal) -> Tensor:
+    def slope_(self, t: Tensor, diagonal: tuple[int, Tensor] | None) -> Tensor:
         """dt/dz from the capped logits t, in place (0 at hidden keys)."""
         if not self.sigmoid_cap:
             slope = t.div_(self.cap).square_().neg_().add_(1.0)  # 1 - tanh^2
@@ -92,7 +97,7 @@ def exact_rowwise(q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offs
         z = row.cap * torch.tanh(z / row.cap)
     if causal:
         z = z.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], offset, q.device), float("-inf"))
-    return torch.bmm(row.choice.impl(z, False, **row.options), v)
+    return torch.bmm(row.choice.implementation()(z, False, **row.options), v)
 
 
 class _Blocks:
@@ -113,12 +118,20 @@ class _Blocks:
             self.flat[i] = self.like.new_empty(batch * max(rows, self.rows) * self.k_len)
         return self.flat[i][: batch * rows * end].view(batch, rows, end)
 
-    def spares(self, rows: int, end: int):
+    def spares(self, rows: int, end: int) -> Callable[[int], Tensor]:
         """The kernels' ``spare(i)``: blocks 4, 5, ... of this chunk's shape."""
         return lambda i: self.get(4 + i, rows, end)
 
 
-def _backward_chunk(row: _Row, blocks: _Blocks, saved: tuple, grads: tuple, rows: slice, end: int, diagonal) -> None:
+def _backward_chunk(
+    row: _Row,
+    blocks: _Blocks,
+    saved: tuple[Tensor, ...],
+    grads: tuple[Tensor, ...],
+    rows: slice,
+    end: int,
+    diagonal: tuple[int, Tensor] | None,
+) -> None:
     """Add one chunk's share to dQ, dK^T and dV^T (the chunk's blocks are views of ``blocks``, dropped on return)."""
     q, k, v, out, grad_out = saved
     grad_q, grad_kt, grad_vt = grads
@@ -148,7 +161,7 @@ class RowwiseAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int, size: int) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int, size: int) -> Tensor:
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         blocks = _Blocks(q, size, k.shape[-2])
         for rows, end, diagonal in query_chunks(q.shape[-2], size, offset, causal, k.shape[-2], q.device):
@@ -161,7 +174,7 @@ class RowwiseAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, out = ctx.saved_tensors
         row = ctx.row
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward

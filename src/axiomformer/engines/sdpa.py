@@ -39,16 +39,22 @@ from axiomformer.engines.problem import AttentionProblem, causal_mask, window_ma
 __all__ = ["ALIBI_F32_MAX_SPAN", "SDPAEngine", "alibi_column_ok", "dot_form"]
 
 
-def dot_form(plan: Plan, q: Tensor, k: Tensor, scale) -> tuple[Tensor, Tensor, float | Tensor, list[tuple]]:
+def dot_form(
+    plan: Plan, q: Tensor, k: Tensor, scale: float | Tensor
+) -> tuple[Tensor, Tensor, float | Tensor, list[tuple[Tensor, Tensor]]]:
     """Queries, keys, scale and extra (query column, key column) pairs of a dot-product form of the scores.
 
     softmax_j(scale * score(q_i, k_j)) = softmax_j(scale * q'_i . k'_j + sum_c qcol_c[i] kcol_c[j]) for every
     score with the ``dot_form`` trait; the form itself lives with the score in ``axes/score.py``.
     """
+    if plan.dot_form is None:
+        raise ValueError(f"score {plan.spec.score!r} has no dot form (trait dot_form)")
     return plan.dot_form(plan.score_fn, q, k, scale)
 
 
-def _with_sink(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool):
+def _with_sink(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Prepend the sink: a zero key (logit exactly 0) with a zero value, visible to every query. With SDPA's
     top-left ``is_causal`` a zero query is prepended too, so query i + 1 sees the sink and keys 0..i (its row is
     dropped by the caller)."""
@@ -70,7 +76,9 @@ def alibi_column_ok(problem: AttentionProblem, max_slope: float | None = None) -
     return alibi_form(problem, max_slope) == "column"
 
 
-def _augment(q: Tensor, k: Tensor, v: Tensor, scale, extras) -> tuple[Tensor, Tensor, Tensor, float]:
+def _augment(
+    q: Tensor, k: Tensor, v: Tensor, scale: float | Tensor, extras: list[tuple[Tensor, Tensor]]
+) -> tuple[Tensor, Tensor, Tensor, float]:
     """Fold the scale and extra columns into q and k, and zero-pad v to their width (one ``cat`` per tensor: its
     backward only slices)."""
     q = q * (scale.to(q.dtype) if isinstance(scale, Tensor) else scale)

@@ -52,6 +52,8 @@ and the thresholds against the ``entmax`` package.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from entmax import entmax15, sparsemax
 from torch import Tensor
@@ -172,6 +174,18 @@ def _entmax15_step(
     return done, value, point, state
 
 
+def _pass_sums(point: Tensor, x: Tensor, work: Tensor, kind: str) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+    """sum h, sum h^2 (entmax15; else None), 1 / min_S h and |S| of each row of x (m, n) at its point (m, 1), with
+    h = relu(x - point) and S = {x > point}; ``work`` is scratch shaped like x."""
+    e = torch.sub(point, x, out=work).clamp_max_(0.0)  # -h
+    s1 = e.sum(-1, keepdim=True).neg_()
+    s2 = torch.linalg.vector_norm(e, dim=-1, keepdim=True).square_() if kind == "entmax15" else None
+    # 1 / (-h) is -1 / h on S and +inf elsewhere: its minimum gives min_S h, its signs |S| = (n - sum) / 2.
+    gap = e.reciprocal_().amin(-1, keepdim=True).neg_()  # 1 / min_S h
+    c = e.sign_().sum(-1, keepdim=True).sub_(x.shape[-1]).mul_(-0.5)
+    return s1, s2, gap, c
+
+
 def _threshold(x: Tensor, kind: str, work: Tensor | None = None, work2: Tensor | None = None) -> Tensor:
     """Per-row threshold tau (rows, 1) of a (rows, n) block.
 
@@ -198,17 +212,11 @@ def _threshold(x: Tensor, kind: str, work: Tensor | None = None, work2: Tensor |
     idx, cur, live = None, x, None  # x's rows held by ``cur`` (None: all); rows of ``cur`` still open
     for _ in range(MAX_ITERATIONS):
         m = cur.shape[0]
-        e = torch.sub(point, cur, out=work[: m * n].view(m, n)).clamp_max_(0.0)  # -h
-        s1 = e.sum(-1, keepdim=True).neg_()
-        if kind == "entmax15":
-            s2 = torch.linalg.vector_norm(e, dim=-1, keepdim=True).square_()
-        # 1 / (-h) is -1 / h on S and +inf elsewhere: its minimum gives min_S h, its signs |S| = (n - sum) / 2.
-        gap = e.reciprocal_().amin(-1, keepdim=True).neg_()  # 1 / min_S h
-        c = e.sign_().sum(-1, keepdim=True).sub_(n).mul_(-0.5)
+        s1, s2, gap, c = _pass_sums(point, cur, work[: m * n].view(m, n), kind)
         # Level sets are nested, so an unchanged |S| means an unchanged S: the point, the root on the previous
         # support, is the root on its own, f(point) = 0 (this also settles rows where rounding makes f(point) < 0).
         same = c == state[:, :1]
-        if kind == "sparsemax":
+        if s2 is None:
             done, value, point, state = _michelot_step(point, s1, c, gap, same)
         else:
             done, value, point, state = _entmax15_step(point, s1, s2, c, gap, same, state)
@@ -265,7 +273,15 @@ class SparseAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, q: Tensor, k: Tensor, v: Tensor, scale: float | Tensor, kind: str, causal: bool, offset: int, chunk: int
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        scale: float | Tensor,
+        kind: str,
+        causal: bool,
+        offset: int,
+        chunk: int,
     ) -> Tensor:
         q3, k3, v3, factor = _flat(q, k, v, scale)
         if kind == "entmax15":
@@ -305,11 +321,11 @@ class SparseAttention(torch.autograd.Function):
         return out.view(q.shape[:-1] + (v.shape[-1],))
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, tau, shift, scale_t, out = ctx.saved_tensors
         kind, causal, offset, chunk = ctx.kind, ctx.causal, ctx.offset, ctx.chunk
+        scale = ctx.scale if scale_t is None else scale_t
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            scale = ctx.scale if scale_t is None else scale_t
             grads = differentiable_backward(
                 lambda q, k, v, scale: exact_sparse(q, k, v, scale, kind, causal, offset),
                 (q, k, v, scale),
@@ -318,65 +334,97 @@ class SparseAttention(torch.autograd.Function):
             )
             return (*grads, None, None, None, None)
         need_q, need_k, need_v, need_scale = ctx.needs_input_grad[:4]
-        need_scale = need_scale and out is not None
-        scale = ctx.scale if scale_t is None else scale_t
         q3, k3, v3, factor = _flat(q, k, v, scale)
+        d_out = grad_out.reshape(q3.shape[0], q3.shape[1], -1)
+        sums = _BackwardSums(
+            q3, k3, v3, d_out, factor, kind, chunk, (need_q, need_k, need_v), out if need_scale else None
+        )
+        for span, end, diag in query_chunks(q3.shape[1], chunk, offset, causal, k3.shape[1], q3.device):
+            sums.add_chunk(span, end, diag, tau, shift)
+        return (*sums.grads(q, k, v, scale_t), None, None, None, None)
+
+
+class _BackwardSums:
+    """The closed-form backward of :class:`SparseAttention`, one query chunk at a time: the gradients of q, k, v and
+    the scale's factor (None where none is needed) and the two reused score blocks.
+
+    ``out`` is the forward's output when the learned scale needs its gradient, else None."""
+
+    def __init__(
+        self,
+        q3: Tensor,
+        k3: Tensor,
+        v3: Tensor,
+        d_out: Tensor,
+        factor: float | Tensor,
+        kind: str,
+        chunk: int,
+        needs: tuple[bool, bool, bool],
+        out: Tensor | None,
+    ):
+        need_q, need_k, need_v = needs
+        self.q3, self.k3, self.v3, self.d_out, self.factor, self.kind, self.out = q3, k3, v3, d_out, factor, kind, out
         bh, q_len, k_len = q3.shape[0], q3.shape[1], k3.shape[1]
-        d_out = grad_out.reshape(bh, q_len, -1)
-        need_dz = need_q or need_k or need_scale
-        grad_q = torch.empty_like(q3) if need_q else None
-        grad_k = torch.zeros_like(k3) if need_k else None
-        grad_v = torch.zeros_like(v3) if need_v else None
-        grad_factor = q3.new_zeros(bh, 1, 1) if need_scale else None
-        half = 0.5 if kind == "entmax15" else 1.0
+        self.grad_q = torch.empty_like(q3) if need_q else None
+        self.grad_k = torch.zeros_like(k3) if need_k else None
+        self.grad_v = torch.zeros_like(v3) if need_v else None
+        self.grad_factor = q3.new_zeros(bh, 1, 1) if out is not None else None
         size = bh * min(chunk, q_len) * k_len
-        block_h, block_g = q3.new_empty(size), q3.new_empty(size) if need_dz else None
-        for span, end, diag in query_chunks(q_len, chunk, offset, causal, k_len, q3.device):
-            start, stop, rows = span.start, span.stop, span.stop - span.start
-            k_c, v_c, do = k3[:, :end], v3[:, :end], d_out[:, start:stop]
-            q_c = q3[:, start:stop] * factor  # scaled queries of the chunk
-            h = torch.bmm(
-                q_c * half if half != 1.0 else q_c,
-                k_c.transpose(1, 2),
-                out=block_h[: bh * rows * end].view(bh, rows, end),
-            )
-            h.sub_(shift[:, start:stop]).sub_(tau[:, start:stop]).relu_()  # relu(z - tau) or relu(y - tau)
-            fill_hidden_(h, diag, 0.0)
-            if kind == "sparsemax":  # p = h
-                if need_v:
-                    grad_v[:, :end].baddbmm_(h.transpose(1, 2), do)
-                h.sign_()  # s = [p > 0]
-            if need_dz:
-                grad = torch.bmm(do, v_c.transpose(1, 2), out=block_g[: bh * rows * end].view(bh, rows, end))
-                grad.mul_(h)  # s G or g G
-                # |S| or sum g from this very h, so that sum_j dz_ij = 0 to rounding, as in entmax's backward.
-                mean = grad.sum(-1, keepdim=True).div_(h.sum(-1, keepdim=True))
-                grad.addcmul_(h, mean, value=-1.0)  # dL/dz
-            if kind == "entmax15" and need_v:  # p = g^2
-                grad_v[:, :end].baddbmm_(h.square_().transpose(1, 2), do)
-            if need_k:
-                grad_k[:, :end].baddbmm_(grad.transpose(1, 2), q_c)
-            if need_q:
-                grad_q[:, start:stop].baddbmm_(grad, k_c, beta=0.0).mul_(factor)  # dL/dq = dL/d(scale q) scale
-            if need_scale:
-                # dL/dscale = sum_ij dz_ij z_ij / scale. As sum_j dz_ij = 0, z_ij may be replaced by z_ij - tau_i = p_ij
-                # (sparsemax) or 2 (y_ij - tau_i) = 2 g_ij (entmax15) on the support, and sum_j dz_ij p_ij (or g_ij)
-                # = sum_j p_ij G_ij - mean_i = dO_i . out_i - mean_i: no cancellation between large scores.
-                centered = torch.linalg.vecdot(do, out[:, start:stop]).unsqueeze(-1) - mean
-                grad_factor += centered.sum(1, keepdim=True)
+        need_dz = need_q or need_k or out is not None
+        self.block_h, self.block_g = q3.new_empty(size), q3.new_empty(size) if need_dz else None
+
+    def add_chunk(self, span: slice, end: int, diag: tuple[int, Tensor] | None, tau: Tensor, shift: Tensor) -> None:
+        """Add the share of the queries ``span`` (reading the keys 0..end - 1) to the gradients."""
+        bh, start, stop, rows = self.q3.shape[0], span.start, span.stop, span.stop - span.start
+        k_c, v_c, do = self.k3[:, :end], self.v3[:, :end], self.d_out[:, start:stop]
+        q_c = self.q3[:, start:stop] * self.factor  # scaled queries of the chunk
+        half = 0.5 if self.kind == "entmax15" else 1.0
+        h = torch.bmm(
+            q_c * half if half != 1.0 else q_c,
+            k_c.transpose(1, 2),
+            out=self.block_h[: bh * rows * end].view(bh, rows, end),
+        )
+        h.sub_(shift[:, start:stop]).sub_(tau[:, start:stop]).relu_()  # relu(z - tau) or relu(y - tau)
+        fill_hidden_(h, diag, 0.0)
+        if self.kind == "sparsemax":  # p = h
+            if self.grad_v is not None:
+                self.grad_v[:, :end].baddbmm_(h.transpose(1, 2), do)
+            h.sign_()  # s = [p > 0]
+        dz = None
+        if self.block_g is not None:
+            grad = torch.bmm(do, v_c.transpose(1, 2), out=self.block_g[: bh * rows * end].view(bh, rows, end))
+            grad.mul_(h)  # s G or g G
+            # |S| or sum g from this very h, so that sum_j dz_ij = 0 to rounding, as in entmax's backward.
+            mean = grad.sum(-1, keepdim=True).div_(h.sum(-1, keepdim=True))
+            dz = grad.addcmul_(h, mean, value=-1.0), mean  # dL/dz
+        if self.kind == "entmax15" and self.grad_v is not None:  # p = g^2
+            self.grad_v[:, :end].baddbmm_(h.square_().transpose(1, 2), do)
+        if dz is not None:
+            self._add_dz(*dz, q_c, k_c, do, span, end)
+
+    def _add_dz(self, grad: Tensor, mean: Tensor, q_c: Tensor, k_c: Tensor, do: Tensor, span: slice, end: int) -> None:
+        if self.grad_k is not None:
+            self.grad_k[:, :end].baddbmm_(grad.transpose(1, 2), q_c)
+        if self.grad_q is not None:
+            self.grad_q[:, span].baddbmm_(grad, k_c, beta=0.0).mul_(self.factor)  # dL/dq = dL/d(scale q) scale
+        if self.grad_factor is not None and self.out is not None:
+            # dL/dscale = sum_ij dz_ij z_ij / scale. As sum_j dz_ij = 0, z_ij may be replaced by z_ij - tau_i = p_ij
+            # (sparsemax) or 2 (y_ij - tau_i) = 2 g_ij (entmax15) on the support, and sum_j dz_ij p_ij (or g_ij)
+            # = sum_j p_ij G_ij - mean_i = dO_i . out_i - mean_i: no cancellation between large scores.
+            centered = torch.linalg.vecdot(do, self.out[:, span]).unsqueeze(-1) - mean
+            self.grad_factor += centered.sum(1, keepdim=True)
+
+    def grads(self, q: Tensor, k: Tensor, v: Tensor, scale_t: Tensor | None) -> tuple[Tensor | None, ...]:
+        """dL/dq, dL/dk, dL/dv and dL/dscale in the inputs' shapes (None where not needed)."""
         grad_scale = None
-        if need_scale:
-            grad_factor = grad_factor.div_(factor).mul_(2.0 if kind == "entmax15" else 1.0)
+        if self.grad_factor is not None and scale_t is not None:
+            grad_factor = self.grad_factor.div_(self.factor).mul_(2.0 if self.kind == "entmax15" else 1.0)
             grad_scale = grad_factor.view(q.shape[:2] + (1, 1)).sum_to_size(scale_t.shape)
         return (
-            grad_q.view(q.shape) if need_q else None,
-            grad_k.view(k.shape) if need_k else None,
-            grad_v.view(v.shape) if need_v else None,
+            None if self.grad_q is None else self.grad_q.view(q.shape),
+            None if self.grad_k is None else self.grad_k.view(k.shape),
+            None if self.grad_v is None else self.grad_v.view(v.shape),
             grad_scale,
-            None,
-            None,
-            None,
-            None,
         )
 
 

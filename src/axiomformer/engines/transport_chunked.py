@@ -24,7 +24,7 @@ from axiomformer.axes.transport import TransportGates, transported_scores
 from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
-from axiomformer.precision import compute_dtype
+from axiomformer.engines.recurrent import aligned_inputs, sequential_kind
 
 DEFAULT_BLOCK = 64
 """Tokens per block **(our choice: fla's PaTH kernels use 64)**."""
@@ -133,29 +133,11 @@ class ChunkedTransportEngine(EngineBase):
         self.block = block
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
-        return (
-            kind.mask in ("none", "key")
-            and not kind.mask_heads
-            and not kind.bias
-            and kind.alibi == "none"
-            and not kind.dropout
-            and not kind.window
-            and kind.aligned
-            and kind.causal
-            and not kind.compiling
-        )
+        return not kind.mask_heads and sequential_kind(kind)
 
     def __call__(
         self, plan: Plan, problem: AttentionProblem, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        q, k, v = problem.q, problem.k, problem.v
-        dtype = compute_dtype(q.dtype, k.dtype)
-        keep = None
-        if problem.mask is not None:
-            keep = torch.broadcast_to(problem.mask, (q.shape[0], 1, 1, k.shape[-2]))[:, 0, 0]
-        gates = problem.transport.cast(dtype).masked(keep)
-        scale = problem.scale.to(dtype) if isinstance(problem.scale, Tensor) else problem.scale
-        lead = k.shape[-2] - q.shape[-2]  # keys before the first query (bottom-right aligned): padded query rows
-        qs = torch.nn.functional.pad(q.to(dtype) * scale, (0, 0, lead, 0))
-        out = chunked_softmax_transport(qs, k.to(dtype), v.to(dtype), gates, keep, self.block)
-        return out[:, :, lead:].to(v.dtype), None
+        qs, k, v, gates, keep, lead = aligned_inputs(problem)  # the lead query rows are padding
+        out = chunked_softmax_transport(qs, k, v, gates, keep, self.block)
+        return out[:, :, lead:].to(problem.v.dtype), None

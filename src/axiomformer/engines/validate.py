@@ -85,7 +85,7 @@ def empty_output(q: Tensor, k: Tensor, v: Tensor, target: tuple[int, int, int, i
     return out, torch.zeros(target, dtype=weights_dtype, device=q.device)
 
 
-def check_per_head(name: str, t, target: tuple[int, int, int, int]) -> None:
+def check_per_head(name: str, t: object, target: tuple[int, int, int, int]) -> None:
     """A per-head tensor argument (``alibi_slopes`` (heads,), a tensor ``scale`` broadcastable to
     (batch, heads, q_len, 1), per row for ``scale=log_n``) fits the problem.
 
