@@ -112,12 +112,7 @@ def load_engines(
         except BrokenPlugin as why:
             if isinstance(why, PluginClash) and entry.name in added:
                 added.remove(entry.name)
-            warnings.warn(
-                f"axiomformer: skipped the plug-in engine {entry.name!r} ({entry.value}) of the distribution "
-                f"{package} in the entry-point group {GROUP}: {why}",
-                PluginWarning,
-                stacklevel=2,
-            )
+            _skip(entry, package, str(why))
             continue
         before = getattr(engine, "before", "reference")
         if before is not None and before not in registered:
@@ -132,16 +127,20 @@ def load_engines(
         try:
             register(engine, before=before)
         except Exception as err:  # e.g. a name that cannot be a registry key
-            warnings.warn(
-                f"axiomformer: skipped the plug-in engine {entry.name!r} ({entry.value}) of the distribution "
-                f"{package} in the entry-point group {GROUP}: registering it raised {type(err).__name__}: {err}",
-                PluginWarning,
-                stacklevel=2,
-            )
+            _skip(entry, package, f"registering it raised {type(err).__name__}: {err}")
             continue
         registered[entry.name] = package
         added.append(entry.name)
     return added
+
+
+def _skip(entry: metadata.EntryPoint, package: str, why: str) -> None:
+    warnings.warn(
+        f"axiomformer: skipped the plug-in engine {entry.name!r} ({entry.value}) of the distribution {package} in "
+        f"the entry-point group {GROUP}: {why}",
+        PluginWarning,
+        stacklevel=3,
+    )
 
 
 def _admitted(
