@@ -95,9 +95,7 @@ def test_a_plug_in_named_like_a_built_in_choice_is_skipped_and_the_built_in_kept
     softmax = Choice("softmax", "u", "s")
     registries = {"normalizer": Registry("normalizer", [softmax])}
     clash = metadata.EntryPoint("normalizer.softmax", "axiomformer_relu2:RELU2", GROUP)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert load_choices(registries, [clash]) == []
+    caught = _skipped(registries, [clash])
     assert len(caught) == 1 and "'softmax' is a built-in normalizer choice of axiomformer, which is kept" in str(
         caught[0].message
     )
@@ -117,10 +115,21 @@ def test_a_choice_whose_attribute_raises_when_read_is_skipped(tmp_path, monkeypa
     monkeypatch.syspath_prepend(str(tmp_path))
     entries = [e for d in metadata.distributions(path=[str(tmp_path)]) for e in d.entry_points]
     registries = {"normalizer": Registry("normalizer", [Choice("softmax", "u", "s")], {"elementwise": "x"})}
+    caught = _skipped(registries, entries)
+    assert len(caught) == 1 and "boom from formula" in str(caught[0].message)
+
+
+def _skipped(registries: dict, entries: list) -> list:
+    """The warnings of loading ``entries``, none of which may register."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert load_choices(registries, entries) == []
-    assert len(caught) == 1 and "boom from formula" in str(caught[0].message)
+    return caught
+
+
+def _relu3(body: str, why: str) -> tuple[str, str, str, str]:
+    """A broken case of the entry point ``normalizer.relu3`` -> ``RELU3``."""
+    return body, "normalizer.relu3", "RELU3", why
 
 
 BROKEN = {  # module body, entry-point name, target, what the warning says
@@ -135,40 +144,17 @@ BROKEN = {  # module body, entry-point name, target, what the warning says
     "malformed_name": (CHOICE, "relu3", "RELU3", "expected a name '<axis>.<choice>'"),
     "unknown_axis": (CHOICE, "positions.relu3", "RELU3", "an axis of: normalizer"),
     # A Choice whose fields have the wrong types registers fine and would fail only at a forward or in a table.
-    "impl_not_callable": (
-        CHOICE.replace("lambda s, n: torch.relu(s) ** 3 / n", '"relu"'),
-        "normalizer.relu3",
-        "RELU3",
-        "impl of type str",
+    "impl_not_callable": _relu3(CHOICE.replace("lambda s, n: torch.relu(s) ** 3 / n", '"relu"'), "impl of type str"),
+    "traits_a_string": _relu3(CHOICE.replace('frozenset({"elementwise"})', '"elementwise"'), "traits of type str"),
+    "traits_not_names": _relu3(
+        CHOICE.replace('frozenset({"elementwise"})', "frozenset({3})"), "traits that are not all strings"
     ),
-    "traits_a_string": (
-        CHOICE.replace('frozenset({"elementwise"})', '"elementwise"'),
-        "normalizer.relu3",
-        "RELU3",
-        "traits of type str",
+    "formula_not_text": _relu3(CHOICE.replace('"u = relu(s)^3 / n_i"', "None"), "formula of type NoneType"),
+    "extra_not_a_dict": _relu3(
+        CHOICE.replace('frozenset({"elementwise"}))', 'frozenset({"elementwise"}), extra=[1])'), "extra of type list"
     ),
-    "traits_not_names": (
-        CHOICE.replace('frozenset({"elementwise"})', "frozenset({3})"),
-        "normalizer.relu3",
-        "RELU3",
-        "traits that are not all strings",
-    ),
-    "formula_not_text": (
-        CHOICE.replace('"u = relu(s)^3 / n_i"', "None"),
-        "normalizer.relu3",
-        "RELU3",
-        "formula of type NoneType",
-    ),
-    "extra_not_a_dict": (
-        CHOICE.replace('frozenset({"elementwise"}))', 'frozenset({"elementwise"}), extra=[1])'),
-        "normalizer.relu3",
-        "RELU3",
-        "extra of type list",
-    ),
-    "promised_extra_missing": (
+    "promised_extra_missing": _relu3(
         CHOICE.replace('frozenset({"elementwise"})', 'frozenset({"elementwise", "parametric"})'),
-        "normalizer.relu3",
-        "RELU3",
         "parametric: parameters, parametric: params",
     ),
     "name_not_an_identifier": (
@@ -188,9 +174,7 @@ def test_a_broken_plug_in_is_skipped_with_one_warning_naming_it_and_its_distribu
     entries = [e for d in metadata.distributions(path=[str(tmp_path)]) for e in d.entry_points]
     traits = {"elementwise": "x", "parametric": "y"}
     registries = {"normalizer": Registry("normalizer", [Choice("softmax", "u", "s")], traits)}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert load_choices(registries, entries) == []
+    caught = _skipped(registries, entries)
     assert len(caught) == 1 and caught[0].category is PluginWarning
     message = str(caught[0].message)
     assert f"{name!r}" in message and f"pkg_{kind}" in message and why in message, message
@@ -225,9 +209,7 @@ def test_a_registry_that_raises_anything_at_registration_skips_the_plug_in(tmp_p
     monkeypatch.syspath_prepend(str(tmp_path))
     entries = [e for d in metadata.distributions(path=[str(tmp_path)]) for e in d.entry_points]
     registries = {"normalizer": Picky("normalizer", [Choice("softmax", "u", "s")], {"elementwise": "x"})}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert load_choices(registries, entries) == []
+    caught = _skipped(registries, entries)
     assert len(caught) == 1 and "TypeError: picky registry" in str(caught[0].message)
 
 
