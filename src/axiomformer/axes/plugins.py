@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Callable
 from importlib import metadata
-from typing import Any
+from typing import Any, NoReturn
 
 from axiomformer.axes.registry import Choice, Registry
 
@@ -98,7 +99,7 @@ def _checked(choice: Any, axis: str, name: str) -> Choice:
     return choice
 
 
-TRAIT_EXTRAS: dict[tuple[str, str], tuple[str, ...]] = {
+TRAIT_EXTRAS: dict[tuple[str | None, str], tuple[str, ...]] = {
     ("normalizer", "parametric"): ("parameters", "params"),
     ("normalizer", "configured"): ("options", "defaults", "fields"),
     ("normalizer", "closed_grad"): ("impl_", "grad_"),
@@ -108,21 +109,41 @@ TRAIT_EXTRAS: dict[tuple[str, str], tuple[str, ...]] = {
     ("scale", "parametric"): ("parameters",),
     ("score", "pairwise"): ("pair_width",),
     ("contribution", "pairwise"): ("pair_width",),
+    (None, "starts_standard"): ("move",),
 }
 """The ``extra`` entries a trait promises, read by name where the trait is acted on (``Plan``, the engines, the
-axes' modules); a choice with the trait and without them would fail at its first forward. Every axis's
-``starts_standard`` promises ``move`` (``audit/adapters.py``). ``tests/test_plugins.py`` checks the built-in choices
+axes' modules); a choice with the trait and without them would fail at its first forward. An axis of ``None``: on
+every axis (``starts_standard``'s ``move``, read by ``audit/adapters.py``). ``tests/test_plugins.py`` checks the built-in choices
 against this table, so it cannot drift from what the code reads."""
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """A choice name: an identifier, so that it reads back from a relax string (``normalizer=relu2,score=dot``)."""
 
 
+LATER_CLASH = "more than one distribution registers this name, so none is kept"
+"""Why a third (or later) registrant of a clashed name is skipped too."""
+
+
+def refuse_clash(kind: str, name: str, first: str, package: str, unregister: Callable[[str], Any] | None) -> NoReturn:
+    """Skip ``package``'s plug-in ``name``, which ``first`` registered already (of both plug-in groups).
+
+    A built-in (``first == "axiomformer"``) is kept: :class:`BrokenPlugin`. Two distributions: which one a spec
+    means is undecidable, so the first is taken back too (``unregister(name)``, where given): :class:`PluginClash`.
+    """
+    if first == "axiomformer":
+        raise BrokenPlugin(f"{name!r} is a built-in {kind} of axiomformer, which is kept")
+    if unregister is not None:
+        unregister(name)
+    raise PluginClash(
+        f"{kind} {name!r} is registered twice: by {first} and by {package}; neither is kept (naming it would be "
+        "ambiguous)"
+    )
+
+
 def missing_extras(axis: str, choice: Choice) -> list[str]:
     """``"trait: key"`` for each ``extra`` key one of the choice's traits promises (:data:`TRAIT_EXTRAS`) that it
     lacks."""
-    wanted = {trait: keys for (on, trait), keys in TRAIT_EXTRAS.items() if on == axis}
-    wanted["starts_standard"] = ("move",)
+    wanted = {trait: keys for (on, trait), keys in TRAIT_EXTRAS.items() if on in (axis, None)}
     return [
         f"{trait}: {key}" for trait in sorted(choice.traits) for key in wanted.get(trait, ()) if key not in choice.extra
     ]
@@ -159,15 +180,7 @@ def _add(registries: dict[str, Registry], entry: metadata.EntryPoint, package: s
             f"the choice name {name!r} is not an identifier (letters, digits, _), so no spec could name it"
         )
     if name in registries[axis]:
-        first = registries[axis].origin(name)
-        if first == "axiomformer":
-            raise BrokenPlugin(f"{name!r} is a built-in {axis} choice of axiomformer, which is kept")
-        # Two distributions, one name: which one a spec means is undecidable, so neither is kept.
-        registries[axis].unregister(name)
-        raise PluginClash(
-            f"{axis} choice {name!r} is registered twice: by {first} and by {package}; neither is kept (a spec "
-            "naming it would be ambiguous)"
-        )
+        refuse_clash(f"{axis} choice", name, registries[axis].origin(name), package, registries[axis].unregister)
     choice = _load(entry, package, axis, name)
     try:
         registries[axis].register(choice, origin=package)
@@ -195,7 +208,7 @@ def load_choices(registries: dict[str, Registry], entries: list[metadata.EntryPo
     for entry, package in unique_entries(entries):
         try:
             if entry.name in clashed:
-                raise BrokenPlugin("more than one distribution registers this name, so none is kept")
+                raise BrokenPlugin(LATER_CLASH)
             _add(registries, entry, package)
         except BrokenPlugin as why:
             if isinstance(why, PluginClash):

@@ -202,6 +202,8 @@ def _in_compute_dtype(
     tensors = [problem.q, k, v, *parts.parameters(), *(p for p in params.values() if isinstance(p, Tensor))]
     if all(t.dtype in (scores_dtype, values_dtype) for t in tensors if t.is_floating_point()):
         return parts, problem, k, v, params
+    # A copy with the two modules swapped, not dataclasses.replace: that would resolve the plan again (registry
+    # look-ups, a pair width read from the wrapped module) for what is the same plan in another dtype.
     cast_parts = copy.copy(parts)
     object.__setattr__(cast_parts, "score_fn", _CastParameters(parts.score_fn, scores_dtype))
     object.__setattr__(cast_parts, "contribution", _CastParameters(parts.contribution, values_dtype))

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
-from axiomformer.axes.plugins import BrokenPlugin, PluginClash, PluginWarning, unique_entries
+from axiomformer.axes.plugins import LATER_CLASH, BrokenPlugin, PluginClash, PluginWarning, refuse_clash, unique_entries
 from axiomformer.engines.base import EVERY_CHOICE, Computes
 
 GROUP = "axiomformer.engines"
@@ -110,8 +110,10 @@ def load_engines(
         try:
             engine = _admitted(entry, package, registered, clashed, unregister)
         except BrokenPlugin as why:
-            if isinstance(why, PluginClash) and entry.name in added:
-                added.remove(entry.name)
+            if isinstance(why, PluginClash):
+                clashed.add(entry.name)
+                if entry.name in added:
+                    added.remove(entry.name)
             _skip(entry, package, str(why))
             continue
         before = getattr(engine, "before", "reference")
@@ -153,17 +155,13 @@ def _admitted(
     """The entry's engine, or :class:`BrokenPlugin`: a built-in name keeps the built-in engine; a name two
     distributions register is kept by neither (:class:`PluginClash`)."""
     if entry.name in clashed:
-        raise BrokenPlugin("more than one distribution registers this name, so none is kept")
+        raise BrokenPlugin(LATER_CLASH)
     if entry.name in registered:
-        first = registered[entry.name]
-        if first == "axiomformer":
-            raise BrokenPlugin(f"{entry.name!r} is a built-in engine of axiomformer, which is kept")
-        clashed.add(entry.name)
-        if unregister is not None:
-            unregister(entry.name)
-            registered.pop(entry.name, None)
-        raise PluginClash(
-            f"engine {entry.name!r} is registered twice: by {first} and by {package}; neither is kept (forcing it "
-            "by name would be ambiguous)"
-        )
+
+        def take_back(name: str) -> None:
+            if unregister is not None:
+                unregister(name)
+                registered.pop(name, None)
+
+        refuse_clash("engine", entry.name, registered[entry.name], package, take_back)
     return _load(entry)
