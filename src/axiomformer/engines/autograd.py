@@ -45,6 +45,18 @@ def differentiable_backward(
     return [next(got) if need else None for need in needs]
 
 
+def graph_grads(
+    ctx: Any, exact: Callable[..., Tensor], inputs: Sequence[Any], grad_out: Tensor, trailing: int
+) -> tuple[Tensor | None, ...]:
+    """A ``torch.autograd.Function.backward`` result built as a graph (the outer backward has ``create_graph=True``).
+
+    :func:`differentiable_backward` for the Function's first ``len(inputs)`` arguments (as ``ctx.needs_input_grad``
+    asks), then ``trailing`` Nones for the options after them.
+    """
+    grads = differentiable_backward(exact, inputs, grad_out, ctx.needs_input_grad[: len(inputs)])
+    return (*grads, *(None,) * trailing)
+
+
 def _math_sdpa(
     q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float | None
 ) -> Tensor:

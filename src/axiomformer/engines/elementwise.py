@@ -22,13 +22,14 @@ elementwise map is diagonal. The engine names no choice: a normalizer another pa
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from axiomformer.axes.registry import Choice
-from axiomformer.engines.autograd import differentiable_backward
+from axiomformer.engines.autograd import graph_grads
 from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk, plain_dot
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
@@ -124,13 +125,8 @@ class ElementwiseAttention(torch.autograd.Function):
         q, k, v = ctx.saved_tensors
         choice = ctx.choice
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            grads = differentiable_backward(
-                lambda q, k, v: exact_elementwise(q, k, v, choice, ctx.causal, ctx.offset),
-                (q, k, v),
-                grad_out,
-                ctx.needs_input_grad[:3],
-            )
-            return (*grads, None, None, None, None)
+            exact = partial(exact_elementwise, choice=choice, causal=ctx.causal, offset=ctx.offset)
+            return graph_grads(ctx, exact, (q, k, v), grad_out, trailing=4)
         grad_out = grad_out.contiguous()
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for c in _chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q):

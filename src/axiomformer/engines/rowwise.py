@@ -25,12 +25,13 @@ wrong backward per kernel and a planted wrong cap slope.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from axiomformer.engines.autograd import differentiable_backward
+from axiomformer.engines.autograd import graph_grads
 from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
@@ -178,13 +179,8 @@ class RowwiseAttention(torch.autograd.Function):
         q, k, v, out = ctx.saved_tensors
         row = ctx.row
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            grads = differentiable_backward(
-                lambda q, k, v: exact_rowwise(q, k, v, row, ctx.causal, ctx.offset),
-                (q, k, v),
-                grad_out,
-                ctx.needs_input_grad[:3],
-            )
-            return (*grads, None, None, None, None)
+            exact = partial(exact_rowwise, row=row, causal=ctx.causal, offset=ctx.offset)
+            return graph_grads(ctx, exact, (q, k, v), grad_out, trailing=4)
         grad_out = grad_out.contiguous()
         # dK and dV are accumulated transposed, (batch*heads, head_dim, keys): Q_c^T dt and dO_c^T u are products of
         # the same shape as Q K^T, 0.76 ms where dt^T Q_c and u^T dO_c took 0.97-1.18 ms at 64 queries x 2048 keys

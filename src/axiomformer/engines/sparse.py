@@ -52,13 +52,14 @@ and the thresholds against the ``entmax`` package.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
 from entmax import entmax15, sparsemax
 from torch import Tensor
 
-from axiomformer.engines.autograd import differentiable_backward
+from axiomformer.engines.autograd import graph_grads
 from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk, plain_dot
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
@@ -326,13 +327,8 @@ class SparseAttention(torch.autograd.Function):
         kind, causal, offset, chunk = ctx.kind, ctx.causal, ctx.offset, ctx.chunk
         scale = ctx.scale if scale_t is None else scale_t
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            grads = differentiable_backward(
-                lambda q, k, v, scale: exact_sparse(q, k, v, scale, kind, causal, offset),
-                (q, k, v, scale),
-                grad_out,
-                ctx.needs_input_grad[:4],
-            )
-            return (*grads, None, None, None, None)
+            exact = partial(exact_sparse, kind=kind, causal=causal, offset=offset)
+            return graph_grads(ctx, exact, (q, k, v, scale), grad_out, trailing=4)
         need_q, need_k, need_v, need_scale = ctx.needs_input_grad[:4]
         q3, k3, v3, factor = _flat(q, k, v, scale)
         d_out = grad_out.reshape(q3.shape[0], q3.shape[1], -1)

@@ -39,7 +39,7 @@ class Family:
 
 def _decoder(hd: int, kinds: list[str] | None = None) -> dict[str, Any]:
     """The shared decoder config; ``kinds``: one ``layer_types`` entry per layer (default one plain layer)."""
-    extra: dict[str, Any] = {} if kinds is None else {"layer_types": kinds}
+    extra: dict[str, Any] = {} if kinds is None else {"layer_types": list(kinds)}
     return dict(
         **extra,
         vocab_size=VOCAB,
@@ -68,33 +68,38 @@ def _t(name: str) -> Any:
     return getattr(transformers, name)
 
 
+_SLIDING_FULL = ["sliding_attention", "full_attention"]
+"""``layer_types`` of a sliding-window layer then a full-attention layer (the audit reads layer 1)."""
+
+
+def _gemma3(hd: int) -> Any:
+    """Gemma 3's text config (both ``gemma3`` entries: one audits the full layer, one the sliding layer)."""
+    return _t("Gemma3TextConfig")(**_decoder(hd, _SLIDING_FULL), sliding_window=4, query_pre_attn_scalar=6)
+
+
+def _encoder(hd: int) -> dict[str, Any]:
+    """The sizes the older (falcon, bert) configs name alike: one layer of HEADS heads, hidden HEADS * hd."""
+    return dict(vocab_size=VOCAB, hidden_size=HEADS * hd, num_hidden_layers=1, num_attention_heads=HEADS)
+
+
 FAMILIES: dict[str, Family] = {
     "llama": Family(lambda hd: _t("LlamaConfig")(**_decoder(hd)), shows="RoPE"),
     "mistral": Family(lambda hd: _t("MistralConfig")(**_decoder(hd), sliding_window=4), shows="RoPE, sliding window 4"),
     "gemma2": Family(
         lambda hd: _t("Gemma2Config")(
-            **_decoder(hd, ["sliding_attention", "full_attention"]),
-            sliding_window=4,
-            attn_logit_softcapping=2.0,
-            query_pre_attn_scalar=6,
+            **_decoder(hd, _SLIDING_FULL), sliding_window=4, attn_logit_softcapping=2.0, query_pre_attn_scalar=6
         ),
         layer=1,
         shows="RoPE, logit soft-capping 2.0, query_pre_attn_scalar 6 (a full-attention layer)",
     ),
     "gemma3": Family(
-        lambda hd: _t("Gemma3TextConfig")(
-            **_decoder(hd, ["sliding_attention", "full_attention"]), sliding_window=4, query_pre_attn_scalar=6
-        ),
+        _gemma3,
         model="Gemma3TextModel",
         layer=1,
         shows="RoPE, q/k RMS norms, query_pre_attn_scalar 6 (a full-attention layer)",
     ),
     "gemma3-sliding": Family(
-        lambda hd: _t("Gemma3TextConfig")(
-            **_decoder(hd, ["sliding_attention", "full_attention"]), sliding_window=4, query_pre_attn_scalar=6
-        ),
-        model="Gemma3TextModel",
-        shows="RoPE, q/k RMS norms, sliding window 4 (a sliding layer)",
+        _gemma3, model="Gemma3TextModel", shows="RoPE, q/k RMS norms, sliding window 4 (a sliding layer)"
     ),
     "qwen2": Family(lambda hd: _t("Qwen2Config")(**_no_head_dim(hd)), shows="RoPE, q/k/v biases"),
     "qwen3": Family(lambda hd: _t("Qwen3Config")(**_decoder(hd)), shows="RoPE, q/k RMS norms"),
@@ -115,24 +120,14 @@ FAMILIES: dict[str, Family] = {
     ),
     "gpt-oss": Family(
         lambda hd: _t("GptOssConfig")(
-            **_decoder(hd, ["sliding_attention", "full_attention"]),
-            num_local_experts=2,
-            num_experts_per_tok=1,
-            sliding_window=4,
+            **_decoder(hd, _SLIDING_FULL), num_local_experts=2, num_experts_per_tok=1, sliding_window=4
         ),
         layer=1,
         shows="RoPE, q/k/v/o biases, one learned sink logit per head (a full-attention layer)",
     ),
     "phi3": Family(lambda hd: _t("Phi3Config")(**_no_head_dim(hd)), shows="RoPE, fused qkv_proj"),
     "falcon": Family(
-        lambda hd: _t("FalconConfig")(
-            vocab_size=VOCAB,
-            hidden_size=HEADS * hd,
-            num_hidden_layers=1,
-            num_attention_heads=HEADS,
-            multi_query=False,
-            new_decoder_architecture=False,
-        ),
+        lambda hd: _t("FalconConfig")(**_encoder(hd), multi_query=False, new_decoder_architecture=False),
         shows="RoPE, fused query_key_value",
     ),
     "gpt2": Family(
@@ -140,14 +135,7 @@ FAMILIES: dict[str, Family] = {
         shows="learned absolute positions (outside the attention), fused c_attn with biases",
     ),
     "bert": Family(
-        lambda hd: _t("BertConfig")(
-            vocab_size=VOCAB,
-            hidden_size=HEADS * hd,
-            num_hidden_layers=1,
-            num_attention_heads=HEADS,
-            intermediate_size=32,
-            attention_probs_dropout_prob=0.0,
-        ),
+        lambda hd: _t("BertConfig")(**_encoder(hd), intermediate_size=32, attention_probs_dropout_prob=0.0),
         shows="bidirectional, q/k/v biases, absolute positions outside the attention",
     ),
     "t5": Family(
