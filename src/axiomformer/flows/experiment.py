@@ -510,21 +510,16 @@ def _resume(
 
 
 def _train_arms(
-    cfg: FlowConfig,
+    run: _Run,
     *,
     fits: list[FlowNet],
-    xtr: torch.Tensor,
-    ytr: torch.Tensor,
     runs: list[tuple[int, float]],
     x_tests: list[torch.Tensor],
-    yte: torch.Tensor,
-    lrs: dict[str, float],
-    acc: dict,
     say: Callable[..., None],
-    save: Callable[[], None],
     t0: float,
 ) -> None:
-    """Train and score every (theta, arm, K) not yet in ``acc``; ``save()`` after each arm (resumable)."""
+    """Train and score every (theta, arm, K) not yet in ``run.acc``; ``run.save()`` after each arm (resumable)."""
+    cfg, acc, lrs = run.cfg, run.acc, run.lrs
     noise = list(dict.fromkeys(r[1] for r in runs))
     sigmas, run_seeds = [r[1] for r in runs], [1000 * r[0] for r in runs]
 
@@ -536,8 +531,8 @@ def _train_arms(
             mixing=mixing,
             value=value,
             K=K,
-            x=xtr,
-            y=ytr,
+            x=run.xtr,
+            y=run.ytr,
             sigmas=sigmas,
             seeds=run_seeds,
             lr=lr,
@@ -555,13 +550,13 @@ def _train_arms(
                 else:
                     nets = train(theta, mixing, value, K, lrs[lr_key(theta, arm, K)])
                 cell = (theta, arm, mixing, value, K)
-                _score_arm(acc, cell, runs, nets, x_tests, yte)
+                _score_arm(acc, cell, runs, nets, x_tests, run.yte)
                 say(
                     f"theta={theta} {arm} K={K}: "
                     + ", ".join(f"noise {sigma:g} {np.mean(acc[cell + (sigma,)]):.3f}" for sigma in noise)
                     + f"  [{time.perf_counter() - t0:.0f} s wall, {time.process_time():.0f} s CPU]"
                 )
-            save()
+            run.save()
 
 
 def _score_arm(
@@ -712,20 +707,7 @@ def _run_arms(
     x_tests = [run.xte + sigma * fixed_noise(run.xte.shape, s) for s, sigma in runs]
     _test_time_flow(runs, fits=fits, x_tests=x_tests, yte=run.yte, K=cfg.K, tt=run.tt)
     say(f"fitted theta for {len(runs)} (seed, noise) runs  [{time.perf_counter() - t0:.0f} s]")
-    _train_arms(
-        cfg,
-        fits=fits,
-        xtr=run.xtr,
-        ytr=run.ytr,
-        runs=runs,
-        x_tests=x_tests,
-        yte=run.yte,
-        lrs=run.lrs,
-        acc=run.acc,
-        say=say,
-        save=run.save,
-        t0=t0,
-    )
+    _train_arms(run, fits=fits, runs=runs, x_tests=x_tests, say=say, t0=t0)
     return runs, fits
 
 
