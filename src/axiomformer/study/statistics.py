@@ -389,6 +389,28 @@ def _paired_differences(item: PairedItem, margin: float, family_size: int) -> np
     return data[np.isfinite(data)]
 
 
+def _verdict(
+    item: PairedItem,
+    verdict: str,
+    diff: float,
+    ci: Interval,
+    method: str,
+    level: float,
+    margin: float,
+    p_diff: float,
+    p_eq: float,
+    n: int,
+    min_effect: float | None,
+    need: int | None,
+    metric: str = "accuracy",
+) -> Verdict:
+    """The :class:`Verdict` on ``item`` of a test that found ``ci`` (its bounds are the verdict's interval)."""
+    return Verdict(
+        item.assumption, item.model, item.task, verdict, diff, ci.low, ci.high, method, level, margin, p_diff, p_eq,
+        n, min_effect, need, item.converged, metric
+    )  # fmt: skip
+
+
 def one_comparison(
     item: PairedItem,
     *,
@@ -427,23 +449,8 @@ def one_comparison(
     verdict = decide(ci.low, ci.high, margin, pilot=pilot)
     decided = verdict in ("forced", "better", "free")
     need = n if decided else seeds_needed(diff, sd, margin, alpha / family_size, power)
-    return Verdict(
-        item.assumption,
-        item.model,
-        item.task,
-        verdict,
-        diff,
-        ci.low,
-        ci.high,
-        method,
-        level,
-        margin,
-        p_diff,
-        p_eq,
-        n,
-        mde(sd, n, alpha / family_size, power),
-        need,
-        item.converged,
+    return _verdict(
+        item, verdict, diff, ci, method, level, margin, p_diff, p_eq, n, mde(sd, n, alpha / family_size, power), need
     )
 
 
@@ -583,24 +590,11 @@ def solve_rate_comparison(
     verdict = decide(ci.low, ci.high, margin, pilot=pilot)
     decided = verdict in ("forced", "better", "free")
     method = "Newcombe hybrid score" + (f", Bonferroni over {family_size}" if family_size > 1 else "")
-    return Verdict(
-        item.assumption,
-        item.model,
-        item.task,
-        verdict,
-        ci.estimate,
-        ci.low,
-        ci.high,
-        method,
-        level,
-        margin,
-        p_diff,
-        p_eq,
-        min(n_a, n_b),
-        _solve_power(s_b / n_b, min(n_a, n_b), alpha / family_size, power),
-        min(n_a, n_b) if decided else _solve_seeds(s_a / n_a, s_b / n_b, alpha / family_size, power, margin),
-        item.converged,
-        "solve_rate",
+    n = min(n_a, n_b)
+    need = n if decided else _solve_seeds(s_a / n_a, s_b / n_b, alpha / family_size, power, margin)
+    min_effect = _solve_power(s_b / n_b, n, alpha / family_size, power)
+    return _verdict(
+        item, verdict, ci.estimate, ci, method, level, margin, p_diff, p_eq, n, min_effect, need, "solve_rate"
     )
 
 
