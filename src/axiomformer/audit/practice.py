@@ -19,6 +19,7 @@ precision the target computes in. The failures come from peers' trackers:
 
 from __future__ import annotations
 
+import functools
 import logging
 import types
 from collections.abc import Callable
@@ -37,17 +38,23 @@ COMPILE_LENGTHS = (8, 5, 16)
 TAG = "practice"
 
 
-def _needs_causal(p: Probe, name: str) -> AuditCheck | None:
-    if p.is_causal:
-        return None
-    return cannot_tell(name, TAG, p.tol, "the target cannot apply a causal mask (no causal keyword, not causal)")
+def _causal_only(check: Callable[[Probe], AuditCheck]) -> Callable[[Probe], AuditCheck]:
+    """``check``, which tests the causal mask: ``cannot_tell`` under its name where the target cannot apply one."""
+
+    @functools.wraps(check)
+    def guarded(p: Probe) -> AuditCheck:
+        if not p.is_causal:
+            why = "the target cannot apply a causal mask (no causal keyword, not causal)"
+            return cannot_tell(check.__name__, TAG, p.tol, why)
+        return check(p)
+
+    return guarded
 
 
+@_causal_only
 def future_tokens(p: Probe) -> AuditCheck:
     """Outputs at i <= i0 do not change when every token after i0 is redrawn (at 3x scale)."""
     name = "future_tokens"
-    if (skip := _needs_causal(p, name)) is not None:
-        return skip
     q, k, v = p.qkv()
     i0 = p.seq // 2
     moved = [t.clone() for t in (q, k, v)]
@@ -57,11 +64,10 @@ def future_tokens(p: Probe) -> AuditCheck:
     return result(name, TAG, stat, p.tol, f"redrawing the tokens after {i0} leaves the outputs at i <= {i0} unchanged")
 
 
+@_causal_only
 def cache_decode(p: Probe) -> AuditCheck:
     """Token-by-token decoding through the target's own cache equals the full forward."""
     name = "cache_decode"
-    if (skip := _needs_causal(p, name)) is not None:
-        return skip
     whole = getattr(p.a, "model_cache_gap", None)
     if callable(whole):  # a transformers model: its own cache, through every layer, in its own dtype
         measured = whole(p.seq, p.g)
@@ -148,11 +154,10 @@ def _grads(p: Probe, q: Tensor, k: Tensor, v: Tensor, rows: int, r: Tensor) -> t
     ]
 
 
+@_causal_only
 def odd_lengths(p: Probe) -> AuditCheck:
     """At each odd / prime length n the outputs and gradients equal the first n rows of a run at length 16."""
     name = "odd_lengths"
-    if (skip := _needs_causal(p, name)) is not None:
-        return skip
     q, k, v = p.qkv(REFERENCE_LENGTH)
     stats: dict[int, tuple[float, float]] = {}
     try:
@@ -176,11 +181,10 @@ def odd_lengths(p: Probe) -> AuditCheck:
     )
 
 
+@_causal_only
 def masked_keys(p: Probe) -> AuditCheck:
     """Keys after i0 (hidden from the queries at or before i0 by the causal mask) get weight 0 and gradient 0."""
     name = "masked_keys"
-    if (skip := _needs_causal(p, name)) is not None:
-        return skip
     q, k, v = p.qkv()
     i0 = p.seq // 2
     r = p.randn(p.batch, i0 + 1, p.a.dim)
