@@ -85,6 +85,9 @@ FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
 """Fields that relax an assumption without being an axis: formula, assumption relaxed and how, source (the
 design-space table's rows)."""
 
+CONVENTION_FLAGS = ("softpick_shifted_eps", "stick_attend_current", "stick_remainder")
+"""Boolean fields that switch a choice to its authors' released convention (the defaults follow the papers)."""
+
 ECONOMIES = ("num_kv_heads", "window", "kv_latent", "kv_rope_dim")
 """Fields that are not assumptions but the field's usual economies (0 = off); :attr:`AttentionSpec.variant` names them."""
 
@@ -231,6 +234,15 @@ class AttentionSpec:
             sample's gradient (straight-through, Jang et al. 2017, sec. 2.2); ignored by the other normalizers.
         topk: keys kept per row by ``normalizer="topk"`` (an int >= 1, default 8; Zhao et al. 2019); ignored by the
             other normalizers.
+        softpick_shifted_eps: ``normalizer="softpick"`` as the authors' released layer: the epsilon 1e-8 added to the
+            denominator after the max shift, sum_j |e^(s_j - m) - e^-m| + 1e-8 with m = max_j s_j, instead of the
+            paper's eq. 2 (1e-6 before it; the default); ignored by the other normalizers.
+        stick_attend_current: ``normalizer="stick_breaking"`` lets a query attend to its own key (the row's last
+            visible key), as Tan et al. 2024's eq. 3 (the default, True); False leaves the diagonal out, as the
+            authors' released layer (``attend_current=False``); ignored by the other normalizers.
+        stick_remainder: ``normalizer="stick_breaking"`` gives the stick's remainder 1 - sum_j u_ij to the query's
+            own key (o_i += rem_i v_i), as the authors' released layer; False (the default): the paper's eq. 3, rows
+            sum to at most 1; ignored by the other normalizers.
         transport: the relevance carried through the tokens in between (``axes/transport.py``): ``none`` (default),
             ``decay`` (Mamba-2), ``householder`` (PaTH), ``decay_householder`` (Gated DeltaNet),
             ``diag_decay_householder`` (Kimi Linear's KDA); each needs ``causal=True`` and its paper's normalizer.
@@ -279,6 +291,9 @@ class AttentionSpec:
     gumbel_tau: float = 1.0
     gumbel_hard: bool = False
     topk: int = 8
+    softpick_shifted_eps: bool = False
+    stick_attend_current: bool = True
+    stick_remainder: bool = False
     softcap: float = 0.0
     transport: str = "none"
     select: str = "none"
@@ -319,8 +334,9 @@ class AttentionSpec:
         tau = self.gumbel_tau
         if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau <= 0:
             raise ValueError(f"gumbel_tau must be a finite float > 0, got {self.gumbel_tau!r}")
-        if not isinstance(self.gumbel_hard, bool):
-            raise ValueError(f"gumbel_hard must be a bool, got {self.gumbel_hard!r}")
+        for name in ("gumbel_hard", *CONVENTION_FLAGS):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._check_relaxations()
         check_transport(self)
         check_select(self)
