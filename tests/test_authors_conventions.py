@@ -138,3 +138,46 @@ def test_the_variant_names_the_conventions_that_differ_from_the_defaults():
     spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax("normalizer=stick_breaking,stick_attend_current=0")
     assert spec.variant == "normalizer=stick_breaking,stick_attend_current=false"
     assert AttentionSpec.from_string(spec.variant, dim=DIM, num_heads=HEADS, causal=True) == spec
+
+
+# ------------------------------------------------------------------------------------------------- talking heads
+def test_talking_heads_residual_is_x_transformers_mixing_and_not_the_default():
+    # x-transformers' Attend: sim = sim + pre_softmax_talking_heads(sim), a 1x1 convolution over the heads
+    # initialised by nn.init.dirac_ (the identity), so the mixing matrix is I + W and starts at 2 I.
+    from axiomformer.axes.score import build_score
+
+    q, k, _ = _qkv(4)
+    spec = AttentionSpec.standard(DIM, HEADS).relax("score=talking_heads,talking_heads_residual=true")
+    score = build_score(spec).double()
+    logits = _f64(
+        [
+            [[[sum(a * b for a, b in zip(qi, kj)) for kj in kh] for qi in qh] for qh, kh in zip(qb, kb)]
+            for qb, kb in zip(q.tolist(), k.tolist())
+        ]
+    )
+    assert torch.allclose(score(q, k), 2.0 * logits, rtol=1e-13)  # dirac start: (I + I) s
+    mix = _f64([[0.3, -1.2], [0.7, 0.4]])
+    with torch.no_grad():
+        score.mix.copy_(mix)
+    expected = _f64(
+        [
+            [
+                [
+                    [
+                        logits[b, h, i, j].item()
+                        + sum(mix[h, g].item() * logits[b, g, i, j].item() for g in range(HEADS))
+                        for j in range(LEN)
+                    ]
+                    for i in range(LEN)
+                ]
+                for h in range(HEADS)
+            ]
+            for b in range(2)
+        ]
+    )
+    assert torch.allclose(score(q, k), expected, rtol=1e-12, atol=1e-13)
+    default = build_score(spec.relax(talking_heads_residual=False)).double()
+    with torch.no_grad():
+        default.mix.copy_(mix)
+    assert float((default(q, k) - expected).abs().max()) > 1e-2  # the paper's P s: another score
+    assert spec.variant == "score=talking_heads,talking_heads_residual=true"

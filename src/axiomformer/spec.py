@@ -85,7 +85,7 @@ FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
 """Fields that relax an assumption without being an axis: formula, assumption relaxed and how, source (the
 design-space table's rows)."""
 
-CONVENTION_FLAGS = ("softpick_shifted_eps", "stick_attend_current", "stick_remainder")
+CONVENTION_FLAGS = ("softpick_shifted_eps", "stick_attend_current", "stick_remainder", "talking_heads_residual")
 """Boolean fields that switch a choice to its authors' released convention (the defaults follow the papers)."""
 
 ECONOMIES = ("num_kv_heads", "window", "kv_latent", "kv_rope_dim")
@@ -243,6 +243,9 @@ class AttentionSpec:
         stick_remainder: ``normalizer="stick_breaking"`` gives the stick's remainder 1 - sum_j u_ij to the query's
             own key (o_i += rem_i v_i), as the authors' released layer; False (the default): the paper's eq. 3, rows
             sum to at most 1; ignored by the other normalizers.
+        talking_heads_residual: ``score="talking_heads"`` as x-transformers' layer, s_h + sum_g P_hg s_g with P from
+            the identity (so it starts at 2 q . k); False (the default): the paper's P s with P from the identity
+            (Shazeer et al. 2020, sec. 4), which starts at the standard score; ignored by the other scores.
         transport: the relevance carried through the tokens in between (``axes/transport.py``): ``none`` (default),
             ``decay`` (Mamba-2), ``householder`` (PaTH), ``decay_householder`` (Gated DeltaNet),
             ``diag_decay_householder`` (Kimi Linear's KDA); each needs ``causal=True`` and its paper's normalizer.
@@ -294,6 +297,7 @@ class AttentionSpec:
     softpick_shifted_eps: bool = False
     stick_attend_current: bool = True
     stick_remainder: bool = False
+    talking_heads_residual: bool = False
     softcap: float = 0.0
     transport: str = "none"
     select: str = "none"
@@ -561,8 +565,15 @@ class AttentionSpec:
             **{k: getattr(self, k) for k in ECONOMIES if getattr(self, k)},
             **({"softcap": f"{self.softcap:g}"} if self.softcap else {}),
             **changed_options(self),
+            **self._score_options(),
         }
         return ",".join(f"{k}={v}" for k, v in relaxed.items()) if relaxed else "standard"
+
+    def _score_options(self) -> dict[str, str]:
+        """The score's convention fields away from their defaults (``talking_heads_residual``), as relax values."""
+        return (
+            {"talking_heads_residual": "true"} if self.score == "talking_heads" and self.talking_heads_residual else {}
+        )
 
     @property
     def is_standard(self) -> bool:
@@ -587,6 +598,7 @@ class AttentionSpec:
             **self.relaxed_axes(),
             **({"softcap": f"{self.softcap:g}"} if self.softcap else {}),
             **changed_options(self),  # topk, gumbel_tau, ...: the relaxation is not known without them
+            **self._score_options(),
             **({"kv_rope_dim": self.kv_rope_dim} if self.kv_rope_dim else {}),  # MLA's decoupled RoPE key
         }
         axes = ", ".join(f"{k}={v}" for k, v in relaxed.items())
