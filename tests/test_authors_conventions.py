@@ -181,3 +181,46 @@ def test_talking_heads_residual_is_x_transformers_mixing_and_not_the_default():
         default.mix.copy_(mix)
     assert float((default(q, k) - expected).abs().max()) > 1e-2  # the paper's P s: another score
     assert spec.variant == "score=talking_heads,talking_heads_residual=true"
+
+
+# ------------------------------------------------------------------------------------------------------ sinkhorn
+def _sinkhorn_authors(dots: torch.Tensor) -> torch.Tensor:
+    # michaelsdr/sinkformers, vit_pytorch/sinkhorn.py (SinkhornDistance, eps = 1, max_iter = 3) and vit.py
+    # (attn = sink(dots)[0]; attn = attn * attn.shape[-1]), ported line by line in float64
+    x_points, y_points = dots.shape[-2], dots.shape[-1]
+    mu = torch.full(dots.shape[:-1], 1.0 / x_points, dtype=dots.dtype)
+    nu = torch.full(dots.shape[:-2] + (y_points,), 1.0 / y_points, dtype=dots.dtype)
+    u, v = torch.zeros_like(mu), torch.zeros_like(nu)
+
+    def m(u, v):
+        return dots + u.unsqueeze(-1) + v.unsqueeze(-2)
+
+    for i in range(3):
+        if i % 2 == 0:
+            u = (torch.log(mu) - torch.logsumexp(m(u, v), dim=-1)) + u
+        else:
+            v = (torch.log(nu) - torch.logsumexp(m(u, v).transpose(-2, -1), dim=-1)) + v
+            v = v.detach().requires_grad_(False)
+    pi = torch.exp(m(u, v))
+    return pi * pi.shape[-1]
+
+
+@pytest.mark.parametrize("q_len", [5, LEN])
+def test_sinkhorn_authors_is_the_released_layer_and_not_the_default(q_len):
+    q, k, v = _qkv(5)
+    q = q[:, :, :q_len].clone().requires_grad_()
+    spec = AttentionSpec.standard(DIM, HEADS).relax("normalizer=sinkhorn,sinkhorn_authors=true")
+    out = attend(q, k, v, spec=spec, engine="reference", need_weights=True)
+    dots = q @ k.transpose(-2, -1) / math.sqrt(DIM // HEADS)
+    expected = _sinkhorn_authors(dots)
+    assert torch.allclose(out.weights, expected, rtol=1e-12, atol=1e-15)
+    assert torch.allclose(out.weights.sum(-1), torch.full((), LEN / q_len, dtype=torch.float64), rtol=1e-12)
+    probe = torch.linspace(-1, 1, out.out.numel()).double().view_as(out.out)
+    (grad,) = torch.autograd.grad((out.out * probe).sum(), q)
+    (want,) = torch.autograd.grad(((expected @ v) * probe).sum(), q)
+    assert torch.allclose(grad, want, rtol=1e-10, atol=1e-13)  # the detached column potential
+    default = attend(q, k, v, spec=spec.relax(sinkhorn_authors=False), engine="reference")
+    (grad_default,) = torch.autograd.grad((default.out * probe).sum(), q)
+    # non-square: other weights; square: the same weights (k_len / q_len = 1) but another gradient
+    differs = (default.out - out.out) if q_len != LEN else (grad_default - grad)
+    assert float(differs.abs().max()) > 1e-3

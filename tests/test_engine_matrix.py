@@ -33,6 +33,7 @@ FIELD_CHOICES = {
     "stick_attend_current": ("normalizer", "stick_breaking"),
     "stick_remainder": ("normalizer", "stick_breaking"),
     "talking_heads_residual": ("score", "talking_heads"),
+    "sinkhorn_authors": ("normalizer", "sinkhorn"),
 }
 """The choice whose option each field case sets (the authors' conventions: ``tests/test_authors_conventions.py``)."""
 CHOICES = [(axis, name) for axis, names in AXES.items() for name in names] + [
@@ -42,9 +43,10 @@ CHOICES = [(axis, name) for axis, names in AXES.items() for name in names] + [
     ("stick_attend_current", "false"),
     ("stick_remainder", "true"),
     ("talking_heads_residual", "true"),
+    ("sinkhorn_authors", "true"),
 ]
 """Every choice of every axis, and the relaxations that are spec fields (soft-capping; topk below the key count; the
-authors' conventions of softpick, stick-breaking and talking heads)."""
+authors' conventions of softpick, stick-breaking, talking heads and Sinkhorn)."""
 RTOL = 1e-4
 """Largest relative error (norm of the difference over the norm of the reference, per tensor) in float32."""
 

@@ -85,7 +85,13 @@ FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
 """Fields that relax an assumption without being an axis: formula, assumption relaxed and how, source (the
 design-space table's rows)."""
 
-CONVENTION_FLAGS = ("softpick_shifted_eps", "stick_attend_current", "stick_remainder", "talking_heads_residual")
+CONVENTION_FLAGS = (
+    "softpick_shifted_eps",
+    "stick_attend_current",
+    "stick_remainder",
+    "talking_heads_residual",
+    "sinkhorn_authors",
+)
 """Boolean fields that switch a choice to its authors' released convention (the defaults follow the papers)."""
 
 ECONOMIES = ("num_kv_heads", "window", "kv_latent", "kv_rope_dim")
@@ -246,6 +252,10 @@ class AttentionSpec:
         talking_heads_residual: ``score="talking_heads"`` as x-transformers' layer, s_h + sum_g P_hg s_g with P from
             the identity (so it starts at 2 q . k); False (the default): the paper's P s with P from the identity
             (Shazeer et al. 2020, sec. 4), which starts at the standard score; ignored by the other scores.
+        sinkhorn_authors: ``normalizer="sinkhorn"`` as the authors' released layer (Sander et al. 2022's code):
+            marginals 1 / q_len and 1 / k_len, the plan times k_len, so rows sum to k_len / q_len (1 only when
+            q_len = k_len) and columns about to 1, the column potential detached; False (the default): rows sum to
+            1 and columns about to q_len / k_len, every step differentiated; ignored by the other normalizers.
         transport: the relevance carried through the tokens in between (``axes/transport.py``): ``none`` (default),
             ``decay`` (Mamba-2), ``householder`` (PaTH), ``decay_householder`` (Gated DeltaNet),
             ``diag_decay_householder`` (Kimi Linear's KDA); each needs ``causal=True`` and its paper's normalizer.
@@ -298,6 +308,7 @@ class AttentionSpec:
     stick_attend_current: bool = True
     stick_remainder: bool = False
     talking_heads_residual: bool = False
+    sinkhorn_authors: bool = False
     softcap: float = 0.0
     transport: str = "none"
     select: str = "none"

@@ -46,7 +46,10 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
     sinkhorn        u = the Sinkhorn iterates of exp(s) over the visible entries: rows, columns, rows normalized
                     in turn (SINKHORN_NORMALIZATIONS = 3), so rows sum to 1 and columns about to q_len / k_len
                     (Sander et al. 2022, arXiv:2110.11773, sec. 3); a query's weights depend on the other queries'
-                    scores (trait ``columns``); not causal (trait ``noncausal``)
+                    scores (trait ``columns``); not causal (trait ``noncausal``). The default is the paper's;
+                    ``sinkhorn_authors=true`` the authors' released layer: marginals 1 / q_len, 1 / k_len and the
+                    plan times k_len (rows sum to k_len / q_len: 1 only for square problems), the column potential
+                    detached (trait ``configured``)
     power           u = s^p / sum_j s_j^p, p = POWER_P = 2 (even: the weights are >= 0); a row whose visible scores
                     are all 0 gets uniform weights 1 / n_i **(our convention)** (Buckman, Gelada & Zhang 2024,
                     "Symmetric Power Transformers", Manifest AI, the power attention A = (q.k)^p / sum (q.k)^p)
@@ -535,15 +538,27 @@ def _masked_logsumexp(f: Tensor, visible: Tensor, dim: int) -> Tensor:
     return torch.logsumexp(f.masked_fill(~some, 0.0), dim=dim, keepdim=True).masked_fill(~some, 0.0)
 
 
-def _sinkhorn(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+def _sinkhorn(s: Tensor, training: bool, authors: bool = False, **params: Tensor) -> Tensor:
     # Sinkhorn's algorithm on K = exp(s) in the log domain: f <- f - logsumexp over a row, then over a column, ...;
-    # blocked entries stay -inf (weight 0, out of every sum), an empty row or column is left alone.
+    # blocked entries stay -inf (weight 0, out of every sum), an empty row or column is left alone. With ``authors``
+    # the released layer (sinkformers' SinkhornDistance and ``attn * attn.shape[-1]``): marginals 1 / q_len and
+    # 1 / k_len, the plan times k_len (rows sum to k_len / q_len, columns about to 1) and the column potential
+    # detached (``v.detach()``); q_len, k_len count the rows and columns with a visible entry.
     visible = s > float("-inf")
     f = s
     for step in range(SINKHORN_NORMALIZATIONS):
         dim = -1 if step % 2 == 0 else -2
-        f = f - _masked_logsumexp(f, visible, dim)
-    return torch.exp(f)
+        lse = _masked_logsumexp(f, visible, dim)
+        f = f - (lse.detach() if authors and dim == -2 else lse)
+    if not authors:
+        return torch.exp(f)
+    rows = visible.any(dim=-1).sum(dim=-1, keepdim=True).clamp_min(1).to(f.dtype)  # the ratio in f's dtype
+    cols = visible.any(dim=-2).sum(dim=-1, keepdim=True).to(f.dtype)
+    return torch.exp(f) * (cols / rows).unsqueeze(-1)
+
+
+def _sinkhorn_options(spec: AttentionSpec) -> dict:
+    return {"authors": bool(spec.sinkhorn_authors)}
 
 
 def _power_terms(s: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -793,7 +808,8 @@ NORMALIZERS = Registry(
             "Sander et al. 2022, arXiv:2110.11773, sec. 3 (Sinkformers; Sinkhorn's algorithm alternating row and "
             "column normalizations, 3 as in the authors' code)",
             _sinkhorn,
-            frozenset({"row", "columns", "noncausal"}),
+            frozenset({"row", "columns", "noncausal", "configured"}),
+            {"options": _sinkhorn_options, "defaults": {"authors": False}, "fields": {"authors": "sinkhorn_authors"}},
             relaxes="A5: the weights are normalized over the queries too (approximately doubly stochastic), so a "
             "query's weights depend on the other queries' scores; rows are no longer computed independently",
         ),
