@@ -27,8 +27,26 @@ from axiomformer.spec import AXES, allows_causal, required_fields
 
 DIM, HEADS, BATCH, Q_LEN, K_LEN, WINDOW = 16, 2, 2, 6, 9, 3
 SCENARIOS = ("none", "key_padding", "float_mask", "causal", "alibi", "window", "kv_decode")
-CHOICES = [(axis, name) for axis, names in AXES.items() for name in names] + [("softcap", "2.5"), ("topk", "3")]
-"""Every choice of every axis, and the relaxations that are spec fields (soft-capping; topk below the key count)."""
+FIELD_CHOICES = {
+    "topk": ("normalizer", "topk"),
+    "softpick_shifted_eps": ("normalizer", "softpick"),
+    "stick_attend_current": ("normalizer", "stick_breaking"),
+    "stick_remainder": ("normalizer", "stick_breaking"),
+    "talking_heads_residual": ("score", "talking_heads"),
+    "sinkhorn_authors": ("normalizer", "sinkhorn"),
+}
+"""The choice whose option each field case sets (the authors' conventions: ``tests/test_authors_conventions.py``)."""
+CHOICES = [(axis, name) for axis, names in AXES.items() for name in names] + [
+    ("softcap", "2.5"),
+    ("topk", "3"),
+    ("softpick_shifted_eps", "true"),
+    ("stick_attend_current", "false"),
+    ("stick_remainder", "true"),
+    ("talking_heads_residual", "true"),
+    ("sinkhorn_authors", "true"),
+]
+"""Every choice of every axis, and the relaxations that are spec fields (soft-capping; topk below the key count; the
+authors' conventions of softpick, stick-breaking, talking heads and Sinkhorn)."""
 RTOL = 1e-4
 """Largest relative error (norm of the difference over the norm of the reference, per tensor) in float32."""
 
@@ -55,14 +73,15 @@ def case_spec(axis: str, name: str, scenario: str) -> AttentionSpec | None:
     if axis == "select" and name != AXES["select"][0] and scenario == "window":
         return None  # refused by the spec: a selection chooses among every visible key
     causal = scenario in ("causal", "alibi", "window", "kv_decode")
-    if not allows_causal(axis, name, causal):
+    option_of = FIELD_CHOICES.get(axis)
+    if not allows_causal(axis, name, causal) or (option_of and not allows_causal(*option_of, causal)):
         return None  # defined only under a causal mask, or only without one
     if scenario in ("float_mask", "alibi") and axis == "normalizer" and NORMALIZERS.has(name, "sign_blind"):
         return None  # refused: a float bias would become weight (power)
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal)
     spec = spec.relax({**required_fields(axis, name), axis: name})  # a transport's paired normalizer
-    if axis == "topk":
-        spec = spec.relax(normalizer="topk")
+    if option_of:
+        spec = spec.relax({option_of[0]: option_of[1]})
     if axis == "feature_map":
         spec = spec.relax(normalizer="linear")
     if scenario == "alibi":

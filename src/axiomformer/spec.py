@@ -85,6 +85,15 @@ FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
 """Fields that relax an assumption without being an axis: formula, assumption relaxed and how, source (the
 design-space table's rows)."""
 
+CONVENTION_FLAGS = (
+    "softpick_shifted_eps",
+    "stick_attend_current",
+    "stick_remainder",
+    "talking_heads_residual",
+    "sinkhorn_authors",
+)
+"""Boolean fields that switch a choice to its authors' released convention (the defaults follow the papers)."""
+
 ECONOMIES = ("num_kv_heads", "window", "kv_latent", "kv_rope_dim")
 """Fields that are not assumptions but the field's usual economies (0 = off); :attr:`AttentionSpec.variant` names them."""
 
@@ -231,6 +240,22 @@ class AttentionSpec:
             sample's gradient (straight-through, Jang et al. 2017, sec. 2.2); ignored by the other normalizers.
         topk: keys kept per row by ``normalizer="topk"`` (an int >= 1, default 8; Zhao et al. 2019); ignored by the
             other normalizers.
+        softpick_shifted_eps: ``normalizer="softpick"`` as the authors' released layer: the epsilon 1e-8 added to the
+            denominator after the max shift, sum_j |e^(s_j - m) - e^-m| + 1e-8 with m = max_j s_j, instead of the
+            paper's eq. 2 (1e-6 before it; the default); ignored by the other normalizers.
+        stick_attend_current: ``normalizer="stick_breaking"`` lets a query attend to its own key (the row's last
+            visible key), as Tan et al. 2024's eq. 3 (the default, True); False leaves the diagonal out, as the
+            authors' released layer (``attend_current=False``); ignored by the other normalizers.
+        stick_remainder: ``normalizer="stick_breaking"`` gives the stick's remainder 1 - sum_j u_ij to the query's
+            own key (o_i += rem_i v_i), as the authors' released layer; False (the default): the paper's eq. 3, rows
+            sum to at most 1; ignored by the other normalizers.
+        talking_heads_residual: ``score="talking_heads"`` as x-transformers' layer, s_h + sum_g P_hg s_g with P from
+            the identity (so it starts at 2 q . k); False (the default): the paper's P s with P from the identity
+            (Shazeer et al. 2020, sec. 4), which starts at the standard score; ignored by the other scores.
+        sinkhorn_authors: ``normalizer="sinkhorn"`` as the authors' released layer (Sander et al. 2022's code):
+            marginals 1 / q_len and 1 / k_len, the plan times k_len, so rows sum to k_len / q_len (1 only when
+            q_len = k_len) and columns about to 1, the column potential detached; False (the default): rows sum to
+            1 and columns about to q_len / k_len, every step differentiated; ignored by the other normalizers.
         transport: the relevance carried through the tokens in between (``axes/transport.py``): ``none`` (default),
             ``decay`` (Mamba-2), ``householder`` (PaTH), ``decay_householder`` (Gated DeltaNet),
             ``diag_decay_householder`` (Kimi Linear's KDA); each needs ``causal=True`` and its paper's normalizer.
@@ -279,6 +304,11 @@ class AttentionSpec:
     gumbel_tau: float = 1.0
     gumbel_hard: bool = False
     topk: int = 8
+    softpick_shifted_eps: bool = False
+    stick_attend_current: bool = True
+    stick_remainder: bool = False
+    talking_heads_residual: bool = False
+    sinkhorn_authors: bool = False
     softcap: float = 0.0
     transport: str = "none"
     select: str = "none"
@@ -319,8 +349,9 @@ class AttentionSpec:
         tau = self.gumbel_tau
         if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau <= 0:
             raise ValueError(f"gumbel_tau must be a finite float > 0, got {self.gumbel_tau!r}")
-        if not isinstance(self.gumbel_hard, bool):
-            raise ValueError(f"gumbel_hard must be a bool, got {self.gumbel_hard!r}")
+        for name in ("gumbel_hard", *CONVENTION_FLAGS):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self._check_relaxations()
         check_transport(self)
         check_select(self)
@@ -545,8 +576,15 @@ class AttentionSpec:
             **{k: getattr(self, k) for k in ECONOMIES if getattr(self, k)},
             **({"softcap": f"{self.softcap:g}"} if self.softcap else {}),
             **changed_options(self),
+            **self._score_options(),
         }
         return ",".join(f"{k}={v}" for k, v in relaxed.items()) if relaxed else "standard"
+
+    def _score_options(self) -> dict[str, str]:
+        """The score's convention fields away from their defaults (``talking_heads_residual``), as relax values."""
+        return (
+            {"talking_heads_residual": "true"} if self.score == "talking_heads" and self.talking_heads_residual else {}
+        )
 
     @property
     def is_standard(self) -> bool:
@@ -571,6 +609,7 @@ class AttentionSpec:
             **self.relaxed_axes(),
             **({"softcap": f"{self.softcap:g}"} if self.softcap else {}),
             **changed_options(self),  # topk, gumbel_tau, ...: the relaxation is not known without them
+            **self._score_options(),
             **({"kv_rope_dim": self.kv_rope_dim} if self.kv_rope_dim else {}),  # MLA's decoupled RoPE key
         }
         axes = ", ".join(f"{k}={v}" for k, v in relaxed.items())

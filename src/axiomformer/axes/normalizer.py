@@ -28,11 +28,15 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
                     of each head's q and k, lambda_h learned per head from 0.2 (Ye et al. 2024, arXiv:2410.05258;
                     trait ``halves``; needs an even head_dim and a score without head_dim-sized parameters)
     stick_breaking  u_ij = beta_ij prod_{visible l, j < l <= i} (1 - beta_il), beta = sigmoid(s) (Tan et al. 2024,
-                    arXiv:2410.17980); causal only
+                    arXiv:2410.17980); causal only. The default is the paper's eq. 3 (the diagonal included, no
+                    remainder); the authors' released layer is ``stick_attend_current=false`` (the diagonal left
+                    out) with ``stick_remainder=true`` (o_i += (1 - sum_j u_ij) v_i) (trait ``configured``)
     softmax_sink    u = exp(s) / (exp(b_h) + sum_j exp(s_j)), b_h learned per head from 0 (gpt-oss's sinks;
                     softmax1 is b_h = 0)
     softpick        u = relu(exp(s) - 1) / (sum_j |exp(s_j) - 1| + 1e-6), computed with numerator and denominator
-                    times exp(-max(0, max_j s_j)) (Zuhri et al. 2025, arXiv:2504.20966)
+                    times exp(-max(0, max_j s_j)) (Zuhri et al. 2025, arXiv:2504.20966); the default is the paper's
+                    eq. 2, ``softpick_shifted_eps=true`` the authors' released function (1e-8 added after the shift
+                    by max_j s_j) (trait ``configured``)
     topk            softmax over the row's ``topk`` largest visible scores, 0 elsewhere (Zhao et al. 2019,
                     arXiv:1912.11637); ``topk`` is a spec field (trait ``configured``); every key tied with the k-th
                     largest score is kept, as in the paper's code (a row keeps k keys or more), so that no engine
@@ -42,7 +46,10 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
     sinkhorn        u = the Sinkhorn iterates of exp(s) over the visible entries: rows, columns, rows normalized
                     in turn (SINKHORN_NORMALIZATIONS = 3), so rows sum to 1 and columns about to q_len / k_len
                     (Sander et al. 2022, arXiv:2110.11773, sec. 3); a query's weights depend on the other queries'
-                    scores (trait ``columns``); not causal (trait ``noncausal``)
+                    scores (trait ``columns``); not causal (trait ``noncausal``). The default is the paper's;
+                    ``sinkhorn_authors=true`` the authors' released layer: marginals 1 / q_len, 1 / k_len and the
+                    plan times k_len (rows sum to k_len / q_len: 1 only for square problems), the column potential
+                    detached (trait ``configured``)
     power           u = s^p / sum_j s_j^p, p = POWER_P = 2 (even: the weights are >= 0); a row whose visible scores
                     are all 0 gets uniform weights 1 / n_i **(our convention)** (Buckman, Gelada & Zhang 2024,
                     "Symmetric Power Transformers", Manifest AI, the power attention A = (q.k)^p / sum (q.k)^p)
@@ -84,6 +91,10 @@ SOFTPICK_EXPM1_BELOW = 1.0
 
 SOFTPICK_EPS = 1e-6
 """The epsilon in softpick's denominator (Zuhri et al. 2025, eq. 2)."""
+
+SOFTPICK_SHIFTED_EPS = 1e-8
+"""The epsilon of the authors' released softpick (spec field ``softpick_shifted_eps``): ``eps=1e-8`` added to the
+denominator after the shift by m = max_j s_j (github.com/zaydzuhri/softpick-attention, ``softpick``)."""
 
 TOPK_DEFAULT = 8
 """Default of the spec field ``topk`` (keys kept per row by ``normalizer=topk``)."""
@@ -435,13 +446,31 @@ def _diff_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
     return {"diff_lambda": nn.Parameter(torch.full((spec.num_heads,), DIFF_LAMBDA_INIT))}
 
 
-def _stick_breaking(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+def _current_key(s: Tensor) -> Tensor:
+    """Bool, shaped like s: the row's last visible key (s > -inf), under a causal mask the query's own."""
+    visible = s > float("-inf")
+    return visible & (visible.cumsum(dim=-1) == visible.sum(dim=-1, keepdim=True))
+
+
+def _stick_breaking(
+    s: Tensor, training: bool, attend_current: bool = True, remainder: bool = False, **params: Tensor
+) -> Tensor:
     # log u_ij = log beta_ij + sum_{l > j} log(1 - beta_il); a blocked key (s = -inf) has log(1 - beta) = 0, so the
     # product runs over the visible keys only. The sum over l > j is an exclusive reverse cumulative sum.
+    current = _current_key(s) if not attend_current or remainder else None
+    if current is not None and not attend_current:  # the authors' default: the diagonal is not a key to break on
+        s = s.masked_fill(current, float("-inf"))
     log_keep = F.logsigmoid(-s)
     after = torch.flip(torch.cumsum(torch.flip(log_keep[..., 1:], dims=(-1,)), dim=-1), dims=(-1,))
     after = F.pad(after, (0, 1))
-    return torch.exp(F.logsigmoid(s) + after)
+    u = torch.exp(F.logsigmoid(s) + after)
+    if current is not None and remainder:  # the authors' o_i += rem_i v_i: the stick's rest to the own key
+        u = u + current.to(u.dtype) * (1.0 - u.sum(dim=-1, keepdim=True))
+    return u
+
+
+def _stick_options(spec: AttentionSpec) -> dict:
+    return {"attend_current": bool(spec.stick_attend_current), "remainder": bool(spec.stick_remainder)}
 
 
 def _softmax_sink(s: Tensor, training: bool, sink: Tensor | float = 0.0, **params: Tensor) -> Tensor:
@@ -472,10 +501,22 @@ def softpick_terms(s: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(torch.isneginf(s), torch.zeros_like(a), a), floor
 
 
-def _softpick(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+def softpick_eps(floor: Tensor, shifted_eps: bool = False) -> Tensor | float:
+    """The epsilon added to softpick's shifted denominator sum_j |a_j|: the paper's 1e-6 scaled by the shift,
+    SOFTPICK_EPS e^-m (the default), or the authors' released layer's SOFTPICK_SHIFTED_EPS after it. Their shift is
+    m = max_j s_j unclamped; below 0 every a_j < 0 and the weights are 0 under either shift, so only the epsilon
+    differs."""
+    return SOFTPICK_SHIFTED_EPS if shifted_eps else SOFTPICK_EPS * floor
+
+
+def _softpick(s: Tensor, training: bool, shifted_eps: bool = False, **params: Tensor) -> Tensor:
     # relu(e^s - 1) / (sum |e^s - 1| + eps), in the terms of softpick_terms; blocked keys are left out of the sum.
     a, floor = softpick_terms(s)
-    return F.relu(a) / (a.abs().sum(dim=-1, keepdim=True) + SOFTPICK_EPS * floor)
+    return F.relu(a) / (a.abs().sum(dim=-1, keepdim=True) + softpick_eps(floor, shifted_eps))
+
+
+def _softpick_options(spec: AttentionSpec) -> dict:
+    return {"shifted_eps": bool(spec.softpick_shifted_eps)}
 
 
 def _topk(s: Tensor, training: bool, k: int = TOPK_DEFAULT, **params: Tensor) -> Tensor:
@@ -497,15 +538,27 @@ def _masked_logsumexp(f: Tensor, visible: Tensor, dim: int) -> Tensor:
     return torch.logsumexp(f.masked_fill(~some, 0.0), dim=dim, keepdim=True).masked_fill(~some, 0.0)
 
 
-def _sinkhorn(s: Tensor, training: bool, **params: Tensor) -> Tensor:
+def _sinkhorn(s: Tensor, training: bool, authors: bool = False, **params: Tensor) -> Tensor:
     # Sinkhorn's algorithm on K = exp(s) in the log domain: f <- f - logsumexp over a row, then over a column, ...;
-    # blocked entries stay -inf (weight 0, out of every sum), an empty row or column is left alone.
+    # blocked entries stay -inf (weight 0, out of every sum), an empty row or column is left alone. With ``authors``
+    # the released layer (sinkformers' SinkhornDistance and ``attn * attn.shape[-1]``): marginals 1 / q_len and
+    # 1 / k_len, the plan times k_len (rows sum to k_len / q_len, columns about to 1) and the column potential
+    # detached (``v.detach()``); q_len, k_len count the rows and columns with a visible entry.
     visible = s > float("-inf")
     f = s
     for step in range(SINKHORN_NORMALIZATIONS):
         dim = -1 if step % 2 == 0 else -2
-        f = f - _masked_logsumexp(f, visible, dim)
-    return torch.exp(f)
+        lse = _masked_logsumexp(f, visible, dim)
+        f = f - (lse.detach() if authors and dim == -2 else lse)
+    if not authors:
+        return torch.exp(f)
+    rows = visible.any(dim=-1).sum(dim=-1, keepdim=True).clamp_min(1).to(f.dtype)  # the ratio in f's dtype
+    cols = visible.any(dim=-2).sum(dim=-1, keepdim=True).to(f.dtype)
+    return torch.exp(f) * (cols / rows).unsqueeze(-1)
+
+
+def _sinkhorn_options(spec: AttentionSpec) -> dict:
+    return {"authors": bool(spec.sinkhorn_authors)}
 
 
 def _power_terms(s: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -539,13 +592,14 @@ def _softpick_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options: Any
     # dL/da_k = ([a_k > 0] g_k - sign(a_k) sum_j g_j u_j) / D, and da_k/dz_k = e^(z_k - m) (0 at a blocked key).
     a, floor = softpick_terms(z)
     e = torch.exp(z - z.amax(dim=-1, keepdim=True).clamp_min_(0.0))
-    denom = a.abs().sum(dim=-1, keepdim=True).add_(floor, alpha=SOFTPICK_EPS)
+    denom = a.abs().sum(dim=-1, keepdim=True) + softpick_eps(floor, bool(options.get("shifted_eps", False)))
     return g.mul_(u > 0).sub_(a.sign_().mul_(delta)).div_(denom).mul_(e)
 
 
 def _stick_breaking_vjp(z: Tensor, u: Tensor, g: Tensor, delta: Tensor, **options: Any) -> Tensor:
     # log u_j = logsigmoid(z_j) + sum_{l > j} logsigmoid(-z_l): with dA = g u,
-    # dL/dz_j = dA_j sigmoid(-z_j) - sigmoid(z_j) sum_{j' < j} dA_j'.
+    # dL/dz_j = dA_j sigmoid(-z_j) - sigmoid(z_j) sum_{j' < j} dA_j'. At the default options only: the row kernels
+    # decline the authors' conventions (``RowKernel.reads_options``).
     d = g.mul_(u)
     before = torch.cumsum(d, dim=-1).sub_(d)
     return d.mul_(torch.sigmoid(-z)).sub_(before.mul_(torch.sigmoid(z)))
@@ -705,8 +759,13 @@ NORMALIZERS = Registry(
             "u_ij = beta_ij prod_{visible l, j < l <= i} (1 - beta_il), beta_ij = sigmoid(s_ij)",
             "Tan et al. 2024, arXiv:2410.17980, eq. 3 (stick-breaking attention)",
             _stick_breaking,
-            frozenset({"row", "causal", "ordered", "closed_vjp"}),
-            {"vjp": _stick_breaking_vjp},
+            frozenset({"row", "causal", "ordered", "closed_vjp", "configured"}),
+            {
+                "vjp": _stick_breaking_vjp,
+                "options": _stick_options,
+                "defaults": {"attend_current": True, "remainder": False},
+                "fields": {"attend_current": "stick_attend_current", "remainder": "stick_remainder"},
+            },
             relaxes="A5 and order together: the nearest keys take their share first; "
             "rows sum to at most 1, not shift invariant (causal only)",
         ),
@@ -724,8 +783,13 @@ NORMALIZERS = Registry(
             "u = relu(exp(s) - 1) / (sum_j |exp(s_j) - 1| + 1e-6)",
             "Zuhri et al. 2025, arXiv:2504.20966, eq. 2 (softpick)",
             _softpick,
-            frozenset({"row", "closed_vjp"}),
-            {"vjp": _softpick_vjp},
+            frozenset({"row", "closed_vjp", "configured"}),
+            {
+                "vjp": _softpick_vjp,
+                "options": _softpick_options,
+                "defaults": {"shifted_eps": False},
+                "fields": {"shifted_eps": "softpick_shifted_eps"},
+            },
             relaxes="A5: not shift invariant; exact zeros where s <= 0; rows may sum below 1",
         ),
         Choice(
@@ -744,7 +808,8 @@ NORMALIZERS = Registry(
             "Sander et al. 2022, arXiv:2110.11773, sec. 3 (Sinkformers; Sinkhorn's algorithm alternating row and "
             "column normalizations, 3 as in the authors' code)",
             _sinkhorn,
-            frozenset({"row", "columns", "noncausal"}),
+            frozenset({"row", "columns", "noncausal", "configured"}),
+            {"options": _sinkhorn_options, "defaults": {"authors": False}, "fields": {"authors": "sinkhorn_authors"}},
             relaxes="A5: the weights are normalized over the queries too (approximately doubly stochastic), so a "
             "query's weights depend on the other queries' scores; rows are no longer computed independently",
         ),

@@ -17,7 +17,9 @@ Choices:
     mlp       s = w_2 . GELU(W_q' q + W_k' k + b) + c           (an MLP on [q; k]); O(L S hidden) memory
     talking_heads  s_h = sum_g P_hg q_g . k_g, the heads' dot-product logits mixed by a learned H x H matrix P,
                 initialised at the identity (Shazeer et al. 2020, arXiv:2003.02436, sec. 4, the mixing before the
-                softmax only); mixed before the temperature, which is the same for a scale shared by the heads
+                softmax only); mixed before the temperature, which is the same for a scale shared by the heads.
+                The default is the paper's; ``talking_heads_residual=true`` is x-transformers' s + P s with P from
+                the identity (it starts at 2 q . k)
 """
 
 from __future__ import annotations
@@ -153,15 +155,20 @@ class MLPScore(nn.Module):
 
 
 class TalkingHeadsScore(nn.Module):
-    """s_hij = sum_g P_hg q_gi . k_gj: the dot-product logits of every head mixed by a learned (heads, heads) P."""
+    """s_hij = sum_g P_hg q_gi . k_gj: the dot-product logits of every head mixed by a learned (heads, heads) P,
+    from the identity (Shazeer et al. 2020's projection). With ``residual`` (spec field ``talking_heads_residual``)
+    x-transformers' layer: s_h + sum_g P_hg s_g (``sim + pre_softmax_talking_heads(sim)``, the 1x1 convolution
+    initialised to the identity by ``nn.init.dirac_``), so it starts at 2 q . k, not at the standard score."""
 
-    def __init__(self, num_heads: int):
+    def __init__(self, num_heads: int, residual: bool = False):
         super().__init__()
         self.mix = nn.Parameter(torch.eye(num_heads))
+        self.residual = residual
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
         logits = torch.matmul(q, k.transpose(-2, -1))
-        return torch.einsum("hg,bgij->bhij", self.mix.to(logits.dtype), logits)
+        mixed = torch.einsum("hg,bgij->bhij", self.mix.to(logits.dtype), logits)
+        return logits + mixed if self.residual else mixed
 
 
 @torch.no_grad()
@@ -263,7 +270,7 @@ SCORES = Registry(
             "talking_heads",
             "s_h = sum_g P_hg q_g . k_g, P a learned H x H matrix from the identity",
             "Shazeer et al. 2020, arXiv:2003.02436, sec. 4 (talking-heads attention, the logits' projection)",
-            lambda spec: TalkingHeadsScore(spec.num_heads),
+            lambda spec: TalkingHeadsScore(spec.num_heads, spec.talking_heads_residual),
             frozenset({"any_width", "starts_standard"}),
             {"move": _move_mix},
             relaxes="A4: heads stop being independent, the logits are mixed across heads before the normalizer",

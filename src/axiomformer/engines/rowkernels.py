@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from axiomformer.axes.normalizer import SOFTPICK_EPS, SOFTPICK_EXPM1_BELOW
+from axiomformer.axes.normalizer import SOFTPICK_EPS, SOFTPICK_EXPM1_BELOW, SOFTPICK_SHIFTED_EPS
 from axiomformer.axes.registry import Choice
 from axiomformer.engines.problem import fill_hidden_
 
@@ -44,11 +44,14 @@ class RowKernel:
     ``shift_invariant``: u(t + c) = u(t) for a per-row constant c (the engine may then drop one from the cap).
     ``selects``: u jumps where logits cross (top-k), so the cap must round exactly as the reference's tanh does.
     ``keeps_logits``: t is as the engine gave it once ``vjp`` has returned (the engine may then reuse it).
+    ``reads_options``: computes a ``configured`` choice at any options, not only at its defaults (the engine
+    declines the others: :func:`reads_options`).
     """
 
     shift_invariant = False
     selects = False
     keeps_logits = False
+    reads_options = True
 
     def __init__(self, choice: Choice, options: dict) -> None:
         self.choice, self.options = choice, options
@@ -134,7 +137,11 @@ class Softpick(RowKernel):
         signed_sum = a.sum(dim=-1, keepdim=True)
         u = a.relu_()
         # sum |a| = 2 sum relu(a) - sum a: two reductions instead of an |a| block
-        denom = u.sum(dim=-1, keepdim=True).mul_(2).sub_(signed_sum).add_(floor, alpha=SOFTPICK_EPS)
+        denom = u.sum(dim=-1, keepdim=True).mul_(2).sub_(signed_sum)
+        if self.options.get("shifted_eps", False):  # the authors' epsilon, after the shift (softpick_eps)
+            denom.add_(SOFTPICK_SHIFTED_EPS)
+        else:
+            denom.add_(floor, alpha=SOFTPICK_EPS)
         return u.div_(denom), (denom, floor, sign)
 
     def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
@@ -150,8 +157,11 @@ class StickBreaking(RowKernel):
     1 - beta = sigmoid(-t) (0.4 ms on an 8 MiB block, where the log-space form's softplus, cumsum and exp took 1.5 ms;
     a product that underflows is 0, as it is in log space). A blocked key (t = -inf) has beta = 0 and 1 - beta = 1.
 
-    dL/dt_k = dA_k - beta_k sum_{j <= k} dA_j with dA = g u. t is left intact.
+    dL/dt_k = dA_k - beta_k sum_{j <= k} dA_j with dA = g u. t is left intact. The paper's convention only: the
+    authors' (``stick_attend_current=False``, ``stick_remainder=True``) run on the reference and chunked engines.
     """
+
+    reads_options = False
 
     def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
         u = torch.special.expit(t, out=spare(0))
@@ -178,6 +188,11 @@ KERNELS: dict[str, type[RowKernel]] = {
     "stick_breaking": StickBreaking,
 }
 """Kernels by normalizer name; any other ``closed_vjp`` choice runs through :class:`Generic`."""
+
+
+def reads_options(choice: Choice) -> bool:
+    """Whether the kernel for ``choice`` computes it at options other than its defaults."""
+    return KERNELS.get(choice.name, Generic).reads_options
 
 
 def row_kernel(choice: Choice, options: dict) -> RowKernel:

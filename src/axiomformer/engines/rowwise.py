@@ -35,7 +35,7 @@ from axiomformer.engines.autograd import graph_grads
 from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
-from axiomformer.engines.rowkernels import row_kernel
+from axiomformer.engines.rowkernels import reads_options, row_kernel
 
 SIGMOID_CAP_MAX = 64.0
 """Largest cap computed as 2c sigmoid(2z / c) (- c) rather than c tanh(z / c). The two are equal, and sigmoid took
@@ -235,6 +235,7 @@ class RowwiseEngine(EngineBase):
             and kind.offset_ok
             and not kind.compiling
             and kind.dtype in (torch.float32, torch.float64)
+            and (plan.at_defaults or reads_options(plan.normalizer_choice))
         )
 
     def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
