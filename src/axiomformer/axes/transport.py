@@ -240,6 +240,21 @@ def _none(spec: AttentionSpec) -> None:
     return None
 
 
+def _delta_rule(name: str, formula: str, source: str, *, decay: str, relaxes: str) -> Choice:
+    """A gated delta rule: a ``decay`` (scalar ``decay`` or per-channel ``diag_decay``) times the Householder of the
+    keys themselves (w = k, gamma = beta), with L2-normalised queries and keys, beta as the write strength and no
+    normalizer, as its papers define it; ``relaxes`` says what its transport is (A0 and A4; A5 by the normalizer)."""
+    return Choice(
+        name,
+        formula,
+        source,
+        Transport,
+        frozenset({"causal", "ordered", decay, "householder", "delta", "state"}),
+        {"requires": {"normalizer": "none"}, "l2_qk": True, "write": "beta"},
+        relaxes=f"A0 and A4: {relaxes}; with normalizer=none, A5",
+    )
+
+
 TRANSPORTS = Registry(
     "transport",
     [
@@ -264,24 +279,19 @@ TRANSPORTS = Registry(
             relaxes="A0 and A4: the bilinear form is transported through the Householder reflections of the tokens "
             "in between (softmax kept: A5 holds)",
         ),
-        Choice(
+        _delta_rule(
             "decay_householder",
             "s_ij = beta_j k_j^T prod_{t=j+1..i} alpha_t (I - beta_t k_t k_t^T) q_i",
             "Yang, Kautz & Hatamizadeh 2025, Gated DeltaNet, arXiv:2412.06464, eq. 10",
-            Transport,
-            frozenset({"causal", "ordered", "decay", "householder", "delta", "state"}),
-            {"requires": {"normalizer": "none"}, "l2_qk": True, "write": "beta"},
-            relaxes="A0 and A4: the gated delta rule's transport (scalar decay times Householder) through the tokens "
-            "in between; with normalizer=none, A5",
+            decay="decay",
+            relaxes="the gated delta rule's transport (scalar decay times Householder) through the tokens in between",
         ),
-        Choice(
+        _delta_rule(
             "diag_decay_householder",
             "s_ij = beta_j k_j^T prod_{t=j+1..i} Diag(alpha_t) (I - beta_t k_t k_t^T) q_i",
             "Kimi Team 2025, Kimi Linear, arXiv:2510.26692, KDA (eq. 1)",
-            Transport,
-            frozenset({"causal", "ordered", "diag_decay", "householder", "delta", "state"}),
-            {"requires": {"normalizer": "none"}, "l2_qk": True, "write": "beta"},
-            relaxes="A0 and A4: the delta rule with a per-channel decay; with normalizer=none, A5",
+            decay="diag_decay",
+            relaxes="the delta rule with a per-channel decay",
         ),
     ],
     TRANSPORT_TRAITS,

@@ -180,6 +180,12 @@ class SyntheticTask(Task):
             f"too small to split (raise seq_len or the vocabulary)"
         )
 
+    def special_tokens(self, data_tokens: int, count: int) -> tuple[int, ...]:
+        """The ids of ``count`` special tokens (separator, noise, padding, trigger) after the ``data_tokens`` data
+        ids ``0 .. data_tokens - 1``; sets ``vocab_size`` to cover both."""
+        self.vocab_size = data_tokens + count
+        return tuple(range(data_tokens, self.vocab_size))
+
 
 def left_pad(rows: np.ndarray, seq_len: int, pad: int) -> np.ndarray:
     """Prepend ``pad`` tokens to (n, L) rows so they have length ``seq_len`` >= L."""

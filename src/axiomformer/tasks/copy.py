@@ -30,8 +30,7 @@ class CopyTask(SyntheticTask):
         self.seq_len = positive("seq_len", seq_len, 2)
         self.vocab = positive("vocab", vocab, 2)
         self.n = self.seq_len // 2
-        self.sep, self.pad = self.vocab, self.vocab + 1
-        self.vocab_size = self.vocab + 2
+        self.sep, self.pad = self.special_tokens(self.vocab, 2)
         self.chance = 1.0 / self.vocab
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -35,8 +35,7 @@ class InductionTask(SyntheticTask):
     def __init__(self, seq_len: int, vocab: int = 16):
         self.seq_len = positive("seq_len", seq_len, 3)
         self.vocab = positive("vocab", vocab, 2)
-        self.trigger = self.vocab
-        self.vocab_size = self.vocab + 1
+        (self.trigger,) = self.special_tokens(self.vocab, 1)
         self.chance = 1.0 / self.vocab
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -51,6 +51,7 @@ class MQARTask(SyntheticTask):
         if self.vocab % 2:
             raise ValueError(f"vocab must be even (keys and values are its two halves), got {vocab}")
         self.num_keys = self.vocab // 2
+        self.chance = 1.0 / self.num_keys
         if pairs_per_token is not None:
             if num_pairs is not None or not 0 < pairs_per_token <= 0.5:
                 raise ValueError(
@@ -72,9 +73,7 @@ class MQARTask(SyntheticTask):
                 f"num_queries={self.num_queries} exceeds num_pairs={self.num_pairs} or the "
                 f"{self.slots} free query slots"
             )
-        self.noise, self.pad = self.vocab, self.vocab + 1
-        self.vocab_size = self.vocab + 2
-        self.chance = 1.0 / self.num_keys
+        self.noise, self.pad = self.special_tokens(self.vocab, 2)
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         d, q, rows = self.num_pairs, self.num_queries, np.arange(n)[:, None]

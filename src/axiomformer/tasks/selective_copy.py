@@ -30,6 +30,7 @@ class SelectiveCopyTask(SyntheticTask):
     def __init__(self, seq_len: int, vocab: int = 16, num_tokens: int | None = None):
         self.seq_len = positive("seq_len", seq_len, 2)
         self.vocab = positive("vocab", vocab, 2)
+        self.chance = 1.0 / self.vocab
         self.num_tokens = positive("num_tokens", num_tokens if num_tokens is not None else max(1, seq_len // 8))
         self.context = self.seq_len - self.num_tokens
         if self.context < self.num_tokens:
@@ -37,9 +38,7 @@ class SelectiveCopyTask(SyntheticTask):
                 f"num_tokens={self.num_tokens} data tokens do not fit a context of "
                 f"{self.context} positions at seq_len={seq_len}"
             )
-        self.noise, self.sep = self.vocab, self.vocab + 1
-        self.vocab_size = self.vocab + 2
-        self.chance = 1.0 / self.vocab
+        self.noise, self.sep = self.special_tokens(self.vocab, 2)
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         k, rows = self.num_tokens, np.arange(n)[:, None]
