@@ -114,8 +114,10 @@ def rank1_residual(mats: Tensor, rank: int = 1) -> float:
     return float((resid.pow(2).sum() / total).sqrt())
 
 
-def result(name: str, tag: str, stat: float, tol: float, detail: str) -> AuditCheck:
-    return AuditCheck(name, tag, bool(stat <= tol), finite(float(stat)), tol, detail)
+def result(name: str, tag: str, stat: float, tol: float, detail: str, *, passes_above: bool = False) -> AuditCheck:
+    """The check's verdict from its statistic: passed when ``stat <= tol`` (``passes_above``: when ``stat > tol``)."""
+    passed = stat > tol if passes_above else stat <= tol
+    return AuditCheck(name, tag, bool(passed), finite(float(stat)), tol, detail)
 
 
 def cannot_tell(name: str, tag: str, tol: float, why: str) -> AuditCheck:

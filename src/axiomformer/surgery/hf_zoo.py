@@ -68,6 +68,9 @@ def _t(name: str) -> Any:
     return getattr(transformers, name)
 
 
+_TINY_MOE = {"num_experts_per_tok": 1, "moe_intermediate_size": 16}
+"""The mixture-of-experts sizes of the MoE families (qwen3-next, deepseek-v3): one expert per token, width 16."""
+
 _SLIDING_FULL = ["sliding_attention", "full_attention"]
 """``layer_types`` of a sliding-window layer then a full-attention layer (the audit reads layer 1)."""
 
@@ -106,9 +109,8 @@ FAMILIES: dict[str, Family] = {
     "qwen3-next": Family(
         lambda hd: _t("Qwen3NextConfig")(
             **_decoder(hd, ["linear_attention", "full_attention"]),
+            **_TINY_MOE,
             num_experts=2,
-            num_experts_per_tok=1,
-            moe_intermediate_size=16,
             shared_expert_intermediate_size=16,
             linear_num_value_heads=2,
             linear_num_key_heads=2,
@@ -148,17 +150,16 @@ FAMILIES: dict[str, Family] = {
     "deepseek-v3": Family(
         lambda hd: _t("DeepseekV3Config")(
             **_no_head_dim(hd),
+            **_TINY_MOE,
             q_lora_rank=None,
             kv_lora_rank=8,
             qk_rope_head_dim=hd // 2,
             qk_nope_head_dim=hd // 2,
             v_head_dim=hd,
             n_routed_experts=2,
-            num_experts_per_tok=1,
             n_group=1,
             topk_group=1,
             first_k_dense_replace=1,
-            moe_intermediate_size=16,
         ),
         shows="MLA: keys and values from one low-rank latent (kept as trained), decoupled RoPE on half the dims",
     ),
