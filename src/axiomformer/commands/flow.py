@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,16 +126,19 @@ def flow_command(
     )
     if not (quiet or as_json):
         _announce(data, config, noise_levels, out)
-    result = _run(
-        data,
-        config=config,
-        noise_levels=noise_levels,
-        out=out,
-        quiet=quiet or as_json,
-        seed=seed,
-        quick=quick,
-        data_dir=data_dir,
-    )
+    from axiomformer.flows.experiment import run_flow_experiment
+
+    with _one_thread_and_error_line():
+        result = run_flow_experiment(
+            data,
+            noise=noise_levels,
+            out_dir=out,
+            quiet=quiet or as_json,
+            seed=seed,
+            quick=quick,
+            data_dir=data_dir,
+            config=config,
+        )
     if not (quiet or as_json):
         _print_tables(result)
     if as_json:
@@ -191,34 +196,15 @@ def _announce(data: str, config: FlowConfig, noise_levels: list[float], out: Pat
         typer.echo(f"writing to {out} (an interrupted run of the same protocol there is resumed)", err=True)
 
 
-def _run(
-    data: str,
-    *,
-    config: FlowConfig,
-    noise_levels: list[float],
-    out: Path | None,
-    quiet: bool,
-    seed: int,
-    quick: bool,
-    data_dir: Path | None,
-) -> dict[str, Any]:
+@contextmanager
+def _one_thread_and_error_line() -> Iterator[None]:
     """Run the experiment on one torch thread; a data or value error is one error line and exit code 2."""
     from axiomformer.flows.data import DataError
-    from axiomformer.flows.experiment import run_flow_experiment
     from axiomformer.runtime import torch_threads
 
     try:
         with torch_threads(1):  # tiny matrices: extra threads only spin on a shared machine
-            return run_flow_experiment(
-                data,
-                noise=noise_levels,
-                out_dir=out,
-                quiet=quiet,
-                seed=seed,
-                quick=quick,
-                data_dir=data_dir,
-                config=config,
-            )
+            yield
     except (DataError, ValueError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
