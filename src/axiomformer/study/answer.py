@@ -6,6 +6,7 @@ control; the differences figure; and each family's full table (primary, control 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,39 +77,25 @@ def sentence(v: Verdict, margin: float) -> str:
     return text
 
 
+_VERDICT_COLUMNS: tuple[tuple[str, Callable[[Verdict], str]], ...] = (
+    ("assumption", lambda v: v.assumption),
+    ("relaxation", lambda v: v.model),
+    ("task", lambda v: v.task),
+    ("metric", lambda v: v.metric),
+    ("verdict", lambda v: v.verdict),
+    ("difference [interval]", interval_text),
+    ("p (diff.)", lambda v: f"{v.p_difference:.3g}"),
+    ("p (equiv.)", lambda v: f"{v.p_equivalence:.3g}"),
+    ("converged", lambda v: "yes" if v.converged else "no"),
+    ("lr-sensitive", lambda v: "—" if v.lr_sensitive is None else "yes" if v.lr_sensitive else "no"),
+    ("what a decision would take", _need),
+)
+"""A family's full table: each column's header and its cell of one verdict."""
+
+
 def verdict_table(found: list[tuple[Verdict, int, str]], family: str) -> Table:
-    table = Table(
-        [
-            "assumption",
-            "relaxation",
-            "task",
-            "metric",
-            "verdict",
-            "difference [interval]",
-            "p (diff.)",
-            "p (equiv.)",
-            "converged",
-            "lr-sensitive",
-            "what a decision would take",
-        ]
-    )
-    for v, _, fam in found:
-        if fam == family:
-            table.rows.append(
-                [
-                    v.assumption,
-                    v.model,
-                    v.task,
-                    v.metric,
-                    v.verdict,
-                    interval_text(v),
-                    f"{v.p_difference:.3g}",
-                    f"{v.p_equivalence:.3g}",
-                    "yes" if v.converged else "no",
-                    "—" if v.lr_sensitive is None else "yes" if v.lr_sensitive else "no",
-                    _need(v),
-                ]
-            )
+    table = Table([header for header, _ in _VERDICT_COLUMNS])
+    table.rows.extend([cell(v) for _, cell in _VERDICT_COLUMNS] for v, _, fam in found if fam == family)
     return table
 
 
