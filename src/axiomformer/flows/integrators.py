@@ -153,16 +153,10 @@ def integrate(
     Raises:
         ValueError: unknown method (naming the valid ones).
     """
-    if method == "euler":
-        return euler(
-            lambda Z: attention(Z) + linear(Z), Z0, h, n_steps, project=project, return_trajectory=return_trajectory
-        )
-    if method == "rk4":
-        return rk4(
-            lambda Z: attention(Z) + linear(Z), Z0, h, n_steps, project=project, return_trajectory=return_trajectory
-        )
-    if method == "lie_trotter":
-        return lie_trotter(attention, linear, Z0, h, n_steps, project=project, return_trajectory=return_trajectory)
-    if method == "strang":
-        return strang(attention, linear, Z0, h, n_steps, project=project, return_trajectory=return_trajectory)
-    raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(INTEGRATORS)}")
+    if method in SUBSTEPS:  # euler, rk4: the whole field in one step
+        sub = _SUB[method]
+        return _run(lambda Z: sub(lambda X: attention(X) + linear(X), Z, h), Z0, n_steps, project, return_trajectory)
+    splittings = {"lie_trotter": lie_trotter, "strang": strang}
+    if method not in splittings:
+        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(INTEGRATORS)}")
+    return splittings[method](attention, linear, Z0, h, n_steps, project=project, return_trajectory=return_trajectory)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.render import Heading, Image, Paragraph, Table
-from axiomformer.study.statistics import Verdict, fmt_signed
+from axiomformer.study.statistics import VERDICTS, Verdict, fmt_signed
 
 if TYPE_CHECKING:
     from axiomformer.study.report import StudyData
@@ -119,9 +119,7 @@ def _method_note(info: dict[str, Any], found: list[tuple[Verdict, int, str]], fa
 
 def _counts(found: list[tuple[Verdict, int, str]], family: str) -> str:
     members = [v.verdict for v, _, f in found if f == family]
-    parts = [
-        f"{members.count(k)} {k}" for k in ("forced", "better", "free", "inconclusive", "pilot") if members.count(k)
-    ]
+    parts = [f"{members.count(k)} {k}" for k in VERDICTS if members.count(k)]
     return ", ".join(parts) or "none"
 
 
