@@ -110,6 +110,8 @@ def flow_command(
     """Fit the multinomial regression, then test accuracy against the number of flow steps K per arm (theta fixed
     or learned; attention / shuffled / token_mlp / MLP / both / neither; tied, free or classifier values), the
     Holm-corrected paired comparisons, a test-time flow, and sanity checks."""
+    from axiomformer.flows.experiment import run_flow_experiment
+
     expect_writable_folder(out)
     config, noise_levels = _flow_config(
         data,
@@ -126,8 +128,6 @@ def flow_command(
     )
     if not (quiet or as_json):
         _announce(data, config, noise_levels, out)
-    from axiomformer.flows.experiment import run_flow_experiment
-
     with _one_thread_and_error_line():
         result = run_flow_experiment(
             data,
