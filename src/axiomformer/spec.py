@@ -91,6 +91,7 @@ CONVENTION_FLAGS = (
     "stick_remainder",
     "talking_heads_residual",
     "sinkhorn_authors",
+    "diff_authors",
 )
 """Boolean fields that switch a choice to its authors' released convention (the defaults follow the papers)."""
 
@@ -256,6 +257,14 @@ class AttentionSpec:
             marginals 1 / q_len and 1 / k_len, the plan times k_len, so rows sum to k_len / q_len (1 only when
             q_len = k_len) and columns about to 1, the column potential detached; False (the default): rows sum to
             1 and columns about to q_len / k_len, every step differentiated; ignored by the other normalizers.
+        diff_authors: ``normalizer="diff"`` as the authors' released layer (microsoft/unilm Diff-Transformer,
+            ``multihead_diffattn.py``; Ye et al. 2024, eq. 1-3): one lambda per layer, exp(lq1 . lk1) - exp(lq2 .
+            lk2) + lambda_init, lambda_init = 0.8 - 0.6 exp(-0.3 layer_index) from the layer's 0-based depth (which
+            the model passes, ``Attention(spec, layer_index=i)``; 0 for a layer alone); the per-head RMSNorm of the
+            output (eps 1e-5, a learned scale shared by the heads) times (1 - lambda_init), an A1 change; with
+            ``position="rope"`` each half of a head rotated apart (the half-head RoPE, pairs interleaved; needs
+            head_dim divisible by 4). False (the default): eq. 1 alone, lambda_h learned per head from 0.2, the
+            full-head RoPE; ignored by the other normalizers.
         transport: the relevance carried through the tokens in between (``axes/transport.py``): ``none`` (default),
             ``decay`` (Mamba-2), ``householder`` (PaTH), ``decay_householder`` (Gated DeltaNet),
             ``diag_decay_householder`` (Kimi Linear's KDA); each needs ``causal=True`` and its paper's normalizer.
@@ -309,6 +318,7 @@ class AttentionSpec:
     stick_remainder: bool = False
     talking_heads_residual: bool = False
     sinkhorn_authors: bool = False
+    diff_authors: bool = False
     softcap: float = 0.0
     transport: str = "none"
     select: str = "none"
@@ -426,6 +436,11 @@ class AttentionSpec:
                     f"normalizer={self.normalizer!r} splits each head's query and key in two halves "
                     f"and needs an even head_dim (>= 2), got head_dim={self.head_dim}"
                 )
+            if self.diff_authors and self.position == "rope" and self.head_dim % 4:
+                raise ValueError(
+                    f"diff_authors rotates each half of a head apart (the half-head RoPE) and needs head_dim "
+                    f"divisible by 4 with position='rope', got head_dim={self.head_dim}"
+                )
             if not SCORES.has(self.score, "any_width"):
                 valid = ", ".join(c.name for c in SCORES if c.has("any_width"))
                 raise ValueError(
@@ -540,7 +555,8 @@ class AttentionSpec:
 
     def assumptions(self) -> dict[str, bool]:
         """Which of the assumptions A0..A5 this spec satisfies (A0: no position information and no normalizer that
-        reads the keys' order, as the audit's ``set_symmetry`` check, and no transport through the keys in between; A3
+        reads the keys' order, as the audit's ``set_symmetry`` check, and no transport through the keys in between; A1
+        fails with the per-head RMSNorm of ``diff_authors``; A3
         fails with an aggregator that maps the values before the sum, ``laser``'s exp; A4 fails with ``softcap`` and
         with a transport; A5 needs softmax
         *and* the 1/sqrt(d) scale)."""
@@ -549,7 +565,7 @@ class AttentionSpec:
             and not self.kv_rope_dim
             and not NORMALIZERS.has(self.normalizer, "ordered")
             and not TRANSPORTS.has(self.transport, "ordered"),
-            "A1": self.aggregator == "identity",
+            "A1": self.aggregator == "identity" and not self.diff_head_norm,
             "A2": self.contribution == "proportional",
             "A3": self.value == "linear" and not AGGREGATORS.has(self.aggregator, "log_values"),
             "A4": self.score == "dot"
@@ -576,15 +592,25 @@ class AttentionSpec:
             **{k: getattr(self, k) for k in ECONOMIES if getattr(self, k)},
             **({"softcap": f"{self.softcap:g}"} if self.softcap else {}),
             **changed_options(self),
-            **self._score_options(),
+            **self._convention_options(),
         }
         return ",".join(f"{k}={v}" for k, v in relaxed.items()) if relaxed else "standard"
 
-    def _score_options(self) -> dict[str, str]:
-        """The score's convention fields away from their defaults (``talking_heads_residual``), as relax values."""
-        return (
-            {"talking_heads_residual": "true"} if self.score == "talking_heads" and self.talking_heads_residual else {}
-        )
+    def _convention_options(self) -> dict[str, str]:
+        """The convention fields away from their defaults that no configured normalizer reports
+        (``talking_heads_residual``, ``diff_authors``), as relax values."""
+        out = {}
+        if self.score == "talking_heads" and self.talking_heads_residual:
+            out["talking_heads_residual"] = "true"
+        if self.diff_head_norm:
+            out["diff_authors"] = "true"
+        return out
+
+    @property
+    def diff_head_norm(self) -> bool:
+        """The Differential Transformer's layer as its authors released it (``normalizer="diff"`` with
+        ``diff_authors``): its per-head RMSNorm after the sum is a rho (A1)."""
+        return self.normalizer == "diff" and self.diff_authors
 
     @property
     def is_standard(self) -> bool:
@@ -609,7 +635,7 @@ class AttentionSpec:
             **self.relaxed_axes(),
             **({"softcap": f"{self.softcap:g}"} if self.softcap else {}),
             **changed_options(self),  # topk, gumbel_tau, ...: the relaxation is not known without them
-            **self._score_options(),
+            **self._convention_options(),
             **({"kv_rope_dim": self.kv_rope_dim} if self.kv_rope_dim else {}),  # MLA's decoupled RoPE key
         }
         axes = ", ".join(f"{k}={v}" for k, v in relaxed.items())
