@@ -332,6 +332,30 @@ def test_transport_none_passes_the_audit_and_the_householder_transport_is_blamed
     assert "A4" in failed["bilinear_scores"].candidates
 
 
+NEW_CHOICES = [f"transport={name}" for name in TRANSPORT_CHOICES] + [
+    "select=block_mean",
+    "select=indexer",
+    "select=nsa",
+    "position=short_conv",
+    "kv_latent=8",
+    "kv_latent=8,kv_rope_dim=4",
+]
+"""Every choice issue 34 added, as relax strings (MLA with and without its decoupled RoPE key)."""
+
+
+@pytest.mark.parametrize("changes", NEW_CHOICES)
+def test_the_audit_fails_a_check_of_each_assumption_a_new_choice_relaxes_and_blames_no_other(changes):
+    spec = relax_with_requirements(AttentionSpec.standard(64, 4), changes)
+    relaxed = {a for a, held in spec.assumptions().items() if not held}
+    failed = [c for c in run_audit(f"spec:{changes}").checks if c.passed is False]
+    for a in relaxed:  # each relaxed assumption is caught ...
+        assert any(a in c.candidates for c in failed), (a, [(c.name, c.candidates) for c in failed])
+    for c in failed:  # ... and every failure is explained by one of them
+        assert relaxed & set(c.candidates), (c.name, c.candidates, relaxed)
+    if changes.startswith("select="):  # the second score is blamed on A4
+        assert failed and next(c for c in failed if c.name == "single_score").candidates[0] == "A4"
+
+
 # ---------------------------------------------------------------------------------------------- short convolutions
 def _conv_reference(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """h_t + sum_{r=0..3} w[:, 3 - r] o h_{t-r}, an explicit loop (h (batch, seq, channels), zeros before t = 0)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from axiomformer.spec import ALIASES, FIELD_RELAXATIONS, REGISTRIES
+from axiomformer.spec import ALIASES, ECONOMY_NOTES, FIELD_RELAXATIONS, REGISTRIES
 
 BEGIN, END = "<!-- design-space table: generated -->", "<!-- design-space table: end -->"
 """The markers around a generated copy of the table in a Markdown file."""
@@ -37,6 +37,8 @@ def design_space_table() -> str:
             lines.append(f"| `{axis}` | `{choice.name}` | {_cell(choice.formula)} | {_cell(how)} | {_cell(source)} |")
     for name, (formula, how, source) in FIELD_RELAXATIONS.items():
         lines.append(f"| `{name}` | (a number) | {_cell(formula)} | {_cell(how)} | {_cell(source)} |")
+    for name, (formula, how, source) in ECONOMY_NOTES.items():  # the economies: MLA's latent, GQA, a window
+        lines.append(f"| `{name}` | (an int, 0 = off) | {_cell(formula)} | {_cell(how)} | {_cell(source)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -95,8 +95,33 @@ CONVENTION_FLAGS = (
 )
 """Boolean fields that switch a choice to its authors' released convention (the defaults follow the papers)."""
 
-ECONOMIES = ("num_kv_heads", "window", "kv_latent", "kv_rope_dim")
-"""Fields that are not assumptions but the field's usual economies (0 = off); :attr:`AttentionSpec.variant` names them."""
+ECONOMY_NOTES: dict[str, tuple[str, str, str]] = {
+    "num_kv_heads": (
+        "key/value heads each shared by num_heads / num_kv_heads consecutive query heads (1: multi-query)",
+        "none: an economy (every head keeps a linear key and value map and the score q . k)",
+        "Ainslie et al. 2023, GQA; Shazeer 2019, multi-query attention",
+    ),
+    "window": (
+        "key j visible from query i iff i - window < j <= i (causal), |i - j| < window otherwise",
+        "none: an economy (a mask on the keys)",
+        "Beltagy et al. 2020, Longformer; Child et al. 2019",
+    ),
+    "kv_latent": (
+        "k = W_uk c, v = W_uv c from one latent c = W_dkv x of width kv_latent per token, all a KV cache stores",
+        "none: an economy (the key and value maps stay linear, W_k = W_uk W_dkv: A3 and A4 hold)",
+        "DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434, sec. 2.1.2, eq. 9-11 (multi-head latent attention)",
+    ),
+    "kv_rope_dim": (
+        "s_ij = [q_i; RoPE(W_qr x_i)] . [k_j; RoPE(W_kr x_j)] / sqrt(head_dim + kv_rope_dim), k^R shared by the heads",
+        "A0 (order re-enters): MLA's decoupled RoPE key is the layer's position mechanism",
+        "DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434, sec. 2.1.3, eq. 14-19",
+    ),
+}
+"""Fields that are not assumptions but the field's usual economies (0 = off): formula, assumption relaxed and how,
+source (``axiomformer spec`` and the design-space table print them); :attr:`AttentionSpec.variant` names them."""
+
+ECONOMIES = tuple(ECONOMY_NOTES)
+"""The economy fields of :data:`ECONOMY_NOTES`."""
 
 
 def required_fields(axis: str, name: str) -> dict[str, Any]:
@@ -555,7 +580,8 @@ class AttentionSpec:
 
     def assumptions(self) -> dict[str, bool]:
         """Which of the assumptions A0..A5 this spec satisfies (A0: no position information and no normalizer that
-        reads the keys' order, as the audit's ``set_symmetry`` check, and no transport through the keys in between; A1
+        reads the keys' order, as the audit's ``set_symmetry`` check, no transport through the keys in between and no
+        selection of blocks of consecutive keys; A1
         fails with the per-head RMSNorm of ``diff_authors``; A3
         fails with an aggregator that maps the values before the sum, ``laser``'s exp; A4 fails with ``softcap`` and
         with a transport; A5 needs softmax
@@ -564,7 +590,8 @@ class AttentionSpec:
             "A0": self.position == AXES["position"][0]
             and not self.kv_rope_dim
             and not NORMALIZERS.has(self.normalizer, "ordered")
-            and not TRANSPORTS.has(self.transport, "ordered"),
+            and not TRANSPORTS.has(self.transport, "ordered")
+            and not SELECTS.has(self.select, "ordered"),
             "A1": self.aggregator == "identity" and not self.diff_head_norm,
             "A2": self.contribution == "proportional",
             "A3": self.value == "linear" and not AGGREGATORS.has(self.aggregator, "log_values"),

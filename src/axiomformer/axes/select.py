@@ -44,6 +44,8 @@ SELECT_TRAITS = {
     "the mean (batch, heads, k_len, head_dim) and the keys (batch, heads, k_len, B, head_dim) of each key's block",
     "tokens": "selects single tokens (extra['token_scores'](module, q, k) scores them)",
     "parametric": "has learned parameters: extra['parameters'](spec) creates them",
+    "ordered": "which keys are kept depends on the keys' order (blocks are runs of consecutive positions): A0 is "
+    "relaxed too (the audit's set_symmetry fails)",
 }
 
 
@@ -85,9 +87,10 @@ SELECTS = Registry(
             "block_mean",
             "keep the blocks of the top select_topk scores q_i . mean(k_j in b) (own block always)",
             "Lu et al. 2025, MoBA, arXiv:2502.13189, sec. 2.2 (eq. 5-6)",
-            traits=frozenset({"blocks"}),
+            traits=frozenset({"blocks", "ordered"}),
             extra={"block_scores": _block_mean, "always": "own"},
-            relaxes="A4: a second score (q . block mean) decides which keys the first one weighs",
+            relaxes="A4: a second score (q . block mean) decides which keys the first one weighs; A0: the blocks "
+            "are runs of consecutive positions",
         ),
         Choice(
             "indexer",
@@ -101,9 +104,10 @@ SELECTS = Registry(
             "nsa",
             "keep the blocks of the top select_topk scores q_i . phi(k_block) (first and two local blocks always)",
             "Yuan et al. 2025, Native Sparse Attention, arXiv:2502.11089, sec. 3.3.1-3.3.2",
-            traits=frozenset({"blocks", "parametric"}),
+            traits=frozenset({"blocks", "parametric", "ordered"}),
             extra={"block_scores": _nsa, "parameters": _nsa_parameters, "always": "nsa"},
-            relaxes="A4: a second score on learned compressed blocks decides which keys the first one weighs",
+            relaxes="A4: a second score on learned compressed blocks decides which keys the first one weighs; A0: "
+            "the blocks are runs of consecutive positions (and the first and local ones are kept by position)",
         ),
     ],
     SELECT_TRAITS,
