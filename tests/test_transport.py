@@ -112,7 +112,7 @@ def test_the_chunked_state_form_is_the_recurrence_and_the_parallel_form(kind, ch
     torch.testing.assert_close(out, parallel, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("kind", ["decay", "diag_decay_householder", "householder"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_state_form_gradients_are_autograd_of_the_parallel_form(kind):
     q, k, v = (t.requires_grad_() for t in _qkv())
     g0 = _gates(kind)
@@ -308,6 +308,29 @@ def test_a_cache_filled_by_another_layout_is_a_clear_error():
         Attention(AttentionSpec.standard(DIM, HEADS, causal=True)).double()(x[:, 3:4], cache=cache)
     with pytest.raises(ValueError, match="has no weights"):
         _layer("decay")(x[:, :1], cache=KVCache(), need_weights=True)
+
+
+@pytest.mark.parametrize(
+    "first, then",
+    [
+        ("position=short_conv", "standard"),
+        ("standard", "position=short_conv"),
+        ("position=rope", "standard"),
+        ("select=block_mean", "standard"),
+        ("kv_latent=6", "standard"),
+        ("kv_latent=6", "kv_latent=4"),
+        ("transport=decay,normalizer=none", "transport=decay_householder,normalizer=none"),
+    ],
+)
+def test_a_decode_step_with_a_cache_filled_by_another_spec_is_a_clear_error(first, then):
+    x = _x()
+    layer = lambda changes: Attention(AttentionSpec.standard(DIM, HEADS, causal=True).relax(changes)).double()
+    cache = KVCache()
+    layer(first)(x[:, :3], cache=cache)
+    with pytest.raises(ValueError, match="cannot decode from it"):
+        layer(then)(x[:, 3:4], cache=cache)
+    same = layer(first)  # another layer of the same spec continues it (fresh weights: only the layout is checked)
+    assert same(x[:, 3:4], cache=cache).shape == (2, 1, DIM)
 
 
 # ---------------------------------------------------------------------------------------------- spec, CLI, audit

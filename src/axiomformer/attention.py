@@ -95,8 +95,9 @@ class KVCache:
         real: (batch,) float count of the real (unpadded) keys folded into a state, or None.
         conv: the last three projected q, k, v inputs of ``position="short_conv"``'s convolution, or None.
         transport: what the layer that filled the cache keeps in it (``Attention._cache_layout``: ``"keys"``, or a
-            transport and whether its state or its keys), None while empty; a layer that keeps something else
-            refuses the cache.
+            transport and whether its state or its keys) and for which spec (``AttentionSpec.variant``: keys rotated
+            by RoPE or through a short convolution mean something else), None while empty; a layer that keeps
+            something else, or keeps it for another spec, refuses the cache.
     """
 
     k: Tensor | None = None
@@ -174,8 +175,8 @@ class KVCache:
         """Mark the cache as filled by a layer that keeps ``layout`` in it (see ``transport``).
 
         Raises:
-            ValueError: the cache holds what a layer of another layout stored (keys transported or not, or a
-                state: they mean something else there).
+            ValueError: the cache holds what a layer of another layout or spec stored (keys transported or not,
+                rotated or not, or a state: they mean something else there).
         """
         if self.transport is not None and self.transport != layout and self.seen:
             raise ValueError(
@@ -408,7 +409,7 @@ class Attention(nn.Module):
         """``forward`` on inputs of one floating dtype."""
         cache = options.cache
         if cache is not None:
-            cache.claim(self._cache_layout())
+            cache.claim(f"{self._cache_layout()} of the spec {self.spec.variant}")
         past, start = (cache.seen, cache.start) if cache is not None else (0, 0)
         total = past + key.shape[1]
         pos = self._positions(

@@ -181,7 +181,7 @@ class Select(nn.Module):
 
 
 def check_select(spec: AttentionSpec) -> None:
-    """A selection needs blocks of >= 2 keys, >= 1 block kept, and no window or transport.
+    """A selection needs blocks of >= 2 keys and at most ``max_len``, >= 1 block kept, and no window or transport.
 
     Raises:
         ValueError: naming the field and its valid values.
@@ -196,6 +196,12 @@ def check_select(spec: AttentionSpec) -> None:
         raise ValueError(
             f"select={spec.select!r} with select_block=1 ranks single keys by the attention score itself: that is "
             f"normalizer='topk'; choose select_block >= 2"
+        )
+    if spec.select_block > spec.max_len:
+        raise ValueError(
+            f"select={spec.select!r} with select_block={spec.select_block} ranks blocks of more keys than the longest "
+            f"sequence (max_len={spec.max_len}) holds: no block is ever complete, so nothing is selected; choose "
+            f"select_block <= max_len"
         )
     if spec.window or spec.transport != "none":
         raise ValueError(
