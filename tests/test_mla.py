@@ -61,7 +61,9 @@ def test_mla_relaxes_no_assumption_and_the_audit_agrees():
         assert not [c.name for c in report.checks if c.passed is False], target
 
 
-@pytest.mark.parametrize("fields, relaxed", [(f"kv_latent={LATENT}", set()), (f"kv_latent={LATENT},kv_rope_dim=4", {"A0"})])
+@pytest.mark.parametrize(
+    "fields, relaxed", [(f"kv_latent={LATENT}", set()), (f"kv_latent={LATENT},kv_rope_dim=4", {"A0"})]
+)
 def test_the_cli_describes_mla_with_its_source_and_what_it_relaxes(fields, relaxed):
     from typer.testing import CliRunner
 

@@ -103,6 +103,7 @@ def diff_lambda_init(layer_index: int) -> float:
     0-based ``layer_index`` = l - 1 (the authors' ``lambda_init_fn(depth)``, ``depth`` the layer's index)."""
     return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
 
+
 SOFTPICK_EXPM1_BELOW = 1.0
 """Rows of softpick whose largest logit is below this compute e^(s) - 1 with expm1 (``softpick_terms``)."""
 
