@@ -375,3 +375,29 @@ def test_the_audit_blames_the_per_head_rmsnorm_of_diff_authors_on_a1_and_passes_
     assert failed["token_additivity"].assumption == "A1" and "A1" in failed["token_additivity"].candidates
     default = {c.name: c for c in run_audit("spec:normalizer=diff").checks}
     assert default["token_additivity"].passed is True and default["linearity"].passed is True
+
+
+def test_the_half_head_rope_of_diff_authors_depends_on_relative_positions_only():
+    # Each half rotated apart keeps RoPE's promise (q1 . k1 and q2 . k2 depend on p_i - p_j); the default's one
+    # rotation over the whole head pairs a coordinate of q1 with one of q2 and does not (docs/design_space.md).
+    x = torch.randn(2, LEN, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    shift = torch.arange(LEN) + 37
+    att = _diff_layer("rope", 1)
+    with torch.no_grad():
+        assert torch.allclose(att(x, position_ids=shift), att(x), atol=1e-12)
+        default = _diff_layer("rope", 1, authors=False)
+        assert float((default(x, position_ids=shift) - default(x)).abs().max()) > 1e-3
+
+
+def test_the_cli_describes_diff_authors_and_the_a1_it_relaxes_only_with_normalizer_diff():
+    from typer.testing import CliRunner
+
+    from axiomformer.cli import app
+    from axiomformer.spec import FIELD_RELAXATIONS
+
+    _formula, how, source = FIELD_RELAXATIONS["diff_authors"]
+    result = CliRunner().invoke(app, ["spec", "normalizer=diff,diff_authors=true,position=rope", "--causal"])
+    assert result.exit_code == 0, result.output
+    assert "A1: relaxed" in result.output and source in result.output and how in result.output
+    ignored = CliRunner().invoke(app, ["spec", "diff_authors=true"])  # ignored without normalizer=diff
+    assert "A0-A5 hold" in ignored.output and source not in ignored.output

@@ -80,7 +80,13 @@ FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
         "scores <- softcap * tanh(scores / softcap) before any normalizer (0 = off)",
         "A4: the score becomes softcap * tanh(q . k / (softcap sqrt(d))), a bounded function of q . k",
         "Gemma Team 2024, Gemma 2, sec. 2",
-    )
+    ),
+    "diff_authors": (
+        "normalizer=diff as its authors' layer: lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init by depth, each "
+        "head's output through RMSNorm times (1 - lambda_init), the half-head RoPE",
+        "A1: the per-head RMSNorm is a rho after the sum over tokens (with normalizer=diff only)",
+        "Ye et al. 2024, arXiv:2410.05258, eq. 1-3; microsoft/unilm Diff-Transformer, multihead_diffattn.py",
+    ),
 }
 """Fields that relax an assumption without being an axis: formula, assumption relaxed and how, source (the
 design-space table's rows)."""

@@ -44,8 +44,9 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"    source: {choice.source}")
                 if choice.relaxes:
                     typer.echo(f"    relaxes: {choice.relaxes}")
+            in_use = dict(item.split("=", 1) for item in spec.variant.split(",") if "=" in item)
             for name, (formula, how, source) in {**FIELD_RELAXATIONS, **ECONOMY_NOTES}.items():
-                if getattr(spec, name):  # soft-capping and the economies in use (MLA's latent, GQA, a window)
-                    typer.echo(f"  {name}={getattr(spec, name):g}: {formula}")
+                if name in in_use:  # soft-capping, diff_authors, the economies in use (MLA's latent, GQA, a window)
+                    typer.echo(f"  {name}={in_use[name]}: {formula}")
                     typer.echo(f"    source: {source}")
                     typer.echo(f"    relaxes: {how}")
