@@ -367,6 +367,23 @@ NEW_CHOICES = [f"transport={name}" for name in TRANSPORT_CHOICES] + [
 
 
 @pytest.mark.parametrize("changes", NEW_CHOICES)
+def test_the_cli_describes_each_new_choice_with_its_source_and_the_assumptions_it_relaxes(changes):
+    from axiomformer.spec import ECONOMY_NOTES, REGISTRIES
+
+    result = CliRunner().invoke(app, ["spec", changes])
+    assert result.exit_code == 0, result.output
+    spec = relax_with_requirements(AttentionSpec.standard(64, 4), changes)
+    for axis, name in spec.relaxed_axes().items():
+        choice = REGISTRIES[axis][name]
+        assert choice.source in result.output and choice.relaxes in result.output, (axis, name)
+    for field in ECONOMY_NOTES:
+        if getattr(spec, field):
+            assert all(part in result.output for part in ECONOMY_NOTES[field]), field
+    for a, held in spec.assumptions().items():
+        assert f"{a}: {'holds' if held else 'relaxed'}" in result.output
+
+
+@pytest.mark.parametrize("changes", NEW_CHOICES)
 def test_the_audit_fails_a_check_of_each_assumption_a_new_choice_relaxes_and_blames_no_other(changes):
     spec = relax_with_requirements(AttentionSpec.standard(64, 4), changes)
     relaxed = {a for a, held in spec.assumptions().items() if not held}
