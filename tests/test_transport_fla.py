@@ -6,8 +6,10 @@ Each layer's output is compared with the output projection of fla's reference on
 (they cast their inputs), so the comparison holds to float32 precision. Skipped when fla-core is not installed
 (``pip install "axiomformer[fla]"``). Covered: gated_delta_rule (``transport=decay_householder``), kda
 (``diag_decay_householder``), simple_gla (``decay``, Mamba-2's SSD), path_attn (``householder``), dsa
-(``select=indexer``), nsa's selected-block attention (``select=nsa`` given its blocks). MoBA has no naive reference
-in fla-core 0.6 (only a Triton kernel): ``tests/test_select.py`` checks it against a loop written from the paper.
+(``select=indexer``), nsa's selected-block attention (``select=nsa`` given its blocks); and two older mixers fla
+covers, stickbreaking_attn (``normalizer=stick_breaking`` with its authors' conventions, in float64) and
+forgetting_attn (``position=forget``). MoBA has no naive reference in fla-core 0.6 (only a Triton kernel):
+``tests/test_select.py`` checks it against a loop written from the paper.
 """
 
 from __future__ import annotations
@@ -186,3 +188,37 @@ def test_nsa_weighs_its_selected_blocks_as_flas_naive_nsa_selection():
         o = fla.naive_nsa_selection(bthd(q), bthd(k), bthd(v), shifted, block_size=block, scale=HD**-0.5)
     with pytest.raises(AssertionError):
         _compare(att, x, o)
+
+
+# ---------------------------------------------------------------------------- the authors' conventions fla computes
+def _layer_qkv(changes: str):
+    spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax(changes)
+    torch.manual_seed(0)
+    att = Attention(spec).double()
+    x = torch.randn(2, LEN, DIM, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    bthd = lambda t: t.view(2, LEN, HEADS, HD)
+    return att, x, bthd(att.q_proj(x)), bthd(att.k_proj(x)), bthd(att.v_proj(x))
+
+
+@pytest.mark.parametrize("attend_current, remainder", [(False, True), (False, False), (True, False), (True, True)])
+def test_stick_breaking_and_its_authors_conventions_are_flas_naive_stickbreaking_attn(attend_current, remainder):
+    # fla's naive_stickbreaking_attn computes in float64 for float64 inputs and returns the stick left over, which
+    # the authors' layer adds times the query's own value (stick_remainder).
+    fla = _fla_naive("stickbreaking_attn")
+    changes = f"normalizer=stick_breaking,stick_attend_current={attend_current},stick_remainder={remainder}"
+    att, x, q, k, v = _layer_qkv(changes)
+    with torch.no_grad():
+        o, rem = fla.naive_stickbreaking_attn(q, k, v, scale=HD**-0.5, attend_current=attend_current)
+        if remainder:
+            o = o + rem[..., None] * v
+        want = att.out_proj(o.reshape(2, LEN, DIM))
+        torch.testing.assert_close(att(x), want, rtol=1e-10, atol=1e-12)
+
+
+def test_the_forgetting_transformer_is_flas_naive_forgetting_attn():
+    fla = _fla_naive("forgetting_attn")
+    att, x, q, k, v = _layer_qkv("position=forget")
+    with torch.no_grad():
+        log_f = torch.nn.functional.logsigmoid(att.position.forget_gate(x))  # (batch, seq, heads)
+        o = fla.naive_forgetting_attn(q.float(), k.float(), v.float(), log_f.float(), scale=HD**-0.5)
+    _compare(att, x, o)
