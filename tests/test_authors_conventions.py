@@ -224,3 +224,180 @@ def test_sinkhorn_authors_is_the_released_layer_and_not_the_default(q_len):
     # non-square: other weights; square: the same weights (k_len / q_len = 1) but another gradient
     differs = (default.out - out.out) if q_len != LEN else (grad_default - grad)
     assert float(differs.abs().max()) > 1e-3
+
+
+# ------------------------------------------------------------------------------------------ differential attention
+def _rope_interleaved(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    # flash-attn's apply_rotary_emb(x, cos, sin, interleaved=True) on (batch, seq, heads, d): pairs (2i, 2i + 1)
+    # rotated by p * base^(-2i / d), the position p the token's index
+    out = x.clone()
+    d = x.shape[-1]
+    for p in range(x.shape[1]):
+        for i in range(d // 2):
+            angle = p * base ** (-2.0 * i / d)
+            c, s = math.cos(angle), math.sin(angle)
+            x0, x1 = x[:, p, :, 2 * i], x[:, p, :, 2 * i + 1]
+            out[:, p, :, 2 * i], out[:, p, :, 2 * i + 1] = x0 * c - x1 * s, x1 * c + x0 * s
+    return out
+
+
+def _diff_authors_layer(x: torch.Tensor, w: dict[str, torch.Tensor], depth: int, heads: int, rope: bool):
+    # microsoft/unilm Diff-Transformer, multihead_diffattn.py (MultiheadDiffAttn.forward, MHA, causal), in float64:
+    # half-width heads of d = dim / heads / 2, lambda_full = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init(depth),
+    # the difference of the two softmaxes, subln = RMSNorm(2 d, eps=1e-5) with its weight, times (1 - lambda_init)
+    bsz, n, dim = x.shape
+    d = dim // heads // 2
+    q = (x @ w["q"].T).view(bsz, n, 2 * heads, d)
+    k = (x @ w["k"].T).view(bsz, n, 2 * heads, d)
+    v = (x @ w["v"].T).view(bsz, n, heads, 2 * d)
+    if rope:
+        q, k = _rope_interleaved(q), _rope_interleaved(k)
+    q, k, v = q.transpose(1, 2) * d**-0.5, k.transpose(1, 2), v.transpose(1, 2)
+    attn = q @ k.transpose(-1, -2) + torch.triu(torch.full((n, n), float("-inf"), dtype=x.dtype), 1)
+    attn = torch.softmax(attn, dim=-1)
+    lambda_init = 0.8 - 0.6 * math.exp(-0.3 * depth)
+    lam = torch.exp((w["lq1"] * w["lk1"]).sum()) - torch.exp((w["lq2"] * w["lk2"]).sum()) + lambda_init
+    attn = attn.view(bsz, heads, 2, n, n)
+    attn = attn[:, :, 0] - lam * attn[:, :, 1]
+    out = attn @ v
+    out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + 1e-5) * w["g"]
+    out = out * (1 - lambda_init)
+    return out.transpose(1, 2).reshape(bsz, n, heads * 2 * d) @ w["o"].T
+
+
+def _diff_layer(position: str, depth: int, authors: bool = True):
+    from axiomformer import Attention
+
+    spec = AttentionSpec.standard(32, HEADS, causal=True, bias=False).relax(
+        normalizer="diff", diff_authors=authors, position=position
+    )
+    torch.manual_seed(6)
+    att = Attention(spec, engine="reference", layer_index=depth).double().eval()
+    if authors:
+        with torch.no_grad():  # a scale away from its ones, so that a forgotten weight shows
+            att.aggregator.weight.copy_(torch.linspace(0.5, 1.5, spec.head_dim, dtype=torch.float64))
+    return att
+
+
+def _diff_weights(att) -> dict[str, torch.Tensor]:
+    n = att.normalizer
+    return {
+        "q": att.q_proj.weight,
+        "k": att.k_proj.weight,
+        "v": att.v_proj.weight,
+        "o": att.out_proj.weight,
+        "lq1": n.lambda_q1,
+        "lk1": n.lambda_k1,
+        "lq2": n.lambda_q2,
+        "lk2": n.lambda_k2,
+        "g": att.aggregator.weight,
+    }
+
+
+@pytest.mark.parametrize("position", ["none", "rope"])
+@pytest.mark.parametrize("depth", [0, 3])
+def test_diff_authors_is_the_released_layer_forward_and_backward(position, depth):
+    att = _diff_layer(position, depth)
+    x = torch.randn(2, LEN, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(7), requires_grad=True)
+    weights = _diff_weights(att)
+    out = att(x)
+    expected = _diff_authors_layer(x, weights, depth, HEADS, position == "rope")
+    assert torch.allclose(out, expected, rtol=1e-12, atol=1e-13)
+    probe = torch.linspace(-1, 1, out.numel()).double().view_as(out)
+    inputs = [x, *weights.values()]
+    got = torch.autograd.grad((out * probe).sum(), inputs)
+    want = torch.autograd.grad((expected * probe).sum(), inputs)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+    for e in ("chunked", "auto"):  # and on the engines that take diff
+        att.engine = e
+        assert torch.allclose(att(x), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_diff_authors_is_not_the_default_layer_even_with_the_same_lambda():
+    # The default (eq. 1 alone) with lambda_h set to the authors' lambda: the same weights, without the per-head
+    # RMSNorm and (1 - lambda_init) scale, and with the full-head RoPE.
+    att = _diff_layer("rope", 0)
+    default = _diff_layer("rope", 0, authors=False)
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            getattr(default, name).weight.copy_(getattr(att, name).weight)
+        default.normalizer.diff_lambda.fill_(float(att.normalizer.params()["lam"]))
+    x = torch.randn(2, LEN, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    assert float((att(x) - default(x)).detach().abs().max()) > 1e-3
+    expected = _diff_authors_layer(x, _diff_weights(att), 0, HEADS, rope=True)
+    assert float((default(x) - expected).detach().abs().max()) > 1e-3
+
+
+def test_diff_authors_lambda_init_follows_the_depth_the_model_passes():
+    from axiomformer.models import TransformerLM
+
+    spec = AttentionSpec.standard(32, HEADS, causal=True).relax("normalizer=diff,diff_authors=true,position=rope")
+    model = TransformerLM(spec, 11, 4, 16)
+    for i, block in enumerate(model.blocks):
+        init = 0.8 - 0.6 * math.exp(-0.3 * i)  # the paper's l - 1 = i
+        assert block.attn.layer_index == i
+        assert block.attn.aggregator.scale == pytest.approx(1 - init, rel=1e-15)
+        lam = float(block.attn.normalizer.params()["lam"])
+        n = block.attn.normalizer
+        want = math.exp(float(n.lambda_q1 @ n.lambda_k1)) - math.exp(float(n.lambda_q2 @ n.lambda_k2)) + init
+        assert lam == pytest.approx(want, rel=1e-6)
+    assert spec.assumptions()["A1"] is False and spec.relax(diff_authors=False).assumptions()["A1"] is True
+    assert spec.variant == "normalizer=diff,position=rope,diff_authors=true"
+    assert AttentionSpec.from_string(spec.variant, dim=32, num_heads=HEADS, causal=True) == spec
+
+
+def test_diff_authors_decodes_through_the_cache_as_the_full_forward():
+    from axiomformer import KVCache
+
+    att = _diff_layer("rope", 2)
+    x = torch.randn(2, LEN, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    full = att(x)
+    cache = KVCache()
+    steps = [att(x[:, t : t + 1], cache=cache) for t in range(LEN)]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-12)
+
+
+def test_diff_authors_refuses_a_half_head_rope_of_odd_width_and_a_negative_depth():
+    from axiomformer import Attention
+
+    with pytest.raises(ValueError, match="divisible by 4"):
+        AttentionSpec.standard(24, 4).relax("normalizer=diff,diff_authors=true,position=rope")  # head_dim 6
+    AttentionSpec.standard(24, 4).relax("normalizer=diff,position=rope")  # the default: one rotation, width 6
+    with pytest.raises(ValueError, match="layer_index"):
+        Attention(AttentionSpec.standard(32, HEADS), layer_index=-1)
+
+
+def test_the_audit_blames_the_per_head_rmsnorm_of_diff_authors_on_a1_and_passes_a1_for_the_default():
+    from axiomformer.audit import run_audit
+
+    failed = {c.name: c for c in run_audit("spec:normalizer=diff,diff_authors=true").checks if c.passed is False}
+    assert failed["token_additivity"].assumption == "A1" and "A1" in failed["token_additivity"].candidates
+    default = {c.name: c for c in run_audit("spec:normalizer=diff").checks}
+    assert default["token_additivity"].passed is True and default["linearity"].passed is True
+
+
+def test_the_half_head_rope_of_diff_authors_depends_on_relative_positions_only():
+    # Each half rotated apart keeps RoPE's promise (q1 . k1 and q2 . k2 depend on p_i - p_j); the default's one
+    # rotation over the whole head pairs a coordinate of q1 with one of q2 and does not (docs/design_space.md).
+    x = torch.randn(2, LEN, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
+    shift = torch.arange(LEN) + 37
+    att = _diff_layer("rope", 1)
+    with torch.no_grad():
+        assert torch.allclose(att(x, position_ids=shift), att(x), atol=1e-12)
+        default = _diff_layer("rope", 1, authors=False)
+        assert float((default(x, position_ids=shift) - default(x)).abs().max()) > 1e-3
+
+
+def test_the_cli_describes_diff_authors_and_the_a1_it_relaxes_only_with_normalizer_diff():
+    from typer.testing import CliRunner
+
+    from axiomformer.cli import app
+    from axiomformer.spec import FIELD_RELAXATIONS
+
+    _formula, how, source = FIELD_RELAXATIONS["diff_authors"]
+    result = CliRunner().invoke(app, ["spec", "normalizer=diff,diff_authors=true,position=rope", "--causal"])
+    assert result.exit_code == 0, result.output
+    assert "A1: relaxed" in result.output and source in result.output and how in result.output
+    ignored = CliRunner().invoke(app, ["spec", "diff_authors=true"])  # ignored without normalizer=diff
+    assert "A0-A5 hold" in ignored.output and source not in ignored.output

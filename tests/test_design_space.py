@@ -27,7 +27,10 @@ def test_every_choice_has_a_row_with_how_it_relaxes_and_its_source():
             row = next(line for line in table.splitlines() if line.startswith(f"| `{axis}` | `{choice.name}` |"))
             assert choice.source.split(",")[0].replace("|", "\\|") in row
             assert i == 0 or choice.relaxes, f"{axis}={choice.name} says nothing of what it relaxes"
-    assert "| `softcap` |" in table
+    assert "| `softcap` | (a number) |" in table and "| `diff_authors` | (true/false) |" in table
+    for economy in ("num_kv_heads", "window", "kv_latent", "kv_rope_dim"):  # MLA's among them, with its source
+        assert f"| `{economy}` | (an int, 0 = off) |" in table
+    assert "DeepSeek-V2" in next(line for line in table.splitlines() if line.startswith("| `kv_latent` |"))
 
 
 def test_a_new_choice_makes_a_generated_copy_stale_and_missing_markers_are_refused():

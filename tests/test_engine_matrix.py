@@ -34,6 +34,7 @@ FIELD_CHOICES = {
     "stick_remainder": ("normalizer", "stick_breaking"),
     "talking_heads_residual": ("score", "talking_heads"),
     "sinkhorn_authors": ("normalizer", "sinkhorn"),
+    "diff_authors": ("normalizer", "diff"),
 }
 """The choice whose option each field case sets (the authors' conventions: ``tests/test_authors_conventions.py``)."""
 CHOICES = [(axis, name) for axis, names in AXES.items() for name in names] + [
@@ -44,9 +45,10 @@ CHOICES = [(axis, name) for axis, names in AXES.items() for name in names] + [
     ("stick_remainder", "true"),
     ("talking_heads_residual", "true"),
     ("sinkhorn_authors", "true"),
+    ("diff_authors", "true"),
 ]
 """Every choice of every axis, and the relaxations that are spec fields (soft-capping; topk below the key count; the
-authors' conventions of softpick, stick-breaking, talking heads and Sinkhorn)."""
+authors' conventions of softpick, stick-breaking, talking heads, Sinkhorn and differential attention)."""
 RTOL = 1e-4
 """Largest relative error (norm of the difference over the norm of the reference, per tensor) in float32."""
 

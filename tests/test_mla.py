@@ -61,6 +61,23 @@ def test_mla_relaxes_no_assumption_and_the_audit_agrees():
         assert not [c.name for c in report.checks if c.passed is False], target
 
 
+@pytest.mark.parametrize(
+    "fields, relaxed", [(f"kv_latent={LATENT}", set()), (f"kv_latent={LATENT},kv_rope_dim=4", {"A0"})]
+)
+def test_the_cli_describes_mla_with_its_source_and_what_it_relaxes(fields, relaxed):
+    from typer.testing import CliRunner
+
+    from axiomformer.cli import app
+    from axiomformer.spec import ECONOMY_NOTES
+
+    result = CliRunner().invoke(app, ["spec", fields])
+    assert result.exit_code == 0, result.output
+    for name in [f.split("=")[0] for f in fields.split(",")]:
+        formula, how, source = ECONOMY_NOTES[name]
+        assert source in result.output and how in result.output and formula in result.output
+    assert {a for a in ("A0", "A1", "A2", "A3", "A4", "A5") if f"{a}: relaxed" in result.output} == relaxed
+
+
 def test_the_audit_catches_the_released_layers_norm_on_the_latent_as_a_nonlinear_value_map():
     # DeepSeek-V2's released layer normalizes c (kv_a_layernorm); then v = W_uv RMSNorm(W_dkv x) is not linear in x.
     att = _layer()

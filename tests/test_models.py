@@ -141,18 +141,28 @@ def test_a_hybrid_stack_of_gated_deltanet_and_softmax_layers_trains_on_mqar_and_
     model = TransformerLM(softmax, task.vocab_size, 4, 32, layer_specs=layers)
     assert [s.transport for s in model.layer_specs] == ["decay_householder"] * 3 + ["none"]
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for step in range(3):
-        ids, targets = (torch.as_tensor(t) for t in task.batch(8, seed=step, split="train"))
+    held_out = [torch.as_tensor(t) for t in task.batch(64, seed=10**6, split="train")]
+
+    def loss_on(ids, targets):
         logits = model(ids)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+
+    with torch.no_grad():
+        before = float(loss_on(*held_out))
+    for step in range(30):
+        ids, targets = (torch.as_tensor(t) for t in task.batch(8, seed=step, split="train"))
+        loss = loss_on(ids, targets)
         opt.zero_grad()
         loss.backward()
         assert bool(torch.isfinite(loss))
-        for i, block in enumerate(model.blocks):  # every layer's attention, the transport's gates included
+        for i, block in enumerate(model.blocks if step < 3 else []):  # every layer, the transport's gates included
             grads = [p.grad for p in block.attn.parameters()]
             assert all(g is not None and bool(torch.isfinite(g).all()) for g in grads), i
             assert sum(float(g.abs().sum()) for g in grads) > 0, i
         opt.step()
+    with torch.no_grad():
+        after = float(loss_on(*held_out))
+    assert after < 0.7 * before, (before, after)  # it trains: 4.55 -> 2.17 at this seed
     assert model.engines[:3] == ["recurrent"] * 3 and model.engines[3] != "recurrent"
     rebuilt = build_from_config(model.config)
     assert rebuilt.layer_specs == model.layer_specs

@@ -114,6 +114,8 @@ def test_blocks_tied_with_the_kth_score_are_all_kept_as_topk_keeps_them():
         ("select=block_mean,select_block=1", "normalizer='topk'"),
         ("select=indexer,select_topk=0", "select_topk must be an int >= 1"),
         ("select=nsa,window=4", "window"),
+        ("select=block_mean,select_block=16,max_len=8", "more keys than the longest sequence"),
+        ("select=nsa,transport=decay,normalizer=none", "transport"),
     ],
 )
 def test_the_spec_refuses_selections_the_papers_do_not_define(changes, words):

@@ -112,7 +112,7 @@ def test_the_chunked_state_form_is_the_recurrence_and_the_parallel_form(kind, ch
     torch.testing.assert_close(out, parallel, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("kind", ["decay", "diag_decay_householder", "householder"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_state_form_gradients_are_autograd_of_the_parallel_form(kind):
     q, k, v = (t.requires_grad_() for t in _qkv())
     g0 = _gates(kind)
@@ -310,6 +310,29 @@ def test_a_cache_filled_by_another_layout_is_a_clear_error():
         _layer("decay")(x[:, :1], cache=KVCache(), need_weights=True)
 
 
+@pytest.mark.parametrize(
+    "first, then",
+    [
+        ("position=short_conv", "standard"),
+        ("standard", "position=short_conv"),
+        ("position=rope", "standard"),
+        ("select=block_mean", "standard"),
+        ("kv_latent=6", "standard"),
+        ("kv_latent=6", "kv_latent=4"),
+        ("transport=decay,normalizer=none", "transport=decay_householder,normalizer=none"),
+    ],
+)
+def test_a_decode_step_with_a_cache_filled_by_another_spec_is_a_clear_error(first, then):
+    x = _x()
+    layer = lambda changes: Attention(AttentionSpec.standard(DIM, HEADS, causal=True).relax(changes)).double()
+    cache = KVCache()
+    layer(first)(x[:, :3], cache=cache)
+    with pytest.raises(ValueError, match="cannot decode from it"):
+        layer(then)(x[:, 3:4], cache=cache)
+    same = layer(first)  # another layer of the same spec continues it (fresh weights: only the layout is checked)
+    assert same(x[:, 3:4], cache=cache).shape == (2, 1, DIM)
+
+
 # ---------------------------------------------------------------------------------------------- spec, CLI, audit
 @pytest.mark.parametrize("name", TRANSPORT_CHOICES)
 def test_the_cli_describes_each_transport_with_its_source_and_relaxed_assumptions(name):
@@ -330,6 +353,47 @@ def test_transport_none_passes_the_audit_and_the_householder_transport_is_blamed
     failed = {c.name: c for c in report.checks if c.passed is False}
     assert failed["set_symmetry"].assumption == "A0"
     assert "A4" in failed["bilinear_scores"].candidates
+
+
+NEW_CHOICES = [f"transport={name}" for name in TRANSPORT_CHOICES] + [
+    "select=block_mean",
+    "select=indexer",
+    "select=nsa",
+    "position=short_conv",
+    "kv_latent=8",
+    "kv_latent=8,kv_rope_dim=4",
+]
+"""Every choice issue 34 added, as relax strings (MLA with and without its decoupled RoPE key)."""
+
+
+@pytest.mark.parametrize("changes", NEW_CHOICES)
+def test_the_cli_describes_each_new_choice_with_its_source_and_the_assumptions_it_relaxes(changes):
+    from axiomformer.spec import ECONOMY_NOTES, REGISTRIES
+
+    result = CliRunner().invoke(app, ["spec", changes])
+    assert result.exit_code == 0, result.output
+    spec = relax_with_requirements(AttentionSpec.standard(64, 4), changes)
+    for axis, name in spec.relaxed_axes().items():
+        choice = REGISTRIES[axis][name]
+        assert choice.source in result.output and choice.relaxes in result.output, (axis, name)
+    for field in ECONOMY_NOTES:
+        if getattr(spec, field):
+            assert all(part in result.output for part in ECONOMY_NOTES[field]), field
+    for a, held in spec.assumptions().items():
+        assert f"{a}: {'holds' if held else 'relaxed'}" in result.output
+
+
+@pytest.mark.parametrize("changes", NEW_CHOICES)
+def test_the_audit_fails_a_check_of_each_assumption_a_new_choice_relaxes_and_blames_no_other(changes):
+    spec = relax_with_requirements(AttentionSpec.standard(64, 4), changes)
+    relaxed = {a for a, held in spec.assumptions().items() if not held}
+    failed = [c for c in run_audit(f"spec:{changes}").checks if c.passed is False]
+    for a in relaxed:  # each relaxed assumption is caught ...
+        assert any(a in c.candidates for c in failed), (a, [(c.name, c.candidates) for c in failed])
+    for c in failed:  # ... and every failure is explained by one of them
+        assert relaxed & set(c.candidates), (c.name, c.candidates, relaxed)
+    if changes.startswith("select="):  # the second score is blamed on A4
+        assert failed and next(c for c in failed if c.name == "single_score").candidates[0] == "A4"
 
 
 # ---------------------------------------------------------------------------------------------- short convolutions

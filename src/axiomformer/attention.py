@@ -95,8 +95,9 @@ class KVCache:
         real: (batch,) float count of the real (unpadded) keys folded into a state, or None.
         conv: the last three projected q, k, v inputs of ``position="short_conv"``'s convolution, or None.
         transport: what the layer that filled the cache keeps in it (``Attention._cache_layout``: ``"keys"``, or a
-            transport and whether its state or its keys), None while empty; a layer that keeps something else
-            refuses the cache.
+            transport and whether its state or its keys) and for which spec (``AttentionSpec.variant``: keys rotated
+            by RoPE or through a short convolution mean something else), None while empty; a layer that keeps
+            something else, or keeps it for another spec, refuses the cache.
     """
 
     k: Tensor | None = None
@@ -174,8 +175,8 @@ class KVCache:
         """Mark the cache as filled by a layer that keeps ``layout`` in it (see ``transport``).
 
         Raises:
-            ValueError: the cache holds what a layer of another layout stored (keys transported or not, or a
-                state: they mean something else there).
+            ValueError: the cache holds what a layer of another layout or spec stored (keys transported or not,
+                rotated or not, or a state: they mean something else there).
         """
         if self.transport is not None and self.transport != layout and self.seen:
             raise ValueError(
@@ -237,16 +238,24 @@ class Attention(nn.Module):
         double_backward: route only to engines that are differentiable to every order (second-order gradients:
             gradient penalties, ``create_graph=True``). The default CPU engines are already; this excludes flex
             (CUDA) and is needed for SDPA with dropout in training, whose error names this switch.
+        layer_index: the layer's 0-based depth in its stack (``TransformerLM`` passes it); only the Differential
+            Transformer's released layer reads it (``diff_authors``: lambda_init = 0.8 - 0.6 exp(-0.3 layer_index),
+            the authors' ``depth``). A spec describes every layer of a stack alike, so the depth is the model's.
 
     Attributes:
         last_engine: name of the engine that ran the last forward or :meth:`core` (``None`` before the first call).
         plan: the spec resolved once (``axiomformer.engines.Plan``), rebuilt only when ``spec`` is replaced.
     """
 
-    def __init__(self, spec: AttentionSpec, *, engine: str = "auto", double_backward: bool = False):
+    def __init__(
+        self, spec: AttentionSpec, *, engine: str = "auto", double_backward: bool = False, layer_index: int = 0
+    ):
         super().__init__()
         if not isinstance(spec, AttentionSpec):
             raise TypeError(f"Attention expects an AttentionSpec, got {type(spec).__name__}")
+        if isinstance(layer_index, bool) or not isinstance(layer_index, int) or layer_index < 0:
+            raise ValueError(f"layer_index must be an int >= 0 (the layer's depth, from 0), got {layer_index!r}")
+        self.layer_index = layer_index
         self.spec = spec
         self.engine = engine
         self.double_backward = double_backward
@@ -264,9 +273,9 @@ class Attention(nn.Module):
             self.k_rope = nn.Linear(spec.dim, spec.kv_rope_dim, bias=False)
         self.score_fn = build_score(spec)  # A4
         self.scale = Scale(spec)  # A5 temperature
-        self.normalizer = Normalizer(spec)  # A5
+        self.normalizer = Normalizer(spec, layer_index=layer_index)  # A5
         self.contribution = build_contribution(spec)  # A2
-        self.aggregator = build_aggregator(spec)  # A1
+        self.aggregator = build_aggregator(spec, layer_index=layer_index)  # A1
         self.position = Position(spec)
         self.transport: Transport | None = build_transport(spec)  # the relevance through the tokens in between
         self.select = Select(spec) if spec.select != "none" else None  # a second score picks the keys (A4)
@@ -400,7 +409,7 @@ class Attention(nn.Module):
         """``forward`` on inputs of one floating dtype."""
         cache = options.cache
         if cache is not None:
-            cache.claim(self._cache_layout())
+            cache.claim(f"{self._cache_layout()} of the spec {self.spec.variant}")
         past, start = (cache.seen, cache.start) if cache is not None else (0, 0)
         total = past + key.shape[1]
         pos = self._positions(

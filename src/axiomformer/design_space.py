@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from axiomformer.spec import ALIASES, FIELD_RELAXATIONS, REGISTRIES
+from axiomformer.spec import ALIASES, ECONOMY_NOTES, FIELD_RELAXATIONS, REGISTRIES, AttentionSpec
 
 BEGIN, END = "<!-- design-space table: generated -->", "<!-- design-space table: end -->"
 """The markers around a generated copy of the table in a Markdown file."""
@@ -36,7 +36,10 @@ def design_space_table() -> str:
             source = choice.source + ("" if origin == "axiomformer" else f" (package {origin})")
             lines.append(f"| `{axis}` | `{choice.name}` | {_cell(choice.formula)} | {_cell(how)} | {_cell(source)} |")
     for name, (formula, how, source) in FIELD_RELAXATIONS.items():
-        lines.append(f"| `{name}` | (a number) | {_cell(formula)} | {_cell(how)} | {_cell(source)} |")
+        kind = "(true/false)" if isinstance(getattr(AttentionSpec(), name), bool) else "(a number)"
+        lines.append(f"| `{name}` | {kind} | {_cell(formula)} | {_cell(how)} | {_cell(source)} |")
+    for name, (formula, how, source) in ECONOMY_NOTES.items():  # the economies: MLA's latent, GQA, a window
+        lines.append(f"| `{name}` | (an int, 0 = off) | {_cell(formula)} | {_cell(how)} | {_cell(source)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -80,7 +80,13 @@ FIELD_RELAXATIONS: dict[str, tuple[str, str, str]] = {
         "scores <- softcap * tanh(scores / softcap) before any normalizer (0 = off)",
         "A4: the score becomes softcap * tanh(q . k / (softcap sqrt(d))), a bounded function of q . k",
         "Gemma Team 2024, Gemma 2, sec. 2",
-    )
+    ),
+    "diff_authors": (
+        "normalizer=diff as its authors' layer: lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init by depth, each "
+        "head's output through RMSNorm times (1 - lambda_init), the half-head RoPE",
+        "A1: the per-head RMSNorm is a rho after the sum over tokens (with normalizer=diff only)",
+        "Ye et al. 2024, arXiv:2410.05258, eq. 1-3; microsoft/unilm Diff-Transformer, multihead_diffattn.py",
+    ),
 }
 """Fields that relax an assumption without being an axis: formula, assumption relaxed and how, source (the
 design-space table's rows)."""
@@ -91,11 +97,37 @@ CONVENTION_FLAGS = (
     "stick_remainder",
     "talking_heads_residual",
     "sinkhorn_authors",
+    "diff_authors",
 )
 """Boolean fields that switch a choice to its authors' released convention (the defaults follow the papers)."""
 
-ECONOMIES = ("num_kv_heads", "window", "kv_latent", "kv_rope_dim")
-"""Fields that are not assumptions but the field's usual economies (0 = off); :attr:`AttentionSpec.variant` names them."""
+ECONOMY_NOTES: dict[str, tuple[str, str, str]] = {
+    "num_kv_heads": (
+        "key/value heads each shared by num_heads / num_kv_heads consecutive query heads (1: multi-query)",
+        "none: an economy (every head keeps a linear key and value map and the score q . k)",
+        "Ainslie et al. 2023, GQA; Shazeer 2019, multi-query attention",
+    ),
+    "window": (
+        "key j visible from query i iff i - window < j <= i (causal), |i - j| < window otherwise",
+        "none: an economy (a mask on the keys)",
+        "Beltagy et al. 2020, Longformer; Child et al. 2019",
+    ),
+    "kv_latent": (
+        "k = W_uk c, v = W_uv c from one latent c = W_dkv x of width kv_latent per token, all a KV cache stores",
+        "none: an economy (the key and value maps stay linear, W_k = W_uk W_dkv: A3 and A4 hold)",
+        "DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434, sec. 2.1.2, eq. 9-11 (multi-head latent attention)",
+    ),
+    "kv_rope_dim": (
+        "s_ij = [q_i; RoPE(W_qr x_i)] . [k_j; RoPE(W_kr x_j)] / sqrt(head_dim + kv_rope_dim), k^R shared by the heads",
+        "A0 (order re-enters): MLA's decoupled RoPE key is the layer's position mechanism",
+        "DeepSeek-AI 2024, DeepSeek-V2, arXiv:2405.04434, sec. 2.1.3, eq. 14-19",
+    ),
+}
+"""Fields that are not assumptions but the field's usual economies (0 = off): formula, assumption relaxed and how,
+source (``axiomformer spec`` and the design-space table print them); :attr:`AttentionSpec.variant` names them."""
+
+ECONOMIES = tuple(ECONOMY_NOTES)
+"""The economy fields of :data:`ECONOMY_NOTES`."""
 
 
 def required_fields(axis: str, name: str) -> dict[str, Any]:
@@ -256,6 +288,14 @@ class AttentionSpec:
             marginals 1 / q_len and 1 / k_len, the plan times k_len, so rows sum to k_len / q_len (1 only when
             q_len = k_len) and columns about to 1, the column potential detached; False (the default): rows sum to
             1 and columns about to q_len / k_len, every step differentiated; ignored by the other normalizers.
+        diff_authors: ``normalizer="diff"`` as the authors' released layer (microsoft/unilm Diff-Transformer,
+            ``multihead_diffattn.py``; Ye et al. 2024, eq. 1-3): one lambda per layer, exp(lq1 . lk1) - exp(lq2 .
+            lk2) + lambda_init, lambda_init = 0.8 - 0.6 exp(-0.3 layer_index) from the layer's 0-based depth (which
+            the model passes, ``Attention(spec, layer_index=i)``; 0 for a layer alone); the per-head RMSNorm of the
+            output (eps 1e-5, a learned scale shared by the heads) times (1 - lambda_init), an A1 change; with
+            ``position="rope"`` each half of a head rotated apart (the half-head RoPE, pairs interleaved; needs
+            head_dim divisible by 4). False (the default): eq. 1 alone, lambda_h learned per head from 0.2, the
+            full-head RoPE; ignored by the other normalizers.
         transport: the relevance carried through the tokens in between (``axes/transport.py``): ``none`` (default),
             ``decay`` (Mamba-2), ``householder`` (PaTH), ``decay_householder`` (Gated DeltaNet),
             ``diag_decay_householder`` (Kimi Linear's KDA); each needs ``causal=True`` and its paper's normalizer.
@@ -309,6 +349,7 @@ class AttentionSpec:
     stick_remainder: bool = False
     talking_heads_residual: bool = False
     sinkhorn_authors: bool = False
+    diff_authors: bool = False
     softcap: float = 0.0
     transport: str = "none"
     select: str = "none"
@@ -426,6 +467,11 @@ class AttentionSpec:
                     f"normalizer={self.normalizer!r} splits each head's query and key in two halves "
                     f"and needs an even head_dim (>= 2), got head_dim={self.head_dim}"
                 )
+            if self.diff_authors and self.position == "rope" and self.head_dim % 4:
+                raise ValueError(
+                    f"diff_authors rotates each half of a head apart (the half-head RoPE) and needs head_dim "
+                    f"divisible by 4 with position='rope', got head_dim={self.head_dim}"
+                )
             if not SCORES.has(self.score, "any_width"):
                 valid = ", ".join(c.name for c in SCORES if c.has("any_width"))
                 raise ValueError(
@@ -540,7 +586,9 @@ class AttentionSpec:
 
     def assumptions(self) -> dict[str, bool]:
         """Which of the assumptions A0..A5 this spec satisfies (A0: no position information and no normalizer that
-        reads the keys' order, as the audit's ``set_symmetry`` check, and no transport through the keys in between; A3
+        reads the keys' order, as the audit's ``set_symmetry`` check, no transport through the keys in between and no
+        selection of blocks of consecutive keys; A1
+        fails with the per-head RMSNorm of ``diff_authors``; A3
         fails with an aggregator that maps the values before the sum, ``laser``'s exp; A4 fails with ``softcap`` and
         with a transport; A5 needs softmax
         *and* the 1/sqrt(d) scale)."""
@@ -548,8 +596,9 @@ class AttentionSpec:
             "A0": self.position == AXES["position"][0]
             and not self.kv_rope_dim
             and not NORMALIZERS.has(self.normalizer, "ordered")
-            and not TRANSPORTS.has(self.transport, "ordered"),
-            "A1": self.aggregator == "identity",
+            and not TRANSPORTS.has(self.transport, "ordered")
+            and not SELECTS.has(self.select, "ordered"),
+            "A1": self.aggregator == "identity" and not self.diff_head_norm,
             "A2": self.contribution == "proportional",
             "A3": self.value == "linear" and not AGGREGATORS.has(self.aggregator, "log_values"),
             "A4": self.score == "dot"
@@ -576,15 +625,25 @@ class AttentionSpec:
             **{k: getattr(self, k) for k in ECONOMIES if getattr(self, k)},
             **({"softcap": f"{self.softcap:g}"} if self.softcap else {}),
             **changed_options(self),
-            **self._score_options(),
+            **self._convention_options(),
         }
         return ",".join(f"{k}={v}" for k, v in relaxed.items()) if relaxed else "standard"
 
-    def _score_options(self) -> dict[str, str]:
-        """The score's convention fields away from their defaults (``talking_heads_residual``), as relax values."""
-        return (
-            {"talking_heads_residual": "true"} if self.score == "talking_heads" and self.talking_heads_residual else {}
-        )
+    def _convention_options(self) -> dict[str, str]:
+        """The convention fields away from their defaults that no configured normalizer reports
+        (``talking_heads_residual``, ``diff_authors``), as relax values."""
+        out = {}
+        if self.score == "talking_heads" and self.talking_heads_residual:
+            out["talking_heads_residual"] = "true"
+        if self.diff_head_norm:
+            out["diff_authors"] = "true"
+        return out
+
+    @property
+    def diff_head_norm(self) -> bool:
+        """The Differential Transformer's layer as its authors released it (``normalizer="diff"`` with
+        ``diff_authors``): its per-head RMSNorm after the sum is a rho (A1)."""
+        return self.normalizer == "diff" and self.diff_authors
 
     @property
     def is_standard(self) -> bool:
@@ -609,7 +668,7 @@ class AttentionSpec:
             **self.relaxed_axes(),
             **({"softcap": f"{self.softcap:g}"} if self.softcap else {}),
             **changed_options(self),  # topk, gumbel_tau, ...: the relaxation is not known without them
-            **self._score_options(),
+            **self._convention_options(),
             **({"kv_rope_dim": self.kv_rope_dim} if self.kv_rope_dim else {}),  # MLA's decoupled RoPE key
         }
         axes = ", ".join(f"{k}={v}" for k, v in relaxed.items())

@@ -16,7 +16,11 @@ Choices:
                                                             m + log(sum_j u_ij exp(v_j - m)), m the per-column max of
                                                             v over the keys some query may see (trait ``log_values``)
 rho acts on the concatenated heads, (batch, seq, dim), before the output projection: ``rho(s, x)`` with x the layer's
-query input (batch, seq, dim), which only ``gate`` reads. A ``log_values`` aggregator acts around the weighted sum
+query input (batch, seq, dim), which only ``gate`` reads. The Differential Transformer's released layer
+(``normalizer=diff,diff_authors=true``) adds its own rho before the chosen one: each head's output through an RMSNorm
+(eps 1e-5, a learned scale of width head_dim shared by the heads, computed in float32) times (1 - lambda_init)
+(Ye et al. 2024, sec. 2.1, eq. 3; microsoft/unilm Diff-Transformer ``multihead_diffattn.py``, ``subln``), which
+relaxes A1 (:class:`DiffHeadNorm`). A ``log_values`` aggregator acts around the weighted sum
 instead (its ``rho`` is the identity): ``encode`` maps the values before the engine, ``decode`` its output after.
 """
 
@@ -28,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from axiomformer.axes.mlp import two_layer_mlp
+from axiomformer.axes.normalizer import diff_lambda_init
 from axiomformer.axes.registry import Choice, Registry
 from axiomformer.precision import upcast
 
@@ -123,6 +128,32 @@ class LaserAggregator(nn.Module):
         return torch.where(positive, torch.log(torch.where(positive, out, torch.ones_like(out))) + m, 0.0)
 
 
+class DiffHeadNorm(nn.Module):
+    """rho(s) = inner((1 - lambda_init) RMSNorm(s_h) per head h) with RMSNorm(x) = x / sqrt(mean(x^2) + 1e-5) * g, g
+    (head_dim,) learned from ones and shared by the heads: the Differential Transformer's ``subln`` and output scale
+    (Ye et al. 2024, eq. 3; the authors' ``multihead_diffattn.py``), before the spec's own rho ``inner``. A zero head
+    stays zero (a query with no visible key keeps a zero row).
+
+    Args (forward): s (batch, seq, heads * head_dim) the concatenated heads; x the query input, for ``inner``.
+    """
+
+    def __init__(self, inner: nn.Module, num_heads: int, head_dim: int, lambda_init: float):
+        super().__init__()
+        self.inner = inner
+        self.num_heads = num_heads
+        self.scale = 1.0 - lambda_init
+        self.weight = nn.Parameter(torch.ones(head_dim))
+
+    def forward(self, s: Tensor, x: Tensor | None = None) -> Tensor:
+        heads = s.unflatten(-1, (self.num_heads, -1))
+        work = upcast(heads)  # the authors' RMSNorm runs in float32 (x.float()), then back to the input's dtype
+        normed = (work * torch.rsqrt(work.pow(2).mean(-1, keepdim=True) + DIFF_RMS_EPS)).to(s.dtype) * self.weight
+        return self.inner((normed * self.scale).flatten(-2), x)
+
+
+DIFF_RMS_EPS = 1e-5
+"""The epsilon of the Differential Transformer's per-head RMSNorm (``RMSNorm(2 * head_dim, eps=1e-5)``)."""
+
 AGGREGATOR_TRAITS = {
     "log_values": "wraps the weighted sum: its module's encode(v, mask) -> (v', m) maps the values (batch, heads, "
     "k_len, head_dim) before the engine and decode(out, m) the engine's output after it; rho itself is the identity"
@@ -165,6 +196,10 @@ AGGREGATORS = Registry(
 """Every aggregator (A1)."""
 
 
-def build_aggregator(spec: AttentionSpec) -> nn.Module:
-    """The rho module for ``spec.aggregator``."""
-    return AGGREGATORS[spec.aggregator].implementation()(spec)
+def build_aggregator(spec: AttentionSpec, *, layer_index: int = 0) -> nn.Module:
+    """The rho module for ``spec.aggregator``, after the Differential Transformer's per-head RMSNorm for
+    ``diff_authors`` (its (1 - lambda_init) from the layer's 0-based ``layer_index``)."""
+    rho = AGGREGATORS[spec.aggregator].implementation()(spec)
+    if not spec.diff_head_norm:
+        return rho
+    return DiffHeadNorm(rho, spec.num_heads, spec.head_dim, diff_lambda_init(layer_index))

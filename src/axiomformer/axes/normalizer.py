@@ -26,7 +26,13 @@ of :data:`NORMALIZERS` below with its formula, source, implementation and traits
     softmax1        u = exp(s) / (1 + sum_j exp(s_j)), a zero-logit sink (Miller 2023)
     diff            u = softmax(s1) - lambda_h softmax(s2), s1, s2 the scaled scores of the first and second halves
                     of each head's q and k, lambda_h learned per head from 0.2 (Ye et al. 2024, arXiv:2410.05258;
-                    trait ``halves``; needs an even head_dim and a score without head_dim-sized parameters)
+                    trait ``halves``; needs an even head_dim and a score without head_dim-sized parameters). The
+                    default is eq. 1 alone; ``diff_authors=true`` is the authors' released layer (eq. 1-3 as
+                    microsoft/unilm's ``multihead_diffattn.py`` computes them): one lambda per layer, exp(lq1 . lk1)
+                    - exp(lq2 . lk2) + lambda_init with lambda_init = 0.8 - 0.6 exp(-0.3 layer_index) (the layer's
+                    0-based depth, passed by the model: ``Attention(spec, layer_index=...)``), and after the sum the
+                    per-head RMSNorm times (1 - lambda_init) (``axes/aggregator.py``, an A1 change) and, with
+                    ``position=rope``, the half-head RoPE (``axes/position.py``)
     stick_breaking  u_ij = beta_ij prod_{visible l, j < l <= i} (1 - beta_il), beta = sigmoid(s) (Tan et al. 2024,
                     arXiv:2410.17980); causal only. The default is the paper's eq. 3 (the diagonal included, no
                     remainder); the authors' released layer is ``stick_attend_current=false`` (the diagonal left
@@ -84,7 +90,19 @@ if TYPE_CHECKING:
 
 DIFF_LAMBDA_INIT = 0.2
 """lambda_h of ``normalizer=diff`` at initialisation: the paper's lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)) at layer
-l = 1 (Ye et al. 2024, sec. 2.1), since a layer does not know its depth **(our choice)**."""
+l = 1 (Ye et al. 2024, sec. 2.1), since the spec does not know its depth **(our choice)**. With ``diff_authors``
+lambda_init follows the layer's depth (:func:`diff_lambda_init`)."""
+
+DIFF_LAMBDA_STD = 0.1
+"""Standard deviation of the normal initialisation of the authors' lambda_q1, lambda_k1, lambda_q2, lambda_k2
+(``diff_authors``; microsoft/unilm Diff-Transformer, ``multihead_diffattn.py``: ``normal_(mean=0, std=0.1)``)."""
+
+
+def diff_lambda_init(layer_index: int) -> float:
+    """lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)) of the Differential Transformer (Ye et al. 2024, sec. 2.1) for the
+    0-based ``layer_index`` = l - 1 (the authors' ``lambda_init_fn(depth)``, ``depth`` the layer's index)."""
+    return 0.8 - 0.6 * math.exp(-0.3 * layer_index)
+
 
 SOFTPICK_EXPM1_BELOW = 1.0
 """Rows of softpick whose largest logit is below this compute e^(s) - 1 with expm1 (``softpick_terms``)."""
@@ -443,7 +461,26 @@ def _diff(s: Tensor, training: bool, lam: Tensor | float = DIFF_LAMBDA_INIT, **p
 
 
 def _diff_parameters(spec: AttentionSpec) -> dict[str, nn.Parameter]:
-    return {"diff_lambda": nn.Parameter(torch.full((spec.num_heads,), DIFF_LAMBDA_INIT))}
+    if not spec.diff_authors:  # the paper's eq. 1: lambda_h itself, per head
+        return {"diff_lambda": nn.Parameter(torch.full((spec.num_heads,), DIFF_LAMBDA_INIT))}
+    # The authors' layer: one lambda for the layer's heads from four vectors of the half-head width.
+    half = spec.head_dim // 2
+    return {
+        name: nn.Parameter(torch.zeros(half).normal_(mean=0.0, std=DIFF_LAMBDA_STD))
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+    }
+
+
+def _diff_params(module: nn.Module) -> dict[str, Tensor]:
+    """lambda_h (1, heads, 1, 1), or with ``diff_authors`` the authors' lambda = exp(lq1 . lk1) - exp(lq2 . lk2) +
+    lambda_init (1, 1, 1, 1), lambda_init from the module's ``layer_index`` (Ye et al. 2024, sec. 2.1, eq. 2)."""
+    if not hasattr(module, "lambda_q1"):
+        lam = module.diff_lambda
+        assert isinstance(lam, Tensor)
+        return {"lam": lam.view(1, -1, 1, 1)}
+    q1, k1, q2, k2 = (getattr(module, f"lambda_{n}") for n in ("q1", "k1", "q2", "k2"))
+    init = diff_lambda_init(int(getattr(module, "layer_index", 0)))
+    return {"lam": (torch.exp((q1 * k1).sum()) - torch.exp((q2 * k2).sum()) + init).view(1, 1, 1, 1)}
 
 
 def _current_key(s: Tensor) -> Tensor:
@@ -751,7 +788,7 @@ NORMALIZERS = Registry(
             "sum is an A1 change, not part of this choice)",
             _diff,
             frozenset({"row", "parametric", "halves", "signed"}),
-            {"parameters": _diff_parameters, "params": lambda module: {"lam": module.diff_lambda.view(1, -1, 1, 1)}},
+            {"parameters": _diff_parameters, "params": _diff_params},
             relaxes="A5: signed weights, the difference of two softmaxes; rows sum to 1 - lambda_h",
         ),
         Choice(
@@ -1028,8 +1065,9 @@ class Normalizer(nn.Module):
     """Module form of :func:`normalize` for ``spec.normalizer`` (Gumbel noise follows ``self.training``); it owns the
     learned parameters of a ``parametric`` normalizer."""
 
-    def __init__(self, spec: AttentionSpec):
+    def __init__(self, spec: AttentionSpec, *, layer_index: int = 0):
         super().__init__()
+        self.layer_index = layer_index  # the layer's 0-based depth: diff_authors' lambda_init reads it
         self.kind = spec.normalizer
         self.feature_map = spec.feature_map
         self.options = spec_options(spec)

@@ -137,6 +137,20 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
     return _Rope.apply(work, cos, sin).to(x.dtype)
 
 
+def apply_rope_halves(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
+    """The Differential Transformer's RoPE (``diff_authors``): each half of a head (width head_dim / 2) rotated apart
+    by the same angles p * base^(-2i / (head_dim / 2)), pairs interleaved (2i, 2i + 1), as the authors' layer calls
+    flash-attn's ``apply_rotary_emb(..., interleaved=True)`` on its half-width heads (microsoft/unilm
+    Diff-Transformer, ``multihead_diffattn.py``). x (batch, heads, seq, head_dim), head_dim divisible by 4."""
+    b, h, n, d = x.shape
+    halves = x.unflatten(-1, (2, d // 2)).transpose(2, 3).reshape(b, 2 * h, n, d // 2)
+    # interleaved pairs (2i, 2i + 1) are rotate-half's pairs (i, i + d/4) after taking the even, then the odd ones
+    rotated = apply_rope(torch.cat([halves[..., 0::2], halves[..., 1::2]], -1), positions, base)
+    quarter = d // 4
+    inter = torch.stack([rotated[..., :quarter], rotated[..., quarter:]], -1).flatten(-2)
+    return inter.view(b, h, 2, n, d // 2).transpose(2, 3).reshape(b, h, n, d)
+
+
 def alibi_slope_list(num_heads: int) -> list[float]:
     """ALiBi head slopes m_h (Press et al. 2022) as Python floats: geometric 2^(-8/n) for n a power of two, else
     interleaved."""
@@ -195,6 +209,7 @@ class Position(nn.Module):
     def __init__(self, spec: AttentionSpec):
         super().__init__()
         self.kind = spec.position
+        self.rope = apply_rope_halves if spec.diff_head_norm else apply_rope  # the authors' half-head RoPE
         self.dim = spec.dim
         self.max_len = spec.max_len
         if self.kind == "learned":
@@ -294,7 +309,7 @@ class Position(nn.Module):
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """RoPE on q or k (batch, heads, seq, head_dim), positions (seq,) or (batch, seq); identity otherwise."""
-        return apply_rope(x, positions) if self.kind == "rope" else x
+        return self.rope(x, positions) if self.kind == "rope" else x
 
     def score_bias(self, positions: TokenPositions, k_positions: Tensor, causal: bool) -> Tensor | None:
         """The ALiBi bias (batch|1, heads, q_len, k_len) for positions other than the indices, else None (the

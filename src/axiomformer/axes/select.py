@@ -44,6 +44,8 @@ SELECT_TRAITS = {
     "the mean (batch, heads, k_len, head_dim) and the keys (batch, heads, k_len, B, head_dim) of each key's block",
     "tokens": "selects single tokens (extra['token_scores'](module, q, k) scores them)",
     "parametric": "has learned parameters: extra['parameters'](spec) creates them",
+    "ordered": "which keys are kept depends on the keys' order (blocks are runs of consecutive positions): A0 is "
+    "relaxed too (the audit's set_symmetry fails)",
 }
 
 
@@ -85,9 +87,10 @@ SELECTS = Registry(
             "block_mean",
             "keep the blocks of the top select_topk scores q_i . mean(k_j in b) (own block always)",
             "Lu et al. 2025, MoBA, arXiv:2502.13189, sec. 2.2 (eq. 5-6)",
-            traits=frozenset({"blocks"}),
+            traits=frozenset({"blocks", "ordered"}),
             extra={"block_scores": _block_mean, "always": "own"},
-            relaxes="A4: a second score (q . block mean) decides which keys the first one weighs",
+            relaxes="A4: a second score (q . block mean) decides which keys the first one weighs; A0: the blocks "
+            "are runs of consecutive positions",
         ),
         Choice(
             "indexer",
@@ -101,9 +104,10 @@ SELECTS = Registry(
             "nsa",
             "keep the blocks of the top select_topk scores q_i . phi(k_block) (first and two local blocks always)",
             "Yuan et al. 2025, Native Sparse Attention, arXiv:2502.11089, sec. 3.3.1-3.3.2",
-            traits=frozenset({"blocks", "parametric"}),
+            traits=frozenset({"blocks", "parametric", "ordered"}),
             extra={"block_scores": _nsa, "parameters": _nsa_parameters, "always": "nsa"},
-            relaxes="A4: a second score on learned compressed blocks decides which keys the first one weighs",
+            relaxes="A4: a second score on learned compressed blocks decides which keys the first one weighs; A0: "
+            "the blocks are runs of consecutive positions (and the first and local ones are kept by position)",
         ),
     ],
     SELECT_TRAITS,
@@ -177,7 +181,7 @@ class Select(nn.Module):
 
 
 def check_select(spec: AttentionSpec) -> None:
-    """A selection needs blocks of >= 2 keys, >= 1 block kept, and no window or transport.
+    """A selection needs blocks of >= 2 keys and at most ``max_len``, >= 1 block kept, and no window or transport.
 
     Raises:
         ValueError: naming the field and its valid values.
@@ -192,6 +196,12 @@ def check_select(spec: AttentionSpec) -> None:
         raise ValueError(
             f"select={spec.select!r} with select_block=1 ranks single keys by the attention score itself: that is "
             f"normalizer='topk'; choose select_block >= 2"
+        )
+    if spec.select_block > spec.max_len:
+        raise ValueError(
+            f"select={spec.select!r} with select_block={spec.select_block} ranks blocks of more keys than the longest "
+            f"sequence (max_len={spec.max_len}) holds: no block is ever complete, so nothing is selected; choose "
+            f"select_block <= max_len"
         )
     if spec.window or spec.transport != "none":
         raise ValueError(

@@ -20,7 +20,13 @@ def register(app: typer.Typer) -> None:
 
         Fields a choice needs (a causal mask, a transport's paired normalizer) are filled in unless given.
         """
-        from axiomformer.spec import REGISTRIES, AttentionSpec, relax_with_requirements
+        from axiomformer.spec import (
+            ECONOMY_NOTES,
+            FIELD_RELAXATIONS,
+            REGISTRIES,
+            AttentionSpec,
+            relax_with_requirements,
+        )
 
         try:
             spec = relax_with_requirements(AttentionSpec.standard(dim, heads, causal=causal), relax)
@@ -38,3 +44,9 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"    source: {choice.source}")
                 if choice.relaxes:
                     typer.echo(f"    relaxes: {choice.relaxes}")
+            in_use = dict(item.split("=", 1) for item in spec.variant.split(",") if "=" in item)
+            for name, (formula, how, source) in {**FIELD_RELAXATIONS, **ECONOMY_NOTES}.items():
+                if name in in_use:  # soft-capping, diff_authors, the economies in use (MLA's latent, GQA, a window)
+                    typer.echo(f"  {name}={in_use[name]}: {formula}")
+                    typer.echo(f"    source: {source}")
+                    typer.echo(f"    relaxes: {how}")

@@ -57,10 +57,10 @@ class Block(nn.Module):
     aggregator rho of the spec, A1, and the output projection act on it).
     """
 
-    def __init__(self, spec: AttentionSpec, *, mlp_ratio: int = 4, engine: str = "auto"):
+    def __init__(self, spec: AttentionSpec, *, mlp_ratio: int = 4, engine: str = "auto", layer_index: int = 0):
         super().__init__()
         self.norm1 = nn.LayerNorm(spec.dim)
-        self.attn = Attention(spec, engine=engine)
+        self.attn = Attention(spec, engine=engine, layer_index=layer_index)  # the depth: diff_authors' lambda_init
         self.norm2 = nn.LayerNorm(spec.dim) if mlp_ratio > 0 else None
         self.mlp = two_layer_mlp(spec.dim, mlp_ratio * spec.dim, spec.dim) if mlp_ratio > 0 else None
 
@@ -135,7 +135,9 @@ class TransformerLM(nn.Module):
         if self.pos_embed is not None:
             nn.init.normal_(self.pos_embed.weight, std=0.02)
         layers = _layer_specs(spec, num_layers, max_len, layer_specs)
-        self.blocks = nn.ModuleList(Block(s, mlp_ratio=mlp_ratio, engine=engine) for s in layers)
+        self.blocks = nn.ModuleList(
+            Block(s, mlp_ratio=mlp_ratio, engine=engine, layer_index=i) for i, s in enumerate(layers)
+        )
         self.norm = nn.LayerNorm(spec.dim)
         self.config = {
             "kind": "transformer",

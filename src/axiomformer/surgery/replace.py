@@ -325,7 +325,7 @@ def relax_model(
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
                 torch.manual_seed(seed + i)
-            new = Attention(spec, engine=old.engine)
+            new = Attention(spec, engine=old.engine, layer_index=i)  # the depth: diff_authors
         p = next(old.parameters())
         new = new.to(device=p.device, dtype=p.dtype).train(old.training)
         fresh = _transfer(old, new)
