@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 from axiomformer.audit import run_audit
 from axiomformer.errors import UserInputError
 from axiomformer.surgery import audit_adapter  # noqa: F401  (registers hf: targets)
-from axiomformer.surgery.hf_audit import HFAttentionAdapter
+from axiomformer.surgery.hf_audit import FALCON_ROWS, HFAttentionAdapter, calls_attention_interface
 from axiomformer.surgery.hf_zoo import FAMILIES, ZOO_TARGETS, build, family_adapter, zoo_entry, zoo_markdown
 
 ZOO = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "hf_zoo.json"
@@ -122,18 +122,131 @@ def test_a_nonzero_query_bias_is_noted_and_fails_a4():
 
 
 def test_refusals_name_what_is_missing():
-    with pytest.raises(UserInputError, match="ALL_ATTENTION_FUNCTIONS.*FalconAttention"):
-        HFAttentionAdapter(
-            transformers.FalconModel(
-                transformers.FalconConfig(
-                    vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, multi_query=True
-                )
-            )
-        )
     with pytest.raises(UserInputError, match="pass the model"):
         run_audit(build("llama").layers[0].self_attn)
     with pytest.raises(UserInputError, match="hf:llama.*axiomformer_test_nowhere"):
         family_adapter("llama", implementation="axiomformer_test_nowhere")
+
+
+# ------------------------------------------------------------------------------------------------ Falcon
+FALCON_LAYOUTS = {
+    "per_head": dict(multi_query=False, new_decoder_architecture=False),
+    "multi_query": dict(multi_query=True, new_decoder_architecture=False),
+    "grouped": dict(multi_query=False, new_decoder_architecture=True, num_kv_heads=2),
+}
+"""Falcon's three fused query_key_value layouts (4 heads of head_dim 4; grouped: 2 key/value heads)."""
+
+
+def _falcon(layout: str, biases: bool = True):
+    """A one-layer FalconModel of that layout, seeded (eager, RoPE), with nonzero attention biases (``biases``) or
+    transformers' zero ones."""
+    config = transformers.FalconConfig(
+        vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=4, bias=True, **FALCON_LAYOUTS[layout]
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.FalconModel(config).eval()
+    with torch.no_grad():
+        for p in model.h[0].self_attention.parameters():
+            if p.dim() == 1 and biases:
+                p.normal_(std=0.3)
+    return model
+
+
+def _interface() -> bool:
+    """Whether the installed transformers' FalconAttention calls the attention interface (transformers 5), as the
+    library detects it; before, it computes attention inline."""
+    return calls_attention_interface(_falcon("per_head").h[0].self_attention)
+
+
+def _falcon_reference(model, q, k, v):
+    """float64 reference read off the fused weight as transformers documents its layout (written out here, not taken
+    from the library): identity query/key weights with their biases, each query head's key bias, value rows and
+    value bias those of its key/value head, causal softmax(q_h k_h^T / sqrt(hd)), identity dense with its bias."""
+    att = model.h[0].self_attention
+    w, b = att.query_key_value.weight.detach().double(), att.query_key_value.bias.detach().double()
+    heads, hd, d = 4, 4, 16
+    if att.new_decoder_architecture:
+        kv = att.num_kv_heads
+        rows = lambda t: t.view(kv, heads // kv + 2, hd, *t.shape[1:])
+        bq, bk, wv, bv = rows(b)[:, :-2].reshape(d), rows(b)[:, -2], rows(w)[:, -1], rows(b)[:, -1]
+    elif att.multi_query:
+        kv = 1
+        rows = lambda t: t.view(heads + 2, hd, *t.shape[1:])
+        bq, bk, wv, bv = rows(b)[:heads].reshape(d), rows(b)[heads:-1], rows(w)[-1:], rows(b)[-1:]
+    else:
+        kv = heads
+        rows = lambda t: t.view(heads, 3, hd, *t.shape[1:])
+        bq, bk, wv, bv = rows(b)[:, 0].reshape(d), rows(b)[:, 1], rows(w)[:, 2], rows(b)[:, 2]
+    g = heads // kv  # (kv, hd, ...) -> per query head
+    bk, wv, bv = (t.repeat_interleave(g, dim=0).reshape(d, *t.shape[2:]) for t in (bk, wv, bv))
+    split = lambda x: x.view(*x.shape[:2], heads, hd).transpose(1, 2)
+    n = q.shape[1]
+    scores = split(q + bq) @ split(k + bk).transpose(-1, -2) / math.sqrt(hd)
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+    out = (scores.softmax(-1) @ split(v @ wv.T + bv)).transpose(1, 2).reshape(*q.shape)
+    return out + att.dense.bias.detach().double()
+
+
+def _qkv():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(2, 6, 16, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+@pytest.mark.parametrize("layout", list(FALCON_LAYOUTS))
+def test_falcon_layouts_are_read_as_transformers_lays_them_out(layout):
+    """Every layout of the fused query_key_value (per head; multi-query; grouped) equals the reference where the
+    installed FalconAttention calls the attention interface; inline (before transformers 5) the per-head layout is
+    read through StackedQKV and the others are refused, naming the interface and the layout."""
+    model = _falcon(layout)
+    if not _interface() and layout != "per_head":
+        with pytest.raises(UserInputError, match=f"ALL_ATTENTION_FUNCTIONS.*FalconAttention.*{layout}"):
+            HFAttentionAdapter(model)
+        return
+    adapter = HFAttentionAdapter(model, rope=False)
+    q, k, v = _qkv()
+    torch.testing.assert_close(adapter(q, k, v), _falcon_reference(model, q, k, v), atol=1e-6, rtol=1e-6)
+    assert (layout != "per_head") == any("GQA" in n for n in adapter.notes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["multi_query", "grouped"])
+def test_falcon_with_shared_key_value_heads_passes_a1_to_a5_where_it_calls_the_interface(layout):
+    """Multi-query and grouped Falcon (zero biases, as initialized: a nonzero query bias is an A4 departure) audit as
+    standard attention through the interface, their shared key/value heads untied as GQA's."""
+    if not _interface():
+        pytest.skip("inline Falcon (before transformers 5): refused, see the layouts test")
+    report = run_audit(HFAttentionAdapter(_falcon(layout, biases=False), rope=False))
+    assert report.passed, report.departures()
+    assert any("GQA" in n and layout in n for n in report.notes)
+
+
+@pytest.mark.slow
+def test_falcon_read_in_a_wrong_layout_fails_the_audit(monkeypatch):
+    """Planted: Falcon's per-head interleaved rows (heads, 3, head_dim) read as [q | k | v] blocks (Phi-3's layout).
+    The reference comparison fails, and so does the audit: head 0's key is then head 1's key coordinates (through the
+    interface: head_independence and the bilinear fit, A4, with set symmetry intact); inline, the stacked [q | k | v]
+    lands query coordinates in key slots, which set_symmetry (A0) sees first."""
+
+    def blocks(heads, kv_heads, head_dim):
+        rows = torch.arange(3 * heads * head_dim)
+        return rows.chunk(3)
+
+    monkeypatch.setitem(FALCON_ROWS, "per_head", blocks)
+    model = _falcon("per_head")
+    q, k, v = _qkv()
+    wrong = HFAttentionAdapter(model, rope=False)(q, k, v)
+    assert not torch.allclose(wrong, _falcon_reference(model, q, k, v), atol=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = run_audit(family_adapter("falcon-nope"))
+    assert report["head_independence"].passed is False and "A4" in report["head_independence"].candidates
+    if _interface():
+        assert report["set_symmetry"].passed and report["bilinear_fit"].candidates == ["A4"]
+    else:
+        assert report["set_symmetry"].passed is False
 
 
 @pytest.mark.parametrize(

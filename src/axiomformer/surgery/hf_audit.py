@@ -18,7 +18,8 @@ module is called exactly as its model calls it, whatever its signature.
 
 Convention **(the audit's, see** :mod:`axiomformer.audit.adapters` **)**: where the module's query/key/output
 projections have a known layout (``q_proj``/``k_proj``/``o_proj``, BERT's ``query``/``key``, T5's ``q``/``k``/``o``,
-GPT-2's fused ``c_attn``/``c_proj``, Phi-3's fused ``qkv_proj``, the query half of Qwen3-Next's gated ``q_proj``),
+GPT-2's fused ``c_attn``/``c_proj``, Phi-3's fused ``qkv_proj``, Falcon's fused ``query_key_value`` in any of its
+layouts (:data:`FALCON_ROWS`), the query half of Qwen3-Next's gated ``q_proj``),
 their weights are set to the identity and their biases kept; the value map is kept. Projections of another shape
 (MLA's latent key/value path, a key projection narrower than the queries under GQA) are kept as trained, and the
 report's notes say so.
@@ -150,6 +151,9 @@ def identity_projections(module: nn.Module, heads: int, head_dim: int) -> tuple[
 
     Returns (notes, value map or None): what was done and kept, and the module's value map x -> W_v x + b_v.
     """
+    falcon = falcon_layout(module)
+    if falcon is not None:
+        return _identity_falcon(module, *falcon)
     conv = getattr(module, "c_attn", None)
     if conv is not None and type(conv).__name__ == "Conv1D":
         return _identity_gpt2(module)
@@ -275,52 +279,148 @@ def _identity_fused(module: Any, fused: nn.Linear) -> tuple[tuple[str, ...], Any
     return tuple(notes), lambda x: nn.functional.linear(x, wv, bv)
 
 
+def _per_head_rows(heads: int, kv_heads: int, head_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    rows = torch.arange(3 * heads * head_dim).view(heads, 3, head_dim)
+    return rows[:, 0].flatten(), rows[:, 1].flatten(), rows[:, 2].flatten()
+
+
+def _multi_query_rows(heads: int, kv_heads: int, head_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    rows = torch.arange((heads + 2) * head_dim).view(heads + 2, head_dim)
+    return rows[:heads].flatten(), rows[heads], rows[heads + 1]
+
+
+def _grouped_rows(heads: int, kv_heads: int, head_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    rows = torch.arange((heads + 2 * kv_heads) * head_dim).view(kv_heads, heads // kv_heads + 2, head_dim)
+    return rows[:, :-2].flatten(), rows[:, -2].flatten(), rows[:, -1].flatten()
+
+
+FALCON_ROWS: dict[str, Callable[[int, int, int], tuple[Tensor, Tensor, Tensor]]] = {
+    "per_head": _per_head_rows,
+    "multi_query": _multi_query_rows,
+    "grouped": _grouped_rows,
+}
+"""Falcon's fused ``query_key_value`` layouts: ``(heads, kv_heads, head_dim) -> (query rows, key rows, value rows)``,
+row indices of its weight in the order Falcon reads the heads (head h's query rows are block h of the query rows, key
+/ value head g's rows block g of the key / value rows). "per_head": (heads, 3, head_dim), query, key and value
+interleaved per head (neither multi_query nor new_decoder_architecture); "multi_query": every query head, then one key
+and one value head; "grouped" (new_decoder_architecture): (kv_heads, heads / kv_heads + 2, head_dim), each group's
+query heads, then its key and its value head."""
+
+
+def _falcon_flag(module: nn.Module, name: str) -> bool:
+    """The module's own flag ``name`` (Falcon reads its attributes), else its config's."""
+    value = getattr(module, name, None)
+    return bool(getattr(getattr(module, "config", None), name, False) if value is None else value)
+
+
+def falcon_layout(module: nn.Module) -> tuple[str, int] | None:
+    """(layout, key/value heads) of a Falcon-style attention module, read from what it has: a fused
+    ``query_key_value`` linear, ``num_heads`` and ``head_dim``, the ``new_decoder_architecture`` / ``multi_query``
+    flags (its own, else its config's) and, grouped, ``num_kv_heads``; None when any is missing or the fused width
+    is not the one the layout implies (see :data:`FALCON_ROWS`). Whether the module calls the attention interface
+    (transformers 5) or computes attention inline (before) does not matter here."""
+    fused, heads, head_dim = (getattr(module, n, None) for n in ("query_key_value", "num_heads", "head_dim"))
+    if not (isinstance(fused, nn.Linear) and isinstance(heads, int) and isinstance(head_dim, int)):
+        return None
+    if heads * head_dim != fused.in_features:
+        return None
+    if _falcon_flag(module, "new_decoder_architecture"):
+        kv = getattr(module, "num_kv_heads", None) or getattr(getattr(module, "config", None), "num_kv_heads", None)
+        layout, kv_heads = "grouped", kv if isinstance(kv, int) and kv > 0 and heads % kv == 0 else 0
+    elif _falcon_flag(module, "multi_query"):
+        layout, kv_heads = "multi_query", 1
+    else:
+        layout, kv_heads = "per_head", heads
+    if not kv_heads or fused.out_features != (heads + 2 * kv_heads) * head_dim:
+        return None
+    return layout, kv_heads
+
+
+def is_falcon_layout(module: nn.Module) -> bool:
+    """A Falcon-style attention with a fused ``query_key_value`` of a known layout (:func:`falcon_layout`)."""
+    return falcon_layout(module) is not None
+
+
+def _identity_falcon(module: Any, layout: str, kv_heads: int) -> tuple[tuple[str, ...], Any]:
+    """Falcon's fused ``query_key_value`` (any layout of :data:`FALCON_ROWS`) and ``dense``, on a module that calls
+    the attention interface: the fused projection is rebuilt in the per-head layout with ``heads`` key/value heads
+    (query and key rows the identity, each head's key bias and value rows those of its key/value head), the module's
+    flags set to read it so, and ``dense`` set to the identity (biases kept)."""
+    fused: nn.Linear = module.query_key_value
+    heads, head_dim, d = int(module.num_heads), int(module.head_dim), fused.in_features
+    groups = heads // kv_heads
+    q_rows, k_rows, v_rows = FALCON_ROWS[layout](heads, kv_heads, head_dim)
+    w, b = fused.weight.detach(), None if fused.bias is None else fused.bias.detach()
+    value = nn.Linear(d, d, bias=b is not None, dtype=w.dtype)
+    untied = nn.Linear(d, 3 * d, bias=b is not None, dtype=w.dtype)
+    q_new, k_new, v_new = FALCON_ROWS["per_head"](heads, heads, head_dim)
+    eye = torch.eye(d, dtype=w.dtype)
+    with torch.no_grad():
+        value.weight.copy_(_repeat_rows(w[v_rows], groups, head_dim))
+        untied.weight[q_new], untied.weight[k_new], untied.weight[v_new] = eye, eye, value.weight
+        if b is not None:
+            value.bias.copy_(_repeat_rows(b[v_rows], groups, head_dim))
+            untied.bias[q_new] = b[q_rows]
+            untied.bias[k_new] = _repeat_rows(b[k_rows], groups, head_dim)
+            untied.bias[v_new] = value.bias
+    module.query_key_value = untied
+    for owner in (module, module.config):  # the module reads its own flags; its config is its private copy
+        owner.multi_query, owner.new_decoder_architecture, owner.num_kv_heads = False, False, heads
+    module.num_key_value_groups = 1
+    dense = module.dense
+    if isinstance(dense, nn.Linear) and dense.in_features == dense.out_features:
+        _eye_rows(dense.weight, slice(None))
+    notes = [
+        f"Falcon's fused query_key_value read in its {layout} layout: query and key rows set to the identity "
+        "(biases kept), value rows kept as trained"
+    ]
+    if kv_heads < heads:
+        notes.append(GQA_NOTE + f" (Falcon's {layout} layout: {kv_heads} key/value head(s) for {heads} query heads)")
+    biases = (None,) * 3 if b is None else (b[q_rows], b[k_rows], b[v_rows])
+    notes.extend(all_bias_notes(*biases, dense.bias))
+    return tuple(notes), value
+
+
 def _identity_stacked(module: Any, heads: int) -> tuple[tuple[str, ...], Any]:
-    """Falcon: ``query_key_value`` becomes :class:`StackedQKV`, ``dense`` the identity (biases kept)."""
+    """Falcon computing attention inline (per-head layout): ``query_key_value`` becomes :class:`StackedQKV`,
+    ``dense`` the identity (biases kept)."""
     fused = module.query_key_value
-    stacked = StackedQKV(fused, heads)
+    stacked = StackedQKV(fused, FALCON_ROWS["per_head"](heads, heads, fused.in_features // heads))
     module.query_key_value = stacked
     dense = module.dense
     if isinstance(dense, nn.Linear) and dense.in_features == dense.out_features:
         _eye_rows(dense.weight, slice(None))
-    qk = None if stacked.bias is None else stacked.bias
-    biases = (None, None) if qk is None else (qk[:, 0].reshape(-1), qk[:, 1].reshape(-1))
+    biases = (None, None) if stacked.bias is None else stacked.bias
     return all_bias_notes(*biases, stacked.value.bias, dense.bias), stacked.value
 
 
-def is_falcon_layout(module: nn.Module) -> bool:
-    """Falcon's attention with one key and value head per query head (``query_key_value`` rows (heads, 3, hd))."""
-    return (
-        isinstance(getattr(module, "query_key_value", None), nn.Linear)
-        and hasattr(module, "_split_heads")
-        and not getattr(module, "multi_query", True)
-        and not getattr(module, "new_decoder_architecture", True)
-    )
-
-
 class StackedQKV(nn.Module):
-    """Falcon's fused ``query_key_value`` fed [q | k | v] (width 3 d): per head, q and k pass (identity weight,
-    bias kept) and v goes through the trained value rows, laid out (heads, 3, head_dim) as Falcon splits it."""
+    """Falcon's fused ``query_key_value`` fed [q | k | v] (width 3 d): q and k pass (identity weight, bias kept) and
+    v goes through the trained value rows, each put at the rows ``(query rows, key rows, value rows)`` of the fused
+    output (a permutation of its 3 d rows: Falcon's per-head layout, :data:`FALCON_ROWS`)."""
 
-    def __init__(self, fused: nn.Linear, heads: int):
+    order: Tensor
+    """Fused output row r is row ``order[r]`` of [q + b_q | k + b_k | value(v)]."""
+
+    def __init__(self, fused: nn.Linear, rows: tuple[Tensor, Tensor, Tensor]):
         super().__init__()
         d = fused.in_features
-        self.heads, self.d = heads, d
-        rows = fused.weight.detach().view(heads, 3, d // heads, d)
-        bias = None if fused.bias is None else fused.bias.detach().view(heads, 3, d // heads)
+        self.d = d
+        q_rows, k_rows, v_rows = rows
+        self.register_buffer("order", torch.argsort(torch.cat(rows)), persistent=False)
+        bias = None if fused.bias is None else fused.bias.detach()
         self.value = nn.Linear(d, d, bias=bias is not None, dtype=fused.weight.dtype)
         with torch.no_grad():
-            self.value.weight.copy_(rows[:, 2].reshape(d, d))
+            self.value.weight.copy_(fused.weight.detach()[v_rows])
             if bias is not None:
-                self.value.bias.copy_(bias[:, 2].reshape(d))
-        self.bias = None if bias is None else bias[:, :2].clone()  # (heads, 2, head_dim): query, key biases
+                self.value.bias.copy_(bias[v_rows])
+        self.bias = None if bias is None else (bias[q_rows].clone(), bias[k_rows].clone())  # query, key biases
 
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = x.split(self.d, dim=-1)
-        parts = [t.view(*t.shape[:-1], self.heads, 1, self.d // self.heads) for t in (q, k, self.value(v))]
         if self.bias is not None:
-            parts[0], parts[1] = parts[0] + self.bias[:, :1], parts[1] + self.bias[:, 1:]
-        return torch.cat(parts, dim=-2).flatten(-3)
+            q, k = q + self.bias[0], k + self.bias[1]
+        return torch.cat([q, k, self.value(v)], dim=-1)[..., self.order]
 
 
 # ------------------------------------------------------------------------------------------------ the adapter
@@ -361,6 +461,9 @@ def _skipped(model: nn.Module, audited: type) -> tuple[str, ...]:
 def _refusal(model: nn.Module) -> str:
     inline = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.endswith("Attention")})
     found = f" (its attention modules {', '.join(inline)} compute attention inline)" if inline else ""
+    other = sorted({layout[0] for m in model.modules() if (layout := falcon_layout(m)) and layout[0] != "per_head"})
+    if other:
+        found += f"; inline Falcon attention is audited in its per_head layout only, this one is {', '.join(other)}"
     return (
         f"cannot audit {type(model).__name__}: no module calls transformers' attention interface "
         f"(ALL_ATTENTION_FUNCTIONS){found}, so the adapter cannot find q, k, v around an attention function; "
@@ -421,9 +524,10 @@ class HFAttentionAdapter(Adapter):
             config: Any = self.model.config
             config._attn_implementation = implementation
         found = attention_modules(self.model)
-        # Falcon computes attention inline: its fused projection is fed [q | k | v] instead (StackedQKV)
+        # Falcon before transformers 5 computes attention inline: its fused projection (per-head layout) is fed
+        # [q | k | v] instead (StackedQKV)
         self.stacked = not found
-        found = found or [m for m in self.model.modules() if is_falcon_layout(m)]
+        found = found or [m for m in self.model.modules() if (falcon_layout(m) or ("",))[0] == "per_head"]
         if not found:
             raise UserInputError(_refusal(model))
         if not 0 <= layer < len(found):
