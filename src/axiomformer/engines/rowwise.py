@@ -35,7 +35,7 @@ from axiomformer.engines.autograd import graph_grads
 from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
-from axiomformer.engines.rowkernels import reads_options, row_kernel
+from axiomformer.engines.rowkernels import TopK, reads_options, row_kernel
 
 SIGMOID_CAP_MAX = 64.0
 """Largest cap computed as 2c sigmoid(2z / c) (- c) rather than c tanh(z / c). The two are equal, and sigmoid took
@@ -56,6 +56,8 @@ class _Row:
         self.cap = float(plan.spec.softcap)
         kernel = self.kernel
         self.sigmoid_cap = 0 < self.cap <= SIGMOID_CAP_MAX and kernel.shift_invariant and not kernel.selects
+        self.top = int(self.options.get("k", 1)) if type(kernel) is TopK and not self.cap else 0
+        """k of top-k without a cap (the selected path: :class:`_Selected`), else 0."""
 
     def logits(
         self, q_c: Tensor, k_c: Tensor, diagonal: tuple[int, Tensor] | None, out: Tensor, slope: Tensor | None = None
@@ -124,6 +126,68 @@ class _Blocks:
         return lambda i: self.get(4 + i, rows, end)
 
 
+class _Selected:
+    """Top-k's chunk on its k selected keys only (uncapped): from the chunk's logits t, ``torch.topk`` with one key
+    more than k tells whether the k-th largest logit is tied with the next (then the chunk takes the dense path,
+    which keeps every tied key, as the registry's formula); otherwise the weights are the softmax of the k largest
+    logits and the output, and in the backward every product, reads k rows of K and V per query: the backward
+    recomputes no score block and makes no (chunk x keys) product, where SDPA's makes five.
+
+    ``index`` (batch*heads, rows, k) are the selected keys; a row with fewer than k visible keys selects hidden ones
+    too, which get weight 0 (their logits are -inf).
+    """
+
+    def __init__(self, index: Tensor, rows: slice, causal: bool, offset: int) -> None:
+        self.index, self.rows, self.causal, self.offset = index, rows, causal, offset
+
+    @staticmethod
+    def find(t: Tensor, k: int, rows: slice, causal: bool, offset: int) -> _Selected | None:
+        """The selection of a chunk's logits t (hidden keys -inf), or None where the k-th logit of a row is tied."""
+        end = t.shape[-1]
+        if k >= end:
+            index = torch.arange(end, device=t.device).expand(t.shape)
+            return _Selected(index, rows, causal, offset)
+        values, index = t.topk(k + 1, dim=-1)
+        kth, after = values[..., k - 1], values[..., k]
+        if bool(((kth == after) & torch.isfinite(after)).any()):
+            return None
+        return _Selected(index[..., :k], rows, causal, offset)
+
+    def gather(self, x: Tensor) -> Tensor:
+        """The selected rows of x (batch*heads, keys, width): (batch*heads, rows, k, width)."""
+        bh, keys, width = x.shape
+        flat = (self.index + (torch.arange(bh, device=x.device) * keys).view(bh, 1, 1)).view(-1)
+        return x.reshape(-1, width).index_select(0, flat).view(*self.index.shape, width)
+
+    def weights(self, q_c: Tensor, keys: Tensor) -> Tensor:
+        """Softmax over the selected logits q_i . k_j (hidden keys -inf)."""
+        logits = torch.linalg.vecdot(q_c.unsqueeze(-2), keys)
+        if self.causal:
+            last = torch.arange(self.rows.start, self.rows.stop, device=q_c.device) + self.offset
+            logits = logits.masked_fill(self.index > last.view(1, -1, 1), float("-inf"))
+        return torch.softmax(logits, dim=-1)
+
+    def forward(self, q_c: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The chunk's output sum_j u_j v_j over the selected keys."""
+        u = self.weights(q_c, self.gather(k))
+        return torch.linalg.vecdot(u.unsqueeze(-1), self.gather(v), dim=-2)
+
+    def backward(self, q_c: Tensor, k: Tensor, v: Tensor, d_out: Tensor, grads: tuple[Tensor, ...]) -> None:
+        """Add the chunk's share to dQ (its rows), dK and dV ((batch*heads, keys, width), not transposed)."""
+        grad_q, grad_k, grad_v = grads
+        keys, values = self.gather(k), self.gather(v)
+        u = self.weights(q_c, keys)
+        g = torch.linalg.vecdot(d_out.unsqueeze(-2), values)  # dL/du at the selected keys
+        dt = g.sub_((u * g).sum(-1, keepdim=True)).mul_(u)  # softmax's VJP
+        grad_q[:, self.rows] = torch.linalg.vecdot(dt.unsqueeze(-1), keys, dim=-2)
+        bh = self.index.shape[0]
+        flat = (self.index + (torch.arange(bh, device=k.device) * k.shape[1]).view(bh, 1, 1)).view(-1)
+        grad_k.view(-1, k.shape[-1]).index_add_(0, flat, (dt.unsqueeze(-1) * q_c.unsqueeze(-2)).view(-1, q_c.shape[-1]))
+        grad_v.view(-1, v.shape[-1]).index_add_(
+            0, flat, (u.unsqueeze(-1) * d_out.unsqueeze(-2)).view(-1, d_out.shape[-1])
+        )
+
+
 def _backward_chunk(
     row: _Row,
     blocks: _Blocks,
@@ -165,11 +229,18 @@ class RowwiseAttention(torch.autograd.Function):
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int, size: int) -> Tensor:
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         blocks = _Blocks(q, size, k.shape[-2])
+        selected: list[_Selected | None] = []
         for rows, end, diagonal in query_chunks(q.shape[-2], size, offset, causal, k.shape[-2], q.device):
             n = rows.stop - rows.start
             t = row.logits(q[:, rows], k[:, :end], diagonal, blocks.get(0, n, end))
+            chosen = _Selected.find(t, row.top, rows, causal, offset) if row.top else None
+            selected.append(chosen)
+            if chosen is not None:
+                out[:, rows] = chosen.forward(q[:, rows], k, v)
+                continue
             u, _ = row.kernel.weights(t, diagonal, blocks.spares(n, end))
             out[:, rows] = torch.bmm(u, v[:, :end])
+        ctx.selected = selected
         ctx.save_for_backward(q, k, v, out)
         ctx.row, ctx.causal, ctx.offset, ctx.size = row, causal, offset, size
         return out
@@ -188,10 +259,18 @@ class RowwiseAttention(torch.autograd.Function):
         grad_kt = k.new_zeros(k.shape[0], k.shape[2], k.shape[1])
         grad_vt = v.new_zeros(v.shape[0], v.shape[2], v.shape[1])
         blocks = _Blocks(q, max(ctx.size, k.shape[-1], v.shape[-1]), k.shape[-2])
-        for rows, end, diagonal in query_chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q.device):
+        sparse_grads = (grad_q, torch.zeros_like(k), torch.zeros_like(v)) if any(ctx.selected) else None
+        chunks = query_chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q.device)
+        for (rows, end, diagonal), chosen in zip(chunks, ctx.selected):
+            if chosen is not None and sparse_grads is not None:
+                chosen.backward(q[:, rows], k, v, grad_out[:, rows], sparse_grads)
+                continue
             _backward_chunk(row, blocks, (q, k, v, out, grad_out), (grad_q, grad_kt, grad_vt), rows, end, diagonal)
         del blocks
         grad_k, grad_v = grad_kt.transpose(-2, -1).contiguous(), grad_vt.transpose(-2, -1).contiguous()
+        if sparse_grads is not None:
+            grad_k += sparse_grads[1]
+            grad_v += sparse_grads[2]
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
