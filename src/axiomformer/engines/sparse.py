@@ -94,14 +94,15 @@ SKETCH_STEPS = 8
 COMPACT_BELOW = 0.75
 """Rows that are done leave the working block when the open ones drop below this fraction of it **(our choice)**."""
 
-SUPPORT_BELOW = 1 / 128
+SUPPORT_BELOW = 1 / 256
 """A chunk whose weights have fewer nonzeros than this fraction of its score block takes the support path: the
 weighted sum of the forward and every product of the backward gathered over the nonzeros only, instead of dense
 (chunk x keys) matrix products, so its backward is one recomputed score block plus O(|support| head_dim) work.
 Random scores (std 1) leave 0.75 % (sparsemax) and 3.1 % (1.5-entmax) of the causal block nonzero at L = 1024, 0.2 %
 and 1.0 % at L = 4096 **(our choice: each nonzero costs gathers and scatters of 2 x 128 floats; on our CPU the
 support path ran 1.9x slower than the dense one at 3 % nonzeros (1.5-entmax, L = 1024), about even at 1 %, and took
-sparsemax at L = 4096 from 2.0x to 1.3x SDPA)**."""
+sparsemax at L = 4096 from 2.0x to 1.3x SDPA; 1/256 bounds its buffers, of nnz x head_dim each, to a quarter of a
+score block, within the 2x SDPA peak-memory goal)**."""
 
 
 def _group_maxima(x: Tensor) -> Tensor:
@@ -467,8 +468,6 @@ class _BackwardSums:
         need_dz = need_q or need_k or out is not None
         self.block_h, self.block_g = q3.new_empty(size), q3.new_empty(size) if need_dz else None
         self.scratch = _Scratch(q3)
-        self.kv: Tensor | None = None  # (bh * k_len, d + dv) keys beside values, for the support path's gathers
-        self.grad_kv: Tensor | None = None  # its gradient, added to grad_k and grad_v at the end
 
     def add_chunk(self, span: slice, end: int, diag: tuple[int, Tensor] | None, tau: Tensor, shift: Tensor) -> None:
         """Add the share of the queries ``span`` (reading the keys 0..end - 1) to the gradients."""
@@ -505,19 +504,16 @@ class _BackwardSums:
 
     def _add_support(self, sup: _Support, q_c: Tensor, span: slice) -> None:
         """The chunk's share of the gradients over the support of its weights only (:data:`SUPPORT_BELOW`): the
-        same closed forms as :meth:`add_chunk`, with G_ij = dO_i . v_j gathered at the nonzeros (queries beside
-        output gradients, keys beside values: two gathers and one scatter of both key gradients)."""
+        same closed forms as :meth:`add_chunk`, with G_ij = dO_i . v_j gathered at the nonzeros (four gathers into
+        reused buffers, no copy of K or V)."""
         bh, rows = self.q3.shape[0], span.stop - span.start
         d, dv = self.k3.shape[-1], self.v3.shape[-1]
-        if self.kv is None:
-            self.kv = torch.cat([self.k3, self.v3], dim=-1).view(-1, d + dv)
-            self.grad_kv = self.kv.new_zeros(self.kv.shape)
-        assert self.grad_kv is not None
         nnz = sup.key.numel()
-        local = torch.cat([q_c, self.d_out[:, span]], dim=-1).view(-1, d + dv)
-        qd = torch.index_select(local, 0, sup.row, out=self.scratch.get("qd", nnz, d + dv))
-        kv = torch.index_select(self.kv, 0, sup.key, out=self.scratch.get("kv", nnz, d + dv))
-        q_rows, do_rows, k_rows, v_rows = qd[:, :d], qd[:, d:], kv[:, :d], kv[:, d:]
+        get = self.scratch.get
+        q_rows = torch.index_select(q_c.reshape(-1, d), 0, sup.row, out=get("q", nnz, d))
+        do_rows = torch.index_select(self.d_out[:, span].reshape(-1, dv), 0, sup.row, out=get("do", nnz, dv))
+        k_rows = torch.index_select(self.k3.reshape(-1, d), 0, sup.key, out=get("k", nnz, d))
+        v_rows = torch.index_select(self.v3.reshape(-1, dv), 0, sup.key, out=get("v", nnz, dv))
         h = sup.values
         p = h if self.kind == "sparsemax" else h * h
         grad = torch.linalg.vecdot(do_rows, v_rows)  # G at the support
@@ -525,10 +521,10 @@ class _BackwardSums:
         weighted = grad if self.kind == "sparsemax" else grad * s
         mean = sup.row_sum(weighted).div_(sup.row_sum(s))  # (bh * rows,)
         dz = weighted.sub_(s * mean.index_select(0, sup.row)).unsqueeze(-1)  # dL/dz at the support
-        both = self.scratch.get("both", nnz, d + dv)
-        torch.mul(q_rows, dz, out=both[:, :d]) if self.grad_k is not None else both[:, :d].zero_()
-        torch.mul(do_rows, p.unsqueeze(-1), out=both[:, d:]) if self.grad_v is not None else both[:, d:].zero_()
-        self.grad_kv.index_add_(0, sup.key, both)
+        if self.grad_v is not None:
+            self.grad_v.view(-1, dv).index_add_(0, sup.key, do_rows.mul_(p.unsqueeze(-1)))
+        if self.grad_k is not None:
+            self.grad_k.view(-1, d).index_add_(0, sup.key, q_rows.mul_(dz))
         if self.grad_q is not None:
             chunk = self.scratch.get("grad_q", bh * rows, d).zero_().index_add_(0, sup.row, k_rows.mul_(dz))
             self.grad_q[:, span] = chunk.view(bh, rows, d) * self.factor  # dL/dq = dL/d(scale q) scale
@@ -550,13 +546,6 @@ class _BackwardSums:
 
     def grads(self, q: Tensor, k: Tensor, v: Tensor, scale_t: Tensor | None) -> tuple[Tensor | None, ...]:
         """dL/dq, dL/dk, dL/dv and dL/dscale in the inputs' shapes (None where not needed)."""
-        if self.grad_kv is not None:  # the support path's share
-            d = self.k3.shape[-1]
-            grad_kv = self.grad_kv.view(self.k3.shape[0], self.k3.shape[1], -1)
-            if self.grad_k is not None:
-                self.grad_k += grad_kv[..., :d]
-            if self.grad_v is not None:
-                self.grad_v += grad_kv[..., d:]
         grad_scale = None
         if self.grad_factor is not None and scale_t is not None:
             grad_factor = self.grad_factor.div_(self.factor).mul_(2.0 if self.kind == "entmax15" else 1.0)
