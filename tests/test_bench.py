@@ -25,6 +25,9 @@ FIELDS = {
     "sdpa_peak_mem_mb": float,
     "ratio_ci": list,
     "warmup_dropped": int,
+    "time_goal": (float, type(None)),
+    "memory_goal": (float, type(None)),
+    "goal_met": (bool, type(None)),
 }
 
 
@@ -61,6 +64,8 @@ def test_bench_json_last_line_has_the_documented_rows(tmp_path):
         assert row["ms"] > 0 and row["sdpa_ms"] > 0 and row["peak_mem_mb"] >= 0
         assert row["ratio_vs_sdpa"] == pytest.approx(row["ms"] / row["sdpa_ms"], rel=0.05, abs=0.01)
         assert len(row["ratio_ci"]) == 2  # one repeat: no interval (nan, nan)
+    goals = {(r["variant"], r["seq_len"]): (r["time_goal"], r["memory_goal"]) for r in rows if r["engine"] == "sdpa"}
+    assert goals[("standard", 48)] == (1.05, None)  # the memory goal holds from L = 4096 on
     engines = {(r["variant"], r["engine"]) for r in rows}
     xt = {("standard", "x-transformers"), ("standard", "x-transformers-flash")}
     assert (xt <= engines) == (importlib.util.find_spec("x_transformers") is not None)
@@ -156,6 +161,39 @@ def test_the_transports_are_bench_rows_and_the_state_transports_run_on_the_recur
         "normalizer=none,transport=decay_householder": {"recurrent", "reference"},
         "normalizer=none,transport=diag_decay_householder": {"recurrent", "reference"},
     }
+
+
+def test_every_new_choice_has_a_goal_bearing_row_and_the_goals_are_the_issues():
+    from axiomformer.spec import AXES
+
+    quick = set(bench.QUICK_VARIANTS)
+    for axis in ("transport", "select"):
+        named = {v.split(",")[0].split("=")[1] for v in quick if v.startswith(f"{axis}=")}
+        assert named == set(AXES[axis][1:]), axis
+    assert {"position=short_conv", "kv_latent=128"} <= quick
+    for variant in bench.QUICK_VARIANTS:  # every goal row <= 1.5x SDPA at both lengths, or a stricter goal
+        for length in (1024, 4096):
+            goal = bench.time_goal(variant, length)
+            assert goal is None or goal <= 1.5, (variant, length, goal)
+            assert bench.memory_goal(variant, length) == (2.0 if length >= 4096 else None), variant
+    for variant in bench.TRANSPORT_ROWS:  # no slower than SDPA at 4096
+        assert bench.time_goal(variant, 4096) == 1.0
+    assert all(bench.time_goal(v, 4096) == 1.5 for v in quick if v.startswith("select="))
+
+
+def test_a_row_carries_its_goals_and_the_report_reads_them():
+    fast = bench.Row("normalizer=sparsemax", "sparse", 4096, True, 1.4, 1.0, 1.4, 10.0, 6.0, (1.3, 1.5))
+    fat = bench.Row("normalizer=sparsemax", "sparse", 1024, True, 1.6, 1.0, 1.6, 30.0, 6.0, (1.5, 1.7))
+    slow = bench.Row("transport=householder", "chunked_transport", 4096, True, 2.0, 1.0, 2.0, 10.0, 6.0)
+    assert (fast.time_goal, fast.memory_goal, fast.goal_met) == (1.5, 2.0, True)
+    assert (fat.time_goal, fat.memory_goal, fat.goal_met) == (1.5, None, False)
+    assert (slow.time_goal, slow.goal_met) == (1.0, False)
+    ref = bench.Row("normalizer=sparsemax", "reference", 1024, True, 9.0, 1.0, 9.0, 99.0, 6.0)
+    assert ref.goal_met is None and ref.time_goal is None
+    report = "\n".join(bench.goal_report([fast, fat, slow, ref]))
+    assert "normalizer=sparsemax: time <= 1.5x SDPA: NOT met (worst 1.60x at L=1024" in report
+    assert "transport=householder: no slower than causal SDPA at L>=4096: NOT met" in report
+    assert "normalizer=sparsemax: peak memory <= 2.0x SDPA at L>=4096: met (L=4096: 1.67x)" in report
 
 
 def test_the_ratio_interval_is_the_t_interval_of_the_paired_log_ratios():

@@ -84,6 +84,23 @@ def test_every_choice_compiles_at_most_two_graphs_over_twelve_lengths(axis, name
     assert worst <= 1e-5, worst  # the compiled routes compute what the eager ones do
 
 
+MLA = [{"kv_latent": 6}, {"kv_latent": 6, "kv_rope_dim": 2}]
+"""MLA's latent (an economy, not an axis choice), with and without its decoupled RoPE key (issue 34 item 8)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fields", MLA, ids=["kv_latent", "kv_latent+kv_rope_dim"])
+def test_mla_traces_without_a_graph_break_and_compiles_at_most_two_graphs(fields):
+    torch.manual_seed(0)
+    layer = Attention(AttentionSpec.standard(DIM, HEADS, causal=True, **fields)).eval()
+    for padded in (False, True):
+        count, reasons = graph_breaks(layer, padded)
+        assert count == 0, reasons
+    graphs, worst = graphs_over_lengths(layer)
+    assert graphs <= MAX_GRAPHS, f"{graphs} graphs for {len(LENGTHS)} lengths"
+    assert worst <= 1e-5, worst
+
+
 # ---------------------------------------------------------------------------------------------- the checks can fail
 def test_the_recompile_check_sees_a_python_loop_over_the_length(monkeypatch):
     # Plant the old fault: an engine step that loops over query chunks in Python specialises every length.

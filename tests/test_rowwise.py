@@ -145,3 +145,113 @@ def test_softpick_by_subtraction_is_caught(monkeypatch):
 
     monkeypatch.setattr(normalizer, "softpick_terms", by_subtraction)
     assert _softpick_small_logit_error("reference") > 1e-5
+
+
+# ---------------------------------------------------------------------------------------------- top-k's selected path
+def _topk_grads(engine: str, causal: bool, duplicate: bool = False) -> list[torch.Tensor]:
+    """Output and the q, k, v gradients of uncapped top-k (k = 4) in float64 on ``engine``."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, HEADS, LEN, HEAD_DIM, dtype=torch.float64, generator=g) for _ in range(3))
+    if duplicate:  # every key twice: the 4th and 5th largest logits of a row tie
+        k = k[:, :, : LEN // 2].repeat_interleave(2, dim=2)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    spec = AttentionSpec.standard(HEADS * HEAD_DIM, HEADS, causal=causal).relax(normalizer="topk", topk=4)
+    out = attend(q, k, v, spec=spec, engine=engine).out
+    out.backward(torch.randn(out.shape, dtype=out.dtype, generator=g))
+    return [out.detach(), q.grad, k.grad, v.grad]
+
+
+@pytest.fixture
+def selected(monkeypatch):
+    """Counts the chunks top-k computed on its selected keys and those that fell back to the dense path."""
+    taken = {"selected": 0, "dense": 0}
+    real = rowwise._Selected.find
+
+    def find(*args):
+        found = real(*args)
+        taken["dense" if found is None else "selected"] += 1
+        return found
+
+    monkeypatch.setattr(rowwise._Selected, "find", staticmethod(find))
+    return taken
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_topk_on_its_selected_keys_equals_the_reference_forward_and_backward(causal, selected):
+    for got, want in zip(_topk_grads("rowwise", causal), _topk_grads("reference", causal)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert selected["selected"] > 0 and selected["dense"] == 0
+
+
+def test_topk_with_a_tie_at_the_kth_key_takes_the_dense_path_and_keeps_the_tied_keys(selected):
+    for got, want in zip(_topk_grads("rowwise", True, True), _topk_grads("reference", True, True)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert selected["dense"] > 0
+
+
+def test_a_wrong_backward_on_the_selected_keys_is_caught(monkeypatch, selected):
+    real = rowwise._Selected.backward
+
+    def wrong(self, q_c, k, v, d_out, grads):
+        return real(self, q_c, k, v, d_out * 1.01, grads)
+
+    monkeypatch.setattr(rowwise._Selected, "backward", wrong)
+    got, want = _topk_grads("rowwise", True), _topk_grads("reference", True)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(got[1], want[1], rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------- stick-breaking's band
+def _stick(engine: str, poison: bool = False) -> list[torch.Tensor]:
+    """Output and q, k, v gradients of causal stick-breaking at L = 384 in float32 (logits of std about 3, so the
+    stick is used up within a few dozen keys); ``poison``: a NaN value at key 0, long before any band."""
+    g = torch.Generator().manual_seed(7)
+    n = 384
+    q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, generator=g) for _ in range(3))
+    q = q * 3.0
+    if poison:
+        v[0, 0, 0, 0] = float("nan")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    spec = AttentionSpec.standard(HEADS * HEAD_DIM, HEADS, causal=True).relax(normalizer="stick_breaking")
+    out = attend(q, k, v, spec=spec, engine=engine).out
+    out.backward(torch.randn(out.shape, generator=g))
+    return [out.detach(), q.grad, k.grad, v.grad]
+
+
+@pytest.fixture
+def bands(monkeypatch):
+    """Chunks of 32 queries, bands from 16 keys; records the first key each chunk read."""
+    from axiomformer.engines import ENGINES
+
+    monkeypatch.setitem(ENGINES, "rowwise", rowwise.RowwiseEngine(memory_budget=HEADS * 384 * 32))
+    monkeypatch.setattr(rowwise, "BAND_START", 16)
+    firsts = []
+    real = rowwise._band
+
+    def band(*args):
+        found = real(*args)
+        firsts.append(found[0])
+        return found
+
+    monkeypatch.setattr(rowwise, "_band", band)
+    return firsts
+
+
+def test_stick_breaking_on_its_band_equals_the_whole_row(bands, monkeypatch):
+    banded = _stick("rowwise")
+    assert max(bands) > 0  # later chunks skipped the keys whose stick was used up
+    bands.clear()
+    monkeypatch.setattr(rowwise, "_finite_logits", lambda *tensors: False)  # the whole rows
+    whole = _stick("rowwise")
+    assert not bands
+    for got, want in zip(banded, whole):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)  # bit for bit
+    for got, want in zip(banded, _stick("reference")):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_nan_before_the_band_reaches_the_output_as_on_the_reference(bands):
+    got, want = _stick("rowwise", poison=True), _stick("reference", poison=True)
+    # (the router may take the NaN out of v first: what matters is the same output)
+    torch.testing.assert_close(got[0], want[0], equal_nan=True)
+    assert bool(torch.isnan(got[0][0, 0, -1]).all())

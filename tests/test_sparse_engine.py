@@ -31,6 +31,23 @@ def calls(monkeypatch):
     return record
 
 
+@pytest.fixture(params=["dense", "support"])
+def path(request, monkeypatch):
+    """Every chunk on the dense products (SUPPORT_BELOW = 0) or on the support path (SUPPORT_BELOW > 1); returns
+    how many chunks took the support path."""
+    monkeypatch.setattr(sparse, "SUPPORT_BELOW", 0.0 if request.param == "dense" else 2.0)
+    taken = []
+    real = sparse._Support.find.__func__
+
+    def find(cls, *args):
+        found = real(cls, *args)
+        taken.extend([] if found is None else [1])
+        return found
+
+    monkeypatch.setattr(sparse._Support, "find", classmethod(find))
+    return request.param, taken
+
+
 # ---------------------------------------------------------------------------------------------- thresholds
 def _rows(dtype: torch.dtype) -> list[torch.Tensor]:
     """Blocks of rows (r, n): random at several scales, ties, all-equal, peaked, masked (-inf), length 1, long."""
@@ -84,7 +101,7 @@ def test_rows_left_open_by_the_iteration_cap_get_the_sort_based_threshold(kind, 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("scale", ["inv_sqrt_d", "learned"])
-def test_sparse_path_matches_reference_forward_and_backward(kind, causal, scale, calls):
+def test_sparse_path_matches_reference_forward_and_backward(kind, causal, scale, calls, path):
     spec = AttentionSpec.standard(DIM, HEADS, causal=causal).relax(normalizer=kind, scale=scale)
     g = torch.Generator().manual_seed(11)
     for k_len in (Q_LEN, K_LEN):  # K_LEN > Q_LEN: bottom-right aligned causal cross attention
@@ -95,6 +112,7 @@ def test_sparse_path_matches_reference_forward_and_backward(kind, causal, scale,
             fast = _run(spec, "sparse", x, kv)
             assert calls == [kind], "the sparse path did not run"
             _assert_close(fast, _run(spec, "reference", x, kv))  # every gradient, the learned scale's too
+    assert bool(path[1]) == (path[0] == "support")  # every chunk asks; only the support path finds one
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -114,7 +132,7 @@ def test_masks_the_sparse_path_cannot_take_go_to_the_generic_path(kind, calls):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("causal, q_len, k_len", [(False, 5, 7), (True, 5, 5), (True, 4, 9)])
-def test_gradcheck_float64(kind, causal, q_len, k_len):
+def test_gradcheck_float64(kind, causal, q_len, k_len, path):
     g = torch.Generator().manual_seed(3)
     q = (torch.randn(2, 2, q_len, 3, generator=g, dtype=torch.float64) * 2).requires_grad_()
     k = (torch.randn(2, 2, k_len, 3, generator=g, dtype=torch.float64) * 2).requires_grad_()
@@ -128,6 +146,7 @@ def test_gradcheck_float64(kind, causal, q_len, k_len):
     assert bool((out != 0).any())
     assert torch.autograd.gradcheck(fn, (q, k, v, scale), eps=1e-6, atol=1e-6)
     assert torch.autograd.gradcheck(lambda q, k, v: fn(q, k, v, 0.8), (q, k, v), eps=1e-6, atol=1e-6)
+    assert bool(path[1]) == (path[0] == "support")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -145,7 +164,7 @@ def test_forward_saves_no_score_block_and_matches_reference_weights(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_nan_in_a_key_poisons_exactly_the_queries_that_see_it(kind, calls):
+def test_nan_in_a_key_poisons_exactly_the_queries_that_see_it(kind, calls, path):
     spec = AttentionSpec.standard(DIM, HEADS, causal=True).relax(normalizer=kind)
     g = torch.Generator().manual_seed(4)
     x, kv = torch.randn(BATCH, Q_LEN, DIM, generator=g), torch.randn(BATCH, K_LEN, DIM, generator=g)

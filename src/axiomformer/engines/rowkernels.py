@@ -163,17 +163,28 @@ class StickBreaking(RowKernel):
 
     reads_options = False
 
+    def __init__(self, choice: Choice, options: dict) -> None:
+        super().__init__(choice, options)
+        self.firsts: list[Tensor] = []
+
     def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
         u = torch.special.expit(t, out=spare(0))
         # prod over l > j: a cumulative product of the reversed row, reversed back, PART queries at a time (two
         # flipped copies of a full block would be the largest allocations of the backward)
+        self.firsts = []
         for rows in range(0, t.shape[-2], PART):
             part = t[:, rows : rows + PART]
             keep = torch.special.expit(part.neg_()).flip(-1)
             part.neg_()  # negation is exact: t is restored
             after = keep.cumprod_(-1).flip(-1)  # prod over l >= j
+            self.firsts.append(after[..., 0])
             u[:, rows : rows + PART, :-1].mul_(after[..., 1:])
         return u, None
+
+    def stick_used_up(self) -> bool:
+        """Whether, in the last ``weights`` call, the product prod_{l >= first key} (1 - beta_l) of every row was 0:
+        then every key before the block has weight exactly 0 (the engine's band, ``engines/rowwise.py``)."""
+        return all(not bool(first.any()) for first in self.firsts)
 
     def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
         d = g.mul_(u)

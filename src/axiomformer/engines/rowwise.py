@@ -35,7 +35,7 @@ from axiomformer.engines.autograd import graph_grads
 from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
-from axiomformer.engines.rowkernels import reads_options, row_kernel
+from axiomformer.engines.rowkernels import StickBreaking, TopK, reads_options, row_kernel
 
 SIGMOID_CAP_MAX = 64.0
 """Largest cap computed as 2c sigmoid(2z / c) (- c) rather than c tanh(z / c). The two are equal, and sigmoid took
@@ -56,6 +56,10 @@ class _Row:
         self.cap = float(plan.spec.softcap)
         kernel = self.kernel
         self.sigmoid_cap = 0 < self.cap <= SIGMOID_CAP_MAX and kernel.shift_invariant and not kernel.selects
+        self.top = int(self.options.get("k", 1)) if type(kernel) is TopK and not self.cap else 0
+        """k of top-k without a cap (the selected path: :class:`_Selected`), else 0."""
+        self.band = type(kernel) is StickBreaking
+        """Stick-breaking: a chunk reads only the keys before its last ones whose stick is not used up (:func:`_band`)."""
 
     def logits(
         self, q_c: Tensor, k_c: Tensor, diagonal: tuple[int, Tensor] | None, out: Tensor, slope: Tensor | None = None
@@ -124,6 +128,108 @@ class _Blocks:
         return lambda i: self.get(4 + i, rows, end)
 
 
+class _Selected:
+    """Top-k's chunk on its k selected keys only (uncapped): from the chunk's logits t, ``torch.topk`` with one key
+    more than k tells whether the k-th largest logit is tied with the next (then the chunk takes the dense path,
+    which keeps every tied key, as the registry's formula); otherwise the weights are the softmax of the k largest
+    logits and the output, and in the backward every product, reads k rows of K and V per query: the backward
+    recomputes no score block and makes no (chunk x keys) product, where SDPA's makes five.
+
+    ``index`` (batch*heads, rows, k) are the selected keys; a row with fewer than k visible keys selects hidden ones
+    too, which get weight 0 (their logits are -inf).
+    """
+
+    def __init__(self, index: Tensor, rows: slice, causal: bool, offset: int) -> None:
+        self.index, self.rows, self.causal, self.offset = index, rows, causal, offset
+
+    @staticmethod
+    def find(t: Tensor, k: int, rows: slice, causal: bool, offset: int) -> _Selected | None:
+        """The selection of a chunk's logits t (hidden keys -inf), or None where the k-th logit of a row is tied."""
+        end = t.shape[-1]
+        if k >= end:
+            index = torch.arange(end, device=t.device).expand(t.shape)
+            return _Selected(index, rows, causal, offset)
+        values, index = t.topk(k + 1, dim=-1)
+        kth, after = values[..., k - 1], values[..., k]
+        if bool(((kth == after) & torch.isfinite(after)).any()):
+            return None
+        return _Selected(index[..., :k], rows, causal, offset)
+
+    def gather(self, x: Tensor) -> Tensor:
+        """The selected rows of x (batch*heads, keys, width): (batch*heads, rows, k, width)."""
+        bh, keys, width = x.shape
+        flat = (self.index + (torch.arange(bh, device=x.device) * keys).view(bh, 1, 1)).view(-1)
+        return x.reshape(-1, width).index_select(0, flat).view(*self.index.shape, width)
+
+    def weights(self, q_c: Tensor, keys: Tensor) -> Tensor:
+        """Softmax over the selected logits q_i . k_j (hidden keys -inf)."""
+        logits = torch.linalg.vecdot(q_c.unsqueeze(-2), keys)
+        if self.causal:
+            last = torch.arange(self.rows.start, self.rows.stop, device=q_c.device) + self.offset
+            logits = logits.masked_fill(self.index > last.view(1, -1, 1), float("-inf"))
+        return torch.softmax(logits, dim=-1)
+
+    def forward(self, q_c: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The chunk's output sum_j u_j v_j over the selected keys."""
+        u = self.weights(q_c, self.gather(k))
+        return torch.linalg.vecdot(u.unsqueeze(-1), self.gather(v), dim=-2)
+
+    def backward(self, q_c: Tensor, k: Tensor, v: Tensor, d_out: Tensor, grads: tuple[Tensor, ...]) -> None:
+        """Add the chunk's share to dQ (its rows), dK and dV ((batch*heads, keys, width), not transposed)."""
+        grad_q, grad_k, grad_v = grads
+        keys, values = self.gather(k), self.gather(v)
+        u = self.weights(q_c, keys)
+        g = torch.linalg.vecdot(d_out.unsqueeze(-2), values)  # dL/du at the selected keys
+        dt = g.sub_((u * g).sum(-1, keepdim=True)).mul_(u)  # softmax's VJP
+        grad_q[:, self.rows] = torch.linalg.vecdot(dt.unsqueeze(-1), keys, dim=-2)
+        bh = self.index.shape[0]
+        flat = (self.index + (torch.arange(bh, device=k.device) * k.shape[1]).view(bh, 1, 1)).view(-1)
+        grad_k.view(-1, k.shape[-1]).index_add_(0, flat, (dt.unsqueeze(-1) * q_c.unsqueeze(-2)).view(-1, q_c.shape[-1]))
+        grad_v.view(-1, v.shape[-1]).index_add_(
+            0, flat, (u.unsqueeze(-1) * d_out.unsqueeze(-2)).view(-1, d_out.shape[-1])
+        )
+
+
+BAND_START = 256
+"""Keys of a stick-breaking chunk's first band (:func:`_band`), doubled until the stick is used up **(our choice: with
+logits of std 1 the product of 1 - beta underflows to 0 within about 150 keys in float32)**."""
+
+
+def _finite_logits(*tensors: Tensor) -> bool:
+    """Whether every input is finite and no dot product of q and k can overflow (so every logit is finite), which the
+    stick-breaking band needs: a NaN or infinite logit or value before the band would reach the output."""
+    if not all(bool(torch.isfinite(t).all()) for t in tensors):
+        return False
+    q, k = tensors[0], tensors[1]
+    bound = float(q.abs().amax()) * float(k.abs().amax()) * q.shape[-1]
+    return bound < 0.5 * torch.finfo(q.dtype).max
+
+
+def _band(
+    row: _Row, blocks: _Blocks, q_c: Tensor, k: Tensor, end: int, diagonal: tuple[int, Tensor] | None, width: int
+) -> tuple[int, Tensor, Tensor]:
+    """Stick-breaking's weights of a causal chunk on the keys [start, end) only, with every key before ``start``
+    of weight exactly 0: (start, logits, weights).
+
+    u_j = beta_j prod_{l > j} (1 - beta_l) reads only the keys after j, and the kernel multiplies the product
+    from the row's end backward, so on a band of the last keys it computes the same values, bit for bit, as on the
+    whole row; once that product is exactly 0 at the band's first key for every row of the chunk (checked, not
+    assumed), it is 0 for every earlier key (0 times a finite factor in [0, 1]), and so are their weights and, in the
+    backward, their gradients (a cumulative sum of exact zeros). The band starts at ``width`` keys and doubles until
+    then (at most the whole row); the callers check that every logit is finite first."""
+    n = q_c.shape[-2]
+    lowest = end if diagonal is None else diagonal[0]  # the band holds the chunk's hidden keys whole
+    while True:
+        start = max(0, min(end - width, lowest))
+        shifted = None if diagonal is None else (diagonal[0] - start, diagonal[1])
+        t = row.logits(q_c, k[:, start:end], shifted, blocks.get(0, n, end - start))
+        u, _ = row.kernel.weights(t, shifted, blocks.spares(n, end - start))
+        assert isinstance(row.kernel, StickBreaking)
+        if start == 0 or row.kernel.stick_used_up():
+            return start, t, u
+        width *= 2
+
+
 def _backward_chunk(
     row: _Row,
     blocks: _Blocks,
@@ -132,19 +238,24 @@ def _backward_chunk(
     rows: slice,
     end: int,
     diagonal: tuple[int, Tensor] | None,
+    first: int = 0,
 ) -> None:
-    """Add one chunk's share to dQ, dK^T and dV^T (the chunk's blocks are views of ``blocks``, dropped on return)."""
+    """Add one chunk's share to dQ, dK^T and dV^T (the chunk's blocks are views of ``blocks``, dropped on return);
+    the keys before ``first`` have weight 0 (stick-breaking's band, :func:`_band`)."""
     q, k, v, out, grad_out = saved
     grad_q, grad_kt, grad_vt = grads
     n = rows.stop - rows.start
-    q_c, k_c, v_c, d_out = q[:, rows], k[:, :end], v[:, :end], grad_out[:, rows]
-    slope = blocks.get(3, n, end) if row.cap and not row.late_slope else None
-    t = row.logits(q_c, k_c, diagonal, blocks.get(0, n, end), slope)
-    spare = blocks.spares(n, end)
+    if first:
+        diagonal = None if diagonal is None else (diagonal[0] - first, diagonal[1])
+    width = end - first
+    q_c, k_c, v_c, d_out = q[:, rows], k[:, first:end], v[:, first:end], grad_out[:, rows]
+    slope = blocks.get(3, n, width) if row.cap and not row.late_slope else None
+    t = row.logits(q_c, k_c, diagonal, blocks.get(0, n, width), slope)
+    spare = blocks.spares(n, width)
     u, state = row.kernel.weights(t, diagonal, spare)
     # dO_c^T u goes through g's block before g is computed, Q_c^T dt through t's once the slope is applied
-    grad_vt[..., :end] += torch.bmm(d_out.transpose(-2, -1), u, out=blocks.get(2, v.shape[-1], end))
-    g = torch.bmm(d_out, v_c.transpose(-2, -1), out=blocks.get(2, n, end))  # dL/du
+    grad_vt[..., first:end] += torch.bmm(d_out.transpose(-2, -1), u, out=blocks.get(2, v.shape[-1], width))
+    g = torch.bmm(d_out, v_c.transpose(-2, -1), out=blocks.get(2, n, width))  # dL/du
     delta = (d_out * out[:, rows]).sum(-1, keepdim=True)  # sum_j u_j g_j
     dt = row.kernel.vjp(t, u, g, delta, state, spare)
     if row.late_slope:
@@ -152,7 +263,7 @@ def _backward_chunk(
     if slope is not None:
         dt.mul_(slope)  # hidden keys: dt = 0 and a finite slope
     grad_q[:, rows] = torch.bmm(dt, k_c)
-    grad_kt[..., :end] += torch.bmm(q_c.transpose(-2, -1), dt, out=blocks.get(0, k.shape[-1], end))
+    grad_kt[..., first:end] += torch.bmm(q_c.transpose(-2, -1), dt, out=blocks.get(0, k.shape[-1], width))
 
 
 class RowwiseAttention(torch.autograd.Function):
@@ -165,11 +276,28 @@ class RowwiseAttention(torch.autograd.Function):
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int, size: int) -> Tensor:
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         blocks = _Blocks(q, size, k.shape[-2])
+        selected: list[_Selected | None] = []
+        firsts: list[int] = []  # stick-breaking: the first key each chunk reads (_band)
+        banded = row.band and causal and _finite_logits(q, k, v)
+        width = BAND_START
         for rows, end, diagonal in query_chunks(q.shape[-2], size, offset, causal, k.shape[-2], q.device):
             n = rows.stop - rows.start
+            if banded:
+                first, _, u = _band(row, blocks, q[:, rows], k, end, diagonal, width)
+                width = max(BAND_START, end - first)  # the next chunk starts from this one's band
+                firsts.append(first)
+                selected.append(None)
+                out[:, rows] = torch.bmm(u, v[:, first:end])
+                continue
             t = row.logits(q[:, rows], k[:, :end], diagonal, blocks.get(0, n, end))
+            chosen = _Selected.find(t, row.top, rows, causal, offset) if row.top else None
+            selected.append(chosen)
+            if chosen is not None:
+                out[:, rows] = chosen.forward(q[:, rows], k, v)
+                continue
             u, _ = row.kernel.weights(t, diagonal, blocks.spares(n, end))
             out[:, rows] = torch.bmm(u, v[:, :end])
+        ctx.selected, ctx.firsts = selected, firsts
         ctx.save_for_backward(q, k, v, out)
         ctx.row, ctx.causal, ctx.offset, ctx.size = row, causal, offset, size
         return out
@@ -188,10 +316,22 @@ class RowwiseAttention(torch.autograd.Function):
         grad_kt = k.new_zeros(k.shape[0], k.shape[2], k.shape[1])
         grad_vt = v.new_zeros(v.shape[0], v.shape[2], v.shape[1])
         blocks = _Blocks(q, max(ctx.size, k.shape[-1], v.shape[-1]), k.shape[-2])
-        for rows, end, diagonal in query_chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q.device):
-            _backward_chunk(row, blocks, (q, k, v, out, grad_out), (grad_q, grad_kt, grad_vt), rows, end, diagonal)
+        sparse_grads = (grad_q, torch.zeros_like(k), torch.zeros_like(v)) if any(ctx.selected) else None
+        chunks = query_chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q.device)
+        # the band's keys only where the output gradient is finite too (a NaN there would reach every key's)
+        firsts = ctx.firsts if ctx.firsts and bool(torch.isfinite(grad_out).all()) else None
+        for i, ((rows, end, diagonal), chosen) in enumerate(zip(chunks, ctx.selected)):
+            if chosen is not None and sparse_grads is not None:
+                chosen.backward(q[:, rows], k, v, grad_out[:, rows], sparse_grads)
+                continue
+            saved = (q, k, v, out, grad_out)
+            first = firsts[i] if firsts is not None else 0
+            _backward_chunk(row, blocks, saved, (grad_q, grad_kt, grad_vt), rows, end, diagonal, first)
         del blocks
         grad_k, grad_v = grad_kt.transpose(-2, -1).contiguous(), grad_vt.transpose(-2, -1).contiguous()
+        if sparse_grads is not None:
+            grad_k += sparse_grads[1]
+            grad_v += sparse_grads[2]
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
