@@ -182,16 +182,12 @@ def design(d: StudyData) -> dict[str, Any]:
         "pilot": reason is not None,
         "pilot_reason": reason,
     }
-    if contrasts is not None:
-        primary_names = [c.model for c in contrasts if c.family == "primary"]
-        secondary_names = [c.model for c in contrasts if c.family != "primary"]
-        first = f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks else None
-        return base | {
-            "primary_task": first,
-            "primary": sorted(set(primary_names), key=_model_order(d)),
-            "secondary": sorted(set(secondary_names), key=_model_order(d)),
-        }
     from axiomformer.study.battery import BUDGET_RATIO, DISCRIMINATION_GAP, task_validity
+
+    footing = {"verdict_rule": VERDICT_RULE, "discrimination_gap": DISCRIMINATION_GAP, "budget_ratio_goal": BUDGET_RATIO}
+    if contrasts is not None:
+        own = _suite_design(d, contrasts)
+        return base | own | (footing if "tasks" in own else {})
 
     tasks = task_validity(d, cell_stats(d))
     found = main_families(d)
@@ -206,12 +202,38 @@ def design(d: StudyData) -> dict[str, Any]:
             "control_task": "the same relaxations on tasks that do not discriminate: reported apart, never the answer",
             "secondary": "every other relaxation, on every task",
         },
-        "verdict_rule": (
-            "free if the interval lies inside (-margin, +margin); otherwise forced if it lies below 0, better if "
-            "above 0, else inconclusive; convergence is reported beside the verdict and never changes it"
-        ),
-        "discrimination_gap": DISCRIMINATION_GAP,
-        "budget_ratio_goal": BUDGET_RATIO,
+        **footing,
+        "tasks": tasks,
+    }
+
+
+VERDICT_RULE = (
+    "free if the interval lies inside (-margin, +margin); otherwise forced if it lies below 0, better if "
+    "above 0, else inconclusive; convergence is reported beside the verdict and never changes it"
+)
+
+
+def _suite_design(d: StudyData, contrasts: list) -> dict[str, Any]:
+    """The ``design`` keys of a suite with its own comparisons: its primary task and labels, its families, and (where
+    the suite has one) its task validity block as ``tasks``."""
+    from axiomformer.study.registry import get_suite
+
+    suite = get_suite(d.suite)
+    primary_names = [c.model for c in contrasts if c.family == "primary"]
+    secondary_names = [c.model for c in contrasts if c.family != "primary"]
+    out: dict[str, Any] = {
+        "primary_task": f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks else None,
+        "primary": sorted(set(primary_names), key=_model_order(d)),
+        "secondary": sorted(set(secondary_names), key=_model_order(d)),
+    }
+    if suite.validity is None:
+        return out
+    tasks = suite.validity(d)
+    good = [t["task"] for t in tasks if t["discriminates"]]
+    return out | {
+        "primary_task": good[0] if good else None,
+        "primary_tasks": good,
+        "families": list(suite.families),
         "tasks": tasks,
     }
 
@@ -360,7 +382,9 @@ def verdicts(d: StudyData) -> list[tuple[Verdict, int, str]]:
     if contrasts is not None:
         from axiomformer.study.contrasts import contrast_verdicts
 
-        return contrast_verdicts(info, contrasts)
+        from axiomformer.study.registry import get_suite
+
+        return contrast_verdicts(info, contrasts, get_suite(d.suite).families)
     found = main_families(d)
     out = []
     for family in FAMILIES:
@@ -380,6 +404,13 @@ def aa_control(d: StudyData) -> dict[str, Any] | None:
     info = design(d)
     tasks = [t for t in d.tasks if _by_cell(d).get((AA_LABEL, *t))]
     found = [v for v, _ in _family_verdicts(d, [(AA_LABEL, t) for t in tasks], info)]
+    return aa_summary(f"{AA_LABEL} vs {REFERENCE}", found)
+
+
+def aa_summary(model: str, found: list[Verdict]) -> dict[str, Any]:
+    """The ``aa_control`` entry from the A/A verdicts of each task (one family): ``verdict``: ``forced`` or
+    ``better`` if any task's is (the design is broken: ``broken`` true), else ``free`` if every task's is, else
+    ``inconclusive`` (``pilot`` when every one is)."""
     kinds = {v.verdict for v in found}
     overall = (
         "forced"
@@ -393,7 +424,7 @@ def aa_control(d: StudyData) -> dict[str, Any] | None:
         else "inconclusive"
     )
     return {
-        "model": f"{AA_LABEL} vs {REFERENCE}",
+        "model": model,
         "verdict": overall,
         "broken": overall in ("forced", "better"),
         "tasks": [{**v.to_dict(), "lr_sensitive": None} for v in found],
@@ -447,7 +478,7 @@ def to_json(d: StudyData) -> dict[str, Any]:
         "design": info,
         "cells": [asdict(c) for c in cell_stats(d)],
         "comparisons": comps,
-        "verdicts": [v.to_dict() for v, _, _ in found],
+        "verdicts": [{**v.to_dict(), "family": family} for v, _, family in found],
         "cpu_seconds": cpu_seconds(d),
     }
     if suite_contrasts(d) is None:
@@ -467,6 +498,7 @@ __all__ = [
     "REFERENCE",
     "CellStat",
     "aa_control",
+    "aa_summary",
     "answer",
     "cell_stats",
     "comparisons",
