@@ -71,21 +71,27 @@ def _finite(value: Any) -> bool:
     return value is not None and math.isfinite(float(value))
 
 
-def _verdict(info: dict[str, Any], c: Contrast, a: list[float], b: list[float], size: int, pilot: bool) -> Verdict:
-    """One contrast's verdict at its family's Bonferroni level, by its metric (paired t on accuracy, Newcombe on the
-    solve rate: ``statistics.solve_rate_comparison``)."""
-    item = PairedItem(c.question, c.model, c.task, a, b, c.converged)
-    if c.metric == "solve_rate":
+def compare_item(item: PairedItem, metric: str | None, family_size: int, info: dict[str, Any], pilot: bool) -> Verdict:
+    """One paired comparison's verdict at its family's Bonferroni level (``family_size``), by ``metric``: the paired
+    test accuracy (``statistics.one_comparison``, margin ``info["margins"]["accuracy"]``) or the solve rate
+    (``statistics.solve_rate_comparison``, Newcombe, margin ``info["margins"]["solve_rate"]``); ``info``: the report's
+    ``design`` block. The main study's comparisons and the suites' contrasts both go through it."""
+    if metric == "solve_rate":
         return solve_rate_comparison(
             item,
             threshold=info["solve_threshold"],
-            family_size=size,
+            family_size=family_size,
             alpha=info["alpha"],
             margin=info["margins"]["solve_rate"],
             power=POWER,
             pilot=pilot,
         )
-    return one_comparison(item, family_size=size, alpha=info["alpha"], margin=info["margin"], power=POWER, pilot=pilot)
+    margin = info["margins"]["accuracy"] if "margins" in info else info["margin"]
+    return one_comparison(item, family_size=family_size, alpha=info["alpha"], margin=margin, power=POWER, pilot=pilot)
+
+
+def _verdict(info: dict[str, Any], c: Contrast, a: list[float], b: list[float], size: int, pilot: bool) -> Verdict:
+    return compare_item(PairedItem(c.question, c.model, c.task, a, b, c.converged), c.metric, size, info, pilot)
 
 
 def _lr_sensitive(info: dict[str, Any], c: Contrast, verdict: Verdict, size: int) -> bool | None:
@@ -125,4 +131,4 @@ def contrast_verdicts(
     return out
 
 
-__all__ = ["FAMILIES", "Contrast", "contrast_verdicts"]
+__all__ = ["FAMILIES", "Contrast", "compare_item", "contrast_verdicts"]

@@ -36,8 +36,6 @@ from axiomformer.study.statistics import (
     PairedItem,
     Verdict,
     cell_interval,
-    one_comparison,
-    solve_rate_comparison,
 )
 from axiomformer.study.sweep import assumption_of
 
@@ -302,7 +300,7 @@ def _relax_text(model: ModelRecord) -> str:
     return model.label if model.kind == "transformer" else model.kind
 
 
-def _value(row: RunRecord, metric: str) -> float:
+def run_value(row: RunRecord, metric: str = "accuracy") -> float:
     """A run's value for a comparison: its test accuracy; ``nan`` for a diverged run (left out of an accuracy
     comparison, counted as not solved in a solve-rate one)."""
     from axiomformer.study.battery import diverged
@@ -313,19 +311,9 @@ def _value(row: RunRecord, metric: str) -> float:
 def _compare(
     d: StudyData, item: PairedItem, metric: str, family_size: int, info: dict[str, Any], pilot: bool
 ) -> Verdict:
-    if metric == "solve_rate":
-        return solve_rate_comparison(
-            item,
-            threshold=info["solve_threshold"],
-            family_size=family_size,
-            alpha=info["alpha"],
-            margin=info["margins"]["solve_rate"],
-            power=POWER,
-            pilot=pilot,
-        )
-    return one_comparison(
-        item, family_size=family_size, alpha=info["alpha"], margin=info["margins"]["accuracy"], power=POWER, pilot=pilot
-    )
+    from axiomformer.study.contrasts import compare_item
+
+    return compare_item(item, metric, family_size, info, pilot)
 
 
 def _item(d: StudyData, label: str, task: tuple[str, int], cells: dict, metric: str) -> PairedItem | None:
@@ -337,8 +325,8 @@ def _item(d: StudyData, label: str, task: tuple[str, int], cells: dict, metric: 
         assumption_of(label, d.kind.get(label, "transformer")),
         label,
         f"{task[0]}@{task[1]}",
-        [_value(runs[s], metric) for s in seeds],
-        [_value(reference[s], metric) for s in seeds],
+        [run_value(runs[s], metric) for s in seeds],
+        [run_value(reference[s], metric) for s in seeds],
         _converged(runs) and _converged(reference),
         n_test_items(reference[seeds[0]]) if seeds else None,
     )
@@ -506,6 +494,7 @@ __all__ = [
     "design",
     "main_families",
     "n_test_items",
+    "run_value",
     "suite_contrasts",
     "to_json",
     "verdicts",

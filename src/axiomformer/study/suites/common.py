@@ -130,22 +130,12 @@ def fmt_interval(values: list[float], digits: int = 3) -> str:
 
 # ---------------------------------------------------------------------------------------------------- presets
 def suite_budget(**changes: Any) -> dict[str, Any]:
-    """The training budget an open-question suite starts from, the main study's (``suites.main``): 1000 steps of
-    batch 32 on the trainer's fast path, evaluation every 50 steps on 16 validation batches, 32 test batches, no
-    patience, stop once validation accuracy reaches 0.99 (solved), learning rates 3e-3 and 1e-2; with ``changes``."""
-    base = {
-        "steps": 1000,
-        "batch_size": 32,
-        "warmup": 20,
-        "eval_every": 50,
-        "eval_batches": 16,
-        "test_batches": 32,
-        "patience": None,
-        "target_accuracy": 0.99,
-        "lr_grid": [3e-3, 1e-2],
-        "fast": True,
-    }
-    return base | changes
+    """The training budget an open-question suite starts from: the main study's (``suites.main.BUDGET``: batch 32 on
+    the trainer's fast path, evaluation every 50 steps on 16 validation batches, 32 test batches, no patience, stop
+    once validation accuracy reaches 0.99) at 1000 steps and learning rates 3e-3 and 1e-2; with ``changes``."""
+    from axiomformer.study.suites.main import BUDGET
+
+    return dict(BUDGET) | {"steps": 1000, "lr_grid": [3e-3, 1e-2]} | changes
 
 
 def quick_budget(budget: dict[str, Any], steps: int) -> dict[str, Any]:
@@ -657,7 +647,8 @@ def with_footing(d: StudyData, found: list[Contrast], reference: str) -> tuple[l
     """``(kept, dropped)``: the suite's contrasts on tasks that discriminate, each with its task's metric where it
     names none and, for a comparison of two arms at the training length, side a at its second-best learning rate
     (``lr_check``); and those on tasks that do not discriminate (they get no verdict)."""
-    from axiomformer.study.battery import diverged, metric_of
+    from axiomformer.study.battery import metric_of
+    from axiomformer.study.summary import run_value
 
     good = {t["task"] for t in validity(d, reference) if t["discriminates"]}
     second = Rows(d.second_rows)
@@ -670,7 +661,7 @@ def with_footing(d: StudyData, found: list[Contrast], reference: str) -> tuple[l
         metric = c.metric or metric_of(d, task, c.seq_len)
         at_l = c.task == f"{task}@{c.seq_len}"
         runs = second.seeds(c.a_label, task, c.seq_len) if at_l else {}
-        values = {s: math.nan if diverged(r) or r.accuracy is None else r.accuracy for s, r in runs.items()} or None
+        values = {s: run_value(r, metric) for s, r in runs.items()} or None
         kept.append(replace(c, metric=metric, a_second=values))
     return kept, dropped
 
