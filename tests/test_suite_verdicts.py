@@ -13,7 +13,7 @@ import pytest
 
 from axiomformer.study import ResultsStore, validate_config
 from axiomformer.study.registry import get_suite
-from axiomformer.study.report import StudyData, build_report, study_json
+from axiomformer.study.report import build_report, study_json
 from axiomformer.study.runner import _row
 from axiomformer.study.statistics import VERDICT_KEYS, agrees
 
@@ -65,7 +65,7 @@ def plant(out, suite: str, preset: str, value, *, diverged_label: str | None = N
 
     if controls is not None:
         planted = value
-        value = lambda label, seed: controls if label in CONTROLS else planted(label, seed)  # noqa: E731
+        value = lambda label, seed: controls if label in CONTROLS else planted(label, seed)
     cfg = validate_config(get_suite(suite).preset(preset))
     stages = get_suite(suite).stages(cfg)
     out.mkdir(parents=True, exist_ok=True)
@@ -172,5 +172,3 @@ def test_contrast_verdicts_reject_an_unknown_family():
         info, [Contrast("q", "a", "b", "t", 8, "primary", {0: 1.0, 1: math.nan, 2: 0.9}, {0: 0.5, 1: 0.5, 2: 0.4})]
     )
     assert v.n_seeds == 2 and v.diff == pytest.approx(0.5)
-
-

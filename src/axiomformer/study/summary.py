@@ -30,13 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.record import ModelRecord, RunRecord
-from axiomformer.study.statistics import (
-    CORRECTION,
-    POWER,
-    PairedItem,
-    Verdict,
-    cell_interval,
-)
+from axiomformer.study.statistics import CORRECTION, POWER, PairedItem, Verdict, cell_interval
 from axiomformer.study.sweep import assumption_of
 
 if TYPE_CHECKING:
@@ -369,7 +363,6 @@ def verdicts(d: StudyData) -> list[tuple[Verdict, int, str]]:
     contrasts = suite_contrasts(d)
     if contrasts is not None:
         from axiomformer.study.contrasts import contrast_verdicts
-
         from axiomformer.study.registry import get_suite
 
         return contrast_verdicts(info, contrasts, get_suite(d.suite).families)

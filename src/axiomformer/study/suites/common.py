@@ -223,9 +223,7 @@ def budget_note(config: StudyConfig) -> str:
 
     budget = config.budget
     grid: list[float] | list[float | None] = budget.lr_grid or [budget.lr]
-    steps = ", ".join(
-        f"{t.name}@{n} {cell_budget(config, t, n)['steps']}" for t in config.tasks for n in t.seq_lens
-    )
+    steps = ", ".join(f"{t.name}@{n} {cell_budget(config, t, n)['steps']}" for t in config.tasks for n in t.seq_lens)
     stop = (
         f"stop once validation accuracy reaches {budget.target_accuracy}"
         if budget.target_accuracy is not None
@@ -402,10 +400,7 @@ def verdict_blocks(
             continue
         if family != "primary":
             out.append(Heading(f"Family `{family}` (its own Bonferroni correction)", 3))
-        out += [
-            _verdict_table(found, family),
-            Paragraph(" ".join(verdict_sentence(v, v.margin) for v in members)),
-        ]
+        out += [_verdict_table(found, family), Paragraph(" ".join(verdict_sentence(v, v.margin) for v in members))]
     path = draw_contrasts(found, info["margin"], figures_dir / "differences.png")
     out.append(
         Image(
@@ -460,8 +455,7 @@ def footing_blocks(d: StudyData, extra: dict[str, Any]) -> list:
     out.append(
         Paragraph(
             f"Learning-rate check: {len(checked)} decided comparison(s) recomputed with side a at its second-best "
-            f"rate; {len(sensitive)} change their verdict"
-            + (f" ({'; '.join(sensitive)})." if sensitive else ".")
+            f"rate; {len(sensitive)} change their verdict" + (f" ({'; '.join(sensitive)})." if sensitive else ".")
         )
     )
     if extra.get("no_verdict"):
@@ -744,6 +738,22 @@ class OpenQuestion:
         blocks += footing_blocks(d, self.extra_json(d))
         blocks += [Heading("What was measured", 2), Paragraph(self.measured(d) + budget_note(d.config))]
         return blocks + self.body(d, Rows(d.rows), figures_dir) + diverged_blocks(d) + closing_blocks(d)
+
+
+def register_module(namespace: dict[str, Any], **declared: Any) -> Suite:
+    """Register the suite a module declares by convention: its presets ``QUICK``, ``DEFAULT`` and ``FULL``, its
+    ``arms``, ``comparisons``, ``_measured`` and ``_body`` from ``namespace`` (the module's ``globals()``), the rest
+    of :class:`OpenQuestion` from ``declared``."""
+    return register_question(
+        OpenQuestion(
+            presets={"quick": namespace["QUICK"], "default": namespace["DEFAULT"], "full": namespace["FULL"]},
+            arms=namespace["arms"],
+            comparisons=namespace["comparisons"],
+            measured=namespace["_measured"],
+            body=namespace["_body"],
+            **declared,
+        )
+    )
 
 
 def register_question(question: OpenQuestion) -> Suite:

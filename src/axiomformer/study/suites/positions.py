@@ -29,26 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.contrasts import Contrast
-from axiomformer.study.suites.common import (
-    OpenQuestion,
-    Rows,
-    accuracy_of,
-    arm,
-    config_tasks,
-    converged,
-    errorbar,
-    extra,
-    fmt_interval,
-    learns,
-    new_figure,
-    paired,
-    preset_base,
-    quick_preset,
-    register_question,
-    save,
-    seed_values,
-    suite_budget,
-)
+from axiomformer.study.suites import common
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -73,8 +54,8 @@ scheme at the training length) and ``extrapolation`` ("does it extrapolate?").""
 def _arm(label: str, lengths: list[int], causal: bool = True) -> ModelChoice:
     options: dict[str, Any] = {"eval_lengths": lengths} | ({} if causal else {"causal": False})
     if label == "standard":
-        return arm(label, "standard", **options)
-    return arm(label, label, input_position="none", **options)
+        return common.arm(label, "standard", **options)
+    return common.arm(label, label, input_position="none", **options)
 
 
 def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelChoice]:
@@ -85,7 +66,7 @@ def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelCho
     return [_arm(label, lengths) for label in [*schemes, NOPE]]
 
 
-_BUDGET = suite_budget()
+_BUDGET = common.suite_budget()
 _TASKS = [
     {"name": "copy", "seq_lens": [16], "options": {"vocab": 8}, "metric": "accuracy", "budget": {"steps": 1000}},
     {
@@ -103,13 +84,13 @@ _TASKS = [
         "budget": {"steps": 4000},
     },
 ]
-_BASE = preset_base(_TASKS[:2], {"dim": 32, "layers": 2, "heads": 2}, ("standard", *SCHEMES[1:]))
+_BASE = common.preset_base(_TASKS[:2], {"dim": 32, "layers": 2, "heads": 2}, ("standard", *SCHEMES[1:]))
 DEFAULT = _BASE | {"name": "positions suite (default preset)", "budget": _BUDGET}
 """The main study's battery tasks that need order, at its budgets (``suites.main.BATTERY``: chosen by the committed
 pilot ``benchmarks/results/study-pilot/``, where the standard model solved copy@16 at 200 steps and induction@32 at
 400, so 1,000 and 1,200 steps are at least 3 times past the plateau; the stored runs' ``budget_ratio`` checks it
 again), width 32, 2 layers, 2 heads, 8 reported seeds."""
-QUICK = quick_preset(_BASE, "positions suite (quick preset)", _BUDGET, 200) | {
+QUICK = common.quick_preset(_BASE, "positions suite (quick preset)", _BUDGET, 200) | {
     "tasks": [t | {"budget": {}} for t in _TASKS[:2]]
 }
 FULL = _BASE | {
@@ -122,50 +103,50 @@ FULL = _BASE | {
 
 
 def _length_metric(length: int) -> Callable[[RunRecord], Any]:
-    return lambda r: (extra(r, "end").get("length_accuracy") or {}).get(str(length), {}).get("accuracy")
+    return lambda r: (common.extra(r, "end").get("length_accuracy") or {}).get(str(length), {}).get("accuracy")
 
 
-def _at(rows: Rows, label: str, task: str, seq_len: int, length: int) -> dict[int, float]:
+def _at(rows: common.Rows, label: str, task: str, seq_len: int, length: int) -> dict[int, float]:
     if length == seq_len:
         return rows.accuracy(label, task, seq_len)
     return rows.metric(label, task, seq_len, _length_metric(length))
 
 
-def _extrapolated(rows: Rows, label: str, task: str, seq_len: int) -> dict[int, float]:
+def _extrapolated(rows: common.Rows, label: str, task: str, seq_len: int) -> dict[int, float]:
     """seed -> mean accuracy at :data:`FACTORS` times L (the same weights, no training there); a seed missing a length
     drops."""
-    per = [seed_values(rows, label, task, seq_len, _length_metric(f * seq_len)) for f in FACTORS]
+    per = [common.seed_values(rows, label, task, seq_len, _length_metric(f * seq_len)) for f in FACTORS]
     seeds = set.intersection(*(set(p) for p in per)) if per else set()
     return {s: sum(p[s] for p in per) / len(per) for s in sorted(seeds)}
 
 
-def _bidirectional(rows: Rows, label: str, task: str, seq_len: int) -> bool:
+def _bidirectional(rows: common.Rows, label: str, task: str, seq_len: int) -> bool:
     first = rows.first(label, task, seq_len)
     return first is not None and first.train_config.get("causal") is False
 
 
-def primary(d: StudyData, rows: Rows, threshold: float) -> list[Contrast]:
+def primary(d: StudyData, rows: common.Rows, threshold: float) -> list[Contrast]:
     """Per task and scheme: NoPE minus the scheme at the training length (the task's metric), family ``primary``. A
     bidirectional scheme enters only where it learns the task at L (:func:`common.learns`)."""
     out = []
-    for task, n in config_tasks(d):
+    for task, n in common.config_tasks(d):
         for label in [x for x in rows.labels if x == "standard" or x.startswith("position=")]:
             if label == NOPE or (
-                _bidirectional(rows, label, task, n) and not learns(rows, label, task, n, threshold)
+                _bidirectional(rows, label, task, n) and not common.learns(rows, label, task, n, threshold)
             ):
                 continue
-            out.append(paired(rows, "is a position signal forced?", NOPE, label, task, n, "primary"))
+            out.append(common.paired(rows, "is a position signal forced?", NOPE, label, task, n, "primary"))
     return [c for c in out if c is not None]
 
 
-def extrapolation(d: StudyData, rows: Rows, threshold: float) -> list[Contrast]:
+def extrapolation(d: StudyData, rows: common.Rows, threshold: float) -> list[Contrast]:
     """Per task and scheme that learns the task at L: its mean accuracy at 2L and 4L minus its own at L, family
     ``extrapolation`` (accuracy: the question is how much it keeps)."""
     lengths = "-".join(f"{f}L" for f in FACTORS)
     out = []
-    for task, n in config_tasks(d):
+    for task, n in common.config_tasks(d):
         for label in [x for x in rows.labels if x == "standard" or x.startswith("position=")]:
-            if not rows.seeds(label, task, n) or not learns(rows, label, task, n, threshold):
+            if not rows.seeds(label, task, n) or not common.learns(rows, label, task, n, threshold):
                 continue
             out.append(
                 Contrast(
@@ -176,8 +157,8 @@ def extrapolation(d: StudyData, rows: Rows, threshold: float) -> list[Contrast]:
                     n,
                     "extrapolation",
                     _extrapolated(rows, label, task, n),
-                    seed_values(rows, label, task, n, accuracy_of),
-                    converged(rows, (label, task, n)),
+                    common.seed_values(rows, label, task, n, common.accuracy_of),
+                    common.converged(rows, (label, task, n)),
                     metric="accuracy",
                 )
             )
@@ -186,7 +167,7 @@ def extrapolation(d: StudyData, rows: Rows, threshold: float) -> list[Contrast]:
 
 def comparisons(d: StudyData) -> list[Contrast]:
     """:func:`primary`, then :func:`extrapolation`."""
-    rows = Rows(d.rows)
+    rows = common.Rows(d.rows)
     threshold = d.config.solve_threshold
     return primary(d, rows, threshold) + extrapolation(d, rows, threshold)
 
@@ -201,12 +182,12 @@ def _measured(d: StudyData) -> str:
     )
 
 
-def _body(d: StudyData, rows: Rows, figures_dir: Path) -> list:
+def _body(d: StudyData, rows: common.Rows, figures_dir: Path) -> list:
     from axiomformer.study.render import Heading, Image, Table
 
     blocks: list = [Heading("Accuracy against test length", 2)]
-    keys = config_tasks(d)
-    fig, axes = new_figure(max(1, len(keys)), width=4.2)
+    keys = common.config_tasks(d)
+    fig, axes = common.new_figure(max(1, len(keys)), width=4.2)
     for ax, (task, seq_len) in zip(axes, keys):
         title = f"{task}@{seq_len}"
         lengths = [seq_len] + [f * seq_len for f in FACTORS]
@@ -219,8 +200,8 @@ def _body(d: StudyData, rows: Rows, figures_dir: Path) -> list:
             if first is None or not (label == "standard" or label.startswith("position=")):
                 continue
             values = [list(_at(rows, label, task, seq_len, n).values()) for n in lengths]
-            table.rows.append([label, *[fmt_interval(v) for v in values], str(first.params)])
-            errorbar(ax, lengths, values, label)
+            table.rows.append([label, *[common.fmt_interval(v) for v in values], str(first.params)])
+            common.errorbar(ax, lengths, values, label)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("test length (trained at the first)")
         ax.set_ylabel("test accuracy")
@@ -228,33 +209,27 @@ def _body(d: StudyData, rows: Rows, figures_dir: Path) -> list:
         ax.set_ylim(0, 1.02)
         ax.legend(fontsize=7)
         blocks += [Heading(title, 3), table]
-    path = save(fig, figures_dir, "positions_accuracy_vs_length")
+    path = common.save(fig, figures_dir, "positions_accuracy_vs_length")
     blocks.append(Image(f"figures/{path.name}", "accuracy against test length per position scheme, per task"))
     return blocks
 
 
-def _chance(rows: Rows, task: str, seq_len: int) -> float:
+def _chance(rows: common.Rows, task: str, seq_len: int) -> float:
     for r in rows.rows:
         if r.task == task and r.seq_len == seq_len:
             return float(r.task_config.get("chance") or 0.0)
     return 0.0
 
 
-SUITE = register_question(
-    OpenQuestion(
-        name="positions",
-        summary="is a position signal forced at the training length (with vs without each scheme), and does it extrapolate?",
-        presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
-        arms=arms,
-        comparisons=comparisons,
-        question=(
-            "is a position signal forced? Primary: at the training length, NoPE (no position signal) minus each "
-            "scheme on tasks that need order (forced = dropping the scheme costs). A second question, its own family "
-            "(`extrapolation`): does a scheme that learns the task at L extrapolate — its accuracy at 2L and 4L minus "
-            "its own at L, the same weights?"
-        ),
-        measured=_measured,
-        body=_body,
-        families=FAMILIES,
-    )
+SUITE = common.register_module(
+    globals(),
+    name="positions",
+    summary="is a position signal forced at the training length (with vs without each scheme), and does it extrapolate?",
+    question=(
+        "is a position signal forced? Primary: at the training length, NoPE (no position signal) minus each "
+        "scheme on tasks that need order (forced = dropping the scheme costs). A second question, its own family "
+        "(`extrapolation`): does a scheme that learns the task at L extrapolate — its accuracy at 2L and 4L minus "
+        "its own at L, the same weights?"
+    ),
+    families=FAMILIES,
 )

@@ -16,26 +16,12 @@ differences (``report --json``'s ``trend``), stated, not tested as one more verd
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from axiomformer.study.suites.common import (
-    OpenQuestion,
-    Rows,
-    arm,
-    config_tasks,
-    errorbar,
-    extra,
-    fmt_interval,
-    new_figure,
-    paired,
-    preset_base,
-    quick_preset,
-    register_question,
-    save,
-    suite_budget,
-)
+from axiomformer.study.suites import common
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -75,18 +61,18 @@ def arms(config: StudyConfig, task: TaskSettings, seq_len: int) -> list[ModelCho
             raise ValueError(f"the scale suite needs model.dim divisible by every head_dim, got {dim} and {head_dim}")
         for scale in scales_of(config):
             spec = "standard" if scale == "inv_sqrt_d" else f"scale={scale}"
-            out.append(arm(_label(head_dim, scale), spec, heads=dim // head_dim, probes=["init_entropy"]))
+            out.append(common.arm(_label(head_dim, scale), spec, heads=dim // head_dim, probes=["init_entropy"]))
     return out
 
 
-_BUDGET = suite_budget(steps=1200)
+_BUDGET = common.suite_budget(steps=1200)
 _TASKS = [{"name": "induction", "seq_lens": [32], "options": {"vocab": 16}, "metric": "solve_rate"}]
-_BASE = preset_base(_TASKS, {"dim": 64, "layers": 2, "heads": 4}, ("standard", "scale=none"))
+_BASE = common.preset_base(_TASKS, {"dim": 64, "layers": 2, "heads": 4}, ("standard", "scale=none"))
 DEFAULT = _BASE | {"name": "scale suite (default preset)", "budget": _BUDGET}
 """The pilot's task and budget (``benchmarks/results/pilots-33/scale.sh``: induction@32, vocabulary 16, width 64, 2
 layers, 1,200 steps; the standard model solved at 1, 4 and 8 heads), head_dim 8, 16, 64 x scale inv_sqrt_d, none,
 8 reported seeds, early stop once solved."""
-QUICK = quick_preset(_BASE, "scale suite (quick preset)", _BUDGET, 200)
+QUICK = common.quick_preset(_BASE, "scale suite (quick preset)", _BUDGET, 200)
 FULL = _BASE | {
     "name": "scale suite (full preset)",
     "seeds": 12,
@@ -96,7 +82,7 @@ FULL = _BASE | {
 
 
 def _entropy(row: RunRecord, key: str) -> float | None:
-    layers = extra(row, "init").get("init_entropy") or []
+    layers = common.extra(row, "init").get("init_entropy") or []
     values = [layer.get(key) for layer in layers if layer.get(key) is not None]
     values = [v for v in values if not (isinstance(v, float) and math.isnan(v))]
     return sum(values) / len(values) if values else None
@@ -111,9 +97,9 @@ def question_of(head_dim: int, scale: str) -> str:
 
 def comparisons(d: StudyData) -> list[Contrast]:
     """Per task and head_dim: scale = none (primary) and learned (secondary) minus inv_sqrt_d, by the task's metric."""
-    rows = Rows(d.rows)
+    rows = common.Rows(d.rows)
     found = [
-        paired(
+        common.paired(
             rows,
             question_of(head_dim, scale),
             _label(head_dim, scale),
@@ -122,7 +108,7 @@ def comparisons(d: StudyData) -> list[Contrast]:
             n,
             "primary" if scale == "none" else "secondary",
         )
-        for task, n in config_tasks(d)
+        for task, n in common.config_tasks(d)
         for head_dim in HEAD_DIMS
         for scale in SCALES[1:]
     ]
@@ -144,14 +130,17 @@ def trend(d: StudyData) -> dict[str, Any]:
     dims = sorted(by_dim)
     costs = [0.0 - by_dim[h].diff + 0.0 for h in dims]
     decided = len(dims) >= 2 and any(by_dim[h].verdict != "pilot" for h in dims)
-    grows = (
-        all(a <= b for a, b in zip(costs, costs[1:])) and costs[-1] > costs[0] if decided else None
-    )
+    grows = all(a <= b for a, b in itertools.pairwise(costs)) and costs[-1] > costs[0] if decided else None
     return {
         "trend": {
             "metric": by_dim[dims[0]].metric if dims else None,
             "per_head_dim": [
-                {"head_dim": h, "verdict": by_dim[h].verdict, "cost": 0.0 - by_dim[h].diff + 0.0, "ci": [by_dim[h].ci_low, by_dim[h].ci_high]}
+                {
+                    "head_dim": h,
+                    "verdict": by_dim[h].verdict,
+                    "cost": 0.0 - by_dim[h].diff + 0.0,
+                    "ci": [by_dim[h].ci_low, by_dim[h].ci_high],
+                }
                 for h in dims
             ],
             "grows": grows,
@@ -198,7 +187,7 @@ def _trend_sentence(d: StudyData) -> str:
     )
 
 
-def _head_dim_panel(ax: Axes, table: Table, rows: Rows, task: str, n: int, head_dim: int) -> None:
+def _head_dim_panel(ax: Axes, table: Table, rows: common.Rows, task: str, n: int, head_dim: int) -> None:
     """One head_dim: a table row per scale (entropy at init, accuracy, params) and its mean training-loss curve."""
     for i, scale in enumerate(SCALES):  # arms not in this config have no rows and are skipped
         label = _label(head_dim, scale)
@@ -211,11 +200,11 @@ def _head_dim_panel(ax: Axes, table: Table, rows: Rows, task: str, n: int, head_
         table.rows.append(
             [
                 label,
-                fmt_interval(ent),
-                fmt_interval(var, 2),
-                fmt_interval(closed) if closed else "— (frozen phase)",
+                common.fmt_interval(ent),
+                common.fmt_interval(var, 2),
+                common.fmt_interval(closed) if closed else "— (frozen phase)",
                 f"{math.log(n):.3f}",
-                fmt_interval(list(rows.accuracy(label, task, n).values())),
+                common.fmt_interval(list(rows.accuracy(label, task, n).values())),
                 str(next(iter(seeds.values())).params),
             ]
         )
@@ -228,12 +217,12 @@ def _head_dim_panel(ax: Axes, table: Table, rows: Rows, task: str, n: int, head_
     ax.legend(fontsize=7)
 
 
-def _entropy_panel(ax: Axes, rows: Rows, task: str, n: int) -> None:
+def _entropy_panel(ax: Axes, rows: common.Rows, task: str, n: int) -> None:
     for i, scale in enumerate(SCALES):  # arms not in this config have no rows and are skipped
         values = [
             list(rows.metric(_label(h, scale), task, n, lambda r: _entropy(r, "entropy")).values()) for h in HEAD_DIMS
         ]
-        errorbar(ax, list(HEAD_DIMS), values, f"{scale} (measured)", color=f"C{i}")
+        common.errorbar(ax, list(HEAD_DIMS), values, f"{scale} (measured)", color=f"C{i}")
     ax.axhline(math.log(n), color="gray", ls=":", lw=1, label="log n")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("head_dim")
@@ -242,20 +231,20 @@ def _entropy_panel(ax: Axes, rows: Rows, task: str, n: int) -> None:
     ax.legend(fontsize=7)
 
 
-def _body(d: StudyData, rows: Rows, figures_dir: Path) -> list:
+def _body(d: StudyData, rows: common.Rows, figures_dir: Path) -> list:
     from axiomformer.study.render import Heading, Image, Paragraph, Table
 
     blocks: list = [Heading("Does it matter more as head_dim grows?", 2), Paragraph(_trend_sentence(d))]
-    for task, n in config_tasks(d):
+    for task, n in common.config_tasks(d):
         table = Table(
             ["arm", "entropy at init", "sigma^2 at init", "closed form", "log n", "test accuracy", "params"],
             note=f"Task {task}@{n}.",
         )
-        fig, axes = new_figure(len(HEAD_DIMS) + 1, width=3.6)
+        fig, axes = common.new_figure(len(HEAD_DIMS) + 1, width=3.6)
         for k, head_dim in enumerate(HEAD_DIMS):
             _head_dim_panel(axes[k], table, rows, task, n, head_dim)
         _entropy_panel(axes[-1], rows, task, n)
-        path = save(fig, figures_dir, f"scale_{task}_{n}")
+        path = common.save(fig, figures_dir, f"scale_{task}_{n}")
         blocks += [
             Heading(f"{task}@{n}", 2),
             table,
@@ -264,21 +253,15 @@ def _body(d: StudyData, rows: Rows, figures_dir: Path) -> list:
     return blocks
 
 
-SUITE = register_question(
-    OpenQuestion(
-        name="scale",
-        summary="1/sqrt(d) in training: head_dim 8/16/64 x scale inv_sqrt_d/none (learned)",
-        presets={"quick": QUICK, "default": DEFAULT, "full": FULL},
-        arms=arms,
-        comparisons=comparisons,
-        question=(
-            "is the 1/sqrt(d) of A5 forced in training, per head_dim (8, 16, 64), on a task and budget where the "
-            "standard model solves, and does it matter more as head_dim grows? (a - b: scale = none minus scale = "
-            "1/sqrt(d), same head_dim; induction is solve-or-stuck, so by solve rate)"
-        ),
-        measured=_measured,
-        body=_body,
-        reference=REFERENCE,
-        extra=trend,
-    )
+SUITE = common.register_module(
+    globals(),
+    name="scale",
+    summary="1/sqrt(d) in training: head_dim 8/16/64 x scale inv_sqrt_d/none (learned)",
+    question=(
+        "is the 1/sqrt(d) of A5 forced in training, per head_dim (8, 16, 64), on a task and budget where the "
+        "standard model solves, and does it matter more as head_dim grows? (a - b: scale = none minus scale = "
+        "1/sqrt(d), same head_dim; induction is solve-or-stuck, so by solve rate)"
+    ),
+    reference=REFERENCE,
+    extra=trend,
 )
