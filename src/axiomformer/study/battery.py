@@ -113,10 +113,7 @@ def _why(stat: Any, uniform: Any, ceiling: dict[str, Any]) -> tuple[bool, str]:
 
 
 def task_validity(
-    d: StudyData,
-    cell_stats: list[Any],
-    reference: str = "standard",
-    ceilings: dict[str, dict[str, Any]] | None = None,
+    d: StudyData, cell_stats: list[Any], reference: str = "standard", ceilings: dict[str, dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
     """``design.tasks``: one entry per task and length of the store (see the module docstring); ``cell_stats``: the
     store's cell statistics (``summary.cell_stats``: ``model``, ``task``, ``mean``, ``ci_low``, ``ci_high``);

@@ -98,7 +98,9 @@ def _lr_sensitive(info: dict[str, Any], c: Contrast, verdict: Verdict, size: int
     """Whether retraining side a at its second-best learning rate changes the verdict (``None``: not checked)."""
     if not c.a_second or verdict.verdict == "pilot":
         return None
-    again = Contrast(c.question, c.a_label, c.b_label, c.task, c.seq_len, c.family, c.a_second, c.b, c.converged, c.metric)
+    again = Contrast(
+        c.question, c.a_label, c.b_label, c.task, c.seq_len, c.family, c.a_second, c.b, c.converged, c.metric
+    )
     a, b = again.paired()
     if len(a) < int(info["min_seeds"]):
         return None

@@ -176,7 +176,11 @@ def design(d: StudyData) -> dict[str, Any]:
     }
     from axiomformer.study.battery import BUDGET_RATIO, DISCRIMINATION_GAP, task_validity
 
-    footing = {"verdict_rule": VERDICT_RULE, "discrimination_gap": DISCRIMINATION_GAP, "budget_ratio_goal": BUDGET_RATIO}
+    footing = {
+        "verdict_rule": VERDICT_RULE,
+        "discrimination_gap": DISCRIMINATION_GAP,
+        "budget_ratio_goal": BUDGET_RATIO,
+    }
     if contrasts is not None:
         own = _suite_design(d, contrasts)
         return base | own | (footing if "tasks" in own else {})

@@ -29,7 +29,7 @@ from axiomformer.study.contrasts import Contrast
 from axiomformer.study.record import RunRecord
 from axiomformer.study.registry import Suite, register
 from axiomformer.study.statistics import fmt_signed
-from axiomformer.study.sweep import Cell, ModelChoice, cell_budget
+from axiomformer.study.sweep import ModelChoice
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -80,23 +80,10 @@ def arm_stages(arms: ArmsFn, reference: str = "standard") -> Callable[[StudyConf
 
     def stages(config: StudyConfig) -> list:
         from axiomformer.study.stages import selection_stages
+        from axiomformer.study.sweep import task_cells
 
-        cells = []
-        for task in config.tasks:
-            for seq_len in task.seq_lens:
-                budget = cell_budget(config, task, seq_len)
-                for choice in footing_arms(config, arms(config, task, seq_len), reference):
-                    cells.append(
-                        Cell(
-                            model=choice,
-                            task=task.name,
-                            seq_len=seq_len,
-                            options=dict(task.options),
-                            width=config.model.dim,
-                            budget=budget,
-                        )
-                    )
-        return selection_stages(config, cells, reference)
+        found = task_cells(config, lambda task, seq_len: footing_arms(config, arms(config, task, seq_len), reference))
+        return selection_stages(config, found, reference)
 
     return stages
 
