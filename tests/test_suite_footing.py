@@ -38,7 +38,11 @@ def test_positions_verdicts_carry_their_family_and_primary_is_at_the_training_le
     assert {v["family"] for v in found} == {"primary", "extrapolation"}
     for v in found:
         if v["family"] == "primary":
-            assert v["model"].split(" vs ")[0] == "position=none" and " at " not in v["task"] and v["task"] in ("copy@16", "induction@32")
+            assert (
+                v["model"].split(" vs ")[0] == "position=none"
+                and " at " not in v["task"]
+                and v["task"] in ("copy@16", "induction@32")
+            )
         else:
             assert v["task"].endswith("at 2L-4L") and v["model"].endswith("at L")
     # the difference, computed here from the planted values: NoPE minus rope on copy (accuracy, same seeds)
