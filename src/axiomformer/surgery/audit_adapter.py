@@ -166,7 +166,7 @@ def _local_model(target: str, folder: Any, layer: str, implementation: str, seed
 
     try:
         index = int(layer or 0)
-        kwargs = {"attn_implementation": implementation} if implementation else {}
+        kwargs: dict[str, Any] = {"attn_implementation": implementation} if implementation else {}
         model = AutoModel.from_pretrained(str(folder), local_files_only=True, **kwargs)
     except (OSError, ValueError) as err:
         raise UserInputError(f"{target}: cannot load the model in {str(folder)!r} offline: {err}") from None
