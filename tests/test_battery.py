@@ -135,6 +135,22 @@ def test_controls_are_causal_and_mix_only_as_stated(kind):
     assert reaches == (kind == "uniform_mixing")  # only uniform mixing carries token 2 to position 5
 
 
+def test_a_bidirectional_uniform_control_averages_the_whole_row():
+    from axiomformer.models.controls import row_mean
+
+    v = torch.randn(2, 7, 3, dtype=torch.float64)
+    torch.testing.assert_close(row_mean(v), v.mean(dim=1, keepdim=True).expand(2, 7, 3))
+    torch.manual_seed(0)
+    model = ControlLM("uniform_mixing", vocab_size=10, dim=8, num_layers=1, max_len=12, causal=False).double().eval()
+    ids = torch.randint(0, 10, (1, 12))
+    future = ids.clone()
+    future[0, 10] = (future[0, 10] + 1) % 10
+    assert (model(ids)[0, 0] - model(future)[0, 0]).abs().max() > 1e-9  # a later token reaches position 0
+    causal = ControlLM("uniform_mixing", vocab_size=10, dim=8, num_layers=1, max_len=12).double().eval()
+    causal.load_state_dict(model.state_dict())  # the same weights, causal: the planted leak is absent
+    torch.testing.assert_close(causal(ids)[0, :10], causal(future)[0, :10])
+
+
 def test_a_control_refuses_bad_sizes_naming_the_choices():
     with pytest.raises(ValueError, match="no_mixing, uniform_mixing"):
         ControlLM("attention", vocab_size=4, dim=8, num_layers=1, max_len=4)
