@@ -60,7 +60,7 @@ def plant(out, suite: str, preset: str, value, *, diverged_label: str | None = N
     (selection runs: validation accuracy rising with the learning rate; ``diverged_label``: its seed 0 diverged), the
     validity controls at ``controls`` (``None``: ``value`` too), and the ceilings section the runner stores."""
     from axiomformer.study.config import CONTROLS
-    from axiomformer.study.runner import _ceiling_cells
+    from axiomformer.study.runner import ceiling_cells
     from axiomformer.study.sections import ceilings_section
 
     if controls is not None:
@@ -95,7 +95,7 @@ def plant(out, suite: str, preset: str, value, *, diverged_label: str | None = N
                     }
                 )
         store.set_meta("planned", planned)
-        store.put_section("ceilings", ceilings_section(_ceiling_cells(cfg)))
+        store.put_section("ceilings", ceilings_section(ceiling_cells(cfg)))
     return cfg
 
 

@@ -445,7 +445,7 @@ def _extras_todo(store: ResultsStore, config: StudyConfig) -> tuple[list[str], l
     sections_todo = [
         (name, fn)
         for name, fn, on in (
-            ("ceilings", lambda: ceilings_section(_ceiling_cells(config)), True),
+            ("ceilings", lambda: ceilings_section(ceiling_cells(config)), True),
             ("derive", derive_section, config.sections.derive),
             ("flow", flow_section, config.sections.flow),
         )
@@ -454,7 +454,7 @@ def _extras_todo(store: ResultsStore, config: StudyConfig) -> tuple[list[str], l
     return audits_todo, sections_todo
 
 
-def _ceiling_cells(config: StudyConfig) -> list[dict[str, Any]]:
+def ceiling_cells(config: StudyConfig) -> list[dict[str, Any]]:
     """Each task and length of ``config`` with the batch size and test batches its runs are scored with."""
     from axiomformer.study.sweep import cell_budget
     from axiomformer.train import TrainConfig

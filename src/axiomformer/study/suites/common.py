@@ -473,7 +473,7 @@ def draw_contrasts(found: list, margin: float, path: Path) -> Path:
             ax.plot([v.diff], [y], marker="o" if family == "primary" else "s", color=color, markersize=5)
     ax.set_yticks(
         range(len(found)),
-        [f"{v.model} / {v.task}" + ("" if f == "primary" else " (secondary)") for v, _, f in found],
+        [f"{v.model} / {v.task}" + ("" if f == "primary" else f" ({f})") for v, _, f in found],
         fontsize=7,
     )
     ax.invert_yaxis()
@@ -607,14 +607,15 @@ def validity(d: StudyData, reference: str) -> list[dict[str, Any]]:
     from axiomformer.study.battery import task_validity
     from axiomformer.study.summary import cell_stats
 
+    from axiomformer.study.runner import ceiling_cells
+
     ceilings = None
-    if not causal_suite(d, reference):
-        sample = {(r.task, r.seq_len): r.train_config for r in d.rows}
+    if not causal_suite(d, reference):  # on the test items every run of the task is scored with
         ceilings = {
-            f"{task}@{n}": row_ceiling(
-                task, n, tc["task_options"], tc["batch_size"], tc.get("test_batches") or tc["eval_batches"]
+            f"{c['task']}@{c['seq_len']}": row_ceiling(
+                c["task"], c["seq_len"], c["options"], c["batch_size"], c["test_batches"]
             )
-            for (task, n), tc in sample.items()
+            for c in ceiling_cells(d.config)
         }
     return task_validity(d, cell_stats(d), reference, ceilings)
 
