@@ -9,7 +9,7 @@ This is what ``axiomformer report DIR --json`` prints::
                 "lr_at_grid_edge", "converged", "seeds"}],
      "comparisons": [{"model", "task", "seq_len", "family", "diff", "ci_low", "ci_high", "ci_method", "ci_level",
                       "p_adjusted", "significant", "n_pairs"}],
-     "verdicts": [the verdict objects of ``axiomformer.study.statistics``, primary family first]}
+     "verdicts": [the verdict objects of ``axiomformer.study.statistics``, each with its "family", primary first]}
 
 ``task`` is the ``task@length`` label the report's tables use (``mqar@64``). ``n_test``: scored test items per run
 (the same items for every arm and seed). A cell is *converged* when every reported run of it converged
@@ -18,6 +18,10 @@ config's ``primary`` models on the first task form the primary family; the rest 
 corrected on its own (``statistics.paired_family``). Every verdict is ``pilot`` when the config says ``pilot`` (the
 quick preset), when a comparison has fewer reported seeds than the preset's ``min_seeds``, or when the store was
 written by a previous version (its selection seed was also a reported seed); ``design.pilot_reason`` says which.
+
+An open-question suite (``Suite.comparisons``) names its own families (``Suite.families``; positions: ``primary`` and
+``extrapolation``); its ``design`` has the same validity block (``tasks``, from ``Suite.validity``) and its JSON an
+``aa_control`` and a ``no_verdict`` list (``Suite.extra_json``, ``study.suites.common``).
 """
 
 from __future__ import annotations
