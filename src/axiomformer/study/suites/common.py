@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from axiomformer.study.render import Table
     from axiomformer.study.report import StudyData
     from axiomformer.study.statistics import Verdict
 
@@ -283,7 +282,15 @@ def errorbar(ax: Axes, xs: Sequence[float], values: list[list[float]], label: st
 
 # ---------------------------------------------------------------------------------------------------- verdicts
 def verdict_sentence(v: Verdict, margin: float) -> str:
-    """One sentence per verdict of a contrast (``a vs b``: the difference is a - b), generated from its interval."""
+    """One sentence per verdict of a contrast (``a vs b``: the difference is a - b), generated from its interval,
+    with the learning-rate check where it changes the verdict."""
+    text = _verdict_sentence(v, margin)
+    return text + (
+        " At side a's second-best learning rate the verdict changes (lr-sensitive)." if v.lr_sensitive else ""
+    )
+
+
+def _verdict_sentence(v: Verdict, margin: float) -> str:
     a, _, b = v.model.partition(" vs ")
     ci = (
         "no interval (fewer than two paired seeds)"
@@ -309,45 +316,6 @@ def verdict_sentence(v: Verdict, margin: float) -> str:
     return f"{where}: not yet known, difference {ci} ({why}{mde}; a decision needs {need} seeds)."
 
 
-def _verdict_table(found: list[tuple[Verdict, int, str]], family: str) -> Table:
-    from axiomformer.study.render import Table
-
-    table = Table(
-        [
-            "question",
-            "comparison (a vs b)",
-            "task, where",
-            "verdict",
-            "a - b [interval]",
-            "seeds",
-            "converged",
-            "what a decision would take",
-        ]
-    )
-    for v, _, fam in found:
-        if fam != family:
-            continue
-        ci = (
-            "—"
-            if v.ci_low is None or v.ci_high is None
-            else f"{fmt_signed(v.diff)} [{fmt_signed(v.ci_low)}, {fmt_signed(v.ci_high)}]"
-        )
-        need = (
-            f"decided with {v.n_seeds} seeds"
-            if v.verdict in ("forced", "better", "free")
-            else (
-                "—"
-                if v.verdict == "pilot"
-                else f"mde {'—' if v.mde is None else f'{v.mde:.3f}'}; "
-                f"{'> 10,000' if v.seeds_needed is None else v.seeds_needed} seeds"
-            )
-        )
-        table.rows.append(
-            [v.assumption, v.model, v.task, v.verdict, ci, str(v.n_seeds), "yes" if v.converged else "no", need]
-        )
-    return table
-
-
 def verdict_blocks(
     d: StudyData,
     figures_dir: Path,
@@ -359,6 +327,7 @@ def verdict_blocks(
     """The suite's answer, generated from its verdicts (``study.summary.verdicts``, the same objects as
     ``report --json``): the design line, a table per family, one sentence per verdict, a figure of the differences
     with their intervals and the ±margin band; ``facts``: what holds by construction (stated, not tested)."""
+    from axiomformer.study.answer import verdict_table
     from axiomformer.study.render import Heading, Image, Paragraph
     from axiomformer.study.summary import design, verdicts
 
@@ -387,7 +356,7 @@ def verdict_blocks(
             continue
         if family != "primary":
             out.append(Heading(f"Family `{family}` (its own Bonferroni correction)", 3))
-        out += [_verdict_table(found, family), Paragraph(" ".join(verdict_sentence(v, v.margin) for v in members))]
+        out += [verdict_table(found, family), Paragraph(" ".join(verdict_sentence(v, v.margin) for v in members))]
     path = draw_contrasts(found, info["margin"], figures_dir / "differences.png")
     out.append(
         Image(
@@ -605,9 +574,8 @@ def validity(d: StudyData, reference: str) -> list[dict[str, Any]]:
     """The main study's task validity block (``battery.task_validity``) with ``reference`` as the standard model; a
     bidirectional suite's ceilings are :func:`row_ceiling` (the stored section's are a causal model's)."""
     from axiomformer.study.battery import task_validity
-    from axiomformer.study.summary import cell_stats
-
     from axiomformer.study.runner import ceiling_cells
+    from axiomformer.study.summary import cell_stats
 
     ceilings = None
     if not causal_suite(d, reference):  # on the test items every run of the task is scored with
