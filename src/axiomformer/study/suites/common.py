@@ -539,7 +539,7 @@ def interval_bar(ax: Axes, x: float, values: list[float], width: float, **style:
 # ---------------------------------------------------------------------------------------------------- the footing
 def causal_suite(d: StudyData, reference: str) -> bool:
     """Whether the suite's ``reference`` arm is causal (a bidirectional suite's ceilings and controls differ)."""
-    row = next((r for r in d.rows if r.label == reference), None)
+    row = next((r for r in d.all_rows if r.label == reference), None)
     return row is None or row.train_config.get("causal", True) is not False
 
 
