@@ -151,7 +151,7 @@ def _pilot_reason(d: StudyData) -> str | None:
     if seeds < cfg.min_seeds:
         return f"{seeds} reported seeds, fewer than the preset's minimum of {cfg.min_seeds}"
     finished = max((len(runs) for runs in _by_cell(d).values()), default=0)
-    if d.rows and finished < cfg.min_seeds:
+    if d.all_rows and finished < cfg.min_seeds:
         return (
             f"a partial store: {finished} of {seeds} reported seeds finished, fewer than the preset's "
             f"minimum of {cfg.min_seeds}; rerun the same command with the same --out to resume"
