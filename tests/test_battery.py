@@ -44,6 +44,8 @@ SMALL = {
     "mqar": {"seq_len": 8, "vocab": 4, "num_pairs": 1},
     "induction": {"seq_len": 5, "vocab": 2},
     "selective_copy": {"seq_len": 6, "vocab": 2, "num_tokens": 2},
+    "needle": {"seq_len": 5, "num_keys": 2, "num_filler": 2},
+    "needle_kv": {"seq_len": 7, "num_keys": 3, "num_filler": 1, "pairs": 2},
 }
 """Small instances whose example spaces are sampled many times over, so that prefixes repeat."""
 
@@ -131,6 +133,22 @@ def test_controls_are_causal_and_mix_only_as_stated(kind):
     torch.testing.assert_close(base[:, :8], changed_future[:, :8])  # no future token reaches position < 8
     reaches = (base[0, 5] - changed_past[0, 5]).abs().max() > 1e-9
     assert reaches == (kind == "uniform_mixing")  # only uniform mixing carries token 2 to position 5
+
+
+def test_a_bidirectional_uniform_control_averages_the_whole_row():
+    from axiomformer.models.controls import row_mean
+
+    v = torch.randn(2, 7, 3, dtype=torch.float64)
+    torch.testing.assert_close(row_mean(v), v.mean(dim=1, keepdim=True).expand(2, 7, 3))
+    torch.manual_seed(0)
+    model = ControlLM("uniform_mixing", vocab_size=10, dim=8, num_layers=1, max_len=12, causal=False).double().eval()
+    ids = torch.randint(0, 10, (1, 12))
+    future = ids.clone()
+    future[0, 10] = (future[0, 10] + 1) % 10
+    assert (model(ids)[0, 0] - model(future)[0, 0]).abs().max() > 1e-9  # a later token reaches position 0
+    causal = ControlLM("uniform_mixing", vocab_size=10, dim=8, num_layers=1, max_len=12).double().eval()
+    causal.load_state_dict(model.state_dict())  # the same weights, causal: the planted leak is absent
+    torch.testing.assert_close(causal(ids)[0, :10], causal(future)[0, :10])
 
 
 def test_a_control_refuses_bad_sizes_naming_the_choices():

@@ -19,16 +19,36 @@ def test_every_preset_validates_and_plans_its_arms(name, preset):
     config = validate_config(suite.preset(preset), source=f"{name} {preset}")
     runs = suite.stages(config)[0](None)
     labels = {r.model.label for r in runs}
-    assert len(labels) >= 4 and len(runs) == len({r.key for r in runs})
+    assert len(labels) >= 6 and len(runs) == len({r.key for r in runs})
+    assert {"no_mixing", "uniform_mixing"} <= labels  # the validity controls train like every arm
+    arms = [r for r in runs if r.model.kind == "transformer"]
     if name == "positions":
-        assert all(r.train_config["causal"] is False and r.train_config["input_position"] == "none" for r in runs)
-        assert all(r.train_config["eval_lengths"] == [2 * r.seq_len, 4 * r.seq_len, 8 * r.seq_len] for r in runs)
+        assert all(r.train_config.get("causal", True) for r in runs)  # the position question is asked causally
+        assert all(r.train_config["eval_lengths"] == [2 * r.seq_len, 4 * r.seq_len] for r in arms)
+        assert "position=none" in labels and {r.train_config.get("input_position") for r in arms} == {None, "none"}
     if name == "rho":
-        assert {r.train_config["mlp_ratio"] for r in runs} == {0, 4}
+        assert {r.train_config["mlp_ratio"] for r in arms} == {0, 4}
+        assert all(r.train_config["causal"] is False for r in runs)  # controls too: a bag of the whole row
     if name == "scale":
-        assert {r.train_config["dim"] // r.train_config["heads"] for r in runs} == {8, 16, 64}
+        assert {r.train_config["dim"] // r.train_config["heads"] for r in arms} == {8, 16, 64}
     if name == "gumbel":
         assert any("gumbel_hard=true" in r.train_config["spec"] for r in runs)
+
+
+@pytest.mark.parametrize("name", SUITES)
+def test_default_presets_carry_the_main_studys_footing(name):
+    from axiomformer.study.suites.main import DEFAULT as MAIN
+
+    config = validate_config(get_suite(name).preset("default"))
+    assert config.aa_control and config.lr_check and config.controls == ["no_mixing", "uniform_mixing"]
+    assert config.seeds == config.min_seeds == MAIN["seeds"] and len(config.budget.lr_grid) >= 2
+    assert (config.margin, config.solve_margin, config.solve_threshold) == (
+        MAIN["margin"],
+        MAIN["solve_margin"],
+        MAIN["solve_threshold"],
+    )
+    runs = [r for stage in get_suite(name).stages(config)[1:2] for r in stage({})]
+    assert runs == []  # later stages plan from stored selection runs only
 
 
 def test_interval_is_the_studys_t_interval():
@@ -49,9 +69,9 @@ def test_a_tiny_rho_study_writes_a_report_with_figures(tmp_path):
         "tasks": [{"name": "majority", "seq_lens": [6]}],
     }
     summary = run_study(validate_config(data), tmp_path, progress=False)
-    assert (
-        summary.failed == [] and summary.trained == 16
-    )  # 4 arms x (2 selection runs at seeds 1000-1001 + 2 reported seeds)
+    # 4 arms + 2 controls at 2 rates x 2 selection seeds, 7 models (the A/A too) x 2 reported seeds, and the 3 arms
+    # that are not the reference again at their second-best rate x 2 seeds
+    assert summary.failed == [] and summary.trained == 6 * 2 * 2 + 7 * 2 + 3 * 2
     text = (tmp_path / "report.md").read_text()
     assert "## The answer" in text and "attn-only rho=identity" in text and "[" in text
     assert (tmp_path / "figures" / "rho_accuracy.png").stat().st_size > 0

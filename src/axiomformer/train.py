@@ -30,7 +30,7 @@ from axiomformer.budget import Budget
 from axiomformer.distributed import DataParallel, resolve_device
 from axiomformer.evaluation import MAX_BATCH_TOKENS, eval_counts, eval_counts_as_is, evaluate_as_is, masked_loss
 from axiomformer.memory import PeakMemory
-from axiomformer.models import MODEL_KINDS, build_model, count_parameters, default_heads
+from axiomformer.models import CONTROL_KINDS, MODEL_KINDS, build_model, count_parameters, default_heads
 from axiomformer.runtime import seeded
 from axiomformer.spec import LAYER_SEPARATOR, AttentionSpec, stack_specs
 from axiomformer.tasks import TASKS, make_task
@@ -67,9 +67,9 @@ class TrainConfig(Budget):
     batches, dropout masks and Gumbel draws still follow ``seed`` (the study's A/A control: the same model, data and
     order, another initialization).
 
-    Model options (Transformer only): ``causal=False`` builds a bidirectional encoder, ``mlp_ratio=0`` attention-only
-    blocks, ``max_len`` the longest sequence the model accepts (default ``seq_len``; set it to evaluate longer
-    sequences after training). ``gumbel_tau_final`` anneals the Gumbel-softmax temperature of a
+    Model options (Transformer only; ``causal`` also for the validity controls): ``causal=False`` builds a
+    bidirectional encoder, ``mlp_ratio=0`` attention-only blocks, ``max_len`` the longest sequence the model accepts
+    (default ``seq_len``; set it to evaluate longer sequences after training). ``gumbel_tau_final`` anneals the Gumbel-softmax temperature of a
     ``normalizer=gumbel_softmax`` spec from its ``gumbel_tau`` to this value (:func:`gumbel_tau_at`).
 
     Measurements that never change training (``axiomformer.probes``, stored in ``TrainResult.extra``):
@@ -483,6 +483,8 @@ def _build(config: TrainConfig, device: torch.device) -> tuple[Any, AttentionSpe
     options: dict[str, Any] = (
         {"input_position": config.input_position, "causal": config.causal, "mlp_ratio": config.mlp_ratio}
         if spec is not None
+        else {"causal": config.causal}
+        if config.model in CONTROL_KINDS
         else {}
     )
     if spec is not None and LAYER_SEPARATOR in config.spec:  # a hybrid stack: one spec per layer

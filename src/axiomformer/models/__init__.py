@@ -58,7 +58,7 @@ def build_model(
     if kind in RECURRENT_KINDS:
         return RecurrentLM(kind, vocab_size, dim, num_layers, max_len, **options)
     if kind in CONTROL_KINDS:
-        return ControlLM(kind, vocab_size, dim, num_layers, max_len, **options)
+        return ControlLM(kind, vocab_size, dim, num_layers, max_len, causal=causal, **options)
     if spec is None:
         spec = AttentionSpec.standard(dim, default_heads(dim), causal=causal)
     spec = dataclasses.replace(spec, dim=dim, causal=causal, max_len=max_len)

@@ -7,7 +7,8 @@ it does (the study's task battery trains them like any other arm, ``axiomformer.
   reaches, a task gives away without looking at other tokens.
 * ``uniform_mixing``: every visible key weighs the same, y_i = W_o (1 / (i + 1)) sum_{j <= i} W_v x_j (causal mean
   pooling: no scores at all, so neither A4 nor A5 has anything to act on). What it reaches, a task gives away to a
-  bag of the prefix.
+  bag of the prefix. With ``causal=False`` (a bidirectional suite's control) every position takes the mean of the
+  whole row instead: what it reaches, a task gives away to a bag of the row.
 
 Both keep everything else of the standard model of ``axiomformer.models.TransformerLM``: the scaled token embedding
 plus Vaswani's sinusoidal input encoding, pre-norm residual blocks with the same MLP, a final LayerNorm and the
@@ -28,6 +29,12 @@ CONTROL_KINDS = ("no_mixing", "uniform_mixing")
 """The control models: no token mixing, and uniform causal mixing (every visible key weighted equally)."""
 
 
+def row_mean(values: Tensor) -> Tensor:
+    """(batch, seq, dim) -> (batch, seq, dim): every position holds the mean of the whole row (the bidirectional
+    counterpart of :func:`causal_mean`)."""
+    return values.mean(dim=1, keepdim=True).expand_as(values)
+
+
 def causal_mean(values: Tensor) -> Tensor:
     """(batch, seq, dim) -> (batch, seq, dim): position i holds the mean of ``values[:, : i + 1]``."""
     counts = torch.arange(1, values.shape[1] + 1, device=values.device, dtype=values.dtype)
@@ -37,9 +44,9 @@ def causal_mean(values: Tensor) -> Tensor:
 class _MixBlock(nn.Module):
     """Pre-norm residual block ``x + W_o mix(W_v LN(x))`` then ``x + MLP(LN(x))``; x (batch, seq, dim)."""
 
-    def __init__(self, kind: str, dim: int, mlp_ratio: int):
+    def __init__(self, kind: str, dim: int, mlp_ratio: int, causal: bool = True):
         super().__init__()
-        self.kind = kind
+        self.kind, self.causal = kind, causal
         self.norm1 = nn.LayerNorm(dim)
         self.value = nn.Linear(dim, dim)
         self.out = nn.Linear(dim, dim)
@@ -48,7 +55,9 @@ class _MixBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         v = self.value(self.norm1(x))
-        x = x + self.out(causal_mean(v) if self.kind == "uniform_mixing" else v)
+        if self.kind == "uniform_mixing":
+            v = causal_mean(v) if self.causal else row_mean(v)
+        x = x + self.out(v)
         return x if self.mlp is None or self.norm2 is None else x + self.mlp(self.norm2(x))
 
 
@@ -68,7 +77,17 @@ class ControlLM(nn.Module):
             are not (batch, seq) or a sequence longer than ``max_len``.
     """
 
-    def __init__(self, kind: str, vocab_size: int, dim: int, num_layers: int, max_len: int, *, mlp_ratio: int = 4):
+    def __init__(
+        self,
+        kind: str,
+        vocab_size: int,
+        dim: int,
+        num_layers: int,
+        max_len: int,
+        *,
+        mlp_ratio: int = 4,
+        causal: bool = True,
+    ):
         super().__init__()
         if kind not in CONTROL_KINDS:
             raise ValueError(f"unknown control {kind!r}; choose one of: {', '.join(CONTROL_KINDS)}")
@@ -82,7 +101,7 @@ class ControlLM(nn.Module):
         self.kind, self.vocab_size, self.dim, self.max_len = kind, vocab_size, dim, max_len
         self.embed = nn.Embedding(vocab_size, dim)
         nn.init.normal_(self.embed.weight, std=dim**-0.5)
-        self.blocks = nn.ModuleList(_MixBlock(kind, dim, mlp_ratio) for _ in range(num_layers))
+        self.blocks = nn.ModuleList(_MixBlock(kind, dim, mlp_ratio, causal) for _ in range(num_layers))
         self.norm = nn.LayerNorm(dim)
         self.config = {
             "kind": kind,
@@ -91,6 +110,7 @@ class ControlLM(nn.Module):
             "num_layers": num_layers,
             "max_len": max_len,
             "mlp_ratio": mlp_ratio,
+            **({} if causal else {"causal": False}),
         }
 
     @property

@@ -112,18 +112,22 @@ def _why(stat: Any, uniform: Any, ceiling: dict[str, Any]) -> tuple[bool, str]:
     )
 
 
-def task_validity(d: StudyData, cell_stats: list[Any]) -> list[dict[str, Any]]:
+def task_validity(
+    d: StudyData, cell_stats: list[Any], reference: str = "standard", ceilings: dict[str, dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """``design.tasks``: one entry per task and length of the store (see the module docstring); ``cell_stats``: the
-    store's cell statistics (``summary.cell_stats``: ``model``, ``task``, ``mean``, ``ci_low``, ``ci_high``)."""
+    store's cell statistics (``summary.cell_stats``: ``model``, ``task``, ``mean``, ``ci_low``, ``ci_high``);
+    ``reference``: the model that plays the standard one (an open-question suite's reference arm); ``ceilings``:
+    ``task@length -> ceiling entry`` instead of the store's ``ceilings`` section (a bidirectional suite's)."""
     cells = {(c.model, c.task): c for c in cell_stats}
     threshold = d.config.solve_threshold
     out = []
     for task, seq_len in d.tasks:
         name = f"{task}@{seq_len}"
-        ceiling = _ceiling(d, name)
-        stat, uniform = cells.get(("standard", name)), cells.get(("uniform_mixing", name))
+        ceiling = _ceiling(d, name) if ceilings is None else ceilings[name]
+        stat, uniform = cells.get((reference, name)), cells.get(("uniform_mixing", name))
         discriminates, why = _why(stat, uniform, ceiling)
-        standard_runs = [r for r in d.rows if r.label == "standard" and r.task == task and r.seq_len == seq_len]
+        standard_runs = [r for r in d.rows if r.label == reference and r.task == task and r.seq_len == seq_len]
         solve_steps = [steps_to_solve(r, threshold) for r in standard_runs]
         median = median_steps_to_solve(solve_steps)
         steps = _budget_steps(d, task, seq_len)

@@ -15,11 +15,12 @@ difference is a - b), ``task`` the task and where it is measured (``"sort@8 at 2
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from axiomformer.study.statistics import POWER, PairedItem, Verdict, one_comparison
+from axiomformer.study.statistics import POWER, PairedItem, Verdict, one_comparison, solve_rate_comparison
 
 FAMILIES = ("primary", "secondary")
 
@@ -36,7 +37,12 @@ class Contrast:
         seq_len: the training length.
         family: ``"primary"`` or ``"secondary"``; each family is corrected on its own.
         a, b: seed -> value.
-        converged: both sides converged (a not-converged contrast is never ``free``).
+        converged: both sides converged (reported beside the verdict, never deciding it).
+        metric: ``"accuracy"`` (paired t) or ``"solve_rate"`` (a run solves when its value reaches the study's
+            ``solve_threshold``; Newcombe interval); ``None``: the task's metric (``TaskSettings.metric``), filled in
+            by the suite base.
+        a_second: seed -> value of side a retrained at its second-best learning rate (``lr_check``); when given, the
+            verdict's ``lr_sensitive`` says whether that changes the verdict.
     """
 
     question: str
@@ -48,6 +54,8 @@ class Contrast:
     a: dict[int, float] = field(default_factory=dict)
     b: dict[int, float] = field(default_factory=dict)
     converged: bool = True
+    metric: str | None = None
+    a_second: dict[int, float] | None = None
 
     @property
     def model(self) -> str:
@@ -63,38 +71,66 @@ def _finite(value: Any) -> bool:
     return value is not None and math.isfinite(float(value))
 
 
-def contrast_verdicts(info: dict[str, Any], contrasts: list[Contrast]) -> list[tuple[Verdict, int, str]]:
-    """``(verdict, seq_len, family)`` per contrast, the primary family first; ``info`` is the report's ``design``
-    block (alpha, margin, min_seeds, pilot).
+def compare_item(item: PairedItem, metric: str | None, family_size: int, info: dict[str, Any], pilot: bool) -> Verdict:
+    """One paired comparison's verdict at its family's Bonferroni level (``family_size``), by ``metric``: the paired
+    test accuracy (``statistics.one_comparison``, margin ``info["margins"]["accuracy"]``) or the solve rate
+    (``statistics.solve_rate_comparison``, Newcombe, margin ``info["margins"]["solve_rate"]``); ``info``: the report's
+    ``design`` block. The main study's comparisons and the suites' contrasts both go through it."""
+    if metric == "solve_rate":
+        return solve_rate_comparison(
+            item,
+            threshold=info["solve_threshold"],
+            family_size=family_size,
+            alpha=info["alpha"],
+            margin=info["margins"]["solve_rate"],
+            power=POWER,
+            pilot=pilot,
+        )
+    margin = info["margins"]["accuracy"] if "margins" in info else info["margin"]
+    return one_comparison(item, family_size=family_size, alpha=info["alpha"], margin=margin, power=POWER, pilot=pilot)
+
+
+def _verdict(info: dict[str, Any], c: Contrast, a: list[float], b: list[float], size: int, pilot: bool) -> Verdict:
+    return compare_item(PairedItem(c.question, c.model, c.task, a, b, c.converged), c.metric, size, info, pilot)
+
+
+def _lr_sensitive(info: dict[str, Any], c: Contrast, verdict: Verdict, size: int) -> bool | None:
+    """Whether retraining side a at its second-best learning rate changes the verdict (``None``: not checked)."""
+    if not c.a_second or verdict.verdict == "pilot":
+        return None
+    again = Contrast(
+        c.question, c.a_label, c.b_label, c.task, c.seq_len, c.family, c.a_second, c.b, c.converged, c.metric
+    )
+    a, b = again.paired()
+    if len(a) < int(info["min_seeds"]):
+        return None
+    return _verdict(info, again, a, b, size, False).verdict != verdict.verdict
+
+
+def contrast_verdicts(
+    info: dict[str, Any], contrasts: list[Contrast], families: tuple[str, ...] = FAMILIES
+) -> list[tuple[Verdict, int, str]]:
+    """``(verdict, seq_len, family)`` per contrast, family by family in ``families`` order; ``info`` is the report's
+    ``design`` block (alpha, margins, solve threshold, min_seeds, pilot). A contrast with ``a_second`` also gets
+    ``lr_sensitive``.
 
     Raises:
-        ValueError: a contrast whose family is not one of :data:`FAMILIES`.
+        ValueError: a contrast whose family is not one of ``families``.
     """
     for c in contrasts:
-        if c.family not in FAMILIES:
-            raise ValueError(f"unknown family {c.family!r} of {c.model}; choose one of: {', '.join(FAMILIES)}")
+        if c.family not in families:
+            raise ValueError(f"unknown family {c.family!r} of {c.model}; choose one of: {', '.join(families)}")
     out = []
-    for family in FAMILIES:
+    for family in families:
         members = [c for c in contrasts if c.family == family]
+        size = max(1, len(members))
         for c in members:
             a, b = c.paired()
             pilot = bool(info["pilot"]) or len(a) < int(info["min_seeds"])
-            item = PairedItem(c.question, c.model, c.task, a, b, c.converged)
-            out.append(
-                (
-                    one_comparison(
-                        item,
-                        family_size=max(1, len(members)),
-                        alpha=info["alpha"],
-                        margin=info["margin"],
-                        power=POWER,
-                        pilot=pilot,
-                    ),
-                    c.seq_len,
-                    family,
-                )
-            )
+            verdict = _verdict(info, c, a, b, size, pilot)
+            verdict = dataclasses.replace(verdict, lr_sensitive=_lr_sensitive(info, c, verdict, size))
+            out.append((verdict, c.seq_len, family))
     return out
 
 
-__all__ = ["FAMILIES", "Contrast", "contrast_verdicts"]
+__all__ = ["FAMILIES", "Contrast", "compare_item", "contrast_verdicts"]

@@ -37,6 +37,9 @@ class Suite:
             (``study.summary``).
         extra_json: ``(StudyData) -> dict``: more top-level keys for ``report --json`` (e.g. the long-range suite's
             per-run exact intervals); ``None`` (default): none.
+        validity: ``(StudyData) -> list of task entries``: the task validity block (``battery.task_validity``) of a
+            suite with ``comparisons``, printed as ``design.tasks``; ``None`` (default): none.
+        families: the verdict families of a suite with ``comparisons``, in report order (``design.families``).
     """
 
     name: str
@@ -46,6 +49,8 @@ class Suite:
     stages: Callable[[StudyConfig], list[Stage]] | None = None
     comparisons: Callable[[StudyData], list] | None = None
     extra_json: Callable[[StudyData], dict] | None = None
+    validity: Callable[[StudyData], list[dict[str, Any]]] | None = None
+    families: tuple[str, ...] = ("primary", "secondary")
 
     def preset(self, name: str) -> dict[str, Any]:
         """A deep copy of preset ``name`` as a plain dict (``pilot = true`` added to ``quick``).

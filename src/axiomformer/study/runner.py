@@ -404,9 +404,11 @@ def run_study(
         with bar:
             task_id = bar.add_task("study", total=len(audits_todo) + len(sections_todo))
             _audits(store, audits_todo, console, bar, task_id)
+            # the task ceilings first (cheap): a store stopped part-way can still say which task discriminates
+            _sections(store, [s for s in sections_todo if s[0] == "ceilings"], console, bar, task_id)
             session = _Session(store, config, backend, address, summary, console, bar, task_id)
             _run_stages(session, stages, first)
-            _sections(store, sections_todo, console, bar, task_id)
+            _sections(store, [s for s in sections_todo if s[0] != "ceilings"], console, bar, task_id)
             bar.update(task_id, description="done")
         summary.seconds = time.perf_counter() - start
         _record_invocation(store, _invocation(summary, config, backend, load_start))
@@ -443,7 +445,7 @@ def _extras_todo(store: ResultsStore, config: StudyConfig) -> tuple[list[str], l
     sections_todo = [
         (name, fn)
         for name, fn, on in (
-            ("ceilings", lambda: ceilings_section(_ceiling_cells(config)), True),
+            ("ceilings", lambda: ceilings_section(ceiling_cells(config)), True),
             ("derive", derive_section, config.sections.derive),
             ("flow", flow_section, config.sections.flow),
         )
@@ -452,7 +454,7 @@ def _extras_todo(store: ResultsStore, config: StudyConfig) -> tuple[list[str], l
     return audits_todo, sections_todo
 
 
-def _ceiling_cells(config: StudyConfig) -> list[dict[str, Any]]:
+def ceiling_cells(config: StudyConfig) -> list[dict[str, Any]]:
     """Each task and length of ``config`` with the batch size and test batches its runs are scored with."""
     from axiomformer.study.sweep import cell_budget
     from axiomformer.train import TrainConfig

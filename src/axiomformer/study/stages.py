@@ -134,21 +134,22 @@ def is_aa(cell: Cell) -> bool:
     return cell.model.label == AA_LABEL
 
 
-def checked(cell: Cell) -> bool:
+def checked(cell: Cell, reference: str = "standard") -> bool:
     """Whether ``cell`` is a relaxed arm whose comparisons ``lr_check`` recomputes at its second-best rate: every
-    model but the standard one, its A/A copy and the validity controls."""
+    model but the reference one (``standard``, or a suite's reference arm), its A/A copy and the validity controls."""
     from axiomformer.study.config import CONTROLS
 
-    return cell.model.label != "standard" and not is_aa(cell) and cell.model.kind not in CONTROLS
+    return cell.model.label != reference and not is_aa(cell) and cell.model.kind not in CONTROLS
 
 
-def selection_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]:
+def selection_stages(config: StudyConfig, all_cells: list[Cell], reference: str = "standard") -> list[Stage]:
     """Stage 1: every cell at every learning rate of its grid (selection seeds). Then up to ``lr_widen`` stages that
     extend the grid of each cell whose best rate is at an edge (:func:`tried_lrs`). Last: the reported seeds at the
-    chosen rate (a cell whose selection runs all failed is left out)."""
+    chosen rate (a cell whose selection runs all failed is left out); the A/A control trains at the rate chosen for
+    the ``reference`` model of its task. Then, with ``lr_check``, every :func:`checked` cell at its second-best rate."""
 
     selected = [cell for cell in all_cells if not is_aa(cell)]
-    standard = {(c.task, c.seq_len): c for c in all_cells if c.model.label == "standard"}
+    standard = {(c.task, c.seq_len): c for c in all_cells if c.model.label == reference}
 
     def select(stored: Stored) -> list[Run]:
         return [run for cell in selected for run in _selection(config, cell)]
@@ -175,7 +176,7 @@ def selection_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]:
         ]
 
     def check(stored: Stored) -> list[Run]:
-        second = [(cell, _second_best(config, cell, stored or {})) for cell in selected if checked(cell)]
+        second = [(cell, _second_best(config, cell, stored or {})) for cell in selected if checked(cell, reference)]
         return [
             make_run(config, cell, seed, lr) for seed in range(config.seeds) for cell, lr in second if lr != "missing"
         ]

@@ -9,7 +9,7 @@ This is what ``axiomformer report DIR --json`` prints::
                 "lr_at_grid_edge", "converged", "seeds"}],
      "comparisons": [{"model", "task", "seq_len", "family", "diff", "ci_low", "ci_high", "ci_method", "ci_level",
                       "p_adjusted", "significant", "n_pairs"}],
-     "verdicts": [the verdict objects of ``axiomformer.study.statistics``, primary family first]}
+     "verdicts": [the verdict objects of ``axiomformer.study.statistics``, each with its "family", primary first]}
 
 ``task`` is the ``task@length`` label the report's tables use (``mqar@64``). ``n_test``: scored test items per run
 (the same items for every arm and seed). A cell is *converged* when every reported run of it converged
@@ -18,6 +18,10 @@ config's ``primary`` models on the first task form the primary family; the rest 
 corrected on its own (``statistics.paired_family``). Every verdict is ``pilot`` when the config says ``pilot`` (the
 quick preset), when a comparison has fewer reported seeds than the preset's ``min_seeds``, or when the store was
 written by a previous version (its selection seed was also a reported seed); ``design.pilot_reason`` says which.
+
+An open-question suite (``Suite.comparisons``) names its own families (``Suite.families``; positions: ``primary`` and
+``extrapolation``); its ``design`` has the same validity block (``tasks``, from ``Suite.validity``) and its JSON an
+``aa_control`` and a ``no_verdict`` list (``Suite.extra_json``, ``study.suites.common``).
 """
 
 from __future__ import annotations
@@ -30,15 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.record import ModelRecord, RunRecord
-from axiomformer.study.statistics import (
-    CORRECTION,
-    POWER,
-    PairedItem,
-    Verdict,
-    cell_interval,
-    one_comparison,
-    solve_rate_comparison,
-)
+from axiomformer.study.statistics import CORRECTION, POWER, PairedItem, Verdict, cell_interval
 from axiomformer.study.sweep import assumption_of
 
 if TYPE_CHECKING:
@@ -155,7 +151,7 @@ def _pilot_reason(d: StudyData) -> str | None:
     if seeds < cfg.min_seeds:
         return f"{seeds} reported seeds, fewer than the preset's minimum of {cfg.min_seeds}"
     finished = max((len(runs) for runs in _by_cell(d).values()), default=0)
-    if d.rows and finished < cfg.min_seeds:
+    if d.all_rows and finished < cfg.min_seeds:
         return (
             f"a partial store: {finished} of {seeds} reported seeds finished, fewer than the preset's "
             f"minimum of {cfg.min_seeds}; rerun the same command with the same --out to resume"
@@ -182,16 +178,16 @@ def design(d: StudyData) -> dict[str, Any]:
         "pilot": reason is not None,
         "pilot_reason": reason,
     }
-    if contrasts is not None:
-        primary_names = [c.model for c in contrasts if c.family == "primary"]
-        secondary_names = [c.model for c in contrasts if c.family != "primary"]
-        first = f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks else None
-        return base | {
-            "primary_task": first,
-            "primary": sorted(set(primary_names), key=_model_order(d)),
-            "secondary": sorted(set(secondary_names), key=_model_order(d)),
-        }
     from axiomformer.study.battery import BUDGET_RATIO, DISCRIMINATION_GAP, task_validity
+
+    footing = {
+        "verdict_rule": VERDICT_RULE,
+        "discrimination_gap": DISCRIMINATION_GAP,
+        "budget_ratio_goal": BUDGET_RATIO,
+    }
+    if contrasts is not None:
+        own = _suite_design(d, contrasts)
+        return base | own | (footing if "tasks" in own else {})
 
     tasks = task_validity(d, cell_stats(d))
     found = main_families(d)
@@ -206,12 +202,38 @@ def design(d: StudyData) -> dict[str, Any]:
             "control_task": "the same relaxations on tasks that do not discriminate: reported apart, never the answer",
             "secondary": "every other relaxation, on every task",
         },
-        "verdict_rule": (
-            "free if the interval lies inside (-margin, +margin); otherwise forced if it lies below 0, better if "
-            "above 0, else inconclusive; convergence is reported beside the verdict and never changes it"
-        ),
-        "discrimination_gap": DISCRIMINATION_GAP,
-        "budget_ratio_goal": BUDGET_RATIO,
+        **footing,
+        "tasks": tasks,
+    }
+
+
+VERDICT_RULE = (
+    "free if the interval lies inside (-margin, +margin); otherwise forced if it lies below 0, better if "
+    "above 0, else inconclusive; convergence is reported beside the verdict and never changes it"
+)
+
+
+def _suite_design(d: StudyData, contrasts: list) -> dict[str, Any]:
+    """The ``design`` keys of a suite with its own comparisons: its primary task and labels, its families, and (where
+    the suite has one) its task validity block as ``tasks``."""
+    from axiomformer.study.registry import get_suite
+
+    suite = get_suite(d.suite)
+    primary_names = [c.model for c in contrasts if c.family == "primary"]
+    secondary_names = [c.model for c in contrasts if c.family != "primary"]
+    out: dict[str, Any] = {
+        "primary_task": f"{d.tasks[0][0]}@{d.tasks[0][1]}" if d.tasks else None,
+        "primary": sorted(set(primary_names), key=_model_order(d)),
+        "secondary": sorted(set(secondary_names), key=_model_order(d)),
+    }
+    if suite.validity is None:
+        return out
+    tasks = suite.validity(d)
+    good = [t["task"] for t in tasks if t["discriminates"]]
+    return out | {
+        "primary_task": good[0] if good else None,
+        "primary_tasks": good,
+        "families": list(suite.families),
         "tasks": tasks,
     }
 
@@ -280,7 +302,7 @@ def _relax_text(model: ModelRecord) -> str:
     return model.label if model.kind == "transformer" else model.kind
 
 
-def _value(row: RunRecord, metric: str) -> float:
+def run_value(row: RunRecord, metric: str = "accuracy") -> float:
     """A run's value for a comparison: its test accuracy; ``nan`` for a diverged run (left out of an accuracy
     comparison, counted as not solved in a solve-rate one)."""
     from axiomformer.study.battery import diverged
@@ -291,19 +313,9 @@ def _value(row: RunRecord, metric: str) -> float:
 def _compare(
     d: StudyData, item: PairedItem, metric: str, family_size: int, info: dict[str, Any], pilot: bool
 ) -> Verdict:
-    if metric == "solve_rate":
-        return solve_rate_comparison(
-            item,
-            threshold=info["solve_threshold"],
-            family_size=family_size,
-            alpha=info["alpha"],
-            margin=info["margins"]["solve_rate"],
-            power=POWER,
-            pilot=pilot,
-        )
-    return one_comparison(
-        item, family_size=family_size, alpha=info["alpha"], margin=info["margins"]["accuracy"], power=POWER, pilot=pilot
-    )
+    from axiomformer.study.contrasts import compare_item
+
+    return compare_item(item, metric, family_size, info, pilot)
 
 
 def _item(d: StudyData, label: str, task: tuple[str, int], cells: dict, metric: str) -> PairedItem | None:
@@ -315,8 +327,8 @@ def _item(d: StudyData, label: str, task: tuple[str, int], cells: dict, metric: 
         assumption_of(label, d.kind.get(label, "transformer")),
         label,
         f"{task[0]}@{task[1]}",
-        [_value(runs[s], metric) for s in seeds],
-        [_value(reference[s], metric) for s in seeds],
+        [run_value(runs[s], metric) for s in seeds],
+        [run_value(reference[s], metric) for s in seeds],
         _converged(runs) and _converged(reference),
         n_test_items(reference[seeds[0]]) if seeds else None,
     )
@@ -359,8 +371,9 @@ def verdicts(d: StudyData) -> list[tuple[Verdict, int, str]]:
     contrasts = suite_contrasts(d)
     if contrasts is not None:
         from axiomformer.study.contrasts import contrast_verdicts
+        from axiomformer.study.registry import get_suite
 
-        return contrast_verdicts(info, contrasts)
+        return contrast_verdicts(info, contrasts, get_suite(d.suite).families)
     found = main_families(d)
     out = []
     for family in FAMILIES:
@@ -380,6 +393,13 @@ def aa_control(d: StudyData) -> dict[str, Any] | None:
     info = design(d)
     tasks = [t for t in d.tasks if _by_cell(d).get((AA_LABEL, *t))]
     found = [v for v, _ in _family_verdicts(d, [(AA_LABEL, t) for t in tasks], info)]
+    return aa_summary(f"{AA_LABEL} vs {REFERENCE}", found)
+
+
+def aa_summary(model: str, found: list[Verdict]) -> dict[str, Any]:
+    """The ``aa_control`` entry from the A/A verdicts of each task (one family): ``verdict``: ``forced`` or
+    ``better`` if any task's is (the design is broken: ``broken`` true), else ``free`` if every task's is, else
+    ``inconclusive`` (``pilot`` when every one is)."""
     kinds = {v.verdict for v in found}
     overall = (
         "forced"
@@ -393,7 +413,7 @@ def aa_control(d: StudyData) -> dict[str, Any] | None:
         else "inconclusive"
     )
     return {
-        "model": f"{AA_LABEL} vs {REFERENCE}",
+        "model": model,
         "verdict": overall,
         "broken": overall in ("forced", "better"),
         "tasks": [{**v.to_dict(), "lr_sensitive": None} for v in found],
@@ -447,7 +467,7 @@ def to_json(d: StudyData) -> dict[str, Any]:
         "design": info,
         "cells": [asdict(c) for c in cell_stats(d)],
         "comparisons": comps,
-        "verdicts": [v.to_dict() for v, _, _ in found],
+        "verdicts": [{**v.to_dict(), "family": family} for v, _, family in found],
         "cpu_seconds": cpu_seconds(d),
     }
     if suite_contrasts(d) is None:
@@ -467,6 +487,7 @@ __all__ = [
     "REFERENCE",
     "CellStat",
     "aa_control",
+    "aa_summary",
     "answer",
     "cell_stats",
     "comparisons",
@@ -474,6 +495,7 @@ __all__ = [
     "design",
     "main_families",
     "n_test_items",
+    "run_value",
     "suite_contrasts",
     "to_json",
     "verdicts",

@@ -409,11 +409,20 @@ def cells(config: StudyConfig, *, count: CountFn | None = None) -> list[Cell]:
     """
     choices = models(config)
     widths = match_widths(config, choices, count) if config.model.match_params else None
+    return task_cells(config, lambda task, seq_len: choices, widths)
+
+
+def task_cells(
+    config: StudyConfig, choices_of: Callable[[TaskSettings, int], list[ModelChoice]], widths: Any = None
+) -> list[Cell]:
+    """The cells (model, task, length) of ``config`` in report order, the models of each task and length from
+    ``choices_of(task, seq_len)``, each at its matched width and parameter count from ``widths`` (the result of
+    :func:`match_widths`) or, without it, at the config's width."""
     out = []
     for task in config.tasks:
         for seq_len in task.seq_lens:
             budget = cell_budget(config, task, seq_len)
-            for choice in choices:
+            for choice in choices_of(task, seq_len):
                 key3 = (choice.label, task.name, seq_len)
                 out.append(
                     Cell(

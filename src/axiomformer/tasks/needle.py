@@ -46,6 +46,8 @@ class NeedleTask(SyntheticTask):
     """
 
     name = "needle"
+    prefix_determined = True
+    """The asked key occurs once before the query and its value follows it: the target is a token of the prefix."""
     budget_defaults: ClassVar[dict[str, Any]] = {
         "steps": 600,
         "batch_size": 32,

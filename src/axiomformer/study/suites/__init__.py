@@ -33,10 +33,15 @@ What a suite defines (:class:`Suite`):
   (``study.config.stored_config``: an older store's config is migrated first).
 
 An open question (a few arms compared pairwise, as ``positions``, ``rho``, ``scale`` and ``gumbel``) is declared
-instead on the base in ``study.suites.common``: ``SUITE = register_question(OpenQuestion(name, summary, presets,
-arms, comparisons, question, measured, body))`` — its arms per task, its comparisons (``paired`` builds an a-vs-b
-contrast), the question its answer opens with, what was measured and its own tables and figures; the base trains the
-arms (``arm_stages``) and writes the answer, the diverged runs, failures and provenance around the body.
+instead on the base in ``study.suites.common``: ``SUITE = common.register_module(globals(), name=..., summary=...,
+question=..., reference=..., families=...)`` registers the module's presets ``QUICK``, ``DEFAULT``, ``FULL``, its
+``arms`` per task, its ``comparisons`` (``paired`` builds an a-vs-b contrast), ``_measured`` and ``_body`` (its own
+tables and figures) as an :class:`~axiomformer.study.suites.common.OpenQuestion`. The base gives every such suite the
+main study's footing: it trains the arms with the validity controls and the A/A control beside them (``arm_stages``,
+``footing_arms``) and the learning-rate check after them; its validity block (``design.tasks``) drops every comparison
+on a task that does not discriminate (``no_verdict``); each comparison is measured by its task's metric (accuracy or
+solve rate) and checked at its second-best rate; and the report opens with the answer, the footing, then the body,
+the diverged runs, failures and provenance.
 
 Adding a suite (e.g. ``positions``):
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,13 +29,12 @@ from axiomformer.study.contrasts import Contrast
 from axiomformer.study.record import RunRecord
 from axiomformer.study.registry import Suite, register
 from axiomformer.study.statistics import fmt_signed
-from axiomformer.study.sweep import Cell, ModelChoice, cell_budget
+from axiomformer.study.sweep import ModelChoice
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from axiomformer.study.render import Table
     from axiomformer.study.report import StudyData
     from axiomformer.study.statistics import Verdict
 
@@ -55,30 +54,35 @@ def arm(label: str, spec: str = "standard", **options: Any) -> ModelChoice:
     )
 
 
-def arm_stages(arms: ArmsFn) -> Callable[[StudyConfig], list]:
-    """The ``stages`` of a suite whose models are ``arms``: the main suite's learning-rate selection stages over the
-    cells (arm, task, length), every cell at the config's model width (no parameter matching: the arms differ in
-    what they are asked to show, and the report lists each arm's parameter count)."""
+def footing_arms(config: StudyConfig, arms: list[ModelChoice], reference: str) -> list[ModelChoice]:
+    """``arms`` plus the main study's footing (``config.controls``, ``config.aa_control``): the validity controls
+    (``no_mixing``, ``uniform_mixing``; bidirectional when the ``reference`` arm is) and the A/A control (the
+    ``reference`` arm again with another initialization stream, label ``standard (A/A)``)."""
+    from axiomformer.study.sweep import AA_LABEL
+
+    ref = next((a for a in arms if a.label == reference), None)
+    if ref is None and (config.controls or config.aa_control):
+        raise ValueError(f"no reference arm {reference!r} among {[a.label for a in arms]}")
+    causal = True if ref is None else dict(ref.options).get("causal", True)
+    out = list(arms)
+    out += [ModelChoice(label=c, kind=c, options=() if causal else (("causal", False),)) for c in config.controls]
+    if config.aa_control and ref is not None:
+        out.append(ModelChoice(AA_LABEL, ref.kind, ref.spec, ref.input_position, (*ref.options, ("init_stream", 1))))
+    return out
+
+
+def arm_stages(arms: ArmsFn, reference: str = "standard") -> Callable[[StudyConfig], list]:
+    """The ``stages`` of a suite whose models are ``arms`` (with :func:`footing_arms`): the main suite's
+    learning-rate selection stages over the cells (arm, task, length), the A/A control at the ``reference`` arm's
+    chosen rate, the ``lr_check`` stage for every other arm, every cell at the config's model width (no parameter
+    matching: the arms differ in what they are asked to show, and the report lists each arm's parameter count)."""
 
     def stages(config: StudyConfig) -> list:
         from axiomformer.study.stages import selection_stages
+        from axiomformer.study.sweep import task_cells
 
-        cells = []
-        for task in config.tasks:
-            for seq_len in task.seq_lens:
-                budget = cell_budget(config, task, seq_len)
-                for choice in arms(config, task, seq_len):
-                    cells.append(
-                        Cell(
-                            model=choice,
-                            task=task.name,
-                            seq_len=seq_len,
-                            options=dict(task.options),
-                            width=config.model.dim,
-                            budget=budget,
-                        )
-                    )
-        return selection_stages(config, cells)
+        found = task_cells(config, lambda task, seq_len: footing_arms(config, arms(config, task, seq_len), reference))
+        return selection_stages(config, found, reference)
 
     return stages
 
@@ -112,31 +116,32 @@ def fmt_interval(values: list[float], digits: int = 3) -> str:
 
 # ---------------------------------------------------------------------------------------------------- presets
 def suite_budget(**changes: Any) -> dict[str, Any]:
-    """The training budget an open-question suite starts from (1000 steps of batch 32, evaluation every 50 steps on
-    4 batches, patience 5, learning rates 3e-3 and 1e-2), with ``changes``."""
-    base = {
-        "steps": 1000,
-        "batch_size": 32,
-        "warmup": 20,
-        "eval_every": 50,
-        "eval_batches": 4,
-        "patience": 5,
-        "target_accuracy": None,
-        "lr_grid": [3e-3, 1e-2],
-    }
-    return base | changes
+    """The training budget an open-question suite starts from: the main study's (``suites.main.BUDGET``: batch 32 on
+    the trainer's fast path, evaluation every 50 steps on 16 validation batches, 32 test batches, no patience, stop
+    once validation accuracy reaches 0.99) at 1000 steps and learning rates 3e-3 and 1e-2; with ``changes``."""
+    from axiomformer.study.suites.main import BUDGET
+
+    return dict(BUDGET) | {"steps": 1000, "lr_grid": [3e-3, 1e-2]} | changes
 
 
 def quick_budget(budget: dict[str, Any], steps: int) -> dict[str, Any]:
-    """A quick preset's ``budget``: ``steps`` steps at one learning rate, no early stopping (a pilot claims
-    nothing, it shows that the suite runs)."""
-    return budget | {"steps": steps, "lr_grid": [3e-3], "patience": None, "target_accuracy": None}
+    """A quick preset's ``budget``: ``steps`` steps at two learning rates (so that ``lr_check`` runs), 4 evaluation and
+    test batches (a pilot claims nothing, it shows that the suite runs)."""
+    return budget | {"steps": steps, "eval_batches": 4, "test_batches": 4}
+
+
+SEEDS = 8
+"""Reported seeds of every suite's default preset: the main study's power analysis (``docs/study.md``, "Seeds"):
+with a paired accuracy difference's spread of about 0.01 and Bonferroni over a family, 8 is the fewest at which an
+interval can fall inside ±0.02. A run with fewer is a pilot and claims nothing (``min_seeds``)."""
 
 
 def preset_base(tasks: list[dict[str, Any]], model: dict[str, Any], variants: tuple[str, ...] = ("standard",)) -> dict:
-    """What every open-question suite's presets share: its arms come from its own stages (no sweep baselines, no
-    audit/derive/flow sections, widths not matched), selection seed 1000 (never reported), at least 5 reported seeds
-    for a decision, and a learning-rate grid that is not widened."""
+    """What every open-question suite's presets share, the main study's footing: its arms come from its own stages
+    (no sweep baselines, no audit/derive/flow sections, widths not matched), selection seeds 1000 and 1001 (never
+    reported), :data:`SEEDS` reported seeds and as many for a decision, the validity controls, the A/A control, the
+    learning-rate check at each arm's second-best rate, the main study's margins and solve threshold, and a
+    learning-rate grid that is not widened."""
     return {
         "variants": list(variants),
         "baselines": [],
@@ -144,9 +149,21 @@ def preset_base(tasks: list[dict[str, Any]], model: dict[str, Any], variants: tu
         "sections": {"audit": False, "derive": False, "flow": False},
         "tasks": tasks,
         "selection_seeds": [1000, 1001],
-        "min_seeds": 5,
+        "seeds": SEEDS,
+        "min_seeds": SEEDS,
+        "controls": ["no_mixing", "uniform_mixing"],
+        "aa_control": True,
+        "lr_check": True,
+        "margin": 0.02,
+        "solve_margin": 0.25,
+        "solve_threshold": 0.9,
         "lr_widen": 0,
     }
+
+
+def quick_preset(base: dict[str, Any], name: str, budget: dict[str, Any], steps: int) -> dict[str, Any]:
+    """A suite's quick preset: ``base`` with 2 seeds (a pilot: every verdict ``pilot``) at ``steps`` steps."""
+    return base | {"name": name, "seeds": 2, "min_seeds": 2, "pilot": True, "budget": quick_budget(budget, steps)}
 
 
 # ---------------------------------------------------------------------------------------------------- rows
@@ -187,15 +204,22 @@ def extra(row: RunRecord, phase: str) -> dict[str, Any]:
 
 
 def budget_note(config: StudyConfig) -> str:
-    """What budget and protocol the report's numbers come from."""
+    """What budget and protocol the report's numbers come from (a task's own ``budget`` table shown per task)."""
+    from axiomformer.study.sweep import cell_budget
+
     budget = config.budget
     grid: list[float] | list[float | None] = budget.lr_grid or [budget.lr]
+    steps = ", ".join(f"{t.name}@{n} {cell_budget(config, t, n)['steps']}" for t in config.tasks for n in t.seq_lens)
+    stop = (
+        f"stop once validation accuracy reaches {budget.target_accuracy}"
+        if budget.target_accuracy is not None
+        else "no early stop on a target"
+    )
     return (
-        f"Budget: at most {budget.steps} steps, batch {budget.batch_size}, AdamW with warmup "
+        f"Budget: at most {steps} steps, batch {budget.batch_size}, AdamW with warmup "
         f"{budget.warmup} and cosine decay; learning rate chosen per arm and task from {grid} on the "
-        f"validation split at selection seeds {config.selection_seeds} (never "
-        f"reported); early stopping on validation (patience "
-        f"{budget.patience}); accuracy on the held-out test split; {config.seeds} seed(s) per arm. "
+        f"validation split at selection seeds {config.selection_seeds} (never reported); {stop}; patience "
+        f"{budget.patience}; accuracy on the held-out test split; {config.seeds} seed(s) per arm. "
         f"Model: {config.model.layers} layer(s), width {config.model.dim}."
     )
 
@@ -258,7 +282,15 @@ def errorbar(ax: Axes, xs: Sequence[float], values: list[list[float]], label: st
 
 # ---------------------------------------------------------------------------------------------------- verdicts
 def verdict_sentence(v: Verdict, margin: float) -> str:
-    """One sentence per verdict of a contrast (``a vs b``: the difference is a - b), generated from its interval."""
+    """One sentence per verdict of a contrast (``a vs b``: the difference is a - b), generated from its interval,
+    with the learning-rate check where it changes the verdict."""
+    text = _verdict_sentence(v, margin)
+    return text + (
+        " At side a's second-best learning rate the verdict changes (lr-sensitive)." if v.lr_sensitive else ""
+    )
+
+
+def _verdict_sentence(v: Verdict, margin: float) -> str:
     a, _, b = v.model.partition(" vs ")
     ci = (
         "no interval (fewer than two paired seeds)"
@@ -284,49 +316,18 @@ def verdict_sentence(v: Verdict, margin: float) -> str:
     return f"{where}: not yet known, difference {ci} ({why}{mde}; a decision needs {need} seeds)."
 
 
-def _verdict_table(found: list[tuple[Verdict, int, str]], family: str) -> Table:
-    from axiomformer.study.render import Table
-
-    table = Table(
-        [
-            "question",
-            "comparison (a vs b)",
-            "task, where",
-            "verdict",
-            "a - b [interval]",
-            "seeds",
-            "converged",
-            "what a decision would take",
-        ]
-    )
-    for v, _, fam in found:
-        if fam != family:
-            continue
-        ci = (
-            "—"
-            if v.ci_low is None or v.ci_high is None
-            else f"{fmt_signed(v.diff)} [{fmt_signed(v.ci_low)}, {fmt_signed(v.ci_high)}]"
-        )
-        need = (
-            f"decided with {v.n_seeds} seeds"
-            if v.verdict in ("forced", "better", "free")
-            else (
-                "—"
-                if v.verdict == "pilot"
-                else f"mde {'—' if v.mde is None else f'{v.mde:.3f}'}; "
-                f"{'> 10,000' if v.seeds_needed is None else v.seeds_needed} seeds"
-            )
-        )
-        table.rows.append(
-            [v.assumption, v.model, v.task, v.verdict, ci, str(v.n_seeds), "yes" if v.converged else "no", need]
-        )
-    return table
-
-
-def verdict_blocks(d: StudyData, figures_dir: Path, *, question: str, facts: list[str] | None = None) -> list:
+def verdict_blocks(
+    d: StudyData,
+    figures_dir: Path,
+    *,
+    question: str,
+    facts: list[str] | None = None,
+    families: tuple[str, ...] = ("primary", "secondary"),
+) -> list:
     """The suite's answer, generated from its verdicts (``study.summary.verdicts``, the same objects as
     ``report --json``): the design line, a table per family, one sentence per verdict, a figure of the differences
     with their intervals and the ±margin band; ``facts``: what holds by construction (stated, not tested)."""
+    from axiomformer.study.answer import verdict_table
     from axiomformer.study.render import Heading, Image, Paragraph
     from axiomformer.study.summary import design, verdicts
 
@@ -335,10 +336,12 @@ def verdict_blocks(d: StudyData, figures_dir: Path, *, question: str, facts: lis
     seeds = info["reported_seeds"]
     lead = (
         f"Question: {question} Reported seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}), learning rates chosen on "
-        f"selection seeds {info['selection_seeds']} (never reported); each family's intervals are paired t, "
-        f"Bonferroni over the family (jointly >= {1 - info['alpha']:.0%}); one symmetric rule: free inside "
-        f"±{info['margin']:g}, otherwise forced (a - b below 0), better (above 0), inconclusive otherwise; "
-        f"convergence is reported beside the verdict, never deciding it."
+        f"selection seeds {info['selection_seeds']} (never reported); each family's intervals are paired t on "
+        f"accuracy or Newcombe on the solve rate (a run solves at test accuracy >= {info['solve_threshold']:g}), "
+        f"Bonferroni over the family (jointly >= {1 - info['alpha']:.0%}); one symmetric rule: free inside ±margin "
+        f"({info['margins']['accuracy']:g} accuracy, {info['margins']['solve_rate']:g} solve rate), otherwise forced "
+        f"(a - b below 0), better (above 0), inconclusive otherwise; convergence is reported beside the verdict, "
+        f"never deciding it; comparisons on a task that does not discriminate get no verdict."
     )
     if info["pilot"]:
         lead += f" Every verdict is `pilot`: {info['pilot_reason']}."
@@ -347,16 +350,13 @@ def verdict_blocks(d: StudyData, figures_dir: Path, *, question: str, facts: lis
         out += [Paragraph("By construction (stated, not tested): " + " ".join(facts))]
     if not found:
         return out + [Paragraph("No comparisons: no paired runs stored.")]
-    for family in ("primary", "secondary"):
+    for family in families:
         members = [v for v, _, f in found if f == family]
         if not members:
             continue
-        if family == "secondary":
-            out.append(Heading("Secondary comparisons (their own family)", 3))
-        out += [
-            _verdict_table(found, family),
-            Paragraph(" ".join(verdict_sentence(v, info["margin"]) for v in members)),
-        ]
+        if family != "primary":
+            out.append(Heading(f"Family `{family}` (its own Bonferroni correction)", 3))
+        out += [verdict_table(found, family), Paragraph(" ".join(verdict_sentence(v, v.margin) for v in members))]
     path = draw_contrasts(found, info["margin"], figures_dir / "differences.png")
     out.append(
         Image(
@@ -365,6 +365,63 @@ def verdict_blocks(d: StudyData, figures_dir: Path, *, question: str, facts: lis
         )
     )
     return out
+
+
+def footing_blocks(d: StudyData, extra: dict[str, Any]) -> list:
+    """The main study's footing as the suite's report shows it: the task validity table (``design.tasks``), the A/A
+    control, the learning-rate check, and the comparisons left without a verdict."""
+    from axiomformer.study.render import Heading, Paragraph, Table
+    from axiomformer.study.summary import design, verdicts
+
+    info = design(d)
+    table = Table(
+        ["task", "chance", "ceiling", "no mixing", "uniform mixing", "reference", "discriminates", "budget ratio"],
+        note="Reference: the suite's reference arm; budget ratio: steps over its median steps to solve "
+        f"(goal >= {info.get('budget_ratio_goal')}; — where fewer than half of its runs solved).",
+    )
+    why = []
+    for t in info.get("tasks") or []:
+        controls = t["controls"]
+        table.rows.append(
+            [
+                t["task"],
+                _num(t["chance"]),
+                _num(t["ceiling"]),
+                _num(controls["no_mixing"]),
+                _num(controls["uniform_mixing"]),
+                _num(t["standard"]),
+                "yes" if t["discriminates"] else "no",
+                "—" if t["budget_ratio"] is None else f"{t['budget_ratio']:.1f}",
+            ]
+        )
+        why.append(f"{t['task']}: {t['why']}.")
+    out: list = [Heading("Does each task discriminate? (validity controls)", 2), table, Paragraph(" ".join(why))]
+    aa = extra.get("aa_control")
+    if aa is not None:
+        parts = [f"{v['task']} {v['verdict']}" for v in aa["tasks"]]
+        out.append(
+            Paragraph(
+                f"A/A control ({aa['model']}, another initialization stream, the reference's learning rate): "
+                f"{aa['verdict']} ({'; '.join(parts)})"
+                + (": the design is broken, the verdicts above are not to be trusted." if aa["broken"] else ".")
+            )
+        )
+    checked = [v for v, _, _ in verdicts(d) if v.lr_sensitive is not None]
+    sensitive = [f"{v.model} on {v.task}" for v in checked if v.lr_sensitive]
+    out.append(
+        Paragraph(
+            f"Learning-rate check: {len(checked)} decided comparison(s) recomputed with side a at its second-best "
+            f"rate; {len(sensitive)} change their verdict" + (f" ({'; '.join(sensitive)})." if sensitive else ".")
+        )
+    )
+    if extra.get("no_verdict"):
+        names = "; ".join(f"{c['model']} on {c['task']}" for c in extra["no_verdict"])
+        out.append(Paragraph(f"No verdict (the task does not discriminate, see above): {names}."))
+    return out
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
 
 
 def draw_contrasts(found: list, margin: float, path: Path) -> Path:
@@ -385,7 +442,7 @@ def draw_contrasts(found: list, margin: float, path: Path) -> Path:
             ax.plot([v.diff], [y], marker="o" if family == "primary" else "s", color=color, markersize=5)
     ax.set_yticks(
         range(len(found)),
-        [f"{v.model} / {v.task}" + ("" if f == "primary" else " (secondary)") for v, _, f in found],
+        [f"{v.model} / {v.task}" + ("" if f == "primary" else f" ({f})") for v, _, f in found],
         fontsize=7,
     )
     ax.invert_yaxis()
@@ -465,11 +522,117 @@ def paired(
     )
 
 
+def learns(rows: Rows, label: str, task: str, seq_len: int, threshold: float) -> bool:
+    """Whether arm ``label`` learns the task at its training length: its mean test accuracy over the reported seeds
+    reaches ``threshold`` (the study's ``solve_threshold``)."""
+    values = list(seed_values(rows, label, task, seq_len, accuracy_of).values())
+    return bool(values) and sum(values) / len(values) >= threshold
+
+
 def interval_bar(ax: Axes, x: float, values: list[float], width: float, **style: Any) -> None:
     """One bar at the mean of ``values`` with its t interval as the error bar (none where it is undefined)."""
     mean, low, high = interval(values)
     err = [[0 if low != low else mean - low], [0 if high != high else high - mean]]
     ax.bar(x, mean, width, yerr=err, capsize=3, **style)
+
+
+# ---------------------------------------------------------------------------------------------------- the footing
+def causal_suite(d: StudyData, reference: str) -> bool:
+    """Whether the suite's ``reference`` arm is causal (a bidirectional suite's ceilings and controls differ)."""
+    row = next((r for r in d.all_rows if r.label == reference), None)
+    return row is None or row.train_config.get("causal", True) is not False
+
+
+def row_ceiling(task: str, seq_len: int, options: dict[str, Any], batch_size: int, test_batches: int) -> dict:
+    """The best accuracy a *bidirectional* model can reach on the test items: per distinct input row, the share of its
+    scored targets equal to the most frequent target at that position among the test rows with that input (1 when
+    the row determines its targets, as on every set and order task here). Exact, computed on the items themselves."""
+    from collections import Counter
+
+    from axiomformer.study.sections import task_test_items
+    from axiomformer.tasks.base import IGNORE
+
+    _, inputs, targets = task_test_items(task, seq_len, options, batch_size, test_batches)
+    groups: dict[tuple, list] = defaultdict(list)
+    for x, y in zip(inputs.tolist(), targets.tolist()):
+        groups[tuple(x)].append(y)
+    hit = total = 0
+    for ys in groups.values():
+        for column in zip(*ys):
+            scored = [t for t in column if t != IGNORE]
+            hit += Counter(scored).most_common(1)[0][1] if scored else 0
+            total += len(scored)
+    return {
+        "ceiling": hit / total if total else None,
+        "ceiling_method": "exact (bidirectional: the modal target per distinct input row)",
+        "ceiling_error": 0.0,
+        "note": "a bidirectional model sees the whole row",
+    }
+
+
+def validity(d: StudyData, reference: str) -> list[dict[str, Any]]:
+    """The main study's task validity block (``battery.task_validity``) with ``reference`` as the standard model; a
+    bidirectional suite's ceilings are :func:`row_ceiling` (the stored section's are a causal model's)."""
+    from axiomformer.study.battery import task_validity
+    from axiomformer.study.runner import ceiling_cells
+    from axiomformer.study.summary import cell_stats
+
+    ceilings = None
+    if not causal_suite(d, reference):  # on the test items every run of the task is scored with
+        ceilings = {
+            f"{c['task']}@{c['seq_len']}": row_ceiling(
+                c["task"], c["seq_len"], c["options"], c["batch_size"], c["test_batches"]
+            )
+            for c in ceiling_cells(d.config)
+        }
+    return task_validity(d, cell_stats(d), reference, ceilings)
+
+
+def _setting(c: Contrast) -> str:
+    """The ``task@length`` a contrast is measured on (its ``task`` up to the first space)."""
+    return c.task.split(" ", 1)[0]
+
+
+def with_footing(d: StudyData, found: list[Contrast], reference: str) -> tuple[list[Contrast], list[Contrast]]:
+    """``(kept, dropped)``: the suite's contrasts on tasks that discriminate, each with its task's metric where it
+    names none and, for a comparison of two arms at the training length, side a at its second-best learning rate
+    (``lr_check``); and those on tasks that do not discriminate (they get no verdict)."""
+    from axiomformer.study.battery import metric_of
+    from axiomformer.study.summary import run_value
+
+    good = {t["task"] for t in validity(d, reference) if t["discriminates"]}
+    second = Rows(d.second_rows)
+    kept, dropped = [], []
+    for c in found:
+        if _setting(c) not in good:
+            dropped.append(c)
+            continue
+        task = c.task.split("@", 1)[0]
+        metric = c.metric or metric_of(d, task, c.seq_len)
+        at_l = c.task == f"{task}@{c.seq_len}"
+        runs = second.seeds(c.a_label, task, c.seq_len) if at_l else {}
+        values = {s: run_value(r, metric) for s, r in runs.items()} or None
+        kept.append(replace(c, metric=metric, a_second=values))
+    return kept, dropped
+
+
+def aa_entry(d: StudyData, reference: str) -> dict[str, Any] | None:
+    """The ``aa_control`` entry of ``report --json``: the A/A arm against the ``reference`` arm on every task, one
+    family (``summary.aa_summary``); ``None`` without A/A runs."""
+    from axiomformer.study.contrasts import contrast_verdicts
+    from axiomformer.study.summary import aa_summary, design
+    from axiomformer.study.sweep import AA_LABEL
+
+    rows = Rows(d.rows)
+    found = [paired(rows, "A/A", AA_LABEL, reference, task, n, "primary") for task, n in config_tasks(d)]
+    contrasts = [c for c in found if c is not None]
+    if not contrasts:
+        return None
+    from axiomformer.study.battery import metric_of
+
+    contrasts = [replace(c, metric=metric_of(d, c.task.split("@")[0], c.seq_len)) for c in contrasts]
+    verdicts = [v for v, _, _ in contrast_verdicts(design(d), contrasts)]
+    return aa_summary(f"{AA_LABEL} vs {reference}", verdicts)
 
 
 @dataclass(frozen=True)
@@ -484,6 +647,10 @@ class OpenQuestion:
         measured: ``(StudyData) -> str``: what was measured, before the budget note (:func:`budget_note`).
         body: ``(StudyData, Rows, figures_dir) -> blocks``: the suite's own tables and figures.
         facts: what holds by construction (stated, not tested).
+        reference: the arm the validity block and the A/A control measure (``standard`` unless the suite names
+            another: the scale suite's head_dim-16 standard arm).
+        families: the suite's verdict families in report order (each corrected on its own).
+        extra: ``(StudyData) -> dict``: more keys for ``report --json`` besides the footing's.
     """
 
     name: str
@@ -495,14 +662,54 @@ class OpenQuestion:
     measured: Callable[[StudyData], str]
     body: Callable[[StudyData, Rows, Path], list]
     facts: list[str] | None = None
+    reference: str = "standard"
+    families: tuple[str, ...] = ("primary", "secondary")
+    extra: Callable[[StudyData], dict[str, Any]] | None = None
+
+    def contrasts(self, d: StudyData) -> list[Contrast]:
+        """The suite's comparisons on the main study's footing (:func:`with_footing`): those on tasks that
+        discriminate, each by its task's metric and with its learning-rate check."""
+        return with_footing(d, self.comparisons(d), self.reference)[0]
+
+    def validity(self, d: StudyData) -> list[dict[str, Any]]:
+        """``design.tasks``: :func:`validity` with the suite's reference arm."""
+        return validity(d, self.reference)
+
+    def extra_json(self, d: StudyData) -> dict[str, Any]:
+        """``aa_control`` (:func:`aa_entry`) and ``no_verdict``: the comparisons left without a verdict because
+        their task does not discriminate (model, task, why)."""
+        why = {t["task"]: t["why"] for t in self.validity(d)}
+        dropped = with_footing(d, self.comparisons(d), self.reference)[1]
+        return {
+            "aa_control": aa_entry(d, self.reference),
+            "no_verdict": [{"model": c.model, "task": c.task, "why": why.get(_setting(c))} for c in dropped],
+        } | ({} if self.extra is None else self.extra(d))
 
     def sections(self, d: StudyData, figures_dir: Path) -> list:
-        """The report: the answer, what was measured, the suite's body, diverged runs, failures and provenance."""
+        """The report: the answer, the footing (task validity, A/A control, learning-rate check, comparisons without
+        a verdict), what was measured, the suite's body, diverged runs, failures and provenance."""
         from axiomformer.study.render import Heading, Paragraph
 
-        blocks = verdict_blocks(d, figures_dir, question=self.question, facts=self.facts)
+        blocks = verdict_blocks(d, figures_dir, question=self.question, facts=self.facts, families=self.families)
+        blocks += footing_blocks(d, self.extra_json(d))
         blocks += [Heading("What was measured", 2), Paragraph(self.measured(d) + budget_note(d.config))]
         return blocks + self.body(d, Rows(d.rows), figures_dir) + diverged_blocks(d) + closing_blocks(d)
+
+
+def register_module(namespace: dict[str, Any], **declared: Any) -> Suite:
+    """Register the suite a module declares by convention: its presets ``QUICK``, ``DEFAULT`` and ``FULL``, its
+    ``arms``, ``comparisons``, ``_measured`` and ``_body`` from ``namespace`` (the module's ``globals()``), the rest
+    of :class:`OpenQuestion` from ``declared``."""
+    return register_question(
+        OpenQuestion(
+            presets={"quick": namespace["QUICK"], "default": namespace["DEFAULT"], "full": namespace["FULL"]},
+            arms=namespace["arms"],
+            comparisons=namespace["comparisons"],
+            measured=namespace["_measured"],
+            body=namespace["_body"],
+            **declared,
+        )
+    )
 
 
 def register_question(question: OpenQuestion) -> Suite:
@@ -513,7 +720,10 @@ def register_question(question: OpenQuestion) -> Suite:
             summary=question.summary,
             presets=question.presets,
             sections=question.sections,
-            stages=arm_stages(question.arms),
-            comparisons=question.comparisons,
+            stages=arm_stages(question.arms, question.reference),
+            comparisons=question.contrasts,
+            extra_json=question.extra_json,
+            validity=question.validity,
+            families=question.families,
         )
     )

@@ -62,7 +62,7 @@ CONTROL_TASK = {"name": "majority", "seq_lens": [32], "metric": "accuracy"}
 """A stated control (full preset): the majority of the whole row, scored at every position; it sits at its causal
 ceiling and uniform mixing reaches it, so by design it cannot discriminate (by theory every assumption is free there)."""
 
-_BUDGET = {
+BUDGET = {
     "steps": 1500,
     "batch_size": 32,
     "warmup": 20,
@@ -95,7 +95,7 @@ DEFAULT = {
     "lr_check": True,
     "primary": list(PRIMARY),
     "tasks": BATTERY,
-    "budget": _BUDGET,
+    "budget": BUDGET,
     "model": {"dim": 32, "layers": 2, "heads": 2},
     "sections": {"audit": True, "derive": True, "flow": False},
 }
@@ -112,7 +112,7 @@ QUICK = DEFAULT | {
     "baselines": ["gru"],
     "primary": ["A4=cosine", "A5=sigmoid", "position=none", "gru"],
     "tasks": [{**task, "budget": {}} for task in BATTERY],  # every task at the quick budget
-    "budget": _BUDGET | {"steps": 200, "eval_every": 50, "eval_batches": 4, "test_batches": 4, "lr_grid": [3e-3, 1e-2]},
+    "budget": BUDGET | {"steps": 200, "eval_every": 50, "eval_batches": 4, "test_batches": 4, "lr_grid": [3e-3, 1e-2]},
     "sections": {"audit": False, "derive": False, "flow": False},
 }
 
