@@ -1,0 +1,21 @@
+#!/bin/bash
+# Issue 33 item 4 pilots (long range), run from the repository root with PYTHONPATH=src; each writes NAME.out (one line
+# per evaluation, the last a JSON object) and NAME.json (that last line).
+#   e/f: needle_kv at 64 tokens as in run.sh, batch 128 instead of 32 (axiomformer train).
+#   h/i: needle_kv at 64 tokens, 2 pairs among 4 keys (a latch: 0.625), width 32 / 64, batch 64, no early stop (kv64.py).
+#   g:   needle at 10,000 tokens: the committed long-range store's 64-token Transformer (seed 0, lr 3e-3) trained 60 steps
+#        of 4 sequences at 10,000 tokens, validation (24 sequences) every 10 steps (long10k.py).
+export OMP_NUM_THREADS=1 MPLBACKEND=Agg
+P=benchmarks/results/pilots-33
+A=/work/venv/bin/axiomformer
+PY=/work/venv/bin/python
+one() { name=$1; shift; "$@" > $P/$name.out 2> $P/$name.err; tail -1 $P/$name.out > $P/$name.json; }
+kv() { one "$1" $A train --task needle_kv --seq-len 64 --json --eval-every 200 --eval-batches 4 --test-batches 13 --warmup 50 \
+  --seed 7 --no-early-stop --dim 32 --heads 2 --steps 3000 --lr 3e-3 --batch-size 128 -o "pairs=$2"; }
+kv e_d32_p2_b128 2
+kv f_d32_p4_b128 4
+one h_p2_k4_d32_b64 $PY $P/kv64.py 2 4 32 2 64 3000 3e-3
+one i_p2_k4_d64_b64 $PY $P/kv64.py 2 4 64 4 64 2000 3e-3
+# the state is in the long-range store as it was committed at 92afb16 (git show 92afb16:benchmarks/results/long-range/...)
+one g_10k_standard_needle $PY $P/long10k.py needle transformer 32 3e-3 \
+  benchmarks/results/long-range/states/a3fdc4f5d1e00c934d06.safetensors 60 10 6
