@@ -5,6 +5,9 @@
 #   h/i: needle_kv at 64 tokens, 2 pairs among 4 keys (a latch: 0.625), width 32 / 64, batch 64, no early stop (kv64.py).
 #        h: validation 0.62 / 0.81 / 0.96 / 0.96 / 0.97 / 0.996 at steps 250-1,500, 1.000 from 2,000; test 1.000 on 448
 #        sequences; 80 CPU s. i was stopped after its first evaluation (CPU for the study): i_p2_k4_d64_b64.partial.out.
+#   k:   the first study run with that budget (selection seed 3, patience 6; k_study_needle_kv_seed3_patience6.json,
+#        from the study store): validation 0.60-0.70 through 2,000 steps, stopped by patience, test 0.600 of 448 (a latch
+#        0.625). The task is solve-or-stuck at this width; the study's budget dropped patience for it.
 #   e/f (batch 128): 0.555 (2 pairs among 16 keys; a latch 0.53) and 0.323 (4 among 16; a latch 0.30), 136-141 CPU s.
 #   g:   needle at 10,000 tokens: the committed long-range store's 64-token Transformer (seed 0, lr 3e-3) trained 60 steps
 #        of 4 sequences at 10,000 tokens, validation (24 sequences) every 10 steps (long10k.py): 0.833 at step 10, 1.000

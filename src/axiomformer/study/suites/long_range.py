@@ -59,12 +59,14 @@ KV_SHORT = {
     "warmup": 50,
     "eval_every": 200,
     "eval_batches": 4,
-    "patience": 6,
+    "patience": 100,
     "lr_grid": [3e-3],
 }
 """needle_kv's budget at the shortest length **(from the pilots in benchmarks/results/pilots-33/)**: 3,000 steps of 64
-sequences, validation (256 sequences) every 200 steps, patience 6 evaluations; one learning rate, the pilot's (the
-CPU budget of this preset does not allow a grid here, so its learning-rate sensitivity is not measured)."""
+sequences, validation (256 sequences) every 200 steps, no patience (a run stops early only at the target accuracy:
+the task is solve-or-stuck, and a first try with patience 6 ended a run on its plateau at 0.69 after 2,000 steps); one
+learning rate, the pilot's (the CPU budget of this preset does not allow a grid here, so its learning-rate
+sensitivity is not measured). The pilot's validation accuracy reached 0.96 at 750 steps and 1.000 at 2,000."""
 
 _MQAR = {"vocab": 32, "pairs_per_token": 1 / 640}
 """32 tokens (16 keys, Zoology's distinct-key setting scaled down for CPU); pairs max(4, T/640): 4 up to T = 2,560, 6
