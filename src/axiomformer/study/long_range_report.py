@@ -195,16 +195,17 @@ def task_validity(d: StudyData, solved: float) -> list[dict[str, Any]]:
             decides, why = False, "no ceiling in this store: the task cannot show what it decides"
         elif any(c < solved for c in ceilings.values() if c is not None):
             decides, why = False, f"the ceiling lies below the solved line {solved}"
-        elif len(runs) < d.config.seeds:
-            decides, why = False, f"{len(runs)} of {d.config.seeds} standard seeds have run at {shortest}"
         elif solving < len(runs):
             decides, why = (
                 False,
                 (
-                    f"the standard Transformer solves {shortest} tokens in {solving} of {len(runs)} seeds: the task is not "
-                    "learned in the budget, so its longer lengths say nothing about length"
+                    f"the standard Transformer solves {shortest} tokens in {solving} of {len(runs)} seeds run (of "
+                    f"{d.config.seeds}): the task is not learned in the budget, so its longer lengths say nothing "
+                    "about length"
                 ),
             )
+        elif len(runs) < d.config.seeds:
+            decides, why = False, f"{len(runs)} of {d.config.seeds} standard seeds have run at {shortest}"
         else:
             decides, why = (
                 True,
