@@ -129,13 +129,14 @@ def test_solved_needs_the_lower_bound_above_the_line_not_the_point():
 
 
 def test_default_preset_meets_the_evidence_floor():
+    # >= 400 scored test sequences per run at every length: one item moves the exact lower bound by about 0.002
     cfg = validate_config(get_suite("long-range").preset("default"))
     assert cfg.seeds >= 3 and min(cfg.selection_seeds) >= cfg.seeds  # selection seeds never reported
     for task in cfg.tasks:
         assert max(task.seq_lens) == 10000
         for n in task.seq_lens:
             b = task.length_budgets[str(n)]
-            assert (b.test_batches or b.eval_batches) * b.batch_size >= 100, (task.name, n)
+            assert (b.test_batches or b.eval_batches) * b.batch_size >= 400, (task.name, n)
 
 
 def test_zero_shot_runs_start_from_the_shortest_length_and_train_nothing():
@@ -161,3 +162,125 @@ def test_zero_shot_runs_start_from_the_shortest_length_and_train_nothing():
         assert r.model.label == zero_shot_label(r.model.label.split(" (")[0], shortest)
     # the warm start of the curriculum is from the previous length too, but its own label and budget
     assert all(r.train_config["steps"] > 0 for r in warm)
+
+
+def lookup_answer(row: np.ndarray) -> int | None:
+    """An independent reader of one needle sequence: the token after the one earlier occurrence of the query (the last
+    token); ``None`` when the query occurs zero or several times before it (the answer is then not determined)."""
+    earlier = np.flatnonzero(row[:-2] == row[-1])
+    return int(row[earlier[0] + 1]) if len(earlier) == 1 else None
+
+
+@pytest.mark.parametrize(
+    "name,options", [("needle", {"shared": False}), ("needle", {"shared": True}), ("needle_kv", {})]
+)
+def test_needle_targets_are_fixed_by_the_prefix_so_the_ceiling_is_one(name, options):
+    task = make_task(name, seq_len=48, **options)
+    inputs, targets = task.batch(300, seed=2, split="test")
+    x, y = inputs.numpy(), targets.numpy()
+    assert all(lookup_answer(row) == t for row, t in zip(x, y[:, -1]))
+    ceiling = task.ceiling(inputs, targets)
+    assert ceiling is not None and ceiling.value == 1.0
+
+
+def test_the_prefix_reader_catches_a_needle_whose_answer_is_not_determined():
+    # Plant: a second occurrence of the asked key, followed by another value: the prefix no longer fixes the answer.
+    task = make_task("needle_kv", seq_len=48)
+    inputs, targets = task.batch(50, seed=2, split="test")
+    x, y = inputs.numpy().copy(), targets.numpy()
+    x[:, 0], x[:, 1] = x[:, -1], (y[:, -1] - task.num_keys + 1) % task.num_keys + task.num_keys
+    assert not any(lookup_answer(row) == t for row, t in zip(x, y[:, -1]))
+
+
+@pytest.mark.parametrize("pairs,keys", [(1, 16), (2, 16), (4, 16), (2, 4)])
+def test_latch_accuracy_matches_a_simulated_latch(pairs, keys):
+    # The latch keeps the last marked value it saw (a value token, K <= token < 2K) and answers it.
+    task = make_task("needle", seq_len=40, pairs=pairs, num_keys=keys)
+    inputs, targets = task.batch(4000, seed=3, split="train")
+    x, y = inputs.numpy(), targets.numpy()[:, -1]
+    last_value = np.array([row[:-1][(row[:-1] >= keys) & (row[:-1] < 2 * keys)][-1] for row in x])
+    simulated = float((last_value == y).mean())
+    assert abs(simulated - task.latch_accuracy) < 3 * np.sqrt(0.25 / len(x))
+    # a wrong closed form (no chance term: 1/P) is off by (1 - 1/P)/K, outside the tolerance whenever P > 1
+    if pairs > 1:
+        assert abs(simulated - 1 / pairs) > 3 * np.sqrt(0.25 / len(x))
+    assert np.isnan(make_task("needle", seq_len=40, shared=True).latch_accuracy)
+
+
+def _fake_study(accuracies: dict[tuple[str, str, int], list[float]], n: int, ceiling: float | None = 1.0):
+    """A stand-in for ``report.StudyData``: what ``long_range_report``'s validity and solve-rate code reads."""
+    from types import SimpleNamespace
+
+    cfg = validate_config(get_suite("long-range").preset("default"))
+    rows = []
+    for (label, task, seq_len), values in accuracies.items():
+        for seed, acc in enumerate(values):
+            row = _row(acc, n).model_copy(update={"label": label, "task": task, "seq_len": seq_len, "seed": seed})
+            rows.append(row)
+    labels = dict.fromkeys(label for label, _, _ in accuracies)
+    payload = {f"{t.name}@{s}": {"ceiling": ceiling} for t in cfg.tasks for s in t.seq_lens}
+    return SimpleNamespace(
+        config=cfg,
+        rows=rows,
+        all_rows=rows,
+        tasks=sorted({(t, s) for _, t, s in accuracies}),
+        models=[SimpleNamespace(label=label) for label in labels],
+        sections={"ceilings": {"payload": payload}},
+    )
+
+
+def test_a_task_decides_only_when_every_standard_seed_solves_its_shortest_length():
+    from axiomformer.study.long_range_report import task_validity
+
+    def validity(values, n=400, ceiling=1.0):
+        d = _fake_study({("standard", "needle_kv", 64): values, ("standard", "needle", 64): [1.0] * 3}, n, ceiling)
+        return {v["task"]: v for v in task_validity(d, 0.9)}
+
+    kv = validity([0.99, 0.98, 0.97])["needle_kv"]
+    assert kv["decides"] and kv["tests"] == "recall" and kv["standard_solving_shortest"] == 3
+    assert validity([0.99, 0.98, 0.97])["needle"]["tests"] == "retention"  # a latch solves the one-pair needle
+    # 0.93 on 100 items has the point above 0.9 and the exact lower bound below it (0.861): not solved, no verdict
+    assert not validity([0.99, 0.98, 0.93], n=100)["needle_kv"]["decides"]
+    assert not validity([0.99, 0.98])["needle_kv"]["decides"]  # a seed missing
+    assert not validity([0.99] * 3, ceiling=0.8)["needle_kv"]["decides"]
+    assert not validity([0.99] * 3, ceiling=None)["needle_kv"]["decides"]
+
+
+def test_the_validity_check_catches_a_solve_rule_on_the_point_estimate(monkeypatch):
+    # Plant: "solved" read off the point accuracy; the 0.93-of-100 seed then passes and the task would decide.
+    from axiomformer.study import long_range_report
+    from axiomformer.study.long_range_report import task_validity
+
+    real = SeedResult.of.__func__
+
+    def on_the_point(cls, row, threshold):
+        out = real(cls, row, threshold)
+        out.solved = out.accuracy is not None and out.accuracy >= threshold
+        return out
+
+    d = _fake_study({("standard", "needle_kv", 64): [0.99, 0.98, 0.93]}, 100)
+    assert not next(v for v in task_validity(d, 0.9) if v["task"] == "needle_kv")["decides"]
+    monkeypatch.setattr(long_range_report.SeedResult, "of", classmethod(on_the_point))
+    assert next(v for v in task_validity(d, 0.9) if v["task"] == "needle_kv")["decides"]
+
+
+def test_solve_rate_comparisons_match_statsmodels_and_skip_tasks_that_do_not_decide():
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
+    from axiomformer.study.long_range_report import solve_rate_comparisons
+
+    acc = {
+        ("standard", "needle", 64): [1.0] * 3,
+        ("standard", "needle", 10000): [0.99, 0.99, 0.99],
+        ("lstm", "needle", 10000): [0.99, 0.5, 0.5],
+        ("standard", "needle_kv", 64): [0.5] * 3,  # not learned: needle_kv decides nothing
+        ("standard", "needle_kv", 10000): [0.3] * 3,
+        ("lstm", "needle_kv", 10000): [0.99] * 3,
+    }
+    found = solve_rate_comparisons(_fake_study(acc, 400), 0.9, 0.25)
+    assert [(c["task"], c["model"]) for c in found] == [("needle", "lstm")]
+    c = found[0]
+    low, high = confint_proportions_2indep(1, 3, 3, 3, method="newcomb", compare="diff", alpha=0.05)
+    assert (c["solved"], c["standard_solved"], c["family"]) == (1, 3, 1)
+    assert c["ci_low"] == pytest.approx(low) and c["ci_high"] == pytest.approx(high)
+    assert c["verdict"] == ("forced" if high < 0 else "inconclusive")

@@ -135,6 +135,8 @@ def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
             "ci_level": 0.95,
             "cells": cells,
             "longest_solved": longest,
+            "validity": task_validity(d, solved),
+            "solve_rate": solve_rate_comparisons(d, solved, d.config.solve_margin),
         }
     }
 
@@ -149,6 +151,145 @@ def longest_solved(d: StudyData, label: str, task: str, lengths: list[int], solv
         if len(results) >= seeds and all(r.solved for r in results):
             best = n
     return best
+
+
+def latch_accuracy(d: StudyData, task: str) -> float | None:
+    """What a latch (constant memory: the last marked value seen) scores on ``task`` as the store configured it
+    (``NeedleTask.latch_accuracy``); ``None`` for a task without one."""
+    from axiomformer.tasks import make_task
+
+    settings = next((t for t in d.config.tasks if t.name == task), None)
+    if settings is None:
+        return None
+    built = make_task(task, seq_len=min(settings.seq_lens), **dict(settings.options))
+    value = getattr(built, "latch_accuracy", None)
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def _ceiling(d: StudyData, task: str, n: int) -> float | None:
+    found = ((d.sections.get("ceilings") or {}).get("payload") or {}).get(f"{task}@{n}") or {}
+    value = found.get("ceiling")
+    return None if value is None else float(value)
+
+
+def task_validity(d: StudyData, solved: float) -> list[dict[str, Any]]:
+    """Whether each task can decide anything, per task: its chance, what a latch scores, its ceiling at every length
+    (the study's ``ceilings`` section), how many standard seeds solve the shortest length, and ``decides``: the
+    standard Transformer solves the shortest length in every reported seed and the ceiling reaches the solved line at
+    every length. ``budget`` per length: the steps, the standard model's median steps to reach ``solved`` on
+    validation (``battery.median_steps_to_solve``) and their ratio (the main study asks for >= ``BUDGET_RATIO``).
+    ``tests`` says what a decided task measures: ``recall`` when a latch cannot reach the solved line
+    (it must bind keys to values), ``retention`` when a latch solves it (it must only keep one item)."""
+    from axiomformer.study.battery import median_steps_to_solve, steps_to_solve
+
+    out = []
+    for task, lengths in _task_lengths(d).items():
+        shortest = lengths[0]
+        latch = latch_accuracy(d, task)
+        ceilings = {n: _ceiling(d, task, n) for n in lengths}
+        runs = seed_results(d.rows, "standard", task, shortest, solved)
+        solving = sum(r.solved for r in runs)
+        chance = next((r.task_config.get("chance") for r in d.rows if r.task == task), None)
+        tests = "retention" if latch is not None and latch >= solved else "recall"
+        if any(c is None for c in ceilings.values()):
+            decides, why = False, "no ceiling in this store: the task cannot show what it decides"
+        elif any(c < solved for c in ceilings.values() if c is not None):
+            decides, why = False, f"the ceiling lies below the solved line {solved}"
+        elif solving < len(runs):
+            decides, why = (
+                False,
+                (
+                    f"the standard Transformer solves {shortest} tokens in {solving} of {len(runs)} seeds run (of "
+                    f"{d.config.seeds}): the task is not learned in the budget, so its longer lengths say nothing "
+                    "about length"
+                ),
+            )
+        elif len(runs) < d.config.seeds:
+            decides, why = False, f"{len(runs)} of {d.config.seeds} standard seeds have run at {shortest}"
+        else:
+            decides, why = (
+                True,
+                (
+                    f"the standard Transformer solves {shortest} tokens in every seed"
+                    + (f"; a latch scores {latch:.3f}" if latch is not None else "")
+                ),
+            )
+        budget: dict[str, dict[str, int | float | None]] = {}
+        for n in lengths:
+            standard = [r for r in d.rows if (r.label, r.task, r.seq_len) == ("standard", task, n)]
+            median = median_steps_to_solve([steps_to_solve(r, solved) for r in standard])
+            steps = max((int(r.train_config.get("steps") or 0) for r in standard), default=None)
+            budget[str(n)] = {
+                "steps": steps,
+                "standard_median_steps_to_solve": median,
+                "budget_ratio": None if not median or steps is None else steps / median,
+            }
+        out.append(
+            {
+                "task": task,
+                "chance": chance,
+                "latch": latch,
+                "budget": budget,
+                "ceiling": {str(n): c for n, c in ceilings.items()},
+                "standard_solving_shortest": solving,
+                "standard_seeds_shortest": len(runs),
+                "decides": decides,
+                "tests": tests,
+                "why": why,
+            }
+        )
+    return out
+
+
+def solve_rate_comparisons(d: StudyData, solved: float, margin: float) -> list[dict[str, Any]]:
+    """Each other model (and each zero-shot arm) against the standard Transformer at every longer length of a task
+    that decides (:func:`task_validity`), by solve rate: a seed solves when its exact interval's lower bound is >=
+    ``solved``. The Newcombe interval of the difference (model minus standard) at the Bonferroni level over the
+    family (every comparison listed), the verdict by ``statistics.decide`` with ``margin``. A task that does not
+    decide gives no comparison."""
+    from axiomformer.study.statistics import ALPHA, decide, newcombe_difference
+
+    deciding = {v["task"] for v in task_validity(d, solved) if v["decides"]}
+    pending = []
+    for task, lengths in _task_lengths(d).items():
+        if task not in deciding:
+            continue
+        for n in lengths[1:]:
+            reference = seed_results(d.rows, "standard", task, n, solved)
+            if not reference:
+                continue
+            arms = [
+                (m.label, seed_results(d.rows, m.label, task, n, solved)) for m in d.models if m.label != "standard"
+            ]
+            for m in d.models:
+                label = zero_shot_label(m.label, lengths[0])
+                arms.append((label, seed_results(d.all_rows, label, task, n, solved)))
+            pending += [(task, n, label, runs, reference) for label, runs in arms if runs]
+    family = max(1, len(pending))
+    level = 1 - ALPHA / family
+    out = []
+    for task, n, label, runs, reference in pending:
+        s_a, s_b = sum(r.solved for r in runs), sum(r.solved for r in reference)
+        ci = newcombe_difference(s_a, len(runs), s_b, len(reference), level)
+        out.append(
+            {
+                "task": task,
+                "seq_len": n,
+                "model": label,
+                "solved": s_a,
+                "seeds": len(runs),
+                "standard_solved": s_b,
+                "standard_seeds": len(reference),
+                "difference": ci.estimate,
+                "ci_low": ci.low,
+                "ci_high": ci.high,
+                "level": level,
+                "family": family,
+                "margin": margin,
+                "verdict": decide(ci.low, ci.high, margin),
+            }
+        )
+    return out
 
 
 ZERO_SHOT = "{label} (trained at {length} only)"
@@ -345,6 +486,80 @@ def _task_table(d: StudyData, task: str, lengths: list[int], solved: float) -> T
     return table
 
 
+def _validity_table(d: StudyData, solved: float) -> Table:
+    table = Table(
+        [
+            "task",
+            "chance",
+            "latch",
+            "ceiling per length",
+            "budget / standard's median steps to solve",
+            "standard solves shortest",
+            "decides",
+            "why",
+        ]
+    )
+    for v in task_validity(d, solved):
+        ceilings = ", ".join(f"{n}: {'—' if c is None else f'{c:.3f}'}" for n, c in v["ceiling"].items())
+
+        def ratio(b: dict[str, Any]) -> str:
+            if b["standard_median_steps_to_solve"] is None:
+                return f"{b['steps']} / not solved"
+            return f"{b['steps']} / {b['standard_median_steps_to_solve']} = {b['budget_ratio']:.1f}x"
+
+        budgets = ", ".join(f"{n}: {ratio(b)}" for n, b in v["budget"].items() if b["steps"] is not None) or "—"
+        table.rows.append(
+            [
+                v["task"],
+                "—" if v["chance"] is None else f"{v['chance']:.3f}",
+                "—" if v["latch"] is None else f"{v['latch']:.3f}",
+                ceilings,
+                budgets,
+                f"{v['standard_solving_shortest']}/{v['standard_seeds_shortest']}",
+                f"yes ({v['tests']})" if v["decides"] else "no",
+                v["why"],
+            ]
+        )
+    table.note = (
+        "Latch: the accuracy of a constant-memory reader that keeps the last marked value it saw (needle: one pair, "
+        "so a latch solves it and the task tests retention; needle_kv: several pairs, one asked, so it tests recall). "
+        "Ceiling: the best any causal model can reach on the study's own test items. A task decides when the "
+        f"standard Transformer solves its shortest length in every seed (exact lower bound >= {solved}) and the "
+        "ceiling reaches the solved line; budget: the steps at each length over the standard Transformer's median "
+        f"steps to {solved} validation accuracy (the main study asks for >= 3x: the budget reaches past the plateau; "
+        "at the longer length the run starts from its trained weights); a task that does not decide gives no verdict (its rows below are shown "
+        "for the record). The main job's no-mixing and uniform-mixing controls are not run in this suite: the latch "
+        "is its control (it is computed, not trained)."
+    )
+    return table
+
+
+def _solve_rate_table(d: StudyData, solved: float) -> Table:
+    table = Table(["task", "length", "model", "seeds solving", "standard", "difference [CI]", "verdict"])
+    found = solve_rate_comparisons(d, solved, d.config.solve_margin)
+    for c in found:
+        table.rows.append(
+            [
+                c["task"],
+                str(c["seq_len"]),
+                c["model"],
+                f"{c['solved']}/{c['seeds']}",
+                f"{c['standard_solved']}/{c['standard_seeds']}",
+                f"{c['difference']:+.2f} [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}]",
+                c["verdict"],
+            ]
+        )
+    level = found[0]["level"] if found else 0.95
+    table.note = (
+        "Solve rate (seeds whose exact lower bound is >= "
+        f"{solved}) of each model minus the standard Transformer's, at each longer length of a task that decides; "
+        f"Newcombe hybrid score interval at {level:.4g} (Bonferroni over the {len(found)} comparison(s) listed); "
+        f"verdict by the main study's symmetric rule with margin ±{d.config.solve_margin:g}: free inside it, "
+        "forced / better when the interval excludes 0, else inconclusive. Tasks that do not decide are left out."
+    )
+    return table
+
+
 def sections(d: StudyData, figures_dir: Path, *, solved: float) -> list:
     """Protocol, budget per length, the longest solved length, per-task tables, the figure, failures, provenance."""
     from axiomformer.study import report
@@ -359,9 +574,11 @@ def sections(d: StudyData, figures_dir: Path, *, solved: float) -> list:
     summary.note = (
         f"Longest length at which every reported seed's exact 95 % interval lies above {solved} (none: no length)."
     )
+    out += [Heading("Task validity"), _validity_table(d, solved)]
     out += [Heading("Longest length solved"), summary]
     for task, lengths in tasks.items():
         out += [Heading(f"{task}: accuracy against length"), _task_table(d, task, lengths, solved)]
+    out += [Heading("Solve rates against the standard Transformer"), _solve_rate_table(d, solved)]
     if d.rows:
         path = _figure(d, tasks, solved, figures_dir / "long_range_accuracy_vs_length.png")
         out.append(

@@ -86,6 +86,16 @@ class NeedleTask(SyntheticTask):
             self.vocab_size = 2 * self.num_keys + self.num_filler
             self.chance = 1.0 / self.num_keys
 
+    @property
+    def latch_accuracy(self) -> float:
+        """Expected accuracy of a *latch*, a constant-memory reader that keeps the last marked value it saw and
+        answers it: 1 with one pair (disjoint vocabularies), ``1/P + (1 - 1/P)/K`` with P pairs (the last pair is the
+        one asked with probability 1/P; otherwise its value equals the asked one with probability 1/K); with a shared
+        vocabulary nothing marks the pair, and the latch is not defined (``nan``)."""
+        if self.shared:
+            return float("nan")
+        return 1.0 / self.pairs + (1.0 - 1.0 / self.pairs) / self.num_keys
+
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         if self.pairs > 1:
             return self._sample_pairs(rng, n)

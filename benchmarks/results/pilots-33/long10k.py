@@ -1,0 +1,52 @@
+"""Pilot: how long must a 64-token-trained model train at 10,000 tokens before validation accuracy is flat?
+Warm start from the committed long-range store's 64-token state (seed 0), train N steps at 10,000 tokens with no early
+stop, evaluate every E steps on V validation sequences; print the history as JSON."""
+
+import json
+import sys
+import time
+
+from axiomformer.train import TrainConfig, train
+
+task, model, dim, lr, state, steps, every, vb = sys.argv[1:9]
+opts = {"shared": False} if task == "needle" else {"pairs": 4}
+cfg = TrainConfig(
+    task=task,
+    seq_len=10000,
+    model=model,
+    dim=int(dim),
+    heads=2,
+    layers=2,
+    lr=float(lr),
+    steps=int(steps),
+    batch_size=4,
+    warmup=3,
+    eval_every=int(every),
+    eval_batches=int(vb),
+    test_batches=int(vb),
+    weight_decay=0.1,
+    target_accuracy=None,
+    patience=None,
+    seed=0,
+    device="cpu",
+    task_options=opts,
+    init_from=state,
+)
+c = time.process_time()
+r = train(cfg, progress=False, log=lambda s: print(s, flush=True))
+print(
+    json.dumps(
+        {
+            "task": task,
+            "model": model,
+            "lr": float(lr),
+            "init_from": state,
+            "steps": r.steps,
+            "val_sequences": int(vb) * 4,
+            "history": r.history,
+            "test_accuracy": r.accuracy,
+            "n_test": r.n_test,
+            "cpu_seconds": time.process_time() - c,
+        }
+    )
+)

@@ -1,0 +1,33 @@
+#!/bin/bash
+# Issue 33 item 4 pilots (long range), run from the repository root with PYTHONPATH=src; each writes NAME.out (one line
+# per evaluation, the last a JSON object) and NAME.json (that last line).
+#   e/f: needle_kv at 64 tokens as in run.sh, batch 128 instead of 32 (axiomformer train).
+#   h/i: needle_kv at 64 tokens, 2 pairs among 4 keys (a latch: 0.625), width 32 / 64, batch 64, no early stop (kv64.py).
+#        h: validation 0.62 / 0.81 / 0.96 / 0.96 / 0.97 / 0.996 at steps 250-1,500, 1.000 from 2,000; test 1.000 on 448
+#        sequences; 80 CPU s. i was stopped after its first evaluation (CPU for the study): i_p2_k4_d64_b64.partial.out.
+#   k:   the first study run with that budget (selection seed 3, patience 6; k_study_needle_kv_seed3_patience6.json,
+#        from the study store): validation 0.60-0.70 through 2,000 steps, stopped by patience, test 0.600 of 448 (a latch
+#        0.625). The task is solve-or-stuck at this width; the study's budget dropped patience for it.
+#   e/f (batch 128): 0.555 (2 pairs among 16 keys; a latch 0.53) and 0.323 (4 among 16; a latch 0.30), 136-141 CPU s.
+#   g:   needle at 10,000 tokens: the committed long-range store's 64-token Transformer (seed 0, lr 3e-3) trained 60 steps
+#        of 4 sequences at 10,000 tokens, validation (24 sequences) every 10 steps (long10k.py): 0.833 at step 10, 1.000
+#        at 20, 30, 40, 50 and 60 (flat from step 20; the study's 60-step budget is 3x that); 149 CPU s.
+#   j:   the same for the committed store's 64-token LSTM (seed 0, width 39, lr 1e-2): 1.000 at every evaluation from
+#        step 10; 35 CPU s.
+export OMP_NUM_THREADS=1 MPLBACKEND=Agg
+P=benchmarks/results/pilots-33
+A=/work/venv/bin/axiomformer
+PY=/work/venv/bin/python
+one() { name=$1; shift; "$@" > $P/$name.out 2> $P/$name.err; tail -1 $P/$name.out > $P/$name.json; }
+kv() { one "$1" $A train --task needle_kv --seq-len 64 --json --eval-every 200 --eval-batches 4 --test-batches 13 --warmup 50 \
+  --seed 7 --no-early-stop --dim 32 --heads 2 --steps 3000 --lr 3e-3 --batch-size 128 -o "pairs=$2"; }
+kv e_d32_p2_b128 2
+kv f_d32_p4_b128 4
+one h_p2_k4_d32_b64 $PY $P/kv64.py 2 4 32 2 64 3000 3e-3
+one i_p2_k4_d64_b64 $PY $P/kv64.py 2 4 64 4 64 2000 3e-3
+# the states are in the long-range store as it was committed at 92afb16 (git show 92afb16:benchmarks/results/long-range/...)
+git show 92afb16:benchmarks/results/long-range/states/a3fdc4f5d1e00c934d06.safetensors > /tmp/standard_needle_64.safetensors
+one g_10k_standard_needle $PY $P/long10k.py needle transformer 32 3e-3 \
+  /tmp/standard_needle_64.safetensors 60 10 6
+git show 92afb16:benchmarks/results/long-range/states/e6d5e8abe9f507d49c28.safetensors > /tmp/lstm_needle_64.safetensors
+one j_10k_lstm_needle $PY $P/long10k.py needle lstm 39 1e-2 /tmp/lstm_needle_64.safetensors 60 10 6
