@@ -35,6 +35,11 @@ PAIRS = (
     ("attention/classifier", "neither", "the classifier's own flow vs no flow (both train only the embedding)"),
     ("attention/classifier", "shuffled/classifier", "the classifier's flow vs the same with another image's weights"),
     ("both/tied", "mlp", "attention beside the MLP vs the MLP alone"),
+    (
+        "attention/tied",
+        "attention/tied (A/A)",
+        "A/A control: the same arm from another initialization stream; it must never come out higher or lower",
+    ),
 )
 COMPARISON_KEYS = ("a", "b", "theta", "K", "noise", "diff", "ci_low", "ci_high", "p", "p_holm")
 
