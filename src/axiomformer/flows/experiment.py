@@ -190,6 +190,7 @@ def train_group(
     epochs: int,
     lr: float,
     cfg: FlowConfig,
+    on_epoch: Callable[[int, list[FlowNet]], None] | None = None,
 ) -> list[FlowNet]:
     """Train networks of one architecture side by side (``torch.func.vmap`` over their stacked parameters).
 
@@ -197,6 +198,9 @@ def train_group(
     and the Gaussian noise of std ``sigmas[m]`` of every batch, in the same order as training it alone. AdamW is
     element-wise, so one optimizer over the stacked parameters is one AdamW per network. Parameters with
     ``requires_grad=False`` (a frozen theta) are not in the optimizer and come back bit-identical.
+
+    ``on_epoch(epoch, nets)``, if given, is called after every epoch (1, 2, ...) with ``nets`` holding that epoch's
+    weights, in eval mode (a training curve; the training itself is unchanged).
 
     Returns:
         ``nets``, trained in place, in eval mode.
@@ -213,7 +217,7 @@ def train_group(
         gens = [torch.Generator().manual_seed(s) for s in seeds]
         scale = torch.tensor(sigmas, dtype=x.dtype).reshape(-1, *[1] * x.dim())
         opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=cfg.weight_decay)
-        for _ in range(epochs):
+        for epoch in range(epochs):
             perms = [torch.randperm(len(x), generator=g) for g in gens]
             for i in range(0, len(x), cfg.batch_size):
                 idx = torch.stack([perm[i : i + cfg.batch_size] for perm in perms])  # (M, b)
@@ -224,12 +228,22 @@ def train_group(
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+            if on_epoch is not None:
+                _unstack(nets, params)
+                on_epoch(epoch + 1, [net.eval() for net in nets])
+                for net in nets:
+                    net.train()
+    _unstack(nets, params)
+    return [net.eval() for net in nets]
+
+
+def _unstack(nets: list[FlowNet], params: dict[str, torch.Tensor]) -> None:
+    """Copy the stacked trained parameters back into each network (those that require grad)."""
     with torch.no_grad():
         for m, net in enumerate(nets):
             for name, p in net.named_parameters():
                 if p.requires_grad:
                     p.copy_(params[name][m])
-    return [net.eval() for net in nets]
 
 
 def train(
