@@ -6,7 +6,8 @@ Same data, split, noise (the median level), selection seeds (never reported) and
 ``axiomformer flow`` (``axiomformer.flows.experiment.choose_lrs``): the K = 0 fit (embedding + theta) trained for
 2 x ``fit_epochs``, and the arms at the largest default K with theta fixed trained for 2 x ``epochs`` from the
 standard ``fit_epochs`` fit, each at the rate the default run chose for it (``LR_STORE``: a ``flow_results.json`` or
-``flow_results.partial.json`` with ``"lr"``; default the committed theta-fixed part). Writes ``OUT_DIR/flow_curve.json``
+``flow_results.partial.json`` with ``"lr"``, or several, comma-separated; default the committed theta-fixed parts).
+Writes ``OUT_DIR/flow_curve.json``
 (default ``benchmarks/results/flow``) with every curve and, per curve, the gain from the default budget's epoch to the
 best later epoch (``gain_after_budget``, mean over the seeds), and ``flow_curve.png``.
 
@@ -41,7 +42,7 @@ def main(lr_store: str, out_dir: str) -> None:
 
     t0, c0 = time.perf_counter(), time.process_time()
     cfg = default_config()
-    lrs = json.loads(Path(lr_store).read_text())["lr"]
+    lrs = {k: v for path in lr_store.split(",") for k, v in json.loads(Path(path).read_text())["lr"].items()}
     ds = load_dataset("mnist5k", None, seed=0)
     x, y, _, _ = prepare(ds, cfg)
     n_val = max(1, int(len(x) * cfg.val_fraction))
@@ -156,6 +157,8 @@ def main(lr_store: str, out_dir: str) -> None:
 if __name__ == "__main__":
     args = sys.argv[1:]
     main(
-        args[0] if args else "benchmarks/results/flow/theta_fixed/flow_results.partial.json",
+        args[0]
+        if args
+        else "benchmarks/results/flow/parts/fixed_A/flow_results.json,benchmarks/results/flow/parts/fixed_B/flow_results.json",
         args[1] if len(args) > 1 else "benchmarks/results/flow",
     )

@@ -545,3 +545,38 @@ def test_on_epoch_sees_each_epochs_weights_and_changes_nothing():
         for name, value in two[m].state_dict().items():
             assert torch.equal(with_hook[m].state_dict()[name], value) and torch.equal(seen[2][m][name], value)
     assert not torch.equal(seen[1][0]["mlps.0.0.weight"], seen[2][0]["mlps.0.0.weight"])  # it did train on
+
+
+def test_parts_split_by_arms_merge_into_the_whole_run(tmp_path, monkeypatch):
+    """``benchmarks/flow_merge.py``: the default store is run as parts (theta x arm groups); merged, they must give the
+    per-seed accuracies, learning rates and comparisons of one run of all the arms together."""
+    import importlib.util
+    from pathlib import Path
+
+    from axiomformer.flows import experiment
+
+    spec = importlib.util.spec_from_file_location("flow_merge", Path(__file__).parents[1] / "benchmarks/flow_merge.py")
+    flow_merge = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flow_merge)
+    ds, cfg = _tiny_run(tmp_path)
+    monkeypatch.setattr(experiment, "load_dataset", lambda *a, **k: ds)
+    cfg = replace(cfg, K=(0, 1), values=("tied",), lr_grid=(1e-3, 1e-2), lr_seeds=1)
+    whole = run_flow_experiment("tiny", noise=(0.0,), config=cfg)
+    parts = [
+        run_flow_experiment("tiny", noise=(0.0,), config=replace(cfg, mixings=mix))
+        for mix in (("attention", "neither"), ("token_mlp", "neither"))
+    ]
+    merged = flow_merge.merge(parts)
+    cells = {(r["theta"], r["arm"], r["K"], r["noise"]): r["acc"] for r in whole["arms"]}
+    assert {(r["theta"], r["arm"], r["K"], r["noise"]): r["acc"] for r in merged["arms"]} == cells
+    assert len(merged["arms"]) == len(whole["arms"]) and merged["lr"] == whole["lr"]
+    key = lambda c: (c["a"], c["b"], c["theta"], c["K"], c["noise"])  # noqa: E731
+    assert sorted(map(key, merged["comparisons"])) == sorted(map(key, whole["comparisons"]))
+    by = {key(c): c for c in whole["comparisons"]}
+    for c in merged["comparisons"]:
+        assert c == pytest.approx(by[key(c)])
+    # the check can fail: parts whose shared rows disagree are refused
+    i = next(i for i, r in enumerate(parts[1]["arms"]) if r["arm"] == "neither")  # a row both parts have
+    parts[1]["arms"][i] = dict(parts[1]["arms"][i], acc=[0.0] * 3)
+    with pytest.raises(ValueError, match="disagree"):
+        flow_merge.merge(parts)
