@@ -570,7 +570,7 @@ def test_parts_split_by_arms_merge_into_the_whole_run(tmp_path, monkeypatch):
     cells = {(r["theta"], r["arm"], r["K"], r["noise"]): r["acc"] for r in whole["arms"]}
     assert {(r["theta"], r["arm"], r["K"], r["noise"]): r["acc"] for r in merged["arms"]} == cells
     assert len(merged["arms"]) == len(whole["arms"]) and merged["lr"] == whole["lr"]
-    key = lambda c: (c["a"], c["b"], c["theta"], c["K"], c["noise"])  # noqa: E731
+    key = lambda c: (c["a"], c["b"], c["theta"], c["K"], c["noise"])
     assert sorted(map(key, merged["comparisons"])) == sorted(map(key, whole["comparisons"]))
     by = {key(c): c for c in whole["comparisons"]}
     for c in merged["comparisons"]:
