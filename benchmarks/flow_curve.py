@@ -6,7 +6,7 @@ Same data, split, noise (the median level), selection seeds (never reported) and
 ``axiomformer flow`` (``axiomformer.flows.experiment.choose_lrs``): the K = 0 fit (embedding + theta) trained for
 2 x ``fit_epochs``, and the arms at the largest default K with theta fixed trained for 2 x ``epochs`` from the
 standard ``fit_epochs`` fit, each at the rate the default run chose for it (``LR_STORE``: a ``flow_results.json`` or
-``flow_results.partial.json`` with ``"lr"``, or several, comma-separated; default the committed theta-fixed parts).
+``flow_results.partial.json`` with ``"lr"``, or several, comma-separated; default the committed store).
 Writes ``OUT_DIR/flow_curve.json``
 (default ``benchmarks/results/flow``) with every curve and, per curve, the gain from the default budget's epoch to the
 best later epoch (``gain_after_budget``, mean over the seeds), and ``flow_curve.png``.
@@ -157,8 +157,6 @@ def main(lr_store: str, out_dir: str) -> None:
 if __name__ == "__main__":
     args = sys.argv[1:]
     main(
-        args[0]
-        if args
-        else "benchmarks/results/flow/parts/fixed_A/flow_results.json,benchmarks/results/flow/parts/fixed_B/flow_results.json",
+        args[0] if args else "benchmarks/results/flow/flow_results.json",
         args[1] if len(args) > 1 else "benchmarks/results/flow",
     )

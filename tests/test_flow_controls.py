@@ -575,6 +575,14 @@ def test_parts_split_by_arms_merge_into_the_whole_run(tmp_path, monkeypatch):
     by = {key(c): c for c in whole["comparisons"]}
     for c in merged["comparisons"]:
         assert c == pytest.approx(by[key(c)])
+    assert merged["partial"] is False and merged["missing"] == []
+    # a part cut off after its first arm (its resumable store): the merge says which cells are missing
+    cut = dict(parts[1], arms=[r for r in parts[1]["arms"] if r["arm"] != "token_mlp"], partial_part=True)
+    partial = flow_merge.merge([parts[0], cut])
+    assert partial["partial"] is True
+    assert {(m["arm"], m["K"]) for m in partial["missing"]} == {("token_mlp", 0), ("token_mlp", 1)}
+    assert not any(c["b"] == "token_mlp" for c in partial["comparisons"])
+    assert "not run" in markdown(partial) and "Partial: 2 cells" in markdown(partial)
     # the check can fail: parts whose shared rows disagree are refused
     i = next(i for i, r in enumerate(parts[1]["arms"]) if r["arm"] == "neither")  # a row both parts have
     parts[1]["arms"][i] = dict(parts[1]["arms"][i], acc=[0.0] * 3)

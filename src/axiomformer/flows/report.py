@@ -32,12 +32,14 @@ def _accuracy_tables(result: dict) -> list[str]:
             "|---|---|---|" + "---|" * len(ks),
         ]
         for arm in dict.fromkeys(r["arm"] for r in result["arms"] if r["theta"] == theta):
-            params = max(cell[(theta, arm, noise[0], k)]["flow_params"] for k in ks)
+            params = max(r["flow_params"] for r in result["arms"] if (r["theta"], r["arm"]) == (theta, arm))
             for sigma in noise:
-                rows = [cell[(theta, arm, sigma, k)] for k in ks]
+                rows = [cell.get((theta, arm, sigma, k)) for k in ks]
                 lines.append(
                     f"| {arm} | {params} | {sigma:g} | "
-                    + " | ".join(_cell(r["acc_mean"], r["ci_low"], r["ci_high"]) for r in rows)
+                    + " | ".join(
+                        "not run" if r is None else _cell(r["acc_mean"], r["ci_low"], r["ci_high"]) for r in rows
+                    )
                     + " |"
                 )
         lines.append("")
@@ -91,6 +93,12 @@ def markdown(result: dict) -> str:
     ]
     if result.get("quick"):
         lines.append("**Quick run: a pilot, it claims nothing.**")
+    if result.get("partial"):
+        missing = result.get("missing", [])
+        lines.append(
+            f'**Partial: {len(missing)} cells of the protocol are not finished** ("not run" below; listed under '
+            "`missing` in the store); the comparisons cover the finished cells only."
+        )
     lines += ["", *_accuracy_tables(result), *_comparison_table(result)]
     lines += [
         (
