@@ -1,6 +1,6 @@
 """Seed a part's resumable store with learning rates another part of the same run already chose:
 
-    python benchmarks/flow_prefill.py OUT_DIR --theta T --mixing M1,M2 LOG [LOG ...]
+    python benchmarks/flow_prefill.py OUT_DIR --theta T --mixing M1,M2 [--value V1,V2] LOG [LOG ...]
 
 The learning-rate choice (``axiomformer.flows.experiment.choose_lrs``) depends only on the data, the selection seeds
 and the (theta, arm, K) cell, not on which other arms a process trains, so a part that trains arms whose rates a
@@ -22,7 +22,7 @@ from pathlib import Path
 LINE = re.compile(r"^lr for theta=(\S+) (\S+(?: \(A/A\))?) K=(\d+): (\S+)  \(validation accuracy (\{.*\})\)$")
 
 
-def main(out: str, theta: str, mixing: str, logs: list[str]) -> None:
+def main(out: str, theta: str, mixing: str, logs: list[str], value: str | None = None) -> None:
     from axiomformer.commands.flow import _flow_config
     from axiomformer.flows.experiment import _header
 
@@ -33,7 +33,7 @@ def main(out: str, theta: str, mixing: str, logs: list[str]) -> None:
         readout="mean",
         theta=theta,
         mixing=mixing,
-        value=None,
+        value=value,
         seeds=None,
         noise="0,1.0",
         steps=None,
@@ -59,9 +59,10 @@ def main(out: str, theta: str, mixing: str, logs: list[str]) -> None:
 if __name__ == "__main__":
     args = sys.argv[1:]
     out = args.pop(0)
-    opts = {}
-    for flag in ("--theta", "--mixing"):
-        i = args.index(flag)
-        opts[flag] = args[i + 1]
-        del args[i : i + 2]
-    main(out, opts["--theta"], opts["--mixing"], args)
+    opts: dict[str, str | None] = {"--value": None}
+    for flag in ("--theta", "--mixing", "--value"):
+        if flag in args:
+            i = args.index(flag)
+            opts[flag] = args[i + 1]
+            del args[i : i + 2]
+    main(out, str(opts["--theta"]), str(opts["--mixing"]), args, opts["--value"])
