@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from axiomformer.flows.comparisons import compare_arms
+from axiomformer.flows.experiment import default_config
 from axiomformer.flows.figures import write_figures
 from axiomformer.flows.report import markdown
 
@@ -66,12 +68,17 @@ def merge(results: list[dict]) -> dict:
                 raise ValueError(f"parts chose different learning rates for {k}")
         merged["lr_scores"].update(r.get("lr_scores", {}))
     config = dict(first["config"])
-    for key in ("thetas", "mixings"):
+    for key in ("thetas", "mixings", "values"):
         config[key] = list(dict.fromkeys(x for r in results for x in r["config"][key]))
     merged["config"] = config
     merged["runtime_s"] = [r.get("runtime_s") for r in results]
     merged["cpu_s"] = [r.get("cpu_s") for r in results]
     expected = set().union(*(_expected(r) for r in results))
+    default = asdict(default_config())
+    split = ("thetas", "mixings", "values")
+    if all(json.loads(json.dumps(v)) == config.get(k) for k, v in default.items() if k not in split):
+        # the parts are pieces of the default protocol: every cell of it that no part finished is missing
+        expected |= _expected({"config": default, "K": merged["K"], "noise": merged["noise"]})
     missing = sorted(expected - set(rows), key=str)
     merged["partial"] = bool(missing)
     merged["missing"] = [{"theta": t, "arm": a, "K": k, "noise": s} for t, a, k, s in missing]
