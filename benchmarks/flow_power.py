@@ -1,14 +1,15 @@
-"""Seeds for the flow experiment's paired comparisons: a power calculation from the previous store's variance.
+"""Seeds for the flow experiment's paired comparisons: a power calculation from a previous store's variance.
 
-    python benchmarks/flow_power.py [STORE_JSON] [--family M] [--effect D]
+    python benchmarks/flow_power.py [STORE_JSON] [--family M] [--effect D] [--seeds N]
 
 Reads the per-seed accuracies of a stored ``flow_results.json`` (default ``benchmarks/results/flow/power_source.json``:
-the 5-seed store of main f26c7b1, which this run replaced), takes the standard deviation over seeds of the paired
-differences of the tied-value comparisons it has (attention/tied - neither and both/tied - mlp, theta fixed, K = 1
-and 2, every noise level; K = 4 and 8 are left out: they had diverged seeds under the old single learning rate), and
-asks statsmodels' ``TTestPower`` (a paired t-test is a one-sample t-test of the differences) how many seeds detect a
-difference D with power 0.8 at the Bonferroni level 0.05 / M, a conservative bound for Holm over a family of M
-comparisons. The default run has M = 36 (6 pairs x K = 1, 2, 4 x 2 noise levels).
+the 16-seed default store of a23110c, theta fixed, K = 0, 1, 2, 4, which the current default replaced), takes the
+standard deviation over seeds of the paired differences of every pair of the main family it has (theta fixed,
+K = 1, 2, 4, every noise level), and asks statsmodels' ``TTestPower`` (a paired t-test is a one-sample t-test of the
+differences) how many seeds detect a difference D with power 0.8 at the Bonferroni level 0.05 / M. It also prints the
+half-width of the Bonferroni interval (level 1 - 0.05 / M) at N seeds: the symmetric verdict rule can say "no
+difference within +-m" only where that half-width is below m. The default run's main family has M = 96 (6 pairs x
+theta fixed, learned x K = 1, 2, 4, 8 x 2 noise levels).
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+MAIN_PAIRS = (
+    ("attention/tied", "neither"),
+    ("attention/tied", "token_mlp"),
+    ("attention/tied", "shuffled/tied"),
+    ("attention/classifier", "neither"),
+    ("attention/classifier", "shuffled/classifier"),
+    ("both/tied", "mlp"),
+)
 
 
 def paired_sds(store: dict, pairs, ks=(1, 2, 4)) -> dict[tuple, float]:
@@ -41,9 +51,16 @@ def seeds_needed(sd: float, effect: float, alpha: float, power: float = 0.8) -> 
     return n
 
 
-def main(path: str, family: int, effect: float) -> None:
+def half_width(sd: float, n: int, family: int) -> float:
+    """Half-width of the paired t-interval at the Bonferroni level 1 - 0.05 / family, n seeds."""
+    from scipy import stats
+
+    return float(stats.t.ppf(1 - 0.05 / (2 * family), n - 1) * sd / np.sqrt(n))
+
+
+def main(path: str, family: int, effect: float, n: int) -> None:
     store = json.loads(Path(path).read_text())
-    sds = paired_sds(store, [("attention/tied", "neither"), ("both/tied", "mlp")], ks=(1, 2))
+    sds = paired_sds(store, MAIN_PAIRS)
     for key, sd in sds.items():
         print(f"{key}: sd of paired differences {sd:.4f}")
     alpha = 0.05 / family
@@ -53,18 +70,21 @@ def main(path: str, family: int, effect: float) -> None:
     ):
         print(
             f"{name} sd {sd:.4f}: seeds for D = {effect} at alpha {alpha:.4g}, power 0.8: "
-            f"{seeds_needed(sd, effect, alpha)}"
+            f"{seeds_needed(sd, effect, alpha)}; Bonferroni half-width at {n} seeds: {half_width(sd, n, family):.4f}"
         )
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    opts = {"--family": "36", "--effect": "0.02"}
+    opts = {"--family": "96", "--effect": "0.02", "--seeds": "16"}
     for flag in list(opts):
         if flag in args:
             i = args.index(flag)
             opts[flag] = args[i + 1]
             del args[i : i + 2]
     main(
-        args[0] if args else "benchmarks/results/flow/power_source.json", int(opts["--family"]), float(opts["--effect"])
+        args[0] if args else "benchmarks/results/flow/power_source.json",
+        int(opts["--family"]),
+        float(opts["--effect"]),
+        int(opts["--seeds"]),
     )

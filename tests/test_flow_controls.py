@@ -285,16 +285,13 @@ def test_minimal_detectable_difference_has_power_0_8_by_the_noncentral_t():
     assert minimal_detectable(d, 1) < mdd  # a smaller family detects less
 
 
-def test_verdict_states_an_effect_only_after_holm_and_no_difference_only_with_equivalence():
-    row = {"diff": 0.01, "p_holm": 0.2}
-    assert verdict(row, {"p_tost_holm": 0.01, "mdd": 0.02}, 0.02).startswith("no difference within +-0.02")
-    assert verdict(row, {"p_tost_holm": 0.3, "mdd": 0.025}, 0.02) == "inconclusive: detectable only above 0.025"
-    assert verdict({"diff": -0.05, "p_holm": 0.01}, {"p_tost_holm": 1.0, "mdd": 0.01}, 0.02).startswith("lower")
-    # a raw p below 0.05 is not enough
+def test_compare_arms_verdicts_follow_the_symmetric_rule_not_the_raw_p():
     rows, eq = compare_arms(_acc(), 0.02)
     for r, e in zip(rows, eq["rows"]):
-        assert e["verdict"].startswith(("higher", "lower")) == (r["p_holm"] < 0.05)
-        assert e["verdict"].startswith("no difference") <= (e["p_tost_holm"] < 0.05)
+        assert e["verdict"].startswith("higher") == (e["ci_low_adj"] > 0 and e["ci_high_adj"] >= 0.02)
+        assert e["verdict"].startswith("lower") == (e["ci_high_adj"] < 0 and e["ci_low_adj"] <= -0.02)
+        assert e["verdict"].startswith("no difference") == (-0.02 < e["ci_low_adj"] and e["ci_high_adj"] < 0.02)
+        assert (e["ci_low_adj"] <= r["ci_low"]) and (r["ci_high"] <= e["ci_high_adj"])  # wider than the 95 % one
 
 
 # ---- learning rate per K, on seeds never reported ---------------------------------------------------------------
@@ -388,6 +385,7 @@ def test_run_writes_comparisons_flow_params_and_a_report_and_resumes(tmp_path, m
         ("attention/tied", "neither"),
         ("attention/tied", "token_mlp"),
         ("attention/classifier", "neither"),
+        ("attention/tied", "attention/tied (A/A)"),
     }
     saved = json.loads((out / "flow_results.json").read_text())
     assert saved["comparisons"] == json.loads(json.dumps(result["comparisons"]))
@@ -405,3 +403,188 @@ def test_run_writes_comparisons_flow_params_and_a_report_and_resumes(tmp_path, m
     (out / "flow_results.partial.json").write_text(json.dumps(other))
     with pytest.raises(AssertionError, match="trained"):
         run_flow_experiment("tiny", noise=(0.0,), out_dir=out, config=replace(cfg, K=(0, 1)))
+
+
+# ---- every arm of the default run moves the features at K > 0; the A/A copy; the symmetric verdict rule ----------
+
+
+def _substeps_move(net: FlowNet, x: torch.Tensor) -> bool:
+    """Whether every flow step of ``net`` changes the features, and each of its sub-steps (attention, MLP) has a
+    non-zero direction: a no-op inside ``both`` is caught though the other sub-step still moves the features."""
+    with torch.no_grad():
+        Z = net.embed_inputs(x)
+        for k in range(net.steps):
+            if net.use_attention and not net._attention(Z, k).abs().max() > 0:
+                return False
+            if net.use_mlp and not net.mlps[net._block(k)](Z).abs().max() > 0:
+                return False
+            moved = net.step(Z, k)
+            if torch.equal(moved, Z):
+                return False
+            Z = moved
+    return True
+
+
+def _default_arms_at(K: int):
+    from axiomformer.flows.experiment import arm_names, default_config, make_net
+
+    cfg = default_config()
+    x = torch.randn(6, 16, 49, generator=torch.Generator().manual_seed(3))  # 28 x 28 images as 7 x 7 patches
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        fit = make_net(cfg, x=x, num_classes=10, K=0)
+    for theta in cfg.thetas:
+        for arm, mixing, value in arm_names(cfg):
+            net = build_arm(fit, cfg=cfg, theta=theta, mixing=mixing, value=value, K=K, x=x, seed=0)
+            yield theta, arm, net, x
+
+
+@pytest.mark.parametrize("K", [1, 8])
+def test_every_arm_of_the_default_run_moves_the_features_at_every_step_and_planted_no_ops_are_caught(K, monkeypatch):
+    from axiomformer.flows.experiment import AA_ARM, default_config
+
+    cfg = default_config()
+    assert cfg.thetas == ("fixed", "learned") and cfg.K == (0, 1, 2, 4, 8)  # the default restored
+    seen = set()
+    for theta, arm, net, x in _default_arms_at(K):
+        seen.add((theta, arm))
+        assert net.steps == K
+        assert _substeps_move(net, x) == (arm != "neither"), (theta, arm, K)
+    assert len(seen) == 2 * 10 and ("learned", AA_ARM) in seen
+    # the check can fail: an attention sub-step planted as a no-op is caught in every arm that has one (in `both`
+    # too, where the MLP still moves the features), and so is a whole step planted as the identity
+    monkeypatch.setattr(FlowNet, "_attention", lambda self, Z, k: torch.zeros_like(Z))
+    for _, arm, net, x in _default_arms_at(K):
+        assert not _substeps_move(net, x) if net.use_attention else _substeps_move(net, x) == (arm != "neither")
+    monkeypatch.setattr(FlowNet, "step", lambda self, Z, k: Z)
+    assert not any(_substeps_move(net, x) for _, _, net, x in _default_arms_at(K))
+
+
+def test_the_aa_arm_differs_from_attention_tied_only_in_the_initial_flow_parameters():
+    from axiomformer.flows.experiment import AA_INIT_OFFSET, make_net
+    from axiomformer.runtime import seeded
+
+    cfg = FlowConfig(dim=16, thetas=("fixed",))
+    x = torch.randn(4, 16, 49, generator=torch.Generator().manual_seed(1))
+    with seeded(5):
+        fit = make_net(cfg, x=x, num_classes=10, K=0)
+    a = build_arm(fit, cfg=cfg, theta="fixed", mixing="attention", value="tied", K=2, x=x, seed=1000)
+    aa = build_arm(fit, cfg=cfg, theta="fixed", mixing="attention", value="tied", K=2, x=x, seed=1000, init_stream=1)
+    with seeded(1000 + AA_INIT_OFFSET):  # built independently from the stated stream
+        expected = make_net(cfg, x=x, num_classes=10, K=2, mixing="attention", value="tied")
+    assert torch.equal(aa.phis[0], expected.phis[0]) and not torch.equal(aa.phis[0], a.phis[0])
+    for name in ("embed.weight", "theta", "position"):
+        assert torch.equal(aa.state_dict()[name], a.state_dict()[name]), name
+    assert aa.theta.requires_grad is False
+
+
+def test_symmetric_verdict_rule_from_the_bonferroni_interval():
+    def eq(low, high, mdd=0.03):
+        return {"ci_low_adj": low, "ci_high_adj": high, "mdd": mdd}
+
+    assert verdict(eq(0.004, 0.012), 0.02) == "no difference within +-0.02"  # excludes 0 but inside the margin
+    assert verdict(eq(-0.019, 0.019), 0.02) == "no difference within +-0.02"
+    assert verdict(eq(0.004, 0.021), 0.02) == "higher"
+    assert verdict(eq(-0.05, -0.001), 0.02) == "lower"
+    assert verdict(eq(-0.01, 0.03), 0.02) == "inconclusive: detectable only above 0.030"
+    assert verdict(eq(None, None, None), 0.02) == "inconclusive"
+
+
+def test_compare_arms_bonferroni_intervals_and_the_aa_family_on_its_own():
+    acc = _acc()
+    rng = np.random.default_rng(7)
+    for t in ("fixed", "learned"):
+        for k in (1, 2):
+            for s in (0.0, 1.0):
+                base = np.asarray(acc[(t, "attention/tied", k, s)])
+                acc[(t, "attention/tied (A/A)", k, s)] = list(base + rng.normal(0, 0.004, 6))
+    rows, eq = compare_arms(acc, 0.02)
+    assert eq["families"] == {"main": 4 * 2 * 2 * 2, "aa": 2 * 2 * 2}
+    main = [i for i, e in enumerate(eq["rows"]) if e["family"] == "main"]
+    aa = [i for i, e in enumerate(eq["rows"]) if e["family"] == "aa"]
+    assert all((rows[i]["a"], rows[i]["b"]) == ("attention/tied", "attention/tied (A/A)") for i in aa)
+    for idx in (main, aa):
+        m = len(idx)
+        for i in idx:  # the interval by the formula mean +- t_(1 - 0.05/(2m), n-1) sd / sqrt(n)
+            r, e = rows[i], eq["rows"][i]
+            d = np.subtract(
+                acc[(r["theta"], r["a"], r["K"], r["noise"])], acc[(r["theta"], r["b"], r["K"], r["noise"])]
+            )
+            half = stats.t.ppf(1 - 0.05 / (2 * m), len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+            assert (e["ci_low_adj"], e["ci_high_adj"]) == pytest.approx((d.mean() - half, d.mean() + half))
+        ps = [rows[i]["p"] for i in idx]
+        np.testing.assert_allclose([rows[i]["p_holm"] for i in idx], _holm_by_hand(np.asarray(ps)))
+    # the A/A copies differ by noise of sd 0.004: every A/A verdict is "no difference"; the planted +0.03 of
+    # attention/tied over neither (sd 0.014 of the difference, 6 seeds) is never called "no difference"
+    assert all(eq["rows"][i]["verdict"] == "no difference within +-0.02" for i in aa)
+    assert not any(eq["rows"][i]["verdict"].startswith("no difference") for i in main if rows[i]["b"] == "neither")
+
+
+def test_on_epoch_sees_each_epochs_weights_and_changes_nothing():
+    """The budget pilot's training curve (``benchmarks/flow_curve.py``): the weights ``on_epoch`` sees after epoch 1
+    are those of a separate 1-epoch training, and the final ones those of a 2-epoch training without the hook."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 4, 3, generator=g), torch.randint(0, 3, (40,), generator=g)
+    cfg = FlowConfig(dim=6, batch_size=16)
+
+    def nets():
+        return [_net("both", dim=6), _net("both", dim=6)]
+
+    seen = {}
+
+    def hook(epoch, trained):
+        seen[epoch] = [{k: v.clone() for k, v in n.state_dict().items()} for n in trained]
+
+    kw = dict(x=x, y=y, sigmas=[0.0, 1.0], seeds=[3, 4], lr=1e-2, cfg=cfg)
+    with_hook = train_group(nets(), epochs=2, on_epoch=hook, **kw)
+    one, two = train_group(nets(), epochs=1, **kw), train_group(nets(), epochs=2, **kw)
+    assert sorted(seen) == [1, 2]
+    for m in range(2):
+        for name, value in one[m].state_dict().items():
+            assert torch.equal(seen[1][m][name], value), name
+        for name, value in two[m].state_dict().items():
+            assert torch.equal(with_hook[m].state_dict()[name], value) and torch.equal(seen[2][m][name], value)
+    assert not torch.equal(seen[1][0]["mlps.0.0.weight"], seen[2][0]["mlps.0.0.weight"])  # it did train on
+
+
+def test_parts_split_by_arms_merge_into_the_whole_run(tmp_path, monkeypatch):
+    """``benchmarks/flow_merge.py``: the default store is run as parts (theta x arm groups); merged, they must give the
+    per-seed accuracies, learning rates and comparisons of one run of all the arms together."""
+    import importlib.util
+    from pathlib import Path
+
+    from axiomformer.flows import experiment
+
+    spec = importlib.util.spec_from_file_location("flow_merge", Path(__file__).parents[1] / "benchmarks/flow_merge.py")
+    flow_merge = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flow_merge)
+    ds, cfg = _tiny_run(tmp_path)
+    monkeypatch.setattr(experiment, "load_dataset", lambda *a, **k: ds)
+    cfg = replace(cfg, K=(0, 1), values=("tied",), lr_grid=(1e-3, 1e-2), lr_seeds=1)
+    whole = run_flow_experiment("tiny", noise=(0.0,), config=cfg)
+    parts = [
+        run_flow_experiment("tiny", noise=(0.0,), config=replace(cfg, mixings=mix))
+        for mix in (("attention", "neither"), ("token_mlp", "neither"))
+    ]
+    merged = flow_merge.merge(parts)
+    cells = {(r["theta"], r["arm"], r["K"], r["noise"]): r["acc"] for r in whole["arms"]}
+    assert {(r["theta"], r["arm"], r["K"], r["noise"]): r["acc"] for r in merged["arms"]} == cells
+    assert len(merged["arms"]) == len(whole["arms"]) and merged["lr"] == whole["lr"]
+    key = lambda c: (c["a"], c["b"], c["theta"], c["K"], c["noise"])
+    assert sorted(map(key, merged["comparisons"])) == sorted(map(key, whole["comparisons"]))
+    by = {key(c): c for c in whole["comparisons"]}
+    for c in merged["comparisons"]:
+        assert c == pytest.approx(by[key(c)])
+    assert merged["partial"] is False and merged["missing"] == []
+    # a part cut off after its first arm (its resumable store): the merge says which cells are missing
+    cut = dict(parts[1], arms=[r for r in parts[1]["arms"] if r["arm"] != "token_mlp"], partial_part=True)
+    partial = flow_merge.merge([parts[0], cut])
+    assert partial["partial"] is True
+    assert {(m["arm"], m["K"]) for m in partial["missing"]} == {("token_mlp", 0), ("token_mlp", 1)}
+    assert not any(c["b"] == "token_mlp" for c in partial["comparisons"])
+    assert "not run" in markdown(partial) and "Partial: 2 cells" in markdown(partial)
+    # the check can fail: parts whose shared rows disagree are refused
+    i = next(i for i, r in enumerate(parts[1]["arms"]) if r["arm"] == "neither")  # a row both parts have
+    parts[1]["arms"][i] = dict(parts[1]["arms"][i], acc=[0.0] * 3)
+    with pytest.raises(ValueError, match="disagree"):
+        flow_merge.merge(parts)

@@ -294,8 +294,8 @@ def test_cli_flow_json_on_tiny_fashion_mnist(tmp_path):
         "tied",
         "classifier",
     }
-    # attention, shuffled and both x (tied, classifier), token_mlp, mlp, neither: 9 arms x 2 thetas x 2 K x 2 noise
-    assert len(payload["arms"]) == 2 * 9 * 2 * 2 and all(r["n_seeds"] == 2 for r in payload["arms"])
+    # attention, shuffled and both x (tied, classifier), token_mlp, mlp, neither: 10 arms (with the A/A copy of attention/tied) x 2 thetas x 2 K x 2 noise
+    assert len(payload["arms"]) == 2 * 10 * 2 * 2 and all(r["n_seeds"] == 2 for r in payload["arms"])
     assert all(0.0 <= r["acc_mean"] <= 1.0 and r["ci_low"] <= r["acc_mean"] <= r["ci_high"] for r in payload["arms"])
     k0 = {(r["theta"], r["noise"], r["acc_mean"]) for r in payload["arms"] if r["K"] == 0}
     assert len(k0) == 2 * 2  # K = 0 is one network per theta setting and noise

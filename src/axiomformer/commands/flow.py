@@ -60,7 +60,9 @@ _MODEL = typer.Option(
 )
 _PATCH = typer.Option(7, "--patch", help="patch side P (quadratic): P divides the image side")
 _READOUT = typer.Option("mean", "--readout", help="mean or cls (do not mix tokens) or flatten (mixes tokens itself)")
-_THETA = typer.Option("fixed", "--theta", help="fixed (the source's setting) and/or learned, comma-separated")
+_THETA = typer.Option(
+    None, "--theta", help="fixed (the source's setting) and/or learned, comma-separated (default: both)"
+)
 _MIXING = typer.Option(
     None,
     "--mixing",
@@ -77,7 +79,9 @@ _VALUE = typer.Option(
     "(default tied,classifier; linear model: tied,free)",
 )
 _NOISE = typer.Option("0,1.0", "--noise", help="noise levels, in units of the pixel std")
-_STEPS = typer.Option("0,1,2,4", "--steps", help="numbers of flow steps K (0 = multinomial regression)")
+_STEPS = typer.Option(
+    None, "--steps", help="numbers of flow steps K, the store's K (0 = multinomial regression; default 0,1,2,4,8)"
+)
 _SEEDS = typer.Option(None, "--seeds", min=1, help="number of seeds (default 16; --quick 2)")
 _OUT = typer.Option(None, "--out", help="folder for the figures and flow_results.json")
 _SEED = typer.Option(0, "--seed", help="base seed")
@@ -95,11 +99,11 @@ def flow_command(
     model: str = _MODEL,
     patch: int = _PATCH,
     readout: str = _READOUT,
-    theta: str = _THETA,
+    theta: str | None = _THETA,
     mixing: str = _MIXING,
     value: str = _VALUE,
     noise: str = _NOISE,
-    steps: str = _STEPS,
+    steps: str | None = _STEPS,
     seeds: int = _SEEDS,
     out: Path = _OUT,
     seed: int = _SEED,
@@ -151,12 +155,12 @@ def _flow_config(
     model: str,
     patch: int,
     readout: str,
-    theta: str,
+    theta: str | None,
     mixing: str | None,
     value: str | None,
     seeds: int | None,
     noise: str,
-    steps: str,
+    steps: str | None,
     quick: bool,
 ) -> tuple[FlowConfig, list[float]]:
     """The checked options of ``flow``: the experiment config (``--steps`` becomes its ``K``) and the noise levels."""
@@ -171,8 +175,9 @@ def _flow_config(
         "model": _choices(model, "--model", MODELS)[0],
         "patch": patch,
         "readout": _choices(readout, "--readout", READOUTS)[0],
-        "thetas": _choices(theta, "--theta", THETAS),
     }
+    if theta is not None:
+        overrides["thetas"] = _choices(theta, "--theta", THETAS)
     if mixing is not None:
         overrides["mixings"] = _choices(mixing, "--mixing", MIXINGS)
     if value is not None:
@@ -180,7 +185,8 @@ def _flow_config(
     if seeds is not None:
         overrides["seeds"] = seeds
     noise_levels = _numbers(noise, "--noise", float, "0,0.5,1.0")
-    overrides["K"] = tuple(_numbers(steps, "--steps", int, "0,1,2,4,8"))
+    if steps is not None:  # otherwise FlowConfig.K: one default for K, in the config
+        overrides["K"] = tuple(_numbers(steps, "--steps", int, "0,1,2,4,8"))
     return default_config(quick, **overrides), noise_levels
 
 

@@ -6,15 +6,21 @@ is the same fitted classifier, the same batches and the same noise in both arms)
 * ``diff``, ``ci_low``, ``ci_high``: the mean paired difference and its 95 % Student-t interval (n - 1 degrees of
   freedom; unadjusted, one comparison at a time);
 * ``p``: the two-sided paired t-test (``scipy.stats.ttest_rel``; Student 1908); ``p_holm``: Holm's step-down
-  adjustment over the **whole family** of the run (Holm 1979; ``statsmodels.stats.multitest.multipletests``);
+  adjustment over the comparison's **family** (Holm 1979; ``statsmodels.stats.multitest.multipletests``);
+* ``ci_low_adj``, ``ci_high_adj`` (in ``equivalence["rows"]``): the paired t-interval at the Bonferroni level
+  1 - 0.05 / m, m the size of the family, so the m intervals hold jointly with probability >= 95 %;
 * equivalence: two one-sided paired t-tests at the stated margin (TOST, Schuirmann 1987;
-  ``statsmodels.stats.weightstats.ttost_paired``), Holm-adjusted over the same family;
+  ``statsmodels.stats.weightstats.ttost_paired``), Holm-adjusted over the same family (reported, not the verdict);
 * the minimal detectable difference: the paired difference a paired t-test of these seeds detects with power 0.8 at
-  the Bonferroni level 0.05 / m (a conservative bound for Holm; ``statsmodels.stats.power.TTestPower``), from the
-  observed standard deviation of the differences.
+  the Bonferroni level 0.05 / m (``statsmodels.stats.power.TTestPower``), from the observed standard deviation of the
+  differences.
 
-Verdict: an effect only where ``p_holm`` < 0.05; "no difference" only where the Holm-adjusted equivalence test
-rejects at the margin; otherwise "inconclusive", with the minimal detectable difference.
+Two families: ``main`` (every pair of :data:`PAIRS` but the A/A control) and ``aa`` (attention/tied against its A/A
+copy, another initialization stream; it must never come out higher or lower).
+
+Verdict, one symmetric rule at margin m (the study's, ``docs/study.md``): "no difference within +-m" if the Bonferroni
+interval lies inside (-m, m), also where it excludes 0; otherwise "higher" if it lies above 0, "lower" if below 0,
+else "inconclusive" with the minimal detectable difference.
 """
 
 from __future__ import annotations
@@ -35,7 +41,14 @@ PAIRS = (
     ("attention/classifier", "neither", "the classifier's own flow vs no flow (both train only the embedding)"),
     ("attention/classifier", "shuffled/classifier", "the classifier's flow vs the same with another image's weights"),
     ("both/tied", "mlp", "attention beside the MLP vs the MLP alone"),
+    (
+        "attention/tied",
+        "attention/tied (A/A)",
+        "A/A control: the same arm from another initialization stream; it must never come out higher or lower",
+    ),
 )
+AA_PAIR = ("attention/tied", "attention/tied (A/A)")
+"""The A/A control's pair: its own family (``"aa"``), never part of the main family's corrections."""
 COMPARISON_KEYS = ("a", "b", "theta", "K", "noise", "diff", "ci_low", "ci_high", "p", "p_holm")
 
 
@@ -72,6 +85,21 @@ def paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float | None,
     return mean, float(low), float(high), float(stats.ttest_rel(x, y).pvalue)
 
 
+def adjusted_interval(a: Sequence[float], b: Sequence[float], family: int) -> tuple[float | None, float | None]:
+    """The paired t-interval of mean(a - b) at the Bonferroni level 1 - ALPHA / family; (None, None) for fewer than
+    2 pairs; the common value for identical differences."""
+    from scipy import stats
+
+    d = np.subtract(a, b, dtype=float)
+    if d.size < 2:
+        return None, None
+    mean = float(d.mean())
+    if np.all(d == d[0]):
+        return mean, mean
+    low, high = stats.t.interval(1 - ALPHA / max(family, 1), d.size - 1, loc=mean, scale=stats.sem(d))
+    return float(low), float(high)
+
+
 def tost(a: Sequence[float], b: Sequence[float], margin: float) -> float:
     """p-value of the paired equivalence test H0: |mean(a - b)| >= margin (statsmodels ``ttost_paired``); 1 for
     fewer than 2 pairs; for identical differences 0 if inside the margin, else 1."""
@@ -105,13 +133,18 @@ def minimal_detectable(diffs: Sequence[float], family: int, power: float = POWER
     return float(effect) * sd
 
 
-def verdict(row: dict, eq: dict, margin: float) -> str:
-    """One phrase that agrees with the row's numbers (see the module docstring)."""
-    if row["p_holm"] < ALPHA:
-        return f"{'higher' if row['diff'] > 0 else 'lower'} (Holm p = {row['p_holm']:.2g})"
-    if eq["p_tost_holm"] < ALPHA:
-        return f"no difference within +-{margin:g} (equivalence, Holm p = {eq['p_tost_holm']:.2g})"
-    mdd = eq["mdd"]
+def verdict(eq: dict, margin: float) -> str:
+    """One phrase from the Bonferroni interval ``eq["ci_low_adj"], eq["ci_high_adj"]`` by the symmetric rule (module
+    docstring): inside (-margin, margin) "no difference", above 0 "higher", below 0 "lower", else "inconclusive" with
+    ``eq["mdd"]``."""
+    low, high, mdd = eq["ci_low_adj"], eq["ci_high_adj"], eq["mdd"]
+    if low is not None and high is not None:
+        if -margin < low and high < margin:
+            return f"no difference within +-{margin:g}"
+        if low > 0:
+            return "higher"
+        if high < 0:
+            return "lower"
     return "inconclusive" + (f": detectable only above {mdd:.3f}" if mdd is not None else "")
 
 
@@ -125,8 +158,9 @@ def compare_arms(acc: dict[tuple, list[float]], margin: float) -> tuple[list[dic
     Returns:
         ``(comparisons, equivalence)``: the rows ``{"a", "b", "theta", "K", "noise", "diff", "ci_low", "ci_high",
         "p", "p_holm"}`` for every pair of :data:`PAIRS` whose arms are both present, every theta, K > 0 and noise
-        level, Holm over all of them; and ``{"margin", "alpha", "power", "rows": [{"a", "b", "theta", "K", "noise",
-        "p_tost", "p_tost_holm", "mdd", "verdict", "question"}]}`` in the same order.
+        level, Holm within its family; and ``{"margin", "alpha", "power", "rule", "families": {family: size},
+        "rows": [{"a", "b", "theta", "K", "noise", "family", "ci_low_adj", "ci_high_adj", "p_tost", "p_tost_holm",
+        "mdd", "verdict", "question"}]}`` in the same order.
     """
     keys = sorted({(t, k, s) for (t, _, k, s) in acc if k > 0}, key=lambda x: (x[0], x[1], x[2]))
     rows, extra = [], []
@@ -157,25 +191,38 @@ def compare_arms(acc: dict[tuple, list[float]], margin: float) -> tuple[list[dic
                     "theta": theta,
                     "K": K,
                     "noise": sigma,
+                    "family": "aa" if (a, b) == AA_PAIR else "main",
                     "p_tost": tost(xa, xb, margin),
-                    "diffs": np.subtract(xa, xb, dtype=float),
+                    "pair": (xa, xb),
                     "question": question,
                 }
             )
-    for row, ph in zip(rows, holm([r["p"] for r in rows])):
-        row["p_holm"] = ph
-    for eq, ph in zip(extra, holm([e["p_tost"] for e in extra])):
-        eq["p_tost_holm"] = ph
-        eq["mdd"] = minimal_detectable(eq.pop("diffs"), len(rows))
-    for row, eq in zip(rows, extra):
-        eq["verdict"] = verdict(row, eq, margin)
-    return rows, {"margin": margin, "alpha": ALPHA, "power": POWER, "rows": extra}
+    families = {
+        f: [i for i, e in enumerate(extra) if e["family"] == f] for f in dict.fromkeys(e["family"] for e in extra)
+    }
+    for idx in families.values():
+        for i, ph, pt in zip(
+            idx, holm([rows[i]["p"] for i in idx]), holm([extra[i]["p_tost"] for i in idx]), strict=True
+        ):
+            rows[i]["p_holm"], extra[i]["p_tost_holm"] = ph, pt
+            xa, xb = extra[i].pop("pair")
+            extra[i]["ci_low_adj"], extra[i]["ci_high_adj"] = adjusted_interval(xa, xb, len(idx))
+            extra[i]["mdd"] = minimal_detectable(np.subtract(xa, xb, dtype=float), len(idx))
+            extra[i]["verdict"] = verdict(extra[i], margin)
+    rule = (
+        f"no difference if the Bonferroni interval (level 1 - {ALPHA:g}/m, m the family's size) lies inside "
+        f"(-{margin:g}, {margin:g}); else higher if above 0, lower if below 0; else inconclusive"
+    )
+    sizes = {f: len(idx) for f, idx in families.items()}
+    return rows, {"margin": margin, "alpha": ALPHA, "power": POWER, "rule": rule, "families": sizes, "rows": extra}
 
 
 __all__ = [
+    "AA_PAIR",
     "ALPHA",
     "COMPARISON_KEYS",
     "PAIRS",
+    "adjusted_interval",
     "compare_arms",
     "holm",
     "minimal_detectable",

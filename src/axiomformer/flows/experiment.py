@@ -38,6 +38,12 @@ from axiomformer.flows.net import ATTENTION_MIXINGS, MIXING_READOUTS, MIXINGS, R
 from axiomformer.runtime import seeded
 
 THETAS = ("fixed", "learned")
+AA_ARM = "attention/tied (A/A)"
+"""The A/A control's arm: attention/tied again, its flow parameters drawn from another initialization stream
+(:data:`AA_INIT_OFFSET`), trained at attention/tied's chosen learning rate on the same batches and noise. Compared with
+attention/tied it must never come out higher or lower: if it does, the design is broken."""
+AA_INIT_OFFSET = 7_919_000
+"""Added to a run's seed for the A/A arm's initialization (far from every reported and selection seed)."""
 INTERVAL = "95% Student-t interval over seeds (scipy.stats.t.interval); null when n_seeds < 2"
 
 
@@ -48,7 +54,7 @@ class FlowConfig:
     model: str = "quadratic"
     patch: int = 7
     readout: str = "mean"
-    thetas: tuple[str, ...] = ("fixed",)
+    thetas: tuple[str, ...] = ("fixed", "learned")
     mixings: tuple[str, ...] = ("attention", "shuffled", "token_mlp", "mlp", "both", "neither")
     values: tuple[str, ...] = ("tied", "classifier")
     dim: int = 16
@@ -69,17 +75,21 @@ class FlowConfig:
     lr_seeds: int = 2
     oracle_steps: int = 100
     equivalence_margin: float = 0.02
-    K: tuple[int, ...] = (0, 1, 2, 4)
+    aa_control: bool = True
+    """Train the A/A arm :data:`AA_ARM` beside attention/tied (needs the attention mixing and the tied value)."""
+    K: tuple[int, ...] = (0, 1, 2, 4, 8)
     """The numbers of flow steps K of the arms (0 = multinomial regression): the command line's ``--steps``, the
     store's ``"K"`` (its list, and each row's value)."""
 
 
 def default_config(quick: bool = False, **overrides: Any) -> FlowConfig:
-    """The default run (sized in ``docs/flows.md`` from the measured per-arm cost to about 10 core-minutes on the
-    shared machine): theta fixed (the source's setting), 16 seeds (a power calculation from the previous store's
-    variance, ``benchmarks/flow_power.py``: a paired difference of 0.02 detected with power 0.8 at the Bonferroni
-    level of the family), 2,000 training / 1,000 test images, 10 fit + 20 arm epochs of batch 128, the learning rate
-    chosen per (theta, arm, K) from {1e-3, 3e-3, 1e-2, 3e-2} on a validation split with 2 selection seeds of its own.
+    """The default run: theta fixed (the source's setting) and learned, K = 0, 1, 2, 4, 8, the A/A copy of
+    attention/tied, 16 seeds (a power calculation from a previous store's variance, ``benchmarks/flow_power.py``),
+    2,000 training / 1,000 test images, 10 fit + 20 arm epochs of batch 128 (the committed training-curve pilot,
+    ``benchmarks/flow_curve.py``, K = 8: from epoch 20 to the best epoch up to 40, attention/tied gains 0.021,
+    ``neither`` 0.014, attention/classifier nothing, but both/tied 0.04 and token_mlp and mlp about 0.1: the budget
+    is short for the MLP arms, so their lead over attention is an underestimate), the learning rate chosen per
+    (theta, arm, K) from {1e-3, 3e-3, 1e-2, 3e-2} on a validation split with 2 selection seeds of its own.
     ``quick`` (a pilot that claims nothing): 2 seeds (so intervals exist), 1,000 / 500 images, 4 + 4 epochs of
     batch 128, the fixed lr 3e-3 for every arm."""
     cfg = FlowConfig(lr_grid=(1e-3, 3e-3, 1e-2, 3e-2), max_train=2000, max_test=1000, seeds=16, epochs=20)
@@ -182,6 +192,7 @@ def train_group(
     epochs: int,
     lr: float,
     cfg: FlowConfig,
+    on_epoch: Callable[[int, list[FlowNet]], None] | None = None,
 ) -> list[FlowNet]:
     """Train networks of one architecture side by side (``torch.func.vmap`` over their stacked parameters).
 
@@ -189,6 +200,9 @@ def train_group(
     and the Gaussian noise of std ``sigmas[m]`` of every batch, in the same order as training it alone. AdamW is
     element-wise, so one optimizer over the stacked parameters is one AdamW per network. Parameters with
     ``requires_grad=False`` (a frozen theta) are not in the optimizer and come back bit-identical.
+
+    ``on_epoch(epoch, nets)``, if given, is called after every epoch (1, 2, ...) with ``nets`` holding that epoch's
+    weights, in eval mode (a training curve; the training itself is unchanged).
 
     Returns:
         ``nets``, trained in place, in eval mode.
@@ -205,7 +219,7 @@ def train_group(
         gens = [torch.Generator().manual_seed(s) for s in seeds]
         scale = torch.tensor(sigmas, dtype=x.dtype).reshape(-1, *[1] * x.dim())
         opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=cfg.weight_decay)
-        for _ in range(epochs):
+        for epoch in range(epochs):
             perms = [torch.randperm(len(x), generator=g) for g in gens]
             for i in range(0, len(x), cfg.batch_size):
                 idx = torch.stack([perm[i : i + cfg.batch_size] for perm in perms])  # (M, b)
@@ -216,12 +230,22 @@ def train_group(
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+            if on_epoch is not None:
+                _unstack(nets, params)
+                on_epoch(epoch + 1, [net.eval() for net in nets])
+                for net in nets:
+                    net.train()
+    _unstack(nets, params)
+    return [net.eval() for net in nets]
+
+
+def _unstack(nets: list[FlowNet], params: dict[str, torch.Tensor]) -> None:
+    """Copy the stacked trained parameters back into each network (those that require grad)."""
     with torch.no_grad():
         for m, net in enumerate(nets):
             for name, p in net.named_parameters():
                 if p.requires_grad:
                     p.copy_(params[name][m])
-    return [net.eval() for net in nets]
 
 
 def train(
@@ -250,15 +274,27 @@ def arm_names(cfg: FlowConfig) -> list[tuple[str, str, str]]:
             out += [(f"{mixing}/{v}", mixing, v) for v in cfg.values]
         else:
             out.append((mixing, mixing, "none"))
+    if cfg.aa_control and ("attention/tied", "attention", "tied") in out:
+        out.insert(out.index(("attention/tied", "attention", "tied")) + 1, (AA_ARM, "attention", "tied"))
     return out
 
 
 def build_arm(
-    fit: FlowNet, *, cfg: FlowConfig, theta: str, mixing: str, value: str, K: int, x: torch.Tensor, seed: int
+    fit: FlowNet,
+    *,
+    cfg: FlowConfig,
+    theta: str,
+    mixing: str,
+    value: str,
+    K: int,
+    x: torch.Tensor,
+    seed: int,
+    init_stream: int = 0,
 ) -> FlowNet:
     """One arm's untrained network: the fitted K = 0 network ``fit``'s embedding and theta, new flow parameters
-    (seeded), theta frozen if ``theta == 'fixed'``."""
-    with seeded(seed):
+    (seeded by ``seed``, or by ``seed + AA_INIT_OFFSET`` for ``init_stream = 1``: the A/A arm), theta frozen if
+    ``theta == 'fixed'``."""
+    with seeded(seed + AA_INIT_OFFSET * init_stream):
         net = make_net(
             cfg, x=x, num_classes=fit.theta.shape[0], K=K, mixing=mixing, value=value if value != "none" else "tied"
         )
@@ -281,10 +317,12 @@ def train_arm(
     sigmas: list[float],
     seeds: list[int],
     lr: float,
+    init_stream: int = 0,
 ) -> list[FlowNet]:
-    """Build and train one arm for every (fit, sigma, seed), side by side."""
+    """Build and train one arm for every (fit, sigma, seed), side by side (``init_stream``: :func:`build_arm`)."""
     nets = [
-        build_arm(f, cfg=cfg, theta=theta, mixing=mixing, value=value, K=K, x=x, seed=s) for f, s in zip(fits, seeds)
+        build_arm(f, cfg=cfg, theta=theta, mixing=mixing, value=value, K=K, x=x, seed=s, init_stream=init_stream)
+        for f, s in zip(fits, seeds)
     ]
     return train_group(nets, x=x, y=y, sigmas=sigmas, seeds=[s + 1 for s in seeds], epochs=cfg.epochs, lr=lr, cfg=cfg)
 
@@ -328,12 +366,15 @@ def choose_lrs(
     seed: int,
     say: Callable[..., None],
     known: dict[str, float] | None = None,
+    scores_out: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """One learning rate per (theta setting, arm, K), the same rule for all: the best mean validation accuracy over
     ``cfg.lr_grid`` at that K (``neither``: the K = 0 network), the median noise level, ``cfg.lr_seeds`` seeds of its
     own (:func:`selection_seeds`, disjoint from the reported seeds and never reported), on the last
     ``val_fraction`` of the training split (the test set is never used). Ties go to the smaller learning rate.
-    ``known``: choices already made (a resumed run), kept as they are."""
+    ``known``: choices already made (a resumed run), kept as they are. ``scores_out``: filled with the validation
+    accuracy of every rate tried, ``{"theta:arm:K": {"lr": accuracy}}`` (the store's ``lr_scores``).
+    The A/A arm is not selected: it trains at attention/tied's rate."""
     cells = _lr_cells(cfg)
     chosen = dict(known or {})
     if len(cfg.lr_grid) < 2:
@@ -357,6 +398,8 @@ def choose_lrs(
             for lr in cfg.lr_grid
         }
         chosen[lr_key(theta, arm, k)] = max(scores, key=lambda lr: (scores[lr], -lr))
+        if scores_out is not None:
+            scores_out[lr_key(theta, arm, k)] = {f"{lr:g}": v for lr, v in scores.items()}
         say(f"lr for theta={theta} {arm} K={k}: {chosen[lr_key(theta, arm, k)]:g}  (validation accuracy {scores})")
     return chosen
 
@@ -396,7 +439,8 @@ def _validation_accuracy(
 def _lr_cells(cfg: FlowConfig) -> list[tuple[str, str, str, str, int]]:
     """(theta, arm, mixing, value, K) of every learning rate :func:`choose_lrs` chooses (``neither``: K = 0 only,
     chosen even when ``neither`` is not an arm: every arm's K = 0 is that network)."""
-    arms = arm_names(cfg) + ([] if "neither" in cfg.mixings else [("neither", "neither", "none")])
+    arms = [a for a in arm_names(cfg) if a[0] != AA_ARM]
+    arms += [] if "neither" in cfg.mixings else [("neither", "neither", "none")]
     return list(
         dict.fromkeys(
             (t, a, m, v, 0 if m == "neither" else k)
@@ -429,6 +473,7 @@ def _assemble(
     tt: dict,
     lrs: dict[str, float],
     quick: bool,
+    lr_scores: dict[str, dict[str, float]] | None = None,
 ) -> dict:
     """The result dict (the store ``flow_results.json``) of the cells finished so far."""
     from axiomformer.flows.comparisons import compare_arms
@@ -470,6 +515,7 @@ def _assemble(
         "equivalence": equivalence,
         "sanity": {},
         "lr": lrs,
+        "lr_scores": lr_scores or {},
         "lr_selection_seeds": selection_seeds(cfg, seeds[0]) if len(cfg.lr_grid) > 1 else [],
         "config": asdict(cfg),
         "quick": quick,
@@ -492,21 +538,23 @@ def _write_json(path: Path, payload: dict) -> None:
 
 def _resume(
     out_dir: str | Path | None, header: dict[str, Any]
-) -> tuple[dict[tuple[Any, ...], list[float]], dict[str, float]]:
-    """(per-seed accuracies, learning rates) of an interrupted run of the same protocol in ``out_dir``; empty if
+) -> tuple[dict[tuple[Any, ...], list[float]], dict[str, float], dict[str, dict[str, float]]]:
+    """(per-seed accuracies, learning rates, their validation scores) of an interrupted run of the same protocol in ``out_dir``; empty if
     there is none, it is unreadable, or any setting differs."""
     path = Path(out_dir) / "flow_results.partial.json" if out_dir is not None else None
     if path is None or not path.exists():
-        return {}, {}
+        return {}, {}, {}
     try:
         old = json.loads(path.read_text())
         if any(old.get(k) != v for k, v in header.items()):
-            return {}, {}
-        return {
-            (r["theta"], r["arm"], r["mixing"], r["value"], r["K"], r["noise"]): r["acc"] for r in old["arms"]
-        }, dict(old["lr"])
+            return {}, {}, {}
+        return (
+            {(r["theta"], r["arm"], r["mixing"], r["value"], r["K"], r["noise"]): r["acc"] for r in old["arms"]},
+            dict(old["lr"]),
+            dict(old.get("lr_scores", {})),
+        )
     except (json.JSONDecodeError, KeyError, TypeError):
-        return {}, {}
+        return {}, {}, {}
 
 
 def _train_arms(
@@ -523,7 +571,7 @@ def _train_arms(
     noise = list(dict.fromkeys(r[1] for r in runs))
     sigmas, run_seeds = [r[1] for r in runs], [1000 * r[0] for r in runs]
 
-    def train(theta: str, mixing: str, value: str, K: int, lr: float) -> list[FlowNet]:
+    def train(theta: str, mixing: str, value: str, K: int, lr: float, init_stream: int = 0) -> list[FlowNet]:
         return train_arm(
             fits,
             cfg=cfg,
@@ -536,6 +584,7 @@ def _train_arms(
             sigmas=sigmas,
             seeds=run_seeds,
             lr=lr,
+            init_stream=init_stream,
         )
 
     for theta in cfg.thetas:
@@ -547,6 +596,8 @@ def _train_arms(
                 if K == 0 or mixing == "neither":
                     base = base or train(theta, "neither", "none", 0, lrs[lr_key(theta, "neither", 0)])
                     nets = base
+                elif arm == AA_ARM:  # the A/A copy: attention/tied's rate, another initialization stream
+                    nets = train(theta, mixing, value, K, lrs[lr_key(theta, "attention/tied", K)], init_stream=1)
                 else:
                     nets = train(theta, mixing, value, K, lrs[lr_key(theta, arm, K)])
                 cell = (theta, arm, mixing, value, K)
@@ -647,6 +698,7 @@ class _Run:
     acc: dict[tuple[Any, ...], list[float]]
     lrs: dict[str, float]
     tt: dict[tuple[Any, ...], list[float]] = field(default_factory=dict)
+    lr_scores: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def assemble(self) -> dict[str, Any]:
         return _assemble(
@@ -660,6 +712,7 @@ class _Run:
             tt=self.tt,
             lrs=self.lrs,
             quick=self.quick,
+            lr_scores=self.lr_scores,
         )
 
     def save(self) -> None:
@@ -688,10 +741,10 @@ def _start_run(
     xtr, ytr, xte, yte = prepare(ds, cfg)
     seeds = [seed + i for i in range(cfg.seeds)]
     _check_disjoint(selection_seeds(cfg, seed), [1000 * s for s in seeds])
-    acc, lrs = _resume(out_dir, _header(ds.name, levels, seeds, quick, cfg))
+    acc, lrs, lr_scores = _resume(out_dir, _header(ds.name, levels, seeds, quick, cfg))
     if acc or lrs:
         say(f"resuming {out_dir}: {len(acc)} finished cells, {len(lrs)} learning rates")
-    return _Run(ds, cfg, xtr, ytr, xte, yte, levels, seeds, quick, out_dir, acc, lrs)
+    return _Run(ds, cfg, xtr, ytr, xte, yte, levels, seeds, quick, out_dir, acc, lrs, lr_scores=lr_scores)
 
 
 def _run_arms(
@@ -700,7 +753,11 @@ def _run_arms(
     """Choose the learning rates, fit theta per (seed, noise) run, the test-time flows, then train every arm; the
     runs and their fitted K = 0 networks."""
     cfg = run.cfg
-    run.lrs.update(choose_lrs(cfg, x=run.xtr, y=run.ytr, noise=run.noise, seed=seed, say=say, known=run.lrs))
+    run.lrs.update(
+        choose_lrs(
+            cfg, x=run.xtr, y=run.ytr, noise=run.noise, seed=seed, say=say, known=run.lrs, scores_out=run.lr_scores
+        )
+    )
     run.save()
     runs = [(s, sigma) for s in run.seeds for sigma in run.noise]  # every arm trains these side by side
     fits = fit_classifiers(cfg, run.xtr, run.ytr, [r[1] for r in runs], [1000 * r[0] for r in runs])
@@ -747,6 +804,8 @@ def _write_outputs(out: Path, result: dict) -> None:
 
 
 __all__ = [
+    "AA_ARM",
+    "AA_INIT_OFFSET",
     "INTERVAL",
     "THETAS",
     "FlowConfig",

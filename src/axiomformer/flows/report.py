@@ -1,9 +1,9 @@
 """``flow_results.md``: the Markdown report of one ``axiomformer flow`` result (accuracy per arm, the Holm-corrected
 paired comparisons with their verdicts, the learning rates, the test-time flow).
 
-A verdict states an effect only where the Holm-adjusted p-value is below 0.05, "no difference" only where the
-Holm-adjusted equivalence test rejects at the stated margin, and otherwise "inconclusive" with the minimal detectable
-difference (``flows.comparisons``).
+Verdicts follow one symmetric rule (``flows.comparisons``): "no difference" where the Bonferroni interval of the
+paired difference lies inside (-margin, margin), "higher" / "lower" where it lies above / below 0, otherwise
+"inconclusive" with the minimal detectable difference. The A/A control is its own family.
 """
 
 from __future__ import annotations
@@ -32,12 +32,14 @@ def _accuracy_tables(result: dict) -> list[str]:
             "|---|---|---|" + "---|" * len(ks),
         ]
         for arm in dict.fromkeys(r["arm"] for r in result["arms"] if r["theta"] == theta):
-            params = max(cell[(theta, arm, noise[0], k)]["flow_params"] for k in ks)
+            params = max(r["flow_params"] for r in result["arms"] if (r["theta"], r["arm"]) == (theta, arm))
             for sigma in noise:
-                rows = [cell[(theta, arm, sigma, k)] for k in ks]
+                rows = [cell.get((theta, arm, sigma, k)) for k in ks]
                 lines.append(
                     f"| {arm} | {params} | {sigma:g} | "
-                    + " | ".join(_cell(r["acc_mean"], r["ci_low"], r["ci_high"]) for r in rows)
+                    + " | ".join(
+                        "not run" if r is None else _cell(r["acc_mean"], r["ci_low"], r["ci_high"]) for r in rows
+                    )
                     + " |"
                 )
         lines.append("")
@@ -49,27 +51,29 @@ def _comparison_table(result: dict) -> list[str]:
     if not comps:
         return ["No paired comparison: the run lacks the arms of every pair.", ""]
     verdicts = [e["verdict"] for e in eq["rows"]]
-    effects = sum(c["p_holm"] < eq["alpha"] for c in comps)
+    effects = sum(v.startswith(("higher", "lower")) for v in verdicts)
     same = sum(v.startswith("no difference") for v in verdicts)
+    sizes = ", ".join(f"{f}: {m}" for f, m in eq.get("families", {}).items())
     lines = [
         (
-            f"**Paired comparisons** (arm a minus arm b, same seeds; {len(comps)} comparisons, Holm over all of "
-            f"them). diff [95% t-interval, unadjusted]; p: paired t-test; p_holm: Holm-adjusted; p_eq: "
-            f"Holm-adjusted equivalence test (TOST) at +-{eq['margin']:g}. An effect is stated only where p_holm < "
-            f'{eq["alpha"]:g}; "no difference" only where p_eq < {eq["alpha"]:g}; otherwise the difference a '
-            f"paired t-test of these seeds detects with power {eq['power']:g} at level {eq['alpha']:g}/"
-            f"{len(comps)}."
+            f"**Paired comparisons** (arm a minus arm b, same seeds; {len(comps)} comparisons in families of "
+            f"{sizes}). diff [95% t-interval, unadjusted]; adj: the paired t-interval at the Bonferroni level "
+            f"1 - {eq['alpha']:g}/m of its family; p: paired t-test; p_holm: Holm-adjusted within the family; p_eq: "
+            f"Holm-adjusted equivalence test (TOST) at +-{eq['margin']:g}. Verdict: {eq.get('rule', '')}; an "
+            f"inconclusive verdict gives the difference a paired t-test of these seeds detects with power "
+            f"{eq['power']:g} at level {eq['alpha']:g}/m."
         ),
         "",
-        f"Summary: {effects} effects, {same} equivalences, {len(comps) - effects - same} inconclusive.",
+        f"Summary: {effects} effects, {same} no difference, {len(comps) - effects - same} inconclusive.",
         "",
-        "| a - b | theta | K | noise | diff [95% CI] | p | p_holm | p_eq | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| a - b | theta | K | noise | diff [95% CI] | adj | p | p_holm | p_eq | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c, e in zip(comps, eq["rows"]):
+        adj = "" if e.get("ci_low_adj") is None else f"[{e['ci_low_adj']:+.3f}, {e['ci_high_adj']:+.3f}]"
         lines.append(
             f"| {c['a']} - {c['b']} | {c['theta']} | {c['K']} | {c['noise']:g} | "
-            f"{_diff(c['diff'], c['ci_low'], c['ci_high'])} | {c['p']:.2g} | {c['p_holm']:.2g} | "
+            f"{_diff(c['diff'], c['ci_low'], c['ci_high'])} | {adj} | {c['p']:.2g} | {c['p_holm']:.2g} | "
             f"{e['p_tost_holm']:.2g} | {e['verdict']} |"
         )
     questions = dict.fromkeys((e["a"], e["b"], e["question"]) for e in eq["rows"])
@@ -89,6 +93,12 @@ def markdown(result: dict) -> str:
     ]
     if result.get("quick"):
         lines.append("**Quick run: a pilot, it claims nothing.**")
+    if result.get("partial"):
+        missing = result.get("missing", [])
+        lines.append(
+            f'**Partial: {len(missing)} cells of the protocol are not finished** ("not run" below; listed under '
+            "`missing` in the store); the comparisons cover the finished cells only."
+        )
     lines += ["", *_accuracy_tables(result), *_comparison_table(result)]
     lines += [
         (
