@@ -358,12 +358,13 @@ def test_diff_authors_decodes_through_the_cache_as_the_full_forward():
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-12)
 
 
-def test_diff_authors_refuses_a_half_head_rope_of_odd_width_and_a_negative_depth():
+def test_diff_refuses_a_half_head_rope_of_odd_width_and_a_negative_depth():
     from axiomformer import Attention
 
-    with pytest.raises(ValueError, match="divisible by 4"):
-        AttentionSpec.standard(24, 4).relax("normalizer=diff,diff_authors=true,position=rope")  # head_dim 6
-    AttentionSpec.standard(24, 4).relax("normalizer=diff,position=rope")  # the default: one rotation, width 6
+    for authors in ("true", "false"):  # both rotate each half of a head apart: the halves need an even width
+        with pytest.raises(ValueError, match="divisible by 4"):
+            AttentionSpec.standard(24, 4).relax(f"normalizer=diff,diff_authors={authors},position=rope")  # hd 6
+    AttentionSpec.standard(24, 4).relax("normalizer=diff")  # no RoPE: an even head_dim is enough
     with pytest.raises(ValueError, match="layer_index"):
         Attention(AttentionSpec.standard(32, HEADS), layer_index=-1)
 
@@ -377,16 +378,30 @@ def test_the_audit_blames_the_per_head_rmsnorm_of_diff_authors_on_a1_and_passes_
     assert default["token_additivity"].passed is True and default["linearity"].passed is True
 
 
-def test_the_half_head_rope_of_diff_authors_depends_on_relative_positions_only():
-    # Each half rotated apart keeps RoPE's promise (q1 . k1 and q2 . k2 depend on p_i - p_j); the default's one
-    # rotation over the whole head pairs a coordinate of q1 with one of q2 and does not (docs/design_space.md).
+def test_the_rope_of_diff_rotates_each_half_apart_and_depends_on_relative_positions_only(monkeypatch):
+    # Each half rotated apart keeps RoPE's promise (q1 . k1 and q2 . k2 depend on p_i - p_j), for the authors' layer
+    # (interleaved pairs) and for the default (rotate-half within each half). A planted rotation over the whole head
+    # pairs a coordinate of q1 with one of q2: the same shift then moves the output (the check can fail).
+    from axiomformer.axes import position
+
     x = torch.randn(2, LEN, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
     shift = torch.arange(LEN) + 37
-    att = _diff_layer("rope", 1)
     with torch.no_grad():
-        assert torch.allclose(att(x, position_ids=shift), att(x), atol=1e-12)
-        default = _diff_layer("rope", 1, authors=False)
-        assert float((default(x, position_ids=shift) - default(x)).abs().max()) > 1e-3
+        for authors in (True, False):
+            att = _diff_layer("rope", 1, authors=authors)
+            assert torch.allclose(att(x, position_ids=shift), att(x), atol=1e-12), authors
+        monkeypatch.setattr(position, "apply_rope_each_half", position.apply_rope)
+        planted = _diff_layer("rope", 1, authors=False)
+        assert float((planted(x, position_ids=shift) - planted(x)).abs().max()) > 1e-3
+
+
+def test_rope_each_half_is_rope_applied_to_each_half_as_its_own_head():
+    from axiomformer.axes.position import apply_rope, apply_rope_each_half
+
+    x = torch.randn(2, 3, 7, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(11))
+    positions = torch.arange(7) + 5
+    expected = torch.cat([apply_rope(x[..., :4], positions), apply_rope(x[..., 4:], positions)], -1)
+    assert torch.allclose(apply_rope_each_half(x, positions), expected, atol=1e-14)
 
 
 def test_the_cli_describes_diff_authors_and_the_a1_it_relaxes_only_with_normalizer_diff():

@@ -467,10 +467,11 @@ class AttentionSpec:
                     f"normalizer={self.normalizer!r} splits each head's query and key in two halves "
                     f"and needs an even head_dim (>= 2), got head_dim={self.head_dim}"
                 )
-            if self.diff_authors and self.position == "rope" and self.head_dim % 4:
+            if self.position == "rope" and self.head_dim % 4:
                 raise ValueError(
-                    f"diff_authors rotates each half of a head apart (the half-head RoPE) and needs head_dim "
-                    f"divisible by 4 with position='rope', got head_dim={self.head_dim}"
+                    f"normalizer={self.normalizer!r} with position='rope' rotates each half of a head apart (so that "
+                    f"each half's score depends on relative positions only) and needs head_dim divisible by 4, got "
+                    f"head_dim={self.head_dim}"
                 )
             if not SCORES.has(self.score, "any_width"):
                 valid = ", ".join(c.name for c in SCORES if c.has("any_width"))

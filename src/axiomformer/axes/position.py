@@ -52,6 +52,7 @@ Choices:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from axiomformer.axes.normalizer import NORMALIZERS
 from axiomformer.axes.registry import Choice, Registry
 from axiomformer.precision import compute_dtype, upcast
 
@@ -197,6 +199,27 @@ def causal_conv(x: Tensor, weight: Tensor, history: Tensor | None) -> tuple[Tens
     return x + conv.transpose(1, 2), padded[:, -width:]
 
 
+def apply_rope_each_half(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> Tensor:
+    """RoPE for a normalizer that scores the two halves of a head apart (trait ``halves``, ``normalizer=diff``):
+    each half (width head_dim / 2) rotated by itself in the rotate-half convention, so that q1 . k1 and q2 . k2 each
+    depend on p_i - p_j only (one rotation over the whole head would pair a coordinate of q1 with one of q2).
+    x (batch, heads, seq, head_dim), head_dim divisible by 4."""
+    b, h, n, d = x.shape
+    halves = x.unflatten(-1, (2, d // 2)).transpose(2, 3).reshape(b, 2 * h, n, d // 2)
+    rotated = apply_rope(halves, positions, base)
+    return rotated.view(b, h, 2, n, d // 2).transpose(2, 3).reshape(b, h, n, d)
+
+
+def _rope_for(spec: AttentionSpec) -> Callable[[Tensor, Tensor], Tensor]:
+    """The rotation a spec's queries and keys take: per half of a head for a ``halves`` normalizer (the authors'
+    interleaved pairs with ``diff_authors``), over the whole head otherwise."""
+    if spec.diff_head_norm:
+        return apply_rope_halves
+    if NORMALIZERS.has(spec.normalizer, "halves"):
+        return apply_rope_each_half
+    return apply_rope
+
+
 class Position(nn.Module):
     """The position choice of a spec: adds input encodings, rotates q/k, or provides ALiBi slopes."""
 
@@ -209,7 +232,7 @@ class Position(nn.Module):
     def __init__(self, spec: AttentionSpec):
         super().__init__()
         self.kind = spec.position
-        self.rope = apply_rope_halves if spec.diff_head_norm else apply_rope  # the authors' half-head RoPE
+        self.rope = _rope_for(spec)
         self.dim = spec.dim
         self.max_len = spec.max_len
         if self.kind == "learned":
