@@ -399,7 +399,8 @@ def aa_control(d: StudyData) -> dict[str, Any] | None:
 def aa_summary(model: str, found: list[Verdict]) -> dict[str, Any]:
     """The ``aa_control`` entry from the A/A verdicts of each task (one family): ``verdict``: ``forced`` or
     ``better`` if any task's is (the design is broken: ``broken`` true), else ``free`` if every task's is, else
-    ``inconclusive`` (``pilot`` when every one is)."""
+    ``inconclusive`` (``pilot`` when every one is). Each task's entry carries ``"family": "aa_control"`` (its own
+    family, never the answer)."""
     kinds = {v.verdict for v in found}
     overall = (
         "forced"
@@ -416,7 +417,7 @@ def aa_summary(model: str, found: list[Verdict]) -> dict[str, Any]:
         "model": model,
         "verdict": overall,
         "broken": overall in ("forced", "better"),
-        "tasks": [{**v.to_dict(), "lr_sensitive": None} for v in found],
+        "tasks": [{**v.to_dict(), "lr_sensitive": None, "family": "aa_control"} for v in found],
     }
 
 

@@ -82,8 +82,8 @@ LONG = 10000
 
 LONG_BUDGET = {"steps": 60, "batch_size": 4, "warmup": 3, "eval_every": 15, "eval_batches": 4, "patience": 100}
 """Training at 10,000 tokens **(our choice, from a pilot)**: 60 steps of 4 sequences, validation (16 sequences) every
-15 steps; patience never ends a run (the target accuracy still does). The pilot (``benchmarks/results/pilots-33/``,
-``long10k_*``) trained the 64-token Transformer and LSTM 60 steps at 10,000 tokens and evaluated every 10 steps."""
+15 steps; patience never ends a run (the target accuracy still does). The pilot (``benchmarks/results/pilots-33/``:
+``long10k.py``, ``g_10k_standard_needle.json``, ``j_10k_lstm_needle.json``) trained the 64-token Transformer and LSTM 60 steps at 10,000 tokens and evaluated every 10 steps."""
 
 
 def _length_budgets(scale: float = 1.0, lengths: tuple[int, ...] = (64, 256, 1024, 4096, 10000)) -> dict[str, dict]:
