@@ -90,7 +90,10 @@ def seed_results(rows: list[RunRecord], label: str, task: str, n: int, threshold
 def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
     """The ``long_range`` block of ``report --json``: per (model, task, length) every reported seed's test accuracy
     with its Clopper-Pearson interval, ``n_test``, the steps it trained and whether it solves the length, the same for
-    its zero-shot run (trained at the shortest length only), and the longest length every seed solves."""
+    its zero-shot run (trained at the shortest length only), and the longest length every seed solves; and the
+    suite's verdicts in place of the main study's (``verdicts``: the solve-rate comparisons, ``"family":
+    "long_range"``, ``family_size`` the Bonferroni family; ``answer``, ``control_answer`` and ``aa_control`` are None:
+    this suite trains no validity controls and no A/A arm)."""
     tasks = _task_lengths(d)
     cells = []
     for m in d.models:
@@ -128,7 +131,14 @@ def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
                         }
                     )
     longest = {m.label: {t: longest_solved(d, m.label, t, ls, solved) for t, ls in tasks.items()} for m in d.models}
+    solve_rate = solve_rate_comparisons(d, solved, d.config.solve_margin)
     return {
+        # The suite's own rule (a task decides when every standard seed solves its shortest length; solve rates by
+        # Newcombe) is the only verdict set: the main study's accuracy verdicts and answer are not this suite's.
+        "verdicts": [{**c, "family": "long_range", "family_size": c["family"]} for c in solve_rate],
+        "answer": None,
+        "control_answer": None,
+        "aa_control": None,
         "long_range": {
             "solved": solved,
             "ci_method": CI_METHOD,
@@ -136,8 +146,8 @@ def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
             "cells": cells,
             "longest_solved": longest,
             "validity": task_validity(d, solved),
-            "solve_rate": solve_rate_comparisons(d, solved, d.config.solve_margin),
-        }
+            "solve_rate": solve_rate,
+        },
     }
 
 

@@ -480,7 +480,9 @@ def to_json(d: StudyData) -> dict[str, Any]:
         extra = get_suite(d.suite).extra_json
     except ValueError:
         extra = None
-    return out | ({k: v for k, v in extra(d).items() if k not in out} if extra is not None else {})
+    # A suite's own keys win: a suite with its own validity and verdict rule (long range) replaces the generic ones,
+    # so that one store never carries two verdict sets.
+    return out | (extra(d) if extra is not None else {})
 
 
 __all__ = [
