@@ -87,6 +87,24 @@ def seed_results(rows: list[RunRecord], label: str, task: str, n: int, threshold
     return [SeedResult.of(r, threshold) for r in sorted(picked, key=lambda r: r.seed)]
 
 
+def _pack(results: list[SeedResult]) -> list[dict[str, Any]]:
+    """The JSON of each seed's result (:func:`runs_json`)."""
+    return [
+        {
+            "seed": r.seed,
+            "accuracy": r.accuracy,
+            "n_test": r.n_test,
+            "ci_low": None if r.ci is None else r.ci[0],
+            "ci_high": None if r.ci is None else r.ci[1],
+            "steps": r.steps,
+            "converged": r.converged,
+            "diverged": r.diverged,
+            "solved": r.solved,
+        }
+        for r in results
+    ]
+
+
 def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
     """The ``long_range`` block of ``report --json``: per (model, task, length) every reported seed's test accuracy
     with its Clopper-Pearson interval, ``n_test``, the steps it trained and whether it solves the length, the same for
@@ -100,25 +118,8 @@ def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
         for task, lengths in tasks.items():
             zero = zero_shot_label(m.label, lengths[0])
             for n in lengths:
-
-                def pack(results: list[SeedResult]) -> list[dict[str, Any]]:
-                    return [
-                        {
-                            "seed": r.seed,
-                            "accuracy": r.accuracy,
-                            "n_test": r.n_test,
-                            "ci_low": None if r.ci is None else r.ci[0],
-                            "ci_high": None if r.ci is None else r.ci[1],
-                            "steps": r.steps,
-                            "converged": r.converged,
-                            "diverged": r.diverged,
-                            "solved": r.solved,
-                        }
-                        for r in results
-                    ]
-
-                runs = pack(seed_results(d.rows, m.label, task, n, solved))
-                shot = pack(seed_results(d.all_rows, zero, task, n, solved)) if n != lengths[0] else []
+                runs = _pack(seed_results(d.rows, m.label, task, n, solved))
+                shot = _pack(seed_results(d.all_rows, zero, task, n, solved)) if n != lengths[0] else []
                 if runs or shot:
                     cells.append(
                         {
@@ -182,6 +183,49 @@ def _ceiling(d: StudyData, task: str, n: int) -> float | None:
     return None if value is None else float(value)
 
 
+def _decides(
+    d: StudyData,
+    ceilings: dict[int, float | None],
+    runs: list[SeedResult],
+    solving: int,
+    shortest: int,
+    latch: float | None,
+    solved: float,
+) -> tuple[bool, str]:
+    """Whether a task decides anything, and why (:func:`task_validity`)."""
+    if any(c is None for c in ceilings.values()):
+        return False, "no ceiling in this store: the task cannot show what it decides"
+    if any(c < solved for c in ceilings.values() if c is not None):
+        return False, f"the ceiling lies below the solved line {solved}"
+    if solving < len(runs):
+        return False, (
+            f"the standard Transformer solves {shortest} tokens in {solving} of {len(runs)} seeds run (of "
+            f"{d.config.seeds}): the task is not learned in the budget, so its longer lengths say nothing about length"
+        )
+    if len(runs) < d.config.seeds:
+        return False, f"{len(runs)} of {d.config.seeds} standard seeds have run at {shortest}"
+    return True, f"the standard Transformer solves {shortest} tokens in every seed" + (
+        f"; a latch scores {latch:.3f}" if latch is not None else ""
+    )
+
+
+def _budget(d: StudyData, task: str, lengths: list[int], solved: float) -> dict[str, dict[str, int | float | None]]:
+    """Per length: the steps, the standard model's median steps to solve and their ratio (:func:`task_validity`)."""
+    from axiomformer.study.battery import median_steps_to_solve, steps_to_solve
+
+    budget: dict[str, dict[str, int | float | None]] = {}
+    for n in lengths:
+        standard = [r for r in d.rows if (r.label, r.task, r.seq_len) == ("standard", task, n)]
+        median = median_steps_to_solve([steps_to_solve(r, solved) for r in standard])
+        steps = max((int(r.train_config.get("steps") or 0) for r in standard), default=None)
+        budget[str(n)] = {
+            "steps": steps,
+            "standard_median_steps_to_solve": median,
+            "budget_ratio": None if not median or steps is None else steps / median,
+        }
+    return budget
+
+
 def task_validity(d: StudyData, solved: float) -> list[dict[str, Any]]:
     """Whether each task can decide anything, per task: its chance, what a latch scores, its ceiling at every length
     (the study's ``ceilings`` section), how many standard seeds solve the shortest length, and ``decides``: the
@@ -190,8 +234,6 @@ def task_validity(d: StudyData, solved: float) -> list[dict[str, Any]]:
     validation (``battery.median_steps_to_solve``) and their ratio (the main study asks for >= ``BUDGET_RATIO``).
     ``tests`` says what a decided task measures: ``recall`` when a latch cannot reach the solved line
     (it must bind keys to values), ``retention`` when a latch solves it (it must only keep one item)."""
-    from axiomformer.study.battery import median_steps_to_solve, steps_to_solve
-
     out = []
     for task, lengths in _task_lengths(d).items():
         shortest = lengths[0]
@@ -201,39 +243,8 @@ def task_validity(d: StudyData, solved: float) -> list[dict[str, Any]]:
         solving = sum(r.solved for r in runs)
         chance = next((r.task_config.get("chance") for r in d.rows if r.task == task), None)
         tests = "retention" if latch is not None and latch >= solved else "recall"
-        if any(c is None for c in ceilings.values()):
-            decides, why = False, "no ceiling in this store: the task cannot show what it decides"
-        elif any(c < solved for c in ceilings.values() if c is not None):
-            decides, why = False, f"the ceiling lies below the solved line {solved}"
-        elif solving < len(runs):
-            decides, why = (
-                False,
-                (
-                    f"the standard Transformer solves {shortest} tokens in {solving} of {len(runs)} seeds run (of "
-                    f"{d.config.seeds}): the task is not learned in the budget, so its longer lengths say nothing "
-                    "about length"
-                ),
-            )
-        elif len(runs) < d.config.seeds:
-            decides, why = False, f"{len(runs)} of {d.config.seeds} standard seeds have run at {shortest}"
-        else:
-            decides, why = (
-                True,
-                (
-                    f"the standard Transformer solves {shortest} tokens in every seed"
-                    + (f"; a latch scores {latch:.3f}" if latch is not None else "")
-                ),
-            )
-        budget: dict[str, dict[str, int | float | None]] = {}
-        for n in lengths:
-            standard = [r for r in d.rows if (r.label, r.task, r.seq_len) == ("standard", task, n)]
-            median = median_steps_to_solve([steps_to_solve(r, solved) for r in standard])
-            steps = max((int(r.train_config.get("steps") or 0) for r in standard), default=None)
-            budget[str(n)] = {
-                "steps": steps,
-                "standard_median_steps_to_solve": median,
-                "budget_ratio": None if not median or steps is None else steps / median,
-            }
+        decides, why = _decides(d, ceilings, runs, solving, shortest, latch, solved)
+        budget = _budget(d, task, lengths, solved)
         out.append(
             {
                 "task": task,
