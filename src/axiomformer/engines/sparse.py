@@ -328,10 +328,9 @@ def _threshold(
     if live is not None:
         keep = live.nonzero().view(-1)
         idx = keep if idx is None else idx[keep]
-    # Rows still open after MAX_ITERATIONS passes: the sort-based threshold (exact).
-    rest = x.index_select(0, idx) if idx is not None else x
-    target = torch.arange(rows, device=x.device) if idx is None else idx
-    tau.index_copy_(0, target, _fallback(rest, kind))
+    if idx is None:
+        idx = torch.arange(rows, device=x.device)
+    tau.index_copy_(0, idx, _fallback(x.index_select(0, idx), kind))  # rows still open: the exact sort-based threshold
     return tau
 
 

@@ -148,6 +148,24 @@ def verdict(eq: dict, margin: float) -> str:
     return "inconclusive" + (f": detectable only above {mdd:.3f}" if mdd is not None else "")
 
 
+def _within_families(rows: list[dict], extra: list[dict], margin: float) -> dict[str, list[int]]:
+    """Holm's adjustment, the Bonferroni interval, the detectable difference and the verdict of each comparison
+    within its family (filled into ``rows`` and ``extra`` in place); returns each family's row indices."""
+    families = {
+        f: [i for i, e in enumerate(extra) if e["family"] == f] for f in dict.fromkeys(e["family"] for e in extra)
+    }
+    for idx in families.values():
+        for i, ph, pt in zip(
+            idx, holm([rows[i]["p"] for i in idx]), holm([extra[i]["p_tost"] for i in idx]), strict=True
+        ):
+            rows[i]["p_holm"], extra[i]["p_tost_holm"] = ph, pt
+            xa, xb = extra[i].pop("pair")
+            extra[i]["ci_low_adj"], extra[i]["ci_high_adj"] = adjusted_interval(xa, xb, len(idx))
+            extra[i]["mdd"] = minimal_detectable(np.subtract(xa, xb, dtype=float), len(idx))
+            extra[i]["verdict"] = verdict(extra[i], margin)
+    return families
+
+
 def compare_arms(acc: dict[tuple, list[float]], margin: float) -> tuple[list[dict], dict]:
     """The family of paired comparisons of one run.
 
@@ -197,18 +215,7 @@ def compare_arms(acc: dict[tuple, list[float]], margin: float) -> tuple[list[dic
                     "question": question,
                 }
             )
-    families = {
-        f: [i for i, e in enumerate(extra) if e["family"] == f] for f in dict.fromkeys(e["family"] for e in extra)
-    }
-    for idx in families.values():
-        for i, ph, pt in zip(
-            idx, holm([rows[i]["p"] for i in idx]), holm([extra[i]["p_tost"] for i in idx]), strict=True
-        ):
-            rows[i]["p_holm"], extra[i]["p_tost_holm"] = ph, pt
-            xa, xb = extra[i].pop("pair")
-            extra[i]["ci_low_adj"], extra[i]["ci_high_adj"] = adjusted_interval(xa, xb, len(idx))
-            extra[i]["mdd"] = minimal_detectable(np.subtract(xa, xb, dtype=float), len(idx))
-            extra[i]["verdict"] = verdict(extra[i], margin)
+    families = _within_families(rows, extra, margin)
     rule = (
         f"no difference if the Bonferroni interval (level 1 - {ALPHA:g}/m, m the family's size) lies inside "
         f"(-{margin:g}, {margin:g}); else higher if above 0, lower if below 0; else inconclusive"

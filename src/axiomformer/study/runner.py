@@ -356,6 +356,14 @@ def _status(run: Run, result: dict[str, Any]) -> str:
     )
 
 
+def _check_backend(backend: str) -> None:
+    """Refuse an unknown backend, or Ray where it is not installed (:class:`StudyError`)."""
+    if backend not in BACKENDS:
+        raise StudyError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    if backend == "ray":
+        _import_ray()
+
+
 def run_study(
     config: StudyConfig,
     out_dir: str | Path,
@@ -381,10 +389,7 @@ def run_study(
         StudyError: unknown backend, Ray not installed, or a model whose parameters cannot be matched.
         KeyboardInterrupt: passed on after the finished runs are safely stored.
     """
-    if backend not in BACKENDS:
-        raise StudyError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
-    if backend == "ray":
-        _import_ray()
+    _check_backend(backend)
     console = console or Console()
     out_dir = Path(out_dir)
     start, load_start = time.perf_counter(), _load()
