@@ -144,13 +144,21 @@ def apply_rope_halves(x: Tensor, positions: Tensor, base: float = ROPE_BASE) -> 
     by the same angles p * base^(-2i / (head_dim / 2)), pairs interleaved (2i, 2i + 1), as the authors' layer calls
     flash-attn's ``apply_rotary_emb(..., interleaved=True)`` on its half-width heads (microsoft/unilm
     Diff-Transformer, ``multihead_diffattn.py``). x (batch, heads, seq, head_dim), head_dim divisible by 4."""
+
+    def interleaved(half: Tensor) -> Tensor:
+        # interleaved pairs (2i, 2i + 1) are rotate-half's pairs (i, i + w/2) after taking the even, then the odd ones
+        w = half.shape[-1]
+        rotated = apply_rope(torch.cat([half[..., 0::2], half[..., 1::2]], -1), positions, base)
+        return torch.stack([rotated[..., : w // 2], rotated[..., w // 2 :]], -1).flatten(-2)
+
+    return _each_half(x, interleaved)
+
+
+def _each_half(x: Tensor, rotate: Callable[[Tensor], Tensor]) -> Tensor:
+    """``rotate`` applied to each half of every head of x (batch, heads, seq, head_dim) as to a head of its own."""
     b, h, n, d = x.shape
     halves = x.unflatten(-1, (2, d // 2)).transpose(2, 3).reshape(b, 2 * h, n, d // 2)
-    # interleaved pairs (2i, 2i + 1) are rotate-half's pairs (i, i + d/4) after taking the even, then the odd ones
-    rotated = apply_rope(torch.cat([halves[..., 0::2], halves[..., 1::2]], -1), positions, base)
-    quarter = d // 4
-    inter = torch.stack([rotated[..., :quarter], rotated[..., quarter:]], -1).flatten(-2)
-    return inter.view(b, h, 2, n, d // 2).transpose(2, 3).reshape(b, h, n, d)
+    return rotate(halves).view(b, h, 2, n, d // 2).transpose(2, 3).reshape(b, h, n, d)
 
 
 def alibi_slope_list(num_heads: int) -> list[float]:
@@ -204,10 +212,7 @@ def apply_rope_each_half(x: Tensor, positions: Tensor, base: float = ROPE_BASE) 
     each half (width head_dim / 2) rotated by itself in the rotate-half convention, so that q1 . k1 and q2 . k2 each
     depend on p_i - p_j only (one rotation over the whole head would pair a coordinate of q1 with one of q2).
     x (batch, heads, seq, head_dim), head_dim divisible by 4."""
-    b, h, n, d = x.shape
-    halves = x.unflatten(-1, (2, d // 2)).transpose(2, 3).reshape(b, 2 * h, n, d // 2)
-    rotated = apply_rope(halves, positions, base)
-    return rotated.view(b, h, 2, n, d // 2).transpose(2, 3).reshape(b, h, n, d)
+    return _each_half(x, lambda half: apply_rope(half, positions, base))
 
 
 def _rope_for(spec: AttentionSpec) -> Callable[[Tensor, Tensor], Tensor]:
