@@ -3,7 +3,6 @@ figures go on; a rerun that trains nothing keeps the record of the call that did
 
 from __future__ import annotations
 
-import math
 import shutil
 
 import pytest
@@ -14,7 +13,7 @@ from axiomformer.study.report import build_report, study_json
 from axiomformer.study.runner import _status, run_study
 from axiomformer.study.store import ResultsStore
 from axiomformer.study.suites import BUILTIN
-from axiomformer.study.suites.common import finite_prefix, new_figure, save
+from axiomformer.study.suites.common import new_figure, save
 
 TOML = """
 name = "diverging lr"
@@ -97,12 +96,6 @@ def test_the_status_line_of_a_diverged_run_says_n_a():
         },
     )
     assert "loss n/a" in line and "nonfinite" in line
-
-
-def test_a_loss_curve_is_cut_at_its_first_non_finite_value():
-    assert finite_prefix([2.0, 1.5, None, 1.0]) == [2.0, 1.5]
-    assert finite_prefix([2.0, math.nan]) == [2.0]
-    assert finite_prefix([]) == []
 
 
 def test_a_log_scaled_figure_with_nothing_positive_still_saves(tmp_path):

@@ -241,17 +241,6 @@ def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6) -> tuple
     return fig, list(axes)
 
 
-def finite_prefix(curve: list) -> list[float]:
-    """A stored loss curve up to its first missing or non-finite value (a diverged run stops at a NaN loss, which
-    the store keeps as None)."""
-    out = []
-    for value in curve:
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
-            break
-        out.append(value)
-    return out
-
-
 def save(fig: Figure, folder: Path, name: str) -> Path:
     """Write ``fig`` as ``folder/name.png``. Axes on a log scale with nothing positive to show (every run of a panel
     diverged or is missing) fall back to a linear scale instead of failing the report."""
