@@ -284,3 +284,25 @@ def test_solve_rate_comparisons_match_statsmodels_and_skip_tasks_that_do_not_dec
     assert (c["solved"], c["standard_solved"], c["family"]) == (1, 3, 1)
     assert c["ci_low"] == pytest.approx(low) and c["ci_high"] == pytest.approx(high)
     assert c["verdict"] == ("forced" if high < 0 else "inconclusive")
+
+
+def test_the_long_range_json_carries_one_verdict_set_its_own(tmp_path):
+    # The committed store read as report --json: the top-level verdicts are exactly the suite's solve-rate
+    # comparisons (its own validity rule), never the main study's accuracy verdicts beside them; the main study's
+    # answer and A/A summary do not apply (no controls, no A/A arm are trained here).
+    import shutil
+    from pathlib import Path
+
+    from axiomformer.study.report import study_json
+
+    store = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "long-range" / "results.sqlite"
+    shutil.copy(store, tmp_path / "results.sqlite")
+    out = study_json(tmp_path)
+    own = out["long_range"]["solve_rate"]
+    assert [(v["task"], v["seq_len"], v["model"], v["verdict"]) for v in out["verdicts"]] == [
+        (c["task"], c["seq_len"], c["model"], c["verdict"]) for c in own
+    ]
+    assert {v["family"] for v in out["verdicts"]} <= {"long_range"}
+    assert out["answer"] is None and out["control_answer"] is None and out["aa_control"] is None
+    deciding = {v["task"] for v in out["long_range"]["validity"] if v["decides"]}
+    assert {v["task"] for v in out["verdicts"]} <= deciding
