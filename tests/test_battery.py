@@ -396,6 +396,9 @@ def test_planted_aa_control_a_sound_design_is_never_forced_and_a_broken_one_is_s
     sound = _report(planted(tmp_path / "a", _battery(rng, "copy", uniform=0.6, a4=0.0)))["aa_control"]
     assert sound["verdict"] in ("free", "inconclusive") and not sound["broken"]
     assert all(agrees(v) for v in sound["tasks"])
+    assert sound["tasks"] and {v["family"] for v in sound["tasks"]} == {
+        "aa_control"
+    }  # its own family, never the answer
     broken = _report(planted(tmp_path / "b", _battery(rng, "copy", uniform=0.6, a4=0.0, aa=-0.1)))["aa_control"]
     assert broken["verdict"] == "forced" and broken["broken"]
     report = (tmp_path / "b" / "report.md").read_text()
