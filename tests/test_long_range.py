@@ -11,6 +11,7 @@ from axiomformer.study import validate_config
 from axiomformer.study.long_range_report import SeedResult, exact_interval, zero_shot_label
 from axiomformer.study.record import RunOutcome, RunRecord
 from axiomformer.study.suites import get_suite
+from axiomformer.study.sweep import AA_LABEL
 from axiomformer.tasks import base as task_base
 from axiomformer.tasks import make_task, row_hash
 
@@ -131,7 +132,8 @@ def test_solved_needs_the_lower_bound_above_the_line_not_the_point():
 def test_default_preset_meets_the_evidence_floor():
     # >= 400 scored test sequences per run at every length: one item moves the exact lower bound by about 0.002
     cfg = validate_config(get_suite("long-range").preset("default"))
-    assert cfg.seeds >= 3 and min(cfg.selection_seeds) >= cfg.seeds  # selection seeds never reported
+    assert cfg.seeds >= 5 and min(cfg.selection_seeds) >= cfg.seeds  # selection seeds never reported
+    assert cfg.aa_control and set(cfg.controls) == {"no_mixing", "uniform_mixing"}
     for task in cfg.tasks:
         assert max(task.seq_lens) == 10000
         for n in task.seq_lens:
@@ -154,7 +156,8 @@ def test_zero_shot_runs_start_from_the_shortest_length_and_train_nothing():
     longer = steps[2](stored)
     zero = [r for r in longer if r.model.label.endswith("only)")]
     warm = [r for r in longer if not r.model.label.endswith("only)")]
-    assert zero and len(zero) == len(warm)
+    asked = [r for r in warm if r.model.label != AA_LABEL and r.model.kind not in ("no_mixing", "uniform_mixing")]
+    assert zero and len(zero) == len(asked) < len(warm)  # the controls and the A/A arm have no zero-shot run
     sources = {r.state_path for r in reported}
     for r in zero:
         assert r.train_config["steps"] == 0 and r.train_config["init_from"] in sources
@@ -207,11 +210,15 @@ def test_latch_accuracy_matches_a_simulated_latch(pairs, keys):
     assert np.isnan(make_task("needle", seq_len=40, shared=True).latch_accuracy)
 
 
+_KINDS = {"lstm": "lstm", "gru": "gru", "no_mixing": "no_mixing", "uniform_mixing": "uniform_mixing"}
+
+
 def _fake_study(accuracies: dict[tuple[str, str, int], list[float]], n: int, ceiling: float | None = 1.0):
     """A stand-in for ``report.StudyData``: what ``long_range_report``'s validity and solve-rate code reads."""
     from types import SimpleNamespace
 
-    cfg = validate_config(get_suite("long-range").preset("default"))
+    seeds = max(len(v) for v in accuracies.values())  # the standard's seeds, as if the preset ran that many
+    cfg = validate_config(get_suite("long-range").preset("default") | {"seeds": seeds, "min_seeds": seeds})
     rows = []
     for (label, task, seq_len), values in accuracies.items():
         for seed, acc in enumerate(values):
@@ -224,7 +231,7 @@ def _fake_study(accuracies: dict[tuple[str, str, int], list[float]], n: int, cei
         rows=rows,
         all_rows=rows,
         tasks=sorted({(t, s) for _, t, s in accuracies}),
-        models=[SimpleNamespace(label=label) for label in labels],
+        models=[SimpleNamespace(label=label, kind=_KINDS.get(label, "transformer")) for label in labels],
         sections={"ceilings": {"payload": payload}},
     )
 
@@ -303,6 +310,77 @@ def test_the_long_range_json_carries_one_verdict_set_its_own(tmp_path):
         (c["task"], c["seq_len"], c["model"], c["verdict"]) for c in own
     ]
     assert {v["family"] for v in out["verdicts"]} <= {"long_range"}
-    assert out["answer"] is None and out["control_answer"] is None and out["aa_control"] is None
+    assert out["answer"] is None and out["control_answer"] is None
+    aa = out["aa_control"]
+    assert (aa is None) == (not any(c["model"] == AA_LABEL for c in out["long_range"]["cells"]))
+    assert aa is None or {t["family"] for t in aa["tasks"]} == {"aa_control"}
     deciding = {v["task"] for v in out["long_range"]["validity"] if v["decides"]}
     assert {v["task"] for v in out["verdicts"]} <= deciding
+
+
+def test_a_task_whose_uniform_mixing_control_solves_it_does_not_decide():
+    from axiomformer.study.long_range_report import task_validity
+
+    def validity(uniform):
+        d = _fake_study(
+            {
+                ("standard", "needle_kv", 64): [0.99] * 5,
+                ("no_mixing", "needle_kv", 64): [0.3] * 5,
+                ("uniform_mixing", "needle_kv", 64): uniform,
+            },
+            400,
+        )
+        return next(v for v in task_validity(d, 0.9) if v["task"] == "needle_kv")
+
+    kv = validity([0.99] * 5)  # planted: no scores needed
+    assert not kv["decides"] and "uniform-mixing control" in kv["why"]
+    assert kv["controls"]["uniform_mixing"]["64"]["solving"] == 5 and kv["controls"]["no_mixing"]["64"]["solving"] == 0
+    assert validity([0.99, 0.99, 0.99, 0.99, 0.5])["decides"]  # one seed short of solving: the scores matter
+
+
+def test_the_aa_control_is_its_own_family_and_never_a_verdict():
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
+    from axiomformer.study.long_range_report import aa_control, solve_rate_comparisons
+
+    acc = {
+        ("standard", "needle", 64): [1.0] * 5,
+        (AA_LABEL, "needle", 64): [1.0] * 5,
+        ("standard", "needle", 10000): [0.99] * 5,
+        (AA_LABEL, "needle", 10000): [0.99, 0.99, 0.5, 0.5, 0.5],  # planted: the model differs from itself
+        ("uniform_mixing", "needle", 10000): [0.1] * 5,
+        ("lstm", "needle", 10000): [0.99] * 5,
+    }
+    d = _fake_study(acc, 400)
+    assert [c["model"] for c in solve_rate_comparisons(d, 0.9, 0.25)] == ["lstm"]  # the footing is not asked about
+    found = aa_control(d, 0.9, 0.25)
+    by = {t["task"]: t for t in found["tasks"]}
+    assert set(by) == {"needle@64", "needle@10000"} and {t["family"] for t in found["tasks"]} == {"aa_control"}
+    low, high = confint_proportions_2indep(2, 5, 5, 5, method="newcomb", compare="diff", alpha=0.05 / 2)
+    assert by["needle@10000"]["ci_low"] == pytest.approx(low) and by["needle@10000"]["ci_high"] == pytest.approx(high)
+    assert by["needle@10000"]["verdict"] == ("forced" if high < 0 else "inconclusive")
+    assert found["broken"] == (high < 0)
+    assert aa_control(_fake_study({("standard", "needle", 64): [1.0] * 5}, 400), 0.9, 0.25) is None
+
+
+def test_the_curriculum_trains_the_aa_control_at_the_standard_models_rate_without_selection():
+    from axiomformer.study.suites.long_range import stages
+
+    cfg = validate_config(get_suite("long-range").preset("quick") | {"aa_control": True})
+    steps = stages(cfg)
+    select = steps[0](None)
+    assert not [r for r in select if r.model.label == AA_LABEL]
+    best = {1e-3: 0.9, 3e-3: 0.5, 1e-2: 0.4}
+    stored = {
+        r.key: _row(None, None).model_copy(
+            update={"outcome": RunOutcome(val_accuracy=best.get(r.train_config["lr"], 0.1), val_loss=1.0)}
+        )
+        for r in select
+    }
+    reported = steps[1](stored)
+    aa = [r for r in reported if r.model.label == AA_LABEL]
+    assert aa and {r.train_config["lr"] for r in aa} == {1e-3} and {r.seed for r in aa} == set(range(cfg.seeds))
+    stored |= {r.key: _row(None, None).model_copy(update={"outcome": RunOutcome()}) for r in reported}
+    longer = steps[2](stored)
+    assert not [r for r in longer if r.model.label.startswith(AA_LABEL)]  # the shortest length only
+    assert {"no_mixing", "uniform_mixing"} <= {r.model.label for r in longer}  # the controls go on

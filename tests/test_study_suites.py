@@ -17,7 +17,7 @@ from axiomformer.study.config import StudyConfig, stored_config
 from axiomformer.study.record import RunOutcome, RunRecord
 from axiomformer.study.stages import choose_lr, reported_rows, stages_for
 from axiomformer.study.suites import BUILTIN, PRESETS, get_suite
-from axiomformer.study.sweep import cells, state_path
+from axiomformer.study.sweep import AA_LABEL, cells, state_path
 
 
 def test_unknown_suite_or_preset_names_the_choices(tmp_path):
@@ -115,6 +115,8 @@ CURRICULUM = textwrap.dedent("""
     curriculum = true
     variants = ["standard"]
     baselines = ["gru"]
+    controls = []
+    aa_control = false
     workers = 1
     [model]
     dim = 16
@@ -174,3 +176,30 @@ def test_curriculum_warm_starts_each_length_from_the_previous_one_and_resumes(tm
     assert again.trained == 0 and again.already_stored == 28
     report = Path(out / "report.md").read_text()
     assert "Longest length solved" in report and "| gru |" in report
+
+
+def _aa(source_label, seed, lr, acc, options):
+    """A run of ``source_label`` and its A/A copy (another initialization stream), both at ``lr``."""
+    base = _row(source_label, seed, lr, None, acc)
+    config = {"lr": lr, "seed": seed, "options": options}
+    aa = base.model_copy(
+        update={"key": f"aa{base.key}", "label": AA_LABEL, "train_config": config | {"init_stream": 1}}
+    )
+    return base.model_copy(update={"train_config": config}), aa
+
+
+@pytest.mark.parametrize("reference", ["standard", "+MLP rho=identity"])
+def test_the_aa_control_is_reported_at_the_rate_chosen_for_the_arm_it_copies(reference):
+    rows = []
+    for seed in (1000, 0, 1):
+        for lr, val in ((1e-3, 0.4), (3e-3, 0.9)):
+            ref, aa = _aa(reference, seed, lr, 0.8, {"mlp": True})
+            other = _row("attn-only", seed, lr, 0.95 if lr == 1e-3 else 0.1, 0.5).model_copy(
+                update={"train_config": {"lr": lr, "seed": seed, "options": {"mlp": False}}}
+            )
+            ref = ref.model_copy(update={"outcome": RunOutcome(val_accuracy=val, val_loss=1.0)})
+            rows += [ref, other] + ([aa] if seed < 1000 and lr == 3e-3 else [])
+    reported, lrs = reported_rows(_stored({"seeds": 2, "selection_seeds": [1000]}), rows)
+    # the A/A runs count at the reference's rate (3e-3), not at another arm's (attn-only chose 1e-3)
+    assert lrs[(AA_LABEL, "needle", 8)] == 3e-3 and lrs[("attn-only", "needle", 8)] == 1e-3
+    assert sorted(r.seed for r in reported if r.label == AA_LABEL) == [0, 1]

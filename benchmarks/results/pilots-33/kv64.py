@@ -8,6 +8,7 @@ import time
 from axiomformer.train import TrainConfig, train
 
 pairs, keys, dim, heads, batch, steps, lr = map(float, sys.argv[1:8])
+seed = int(sys.argv[8]) if len(sys.argv) > 8 else 7
 cfg = TrainConfig(
     task="needle_kv",
     seq_len=64,
@@ -25,7 +26,7 @@ cfg = TrainConfig(
     weight_decay=0.1,
     target_accuracy=None,
     patience=None,
-    seed=7,
+    seed=seed,
     device="cpu",
     task_options={"pairs": int(pairs), "num_keys": int(keys)},
 )
@@ -41,6 +42,7 @@ print(
             "batch": cfg.batch_size,
             "steps": r.steps,
             "lr": lr,
+            "seed": seed,
             "history": r.history,
             "test_accuracy": r.accuracy,
             "n_test": r.n_test,

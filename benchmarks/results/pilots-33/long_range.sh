@@ -14,6 +14,12 @@
 #        at 20, 30, 40, 50 and 60 (flat from step 20; the study's 60-step budget is 3x that); 149 CPU s.
 #   j:   the same for the committed store's 64-token LSTM (seed 0, width 39, lr 1e-2): 1.000 at every evaluation from
 #        step 10; 35 CPU s.
+#   l/m/n (this round, for the needle_kv budget; kv64.py now takes the seed as its 8th argument; seeds 5-8 are never
+#        reported): l: width 32, lr 3e-3, 9,000 steps planned: seed 8 solved (validation 0.902 at 1,250, 1.000 from
+#        1,750); seeds 5 and 6 stayed at 0.58-0.70 through 6,750 steps (stopped). m: width 64 / 4 heads, lr 3e-3, seed
+#        5: 0.60-0.70 through 2,250 steps (stopped). n: width 32, lr 1e-3, seeds 5 and 6: 0.785 / 0.973 at 1,000,
+#        0.996 / 1.000 at 1,500, 1.000 from 1,750 (stopped at 2,000). The outputs are the *.partial.out files.
+#        The study's needle_kv budget became 4,000 steps with the learning-rate grid (KV_SHORT in the suite).
 export OMP_NUM_THREADS=1 MPLBACKEND=Agg
 P=benchmarks/results/pilots-33
 A=/work/venv/bin/axiomformer
@@ -31,3 +37,7 @@ one g_10k_standard_needle $PY $P/long10k.py needle transformer 32 3e-3 \
   /tmp/standard_needle_64.safetensors 60 10 6
 git show 92afb16:benchmarks/results/long-range/states/e6d5e8abe9f507d49c28.safetensors > /tmp/lstm_needle_64.safetensors
 one j_10k_lstm_needle $PY $P/long10k.py needle lstm 39 1e-2 /tmp/lstm_needle_64.safetensors 60 10 6
+
+for s in 5 6 8; do one l_p2_k4_d32_b64_9k_seed$s $PY $P/kv64.py 2 4 32 2 64 9000 3e-3 $s; done
+one m_p2_k4_d64_b64_6k_seed5 $PY $P/kv64.py 2 4 64 4 64 6000 3e-3 5
+for s in 5 6; do one n_p2_k4_d32_b64_lr1e-3_seed$s $PY $P/kv64.py 2 4 32 2 64 5000 1e-3 $s; done

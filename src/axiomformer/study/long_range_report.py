@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from axiomformer.study.config import StudyConfig
+from axiomformer.study.config import CONTROLS, StudyConfig
 from axiomformer.study.record import RunRecord
 from axiomformer.study.render import Heading, Image, Paragraph, Table
 
@@ -110,8 +110,8 @@ def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
     with its Clopper-Pearson interval, ``n_test``, the steps it trained and whether it solves the length, the same for
     its zero-shot run (trained at the shortest length only), and the longest length every seed solves; and the
     suite's verdicts in place of the main study's (``verdicts``: the solve-rate comparisons, ``"family":
-    "long_range"``, ``family_size`` the Bonferroni family; ``answer``, ``control_answer`` and ``aa_control`` are None:
-    this suite trains no validity controls and no A/A arm)."""
+    "long_range"``, ``family_size`` the Bonferroni family; ``answer`` and ``control_answer`` are None: the suite's
+    question is its solve-rate table) and ``aa_control`` (:func:`aa_control`)."""
     tasks = _task_lengths(d)
     cells = []
     for m in d.models:
@@ -139,7 +139,7 @@ def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
         "verdicts": [{**c, "family": "long_range", "family_size": c["family"]} for c in solve_rate],
         "answer": None,
         "control_answer": None,
-        "aa_control": None,
+        "aa_control": aa_control(d, solved, d.config.solve_margin),
         "long_range": {
             "solved": solved,
             "ci_method": CI_METHOD,
@@ -149,6 +149,64 @@ def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
             "validity": task_validity(d, solved),
             "solve_rate": solve_rate,
         },
+    }
+
+
+def _footing(label: str, kind: str) -> bool:
+    """Whether a model is part of the footing (a validity control or the A/A arm), not an arm the suite asks about."""
+    from axiomformer.study.config import CONTROLS
+    from axiomformer.study.sweep import AA_LABEL
+
+    return label == AA_LABEL or kind in CONTROLS
+
+
+def aa_control(d: StudyData, solved: float, margin: float) -> dict[str, Any] | None:
+    """The A/A control by the suite's own metric: the standard model with another initialization stream against the
+    standard model, solve rate at every length where both ran (Newcombe, Bonferroni over these lengths, the same
+    symmetric rule as the verdicts). ``verdict``: ``forced`` or ``better`` when any length's is (``broken``: the
+    comparison finds a difference between a model and itself), else ``free`` when every one is, else
+    ``inconclusive``; ``None`` without A/A runs."""
+    from axiomformer.study.statistics import ALPHA, decide, newcombe_difference
+    from axiomformer.study.sweep import AA_LABEL
+
+    pending = []
+    for task, lengths in _task_lengths(d).items():
+        for n in lengths:
+            aa = seed_results(d.rows, AA_LABEL, task, n, solved)
+            reference = seed_results(d.rows, "standard", task, n, solved)
+            if aa and reference:
+                pending.append((task, n, aa, reference))
+    if not pending:
+        return None
+    level = 1 - ALPHA / len(pending)
+    tasks = []
+    for task, n, aa, reference in pending:
+        s_a, s_b = sum(r.solved for r in aa), sum(r.solved for r in reference)
+        ci = newcombe_difference(s_a, len(aa), s_b, len(reference), level)
+        tasks.append(
+            {
+                "task": f"{task}@{n}",
+                "seq_len": n,
+                "metric": "solve_rate",
+                "solved": s_a,
+                "seeds": len(aa),
+                "standard_solved": s_b,
+                "standard_seeds": len(reference),
+                "diff": ci.estimate,
+                "ci_low": ci.low,
+                "ci_high": ci.high,
+                "level": level,
+                "verdict": decide(ci.low, ci.high, margin),
+                "family": "aa_control",
+            }
+        )
+    kinds = {t["verdict"] for t in tasks}
+    overall = next((k for k in ("forced", "better") if k in kinds), "free" if kinds == {"free"} else "inconclusive")
+    return {
+        "model": f"{AA_LABEL} vs standard",
+        "verdict": overall,
+        "broken": overall in ("forced", "better"),
+        "tasks": tasks,
     }
 
 
@@ -209,6 +267,13 @@ def _decides(
     )
 
 
+def _solving(results: list[SeedResult]) -> dict[str, Any] | None:
+    """Seeds solving and the mean accuracy of a validity control's runs at one length (``None``: not run)."""
+    if not results:
+        return None
+    return {"solving": sum(r.solved for r in results), "seeds": len(results), "accuracy": _mean(results)}
+
+
 def _budget(d: StudyData, task: str, lengths: list[int], solved: float) -> dict[str, dict[str, int | float | None]]:
     """Per length: the steps, the standard model's median steps to solve and their ratio (:func:`task_validity`)."""
     from axiomformer.study.battery import median_steps_to_solve, steps_to_solve
@@ -232,7 +297,9 @@ def task_validity(d: StudyData, solved: float) -> list[dict[str, Any]]:
     standard Transformer solves the shortest length in every reported seed and the ceiling reaches the solved line at
     every length. ``budget`` per length: the steps, the standard model's median steps to reach ``solved`` on
     validation (``battery.median_steps_to_solve``) and their ratio (the main study asks for >= ``BUDGET_RATIO``).
-    ``tests`` says what a decided task measures: ``recall`` when a latch cannot reach the solved line
+    ``controls``: per validity control (``no_mixing``, ``uniform_mixing``) and length, its seeds solving and mean
+    accuracy; a task whose uniform-mixing control solves the shortest length in every seed does not decide (it does
+    not need scores). ``tests`` says what a decided task measures: ``recall`` when a latch cannot reach the solved line
     (it must bind keys to values), ``retention`` when a latch solves it (it must only keep one item)."""
     out = []
     for task, lengths in _task_lengths(d).items():
@@ -244,6 +311,18 @@ def task_validity(d: StudyData, solved: float) -> list[dict[str, Any]]:
         chance = next((r.task_config.get("chance") for r in d.rows if r.task == task), None)
         tests = "retention" if latch is not None and latch >= solved else "recall"
         decides, why = _decides(d, ceilings, runs, solving, shortest, latch, solved)
+        controls = {
+            name: {str(n): _solving(seed_results(d.rows, name, task, n, solved)) for n in lengths} for name in CONTROLS
+        }
+        uniform = controls["uniform_mixing"][str(shortest)]
+        if decides and uniform is not None and uniform["solving"] == uniform["seeds"]:
+            decides, why = (
+                False,
+                (
+                    f"the uniform-mixing control (no scores) solves {shortest} tokens in every seed too: the task does "
+                    "not need scores there"
+                ),
+            )
         budget = _budget(d, task, lengths, solved)
         out.append(
             {
@@ -252,6 +331,7 @@ def task_validity(d: StudyData, solved: float) -> list[dict[str, Any]]:
                 "latch": latch,
                 "budget": budget,
                 "ceiling": {str(n): c for n, c in ceilings.items()},
+                "controls": controls,
                 "standard_solving_shortest": solving,
                 "standard_seeds_shortest": len(runs),
                 "decides": decides,
@@ -279,10 +359,9 @@ def solve_rate_comparisons(d: StudyData, solved: float, margin: float) -> list[d
             reference = seed_results(d.rows, "standard", task, n, solved)
             if not reference:
                 continue
-            arms = [
-                (m.label, seed_results(d.rows, m.label, task, n, solved)) for m in d.models if m.label != "standard"
-            ]
-            for m in d.models:
+            asked = [m for m in d.models if not _footing(m.label, m.kind)]
+            arms = [(m.label, seed_results(d.rows, m.label, task, n, solved)) for m in asked if m.label != "standard"]
+            for m in asked:
                 label = zero_shot_label(m.label, lengths[0])
                 arms.append((label, seed_results(d.all_rows, label, task, n, solved)))
             pending += [(task, n, label, runs, reference) for label, runs in arms if runs]
@@ -507,6 +586,16 @@ def _task_table(d: StudyData, task: str, lengths: list[int], solved: float) -> T
     return table
 
 
+def _controls_text(controls: dict[str, dict[str, dict[str, Any] | None]]) -> str:
+    """``64: 0/5 / 5/5, 10000: ...``: each length's no-mixing and uniform-mixing seeds solving (``—``: not run)."""
+
+    def one(found: dict[str, Any] | None) -> str:
+        return "—" if found is None else f"{found['solving']}/{found['seeds']}"
+
+    lengths = list(next(iter(controls.values()), {}))
+    return ", ".join(f"{n}: {one(controls['no_mixing'][n])} / {one(controls['uniform_mixing'][n])}" for n in lengths)
+
+
 def _validity_table(d: StudyData, solved: float) -> Table:
     table = Table(
         [
@@ -516,6 +605,7 @@ def _validity_table(d: StudyData, solved: float) -> Table:
             "ceiling per length",
             "budget / standard's median steps to solve",
             "standard solves shortest",
+            "no mixing / uniform mixing solve (per length)",
             "decides",
             "why",
         ]
@@ -537,6 +627,7 @@ def _validity_table(d: StudyData, solved: float) -> Table:
                 ceilings,
                 budgets,
                 f"{v['standard_solving_shortest']}/{v['standard_seeds_shortest']}",
+                _controls_text(v["controls"]),
                 f"yes ({v['tests']})" if v["decides"] else "no",
                 v["why"],
             ]
@@ -549,8 +640,34 @@ def _validity_table(d: StudyData, solved: float) -> Table:
         "ceiling reaches the solved line; budget: the steps at each length over the standard Transformer's median "
         f"steps to {solved} validation accuracy (the main study asks for >= 3x: the budget reaches past the plateau; "
         "at the longer length the run starts from its trained weights); a task that does not decide gives no verdict (its rows below are shown "
-        "for the record). The main job's no-mixing and uniform-mixing controls are not run in this suite: the latch "
-        "is its control (it is computed, not trained)."
+        "for the record). Controls (trained through the curriculum like the models): no token mixing, and uniform "
+        "mixing (every visible token weighs the same: no scores); a task whose uniform-mixing control solves its "
+        "shortest length in every seed does not decide. The latch is computed, not trained."
+    )
+    return table
+
+
+def _aa_table(d: StudyData, solved: float) -> Table | Paragraph:
+    found = aa_control(d, solved, d.config.solve_margin)
+    if found is None:
+        return Paragraph("No A/A runs in this store (the preset's `aa_control` is off or they have not run yet).")
+    table = Table(["setting", "A/A seeds solving", "standard", "difference [CI]", "verdict"])
+    for t in found["tasks"]:
+        table.rows.append(
+            [
+                t["task"],
+                f"{t['solved']}/{t['seeds']}",
+                f"{t['standard_solved']}/{t['standard_seeds']}",
+                f"{t['diff']:+.2f} [{t['ci_low']:+.2f}, {t['ci_high']:+.2f}]",
+                t["verdict"],
+            ]
+        )
+    table.note = (
+        f"The standard Transformer against itself with another initialization stream (the null of the solve-rate "
+        f"comparisons; overall: **{found['verdict']}**"
+        + (", the comparison is broken" if found["broken"] else "")
+        + "). Newcombe interval, Bonferroni over the settings listed, the same symmetric rule as the verdicts: a "
+        "forced or better here would mean the comparison finds differences between a model and itself."
     )
     return table
 
@@ -600,6 +717,7 @@ def sections(d: StudyData, figures_dir: Path, *, solved: float) -> list:
     for task, lengths in tasks.items():
         out += [Heading(f"{task}: accuracy against length"), _task_table(d, task, lengths, solved)]
     out += [Heading("Solve rates against the standard Transformer"), _solve_rate_table(d, solved)]
+    out += [Heading("A/A control"), _aa_table(d, solved)]
     if d.rows:
         path = _figure(d, tasks, solved, figures_dir / "long_range_accuracy_vs_length.png")
         out.append(

@@ -186,7 +186,8 @@ def selection_stages(config: StudyConfig, all_cells: list[Cell], reference: str 
 
 def curriculum_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]:
     """Selection and reported seeds at each task's shortest length, then one stage per longer length, each run
-    warm-started from the same (model, task, seed) at the previous length."""
+    warm-started from the same (model, task, seed) at the previous length. The A/A control has no selection runs:
+    it trains at the rate chosen for the standard model."""
     by_task: dict[str, list[Cell]] = defaultdict(list)
     for cell in all_cells:
         by_task[cell.task].append(cell)
@@ -195,13 +196,19 @@ def curriculum_stages(config: StudyConfig, all_cells: list[Cell]) -> list[Stage]
     chosen: dict[tuple[str, str], float | None] = {}
     last: dict[tuple[str, str, int], Run] = {}  # (label, task, seed) -> the run at the previous length
 
+    standard = {c.task: c for c in first if c.model.label == "standard"}
+
     def select(stored: Stored) -> list[Run]:
-        return [run for cell in first for run in _selection(config, cell, save_state=True)]
+        return [run for cell in first if not is_aa(cell) for run in _selection(config, cell, save_state=True)]
 
     def report(stored: Stored) -> list[Run]:
         out = []
         for cell in first:
-            lr = _chosen_among(config, cell, stored or {}, list(cell.budget["lr_grid"]))
+            # the A/A control trains at the rate chosen for the standard model it copies (no selection of its own)
+            source = standard.get(cell.task) if is_aa(cell) else cell
+            if source is None:
+                continue
+            lr = _chosen_among(config, source, stored or {}, list(source.budget["lr_grid"]))
             if lr == "missing":
                 continue
             chosen[(cell.model.label, cell.task)] = lr
@@ -304,11 +311,12 @@ def reported_rows(config: StudyConfig, rows: list[RunRecord]) -> tuple[list[RunR
     for r in rows:
         shortest[r.task] = min(shortest.get(r.task, r.seq_len), r.seq_len)
     chosen_at = {k: choose_lr(v) for k, v in selection_groups(config, rows).items()}
+    copied = aa_sources(rows)
     lrs: dict[tuple, float | None] = {}
     out = []
     for r in rows:
         ident = (r.label, r.task, r.seq_len)
-        label = "standard" if r.label == AA_LABEL else r.label
+        label = copied.get((r.task, r.seq_len), "standard") if r.label == AA_LABEL else r.label
         source = (label, r.task, shortest[r.task]) if curriculum else (label, r.task, r.seq_len)
         lr = chosen_at.get(source, "missing")
         if lr == "missing" or r.seed >= seeds or r.train_config.get("lr") != lr:
@@ -316,6 +324,24 @@ def reported_rows(config: StudyConfig, rows: list[RunRecord]) -> tuple[list[RunR
         lrs[ident] = lr
         out.append(r)
     return out, lrs
+
+
+def aa_sources(rows: list[RunRecord]) -> dict[tuple[str, int], str]:
+    """The arm the A/A control copies, per (task, length): the label whose run at the same seed was trained with the
+    A/A run's configuration but its initialization stream (a suite's reference arm need not be called
+    ``standard``: the rho suite's is ``+MLP rho=identity``). Settings without a match are left out."""
+
+    def config_of(r: RunRecord) -> str:
+        import json
+
+        return json.dumps({k: v for k, v in r.train_config.items() if k != "init_stream"}, sort_keys=True)
+
+    by_config = {(r.task, r.seq_len, config_of(r)): r.label for r in rows if r.label != AA_LABEL}
+    out: dict[tuple[str, int], str] = {}
+    for r in rows:
+        if r.label == AA_LABEL and (label := by_config.get((r.task, r.seq_len, config_of(r)))) is not None:
+            out[(r.task, r.seq_len)] = label
+    return out
 
 
 def second_best_rows(config: StudyConfig, rows: list[RunRecord]) -> tuple[list[RunRecord], dict[tuple, Any]]:
