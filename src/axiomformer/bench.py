@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from axiomformer.attention import Attention
-from axiomformer.engines import ENGINE_ORDER, ENGINES, AttentionProblem, problem_kind
-from axiomformer.engines.router import engine_accepts
+from axiomformer.engines import ENGINE_ORDER, ENGINES, problem_kind
+from axiomformer.engines.router import engine_accepts, layer_problem
 from axiomformer.memory import PeakMemory
 from axiomformer.runtime import seeded
 from axiomformer.spec import AttentionSpec, spec_requirements
@@ -484,16 +484,7 @@ def _route(module: Attention, q: Tensor, k: Tensor, v: Tensor) -> str:
     spec = module.spec
     slopes = module.position.slopes if spec.position == "alibi" else None
     assert slopes is None or isinstance(slopes, Tensor)  # a buffer, registered for ALiBi only
-    problem = AttentionProblem(
-        q=q,
-        k=k,
-        v=v,
-        causal=spec.causal,
-        training=module.training,
-        dropout_p=spec.dropout,
-        window=spec.window,
-        alibi_slopes=slopes,
-    )
+    problem = layer_problem(module.plan, q, k, v, alibi_slopes=slopes, training=module.training)
     kind = problem_kind(module.plan, problem)
     for name in ENGINE_ORDER:
         if engine_accepts(ENGINES[name], module.plan, kind):

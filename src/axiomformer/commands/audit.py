@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -14,58 +15,71 @@ def register(app: typer.Typer) -> None:
     app.command("audit")(audit_command)
 
 
-# The options of ``audit``, declared once here so that the command's signature stays short.
-_TARGET = typer.Argument(
-    None,
-    help="spec:standard, spec:<relax string>, torch.nn.MultiheadAttention, "
-    "torch.nn.functional.scaled_dot_product_attention, or "
-    "module:<import.path>:<attr> (a callable (q, k, v) -> out), or "
-    "hf:<family>[-nope][#LAYER][@IMPL] (a tiny random transformers model of that family, built offline: "
-    "llama, mistral, gemma2, gemma3, qwen2, qwen3, qwen3-next, gpt-oss, phi3, falcon, gpt2, bert, t5, "
-    "deepseek-v3; -nope: RoPE off; @IMPL: an attention implementation registered with transformers), or "
-    "hf:[DIR][#LAYER] (a Hugging Face BERT self-attention; default: the "
-    "bundled MiniLM, layer 0; needs the hf extra)",
-)
-_AS_JSON = typer.Option(False, "--json", help="print one JSON object (the last line of stdout)")
-_MARKDOWN = typer.Option(
-    False, "--markdown", help="print the report as Markdown (a table with each check's candidates, then the departures)"
-)
-_CAUSAL = typer.Option(False, "--causal", help="audit with a causal mask")
-_DIM = typer.Option(16, help="width of the targets built from a string")
-_HEADS = typer.Option(None, help="heads (default 2 for spec/MHA targets, 1 for callables)")
-_SEED = typer.Option(0, help="seed of the targets and inputs")
-_MATRIX = typer.Option(
-    False, "--matrix", help="audit every single-axis relaxation and print the relaxation-by-check matrix as Markdown"
-)
-_PRACTICE = typer.Option(
-    False,
-    "--practice",
-    help="run the practitioners' checks instead (future tokens, cache decode, compiled == eager, odd "
-    "lengths, masked keys), one verdict each, under a causal mask when the target has or accepts one",
-)
-_HF_ZOO = typer.Option(
-    False,
-    "--hf-zoo",
-    help="audit every built-in Hugging Face family (tiny random configs, offline) and print the zoo as JSON",
-)
-_OUT = typer.Option(
-    None, "--out", help="with --matrix: write the Markdown table here; with --hf-zoo: write the JSON here"
-)
+# The options of ``audit`` (``Annotated``: each default stays in the signature, so a direct call gets real values).
+_Target = Annotated[
+    str | None,
+    typer.Argument(
+        help="spec:standard, spec:<relax string>, torch.nn.MultiheadAttention, "
+        "torch.nn.functional.scaled_dot_product_attention, or "
+        "module:<import.path>:<attr> (a callable (q, k, v) -> out), or "
+        "hf:<family>[-nope][#LAYER][@IMPL] (a tiny random transformers model of that family, built offline: "
+        "llama, mistral, gemma2, gemma3, qwen2, qwen3, qwen3-next, gpt-oss, phi3, falcon, gpt2, bert, t5, "
+        "deepseek-v3; -nope: RoPE off; @IMPL: an attention implementation registered with transformers), or "
+        "hf:[DIR][#LAYER] (a Hugging Face BERT self-attention; default: the "
+        "bundled MiniLM, layer 0; needs the hf extra)"
+    ),
+]
+_AsJson = Annotated[bool, typer.Option("--json", help="print one JSON object (the last line of stdout)")]
+_Markdown = Annotated[
+    bool,
+    typer.Option(
+        "--markdown", help="print the report as Markdown (a table with each check's candidates, then the departures)"
+    ),
+]
+_Causal = Annotated[bool, typer.Option("--causal", help="audit with a causal mask")]
+_Dim = Annotated[int, typer.Option(help="width of the targets built from a string")]
+_Heads = Annotated[int | None, typer.Option(help="heads (default 2 for spec/MHA targets, 1 for callables)")]
+_Seed = Annotated[int, typer.Option(help="seed of the targets and inputs")]
+_Matrix = Annotated[
+    bool,
+    typer.Option(
+        "--matrix", help="audit every single-axis relaxation and print the relaxation-by-check matrix as Markdown"
+    ),
+]
+_Practice = Annotated[
+    bool,
+    typer.Option(
+        "--practice",
+        help="run the practitioners' checks instead (future tokens, cache decode, compiled == eager, odd "
+        "lengths, masked keys), one verdict each, under a causal mask when the target has or accepts one",
+    ),
+]
+_HfZoo = Annotated[
+    bool,
+    typer.Option(
+        "--hf-zoo",
+        help="audit every built-in Hugging Face family (tiny random configs, offline) and print the zoo as JSON",
+    ),
+]
+_Out = Annotated[
+    Path | None,
+    typer.Option("--out", help="with --matrix: write the Markdown table here; with --hf-zoo: write the JSON here"),
+]
 
 
 def audit_command(
     *,
-    target: str = _TARGET,
-    as_json: bool = _AS_JSON,
-    markdown: bool = _MARKDOWN,
-    causal: bool = _CAUSAL,
-    dim: int = _DIM,
-    heads: int = _HEADS,
-    seed: int = _SEED,
-    matrix: bool = _MATRIX,
-    practice: bool = _PRACTICE,
-    hf_zoo: bool = _HF_ZOO,
-    out: Path = _OUT,
+    target: _Target = None,
+    as_json: _AsJson = False,
+    markdown: _Markdown = False,
+    causal: _Causal = False,
+    dim: _Dim = 16,
+    heads: _Heads = None,
+    seed: _Seed = 0,
+    matrix: _Matrix = False,
+    practice: _Practice = False,
+    hf_zoo: _HfZoo = False,
+    out: _Out = None,
 ) -> None:
     """Run the property checks (A0..A5, causality, and the design/numerics checks) on one target, or build the
     relaxation matrix."""

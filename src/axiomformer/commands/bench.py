@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -32,50 +32,58 @@ def register(app: typer.Typer) -> None:
     app.command("bench")(bench_command)
 
 
-# The options of ``bench``, declared once here so that the command's signature stays short.
-_QUICK = typer.Option(
-    False, "--quick", help="goal variants, causal, L = 1024 and 4096, without the reference rows (minutes on a CPU)"
-)
-_LENGTHS = typer.Option(None, "--lengths", help="comma-separated sequence lengths, e.g. 512,1024,2048")
-_AS_JSON = typer.Option(False, "--json", help="print the rows as JSON on the last line")
-_OUT = typer.Option(Path("bench-results"), "--out", help="folder for bench.json, bench.md, bench.png")
-_VARIANTS = typer.Option(
-    None, "--variants", help="';'-separated relax strings (default: the goal variants; more without --quick)"
-)
-_HEADS = typer.Option(8, help="attention heads")
-_HEAD_DIM = typer.Option(64, help="head dimension")
-_BATCH = typer.Option(1, help="batch size")
-_REPEATS = typer.Option(0, help="timed pairs (default 7: the 95 % interval of each ratio, ratio_ci, needs them)")
-_DEVICE = typer.Option(None, help="cpu or cuda (default: cuda when available)")
-_THREADS = typer.Option(0, help="torch CPU threads (default: torch's choice)")
-_TRAIN = typer.Option(
-    False,
-    "--train",
-    help="instead: train the study's model on the plain loop and on the fast path, paired, one thread; "
-    "runs per CPU-hour and the speedup with a 95 % interval (--json: 'speedup', 'plain', 'fast', 'tasks')",
-)
-_TRAIN_STEPS = typer.Option(1500, "--train-steps", help="with --train: steps per run")
-_TRAIN_TASKS = typer.Option(
-    "copy,induction", "--train-tasks", help="with --train: comma-separated tasks (copy, induction)"
-)
+# The options of ``bench`` (``Annotated``: each default stays in the signature, so a direct call gets real values).
+_Quick = Annotated[
+    bool,
+    typer.Option(
+        "--quick", help="goal variants, causal, L = 1024 and 4096, without the reference rows (minutes on a CPU)"
+    ),
+]
+_Lengths = Annotated[str | None, typer.Option("--lengths", help="comma-separated sequence lengths, e.g. 512,1024,2048")]
+_AsJson = Annotated[bool, typer.Option("--json", help="print the rows as JSON on the last line")]
+_Out = Annotated[Path, typer.Option("--out", help="folder for bench.json, bench.md, bench.png")]
+_Variants = Annotated[
+    str | None,
+    typer.Option("--variants", help="';'-separated relax strings (default: the goal variants; more without --quick)"),
+]
+_Heads = Annotated[int, typer.Option(help="attention heads")]
+_HeadDim = Annotated[int, typer.Option(help="head dimension")]
+_Batch = Annotated[int, typer.Option(help="batch size")]
+_Repeats = Annotated[
+    int, typer.Option(help="timed pairs (default 7: the 95 % interval of each ratio, ratio_ci, needs them)")
+]
+_Device = Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when available)")]
+_Threads = Annotated[int, typer.Option(help="torch CPU threads (default: torch's choice)")]
+_Train = Annotated[
+    bool,
+    typer.Option(
+        "--train",
+        help="instead: train the study's model on the plain loop and on the fast path, paired, one thread; "
+        "runs per CPU-hour and the speedup with a 95 % interval (--json: 'speedup', 'plain', 'fast', 'tasks')",
+    ),
+]
+_TrainSteps = Annotated[int, typer.Option("--train-steps", help="with --train: steps per run")]
+_TrainTasks = Annotated[
+    str, typer.Option("--train-tasks", help="with --train: comma-separated tasks (copy, induction)")
+]
 
 
 def bench_command(
     *,
-    quick: bool = _QUICK,
-    lengths: str = _LENGTHS,
-    as_json: bool = _AS_JSON,
-    out: Path = _OUT,
-    variants: str = _VARIANTS,
-    heads: int = _HEADS,
-    head_dim: int = _HEAD_DIM,
-    batch: int = _BATCH,
-    repeats: int = _REPEATS,
-    device: str = _DEVICE,
-    threads: int = _THREADS,
-    train: bool = _TRAIN,
-    train_steps: int = _TRAIN_STEPS,
-    train_tasks: str = _TRAIN_TASKS,
+    quick: _Quick = False,
+    lengths: _Lengths = None,
+    as_json: _AsJson = False,
+    out: _Out = Path("bench-results"),
+    variants: _Variants = None,
+    heads: _Heads = 8,
+    head_dim: _HeadDim = 64,
+    batch: _Batch = 1,
+    repeats: _Repeats = 0,
+    device: _Device = None,
+    threads: _Threads = 0,
+    train: _Train = False,
+    train_steps: _TrainSteps = 1500,
+    train_tasks: _TrainTasks = "copy,induction",
 ) -> None:
     """Forward + backward time and peak memory per variant and engine, against SDPA, interleaved, medians
     (``--train``: training runs per CPU-hour, plain loop against the fast path)."""

@@ -335,6 +335,17 @@ class _Options(NamedTuple):
         )
 
 
+def layer_problem(
+    parts: Plan, q: Tensor, k: Tensor, v: Tensor, *, alibi_slopes: Tensor | None = None, training: bool = False
+) -> AttentionProblem:
+    """The problem :func:`attend` poses for a layer of ``parts`` given only q, k, v (batch, heads, seq, head_dim):
+    no mask, bias or transport, scale 1, and the spec's causal rule, window and dropout, the keys aligned
+    bottom-right. What routing sees for an unmasked call of the layer (the bench asks it which engine would run)."""
+    spec = parts.spec
+    options = _Options(parts, None, None, 1.0, spec.causal, spec.window)
+    return options.problem(q, k, v, alibi_slopes, None, None, training, None)
+
+
 def _checked_options(
     q: Tensor,
     target: tuple[int, int, int, int],
