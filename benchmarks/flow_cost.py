@@ -14,7 +14,7 @@ import time
 import torch
 
 from axiomformer.flows.data import load_dataset
-from axiomformer.flows.experiment import default_config, fit_classifiers, prepare, train_arm
+from axiomformer.flows.experiment import ArmSetup, default_config, fit_classifiers, prepare, train_arm
 
 ARMS = [
     ("attention/tied", "attention", "tied"),
@@ -39,11 +39,8 @@ def main(nets: int = 6) -> None:
             start = time.process_time()
             train_arm(
                 fits,
+                ArmSetup("fixed", mixing, value, K),
                 cfg=cfg,
-                theta="fixed",
-                mixing=mixing,
-                value=value,
-                K=K,
                 x=x,
                 y=y,
                 sigmas=[0.5] * nets,

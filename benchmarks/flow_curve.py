@@ -30,6 +30,7 @@ import numpy as np
 def main(lr_store: str, out_dir: str, times: int = 2) -> None:
     from axiomformer.flows.data import load_dataset
     from axiomformer.flows.experiment import (
+        ArmSetup,
         accuracy,
         arm_names,
         build_arm,
@@ -98,8 +99,7 @@ def main(lr_store: str, out_dir: str, times: int = 2) -> None:
         name = f"{arm} K={k}"
         train_arm_curve = record(name, cfg.epochs, lr)
         nets = [  # as train_arm builds them; batches and noise from seed + 1, as train_arm
-            build_arm(f, cfg=cfg, theta="fixed", mixing=mixing, value=value, K=k, x=xt, seed=s)
-            for f, s in zip(fits, seeds)
+            build_arm(f, ArmSetup("fixed", mixing, value, k), cfg=cfg, x=xt, seed=s) for f, s in zip(fits, seeds)
         ]
         train_group(
             nets,

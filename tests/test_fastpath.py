@@ -151,7 +151,7 @@ def test_the_study_model_traces_into_one_graph_and_the_check_sees_a_break():
     from axiomformer.train import _build
 
     config = train_bench.bench_config("copy", steps=1, seed=0, fast=True)
-    _, _, model = _build(config, torch.device("cpu"))
+    model = _build(config, torch.device("cpu")).model
     ids = torch.zeros(2, config.seq_len, dtype=torch.long)
     assert torch._dynamo.explain(model)(ids).graph_break_count == 0
     torch._dynamo.reset()

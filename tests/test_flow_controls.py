@@ -16,6 +16,7 @@ from scipy import stats
 from axiomformer.flows import FlowNet
 from axiomformer.flows.comparisons import COMPARISON_KEYS, compare_arms, holm, minimal_detectable, paired, tost, verdict
 from axiomformer.flows.experiment import (
+    ArmSetup,
     FlowConfig,
     _check_disjoint,
     build_arm,
@@ -160,14 +161,14 @@ def test_classifier_arm_with_theta_fixed_trains_only_the_embedding():
     x = torch.randn(32, 4, 3, generator=g) + F.one_hot(y, 3).float()[:, None, :]
     cfg = FlowConfig(dim=8, batch_size=16, readout="mean")
     fit = FlowNet(3, 3, dim=8, steps=0, model="quadratic", num_tokens=4)
-    net = build_arm(fit, cfg=cfg, theta="fixed", mixing="attention", value="classifier", K=2, x=x, seed=1)
+    net = build_arm(fit, ArmSetup("fixed", "attention", "classifier", K=2), cfg=cfg, x=x, seed=1)
     assert _trainable(net) == {"embed.weight", "embed.bias", "position"}
     before = {name: p.detach().clone() for name, p in net.named_parameters()}
     train_group([net], x=x, y=y, sigmas=[0.0], seeds=[1], epochs=2, lr=1e-2, cfg=cfg)
     assert torch.equal(net.theta, before["theta"])  # fixed: bit-identical
     assert not torch.equal(net.embed.weight, before["embed.weight"])  # the embedding did train
     # the check can fail: the tied arm trains its phi too
-    tied = build_arm(fit, cfg=cfg, theta="fixed", mixing="attention", value="tied", K=2, x=x, seed=1)
+    tied = build_arm(fit, ArmSetup("fixed", "attention", "tied", K=2), cfg=cfg, x=x, seed=1)
     assert _trainable(tied) - {"embed.weight", "embed.bias", "position"} == {"phis.0"}
 
 
@@ -435,7 +436,7 @@ def _default_arms_at(K: int):
         fit = make_net(cfg, x=x, num_classes=10, K=0)
     for theta in cfg.thetas:
         for arm, mixing, value in arm_names(cfg):
-            net = build_arm(fit, cfg=cfg, theta=theta, mixing=mixing, value=value, K=K, x=x, seed=0)
+            net = build_arm(fit, ArmSetup(theta, mixing, value, K), cfg=cfg, x=x, seed=0)
             yield theta, arm, net, x
 
 
@@ -468,8 +469,8 @@ def test_the_aa_arm_differs_from_attention_tied_only_in_the_initial_flow_paramet
     x = torch.randn(4, 16, 49, generator=torch.Generator().manual_seed(1))
     with seeded(5):
         fit = make_net(cfg, x=x, num_classes=10, K=0)
-    a = build_arm(fit, cfg=cfg, theta="fixed", mixing="attention", value="tied", K=2, x=x, seed=1000)
-    aa = build_arm(fit, cfg=cfg, theta="fixed", mixing="attention", value="tied", K=2, x=x, seed=1000, init_stream=1)
+    a = build_arm(fit, ArmSetup("fixed", "attention", "tied", K=2), cfg=cfg, x=x, seed=1000)
+    aa = build_arm(fit, ArmSetup("fixed", "attention", "tied", K=2, init_stream=1), cfg=cfg, x=x, seed=1000)
     with seeded(1000 + AA_INIT_OFFSET):  # built independently from the stated stream
         expected = make_net(cfg, x=x, num_classes=10, K=2, mixing="attention", value="tied")
     assert torch.equal(aa.phis[0], expected.phis[0]) and not torch.equal(aa.phis[0], a.phis[0])

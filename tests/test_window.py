@@ -86,14 +86,14 @@ def test_a_negative_window_is_refused():
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_rows_without_keys_in_a_window_equal_the_full_scan(causal):
-    from axiomformer.engines.problem import causal_mask, rows_without_keys, window_mask
+    from axiomformer.engines.problem import KeyVisibility, causal_mask, window_mask
 
     for q_len, k_len, offset in ((5, 5, 0), (3, 7, 4), (7, 3, -4), (4, 10, 0), (4, 4, 9)):
         for window in (1, 2, 3, 6):
             visible = window_mask(q_len, k_len, offset, window, causal)
             if causal:
                 visible = visible & causal_mask(q_len, k_len, offset)
-            got = rows_without_keys(None, causal, q_len, k_len, offset, None, window)
+            got = KeyVisibility(q_len, k_len, causal=causal, q_offset=offset, window=window).rows_without_keys()
             assert torch.equal(got.view(-1), ~visible.any(-1)), (q_len, k_len, offset, window)
 
 

@@ -18,7 +18,7 @@ from axiomformer.axes.position import TokenPositions, alibi_slope_list, apply_ro
 from axiomformer.axes.select import Select
 from axiomformer.axes.transport import Transport, TransportGates, build_transport, transport_keys
 from axiomformer.engines import Attended, Plan, attend
-from axiomformer.engines.problem import causal_mask, rows_without_keys, visible_counts, window_mask
+from axiomformer.engines.problem import KeyVisibility, causal_mask, window_mask
 from axiomformer.engines.recurrent import DEFAULT_CHUNK, chunk_for, state_form
 from axiomformer.engines.reference import call_in
 from axiomformer.masks import prepare_masks
@@ -503,7 +503,8 @@ class Attention(nn.Module):
         out = self.out_proj(self.aggregator(self._merge_heads(result.out), query))  # A1
         if mask is not None or (self.spec.causal and q_offset < 0) or self.spec.window:
             # The heads' rows are zero already; rho and W_o's bias would make the output row non-zero.
-            empty = rows_without_keys(mask, self.spec.causal, q_len, k_len, q_offset, query.device, self.spec.window)
+            seen = KeyVisibility(q_len, k_len, mask, self.spec.causal, q_offset, self.spec.window, query.device)
+            empty = seen.rows_without_keys()
             if empty is not None:
                 out = out.masked_fill(empty.all(1).unsqueeze(-1), 0.0)
         return _with_weights(out, result.weights, need_weights)
@@ -553,7 +554,8 @@ class Attention(nn.Module):
             if cache is not None:
                 tail = gates.tokens(slice(first, None))
                 cache.k, cache.v, cache.write = transport_keys(k, tail, first), v, gates.write
-            empty = rows_without_keys(mask, True, q.shape[-2], k.shape[-2], q_offset, q.device)
+            seen = KeyVisibility(q.shape[-2], k.shape[-2], mask, causal=True, q_offset=q_offset, device=q.device)
+            empty = seen.rows_without_keys()
             empty = None if empty is None else empty.all(1)
         out = self.out_proj(self.aggregator(self._merge_heads(heads), query))
         if empty is not None:  # a query that sees no real key: a zero row (W_o's bias would make it non-zero)
@@ -723,11 +725,8 @@ class Attention(nn.Module):
             dtype = v.dtype
             v, shift = wrap.encode(v, mask)  # exp(v - m) in max(dtype, float32): q and k follow, one dtype per call
             q, k = q.to(v.dtype), k.to(v.dtype)
-        scale = self.scale(
-            visible_counts(mask, self.spec.causal, q.shape[-2], k.shape[-2], q_offset, q.device, self.spec.window)
-            if self.scale.per_row
-            else None
-        )  # log_n: per row
+        seen = KeyVisibility(q.shape[-2], k.shape[-2], mask, self.spec.causal, q_offset, self.spec.window, q.device)
+        scale = self.scale(seen.counts() if self.scale.per_row else None)  # log_n: per row
         if "contextual" in self.plan.position_traits:  # CoPE: a bias from the scores themselves
             bias = self._contextual_bias(q, k, mask, bias, scale, q_offset)
         result = attend(

@@ -385,7 +385,8 @@ def _train_and_test(
 ) -> tuple[torch.nn.Module, TrainResult]:
     """The body of :func:`train` inside its seeded block: build, train, restore the best weights, test; the model
     and its result."""
-    task, spec, model = _build(config, parallel.device)
+    built = _build(config, parallel.device)
+    task, model = built.task, built.model
     val_set, test_set = (_eval_set(task, config, parallel, split) for split in ("val", "test"))
     extra: dict[str, Any] = {}
     on_init = _with_probes(config, val_set, on_init, "init")
@@ -396,17 +397,7 @@ def _train_and_test(
     meter.start()
     start = time.perf_counter()
     run = _Run()
-    _loop(
-        run,
-        config=config,
-        task=task,
-        spec=spec,
-        model=model,
-        parallel=parallel,
-        val_set=val_set,
-        progress=progress and parallel.main,
-        log=log if parallel.main else None,
-    )
+    _loop(run, built, parallel, val_set, progress=progress and parallel.main, log=log if parallel.main else None)
     run.best.restore(model)
     test_accuracy, test_loss, n_test = _test_counts(model, test_set, parallel)
     seconds = time.perf_counter() - start
@@ -414,27 +405,15 @@ def _train_and_test(
     if on_end is not None:
         extra["end"] = _callback(on_end, model, task)
     result = _result(
-        config,
-        task=task,
-        spec=spec,
-        model=model,
-        run=run,
-        extra=extra,
-        test=(test_accuracy, test_loss, n_test),
-        seconds=seconds,
-        peak=peak,
-        meter=meter,
+        built, run, extra=extra, test=(test_accuracy, test_loss, n_test), seconds=seconds, peak=peak, meter=meter
     )
     return model, result
 
 
 def _result(
-    config: TrainConfig,
-    *,
-    task: Any,
-    spec: AttentionSpec | None,
-    model: torch.nn.Module,
+    built: _Built,
     run: _Run,
+    *,
     extra: dict[str, Any],
     test: tuple[float, float, int],
     seconds: float,
@@ -442,6 +421,7 @@ def _result(
     meter: PeakMemory,
 ) -> TrainResult:
     """The :class:`TrainResult` of a finished run: ``test`` is (accuracy, loss, n_test) on the test split."""
+    config, spec = built.config, built.spec
     test_accuracy, test_loss, n_test = test
     window = config.patience or 3
     converged = run.stop_reason in ("target", "patience") or (
@@ -456,14 +436,14 @@ def _result(
         loss=test_loss,
         steps=run.steps_done,
         seconds=seconds,
-        params=count_parameters(model),
+        params=count_parameters(built.model),
         tokens_per_second=run.steps_done * config.batch_size * config.seq_len / max(run.train_seconds, 1e-9),
         peak_mem_mb=peak,
         memory_method=meter.method,
         engine=",".join(dict.fromkeys(run.engines)),
         losses=torch.stack(run.losses).cpu().tolist() if run.losses else [],
         history=run.history,
-        chance=task.chance,
+        chance=built.task.chance,
         config=config.model_dump(),
         val_accuracy=run.best.accuracy,
         val_loss=run.best.loss,
@@ -475,9 +455,20 @@ def _result(
     )
 
 
-def _build(config: TrainConfig, device: torch.device) -> tuple[Any, AttentionSpec | None, torch.nn.Module]:
-    """The task, the attention spec (None for a recurrent model) and the model on ``device``, initialized from
-    the global generators (seeded by the caller) or from ``config.init_from``."""
+@dataclass(frozen=True)
+class _Built:
+    """What one run trains: its ``config``, the ``task``, the attention ``spec`` (None for a recurrent model) and
+    the ``model``."""
+
+    config: TrainConfig
+    task: Any
+    spec: AttentionSpec | None
+    model: torch.nn.Module
+
+
+def _build(config: TrainConfig, device: torch.device) -> _Built:
+    """The task, the attention spec and the model on ``device``, initialized from the global generators (seeded by
+    the caller) or from ``config.init_from``."""
     task = make_task(config.task, seq_len=config.seq_len, **config.task_options)
     spec = config.attention_spec() if config.model == "transformer" else None
     options: dict[str, Any] = (
@@ -500,7 +491,7 @@ def _build(config: TrainConfig, device: torch.device) -> tuple[Any, AttentionSpe
     ).to(device)
     if config.init_from is not None:
         _load_state(model, config.init_from)
-    return task, spec, model
+    return _Built(config, task, spec, model)
 
 
 def _eval_set(task: Any, config: TrainConfig, parallel: DataParallel, split: str) -> list[tuple[torch.Tensor, ...]]:
@@ -540,17 +531,15 @@ class _Run:
 
 def _loop(
     run: _Run,
-    *,
-    config: TrainConfig,
-    task: Any,
-    spec: AttentionSpec | None,
-    model: torch.nn.Module,
+    built: _Built,
     parallel: DataParallel,
     val_set: list,
+    *,
     progress: bool,
     log: Callable[[str], None] | None,
 ) -> None:
     """Train until the budget is spent or a stop rule fires, evaluating on ``val_set``; fills ``run``."""
+    config, task, spec, model = built.config, built.task, built.spec, built.model
     anneal = spec is not None and spec.normalizer == "gumbel_softmax" and config.gumbel_tau_final is not None
     model.train()
     net = parallel.wrap(model)
@@ -583,10 +572,9 @@ def _loop(
             if run.steps_done % config.eval_every == 0 or run.steps_done == config.steps or not finite:
                 run.stop_reason = _evaluate_and_decide(
                     run,
-                    config=config,
-                    model=model,
-                    parallel=parallel,
-                    val_set=val_set,
+                    built,
+                    parallel,
+                    val_set,
                     loss=float(loss.detach()),
                     finite=finite,
                     log=log,
@@ -623,11 +611,10 @@ def _step_parts(config: TrainConfig, model: torch.nn.Module, net: torch.nn.Modul
 
 def _evaluate_and_decide(
     run: _Run,
-    *,
-    config: TrainConfig,
-    model: torch.nn.Module,
+    built: _Built,
     parallel: DataParallel,
     val_set: list,
+    *,
     loss: float,
     finite: bool,
     log: Callable[[str], None] | None,
@@ -635,6 +622,7 @@ def _evaluate_and_decide(
 ) -> str:
     """One validation evaluation: record it, offer the weights to ``run.best``, log, and return the stop reason
     (``"steps"`` to go on)."""
+    config, model = built.config, built.model
     accuracy, eval_loss = evaluate(model, val_set, parallel)
     run.history.append({"step": run.steps_done, "accuracy": accuracy, "loss": eval_loss})
     run.best.offer(model, run.steps_done, accuracy, eval_loss, len(run.history))

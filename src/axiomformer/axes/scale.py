@@ -169,7 +169,7 @@ class Scale(nn.Module):
 
     ``forward(n_visible=None)`` returns a float, a (1, heads, 1, 1) tensor, or for a ``per_row`` choice a
     (batch|1, heads, q_len, 1) tensor from ``n_visible`` (float (batch|1, heads|1, q_len, 1), the keys each query may
-    see; see ``engines.problem.visible_counts``).
+    see; see ``engines.problem.KeyVisibility.counts``).
     """
 
     # Registered only for the parametric choices that use them: declared for the type checker.

@@ -77,66 +77,69 @@ def _key_flags(mask: Tensor | None) -> Tensor | None:
     return mask[..., 0, :]
 
 
-def rows_without_keys(
-    mask: Tensor | None,
-    causal: bool,
-    q_len: int,
-    k_len: int,
-    q_offset: int,
-    device: torch.device | None = None,
-    window: int = 0,
-) -> Tensor | None:
-    """(batch|1, heads|1, q_len) bool marking queries with no visible key, or None when every query has one.
+@dataclass(frozen=True)
+class KeyVisibility:
+    """Which of ``k_len`` keys each of ``q_len`` queries may attend to: ``mask`` (bool, True = may attend,
+    broadcastable to (batch, heads, q_len, k_len), or None), the bottom-right causal rule j <= q_offset + i when
+    ``causal``, and the sliding ``window`` (0 = every key), each only where given; tensors are made on ``device``.
 
-    Reads ``mask`` (bool, True = may attend, at most (batch, heads, q_len, k_len)), the causal rule j <= q_offset + i
-    and the window without building their combination when the mask depends on the key only: a row is empty when no
-    unmasked key lies in its visible range (:func:`visible_range`).
+    The three are kept apart so that the questions below are answered without building their (q_len x k_len)
+    combination where the mask depends on the key only.
     """
-    if mask is None and not window and (not causal or q_offset >= 0):
-        return None
-    if mask is None or mask.shape[-2] == 1:
-        first, stop = visible_range(q_len, k_len, q_offset, window, causal, device)
-        keep = _key_flags(mask)
-        if keep is None:
-            return (first >= stop).view(1, 1, -1)
-        return count_in_range(keep, first, stop) == 0
-    return ~_visible(mask, causal, q_len, k_len, q_offset, device, window).any(-1)
 
+    q_len: int
+    k_len: int
+    mask: Tensor | None = None
+    causal: bool = False
+    q_offset: int = 0
+    window: int = 0
+    device: torch.device | None = None
 
-def visible_counts(
-    mask: Tensor | None,
-    causal: bool,
-    q_len: int,
-    k_len: int,
-    q_offset: int,
-    device: torch.device | None = None,
-    window: int = 0,
-) -> Tensor:
-    """n_i, the number of keys query i may attend to, float32 (batch|1, heads|1, q_len, 1).
+    def key_range(self) -> tuple[Tensor, Tensor]:
+        """(first, stop), each (q_len,) int64: the keys the causal rule and the window leave (:func:`visible_range`)."""
+        return visible_range(self.q_len, self.k_len, self.q_offset, self.window, self.causal, self.device)
 
-    Reads ``mask`` (bool, True = may attend, broadcastable to (batch, heads, q_len, k_len)), the bottom-right causal
-    rule j <= q_offset + i and the sliding ``window``; closed form without a mask (no (q_len x k_len) temporary).
-    """
-    position = torch.arange(q_len, device=device) + q_offset
-    if mask is None and not window:
-        n = (position + 1).clamp(0, k_len) if causal else torch.full((q_len,), k_len, device=device)
-        return n.float().view(1, 1, -1, 1)
-    visible = _visible(mask, causal, q_len, k_len, q_offset, device, window)
-    return torch.broadcast_to(visible, visible.shape[:2] + (q_len, k_len)).sum(-1, keepdim=True).float()
+    def rows_without_keys(self) -> Tensor | None:
+        """(batch|1, heads|1, q_len) bool marking queries with no visible key, or None when every query has one.
 
+        A row is empty when no unmasked key lies in its visible range (:meth:`key_range`), one cumsum over a
+        key-only mask; a mask that depends on the query is combined with the rules and scanned.
+        """
+        mask = self.mask
+        if mask is None and not self.window and (not self.causal or self.q_offset >= 0):
+            return None
+        if mask is None or mask.shape[-2] == 1:
+            first, stop = self.key_range()
+            keep = _key_flags(mask)
+            if keep is None:
+                return (first >= stop).view(1, 1, -1)
+            return count_in_range(keep, first, stop) == 0
+        return ~self._combined().any(-1)
 
-def _visible(
-    mask: Tensor | None, causal: bool, q_len: int, k_len: int, q_offset: int, device: torch.device | None, window: int
-) -> Tensor:
-    """bool (batch|1, heads|1, q_len|1, k_len): ``mask`` and the causal and window rules, whichever apply."""
-    visible = window_mask(q_len, k_len, q_offset, window, causal, device) if window else None
-    if causal:
-        c = causal_mask(q_len, k_len, q_offset, device)
-        visible = c if visible is None else visible & c
-    if mask is not None:
-        visible = mask if visible is None else mask & visible
-    assert visible is not None  # the callers have a mask, a causal rule or a window
-    return visible if visible.dim() == 4 else visible.view((1,) * (4 - visible.dim()) + visible.shape)
+    def counts(self) -> Tensor:
+        """n_i, the number of keys query i may attend to, float32 (batch|1, heads|1, q_len, 1); closed form without
+        a mask and window (no (q_len x k_len) temporary)."""
+        if self.mask is None and not self.window:
+            if self.causal:
+                n = (torch.arange(self.q_len, device=self.device) + self.q_offset + 1).clamp(0, self.k_len)
+            else:
+                n = torch.full((self.q_len,), self.k_len, device=self.device)
+            return n.float().view(1, 1, -1, 1)
+        visible = self._combined()
+        return torch.broadcast_to(visible, visible.shape[:2] + (self.q_len, self.k_len)).sum(-1, keepdim=True).float()
+
+    def _combined(self) -> Tensor:
+        """bool (batch|1, heads|1, q_len|1, k_len): the mask and the causal and window rules, whichever apply."""
+        visible = None
+        if self.window:
+            visible = window_mask(self.q_len, self.k_len, self.q_offset, self.window, self.causal, self.device)
+        if self.causal:
+            c = causal_mask(self.q_len, self.k_len, self.q_offset, self.device)
+            visible = c if visible is None else visible & c
+        if self.mask is not None:
+            visible = self.mask if visible is None else self.mask & visible
+        assert visible is not None  # the callers have a mask, a causal rule or a window
+        return visible if visible.dim() == 4 else visible.view((1,) * (4 - visible.dim()) + visible.shape)
 
 
 @dataclass
@@ -210,11 +213,15 @@ class AttentionProblem:
             bias = alibi if bias is None else bias + alibi
         return bias
 
+    @property
+    def visibility(self) -> KeyVisibility:
+        """Which keys each query may attend to: ``mask``, ``causal`` and ``window`` kept apart."""
+        return KeyVisibility(self.q_len, self.k_len, self.mask, self.causal, self.q_offset, self.window, self.q.device)
+
     def rows_without_keys(self) -> Tensor | None:
-        """(batch|1, heads|1, q_len) bool marking queries with no visible key (see :func:`rows_without_keys`)."""
-        return rows_without_keys(
-            self.mask, self.causal, self.q_len, self.k_len, self.q_offset, self.q.device, self.window
-        )
+        """(batch|1, heads|1, q_len) bool marking queries with no visible key (see
+        :meth:`KeyVisibility.rows_without_keys`)."""
+        return self.visibility.rows_without_keys()
 
 
 # ---------------------------------------------------------------------------------------------- query chunks
@@ -319,9 +326,7 @@ def nonfinite_hits(problem: AttentionProblem, bad: Tensor, chunk: int = 256) -> 
     if mask is None or mask.shape[-2] == 1:
         keep = _key_flags(mask)
         seen = torch.broadcast_to(bad if keep is None else bad & keep, (batch, heads, problem.k_len))
-        first, stop = visible_range(
-            problem.q_len, problem.k_len, problem.q_offset, problem.window, problem.causal, problem.q.device
-        )
+        first, stop = problem.visibility.key_range()
         return (count_in_range(seen, first, stop) > 0).unsqueeze(-1)
     # While torch.compile traces, one block of every query: a Python range over the length would specialise it.
     spans = (

@@ -279,51 +279,44 @@ def arm_names(cfg: FlowConfig) -> list[tuple[str, str, str]]:
     return out
 
 
-def build_arm(
-    fit: FlowNet,
-    *,
-    cfg: FlowConfig,
-    theta: str,
-    mixing: str,
-    value: str,
-    K: int,
-    x: torch.Tensor,
-    seed: int,
-    init_stream: int = 0,
-) -> FlowNet:
-    """One arm's untrained network: the fitted K = 0 network ``fit``'s embedding and theta, new flow parameters
-    (seeded by ``seed``, or by ``seed + AA_INIT_OFFSET`` for ``init_stream = 1``: the A/A arm), theta frozen if
-    ``theta == 'fixed'``."""
-    with seeded(seed + AA_INIT_OFFSET * init_stream):
-        net = make_net(
-            cfg, x=x, num_classes=fit.theta.shape[0], K=K, mixing=mixing, value=value if value != "none" else "tied"
-        )
+@dataclass(frozen=True)
+class ArmSetup:
+    """What one arm's network is: the ``theta`` setting (``fixed``: frozen), its ``mixing`` and ``value`` map
+    (``none`` where there is no attention), ``K`` flow steps, and the ``init_stream`` of its flow parameters
+    (0: seeded by the run's seed; 1: by ``seed + AA_INIT_OFFSET``, the A/A arm)."""
+
+    theta: str
+    mixing: str
+    value: str
+    K: int
+    init_stream: int = 0
+
+
+def build_arm(fit: FlowNet, arm: ArmSetup, *, cfg: FlowConfig, x: torch.Tensor, seed: int) -> FlowNet:
+    """``arm``'s untrained network: the fitted K = 0 network ``fit``'s embedding and theta, new flow parameters
+    seeded from ``seed`` in ``arm.init_stream``, theta frozen if ``arm.theta == 'fixed'``."""
+    value = arm.value if arm.value != "none" else "tied"
+    with seeded(seed + AA_INIT_OFFSET * arm.init_stream):
+        net = make_net(cfg, x=x, num_classes=fit.theta.shape[0], K=arm.K, mixing=arm.mixing, value=value)
     net.load_state_dict(fit.state_dict(), strict=False)
-    if theta == "fixed":
+    if arm.theta == "fixed":
         net.freeze_classifier()
     return net
 
 
 def train_arm(
     fits: list[FlowNet],
+    arm: ArmSetup,
     *,
     cfg: FlowConfig,
-    theta: str,
-    mixing: str,
-    value: str,
-    K: int,
     x: torch.Tensor,
     y: torch.Tensor,
     sigmas: list[float],
     seeds: list[int],
     lr: float,
-    init_stream: int = 0,
 ) -> list[FlowNet]:
-    """Build and train one arm for every (fit, sigma, seed), side by side (``init_stream``: :func:`build_arm`)."""
-    nets = [
-        build_arm(f, cfg=cfg, theta=theta, mixing=mixing, value=value, K=K, x=x, seed=s, init_stream=init_stream)
-        for f, s in zip(fits, seeds)
-    ]
+    """Build (:func:`build_arm`) and train ``arm`` for every (fit, sigma, seed), side by side."""
+    nets = [build_arm(f, arm, cfg=cfg, x=x, seed=s) for f, s in zip(fits, seeds)]
     return train_group(nets, x=x, y=y, sigmas=sigmas, seeds=[s + 1 for s in seeds], epochs=cfg.epochs, lr=lr, cfg=cfg)
 
 
@@ -391,10 +384,9 @@ def choose_lrs(
         if lr_key(theta, arm, k) in chosen:
             continue
         fits = fits or fit_classifiers(cfg, xt, yt, [sigma] * len(val_seeds), val_seeds)
+        arm_setup = ArmSetup(theta, mixing, value, k)
         scores = {
-            lr: _validation_accuracy(
-                fits, split, cfg=cfg, theta=theta, mixing=mixing, value=value, K=k, sigma=sigma, seeds=val_seeds, lr=lr
-            )
+            lr: _validation_accuracy(fits, split, arm_setup, cfg=cfg, sigma=sigma, seeds=val_seeds, lr=lr)
             for lr in cfg.lr_grid
         }
         chosen[lr_key(theta, arm, k)] = max(scores, key=lambda lr: (scores[lr], -lr))
@@ -407,32 +399,17 @@ def choose_lrs(
 def _validation_accuracy(
     fits: list[FlowNet],
     split: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    arm: ArmSetup,
     *,
     cfg: FlowConfig,
-    theta: str,
-    mixing: str,
-    value: str,
-    K: int,
     sigma: float,
     seeds: list[int],
     lr: float,
 ) -> float:
-    """The mean validation accuracy over ``seeds`` of one arm trained at ``lr`` (:func:`train_arm`) on the training
+    """The mean validation accuracy over ``seeds`` of ``arm`` trained at ``lr`` (:func:`train_arm`) on the training
     part of ``split`` = (x_train, y_train, x_val, y_val)."""
     xt, yt, xv, yv = split
-    nets = train_arm(
-        fits,
-        cfg=cfg,
-        theta=theta,
-        mixing=mixing,
-        value=value,
-        K=K,
-        x=xt,
-        y=yt,
-        sigmas=[sigma] * len(seeds),
-        seeds=seeds,
-        lr=lr,
-    )
+    nets = train_arm(fits, arm, cfg=cfg, x=xt, y=yt, sigmas=[sigma] * len(seeds), seeds=seeds, lr=lr)
     return float(np.mean([accuracy(n, xv, yv) for n in nets]))
 
 
@@ -571,21 +548,8 @@ def _train_arms(
     noise = list(dict.fromkeys(r[1] for r in runs))
     sigmas, run_seeds = [r[1] for r in runs], [1000 * r[0] for r in runs]
 
-    def train(theta: str, mixing: str, value: str, K: int, lr: float, init_stream: int = 0) -> list[FlowNet]:
-        return train_arm(
-            fits,
-            cfg=cfg,
-            theta=theta,
-            mixing=mixing,
-            value=value,
-            K=K,
-            x=run.xtr,
-            y=run.ytr,
-            sigmas=sigmas,
-            seeds=run_seeds,
-            lr=lr,
-            init_stream=init_stream,
-        )
+    def train(arm: ArmSetup, lr: float) -> list[FlowNet]:
+        return train_arm(fits, arm, cfg=cfg, x=run.xtr, y=run.ytr, sigmas=sigmas, seeds=run_seeds, lr=lr)
 
     for theta in cfg.thetas:
         base = None  # K = 0 and 'neither' have no flow parameters: one network, reported under every arm
@@ -594,12 +558,13 @@ def _train_arms(
                 if all((theta, arm, mixing, value, K, s) in acc for s in noise):
                     continue
                 if K == 0 or mixing == "neither":
-                    base = base or train(theta, "neither", "none", 0, lrs[lr_key(theta, "neither", 0)])
+                    base = base or train(ArmSetup(theta, "neither", "none", 0), lrs[lr_key(theta, "neither", 0)])
                     nets = base
                 elif arm == AA_ARM:  # the A/A copy: attention/tied's rate, another initialization stream
-                    nets = train(theta, mixing, value, K, lrs[lr_key(theta, "attention/tied", K)], init_stream=1)
+                    aa = ArmSetup(theta, mixing, value, K, init_stream=1)
+                    nets = train(aa, lrs[lr_key(theta, "attention/tied", K)])
                 else:
-                    nets = train(theta, mixing, value, K, lrs[lr_key(theta, arm, K)])
+                    nets = train(ArmSetup(theta, mixing, value, K), lrs[lr_key(theta, arm, K)])
                 cell = (theta, arm, mixing, value, K)
                 _score_arm(acc, cell, runs, nets, x_tests, run.yte)
                 say(
@@ -808,6 +773,7 @@ __all__ = [
     "AA_INIT_OFFSET",
     "INTERVAL",
     "THETAS",
+    "ArmSetup",
     "FlowConfig",
     "arm_names",
     "build_arm",
