@@ -410,17 +410,27 @@ def test_run_writes_comparisons_flow_params_and_a_report_and_resumes(tmp_path, m
 
 
 def _substeps_move(net: FlowNet, x: torch.Tensor) -> bool:
-    """Whether every flow step of ``net`` changes the features, and each of its sub-steps (attention, MLP) has a
-    non-zero direction: a no-op inside ``both`` is caught though the other sub-step still moves the features."""
+    """Whether every flow step of ``net`` changes the features, each of its sub-steps (attention, MLP) has a
+    non-zero direction, and the step applies every sub-step it has (it equals their composition, written out here
+    from the protocol: attention then MLP, each with its residual and the step size): a no-op inside ``both`` is
+    caught though the other sub-step still moves the features, whether planted in the sub-step or in the step."""
+    h = net.step_size
     with torch.no_grad():
         Z = net.embed_inputs(x)
         for k in range(net.steps):
-            if net.use_attention and not net._attention(Z, k).abs().max() > 0:
-                return False
-            if net.use_mlp and not net.mlps[net._block(k)](Z).abs().max() > 0:
-                return False
+            expected = Z
+            if net.use_attention:
+                direction = net._attention(expected, k)
+                if not direction.abs().max() > 0:
+                    return False
+                expected = expected + h * direction
+            if net.use_mlp:
+                direction = net.mlps[net._block(k)](expected)
+                if not direction.abs().max() > 0:
+                    return False
+                expected = expected + h * direction
             moved = net.step(Z, k)
-            if torch.equal(moved, Z):
+            if torch.equal(moved, Z) or (net.project is None and not torch.allclose(moved, expected)):
                 return False
             Z = moved
     return True
@@ -457,6 +467,19 @@ def test_every_arm_of_the_default_run_moves_the_features_at_every_step_and_plant
     monkeypatch.setattr(FlowNet, "_attention", lambda self, Z, k: torch.zeros_like(Z))
     for _, arm, net, x in _default_arms_at(K):
         assert not _substeps_move(net, x) if net.use_attention else _substeps_move(net, x) == (arm != "neither")
+    monkeypatch.undo()
+    # planted in the step: `both` computes its attention sub-step but drops it, so only the MLP moves the features
+    real_step = FlowNet.step
+
+    def drops_attention(self, Z, k):
+        if not (self.use_attention and self.use_mlp):
+            return real_step(self, Z, k)
+        self._attention(Z, k)
+        return Z + self.step_size * self.mlps[self._block(k)](Z)
+
+    monkeypatch.setattr(FlowNet, "step", drops_attention)
+    for _, arm, net, x in _default_arms_at(K):
+        assert _substeps_move(net, x) == (arm != "neither" and not arm.startswith("both")), arm
     monkeypatch.setattr(FlowNet, "step", lambda self, Z, k: Z)
     assert not any(_substeps_move(net, x) for _, _, net, x in _default_arms_at(K))
 

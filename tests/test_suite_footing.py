@@ -110,6 +110,12 @@ def test_the_lr_check_flags_a_verdict_that_the_second_best_rate_changes():
     out = [v for v, _, _ in contrast_verdicts(INFO, [same, flips, unchecked])]
     assert [v.verdict for v in out] == ["forced"] * 3
     assert [v.lr_sensitive for v in out] == [False, True, None]
+    # side b moved to its second-best rate is checked too (positions: NoPE is side a, each scheme side b); a check
+    # of side a alone misses this flip
+    b_flips = Contrast("q", "x", "y", "t@8", 8, "primary", a, b, metric="accuracy", a_second=dict(a), b_second=dict(a))
+    b_only = Contrast("q", "x", "y", "t@8", 8, "primary", a, b, metric="accuracy", b_second=dict(a))
+    both = [v for v, _, _ in contrast_verdicts(INFO, [b_flips, b_only])]
+    assert [v.lr_sensitive for v in both] == [True, True]
 
 
 def test_a_solve_rate_contrast_uses_newcombes_interval_computed_by_statsmodels():

@@ -172,3 +172,25 @@ def test_contrast_verdicts_reject_an_unknown_family():
         info, [Contrast("q", "a", "b", "t", 8, "primary", {0: 1.0, 1: math.nan, 2: 0.9}, {0: 0.5, 1: 0.5, 2: 0.4})]
     )
     assert v.n_seeds == 2 and v.diff == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_every_suite_reports_its_footing_and_its_aa_control_catches_a_broken_design(tmp_path, suite):
+    # The acceptance keys of every suite's report --json: design.tasks with ceilings and both controls, and the A/A
+    # control, computed against the suite's own reference arm (the rho and scale references are not "standard").
+    from axiomformer.study.sweep import AA_LABEL
+
+    data = _footing(tmp_path / "ok", suite, lambda label, seed: 0.95 + _noise(seed))
+    for task in data["design"]["tasks"]:
+        assert task["ceiling"] is not None and set(task["controls"]) == {"no_mixing", "uniform_mixing"}
+        assert all(value is not None for value in task["controls"].values())
+    aa = data["aa_control"]
+    assert aa is not None and not aa["broken"] and {t["family"] for t in aa["tasks"]} == {"aa_control"}
+    # planted: the A/A copy scores far below its source, as a design that leaks the initialization would
+    broken = _footing(tmp_path / "bad", suite, lambda label, seed: (0.55 if label == AA_LABEL else 0.95) + _noise(seed))
+    assert broken["aa_control"]["broken"] and broken["aa_control"]["verdict"] == "forced"
+
+
+def _footing(out, suite, value):
+    plant(out, suite, "default", value)
+    return study_json(out)

@@ -1,23 +1,24 @@
 """What a suite compares (one arm against another, paired by seed) and the verdicts, under the main study's rules.
 
 The main suite compares every model with the standard one (``study.summary``). The open-question suites ask other
-questions — a position choice against RoPE at 8 times its training length, a run's accuracy beyond its training length
-against its own accuracy at it, scale = 1 against 1/sqrt(d) at one head_dim — so each suite lists its
-:class:`Contrast` objects (``Suite.comparisons``), and this module turns them into the same verdict objects
-(``statistics.Verdict``) with the same rules: per family a paired t interval, Bonferroni over the family
-(``statistics.one_comparison``), ``forced`` / ``better`` / ``free`` / ``inconclusive``, and ``pilot`` whenever the
-design says pilot or a contrast has fewer paired seeds than ``min_seeds``. ``axiomformer report DIR --json`` prints
-them under ``verdicts`` exactly as for the main suite; the suite's report prints the same objects.
+questions — NoPE against each position scheme at the training length, a scheme's accuracy beyond its training
+length against its own accuracy at it, scale = 1 against 1/sqrt(d) at one head_dim — so each suite lists its
+:class:`Contrast` objects (``OpenQuestion.comparisons``), and this module turns them into the same verdict objects
+(``statistics.Verdict``) with the same rules: per family (a suite names its own, e.g. ``primary`` and
+``extrapolation``) a paired t interval on accuracy or a Newcombe interval on solve rates, Bonferroni over the
+family (``compare_item``), ``forced`` / ``better`` / ``free`` / ``inconclusive``, and ``pilot`` whenever the design
+says pilot or a contrast has fewer paired seeds than ``min_seeds``. ``axiomformer report DIR --json`` prints them
+under ``verdicts`` exactly as for the main suite; the suite's report prints the same objects.
 
 Verdict fields for a contrast: ``assumption`` is the question, ``model`` names both sides (``"a vs b"``; the
-difference is a - b), ``task`` the task and where it is measured (``"sort@8 at 2L-8L"``).
+difference is a - b), ``task`` the task and where it is measured (``"copy@16 at 2L-4L"``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from axiomformer.study.statistics import POWER, PairedItem, Verdict, one_comparison, solve_rate_comparison
@@ -41,8 +42,9 @@ class Contrast:
         metric: ``"accuracy"`` (paired t) or ``"solve_rate"`` (a run solves when its value reaches the study's
             ``solve_threshold``; Newcombe interval); ``None``: the task's metric (``TaskSettings.metric``), filled in
             by the suite base.
-        a_second: seed -> value of side a retrained at its second-best learning rate (``lr_check``); when given, the
-            verdict's ``lr_sensitive`` says whether that changes the verdict.
+        a_second, b_second: seed -> value of side a (b) retrained at its second-best learning rate (``lr_check``);
+            when either is given, the verdict's ``lr_sensitive`` says whether moving either side to that rate (the
+            other at its chosen one) changes the verdict.
     """
 
     question: str
@@ -56,6 +58,7 @@ class Contrast:
     converged: bool = True
     metric: str | None = None
     a_second: dict[int, float] | None = None
+    b_second: dict[int, float] | None = None
 
     @property
     def model(self) -> str:
@@ -95,16 +98,19 @@ def _verdict(info: dict[str, Any], c: Contrast, a: list[float], b: list[float], 
 
 
 def _lr_sensitive(info: dict[str, Any], c: Contrast, verdict: Verdict, size: int) -> bool | None:
-    """Whether retraining side a at its second-best learning rate changes the verdict (``None``: not checked)."""
-    if not c.a_second or verdict.verdict == "pilot":
+    """Whether retraining either side at its second-best learning rate (the other side at its chosen rate) changes
+    the verdict (``None``: neither side has such runs, or too few seeds to decide)."""
+    if (not c.a_second and not c.b_second) or verdict.verdict == "pilot":
         return None
-    again = Contrast(
-        c.question, c.a_label, c.b_label, c.task, c.seq_len, c.family, c.a_second, c.b, c.converged, c.metric
-    )
-    a, b = again.paired()
-    if len(a) < int(info["min_seeds"]):
-        return None
-    return _verdict(info, again, a, b, size, False).verdict != verdict.verdict
+    found = []
+    for a_values, b_values in ((c.a_second, c.b), (c.a, c.b_second)):
+        if not a_values or not b_values:
+            continue
+        again = replace(c, a=a_values, b=b_values, a_second=None, b_second=None)
+        a, b = again.paired()
+        if len(a) >= int(info["min_seeds"]):
+            found.append(_verdict(info, again, a, b, size, False).verdict != verdict.verdict)
+    return any(found) if found else None
 
 
 def contrast_verdicts(

@@ -3,7 +3,7 @@
 This is what ``axiomformer report DIR --json`` prints::
 
     {"design": {"selection_seeds": [...], "reported_seeds": [...], "alpha": 0.05, "correction": "bonferroni",
-                "margin": 0.02, "power": 0.8, "min_seeds": 10, "pilot": bool, "pilot_reason": str | null,
+                "margin": 0.02, "power": 0.8, "min_seeds": int, "pilot": bool, "pilot_reason": str | null,
                 "primary_task": "task@length" | null, "primary": [model labels], "secondary": [model labels]},
      "cells": [{"model", "task", "seq_len", "mean", "ci_low", "ci_high", "ci_method", "n_seeds", "n_test", "lr",
                 "lr_at_grid_edge", "converged", "seeds"}],
@@ -13,9 +13,10 @@ This is what ``axiomformer report DIR --json`` prints::
 
 ``task`` is the ``task@length`` label the report's tables use (``mqar@64``). ``n_test``: scored test items per run
 (the same items for every arm and seed). A cell is *converged* when every reported run of it converged
-(``TrainResult.converged``); a comparison is converged when both its cells are. Families: the comparisons of the
-config's ``primary`` models on the first task form the primary family; the rest the secondary family; each is
-corrected on its own (``statistics.paired_family``). Every verdict is ``pilot`` when the config says ``pilot`` (the
+(``TrainResult.converged``); a comparison is converged when both its cells are. Families (:func:`main_families`): the comparisons of
+the config's ``primary`` models on every task that discriminates form the primary family, those on tasks that do
+not the ``control_task`` family (reported apart, never the answer), the other models' the secondary family; each is
+corrected on its own. Every verdict is ``pilot`` when the config says ``pilot`` (the
 quick preset), when a comparison has fewer reported seeds than the preset's ``min_seeds``, or when the store was
 written by a previous version (its selection seed was also a reported seed); ``design.pilot_reason`` says which.
 

@@ -8,11 +8,13 @@ its arms per task; :func:`arm_stages` turns them into the main machinery's cells
 on the validation split at the selection seed, then the reported seeds at each arm's chosen rate), so every arm gets
 the same budget and the same lr grid.
 
-Statistics: the main study's (``axiomformer.study.statistics``): per arm the mean over seeds with its 95 % Student-t
-interval; per comparison of two arms the paired difference over their shared seeds (same data order and test
-batches) with its paired-t interval, Bonferroni-corrected over every comparison of the paragraph
-(``statistics.paired_family``). A difference is claimed only when that interval excludes 0, equivalence only when it
-lies inside ±margin; otherwise the conclusion says "not yet known" with what a decision would take.
+Statistics: the main study's (``axiomformer.study.statistics``, through ``contrasts.contrast_verdicts``): per arm
+the mean over seeds with its 95 % Student-t interval; per comparison of two arms, by its task's metric, the paired
+difference over their shared seeds with its paired-t interval (``accuracy``) or the difference of solve rates with
+its Newcombe interval (``solve_rate``), at the Bonferroni level of its family (each of the suite's ``families`` is
+corrected on its own). One symmetric rule (``statistics.decide``): ``free`` inside ±margin, ``forced`` / ``better``
+when the interval excludes 0 below / above, else ``inconclusive`` with the difference the seeds would detect.
+Comparisons on a task that does not discriminate get no verdict (``no_verdict``).
 """
 
 from __future__ import annotations
@@ -275,7 +277,9 @@ def verdict_sentence(v: Verdict, margin: float) -> str:
     with the learning-rate check where it changes the verdict."""
     text = _verdict_sentence(v, margin)
     return text + (
-        " At side a's second-best learning rate the verdict changes (lr-sensitive)." if v.lr_sensitive else ""
+        " With either side at its second-best learning rate the verdict changes (lr-sensitive)."
+        if v.lr_sensitive
+        else ""
     )
 
 
@@ -297,12 +301,8 @@ def _verdict_sentence(v: Verdict, margin: float) -> str:
         return f"{where}: pilot, claims nothing ({ci})."
     need = "more than 10,000" if v.seeds_needed is None else f"about {v.seeds_needed}"
     mde = "" if v.mde is None else f"; detects {v.mde:.3f} at 80 % power with {v.n_seeds} seeds"
-    why = (
-        "a side did not converge"
-        if (v.ci_low is not None and v.ci_high is not None and -margin < v.ci_low and v.ci_high < margin)
-        else "the interval includes 0 and reaches beyond the margin"
-    )
-    return f"{where}: not yet known, difference {ci} ({why}{mde}; a decision needs {need} seeds)."
+    why = "the interval includes 0 and reaches beyond the margin"  # inside the margin would be free
+    return f"{where}: inconclusive, difference {ci} ({why}{mde}; a decision needs {need} seeds)."
 
 
 def verdict_blocks(
@@ -399,8 +399,9 @@ def footing_blocks(d: StudyData, extra: dict[str, Any]) -> list:
     sensitive = [f"{v.model} on {v.task}" for v in checked if v.lr_sensitive]
     out.append(
         Paragraph(
-            f"Learning-rate check: {len(checked)} decided comparison(s) recomputed with side a at its second-best "
-            f"rate; {len(sensitive)} change their verdict" + (f" ({'; '.join(sensitive)})." if sensitive else ".")
+            f"Learning-rate check: {len(checked)} decided comparison(s) recomputed with each side that has runs at "
+            f"its second-best rate moved there (the other side at its chosen rate); {len(sensitive)} change their "
+            "verdict" + (f" ({'; '.join(sensitive)})." if sensitive else ".")
         )
     )
     if extra.get("no_verdict"):
@@ -584,8 +585,9 @@ def _setting(c: Contrast) -> str:
 
 def with_footing(d: StudyData, found: list[Contrast], reference: str) -> tuple[list[Contrast], list[Contrast]]:
     """``(kept, dropped)``: the suite's contrasts on tasks that discriminate, each with its task's metric where it
-    names none and, for a comparison of two arms at the training length, side a at its second-best learning rate
-    (``lr_check``); and those on tasks that do not discriminate (they get no verdict)."""
+    names none and, for a comparison of two arms at the training length, each side at its second-best learning rate
+    where the store has it (``lr_check``: every arm but the reference, its A/A copy and the controls); and those on
+    tasks that do not discriminate (they get no verdict)."""
     from axiomformer.study.battery import metric_of
     from axiomformer.study.summary import run_value
 
@@ -599,9 +601,10 @@ def with_footing(d: StudyData, found: list[Contrast], reference: str) -> tuple[l
         task = c.task.split("@", 1)[0]
         metric = c.metric or metric_of(d, task, c.seq_len)
         at_l = c.task == f"{task}@{c.seq_len}"
-        runs = second.seeds(c.a_label, task, c.seq_len) if at_l else {}
-        values = {s: run_value(r, metric) for s, r in runs.items()} or None
-        kept.append(replace(c, metric=metric, a_second=values))
+        a_runs, b_runs = ((second.seeds(x, task, c.seq_len) if at_l else {}) for x in (c.a_label, c.b_label))
+        a_second = {s: run_value(r, metric) for s, r in a_runs.items()} or None
+        b_second = {s: run_value(r, metric) for s, r in b_runs.items()} or None
+        kept.append(replace(c, metric=metric, a_second=a_second, b_second=b_second))
     return kept, dropped
 
 
