@@ -538,6 +538,8 @@ def _budget_table(cfg: StudyConfig) -> Table:
 
 
 def _task_table(d: StudyData, task: str, lengths: list[int], solved: float) -> Table:
+    from axiomformer.study.sweep import AA_LABEL
+
     seeds = d.config.seeds
     table = Table(
         [
@@ -556,7 +558,8 @@ def _task_table(d: StudyData, task: str, lengths: list[int], solved: float) -> T
             results = seed_results(d.rows, m.label, task, n, solved)
             zs = seed_results(d.all_rows, zero, task, n, solved) if n != lengths[0] else []
             if not results and not zs:
-                table.rows.append([m.label, str(n), "—", "—", "—", "—", "—"])
+                if not (m.label == AA_LABEL and n != lengths[0]):  # the A/A arm trains at the shortest length only
+                    table.rows.append([m.label, str(n), "—", "—", "—", "—", "—"])
                 continue
             steps = ", ".join(f"{r.steps}" + ("" if r.converged else "*") for r in results) or "—"
             ns = sorted({r.n_test for r in results + zs if r.n_test})
