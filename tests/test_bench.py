@@ -194,6 +194,14 @@ def test_a_row_carries_its_goals_and_the_report_reads_them():
     assert "normalizer=sparsemax: time <= 1.5x SDPA: NOT met (worst 1.60x at L=1024" in report
     assert "transport=householder: no slower than causal SDPA at L>=4096: NOT met" in report
     assert "normalizer=sparsemax: peak memory <= 2.0x SDPA at L>=4096: met (L=4096: 1.67x)" in report
+    # a row spells its variant in the spec's order (normalizer before transport), the goal table in the issue's: the
+    # goal still applies (a quiet run's three delta-rule rows had no goal line when the lookup compared the strings)
+    decay = bench.Row("normalizer=none,transport=decay", "recurrent", 4096, True, 1.1, 1.0, 1.1, 30.0, 6.0)
+    assert "transport=decay,normalizer=none" in bench.TRANSPORT_ROWS
+    assert (decay.time_goal, decay.memory_goal, decay.goal_met) == (1.0, 2.0, False)
+    assert "transport=decay,normalizer=none: no slower than causal SDPA at L>=4096: NOT met" in "\n".join(
+        bench.goal_report([decay])
+    )
 
 
 def test_the_ratio_interval_is_the_t_interval_of_the_paired_log_ratios():
