@@ -146,10 +146,11 @@ def _goal_of(table: dict[str, Any], variant: str) -> Any:
 
 def time_goal(variant: str, seq_len: int) -> float | None:
     """The largest time ratio to SDPA a row of ``variant`` at ``seq_len`` may have (None: no time goal there)."""
-    if seq_len >= LONG and _goal_of(FASTER_THAN_SDPA, variant) is not None:
-        return 1.0
-    if seq_len >= LONG and _goal_of(LONG_GOALS, variant) is not None:
-        return _goal_of(LONG_GOALS, variant)
+    if seq_len >= LONG:
+        if _goal_of(FASTER_THAN_SDPA, variant) is not None:
+            return 1.0
+        if (long := _goal_of(LONG_GOALS, variant)) is not None:
+            return float(long)
     return _goal_of(GOALS, variant)
 
 

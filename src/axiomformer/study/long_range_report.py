@@ -20,6 +20,7 @@ from axiomformer.study.render import Heading, Image, Paragraph, Table
 
 if TYPE_CHECKING:
     from axiomformer.study.report import StudyData
+    from axiomformer.study.statistics import Interval
 
 CI_METHOD = "clopper-pearson"
 """How the interval of one run's test accuracy is computed: exact binomial over its scored test items."""
@@ -152,12 +153,23 @@ def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
     }
 
 
-def _footing(label: str, kind: str) -> bool:
-    """Whether a model is part of the footing (a validity control or the A/A arm), not an arm the suite asks about."""
-    from axiomformer.study.config import CONTROLS
+def is_footing(label: str, kind: str) -> bool:
+    """Whether a model is part of the footing (a validity control or the A/A arm), not an arm the suite asks about:
+    it gets no zero-shot run and no solve-rate verdict."""
     from axiomformer.study.sweep import AA_LABEL
 
     return label == AA_LABEL or kind in CONTROLS
+
+
+def _solve_rate_difference(
+    runs: list[SeedResult], reference: list[SeedResult], level: float, margin: float
+) -> tuple[int, int, Interval, str]:
+    """``(solved, reference solved, Newcombe interval of the difference at level, verdict by the symmetric rule)``."""
+    from axiomformer.study.statistics import decide, newcombe_difference
+
+    s_a, s_b = sum(r.solved for r in runs), sum(r.solved for r in reference)
+    ci = newcombe_difference(s_a, len(runs), s_b, len(reference), level)
+    return s_a, s_b, ci, decide(ci.low, ci.high, margin)
 
 
 def aa_control(d: StudyData, solved: float, margin: float) -> dict[str, Any] | None:
@@ -166,7 +178,8 @@ def aa_control(d: StudyData, solved: float, margin: float) -> dict[str, Any] | N
     symmetric rule as the verdicts). ``verdict``: ``forced`` or ``better`` when any length's is (``broken``: the
     comparison finds a difference between a model and itself), else ``free`` when every one is, else
     ``inconclusive``; ``None`` without A/A runs."""
-    from axiomformer.study.statistics import ALPHA, decide, newcombe_difference
+    from axiomformer.study.statistics import ALPHA
+    from axiomformer.study.summary import aa_overall
     from axiomformer.study.sweep import AA_LABEL
 
     pending = []
@@ -179,10 +192,9 @@ def aa_control(d: StudyData, solved: float, margin: float) -> dict[str, Any] | N
     if not pending:
         return None
     level = 1 - ALPHA / len(pending)
-    tasks = []
+    tasks: list[dict[str, Any]] = []
     for task, n, aa, reference in pending:
-        s_a, s_b = sum(r.solved for r in aa), sum(r.solved for r in reference)
-        ci = newcombe_difference(s_a, len(aa), s_b, len(reference), level)
+        s_a, s_b, ci, verdict = _solve_rate_difference(aa, reference, level, margin)
         tasks.append(
             {
                 "task": f"{task}@{n}",
@@ -196,12 +208,11 @@ def aa_control(d: StudyData, solved: float, margin: float) -> dict[str, Any] | N
                 "ci_low": ci.low,
                 "ci_high": ci.high,
                 "level": level,
-                "verdict": decide(ci.low, ci.high, margin),
+                "verdict": verdict,
                 "family": "aa_control",
             }
         )
-    kinds = {t["verdict"] for t in tasks}
-    overall = next((k for k in ("forced", "better") if k in kinds), "free" if kinds == {"free"} else "inconclusive")
+    overall = aa_overall({t["verdict"] for t in tasks})
     return {
         "model": f"{AA_LABEL} vs standard",
         "verdict": overall,
@@ -348,7 +359,7 @@ def solve_rate_comparisons(d: StudyData, solved: float, margin: float) -> list[d
     ``solved``. The Newcombe interval of the difference (model minus standard) at the Bonferroni level over the
     family (every comparison listed), the verdict by ``statistics.decide`` with ``margin``. A task that does not
     decide gives no comparison."""
-    from axiomformer.study.statistics import ALPHA, decide, newcombe_difference
+    from axiomformer.study.statistics import ALPHA
 
     deciding = {v["task"] for v in task_validity(d, solved) if v["decides"]}
     pending = []
@@ -359,7 +370,7 @@ def solve_rate_comparisons(d: StudyData, solved: float, margin: float) -> list[d
             reference = seed_results(d.rows, "standard", task, n, solved)
             if not reference:
                 continue
-            asked = [m for m in d.models if not _footing(m.label, m.kind)]
+            asked = [m for m in d.models if not is_footing(m.label, m.kind)]
             arms = [(m.label, seed_results(d.rows, m.label, task, n, solved)) for m in asked if m.label != "standard"]
             for m in asked:
                 label = zero_shot_label(m.label, lengths[0])
@@ -369,8 +380,7 @@ def solve_rate_comparisons(d: StudyData, solved: float, margin: float) -> list[d
     level = 1 - ALPHA / family
     out = []
     for task, n, label, runs, reference in pending:
-        s_a, s_b = sum(r.solved for r in runs), sum(r.solved for r in reference)
-        ci = newcombe_difference(s_a, len(runs), s_b, len(reference), level)
+        s_a, s_b, ci, verdict = _solve_rate_difference(runs, reference, level, margin)
         out.append(
             {
                 "task": task,
@@ -386,7 +396,7 @@ def solve_rate_comparisons(d: StudyData, solved: float, margin: float) -> list[d
                 "level": level,
                 "family": family,
                 "margin": margin,
-                "verdict": decide(ci.low, ci.high, margin),
+                "verdict": verdict,
             }
         )
     return out

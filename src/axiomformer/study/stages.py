@@ -18,6 +18,7 @@ The choice itself (:func:`choose_lr`) is also what the report uses to tell repor
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, Literal
@@ -332,8 +333,6 @@ def aa_sources(rows: list[RunRecord]) -> dict[tuple[str, int], str]:
     ``standard``: the rho suite's is ``+MLP rho=identity``). Settings without a match are left out."""
 
     def config_of(r: RunRecord) -> str:
-        import json
-
         return json.dumps({k: v for k, v in r.train_config.items() if k != "init_stream"}, sort_keys=True)
 
     by_config = {(r.task, r.seq_len, config_of(r)): r.label for r in rows if r.label != AA_LABEL}

@@ -397,23 +397,21 @@ def aa_control(d: StudyData) -> dict[str, Any] | None:
     return aa_summary(f"{AA_LABEL} vs {REFERENCE}", found)
 
 
+def aa_overall(kinds: set[str]) -> str:
+    """The A/A control's overall verdict from its settings' verdicts: ``forced`` or ``better`` if any is (the design
+    is broken), ``pilot`` when every one is, ``free`` when every one is, else ``inconclusive``."""
+    for kind in ("forced", "better"):
+        if kind in kinds:
+            return kind
+    return "pilot" if kinds == {"pilot"} else "free" if kinds == {"free"} else "inconclusive"
+
+
 def aa_summary(model: str, found: list[Verdict]) -> dict[str, Any]:
     """The ``aa_control`` entry from the A/A verdicts of each task (one family): ``verdict``: ``forced`` or
     ``better`` if any task's is (the design is broken: ``broken`` true), else ``free`` if every task's is, else
     ``inconclusive`` (``pilot`` when every one is). Each task's entry carries ``"family": "aa_control"`` (its own
     family, never the answer)."""
-    kinds = {v.verdict for v in found}
-    overall = (
-        "forced"
-        if "forced" in kinds
-        else "better"
-        if "better" in kinds
-        else "pilot"
-        if kinds == {"pilot"}
-        else "free"
-        if kinds == {"free"}
-        else "inconclusive"
-    )
+    overall = aa_overall({v.verdict for v in found})
     return {
         "model": model,
         "verdict": overall,
@@ -491,6 +489,7 @@ __all__ = [
     "REFERENCE",
     "CellStat",
     "aa_control",
+    "aa_overall",
     "aa_summary",
     "answer",
     "cell_stats",

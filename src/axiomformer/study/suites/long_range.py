@@ -185,7 +185,7 @@ def stages(config: StudyConfig) -> list[Stage]:
     task, reported seed): the weights trained at the shortest length only, tested at that length with the same test
     set as the curriculum run there (``steps = 0``: nothing trained, one validation batch). The validity controls
     go through the curriculum (what each length gives away); the A/A control trains at the shortest length only."""
-    from axiomformer.study.long_range_report import zero_shot_label
+    from axiomformer.study.long_range_report import is_footing, zero_shot_label
     from axiomformer.study.stages import choose_lr, curriculum_stages
     from axiomformer.study.sweep import AA_LABEL, cells, make_run
 
@@ -212,7 +212,12 @@ def stages(config: StudyConfig) -> list[Stage]:
             out = stage(stored)
             for cell in all_cells:
                 lengths = sorted({c.seq_len for c in all_cells if c.task == cell.task})
-                if len(lengths) <= index or cell.seq_len != lengths[index] or _footing(cell):
+                if (
+                    len(lengths) <= index
+                    or cell.seq_len != lengths[index]
+                    or is_footing(cell.model.label, cell.model.kind)
+                ):
+                    # the controls and the A/A arm: no zero-shot run (they are not asked about length)
                     continue
                 label = zero_shot_label(cell.model.label, shortest[cell.task])
                 zero = replace(
@@ -229,15 +234,6 @@ def stages(config: StudyConfig) -> list[Stage]:
         return run_stage
 
     return base[:2] + [with_zero_shot(stage, i) for i, stage in enumerate(base[2:], start=1)]
-
-
-def _footing(cell: Cell) -> bool:
-    """Whether ``cell`` is a validity control or the A/A arm: they train through the curriculum (the controls say
-    what each length gives away; the A/A arm is the null of the solve-rate comparisons) but have no zero-shot run."""
-    from axiomformer.study.config import CONTROLS
-    from axiomformer.study.sweep import AA_LABEL
-
-    return cell.model.label == AA_LABEL or cell.model.kind in CONTROLS
 
 
 def runs_json(d: StudyData) -> dict:
