@@ -124,6 +124,34 @@ def test_shuffled_needs_two_images():
         _net("shuffled")(torch.randn(1, 4, 3))
 
 
+# ---- uniform: every attention weight 1/n (no scores) ------------------------------------------------------------
+
+
+def test_uniform_step_is_the_attention_step_with_all_scores_zero():
+    net = _net("uniform")
+    Z = torch.randn(3, 4, 8)
+    phi = net.phis[0].detach().numpy()
+    theta = phi @ phi.T
+    got = net.step(Z, 0).detach().numpy()
+    zero_scores = np.zeros_like(Z.numpy())  # softmax of all-zero scores: every weight 1/n
+    np.testing.assert_allclose(got, _independent_step(Z.numpy(), zero_scores, theta, net.step_size), atol=1e-5)
+    assert net.flow_parameter_count() == _net("attention").flow_parameter_count()  # same parameters, no scores
+    # the check can fail: the attention arm's weights come from the scores
+    own = _independent_step(Z.numpy(), Z.numpy(), theta, net.step_size)
+    assert np.abs(_net("attention").step(Z, 0).detach().numpy() - own).max() < 1e-5
+    assert np.abs(got - own).max() > 1e-3
+
+
+def test_uniform_linear_step_moves_every_sample_by_the_mean_class_embedding():
+    torch.manual_seed(0)
+    for value in ("tied", "free"):
+        net = FlowNet(3, 4, dim=5, steps=1, model="linear", mixing="uniform", value=value)
+        Z = torch.randn(6, 5)
+        target = net.values[0] if value == "free" else -net.theta
+        expected = Z.numpy() + net.step_size * target.detach().numpy().mean(axis=0)
+        np.testing.assert_allclose(net.step(Z, 0).detach().numpy(), expected, atol=1e-6)
+
+
 # ---- value = classifier: the form derived from the fixed classifier ---------------------------------------------
 
 
@@ -340,6 +368,32 @@ def test_learning_rate_is_chosen_per_k_on_validation():
     assert kept[lr_key("fixed", "neither", 0)] == 7.0  # a resumed choice is kept
 
 
+@pytest.mark.parametrize("lr_epochs", [None, 2])
+def test_each_learning_rate_is_tried_for_lr_epochs_and_the_fits_for_fit_epochs(lr_epochs, monkeypatch):
+    import axiomformer.flows.experiment as experiment
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 3, (40,), generator=g)
+    x = torch.randn(40, 4, 3, generator=g)
+    cfg = FlowConfig(dim=6, batch_size=16, fit_epochs=1, epochs=3, lr_epochs=lr_epochs, lr_grid=(1e-3, 1e-2))
+    cfg = replace(cfg, lr_seeds=1, thetas=("fixed",), mixings=("attention",), values=("tied",), K=(1,))
+    seen: list[tuple[int, float]] = []
+    real = experiment.train_group
+
+    def spy(nets, **kw):
+        seen.append((kw["epochs"], kw["lr"]))
+        return real(nets, **kw)
+
+    monkeypatch.setattr(experiment, "train_group", spy)
+    choose_lrs(cfg, x=x, y=y, noise=[0.0], seed=0, say=lambda *a: None)
+    tried = sorted(lr for epochs, lr in seen if lr in cfg.lr_grid and epochs != cfg.fit_epochs)
+    assert seen[0] == (cfg.fit_epochs, cfg.lr)  # the fits of the selection seeds
+    # K = 0 (neither) and K = 1 (attention/tied), each rate once, for lr_epochs (None: the arms' own epochs)
+    assert [e for e, _ in seen[1:]] == [lr_epochs or cfg.epochs] * 4 and tried == sorted(cfg.lr_grid * 2)
+    with pytest.raises(ValueError, match="lr_epochs=-1"):
+        run_flow_experiment("tiny", noise=(0.0,), config=replace(cfg, lr_epochs=-1))
+
+
 # ---- the whole run: schema, report, resume ------------------------------------------------------------------------
 
 
@@ -461,7 +515,7 @@ def test_every_arm_of_the_default_run_moves_the_features_at_every_step_and_plant
         seen.add((theta, arm))
         assert net.steps == K
         assert _substeps_move(net, x) == (arm != "neither"), (theta, arm, K)
-    assert len(seen) == 2 * 10 and ("learned", AA_ARM) in seen
+    assert len(seen) == 2 * 12 and ("learned", AA_ARM) in seen
     # the check can fail: an attention sub-step planted as a no-op is caught in every arm that has one (in `both`
     # too, where the MLP still moves the features), and so is a whole step planted as the identity
     monkeypatch.setattr(FlowNet, "_attention", lambda self, Z, k: torch.zeros_like(Z))

@@ -289,13 +289,15 @@ def test_cli_flow_json_on_tiny_fashion_mnist(tmp_path):
     keys = {"arm", "theta", "mixing", "value", "K", "noise", "flow_params", "acc_mean", "ci_low", "ci_high", "n_seeds"}
     assert all(keys <= set(row) for row in payload["arms"])
     assert {r["theta"] for r in payload["arms"]} == {"fixed", "learned"}
-    assert {r["mixing"] for r in payload["arms"]} == {"attention", "shuffled", "token_mlp", "mlp", "both", "neither"}
-    assert {r["value"] for r in payload["arms"] if r["mixing"] in ("attention", "both", "shuffled")} == {
+    mixings = {"attention", "shuffled", "uniform", "token_mlp", "mlp", "both", "neither"}
+    assert {r["mixing"] for r in payload["arms"]} == mixings
+    assert {r["value"] for r in payload["arms"] if r["mixing"] in ("attention", "both", "shuffled", "uniform")} == {
         "tied",
         "classifier",
     }
-    # attention, shuffled and both x (tied, classifier), token_mlp, mlp, neither: 10 arms (with the A/A copy of attention/tied) x 2 thetas x 2 K x 2 noise
-    assert len(payload["arms"]) == 2 * 10 * 2 * 2 and all(r["n_seeds"] == 2 for r in payload["arms"])
+    # attention, shuffled, uniform and both x (tied, classifier), token_mlp, mlp, neither: 12 arms (with the A/A copy
+    # of attention/tied) x 2 thetas x 2 K x 2 noise
+    assert len(payload["arms"]) == 2 * 12 * 2 * 2 and all(r["n_seeds"] == 2 for r in payload["arms"])
     assert all(0.0 <= r["acc_mean"] <= 1.0 and r["ci_low"] <= r["acc_mean"] <= r["ci_high"] for r in payload["arms"])
     k0 = {(r["theta"], r["noise"], r["acc_mean"]) for r in payload["arms"] if r["K"] == 0}
     assert len(k0) == 2 * 2  # K = 0 is one network per theta setting and noise

@@ -67,7 +67,7 @@ _MIXING = typer.Option(
     None,
     "--mixing",
     help="arms, comma-separated: attention, shuffled (weights from another image's "
-    "tokens), token_mlp (a token-wise MLP with the attention step's parameter "
+    "tokens), uniform (every weight 1/n: no scores), token_mlp (a token-wise MLP with the attention step's parameter "
     "count), mlp, both, neither (default: all but none; linear model: no "
     "token_mlp)",
 )
@@ -112,7 +112,7 @@ def flow_command(
     as_json: bool = _AS_JSON,
 ) -> None:
     """Fit the multinomial regression, then test accuracy against the number of flow steps K per arm (theta fixed
-    or learned; attention / shuffled / token_mlp / MLP / both / neither; tied, free or classifier values), the
+    or learned; attention / shuffled / uniform / token_mlp / MLP / both / neither; tied, free or classifier values), the
     Holm-corrected paired comparisons, a test-time flow, and sanity checks."""
     from axiomformer.flows.experiment import run_flow_experiment
 

@@ -40,6 +40,8 @@ PAIRS = (
     ("attention/tied", "shuffled/tied", "weights from the image's own tokens vs from another image's"),
     ("attention/classifier", "neither", "the classifier's own flow vs no flow (both train only the embedding)"),
     ("attention/classifier", "shuffled/classifier", "the classifier's flow vs the same with another image's weights"),
+    ("attention/tied", "uniform/tied", "weights from scores vs every weight 1/n (the uniform-mixing control)"),
+    ("attention/classifier", "uniform/classifier", "the classifier's flow vs the same with every weight 1/n"),
     ("both/tied", "mlp", "attention beside the MLP vs the MLP alone"),
     (
         "attention/tied",

@@ -55,7 +55,7 @@ class FlowConfig:
     patch: int = 7
     readout: str = "mean"
     thetas: tuple[str, ...] = ("fixed", "learned")
-    mixings: tuple[str, ...] = ("attention", "shuffled", "token_mlp", "mlp", "both", "neither")
+    mixings: tuple[str, ...] = ("attention", "shuffled", "uniform", "token_mlp", "mlp", "both", "neither")
     values: tuple[str, ...] = ("tied", "classifier")
     dim: int = 16
     hidden: int = 32
@@ -67,6 +67,9 @@ class FlowConfig:
     batch_size: int = 128
     lr: float = 3e-3
     lr_grid: tuple[float, ...] = ()
+    lr_epochs: int | None = None
+    """The epochs of each learning-rate selection run (None: ``epochs``): the rate is chosen on a shorter run of the
+    same arm where the full budget would cost the selection as much as the arms themselves."""
     weight_decay: float = 0.0
     seeds: int = 5
     max_train: int | None = None
@@ -85,14 +88,14 @@ class FlowConfig:
 def default_config(quick: bool = False, **overrides: Any) -> FlowConfig:
     """The default run: theta fixed (the source's setting) and learned, K = 0, 1, 2, 4, 8, the A/A copy of
     attention/tied, 16 seeds (a power calculation from a previous store's variance, ``benchmarks/flow_power.py``),
-    2,000 training / 1,000 test images, 10 fit + 20 arm epochs of batch 128 (the committed training-curve pilot,
-    ``benchmarks/flow_curve.py``, K = 8: from epoch 20 to the best epoch up to 40, attention/tied gains 0.021,
-    ``neither`` 0.014, attention/classifier nothing, but both/tied 0.04 and token_mlp and mlp about 0.1: the budget
-    is short for the MLP arms, so their lead over attention is an underestimate), the learning rate chosen per
-    (theta, arm, K) from {1e-3, 3e-3, 1e-2, 3e-2} on a validation split with 2 selection seeds of its own.
+    2,000 training / 1,000 test images, 10 fit + 80 arm epochs of batch 128 (the committed pilot to 80 epochs,
+    ``benchmarks/flow_curve.py`` at K = 8, ``benchmarks/results/flow/budget_x4``: token_mlp stays within 0.01 of its
+    best from epoch 70 on, attention/tied from 55, mlp from 38), the learning rate chosen per (theta, arm, K) from
+    {1e-3, 3e-3, 1e-2, 3e-2} on a validation split with 2 selection seeds of its own, each rate trained 20 epochs
+    (``lr_epochs``: at 80 the selection would cost half the run again).
     ``quick`` (a pilot that claims nothing): 2 seeds (so intervals exist), 1,000 / 500 images, 4 + 4 epochs of
     batch 128, the fixed lr 3e-3 for every arm."""
-    cfg = FlowConfig(lr_grid=(1e-3, 3e-3, 1e-2, 3e-2), max_train=2000, max_test=1000, seeds=16, epochs=20)
+    cfg = FlowConfig(lr_grid=(1e-3, 3e-3, 1e-2, 3e-2), max_train=2000, max_test=1000, seeds=16, epochs=80, lr_epochs=20)
     if quick:
         cfg = FlowConfig(seeds=2, max_train=1000, max_test=500, fit_epochs=4, epochs=4, batch_size=128, oracle_steps=50)
     for key, value in overrides.items():
@@ -123,8 +126,11 @@ def _validate(cfg: FlowConfig, noise: list[float]) -> None:
         )
     if any(s < 0 for s in noise) or any(k < 0 for k in cfg.K) or not noise or not cfg.K:
         raise ValueError(f"noise levels and flow steps K must be non-empty and >= 0; got noise={noise}, K={cfg.K}")
-    if cfg.seeds < 1 or cfg.epochs < 0 or cfg.fit_epochs < 0:
-        raise ValueError(f"seeds must be >= 1 and epochs >= 0; got seeds={cfg.seeds}, epochs={cfg.epochs}")
+    if cfg.seeds < 1 or min(cfg.epochs, cfg.fit_epochs, cfg.lr_epochs or 0) < 0:
+        raise ValueError(
+            f"seeds must be >= 1 and epochs >= 0; got seeds={cfg.seeds}, epochs={cfg.epochs}, "
+            f"fit_epochs={cfg.fit_epochs}, lr_epochs={cfg.lr_epochs}"
+        )
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float | None, float | None]:
@@ -409,6 +415,8 @@ def _validation_accuracy(
     """The mean validation accuracy over ``seeds`` of ``arm`` trained at ``lr`` (:func:`train_arm`) on the training
     part of ``split`` = (x_train, y_train, x_val, y_val)."""
     xt, yt, xv, yv = split
+    if cfg.lr_epochs is not None:
+        cfg = replace(cfg, epochs=cfg.lr_epochs)
     nets = train_arm(fits, arm, cfg=cfg, x=xt, y=yt, sigmas=[sigma] * len(seeds), seeds=seeds, lr=lr)
     return float(np.mean([accuracy(n, xv, yv) for n in nets]))
 

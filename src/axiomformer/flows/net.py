@@ -20,7 +20,9 @@ tied -CA(Z, theta) itself, whose keys and values already are theta. It has no pa
 Controls (``docs/flows.md``): ``token_mlp`` is a token-wise MLP step whose hidden width is chosen so that its
 parameter count is that of the tied attention step (d^2, within 15 %): no token mixing, the same capacity.
 ``shuffled`` is the attention step with its weights computed from *another image's* tokens (the batch rolled by one,
-``Z.roll(1, 0)``) and its values from the image's own: mixing without information about the image.
+``Z.roll(1, 0)``) and its values from the image's own: mixing without information about the image. ``uniform`` is
+the attention step with every weight 1/n (the tokens' mean; the linear model: the classes' mean): mixing with no
+scores at all, the uniform-mixing control of the study's task battery.
 
 Classifier: logits = readout(Z) theta^T (no intercept, the source's N = Z theta^T), theta (K, r). ``readout`` (quadratic
 model): ``mean`` (mean over tokens, r = d) and ``cls`` (a learned class token prepended to the image tokens, r = d) do
@@ -37,9 +39,9 @@ from axiomformer.flows.integrators import project_to_sphere
 from axiomformer.flows.loss import MODELS, TRANSPOSED_TERMS
 from axiomformer.flows.operators import quadratic_weights
 
-MIXINGS = ("attention", "mlp", "both", "neither", "token_mlp", "shuffled")
+MIXINGS = ("attention", "mlp", "both", "neither", "token_mlp", "shuffled", "uniform")
 #: Mixings with an attention sub-step (their arms cross the value maps).
-ATTENTION_MIXINGS = ("attention", "both", "shuffled")
+ATTENTION_MIXINGS = ("attention", "both", "shuffled", "uniform")
 VALUES = ("tied", "free", "classifier")
 #: token_mlp's parameter count may differ from the tied attention step's by at most this fraction.
 PARAM_TOLERANCE = 0.15
@@ -113,9 +115,10 @@ class FlowNet(nn.Module):
         steps: number of unrolled flow steps (layers); 0 gives multinomial regression on the embedded (read-out) input.
         model: ``"linear"`` (one feature per sample, cross-attention to the class embeddings) or ``"quadratic"``
             (patch tokens, self-attention across tokens).
-        mixing: ``attention`` | ``mlp`` | ``both`` | ``neither`` | ``token_mlp`` | ``shuffled``: which sub-steps each
-            flow step has (``token_mlp``: an MLP with the tied attention step's parameter count; ``shuffled``: the
-            attention step with weights from another image of the batch).
+        mixing: ``attention`` | ``mlp`` | ``both`` | ``neither`` | ``token_mlp`` | ``shuffled`` | ``uniform``: which
+            sub-steps each flow step has (``token_mlp``: an MLP with the tied attention step's parameter count;
+            ``shuffled``: the attention step with weights from another image of the batch; ``uniform``: the attention
+            step with every weight 1/n).
         value: ``tied`` (the flow's own value map and sign), ``free`` (a learned value map) or ``classifier`` (tied,
             with the form theta^T theta / ||theta||_2^2 derived from the classifier; in the linear model the same as
             ``tied``, whose cross-attention already takes its keys and values from theta).
@@ -233,27 +236,38 @@ class FlowNet(nn.Module):
             )
         return Z.roll(1, dims=batch_dim)
 
+    def _mix(self, weights: Tensor | None, values: Tensor) -> Tensor:
+        """weights @ values; ``weights=None`` (``uniform``): every row the mean of ``values``' rows, 1/n each."""
+        if weights is None:
+            return values.mean(dim=-2, keepdim=True).expand_as(values)
+        return weights @ values
+
     def _attention(self, Z: Tensor, k: int) -> Tensor:
-        """The attention sub-step's direction: weights from :meth:`_weight_source`, values from Z itself."""
+        """The attention sub-step's direction: weights from :meth:`_weight_source` (none for ``uniform``), values
+        from Z itself."""
         b = self._block(k)
         W = self._weight_source(Z)
+        uniform = self.mixing == "uniform"
         if self.model == "linear":
-            weights = torch.softmax(W @ self.theta.T, dim=-1)
-            return weights @ self.values[b] if self.value == "free" else -(weights @ self.theta)
+            targets = self.values[b] if self.value == "free" else -self.theta  # (K, d): tied is repulsive
+            if uniform:
+                return targets.mean(dim=0).expand_as(Z)
+            return torch.softmax(W @ self.theta.T, dim=-1) @ targets
         if self.value == "classifier":
             theta = self.classifier_form()
         else:
             phi = self.phis[b]
             theta = phi @ phi.T
-        weights = quadratic_weights(W, theta)
+        weights = None if uniform else quadratic_weights(W, theta)
         if self.value == "free":
-            return weights @ (Z @ self.values[b])
+            return self._mix(weights, Z @ self.values[b])
         values = Z @ theta
         if self.transposed_term == "drop":
-            return -(weights @ values)
+            return -self._mix(weights, values)
         if self.transposed_term == "symmetrize":
-            return -2 * (weights @ values)
-        return -(weights @ values + weights.transpose(-1, -2) @ values)
+            return -2 * self._mix(weights, values)
+        transposed = None if weights is None else weights.transpose(-1, -2)
+        return -(self._mix(weights, values) + self._mix(transposed, values))
 
     def embed_inputs(self, x: Tensor) -> Tensor:
         """Z_0: the embedded inputs ((batch, d), or (batch, tokens, d) with positions and the class token)."""
