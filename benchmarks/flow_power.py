@@ -8,7 +8,7 @@ standard deviation over seeds of the paired differences of every pair of the mai
 K = 1, 2, 4, every noise level), and asks statsmodels' ``TTestPower`` (a paired t-test is a one-sample t-test of the
 differences) how many seeds detect a difference D with power 0.8 at the Bonferroni level 0.05 / M. It also prints the
 half-width of the Bonferroni interval (level 1 - 0.05 / M) at N seeds: the symmetric verdict rule can say "no
-difference within +-m" only where that half-width is below m. The default run's main family has M = 96 (6 pairs x
+difference within +-m" only where that half-width is below m. The default run's main family has M = 128 (8 pairs x
 theta fixed, learned x K = 1, 2, 4, 8 x 2 noise levels).
 """
 
@@ -76,7 +76,7 @@ def main(path: str, family: int, effect: float, n: int) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    opts = {"--family": "96", "--effect": "0.02", "--seeds": "16"}
+    opts = {"--family": "128", "--effect": "0.02", "--seeds": "16"}
     for flag in list(opts):
         if flag in args:
             i = args.index(flag)
