@@ -1,6 +1,6 @@
 """Seed a part's resumable store with learning rates another part of the same run already chose:
 
-    python benchmarks/flow_prefill.py OUT_DIR --theta T --mixing M1,M2 [--value V1,V2] SOURCE [SOURCE ...]
+    python benchmarks/flow_prefill.py OUT_DIR --theta T --mixing M1,M2 [--value V] [--steps K] [--lr-rank R] SOURCE [...]
 
 The learning-rate choice (``axiomformer.flows.experiment.choose_lrs``) depends only on the data, the selection seeds
 and the (theta, arm, K) cell, not on which other arms a process trains, so a part that trains arms whose rates a
@@ -27,7 +27,15 @@ from pathlib import Path
 LINE = re.compile(r"^lr for theta=(\S+) (\S+(?: \(A/A\))?) K=(\d+): (\S+)  \(validation accuracy (\{.*\})\)$")
 
 
-def main(out: str, theta: str, mixing: str, logs: list[str], value: str | None = None) -> None:
+def main(
+    out: str,
+    theta: str,
+    mixing: str,
+    logs: list[str],
+    value: str | None = None,
+    lr_rank: int = 1,
+    steps: str | None = None,
+) -> None:
     from axiomformer.commands.flow import _flow_config
     from axiomformer.flows.experiment import _header
 
@@ -41,10 +49,10 @@ def main(out: str, theta: str, mixing: str, logs: list[str], value: str | None =
         value=value,
         seeds=None,
         noise="0,1.0",
-        steps=None,
+        steps=steps,
         quick=False,
     )
-    cfg = replace(cfg, K=tuple(sorted(set(cfg.K))))
+    cfg = replace(cfg, K=tuple(sorted(set(cfg.K))), lr_rank=lr_rank)
     lrs, scores = {}, {}
     for log in logs:
         if log.endswith(".json"):
@@ -83,10 +91,18 @@ def _check_same_selection(old: dict, cfg) -> None:
 if __name__ == "__main__":
     args = sys.argv[1:]
     out = args.pop(0)
-    opts: dict[str, str | None] = {"--value": None}
-    for flag in ("--theta", "--mixing", "--value"):
+    opts: dict[str, str | None] = {"--value": None, "--lr-rank": "1", "--steps": None}
+    for flag in ("--theta", "--mixing", "--value", "--lr-rank", "--steps"):
         if flag in args:
             i = args.index(flag)
             opts[flag] = args[i + 1]
             del args[i : i + 2]
-    main(out, str(opts["--theta"]), str(opts["--mixing"]), args, opts["--value"])
+    main(
+        out,
+        str(opts["--theta"]),
+        str(opts["--mixing"]),
+        args,
+        opts["--value"],
+        int(str(opts["--lr-rank"])),
+        opts["--steps"],
+    )

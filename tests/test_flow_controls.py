@@ -666,3 +666,68 @@ def test_parts_split_by_arms_merge_into_the_whole_run(tmp_path, monkeypatch):
     parts[1]["arms"][i] = dict(parts[1]["arms"][i], acc=[0.0] * 3)
     with pytest.raises(ValueError, match="disagree"):
         flow_merge.merge(parts)
+
+
+# ---- the learning-rate check: the arms at their second-best rate ------------------------------------------------
+
+
+def test_ranked_lr_follows_the_selection_rule_and_refuses_a_missing_ranking():
+    from axiomformer.flows.experiment import ranked_lr
+
+    scores = {"c": {"0.001": 0.5, "0.003": 0.7, "0.01": 0.7, "0.03": 0.2}}
+    chosen = {"c": max((0.001, 0.003, 0.01, 0.03), key=lambda lr: (scores["c"][f"{lr:g}"], -lr))}  # choose_lrs's rule
+    assert ranked_lr(chosen, scores, "c", 1) == chosen["c"] == 0.003
+    assert [ranked_lr(chosen, scores, "c", r) for r in (2, 3, 4)] == [0.01, 0.001, 0.03]
+    with pytest.raises(ValueError, match="needs 2 scored learning rates"):
+        ranked_lr(chosen, {}, "c", 2)
+
+
+def test_a_run_at_lr_rank_2_trains_every_arm_at_its_second_best_rate(tmp_path, monkeypatch):
+    from axiomformer.flows import experiment
+
+    ds, cfg = _tiny_run(tmp_path)
+    cfg = replace(cfg, lr_grid=(1e-3, 1e-2, 3e-2), lr_seeds=1, mixings=("attention", "neither"), values=("tied",))
+    monkeypatch.setattr(experiment, "load_dataset", lambda *a, **k: ds)
+    used: list[float] = []
+    real = experiment.train_arm
+
+    def spy(*a, **kw):
+        used.append(kw["lr"])
+        return real(*a, **kw)
+
+    first = run_flow_experiment("tiny", noise=(0.0,), config=replace(cfg, K=(0, 1)))
+    monkeypatch.setattr(experiment, "train_arm", spy)
+    second = run_flow_experiment("tiny", noise=(0.0,), config=replace(cfg, K=(0, 1), lr_rank=2))
+    ranking = {k: sorted(v, key=lambda lr: (-v[lr], float(lr))) for k, v in second["lr_scores"].items()}
+    assert second["lr"] == first["lr"] and all(first["lr"][k] == float(r[0]) for k, r in ranking.items())
+    trained = used[-3:]  # after the selection: neither (K = 0), attention/tied and its A/A copy at K = 1
+    keys = [lr_key("fixed", "neither", 0), lr_key("fixed", "attention/tied", 1), lr_key("fixed", "attention/tied", 1)]
+    assert trained == [float(ranking[k][1]) for k in keys]
+    assert any(t != first["lr"][k] for t, k in zip(trained, keys))  # the check can fail: rank 2 is not rank 1
+    with pytest.raises(ValueError, match="lr_rank"):
+        run_flow_experiment("tiny", noise=(0.0,), config=replace(cfg, lr_rank=4))
+
+
+def test_lr_check_flags_a_verdict_that_flips_at_either_sides_second_rate():
+    from axiomformer.flows.comparisons import compare_arms, lr_check
+
+    rng = np.random.default_rng(1)
+    base = rng.normal(0.5, 0.002, 16)
+    chosen = {("fixed", "neither", 1, 0.0): list(base), ("fixed", "attention/tied", 1, 0.0): list(base + 0.1)}
+    chosen[("fixed", "token_mlp", 1, 0.0)] = list(base + 0.1 + rng.normal(0, 0.002, 16))
+    _, eq = compare_arms(chosen, 0.02)
+    verdicts = {(r["a"], r["b"]): r["verdict"] for r in eq["rows"]}
+    assert verdicts[("attention/tied", "neither")] == "higher"
+    assert verdicts[("attention/tied", "token_mlp")].startswith("no difference")
+    # the second-best rates: attention/tied collapses to neither's level; the others keep theirs
+    second = dict(chosen) | {("fixed", "attention/tied", 1, 0.0): list(base + rng.normal(0, 0.002, 16))}
+    rows = {(r["a"], r["b"]): r for r in lr_check(chosen, second, eq)}
+    assert rows[("attention/tied", "neither")]["a_second"].startswith("no difference")
+    assert rows[("attention/tied", "neither")]["b_second"] == "higher"
+    assert rows[("attention/tied", "token_mlp")]["a_second"] == "lower"
+    assert all(r["lr_sensitive"] for r in rows.values())
+    # the same rates again: nothing flips (the check is not always on); b's side alone is caught too
+    assert not any(r["lr_sensitive"] for r in lr_check(chosen, chosen, eq))
+    b_only = dict(chosen) | {("fixed", "neither", 1, 0.0): list(base + 0.1)}
+    row = {(r["a"], r["b"]): r for r in lr_check(chosen, b_only, eq)}[("attention/tied", "neither")]
+    assert row["a_second"] == "higher" and row["b_second"].startswith("no difference") and row["lr_sensitive"]

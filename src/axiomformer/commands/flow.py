@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,15 @@ def _choices(text: str, name: str, valid: tuple[str, ...]) -> tuple[str, ...]:
             "(comma-separated for several)"
         )
     return picked
+
+
+_LR_RANK = typer.Option(
+    1,
+    "--lr-rank",
+    min=1,
+    help="train every arm at its chosen learning rate (1) or at the second best of its validation ranking (2: the "
+    "runs of the learning-rate check)",
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -104,6 +114,7 @@ def flow_command(
     value: str = _VALUE,
     noise: str = _NOISE,
     steps: str | None = _STEPS,
+    lr_rank: int = _LR_RANK,
     seeds: int = _SEEDS,
     out: Path = _OUT,
     seed: int = _SEED,
@@ -130,6 +141,7 @@ def flow_command(
         steps=steps,
         quick=quick,
     )
+    config = replace(config, lr_rank=lr_rank)
     if not (quiet or as_json):
         _announce(data, config, noise_levels, out)
     with _one_thread_and_error_line():

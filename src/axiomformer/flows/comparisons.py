@@ -226,6 +226,48 @@ def compare_arms(acc: dict[tuple, list[float]], margin: float) -> tuple[list[dic
     return rows, {"margin": margin, "alpha": ALPHA, "power": POWER, "rule": rule, "families": sizes, "rows": extra}
 
 
+def _verdict_of(a: Sequence[float], b: Sequence[float], family: int, margin: float) -> str:
+    low, high = adjusted_interval(a, b, family)
+    mdd = minimal_detectable(np.subtract(a, b, dtype=float), family)
+    return verdict({"ci_low_adj": low, "ci_high_adj": high, "mdd": mdd}, margin)
+
+
+def lr_check(
+    chosen: dict[tuple, list[float]], second: dict[tuple, list[float]], equivalence: dict
+) -> list[dict[str, object]]:
+    """The learning-rate check of every comparison that ``second`` has both arms of (the study's ``lr_check``).
+
+    Each verdict is recomputed twice, by the same rule at the same Bonferroni level (its family's size): with arm a at
+    its second-best rate and b at its chosen one (``a_second``), and the other way round (``b_second``). A verdict
+    that changes either way is ``lr_sensitive``: it rests on the rates the selection picked.
+
+    Args:
+        chosen: ``{(theta, arm, K, noise): per-seed accuracies}`` at the chosen rates (the run's store).
+        second: the same cells trained at their second-best rates (a run with ``FlowConfig.lr_rank = 2``, the same
+            seeds in the same order).
+        equivalence: :func:`compare_arms`'s second return value for ``chosen`` (its rows, families and margin).
+
+    Returns:
+        ``[{"a", "b", "theta", "K", "noise", "family", "verdict", "a_second", "b_second", "lr_sensitive"}]`` in the
+        order of ``equivalence["rows"]``.
+    """
+    margin, sizes, out = equivalence["margin"], equivalence["families"], []
+    for row in equivalence["rows"]:
+        cell_a = (row["theta"], row["a"], row["K"], row["noise"])
+        cell_b = (row["theta"], row["b"], row["K"], row["noise"])
+        if cell_a not in second or cell_b not in second:
+            continue
+        m = sizes[row["family"]]
+        a_second = _verdict_of(second[cell_a], chosen[cell_b], m, margin)
+        b_second = _verdict_of(chosen[cell_a], second[cell_b], m, margin)
+        kinds = {v.split(":")[0] for v in (row["verdict"], a_second, b_second)}
+        keys = ("a", "b", "theta", "K", "noise", "family", "verdict")
+        out.append(
+            {k: row[k] for k in keys} | {"a_second": a_second, "b_second": b_second, "lr_sensitive": len(kinds) > 1}
+        )
+    return out
+
+
 __all__ = [
     "AA_PAIR",
     "ALPHA",
@@ -234,6 +276,7 @@ __all__ = [
     "adjusted_interval",
     "compare_arms",
     "holm",
+    "lr_check",
     "minimal_detectable",
     "paired",
     "tost",

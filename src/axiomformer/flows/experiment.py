@@ -68,6 +68,9 @@ class FlowConfig:
     lr: float = 3e-3
     lr_grid: tuple[float, ...] = ()
     lr_epochs: int | None = None
+    lr_rank: int = 1
+    """Which rate of each cell's validation ranking the arms train at: 1, the chosen one; 2, the second best (the
+    runs of the learning-rate check, :func:`axiomformer.flows.comparisons.lr_check`)."""
     """The epochs of each learning-rate selection run (None: ``epochs``): the rate is chosen on a shorter run of the
     same arm where the full budget would cost the selection as much as the arms themselves."""
     weight_decay: float = 0.0
@@ -126,6 +129,8 @@ def _validate(cfg: FlowConfig, noise: list[float]) -> None:
         )
     if any(s < 0 for s in noise) or any(k < 0 for k in cfg.K) or not noise or not cfg.K:
         raise ValueError(f"noise levels and flow steps K must be non-empty and >= 0; got noise={noise}, K={cfg.K}")
+    if cfg.lr_rank < 1 or (cfg.lr_rank > 1 and cfg.lr_rank > len(cfg.lr_grid)):
+        raise ValueError(f"lr_rank must be 1 or at most the grid's size {len(cfg.lr_grid)}; got {cfg.lr_rank}")
     if cfg.seeds < 1 or min(cfg.epochs, cfg.fit_epochs, cfg.lr_epochs or 0) < 0:
         raise ValueError(
             f"seeds must be >= 1 and epochs >= 0; got seeds={cfg.seeds}, epochs={cfg.epochs}, "
@@ -402,6 +407,22 @@ def choose_lrs(
     return chosen
 
 
+def ranked_lr(lrs: dict[str, float], scores: dict[str, dict[str, float]], key: str, rank: int) -> float:
+    """The rate cell ``key`` trains at: its chosen rate ``lrs[key]`` (``rank`` 1), or the rate of that rank in its
+    validation ranking ``scores[key]`` (best accuracy first, ties to the smaller rate: the rule of
+    :func:`choose_lrs`).
+
+    Raises:
+        ValueError: ``rank`` > 1 and the cell has fewer than ``rank`` scored rates (a store without ``lr_scores``).
+    """
+    if rank == 1:
+        return lrs[key]
+    ranking = sorted(scores.get(key, {}).items(), key=lambda kv: (-kv[1], float(kv[0])))
+    if len(ranking) < rank:
+        raise ValueError(f"lr_rank={rank} needs {rank} scored learning rates for {key}; the store has {len(ranking)}")
+    return float(ranking[rank - 1][0])
+
+
 def _validation_accuracy(
     fits: list[FlowNet],
     split: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
@@ -556,7 +577,8 @@ def _train_arms(
     noise = list(dict.fromkeys(r[1] for r in runs))
     sigmas, run_seeds = [r[1] for r in runs], [1000 * r[0] for r in runs]
 
-    def train(arm: ArmSetup, lr: float) -> list[FlowNet]:
+    def train(arm: ArmSetup, key: str) -> list[FlowNet]:
+        lr = ranked_lr(lrs, run.lr_scores, key, cfg.lr_rank)
         return train_arm(fits, arm, cfg=cfg, x=run.xtr, y=run.ytr, sigmas=sigmas, seeds=run_seeds, lr=lr)
 
     for theta in cfg.thetas:
@@ -566,13 +588,13 @@ def _train_arms(
                 if all((theta, arm, mixing, value, K, s) in acc for s in noise):
                     continue
                 if K == 0 or mixing == "neither":
-                    base = base or train(ArmSetup(theta, "neither", "none", 0), lrs[lr_key(theta, "neither", 0)])
+                    base = base or train(ArmSetup(theta, "neither", "none", 0), lr_key(theta, "neither", 0))
                     nets = base
                 elif arm == AA_ARM:  # the A/A copy: attention/tied's rate, another initialization stream
                     aa = ArmSetup(theta, mixing, value, K, init_stream=1)
-                    nets = train(aa, lrs[lr_key(theta, "attention/tied", K)])
+                    nets = train(aa, lr_key(theta, "attention/tied", K))
                 else:
-                    nets = train(ArmSetup(theta, mixing, value, K), lrs[lr_key(theta, arm, K)])
+                    nets = train(ArmSetup(theta, mixing, value, K), lr_key(theta, arm, K))
                 cell = (theta, arm, mixing, value, K)
                 _score_arm(acc, cell, runs, nets, x_tests, run.yte)
                 say(
