@@ -109,7 +109,7 @@ class KVCache:
     write: Tensor | None = None
     real: Tensor | None = None
     transport: str | None = None
-    conv: tuple | None = None
+    conv: tuple[Tensor, Tensor, Tensor] | None = None
 
     @property
     def length(self) -> int:

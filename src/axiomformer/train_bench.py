@@ -29,6 +29,9 @@ TRAIN_BENCH_TASKS: dict[str, dict[str, Any]] = {
 STUDY_MODEL: dict[str, Any] = {"dim": 32, "layers": 2, "heads": 2, "batch_size": 32, "device": "cpu"}
 """The study's model and batch: about 26k parameters."""
 
+_NO_EARLY_STOPPING: dict[str, Any] = {"target_accuracy": None, "patience": None}
+"""Every run trains its ``steps`` (so the plain and the fast path do the same work)."""
+
 
 def cpu_seconds() -> float:
     """User + system CPU seconds of this process and of its children that have been waited for."""
@@ -47,14 +50,7 @@ def bench_config(task: str, steps: int, seed: int, fast: bool) -> Any:
     if task not in TRAIN_BENCH_TASKS:
         raise ValueError(f"unknown training-bench task {task!r}; choose from: {', '.join(TRAIN_BENCH_TASKS)}")
     return TrainConfig(
-        **TRAIN_BENCH_TASKS[task],
-        **STUDY_MODEL,
-        steps=steps,
-        seed=seed,
-        fast=fast,
-        compile=fast,
-        target_accuracy=None,
-        patience=None,
+        **TRAIN_BENCH_TASKS[task], **STUDY_MODEL, **_NO_EARLY_STOPPING, steps=steps, seed=seed, fast=fast, compile=fast
     )
 
 

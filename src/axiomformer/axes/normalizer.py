@@ -686,6 +686,26 @@ def _none_grad_(u: Tensor, n: Tensor, g: Tensor) -> Tensor:
     return g  # du/ds = 1
 
 
+def _elementwise(
+    name: str,
+    formula: str,
+    source: str,
+    impl: Callable[[Tensor, Tensor], Tensor],
+    *,
+    impl_: Callable[[Tensor, Tensor], Tensor],
+    grad_: Callable[[Tensor, Tensor, Tensor], Tensor],
+    relaxes: str,
+    traits: frozenset[str] = frozenset(),
+) -> Choice:
+    """An ``elementwise`` choice with a ``closed_grad`` (the elementwise engine's forward and backward, see
+    :data:`NORMALIZER_TRAITS`): ``impl`` (s, n) -> u, ``impl_`` the same in place in s, ``grad_`` (u, n, g) -> g du/ds
+    in place in g; ``traits`` besides those two."""
+    extra = {"impl_": impl_, "grad_": grad_}
+    return Choice(
+        name, formula, source, impl, frozenset({"elementwise", "closed_grad"}) | traits, extra, relaxes=relaxes
+    )
+
+
 def _linear(kernel: Tensor) -> Tensor:
     return kernel / (kernel.sum(dim=-1, keepdim=True) + LINEAR_EPS)
 
@@ -701,22 +721,22 @@ NORMALIZERS = Registry(
             frozenset({"row", "softmax", "softmax_in_eval", "closed_vjp"}),
             {"vjp": _softmax_vjp},
         ),
-        Choice(
+        _elementwise(
             "sigmoid",
             "u = sigmoid(s - log n_i)",
             "Ramapuram et al. 2024, sigmoid attention with b = -log n",
             _sigmoid,
-            frozenset({"elementwise", "closed_grad"}),
-            {"impl_": _sigmoid_, "grad_": _sigmoid_grad_},
+            impl_=_sigmoid_,
+            grad_=_sigmoid_grad_,
             relaxes="A5: each weight from its own score; rows need not sum to 1",
         ),
-        Choice(
+        _elementwise(
             "relu",
             "u = relu(s) / n_i",
             "Wortsman et al. 2023, ReLU attention",
             _relu,
-            frozenset({"elementwise", "closed_grad"}),
-            {"impl_": _relu_, "grad_": _relu_grad_},
+            impl_=_relu_,
+            grad_=_relu_grad_,
             relaxes="A5: each weight from its own score; not shift invariant, rows need not sum to 1",
         ),
         Choice(
@@ -861,14 +881,15 @@ NORMALIZERS = Registry(
             relaxes="A5: a polynomial instead of exp: not shift invariant, blind to the temperature (u is "
             "homogeneous of degree 0 in s) and to the sign of s",
         ),
-        Choice(
+        _elementwise(
             "none",
             "u = s (no normalization)",
             "Katharopoulos et al. 2020, eq. 4 without the denominator, as the delta-rule family and Mamba-2's SSD "
             "(Dao & Gu 2024, sec. 3) use it",
             _none,
-            frozenset({"elementwise", "closed_grad", "signed", "identity"}),
-            {"impl_": _none_, "grad_": _none_grad_},
+            impl_=_none_,
+            grad_=_none_grad_,
+            traits=frozenset({"signed", "identity"}),
             relaxes="A5: nothing normalizes the relevance (weights are the scaled scores, signed and unbounded)",
         ),
     ],

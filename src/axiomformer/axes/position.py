@@ -257,8 +257,8 @@ class Position(nn.Module):
                 )
 
     def short_conv(
-        self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, history: tuple | None
-    ) -> tuple[Tensor, Tensor, Tensor, tuple]:
+        self, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, history: tuple[Tensor, Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
         """``position=short_conv`` on the projected q (batch, q_len, dim), k, v (batch, k_len, kv_dim): each plus its
         causal depthwise convolution; ``keep`` (batch, k_len) False at padded tokens (zeros in the convolution, and
         in q's too in self-attention when the lengths match); ``history`` the cache's last inputs. Returns q, k, v and

@@ -179,8 +179,8 @@ class Scale(nn.Module):
     def __init__(self, spec: AttentionSpec):
         super().__init__()
         self.kind = spec.scale
-        self.width = score_width(spec)
         self.head_dim = spec.head_dim
+        self.width = score_width(spec)
         choice = SCALES[spec.scale]
         self.per_row = choice.has("per_row")
         self.fixed: float | None = choice.extra["value"](spec, self.width) if choice.has("constant") else None

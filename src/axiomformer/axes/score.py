@@ -25,6 +25,7 @@ Choices:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -210,24 +211,41 @@ SCORE_TRAITS = {
     "relaxation, not its starting point)",
 }
 
+
+def _with_dot_form(
+    name: str,
+    formula: str,
+    source: str,
+    impl: Callable[[AttentionSpec], nn.Module],
+    traits: frozenset[str],
+    *,
+    dot_form: Callable[..., Any],
+    relaxes: str = "",
+) -> Choice:
+    """A choice whose scores have a dot form (see above): trait ``dot_form`` and extra ``dot_form``, besides ``traits``."""
+    return Choice(
+        name, formula, source, impl, frozenset({"dot_form"}) | traits, {"dot_form": dot_form}, relaxes=relaxes
+    )
+
+
 SCORES = Registry(
     "score",
     [
-        Choice(
+        _with_dot_form(
             "dot",
             "s = q . k",
             "Vaswani et al. 2017, eq. 1 (A4 holds)",
             lambda spec: DotScore(),
-            frozenset({"dot_form", "dot_form_exact", "plain_dot", "any_width"}),
-            {"dot_form": _dot_form_dot},
+            frozenset({"dot_form_exact", "plain_dot", "any_width"}),
+            dot_form=_dot_form_dot,
         ),
-        Choice(
+        _with_dot_form(
             "bilinear",
             "s = q^T W_h k",
             "Luong et al. 2015, 'general' score",
             lambda spec: BilinearScore(spec.num_heads, spec.head_dim),
-            frozenset({"dot_form", "dot_form_exact"}),
-            {"dot_form": _dot_form_bilinear},
+            frozenset({"dot_form_exact"}),
+            dot_form=_dot_form_bilinear,
             relaxes="none (inside A4's class): W_h folds into the key projection",
         ),
         Choice(
@@ -239,22 +257,22 @@ SCORES = Registry(
             {"pair_width": lambda module: module.weight.shape[-1]},
             relaxes="A4: a nonlinear function of q + k, not an inner product",
         ),
-        Choice(
+        _with_dot_form(
             "cosine",
             "s = tau_h cos(q, k)",
             "Henry et al. 2020, QK-norm",
             lambda spec: CosineScore(spec.num_heads, spec.head_dim),
-            frozenset({"dot_form", "dot_form_exact", "any_width"}),
-            {"dot_form": _dot_form_cosine},
+            frozenset({"dot_form_exact", "any_width"}),
+            dot_form=_dot_form_cosine,
             relaxes="A4: q and k normalised to unit length before the inner product",
         ),
-        Choice(
+        _with_dot_form(
             "neg_l2",
             "s = -|q - k|^2",
             "Kim et al. 2021, L2 attention",
             lambda spec: NegL2Score(),
-            frozenset({"dot_form", "any_width"}),
-            {"dot_form": _dot_form_neg_l2},
+            frozenset({"any_width"}),
+            dot_form=_dot_form_neg_l2,
             relaxes="A4: a negative squared distance (adds -|k|^2 per key)",
         ),
         Choice(

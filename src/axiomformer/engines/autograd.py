@@ -70,19 +70,19 @@ class _SDPA(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx: Any,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
         attn_mask: Tensor | None,
         dropout_p: float,
         is_causal: bool,
         scale: float | None,
     ) -> Tensor:
-        ctx.save_for_backward(q, k, v, attn_mask)
+        ctx.save_for_backward(query, key, value, attn_mask)
         ctx.options = (dropout_p, is_causal, scale)
         needs = ctx.needs_input_grad[:4]
         with torch.enable_grad():
-            lq, lk, lv = (t.detach().requires_grad_(need) for t, need in zip((q, k, v), needs))
+            lq, lk, lv = (t.detach().requires_grad_(need) for t, need in zip((query, key, value), needs))
             lm = None if attn_mask is None else attn_mask.detach().requires_grad_(needs[3])
             out = F.scaled_dot_product_attention(
                 lq, lk, lv, attn_mask=lm, dropout_p=dropout_p, is_causal=is_causal, scale=scale

@@ -184,7 +184,6 @@ def _count(kind: str, spec: str, width: int, vocab_size: int, max_len: int, laye
     base = AttentionSpec.standard(width, heads, causal=True, max_len=max_len)
     stack = stack_specs(base, spec, layers) if spec else None
     attention = stack[0] if stack else None
-    causal = attention.causal if attention is not None else True
     hybrid = {"layer_specs": stack} if stack and LAYER_SEPARATOR in spec else {}
     net = build_model(
         kind,
@@ -193,7 +192,7 @@ def _count(kind: str, spec: str, width: int, vocab_size: int, max_len: int, laye
         num_layers=layers,
         max_len=max_len,
         spec=attention,
-        causal=causal,
+        causal=attention.causal if attention is not None else True,
         **hybrid,
     )
     return count_parameters(net)

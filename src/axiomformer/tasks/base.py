@@ -89,6 +89,13 @@ def positive(name: str, value: int, minimum: int = 1) -> int:
     return int(value)
 
 
+def tuned_budget(*, steps: int, target_accuracy: float | None, **fields: Any) -> dict[str, Any]:
+    """A task's ``budget_defaults`` (see :class:`Task`): ``steps`` and ``target_accuracy`` (None: no early stopping on
+    it) at the batch size they were tuned at, 32, plus any other ``TrainConfig`` budget ``fields`` (``lr``,
+    ``eval_every``, ``eval_batches``, ...)."""
+    return {"steps": steps, "batch_size": 32, "target_accuracy": target_accuracy, **fields}
+
+
 @dataclass(frozen=True)
 class Ceiling:
     """The best accuracy any causal model can reach on given test items (each position scored after its prefix).
@@ -127,7 +134,7 @@ class Task:
     """The training budget tuned for this task: values of ``TrainConfig`` fields (``steps``, ``batch_size``, ``lr``,
     ``warmup``, ``eval_every``, ``eval_batches``, ``target_accuracy``, ``patience``) that a run leaves unset; the rest
     come from ``axiomformer.train.GENERIC_DEFAULTS``. Tuned so that ``experiments/long_range.py`` meets issue 4's
-    acceptance."""
+    acceptance; :func:`tuned_budget` writes one."""
     vocab_size: int
     seq_len: int
     chance: float

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from axiomformer.tasks.base import IGNORE, SyntheticTask, left_pad, positive
+from axiomformer.tasks.base import IGNORE, SyntheticTask, left_pad, positive, tuned_budget
 
 
 class CopyTask(SyntheticTask):
@@ -24,7 +24,7 @@ class CopyTask(SyntheticTask):
 
     name = "copy"
     prefix_determined = True
-    budget_defaults: ClassVar[dict[str, Any]] = {"steps": 1500, "batch_size": 32, "target_accuracy": 0.99}
+    budget_defaults: ClassVar[dict[str, Any]] = tuned_budget(steps=1500, target_accuracy=0.99)
 
     def __init__(self, seq_len: int, vocab: int = 16):
         self.seq_len = positive("seq_len", seq_len, 2)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from axiomformer.tasks.base import IGNORE, Task, left_pad, make_rng, positive
+from axiomformer.tasks.base import IGNORE, Task, left_pad, make_rng, positive, tuned_budget
 
 LEVELS = 16
 PIXELS = 64
@@ -62,13 +62,7 @@ class DigitsTask(Task):
     """
 
     name = "digits"
-    budget_defaults: ClassVar[dict[str, Any]] = {
-        "steps": 800,
-        "batch_size": 32,
-        "lr": 1e-3,
-        "eval_batches": 8,
-        "target_accuracy": None,
-    }
+    budget_defaults: ClassVar[dict[str, Any]] = tuned_budget(steps=800, target_accuracy=None, lr=1e-3, eval_batches=8)
 
     def __init__(self, seq_len: int = PIXELS, eval_fraction: float = 0.25):
         if seq_len < PIXELS:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from axiomformer.tasks.base import IGNORE, SyntheticTask, positive
+from axiomformer.tasks.base import IGNORE, SyntheticTask, positive, tuned_budget
 
 
 class InductionTask(SyntheticTask):
@@ -25,12 +25,7 @@ class InductionTask(SyntheticTask):
 
     name = "induction"
     prefix_determined = True
-    budget_defaults: ClassVar[dict[str, Any]] = {
-        "steps": 1500,
-        "batch_size": 32,
-        "eval_batches": 8,
-        "target_accuracy": 0.98,
-    }
+    budget_defaults: ClassVar[dict[str, Any]] = tuned_budget(steps=1500, target_accuracy=0.98, eval_batches=8)
 
     def __init__(self, seq_len: int, vocab: int = 16):
         self.seq_len = positive("seq_len", seq_len, 3)

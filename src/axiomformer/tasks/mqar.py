@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from axiomformer.tasks.base import IGNORE, SyntheticTask, left_pad, positive
+from axiomformer.tasks.base import IGNORE, SyntheticTask, left_pad, positive, tuned_budget
 
 
 class MQARTask(SyntheticTask):
@@ -36,7 +36,7 @@ class MQARTask(SyntheticTask):
 
     name = "mqar"
     prefix_determined = True
-    budget_defaults: ClassVar[dict[str, Any]] = {"steps": 1500, "batch_size": 32, "target_accuracy": 0.99}
+    budget_defaults: ClassVar[dict[str, Any]] = tuned_budget(steps=1500, target_accuracy=0.99)
 
     def __init__(
         self,

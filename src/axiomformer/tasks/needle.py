@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from axiomformer.tasks.base import IGNORE, SyntheticTask, positive
+from axiomformer.tasks.base import IGNORE, SyntheticTask, positive, tuned_budget
 
 
 class NeedleTask(SyntheticTask):
@@ -48,13 +48,9 @@ class NeedleTask(SyntheticTask):
     name = "needle"
     prefix_determined = True
     """The asked key occurs once before the query and its value follows it: the target is a token of the prefix."""
-    budget_defaults: ClassVar[dict[str, Any]] = {
-        "steps": 600,
-        "batch_size": 32,
-        "eval_every": 50,
-        "eval_batches": 8,
-        "target_accuracy": 0.98,
-    }
+    budget_defaults: ClassVar[dict[str, Any]] = tuned_budget(
+        steps=600, target_accuracy=0.98, eval_every=50, eval_batches=8
+    )
 
     def __init__(
         self,

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from axiomformer.tasks.base import Task, make_rng, positive
+from axiomformer.tasks.base import Task, make_rng, positive, tuned_budget
 
 
 class TextTask(Task):
@@ -32,7 +32,7 @@ class TextTask(Task):
     """
 
     name = "text"
-    budget_defaults: ClassVar[dict[str, Any]] = {"steps": 1000, "batch_size": 32, "lr": 3e-3, "target_accuracy": None}
+    budget_defaults: ClassVar[dict[str, Any]] = tuned_budget(steps=1000, target_accuracy=None, lr=3e-3)
 
     def __init__(self, seq_len: int, path: str | Path | None = None, eval_fraction: float = 0.1):
         self.seq_len = positive("seq_len", seq_len)
