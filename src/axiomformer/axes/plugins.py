@@ -108,6 +108,7 @@ TRAIT_EXTRAS: dict[tuple[str | None, str], tuple[str, ...]] = {
     ("scale", "constant"): ("value",),
     ("scale", "parametric"): ("parameters",),
     ("score", "pairwise"): ("pair_width",),
+    ("score", "dot_form"): ("dot_form",),
     ("contribution", "pairwise"): ("pair_width",),
     (None, "starts_standard"): ("move",),
 }
