@@ -458,6 +458,13 @@ def test_run_writes_comparisons_flow_params_and_a_report_and_resumes(tmp_path, m
     (out / "flow_results.partial.json").write_text(json.dumps(other))
     with pytest.raises(AssertionError, match="trained"):
         run_flow_experiment("tiny", noise=(0.0,), out_dir=out, config=replace(cfg, K=(0, 1)))
+    # a store written before a config field existed ran at its default: resumed; at another value of it: not
+    older = dict(saved, config={k: v for k, v in saved["config"].items() if k != "lr_rank"})
+    (out / "flow_results.partial.json").write_text(json.dumps(older))
+    run_flow_experiment("tiny", noise=(0.0,), out_dir=out, config=replace(cfg, K=(0, 1)))
+    (out / "flow_results.partial.json").write_text(json.dumps(older))
+    with pytest.raises(AssertionError, match="trained"):
+        run_flow_experiment("tiny", noise=(0.0,), out_dir=out, config=replace(cfg, K=(0, 1), lr_epochs=5))
 
 
 # ---- every arm of the default run moves the features at K > 0; the A/A copy; the symmetric verdict rule ----------

@@ -552,6 +552,9 @@ def _resume(
         return {}, {}, {}
     try:
         old = json.loads(path.read_text())
+        # A store written before a config field existed ran with that field's default: it is the same protocol.
+        defaults = json.loads(json.dumps(asdict(FlowConfig())))
+        old["config"] = {k: old.get("config", {}).get(k, defaults[k]) for k in defaults} | old.get("config", {})
         if any(old.get(k) != v for k, v in header.items()):
             return {}, {}, {}
         return (
