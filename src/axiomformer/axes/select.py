@@ -163,6 +163,8 @@ class Kept(NamedTuple):
     """(P,) int64: the row of each sparse entry, flat over the lead dimensions."""
     cols: Tensor
     """(P,) int64: its column."""
+    searched: int = 0
+    """How many of each row's largest entries the search read last (``top_entries``'s ``width``)."""
 
 
 SPARSE_SHARE = 8
@@ -203,18 +205,21 @@ def _largest(scores: Tensor, m: int, group: int) -> tuple[Tensor, Tensor, Tensor
     return values, members.gather(-1, local), top[..., m]
 
 
-def top_entries(scores: Tensor, k: int, group: int = PREFILTER) -> Kept:
+def top_entries(scores: Tensor, k: int, group: int = PREFILTER, first: int = 0) -> Kept:
     """The entries :func:`_top` marks, as indices (:class:`Kept`): {kept entries of row r} is exactly the set of row
     r's True entries of ``_top(scores, k)``, for ``scores`` (lead..., cols).
 
     The m = k + 1 largest of each row (:func:`_largest`, prefilter groups of ``group`` columns) give the k-th value
     and show which rows may keep an entry beyond those found (their m-th, or the largest entry left out, is >= the
     k-th); those rows' kept entries are listed from a comparison with the k-th value (the sparse part), unless they
-    are many: then m doubles (every column at most). So ties are kept exactly as ``_top`` keeps them.
+    are many: then m doubles (every column at most). So ties are kept exactly as ``_top`` keeps them. ``first``: an
+    m to start from, at most 2 (k + 1) (the previous chunk's ``searched``: NSA's three always-kept blocks tie in every
+    row with select_topk = 2; a larger m, from a chunk of ties, would slow every later chunk).
     """
     if scores.shape[-1] < k + 1:  # the -inf columns _top appends: topk(k + 1) defined, the k-th -inf where it is
         scores = torch.cat([scores, scores.new_full((*scores.shape[:-1], k + 1 - scores.shape[-1]), NEG)], dim=-1)
-    m, width = k + 1, scores.shape[-1]
+    width = scores.shape[-1]
+    m = min(max(k + 1, min(first, 2 * (k + 1))), width)
     while True:
         values, index, beyond = _largest(scores, m, group)
         kth = values[..., k - 1 : k]
@@ -237,7 +242,7 @@ def top_entries(scores: Tensor, k: int, group: int = PREFILTER) -> Kept:
     # topk ranks NaN first, so a row's kept entries need not be a prefix: keep up to the last column any row keeps
     used = kept.flatten(0, -2).any(0).nonzero()
     n = int(used[-1]) + 1 if used.numel() else 1
-    return Kept(index[..., :n], kept[..., :n], rows, cols)
+    return Kept(index[..., :n], kept[..., :n], rows, cols, m)
 
 
 def _always(block: Tensor, own: Tensor, rule: str) -> Tensor:
@@ -329,6 +334,7 @@ class Selection:
         self.blocks = select.choice.has("blocks")
         self._features: tuple[Tensor, Tensor | None] | None = None
         self._buffers: dict[str, Tensor] = {}
+        self._searched = 0  # the last chunk's top_entries width: the next starts there
 
     def buffer(self, name: str, shape: tuple[int, ...]) -> Tensor:
         """An uninitialized (shape) tensor of q's dtype, the buffer ``name`` reused between chunks (grown as
@@ -372,9 +378,9 @@ class Selection:
         mask hides included, as there: the engine applies those)."""
         k_len = self.k.shape[-2]
         if not self.blocks:
-            index, kept, rows, cols = self._token_entries(start, stop)
+            index, kept, rows, cols, _ = self._token_entries(start, stop)
             return Kept(index.clamp_(0, k_len - 1), kept, rows, cols)  # -inf columns appended may lie past the keys
-        index, kept, rows, cols = self._block_entries(start, stop)
+        index, kept, rows, cols, _ = self._block_entries(start, stop)
         size = self.select.block
         members = torch.arange(size, device=index.device)
         index = (index.unsqueeze(-1) * size + members).flatten(-2)
@@ -399,7 +405,9 @@ class Selection:
             scores[..., max(first, 0) :].masked_fill_(after, NEG)
         if self.keep is not None:
             scores.masked_fill_(~self.keep[:, None, None, :cols], NEG)
-        return top_entries(scores, self.select.topk * self.select.block)
+        kept = top_entries(scores, self.select.topk * self.select.block, first=self._searched)
+        self._searched = kept.searched
+        return kept
 
     def _block_table(self) -> tuple[Tensor, Tensor | None]:
         """Each block's selection key (batch, heads, blocks, head_dim) and, with padding, which blocks hold no real
@@ -438,7 +446,9 @@ class Selection:
         hidden = ~(complete | always)
         scores.masked_fill_(hidden if empty is None else hidden | empty[:, :, None, :cols], NEG)
         scores.masked_fill_(always, POS)
-        return top_entries(scores, self.select.topk)
+        kept = top_entries(scores, self.select.topk, first=self._searched)
+        self._searched = kept.searched
+        return kept
 
 
 def check_select(spec: AttentionSpec) -> None:
