@@ -289,7 +289,7 @@ class Select(nn.Module):
     def selection(self, q: Tensor, k: Tensor, q_offset: int, causal: bool, keep: Tensor | None) -> Selection:
         """The same selection as :meth:`mask` (same arguments), left for the engine to compute: as that mask
         (:meth:`Selection.mask`) or as the kept keys of a chunk of queries at a time (:meth:`Selection.keys`)."""
-        return Selection(self, q.detach(), k.detach(), q_offset, causal, keep)
+        return Selection(self, q.detach(), k.detach(), q_offset, causal, keep=keep)
 
     def _block_mask(self, q: Tensor, k: Tensor, pq: Tensor, pk: Tensor, causal: bool, keep: Tensor | None) -> Tensor:
         # Blocks are represented by their first key (j % B == 0) and gathered, never reshaped: no shape depends on
@@ -328,7 +328,7 @@ class Selection:
             k_len) bool, False at padded keys, or None.
     """
 
-    def __init__(self, select: Select, q: Tensor, k: Tensor, q_offset: int, causal: bool, keep: Tensor | None):
+    def __init__(self, select: Select, q: Tensor, k: Tensor, q_offset: int, causal: bool, *, keep: Tensor | None):
         self.select, self.q, self.k = select, q, k
         self.q_offset, self.causal, self.keep = q_offset, causal, keep
         self.blocks = select.choice.has("blocks")

@@ -413,7 +413,13 @@ def _checked_options(
 
 
 def _lazy_or_mask(
-    parts: Plan, problem: AttentionProblem, engine: str, need_weights: bool, double_backward: bool, bad: Tensor | None
+    parts: Plan,
+    problem: AttentionProblem,
+    engine: str,
+    need_weights: bool,
+    double_backward: bool,
+    *,
+    bad: Tensor | None,
 ) -> AttentionProblem:
     """``problem`` with its lazy selection (``problem.select``) kept where an engine that computes selections
     (``selects``) takes it -- the one requested, or under ``auto`` the first in ``ENGINE_ORDER`` -- else folded into
@@ -448,7 +454,7 @@ def _solve(
     """``(out, weights, engine name)`` of a non-empty problem: non-finite keys/values set aside, the routed engine
     run (re-routing when it turns out unavailable), then the zero and NaN rows of :func:`attend`'s contract."""
     k_clean, v_clean, bad = clean_nonfinite(problem)
-    problem = _lazy_or_mask(parts, problem, engine, need_weights, double_backward, bad)
+    problem = _lazy_or_mask(parts, problem, engine, need_weights, double_backward, bad=bad)
     clean = dataclasses.replace(problem, k=k_clean, v=v_clean)
     if problem.transport is not None and bad is not None:  # a set-aside key transports nothing either
         clean = dataclasses.replace(clean, transport=problem.transport.masked(~bad))

@@ -233,12 +233,12 @@ def picked_groups(plan: Plan, problem: AttentionProblem, lead: tuple[int, int], 
         positions = torch.arange(start, stop, device=kept.picks.device) + problem.q_offset
         base = (torch.arange(batch * heads, device=kept.picks.device) * problem.k_len).view(batch, heads, 1, 1)
         flat = kept.picks + base
-        visible = _visible(problem, flat, kept.picks, kept.kept, positions.view(-1, 1), key_flags)
+        visible = _visible(problem, flat, kept.picks, kept.kept, positions.view(-1, 1), key_flags=key_flags)
         groups.append(Picked(slice(start, stop), flat.flatten(0, 1), visible.flatten(0, 1)))
         if kept.rows.numel():  # rows flat over (batch, heads, chunk rows)
             head, row = kept.rows // (stop - start), kept.rows % (stop - start)
             flat_keys = head * problem.k_len + kept.cols
-            visible = _visible(problem, flat_keys, kept.cols, None, positions[row], key_flags)
+            visible = _visible(problem, flat_keys, kept.cols, None, positions[row], key_flags=key_flags)
             pairs.append(((head * problem.q_len + start + row)[visible], flat_keys[visible]))
         start = stop
     if pairs:
@@ -252,6 +252,7 @@ def _visible(
     index: Tensor,
     kept: Tensor | None,
     positions: Tensor,
+    *,
     key_flags: Tensor | None,
 ) -> Tensor:
     """Which kept keys (key positions ``index``, flat indices ``flat``; every one where ``kept`` is None) the
