@@ -21,6 +21,7 @@ from axiomformer.engines.linear import LinearEngine
 from axiomformer.engines.recurrent import RecurrentEngine
 from axiomformer.engines.rowwise import RowwiseEngine
 from axiomformer.engines.sdpa import SDPAEngine
+from axiomformer.engines.selected import SelectedEngine
 from axiomformer.engines.sparse import SparseEngine
 from axiomformer.engines.transport_chunked import ChunkedTransportEngine
 from axiomformer.spec import AXES, allows_causal, required_fields
@@ -63,6 +64,7 @@ def _small_blocks(monkeypatch):
     monkeypatch.setitem(ENGINES, "rowwise", RowwiseEngine(memory_budget=100))
     monkeypatch.setitem(ENGINES, "recurrent", RecurrentEngine(chunk=4))
     monkeypatch.setitem(ENGINES, "chunked_transport", ChunkedTransportEngine(block=4))
+    monkeypatch.setitem(ENGINES, "selected", SelectedEngine(memory_budget=40))
     monkeypatch.delenv("AXIOMFORMER_ENGINE", raising=False)
 
 

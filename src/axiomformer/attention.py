@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from axiomformer.axes import Normalizer, Position, Scale, build_aggregator, build_contribution, build_score, build_value
 from axiomformer.axes.aggregator import LogValuesAggregator
 from axiomformer.axes.position import TokenPositions, alibi_slope_list, apply_rope, token_positions
-from axiomformer.axes.select import Select
+from axiomformer.axes.select import Select, Selection
 from axiomformer.axes.transport import Transport, TransportGates, build_transport, transport_keys
 from axiomformer.engines import Attended, Plan, attend
 from axiomformer.engines.problem import KeyVisibility, causal_mask, window_mask
@@ -696,6 +696,28 @@ class Attention(nn.Module):
             default=True,
         )
 
+    def _selected(
+        self, q: Tensor, k: Tensor, mask: Tensor | None, q_offset: int
+    ) -> tuple[Tensor | None, Selection | None]:
+        """The keys a second score picks (``axes/select.py``): ``(mask, selection)``, the selection lazy where
+        nothing before the engine reads the mask (so that an engine gathering the kept keys may run it,
+        ``engines/selected.py``; the router folds it into the mask for any other), else folded into ``mask`` here:
+        under ``torch.compile``, a per-row scale (it counts the visible keys), a contextual position (CoPE) or an
+        aggregator that encodes the values under the mask (LASER)."""
+        if self.select is None:
+            return mask, None
+        keep = None if mask is None or mask.shape[-2] != 1 or mask.shape[1] != 1 else mask[:, 0, 0, :]
+        plan = self.plan
+        if not (
+            torch.compiler.is_compiling()
+            or self.scale.per_row
+            or "contextual" in plan.position_traits
+            or "log_values" in plan.aggregator_traits
+        ):
+            return mask, self.select.selection(q, k, q_offset, self.spec.causal, keep)
+        chosen = self.select.mask(q, k, q_offset, self.spec.causal, keep)
+        return (chosen if mask is None or chosen is None else mask & chosen), None
+
     def _attend_heads(
         self,
         q: Tensor,
@@ -714,11 +736,7 @@ class Attention(nn.Module):
         groups = self.num_heads // k.shape[1]
         if groups > 1:  # key/value head g serves query heads g * groups ...
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        if self.select is not None:  # the keys a second score picks (axes/select.py), as a mask
-            keep = None if mask is None or mask.shape[-2] != 1 or mask.shape[1] != 1 else mask[:, 0, 0, :]
-            chosen = self.select.mask(q, k, q_offset, self.spec.causal, keep)
-            if chosen is not None:
-                mask = chosen if mask is None else mask & chosen
+        mask, selection = self._selected(q, k, mask, q_offset)
         # The trait log_values promises the aggregator's encode and decode.
         wrap = cast(LogValuesAggregator, self.aggregator) if "log_values" in self.plan.aggregator_traits else None
         if wrap is not None:  # A1 around the weighted sum: LASER's exp(v - m) in, m + log(out) out
@@ -746,6 +764,7 @@ class Attention(nn.Module):
             engine=engine,
             double_backward=self.double_backward,
             transport=transport,
+            select=selection,
         )
         self.last_engine = result.engine
         if wrap is not None:

@@ -10,9 +10,10 @@ Engines are tried in ``ENGINE_ORDER``: ``flex`` (softmax with ALiBi on CUDA), ``
 scores), ``linear`` (the linear normalizer), ``elementwise`` (normalizers with the trait ``elementwise``: sigmoid,
 relu), ``sparse`` (alpha-entmax of a fixed alpha, trait ``entmax``: sparsemax, entmax15; sort-free thresholds),
 ``rowwise`` (normalizers with a closed-form backward, trait ``closed_vjp``, and logit soft-capping), ``chunked``
-(everything, without an L x S matrix), ``recurrent`` and ``chunked_transport`` (transports), ``reference`` (the
-ground truth, everything, and the weights); an engine another package registers goes before the one its ``before``
-names (default: the reference). ``prefer_engine("reference")`` (a context manager) or the environment variable
+(everything, without an L x S matrix), ``recurrent`` and ``chunked_transport`` (transports), ``selected`` (a
+selection, trait ``blocks`` or ``tokens``, weighed by a softmax: the kept keys gathered per query, never a mask over
+every key), ``reference`` (the ground truth, everything, and the weights); an engine another package registers goes
+before the one its ``before`` names (default: the reference). ``prefer_engine("reference")`` (a context manager) or the environment variable
 ``AXIOMFORMER_ENGINE=<name>`` prefers one engine for every layer that it can run; ``Attention(spec, engine=<name>)``
 or ``attend(..., engine=<name>)`` forces it and raises if it cannot run the problem.
 
@@ -32,7 +33,11 @@ choices (``engine.computes``, ``engines/base.py``; :func:`describe_engines` list
   ``extra["alpha"]`` is one of ``sparse.ALPHAS`` (2, 1.5); both with a ``plain_dot`` score and a ``proportional``
   contribution;
 - ``rowwise``: a normalizer with ``closed_vjp`` (and ``extra["vjp"]``, its backward in closed form), a
-  ``plain_dot`` score, a ``proportional`` contribution, any scale and ``softcap``.
+  ``plain_dot`` score, a ``proportional`` contribution, any scale and ``softcap``;
+- ``selected``: a selection with ``blocks`` or ``tokens`` (``axes/select.py``), a normalizer with ``softmax``, a
+  ``plain_dot`` score and a ``proportional`` contribution; it is the one engine with ``selects = True``, so it alone
+  is routed a problem whose selection is left lazy (``ProblemKind.select``); for every other engine the router folds
+  the selection into the mask first.
 
 **Adding an engine.** An object following the protocol of ``engines/base.py`` (``EngineBase`` gives the defaults)
 with its ``computes``, registered with :func:`register_engine` (here) or, from another package, through the

@@ -42,7 +42,7 @@ from torch import Tensor
 from axiomformer.engines.plan import Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
 
-AXES_WITH_TRAITS = ("normalizer", "score", "contribution", "position", "aggregator", "transport")
+AXES_WITH_TRAITS = ("normalizer", "score", "contribution", "position", "aggregator", "transport", "select")
 """The axes whose traits a :class:`~axiomformer.engines.plan.Plan` resolves (``plan.<axis>_traits``)."""
 
 

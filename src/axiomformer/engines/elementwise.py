@@ -14,7 +14,8 @@ kernel): with the trait ``closed_grad`` the choice's in-place forms ``extra["imp
 ``extra["grad_"](u, n, g)`` (sigmoid: du/ds = u (1 - u); relu: [u > 0] / n), 3 elementwise passes over a score block
 forward and about 5 backward, against the dozen of autograd through ``normalize`` under ``torch.utils.checkpoint``
 **(our choice)**; without it the choice's ``impl`` and autograd of it on the chunk, exact since the Jacobian of an
-elementwise map is diagonal. The engine names no choice: a normalizer another package registers with the trait
+elementwise map is diagonal. The score blocks of a call are allocated once and reused chunk after chunk, and dK,
+dV accumulate transposed (as ``engines/rowwise.py``). The engine names no choice: a normalizer another package registers with the trait
 ``elementwise`` runs here too. It is tested against the reference engine forward and backward like every engine
 (``tests/test_engine_matrix.py``), and a plugged-in normalizer in ``tests/test_engine_plugins.py``.
 """
@@ -65,6 +66,7 @@ class _Chunk:
         like: Tensor,
     ):
         self.rows, self.end, self.diagonal = rows, end, diagonal
+        self.size = rows.stop - rows.start
         self.n = _counts(rows.stop - rows.start, rows.start, offset, causal, k_len, like)
 
     def weights(self, s: Tensor, choice: Choice) -> Tensor:
@@ -101,6 +103,22 @@ def _chunks(q_len: int, size: int, offset: int, causal: bool, k_len: int, like: 
         yield _Chunk(rows, end, diagonal, offset, causal, k_len, like)
 
 
+class _Blocks:
+    """The score blocks of one call, allocated once at the chunk's largest shape and reused chunk after chunk: block i
+    viewed as (batch*heads, rows, end). A fresh 8 MiB block per product paid its page faults every time (glibc serves
+    blocks that large by mmap while the bench measures memory, and the first time after) **(our choice)**."""
+
+    def __init__(self, like: Tensor, rows: int, k_len: int):
+        self.like, self.size = like, like.shape[0] * rows * k_len
+        self.flat: dict[int, Tensor] = {}
+
+    def get(self, i: int, rows: int, end: int) -> Tensor:
+        """Block i as an uninitialized (batch*heads, rows, end) tensor (rows * end at most the chunk's size)."""
+        if i not in self.flat:
+            self.flat[i] = self.like.new_empty(self.size)
+        return self.flat[i][: self.like.shape[0] * rows * end].view(-1, rows, end)
+
+
 class ElementwiseAttention(torch.autograd.Function):
     """y = u(q k^T) v for an elementwise normalizer ``choice``, chunked over queries, with a recomputing backward.
 
@@ -113,8 +131,9 @@ class ElementwiseAttention(torch.autograd.Function):
     ) -> Tensor:
         k_len = k.shape[-2]
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+        blocks = _Blocks(q, min(size, q.shape[-2]), k_len)
         for c in _chunks(q.shape[-2], size, offset, causal, k_len, q):
-            s = torch.bmm(q[:, c.rows], k[:, : c.end].transpose(-2, -1))
+            s = torch.bmm(q[:, c.rows], k[:, : c.end].transpose(-2, -1), out=blocks.get(0, c.size, c.end))
             out[:, c.rows] = torch.bmm(c.weights(s, choice), v[:, : c.end])
         ctx.save_for_backward(q, k, v)
         ctx.choice, ctx.causal, ctx.offset, ctx.size = choice, causal, offset, size
@@ -128,16 +147,23 @@ class ElementwiseAttention(torch.autograd.Function):
             exact = partial(exact_elementwise, choice=choice, causal=ctx.causal, offset=ctx.offset)
             return graph_grads(ctx, exact, (q, k, v), grad_out, trailing=4)
         grad_out = grad_out.contiguous()
-        grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        # dK and dV accumulate transposed, (batch*heads, head_dim, keys): Q_c^T dS and dO_c^T u are products of the
+        # score block's shape (as engines/rowwise.py, which measured them faster), added in place by baddbmm_ into
+        # the strided slice (rows of stride k_len): 1.8 ms where a product into a block and an add took 2.6 ms
+        grad_q = torch.empty_like(q)
+        grad_kt = k.new_zeros(k.shape[0], k.shape[2], k.shape[1])
+        grad_vt = v.new_zeros(v.shape[0], v.shape[2], v.shape[1])
+        blocks = _Blocks(q, min(ctx.size, q.shape[-2]), k.shape[-2])
         for c in _chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q):
             q_c, k_c, v_c, g = q[:, c.rows], k[:, : c.end], v[:, : c.end], grad_out[:, c.rows]
-            s = torch.bmm(q_c, k_c.transpose(-2, -1))
+            s = torch.bmm(q_c, k_c.transpose(-2, -1), out=blocks.get(0, c.size, c.end))
             w = c.weights(s if "closed_grad" in choice.traits else s.clone(), choice)  # autograd's path re-reads s
-            grad_v[:, : c.end] += torch.bmm(w.transpose(-2, -1), g)  # one batched call (a strided baddbmm_ loops)
-            grad_s = c.grad(s, w, choice, torch.bmm(g, v_c.transpose(-2, -1)))
+            grad_vt[..., : c.end].baddbmm_(g.transpose(-2, -1), w)
+            grad_s = c.grad(s, w, choice, torch.bmm(g, v_c.transpose(-2, -1), out=blocks.get(1, c.size, c.end)))
             grad_q[:, c.rows] = torch.bmm(grad_s, k_c)
-            grad_k[:, : c.end] += torch.bmm(grad_s.transpose(-2, -1), q_c)
-        return grad_q, grad_k, grad_v, None, None, None, None
+            grad_kt[..., : c.end].baddbmm_(q_c.transpose(-2, -1), grad_s)
+        del blocks
+        return grad_q, grad_kt.transpose(-2, -1).contiguous(), grad_vt.transpose(-2, -1).contiguous(), *(None,) * 4
 
 
 def elementwise_attention(plan: Plan, problem: AttentionProblem, chunk: int) -> Tensor:

@@ -28,6 +28,7 @@ from axiomformer.axes.position import POSITIONS
 from axiomformer.axes.registry import Choice
 from axiomformer.axes.scale import SCALES
 from axiomformer.axes.score import SCORES
+from axiomformer.axes.select import SELECTS
 from axiomformer.axes.transport import TRANSPORTS
 from axiomformer.engines.problem import AttentionProblem
 from axiomformer.spec import AttentionSpec
@@ -69,7 +70,8 @@ class Plan:
     Attributes (resolved once): ``normalizer_choice`` (the registry :class:`~axiomformer.axes.registry.Choice`),
     ``normalizer_traits``, ``score_traits``, ``contribution_traits``, ``position_traits``, ``aggregator_traits`` (read by
     ``Attention``, not by engines), ``transport_traits`` (empty for ``transport=none``; only engines with
-    ``transports = True`` are routed a plan with a transport), ``dot_form`` (the score's
+    ``transports = True`` are routed a plan with a transport), ``select_traits`` (empty for ``select=none``),
+    ``dot_form`` (the score's
     dot-form function or None), ``feature_map`` (the linear normalizer's phi), ``options`` (a ``configured``
     normalizer's keyword arguments), ``at_defaults``, ``pair_width``, ``per_row_scale`` (the scale differs between
     queries: trait ``per_row``, ``scale=log_n``) and ``key``, the hashable part of the router's key: choice names and
@@ -88,6 +90,7 @@ class Plan:
     position_traits: frozenset = field(init=False, repr=False)
     aggregator_traits: frozenset = field(init=False, repr=False)
     transport_traits: frozenset = field(init=False, repr=False)
+    select_traits: frozenset = field(init=False, repr=False)
     dot_form: Callable | None = field(init=False, repr=False)
     feature_map: Callable = field(init=False, repr=False)
     options: dict = field(init=False, repr=False)
@@ -109,6 +112,7 @@ class Plan:
             "position_traits": POSITIONS[spec.position].traits,
             "aggregator_traits": AGGREGATORS[spec.aggregator].traits,
             "transport_traits": TRANSPORTS[spec.transport].traits,
+            "select_traits": SELECTS[spec.select].traits,
             "dot_form": score.extra.get("dot_form"),
             "feature_map": FEATURE_MAPS[spec.feature_map].impl,
             "options": spec_options(spec),
@@ -175,7 +179,9 @@ class ProblemKind(NamedTuple):
     (causal ALiBi folds into a key column without losing float32 precision), ``"small"`` (small enough to materialize,
     ``heads * q_len * k_len <= DEFAULT_BUDGET``) or ``"large"``; ``aligned``: ``q_offset == k_len - q_len``;
     ``large``: the score block exceeds ``REFERENCE_MAX_ELEMENTS``; ``compiling``: traced by ``torch.compile`` (engines
-    that loop over chunks of a length in Python decline then, since each length would compile a new graph).
+    that loop over chunks of a length in Python decline then, since each length would compile a new graph);
+    ``select``: the problem carries its selection lazily (``AttentionProblem.select``), so that only an engine that
+    computes selections (``selects = True``) may run it.
     """
 
     device: str
@@ -192,6 +198,7 @@ class ProblemKind(NamedTuple):
     window: bool
     large: bool
     compiling: bool
+    select: bool = False
 
 
 def _alibi_span_ok(problem: AttentionProblem, max_slope: float | None) -> bool:
@@ -242,6 +249,7 @@ def problem_kind(plan: Plan, problem: Any) -> ProblemKind:
         window=bool(problem.window),
         large=rows * problem.q_len * problem.k_len * plan.pair_width > REFERENCE_MAX_ELEMENTS,
         compiling=torch.compiler.is_compiling(),
+        select=getattr(problem, "select", None) is not None,
     )
 
 

@@ -162,6 +162,8 @@ class AttentionProblem:
         window: sliding window of keys (see :func:`window_mask`), not folded into ``mask``; 0 = every key.
         transport: the :class:`~axiomformer.axes.transport.TransportGates` over the key positions of a plan with a
             transport, or None.
+        select: the :class:`~axiomformer.axes.select.Selection` of a plan with a selection, left for the engine to
+            compute (not folded into ``mask``), or None; only engines with ``selects = True`` are routed it.
     """
 
     q: Tensor
@@ -177,6 +179,7 @@ class AttentionProblem:
     scale: Any = 1.0
     window: int = 0
     transport: Any = None
+    select: Any = None
 
     @property
     def q_len(self) -> int:

@@ -46,6 +46,7 @@ from axiomformer.engines.recurrent import RecurrentEngine
 from axiomformer.engines.reference import ReferenceEngine
 from axiomformer.engines.rowwise import RowwiseEngine
 from axiomformer.engines.sdpa import SDPAEngine
+from axiomformer.engines.selected import SelectedEngine
 from axiomformer.engines.sparse import SparseEngine
 from axiomformer.engines.transport_chunked import ChunkedTransportEngine
 from axiomformer.engines.validate import as_problem_4d, check_per_head, check_window, empty_output, problem_shape
@@ -105,6 +106,7 @@ register_engine(RowwiseEngine())
 register_engine(ChunkedEngine())
 register_engine(RecurrentEngine())
 register_engine(ChunkedTransportEngine())
+register_engine(SelectedEngine())
 ENGINE_ORIGINS: dict[str, str] = dict.fromkeys(ENGINE_ORDER, "axiomformer")
 """Who registered each engine of the entry points' loading: ``"axiomformer"`` or a distribution's name."""
 PLUGIN_ENGINES: list[str] = load_engines(register_engine, ENGINE_ORIGINS, unregister=unregister_engine)
@@ -138,9 +140,11 @@ def _usable(engine: Engine, kind: ProblemKind, need_weights: bool, double_backwa
 
 def engine_accepts(engine: Engine, plan: Plan, kind: ProblemKind) -> bool:
     """Whether the traits of the plan's choices meet ``engine.computes`` (``engines/base.py``), a plan with a
-    transport only for an engine that computes transports, and ``engine.accepts``."""
+    transport only for an engine that computes transports, a lazy selection (``kind.select``) only for one that
+    computes selections, and ``engine.accepts``."""
     return (
         (getattr(engine, "transports", False) or not plan.transported)
+        and (getattr(engine, "selects", False) or not kind.select)
         and getattr(engine, "computes", EVERY_CHOICE).admits(plan)
         and engine.accepts(plan, kind)
     )
@@ -166,11 +170,7 @@ def route(
     """
     if need_weights:
         engine = "auto"
-    explicit = engine not in (None, "auto")
-    preferred = _PREFERRED[-1] if _PREFERRED else os.environ.get("AXIOMFORMER_ENGINE", "auto")
-    requested = engine if explicit else preferred
-    if requested != "auto" and requested not in ENGINES:
-        raise ValueError(f"unknown engine {requested!r}; choose one of: auto, {', '.join(ENGINE_ORDER)}")
+    requested, explicit = _requested(engine)
     kind = problem_kind(parts, problem)
     if kind.compiling:
         return _decide(parts, kind, requested, explicit, need_weights, double_backward)
@@ -183,6 +183,21 @@ def route(
             del _ROUTES[next(iter(_ROUTES))]  # the oldest decision
         _ROUTES[key] = name
     return name
+
+
+def _requested(engine: str) -> tuple[str, bool]:
+    """(the engine asked for: ``engine``, else :func:`prefer_engine`'s or ``AXIOMFORMER_ENGINE``'s, else "auto";
+    whether ``engine`` forced it).
+
+    Raises:
+        ValueError: an unknown engine name (naming the registered ones).
+    """
+    explicit = engine not in (None, "auto")
+    preferred = _PREFERRED[-1] if _PREFERRED else os.environ.get("AXIOMFORMER_ENGINE", "auto")
+    requested = engine if explicit else preferred
+    if requested != "auto" and requested not in ENGINES:
+        raise ValueError(f"unknown engine {requested!r}; choose one of: auto, {', '.join(ENGINE_ORDER)}")
+    return requested, explicit
 
 
 def _decide(
@@ -316,6 +331,7 @@ class _Options(NamedTuple):
         dropout_p: float | None,
         training: bool,
         transport: Any,
+        select: Any = None,
     ) -> AttentionProblem:
         """The problem of these options (``q_offset`` and ``dropout_p`` defaulted as :func:`attend` says)."""
         return AttentionProblem(
@@ -332,18 +348,27 @@ class _Options(NamedTuple):
             scale=self.scale,
             window=self.window,
             transport=transport,
+            select=select,
         )
 
 
 def layer_problem(
-    parts: Plan, q: Tensor, k: Tensor, v: Tensor, *, alibi_slopes: Tensor | None = None, training: bool = False
+    parts: Plan,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    alibi_slopes: Tensor | None = None,
+    training: bool = False,
+    select: Any = None,
 ) -> AttentionProblem:
     """The problem :func:`attend` poses for a layer of ``parts`` given only q, k, v (batch, heads, seq, head_dim):
     no mask, bias or transport, scale 1, and the spec's causal rule, window and dropout, the keys aligned
-    bottom-right. What routing sees for an unmasked call of the layer (the bench asks it which engine would run)."""
+    bottom-right; ``select`` (anything but None: a lazy selection, as ``Attention`` passes one) marks the problem's
+    selection lazy. What routing sees for an unmasked call of the layer (the bench asks it which engine would run)."""
     spec = parts.spec
     options = _Options(parts, None, None, 1.0, spec.causal, spec.window)
-    return options.problem(q, k, v, alibi_slopes, None, None, training, None)
+    return options.problem(q, k, v, alibi_slopes, None, None, training, None, select)
 
 
 def _checked_options(
@@ -387,12 +412,49 @@ def _checked_options(
     return _Options(parts, mask, bias, scale, causal, window)
 
 
+def _lazy_or_mask(
+    parts: Plan,
+    problem: AttentionProblem,
+    engine: str,
+    need_weights: bool,
+    double_backward: bool,
+    *,
+    bad: Tensor | None,
+) -> AttentionProblem:
+    """``problem`` with its lazy selection (``problem.select``) kept where an engine that computes selections
+    (``selects``) takes it -- the one requested, or under ``auto`` the first in ``ENGINE_ORDER`` -- else folded into
+    its mask (``Selection.mask()``: the mask every other engine runs, as before there were lazy selections). Also
+    folded when a key is non-finite (``bad``): the NaN rows of :func:`poison_rows` are those that may see it through
+    the mask."""
+    select = problem.select
+    if select is None:
+        return problem
+    requested, explicit = _requested(engine)
+    if not need_weights and (bad is None or not bool(bad.any())):
+        kind = problem_kind(parts, problem)
+        for name in [requested] if requested != "auto" else ENGINE_ORDER:
+            candidate = ENGINES[name]
+            if getattr(candidate, "selects", False) and (
+                _takes(name, parts, kind, need_weights, double_backward)
+                or (
+                    explicit
+                    and engine_accepts(candidate, parts, kind)
+                    and _usable(candidate, kind, False, double_backward)
+                )
+            ):
+                return problem
+    chosen = select.mask()
+    mask = chosen if problem.mask is None else problem.mask & chosen
+    return dataclasses.replace(problem, mask=mask, select=None)
+
+
 def _solve(
     parts: Plan, problem: AttentionProblem, engine: str, need_weights: bool, double_backward: bool
 ) -> tuple[Tensor, Tensor | None, str]:
     """``(out, weights, engine name)`` of a non-empty problem: non-finite keys/values set aside, the routed engine
     run (re-routing when it turns out unavailable), then the zero and NaN rows of :func:`attend`'s contract."""
     k_clean, v_clean, bad = clean_nonfinite(problem)
+    problem = _lazy_or_mask(parts, problem, engine, need_weights, double_backward, bad=bad)
     clean = dataclasses.replace(problem, k=k_clean, v=v_clean)
     if problem.transport is not None and bad is not None:  # a set-aside key transports nothing either
         clean = dataclasses.replace(clean, transport=problem.transport.masked(~bad))
@@ -427,6 +489,7 @@ def attend(
     double_backward: bool = False,
     window: int | None = None,
     transport: Any = None,
+    select: Any = None,
 ) -> Attended:
     """Attention of queries to keys and values, on the engine the router picks.
 
@@ -448,7 +511,10 @@ def attend(
         dropout_p: dropout on the weights in training (default ``spec.dropout``); need_weights: also return the
             weights that produced ``out``; engine: ``"auto"`` or an engine name to force; double_backward: route to
             an engine differentiable to every order; transport: the gates (``axes.transport.TransportGates``) over
-            the key positions for a plan with a transport (``Attention`` computes them from the key input).
+            the key positions for a plan with a transport (``Attention`` computes them from the key input); select:
+            the :class:`~axiomformer.axes.select.Selection` of a plan with a selection, computed by an engine that
+            gathers the kept keys (``engines/selected.py``) or else folded into ``mask`` here (``Attention`` passes
+            it when nothing before the engine reads the mask).
 
     Returns:
         :class:`Attended` ``(out, weights, engine)``. A query with no visible key gets a zero row; a query that may
@@ -463,6 +529,6 @@ def attend(
     if 0 in target[2:]:  # no query or no key: nothing for an engine to compute
         empty, no_weights = empty_output(q, k, v, target)
         return Attended(empty, no_weights if need_weights else None, "reference")
-    problem = options.problem(q, k, v, alibi_slopes, q_offset, dropout_p, training, transport)
+    problem = options.problem(q, k, v, alibi_slopes, q_offset, dropout_p, training, transport, select)
     out, weights, name = _solve(options.parts, problem, engine, need_weights, double_backward)
     return Attended(out, weights if need_weights else None, name)
