@@ -497,8 +497,7 @@ def _route(module: Attention, q: Tensor, k: Tensor, v: Tensor) -> str:
     spec = module.spec
     slopes = module.position.slopes if spec.position == "alibi" else None
     assert slopes is None or isinstance(slopes, Tensor)  # a buffer, registered for ALiBi only
-    select = module.select  # a selection reaches the engines lazily (Attention passes it): the kind says so
-    problem = layer_problem(module.plan, q, k, v, alibi_slopes=slopes, training=module.training, select=select)
+    problem = layer_problem(module.plan, q, k, v, alibi_slopes=slopes, training=module.training)
     kind = problem_kind(module.plan, problem)
     for name in ENGINE_ORDER:
         if engine_accepts(ENGINES[name], module.plan, kind):

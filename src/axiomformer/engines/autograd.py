@@ -57,6 +57,15 @@ def graph_grads(
     return (*grads, *(None,) * trailing)
 
 
+def graph_backward(ctx: Any, exact: Callable[..., Tensor], grad_out: Tensor) -> tuple[Tensor | None, ...] | None:
+    """The backward of a chunked Function over (q, k, v, and 4 options) where the outer backward builds a graph
+    (``create_graph=True``: grad mode is on inside ``backward``): :func:`graph_grads` of ``exact`` at the first three
+    saved tensors. None otherwise: the Function's hand-written backward runs."""
+    if not torch.is_grad_enabled():
+        return None
+    return graph_grads(ctx, exact, ctx.saved_tensors[:3], grad_out, trailing=4)
+
+
 def _math_sdpa(
     q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float | None
 ) -> Tensor:

@@ -30,8 +30,9 @@ import torch
 from torch import Tensor
 
 from axiomformer.axes.registry import Choice
-from axiomformer.engines.autograd import graph_grads
+from axiomformer.engines.autograd import graph_backward
 from axiomformer.engines.base import Computes, EngineBase
+from axiomformer.engines.blocks import ScoreBlocks, transposed_grad_buffers
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk, plain_dot
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 
@@ -103,22 +104,6 @@ def _chunks(q_len: int, size: int, offset: int, causal: bool, k_len: int, like: 
         yield _Chunk(rows, end, diagonal, offset, causal, k_len, like)
 
 
-class _Blocks:
-    """The score blocks of one call, allocated once at the chunk's largest shape and reused chunk after chunk: block i
-    viewed as (batch*heads, rows, end). A fresh 8 MiB block per product paid its page faults every time (glibc serves
-    blocks that large by mmap while the bench measures memory, and the first time after) **(our choice)**."""
-
-    def __init__(self, like: Tensor, rows: int, k_len: int):
-        self.like, self.size = like, like.shape[0] * rows * k_len
-        self.flat: dict[int, Tensor] = {}
-
-    def get(self, i: int, rows: int, end: int) -> Tensor:
-        """Block i as an uninitialized (batch*heads, rows, end) tensor (rows * end at most the chunk's size)."""
-        if i not in self.flat:
-            self.flat[i] = self.like.new_empty(self.size)
-        return self.flat[i][: self.like.shape[0] * rows * end].view(-1, rows, end)
-
-
 class ElementwiseAttention(torch.autograd.Function):
     """y = u(q k^T) v for an elementwise normalizer ``choice``, chunked over queries, with a recomputing backward.
 
@@ -131,7 +116,7 @@ class ElementwiseAttention(torch.autograd.Function):
     ) -> Tensor:
         k_len = k.shape[-2]
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
-        blocks = _Blocks(q, min(size, q.shape[-2]), k_len)
+        blocks = ScoreBlocks(q, min(size, q.shape[-2]), k_len)
         for c in _chunks(q.shape[-2], size, offset, causal, k_len, q):
             s = torch.bmm(q[:, c.rows], k[:, : c.end].transpose(-2, -1), out=blocks.get(0, c.size, c.end))
             out[:, c.rows] = torch.bmm(c.weights(s, choice), v[:, : c.end])
@@ -141,19 +126,16 @@ class ElementwiseAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v = ctx.saved_tensors
         choice = ctx.choice
-        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            exact = partial(exact_elementwise, choice=choice, causal=ctx.causal, offset=ctx.offset)
-            return graph_grads(ctx, exact, (q, k, v), grad_out, trailing=4)
+        exact = partial(exact_elementwise, choice=choice, causal=ctx.causal, offset=ctx.offset)
+        if (graphed := graph_backward(ctx, exact, grad_out)) is not None:
+            return graphed
+        q, k, v = ctx.saved_tensors
         grad_out = grad_out.contiguous()
-        # dK and dV accumulate transposed, (batch*heads, head_dim, keys): Q_c^T dS and dO_c^T u are products of the
-        # score block's shape (as engines/rowwise.py, which measured them faster), added in place by baddbmm_ into
-        # the strided slice (rows of stride k_len): 1.8 ms where a product into a block and an add took 2.6 ms
-        grad_q = torch.empty_like(q)
-        grad_kt = k.new_zeros(k.shape[0], k.shape[2], k.shape[1])
-        grad_vt = v.new_zeros(v.shape[0], v.shape[2], v.shape[1])
-        blocks = _Blocks(q, min(ctx.size, q.shape[-2]), k.shape[-2])
+        # dK and dV are added in place by baddbmm_ into the strided slice (rows of stride k_len): 1.8 ms where a
+        # product into a block and an add took 2.6 ms
+        grad_q, grad_kt, grad_vt = transposed_grad_buffers(q, k, v)
+        blocks = ScoreBlocks(q, min(ctx.size, q.shape[-2]), k.shape[-2])
         for c in _chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q):
             q_c, k_c, v_c, g = q[:, c.rows], k[:, : c.end], v[:, : c.end], grad_out[:, c.rows]
             s = torch.bmm(q_c, k_c.transpose(-2, -1), out=blocks.get(0, c.size, c.end))

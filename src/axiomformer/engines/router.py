@@ -352,22 +352,21 @@ class _Options(NamedTuple):
         )
 
 
+LAZY_SELECTION = object()
+"""The lazy selection of :func:`layer_problem`'s problems: not None, so the problem's kind says it has one."""
+
+
 def layer_problem(
-    parts: Plan,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    alibi_slopes: Tensor | None = None,
-    training: bool = False,
-    select: Any = None,
+    parts: Plan, q: Tensor, k: Tensor, v: Tensor, *, alibi_slopes: Tensor | None = None, training: bool = False
 ) -> AttentionProblem:
     """The problem :func:`attend` poses for a layer of ``parts`` given only q, k, v (batch, heads, seq, head_dim):
     no mask, bias or transport, scale 1, and the spec's causal rule, window and dropout, the keys aligned
-    bottom-right; ``select`` (anything but None: a lazy selection, as ``Attention`` passes one) marks the problem's
-    selection lazy. What routing sees for an unmasked call of the layer (the bench asks it which engine would run)."""
+    bottom-right; a plan with a selection poses it lazily, as ``Attention`` passes it (:data:`LAZY_SELECTION`
+    stands in for it: only the routing reads this problem). What routing sees for an unmasked call of the layer (the
+    bench asks it which engine would run)."""
     spec = parts.spec
     options = _Options(parts, None, None, 1.0, spec.causal, spec.window)
+    select = LAZY_SELECTION if parts.select_traits else None
     return options.problem(q, k, v, alibi_slopes, None, None, training, None, select)
 
 

@@ -14,7 +14,7 @@ The forward keeps q, k, v and y, never the weights. The backward recomputes one 
 (flash-attention's recomputation strategy, Dao et al. 2022, sec. 3.1, without the fused kernel) and applies the
 kernel's closed-form vector-Jacobian product with g = dO V^T and delta_i = sum_j u_ij g_ij = dO_i . y_i, then the
 cap's dt/dz = 1 - (t / c)^2: dQ = dz K, dK += dz^T Q, dV += u^T dO. That is 2 matrix products forward and 5 backward,
-as in flash-attention. The score blocks of one call are allocated once and reused chunk after chunk (``_Blocks``), and
+as in flash-attention. The score blocks of one call are allocated once and reused chunk after chunk (``ScoreBlocks``), and
 the kernels work in place in them: at L = 4096 (8 MiB blocks) the allocations and the passes over memory, not the
 arithmetic, made the difference to SDPA **(our choice)**. A backward with ``create_graph=True`` differentiates the
 registry's formula in plain tensor ops (``engines/autograd.py``). Tested against the reference engine forward and
@@ -24,15 +24,15 @@ wrong backward per kernel and a planted wrong cap slope.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from axiomformer.engines.autograd import graph_grads
+from axiomformer.engines.autograd import graph_backward
 from axiomformer.engines.base import Computes, EngineBase
+from axiomformer.engines.blocks import ScoreBlocks, transposed_grad_buffers
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 from axiomformer.engines.rowkernels import StickBreaking, TopK, reads_options, row_kernel
@@ -103,29 +103,6 @@ def exact_rowwise(q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offs
     if causal:
         z = z.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], offset, q.device), float("-inf"))
     return torch.bmm(row.choice.implementation()(z, False, **row.options), v)
-
-
-class _Blocks:
-    """Reusable score blocks of one call: ``get(i, rows, end)`` is block i viewed as (batch*heads, rows, end),
-    allocated once at the largest size (``rows`` up to the chunk size or the widest head_dim, ``end`` up to the keys).
-
-    Block 0 holds the logits (and Q^T dt once dt is final), 2 dL/du (and dO^T u before it), 3 the cap's slope, 4 and 5
-    the kernel's spares: the VJP contract (``engines/rowkernels.py``) never returns t or a spare.
-    """
-
-    def __init__(self, like: Tensor, rows: int, k_len: int):
-        self.like, self.rows, self.k_len = like, rows, k_len
-        self.flat: dict[int, Tensor] = {}
-
-    def get(self, i: int, rows: int, end: int) -> Tensor:
-        batch = self.like.shape[0]
-        if i not in self.flat:
-            self.flat[i] = self.like.new_empty(batch * max(rows, self.rows) * self.k_len)
-        return self.flat[i][: batch * rows * end].view(batch, rows, end)
-
-    def spares(self, rows: int, end: int) -> Callable[[int], Tensor]:
-        """The kernels' ``spare(i)``: blocks 4, 5, ... of this chunk's shape."""
-        return lambda i: self.get(4 + i, rows, end)
 
 
 class _Selected:
@@ -206,7 +183,7 @@ def _finite_logits(*tensors: Tensor) -> bool:
 
 
 def _band(
-    row: _Row, blocks: _Blocks, q_c: Tensor, k: Tensor, end: int, diagonal: tuple[int, Tensor] | None, width: int
+    row: _Row, blocks: ScoreBlocks, q_c: Tensor, k: Tensor, end: int, diagonal: tuple[int, Tensor] | None, width: int
 ) -> tuple[int, Tensor, Tensor]:
     """Stick-breaking's weights of a causal chunk on the keys [start, end) only, with every key before ``start``
     of weight exactly 0: (start, logits, weights).
@@ -232,7 +209,7 @@ def _band(
 
 def _backward_chunk(
     row: _Row,
-    blocks: _Blocks,
+    blocks: ScoreBlocks,
     saved: tuple[Tensor, ...],
     grads: tuple[Tensor, ...],
     rows: slice,
@@ -275,7 +252,7 @@ class RowwiseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, row: _Row, causal: bool, offset: int, size: int) -> Tensor:
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
-        blocks = _Blocks(q, size, k.shape[-2])
+        blocks = ScoreBlocks(q, size, k.shape[-2])
         selected: list[_Selected | None] = []
         firsts: list[int] = []  # stick-breaking: the first key each chunk reads (_band)
         banded = row.band and causal and _finite_logits(q, k, v)
@@ -304,18 +281,14 @@ class RowwiseAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out = ctx.saved_tensors
         row = ctx.row
-        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            exact = partial(exact_rowwise, row=row, causal=ctx.causal, offset=ctx.offset)
-            return graph_grads(ctx, exact, (q, k, v), grad_out, trailing=4)
+        exact = partial(exact_rowwise, row=row, causal=ctx.causal, offset=ctx.offset)
+        if (graphed := graph_backward(ctx, exact, grad_out)) is not None:
+            return graphed
+        q, k, v, out = ctx.saved_tensors
         grad_out = grad_out.contiguous()
-        # dK and dV are accumulated transposed, (batch*heads, head_dim, keys): Q_c^T dt and dO_c^T u are products of
-        # the same shape as Q K^T, 0.76 ms where dt^T Q_c and u^T dO_c took 0.97-1.18 ms at 64 queries x 2048 keys
-        grad_q = torch.empty_like(q)
-        grad_kt = k.new_zeros(k.shape[0], k.shape[2], k.shape[1])
-        grad_vt = v.new_zeros(v.shape[0], v.shape[2], v.shape[1])
-        blocks = _Blocks(q, max(ctx.size, k.shape[-1], v.shape[-1]), k.shape[-2])
+        grad_q, grad_kt, grad_vt = transposed_grad_buffers(q, k, v)
+        blocks = ScoreBlocks(q, max(ctx.size, k.shape[-1], v.shape[-1]), k.shape[-2])
         sparse_grads = (grad_q, torch.zeros_like(k), torch.zeros_like(v)) if any(ctx.selected) else None
         chunks = query_chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q.device)
         # the band's keys only where the output gradient is finite too (a NaN there would reach every key's)
