@@ -228,7 +228,7 @@ def compare_arms(acc: dict[tuple, list[float]], margin: float) -> tuple[list[dic
 
 def _verdict_of(a: Sequence[float], b: Sequence[float], family: int, margin: float) -> str:
     low, high = adjusted_interval(a, b, family)
-    mdd = minimal_detectable(np.subtract(a, b, dtype=float), family)
+    mdd = minimal_detectable(list(np.subtract(a, b, dtype=float)), family)
     return verdict({"ci_low_adj": low, "ci_high_adj": high, "mdd": mdd}, margin)
 
 
