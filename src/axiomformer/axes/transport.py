@@ -36,9 +36,10 @@ keys transported to the last token (k_j <- P_t^T k_j at each step, PaTH's decodi
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -177,6 +178,34 @@ def transport_keys(k: Tensor, gates: TransportGates, first: int) -> Tensor:
     return k
 
 
+class _LogDecay(torch.autograd.Function):
+    """log alpha = -e^(a_log) softplus(raw + bias) (the gate of Gated DeltaNet and KDA), keeping only its output.
+
+    The backward reads softplus(z) = log alpha / -e^(a_log) back from the output: sigmoid(z) = 1 - e^(-softplus(z))
+    (1 where ``F.softplus`` returns z itself, z > 20, as its own backward does), so that neither raw + bias nor the
+    softplus stays alive for the backward: with KDA's per-channel decay each is a (batch, heads, k_len, head_dim)
+    tensor **(our choice; the values and gradients are autograd's to rounding)**. Inputs: raw (batch, heads, k_len,
+    channels), bias (heads, 1, channels), a_log (heads, 1, 1)."""
+
+    @staticmethod
+    def forward(ctx: Any, raw: Tensor, bias: Tensor, a_log: Tensor) -> Tensor:
+        out = -a_log.exp() * F.softplus(raw + bias)
+        ctx.save_for_backward(out, a_log)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        out, a_log = ctx.saved_tensors
+        rate = a_log.exp()
+        d_a_log = (grad * out).sum((0, 2, 3), keepdim=True)[0]
+        if torch.is_grad_enabled():  # create_graph=True: out of place, differentiable again
+            soft = out / -rate
+            d_raw = grad * -rate * torch.where(soft > 20.0, 1.0, -torch.expm1(-soft))
+        else:  # one (batch, heads, k_len, channels) buffer: sigmoid(z) = -expm1(-softplus(z)), 1 where z > 20
+            d_raw = torch.expm1(out / rate).neg_().masked_fill_(out < -20.0 * rate, 1.0).mul_(grad).mul_(-rate)
+        return d_raw, d_raw.sum((0, 2), keepdim=True)[0], d_a_log
+
+
 class Transport(nn.Module):
     """The learned gates of ``spec.transport`` (nothing for ``none``): ``gates(x, k, keep)`` from the key input.
 
@@ -218,20 +247,40 @@ class Transport(nn.Module):
         b, n, _ = x.shape
         return x.view(b, n, self.heads, width).transpose(1, 2)
 
+    @staticmethod
+    def _linear(layer: nn.Module, x: Tensor) -> Tensor:
+        """``layer(x)``; for x split into heads (batch, heads, k_len, head_dim), the layer of the merged x without
+        merging it: a sum over heads of x_h W_h^T (W_h the head's columns of the weight), so that no (batch, k_len,
+        dim) copy of x is kept for the backward (``Attention.core`` passes the keys so)."""
+        if x.dim() == 3 or not isinstance(layer, nn.Linear):
+            return layer(x)
+        weight = layer.weight.unflatten(1, (x.shape[1], x.shape[-1]))  # (out, heads, head_dim)
+        out = functools.reduce(torch.add, (torch.matmul(x[:, h], weight[:, h].T) for h in range(x.shape[1])))
+        return out if layer.bias is None else out + layer.bias
+
+    def _householder_vectors(self, x: Tensor) -> Tensor:
+        """PaTH's unit w_t (batch, heads, k_len, head_dim) from the key input (or the keys split into heads)."""
+        return F.normalize(self._heads(self._linear(self.w_proj, x), self.head_dim), dim=-1)
+
     def gates(self, x: Tensor, k: Tensor, keep: Tensor | None = None) -> TransportGates:
-        """The gates of the tokens of the key input x (batch, k_len, dim), k (batch, heads, k_len, head_dim) the keys
-        after :meth:`prepare`; ``keep`` (batch, k_len) False at padded keys (they change nothing)."""
-        b, n, _ = x.shape
+        """The gates of the tokens of the key input x (batch, k_len, dim) -- or of the keys split into heads (batch,
+        heads, k_len, head_dim), read as their merged (batch, k_len, dim) -- with k (batch, heads, k_len, head_dim)
+        the keys after :meth:`prepare`; ``keep`` (batch, k_len) False at padded keys (they change nothing)."""
+        b, n = x.shape[0], x.shape[-2]
         log_decay = k.new_zeros(b, self.heads, n, 1)
         dt = None
         if hasattr(self, "dt_proj"):
-            raw = self._heads(self.dt_proj(self.dt_down(x)), self.channels)  # (batch, heads, k_len, channels)
-            dt = F.softplus(raw + self.dt_bias[:, None, :])
-            log_decay = -self.a_log.exp()[:, None, None] * dt
+            down = self._linear(self.dt_down, x)  # (batch, k_len, rank), or x itself (Identity)
+            raw = self._heads(self._linear(self.dt_proj, down), self.channels)  # (batch, heads, k_len, channels)
+            if self.write == "dt":  # Mamba-2 writes with dt itself
+                dt = F.softplus(raw + self.dt_bias[:, None, :])
+                log_decay = -self.a_log.exp()[:, None, None] * dt
+            else:
+                log_decay = _LogDecay.apply(raw, self.dt_bias[:, None, :], self.a_log[:, None, None])
         beta = w = None
         if hasattr(self, "beta_proj"):
-            beta = self.beta_scale * torch.sigmoid(self.beta_proj(x)).transpose(1, 2)
-            w = k if "delta" in self.traits else F.normalize(self._heads(self.w_proj(x), self.head_dim), dim=-1)
+            beta = self.beta_scale * torch.sigmoid(self._linear(self.beta_proj, x)).transpose(1, 2)
+            w = k if "delta" in self.traits else self._householder_vectors(x)
         write = {"dt": None if dt is None else dt[..., 0], "beta": beta}.get(self.write or "")
         return TransportGates(log_decay, beta, w, write).masked(keep)
 

@@ -23,6 +23,7 @@ from axiomformer.axes.transport import TransportGates, decayed_gram
 from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.plan import Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
+from axiomformer.engines.state_chunked import chunkwise_state_form
 from axiomformer.precision import compute_dtype
 
 DEFAULT_CHUNK = 64
@@ -105,11 +106,13 @@ def sequential_kind(kind: ProblemKind) -> bool:
     )
 
 
-def aligned_inputs(problem: AttentionProblem) -> tuple[Tensor, Tensor, Tensor, TransportGates, Tensor | None, int]:
+def aligned_inputs(
+    problem: AttentionProblem, scaled: bool = True
+) -> tuple[Tensor, Tensor, Tensor, TransportGates, Tensor | None, int]:
     """The inputs of a transport's sequential forms (state form, chunked form), in max(q, k dtype, float32):
-    ``(qs, k, v, gates, keep, lead)`` with the scaled queries front-padded by ``lead`` rows to the key length
-    (bottom-right aligned: ``lead`` keys before the first query), the gates masked at padded keys and ``keep``
-    (batch, k_len) the key padding (None without a mask)."""
+    ``(qs, k, v, gates, keep, lead)`` with the queries (multiplied by the scale unless ``scaled`` is False)
+    front-padded by ``lead`` rows to the key length (bottom-right aligned: ``lead`` keys before the first query), the
+    gates masked at padded keys and ``keep`` (batch, k_len) the key padding (None without a mask)."""
     q, k, v = problem.q, problem.k, problem.v
     dtype = compute_dtype(q.dtype, k.dtype)
     keep = None
@@ -118,7 +121,8 @@ def aligned_inputs(problem: AttentionProblem) -> tuple[Tensor, Tensor, Tensor, T
     gates = problem.transport.cast(dtype).masked(keep)
     scale = problem.scale.to(dtype) if isinstance(problem.scale, Tensor) else problem.scale
     lead = k.shape[-2] - q.shape[-2]
-    qs = torch.nn.functional.pad(q.to(dtype) * scale, (0, 0, lead, 0))
+    qs = q.to(dtype) * scale if scaled else q.to(dtype)
+    qs = torch.nn.functional.pad(qs, (0, 0, lead, 0)) if lead else qs
     return qs, k.to(dtype), v.to(dtype), gates, keep, lead
 
 
@@ -144,6 +148,10 @@ class RecurrentEngine(EngineBase):
     def __call__(
         self, plan: Plan, problem: AttentionProblem, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        qs, k, v, gates, _, lead = aligned_inputs(problem)
-        out, _ = state_form(qs, k, v, gates, chunk=chunk_for(plan.transport_traits, self.chunk))
+        # A number scale is applied chunk by chunk inside (no scaled copy of the queries kept for the backward).
+        fold = not isinstance(problem.scale, Tensor)
+        qs, k, v, gates, _, lead = aligned_inputs(problem, scaled=not fold)
+        shared = "delta" in plan.transport_traits  # w_t = k_t: one Gram matrix serves the keys and the reflections
+        scale = float(problem.scale) if fold else 1.0
+        out, _ = chunkwise_state_form(qs, k, v, gates, scale=scale, chunk=self.chunk, shared=shared)
         return out[:, :, lead:].to(problem.v.dtype), None
