@@ -77,9 +77,10 @@ def _off_blocks(t: Tensor, m: int, s: int) -> Tensor:
     return blocks.movedim(-1, -3)[..., s:, :s]
 
 
-def _leaf_size(c: Tensor) -> int:
+def leaf_size(c: Tensor) -> int:
     """The largest block (a power of two, down to 1) within which every span of log decays is at most
     ``FACTOR_SPAN``: such a block factors through its own last token without overflow (:func:`_leaves`)."""
+    c = _pow2(c, c, c)[2]  # the last decay repeated: no wider span
     size = c.shape[-2]
     sizes = [1 << i for i in range(size.bit_length() - 1, 0, -1)]  # size, size / 2, ..., 2
     spans = [(t[..., 0, :] - t[..., -1, :]).amax() for t in (c.unflatten(-2, (size // b, b)) for b in sizes)]
@@ -89,15 +90,15 @@ def _leaf_size(c: Tensor) -> int:
 
 def _leaves(x: Tensor, y: Tensor, c: Tensor, b: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Blocks of b tokens factored through their last token r: (x e^(c - c_r), y e^(c_r - c), e^(c - c_r),
-    e^(c_r - c)), each (..., size / b, b, d); every factor lies in [e^-FACTOR_SPAN, e^FACTOR_SPAN] (:func:`_leaf_size`)."""
+    e^(c_r - c)), each (..., size / b, b, d); every factor lies in [e^-FACTOR_SPAN, e^FACTOR_SPAN] (:func:`leaf_size`)."""
     xs, ys, cs = (t.unflatten(-2, (t.shape[-2] // b, b)) for t in (x, y, c))
     ref = cs[..., -1:, :]
     to_ref, from_ref = (cs - ref).exp(), (ref - cs).exp()
     return xs * to_ref, ys * from_ref, to_ref, from_ref
 
 
-def channel_gram(x: Tensor, y: Tensor, c: Tensor) -> Tensor:
-    """G(x, y) with a per-channel decay, c (..., C, d).
+def channel_gram(x: Tensor, y: Tensor, c: Tensor, leaf: int | None = None) -> Tensor:
+    """G(x, y) with a per-channel decay, c (..., C, d); ``leaf``: :func:`leaf_size` of c (computed when None).
 
     Blocks of tokens whose log decays span at most ``FACTOR_SPAN`` factor through their last token r:
     G_ab = (x_a e^(c_a - c_r)) . (y_b e^(c_r - c_b)), no factor beyond e^FACTOR_SPAN. Above that block size the
@@ -110,7 +111,7 @@ def channel_gram(x: Tensor, y: Tensor, c: Tensor) -> Tensor:
     x, y, c, size = _pow2(x, y, c)
     lead = torch.broadcast_shapes(x.shape[:-2], y.shape[:-2], c.shape[:-2])
     out = x.new_zeros(*lead, size, size)
-    leaf = _leaf_size(c)
+    leaf = leaf_size(c) if leaf is None else leaf
     s = size // 2
     while s >= leaf:
         later, earlier, _, _ = _halves(x, y, c, size // (2 * s), s)
@@ -126,7 +127,9 @@ def _diagonal_blocks(t: Tensor, m: int, b: int) -> Tensor:
     return torch.diagonal(t.unflatten(-1, (m, b)).unflatten(-3, (m, b)), dim1=-4, dim2=-2).movedim(-1, -3)
 
 
-def channel_gram_backward(x: Tensor, y: Tensor, c: Tensor, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def channel_gram_backward(
+    x: Tensor, y: Tensor, c: Tensor, grad: Tensor, leaf: int | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dy, dc) of :func:`channel_gram` from ``grad`` = dG (..., C, C), in the shapes of x, y, c.
 
     Each block product later earlier^T gives d later = dG_block . earlier, d earlier = dG_block^T . later, and
@@ -136,8 +139,8 @@ def channel_gram_backward(x: Tensor, y: Tensor, c: Tensor, grad: Tensor) -> tupl
     n = x.shape[-2]
     shapes = (x.shape, y.shape, c.shape)
     x, y, c, size = _pow2(x, y, c)
-    grad = F.pad(grad, (0, size - n, 0, size - n))
-    leaf = _leaf_size(c)
+    grad = F.pad(grad, (0, size - n, 0, size - n)) if size != n else grad
+    leaf = leaf_size(c) if leaf is None else leaf
     xl, yl, to_ref, from_ref = _leaves(x, y, c, leaf)
     block = _diagonal_blocks(grad, size // leaf, leaf).tril()
     dx = sum_to(torch.matmul(block, yl) * to_ref, x.shape[:-2] + (size // leaf, leaf, x.shape[-1])).flatten(-3, -2)
@@ -156,13 +159,15 @@ def channel_gram_backward(x: Tensor, y: Tensor, c: Tensor, grad: Tensor) -> tupl
     return sum_to(dx[..., :n, :], shapes[0]), sum_to(dy[..., :n, :], shapes[1]), sum_to(dc[..., :n, :], shapes[2])
 
 
-def gram(x: Tensor, y: Tensor, c: Tensor) -> Tensor:
-    """G(x, y): :func:`scalar_gram` for c (..., C, 1), else :func:`channel_gram`."""
-    return scalar_gram(x, y, c) if c.shape[-1] == 1 else channel_gram(x, y, c)
+def gram(x: Tensor, y: Tensor, c: Tensor, leaf: int | None = None) -> Tensor:
+    """G(x, y): :func:`scalar_gram` for c (..., C, 1), else :func:`channel_gram` (``leaf`` as there)."""
+    return scalar_gram(x, y, c) if c.shape[-1] == 1 else channel_gram(x, y, c, leaf)
 
 
-def gram_backward(x: Tensor, y: Tensor, c: Tensor, value: Tensor, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def gram_backward(
+    x: Tensor, y: Tensor, c: Tensor, value: Tensor, grad: Tensor, leaf: int | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dy, dc) of :func:`gram` from its output ``value`` and ``grad`` = dG (zero above the diagonal)."""
     if c.shape[-1] == 1:
         return scalar_gram_backward(x, y, c, value, grad)
-    return channel_gram_backward(x, y, c, grad)
+    return channel_gram_backward(x, y, c, grad, leaf)

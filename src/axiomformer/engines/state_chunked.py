@@ -37,14 +37,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from axiomformer.axes.transport import TransportGates
-from axiomformer.engines.chunk_grams import gram, gram_backward
+from axiomformer.engines.chunk_grams import gram, gram_backward, leaf_size
 
 CHUNK = 64
 """Tokens per chunk **(our choice: fla's chunk size for the delta-rule kernels)**."""
 
-GROUP_ELEMENTS = 1 << 16
-"""A group of chunks holds about this many elements per (tokens x head_dim) tensor, summed over batch and heads: the
-backward's graph is a few dozen such tensors **(our choice: 512 tokens at 8 heads of 64, a graph of ~20 MiB float32)**."""
+GROUP_ELEMENTS = 1 << 17
+"""A group of chunks holds about this many elements per (tokens x head_dim) tensor, summed over batch and heads, half
+as many with a per-channel decay (whose decay factors are such tensors too): the backward of a group holds a few
+dozen such tensors at once, the engine's peak **(our choice: 256 tokens at 8 heads of 64, 128 with KDA's decay; at
+L = 4096 that kept the bench's peak within 2x SDPA's, where 512 tokens did not for KDA, and 64 tokens cost time)**."""
 
 
 # ---------------------------------------------------------------------------------------------- one chunk's products
@@ -94,27 +96,29 @@ def _diagonal(end: Tensor, d: int) -> Tensor:
 
 
 def decay_forward(
-    q: Tensor, k: Tensor, vw: Tensor, c: Tensor
-) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, ...]]:
+    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, leaf: int | None = None
+) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], tuple[Any, ...]]:
     """((Qt, Oi, P, D), what :func:`decay_backward` reads) of a chunk with a decay and no Householder factor
     (Mamba-2's SSD, Dao & Gu 2024, arXiv:2405.21060, sec. 6): Qt = Q o e^c, Oi = G(Q, K) (gamma o V),
-    P = e^(c_end) (a diagonal, (..., 1, 1 or d)), D = (gamma o V)^T Kd."""
-    value = gram(q, k, c)
+    P = e^(c_end) (a diagonal, (..., 1, 1 or d)), D = (gamma o V)^T Kd. ``leaf``: as ``chunk_grams.channel_gram``
+    (computed when None; the tape's last entry)."""
+    leaf = leaf_size(c) if leaf is None and c.shape[-1] > 1 else leaf
+    value = gram(q, k, c, leaf)
     ec, to_end = c.exp(), (c[..., -1:, :] - c).exp()
     kd = k * to_end
     outs = (q * ec, torch.matmul(value, vw), ec[..., -1:, :], torch.matmul(vw.transpose(-2, -1), kd))
-    return outs, (value, ec, to_end, kd)
+    return outs, (value, ec, to_end, kd, leaf)
 
 
 def decay_backward(
-    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, tape: tuple[Tensor, ...], grads: tuple[Tensor, ...]
+    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, tape: tuple[Any, ...], grads: tuple[Tensor, ...]
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dvw, dc) of :func:`decay_forward` from ``grads`` = (dQt, dOi, dP, dD), written out."""
-    value, ec, to_end, kd = tape
+    value, ec, to_end, kd, leaf = tape
     d_qt, d_oi, d_p, d_d = grads
     d_kd = torch.matmul(vw, d_d)
     d_vw = torch.matmul(value.transpose(-2, -1), d_oi) + torch.matmul(kd, d_d.transpose(-2, -1))
-    dq, dk, dc = gram_backward(q, k, c, value, torch.matmul(d_oi, vw.transpose(-2, -1)).tril())
+    dq, dk, dc = gram_backward(q, k, c, value, torch.matmul(d_oi, vw.transpose(-2, -1)).tril_(), leaf)
     into_end = _channels(d_kd * kd, c)  # d(e^(c_end - c)) o e^(c_end - c)
     dc = dc + _channels(d_qt * q, c) * ec - into_end
     end = d_p * ec[..., -1:, :] + into_end.sum(-2, keepdim=True)
@@ -123,8 +127,8 @@ def decay_backward(
 
 
 def delta_forward(
-    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, beta: Tensor
-) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, ...]]:
+    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, beta: Tensor, leaf: int | None = None
+) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], tuple[Any, ...]]:
     """((Qt, Oi, P, D), what :func:`delta_backward` reads) of a delta-rule chunk, c its cumulative log decay.
 
     With S~_{t-1} = S_{t-1} Diag(alpha_t), the state gains d_t k_t^T with d_t = gamma_t v_t - beta_t S~_{t-1} k_t,
@@ -135,9 +139,11 @@ def delta_forward(
 
     (Kd = K o e^(c_end - c); Yang et al. 2024, arXiv:2406.06484, eqs. 7-9, with the decay). One Gram matrix of
     [Q; K] against K, one triangular solve: 7 (C x C x d) products per chunk where the general form takes 10.
+    ``leaf``: as ``chunk_grams.channel_gram`` (computed when None; the tape's last entry).
     """
     d = k.shape[-1]
-    grams = gram(torch.stack([q, k], -3), k.unsqueeze(-3), c.unsqueeze(-3))  # (..., 2, C, C)
+    leaf = leaf_size(c) if leaf is None and c.shape[-1] > 1 else leaf
+    grams = gram(torch.stack([q, k], -3), k.unsqueeze(-3), c.unsqueeze(-3), leaf)  # (..., 2, C, C)
     ec, to_end = c.exp(), (c[..., -1:, :] - c).exp()
     rhs = torch.cat([k * (ec * beta.unsqueeze(-1)), vw], -1)
     lower = grams[..., 1, :, :] * beta.unsqueeze(-1)
@@ -146,9 +152,10 @@ def delta_forward(
     through = torch.matmul(grams[..., 0, :, :], solved)  # G(Q, K) [Wf | Uf]
     kd = k * to_end
     back = torch.matmul(solved.transpose(-2, -1), kd)  # [Wf | Uf]^T Kd
-    p = _diagonal(c[..., -1:, :], d) - back[..., :d, :]
+    p = back[..., :d, :].neg()
+    p.diagonal(dim1=-2, dim2=-1).add_(ec[..., -1, :])  # Diag(e^(c_end)) - Wf^T Kd
     outs = (q * ec - through[..., :d], through[..., d:], p, back[..., d:, :])
-    return outs, (grams, lower, solved, ec, to_end, kd)
+    return outs, (grams, lower, solved, ec, to_end, kd, leaf)
 
 
 def _channels(t: Tensor, like: Tensor) -> Tensor:
@@ -157,37 +164,43 @@ def _channels(t: Tensor, like: Tensor) -> Tensor:
 
 
 def delta_backward(
-    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, beta: Tensor, tape: tuple[Tensor, ...], grads: tuple[Tensor, ...]
+    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, beta: Tensor, tape: tuple[Any, ...], grads: tuple[Tensor, ...]
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dvw, dc, dbeta) of :func:`delta_forward` from ``grads`` = (dQt, dOi, dP, dD), written out.
 
     Reverse of the forward's steps: dY = [-dQt | dOi] for Y = G(Q, K) [Wf | Uf]; dB = [-dP; dD] for
     B = [Wf | Uf]^T Kd; dX = G(Q, K)^T dY + Kd dB^T; the solve X = (I + A)^-1 R gives dR = (I + A)^-T dX and
-    dA = -dR X^T (strictly lower); then the Gram matrices' own backward (``engines/chunk_grams.py``).
+    dA = -dR X^T (strictly lower); then the Gram matrices' own backward (``engines/chunk_grams.py``). Runs without
+    autograd: each temporary is dropped (or overwritten) as soon as it is read for the last time, since one group's
+    temporaries are the engine's peak memory.
     """
-    grams, lower, solved, ec, to_end, kd = tape
+    grams, lower, solved, ec, to_end, kd, leaf = tape
     d_qt, d_oi, d_p, d_d = grads
     d = k.shape[-1]
-    d_y = torch.cat([-d_qt, d_oi], -1)
     d_b = torch.cat([-d_p, d_d], -2)
-    gqk = grams[..., 0, :, :]
-    d_x = torch.matmul(gqk.transpose(-2, -1), d_y) + torch.matmul(kd, d_b.transpose(-2, -1))
     d_kd = torch.matmul(solved, d_b)
+    d_x = torch.matmul(kd, d_b.transpose(-2, -1))
+    del d_b
+    d_y = torch.cat([-d_qt, d_oi], -1)
+    d_x += torch.matmul(grams[..., 0, :, :].transpose(-2, -1), d_y)
+    d_gq = torch.matmul(d_y, solved.transpose(-2, -1)).tril_()
+    del d_y
     d_r = torch.linalg.solve_triangular(lower.transpose(-2, -1), d_x, upper=True, unitriangular=True)
-    d_a = -torch.matmul(d_r, solved.transpose(-2, -1)).tril(-1)
-    d_grams = torch.stack([torch.matmul(d_y, solved.transpose(-2, -1)).tril(), d_a * beta.unsqueeze(-1)], -3)
-    dq, dk2, dc = gram_backward(torch.stack([q, k], -3), k.unsqueeze(-3), c.unsqueeze(-3), grams, d_grams)
-    d_rw = d_r[..., :d]
-    kb = k * beta.unsqueeze(-1)
-    d_beta = (d_a * grams[..., 1, :, :]).sum(-1) + (d_rw * k * ec).sum(-1)
-    dq, dk = dq[..., 0, :, :] + d_qt * ec, dq[..., 1, :, :] + dk2[..., 0, :, :] + d_rw * ec * beta.unsqueeze(-1)
-    dk = dk + d_kd * to_end
-    into_end = _channels(d_kd * kd, c)  # d(e^(c_end - c)) o e^(c_end - c)
-    dc = dc[..., 0, :, :] + _channels(d_qt * q + d_rw * kb, c) * ec - into_end
+    del d_x
+    d_a = torch.matmul(d_r, solved.transpose(-2, -1)).tril_(-1).neg_()
+    d_beta = (d_a * grams[..., 1, :, :]).sum(-1)
+    d_grams = torch.stack([d_gq, d_a.mul_(beta.unsqueeze(-1))], -3)
+    del d_gq, d_a
+    dx, dk, dc = gram_backward(torch.stack([q, k], -3), k.unsqueeze(-3), c.unsqueeze(-3), grams, d_grams, leaf)
+    del d_grams
+    d_rw = d_r[..., :d] * ec  # the gradient of beta o K o e^c, times e^c
+    d_beta += (d_rw * k).sum(-1)
+    dk = dk[..., 0, :, :].add_(dx[..., 1, :, :]).addcmul_(d_rw, beta.unsqueeze(-1)).addcmul_(d_kd, to_end)
+    into_end = _channels(d_kd.mul_(kd), c)  # d(e^(c_end - c)) o e^(c_end - c)
+    dc = dc[..., 0, :, :] + _channels(d_qt * q * ec + d_rw.mul_(k).mul_(beta.unsqueeze(-1)), c) - into_end
     from_p = torch.diagonal(d_p, dim1=-2, dim2=-1).unsqueeze(-2)  # Diag(e^(c_end)) in P
-    end = _channels(from_p, c) * ec[..., -1:, :] + into_end.sum(-2, keepdim=True)
-    dc = torch.cat([dc[..., :-1, :], dc[..., -1:, :] + end], -2)
-    return dq, dk, d_r[..., d:], dc, d_beta
+    dc[..., -1:, :] += _channels(from_p, c) * ec[..., -1:, :] + into_end.sum(-2, keepdim=True)
+    return dx[..., 0, :, :].addcmul_(d_qt, ec), dk, d_r[..., d:], dc, d_beta
 
 
 # ---------------------------------------------------------------------------------------------- the state recurrence
@@ -266,31 +279,50 @@ class _Chunkwise(torch.autograd.Function):
         b, h, n, e = v.shape
         out = v.new_empty(b, h, n, e)
         state = v.new_zeros(b, h, e, k.shape[-1]) if state is None else state
-        starts = []
+        starts, leaves = [], []
         for part in _groups(n, group):
             pieces = [_split(t, part, chunk) for t in (q, k, v, w, log_decay, beta, write)]
-            qt, oi, p, d = chunk_products(pieces[0] * scale, *pieces[1:])  # type: ignore[arg-type, operator]
+            if w is None:
+                (qt, oi, p, d), tape = _written_out(pieces, scale, None)
+                leaves.append(tape[-1])
+            else:
+                qt, oi, p, d = chunk_products(pieces[0] * scale, *pieces[1:])  # type: ignore[arg-type, operator]
             starts.append(state)
             entering, state = scan(state, p, d)
-            out[:, :, part] = _merge(torch.matmul(qt, entering.transpose(-2, -1)) + oi, part.stop - part.start)
+            out[:, :, part] = _merge(torch.matmul(qt, entering.transpose(-2, -1)).add_(oi), part.stop - part.start)
         ctx.save_for_backward(*inputs, torch.stack(starts, 2) if starts else None)
-        ctx.options = (scale, chunk, group)
+        ctx.options = (scale, chunk, group, leaves)
         return out, state
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor, grad_state: Tensor) -> tuple[Tensor | None, ...]:
         *inputs, starts = ctx.saved_tensors
-        scale, chunk, group = ctx.options
+        scale, chunk, group, _ = ctx.options
         needs = ctx.needs_input_grad[: len(INPUTS)]
         if torch.is_grad_enabled():  # create_graph=True: a graph of the autograd chunk form
             return (*_graph_grads(inputs, needs, grad_out, grad_state, scale, chunk), None, None, None)
         # Every token's gradient is written by its group (the autograd path leaves an unused input's at zero).
-        grads = [torch.zeros_like(t) if need and t is not None else None for t, need in zip(inputs, needs)]
+        fill = torch.zeros_like if inputs[3] is not None else torch.empty_like
+        grads = [fill(t) if need and t is not None else None for t, need in zip(inputs, needs)]
         for index, part in reversed(list(enumerate(_groups(grad_out.shape[2], group)))):
-            grad_state = _group_backward(inputs, needs, grads, grad_out, grad_state, starts[:, :, index], part, ctx)
+            grad_state = _group_backward(inputs, needs, grads, grad_out, grad_state, starts[:, :, index], index, ctx)
         if needs[-1]:
             grads[-1] = grad_state
         return (*grads, None, None, None)
+
+
+def _written_out(
+    pieces: list[Tensor | None], scale: float, leaf: int | None
+) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], tuple[Any, ...]]:
+    """(Qt, Oi, P, D) and the tape of a group without Householder vectors of its own: :func:`delta_forward` (w = k)
+    or :func:`decay_forward` (no Householder factor), from the group's split inputs (w None)."""
+    q, k, v, _, log_decay, beta, write = pieces
+    assert q is not None and k is not None and v is not None and log_decay is not None
+    qs, c = q * scale, log_decay.cumsum(-2)
+    vw = v if write is None else v * write.unsqueeze(-1)
+    if beta is None:
+        return decay_forward(qs, k, vw, c, leaf)
+    return delta_forward(qs, k, vw, c, beta, leaf)
 
 
 def _group_backward(
@@ -300,40 +332,38 @@ def _group_backward(
     grad_out: Tensor,
     grad_state: Tensor,
     start: Tensor,
-    part: slice,
+    index: int,
     ctx: Any,
 ) -> Tensor:
-    """One group of chunks backward (module docstring): writes its inputs' gradients into ``grads`` (tokens
-    ``part``) and returns dS entering the group. Without Householder vectors of their own (w = k, or no Householder
-    factor) the chunk products' backward is written out (:func:`delta_backward`, :func:`decay_backward`); with them,
-    autograd differentiates :func:`chunk_products` recomputed."""
-    scale, chunk, _ = ctx.options
+    """Group ``index`` of chunks backward (module docstring): writes its inputs' gradients into ``grads`` and
+    returns dS entering the group. Without Householder vectors of their own (w = k, or no Householder factor) the
+    chunk products' backward is written out (:func:`delta_backward`, :func:`decay_backward`); with them, autograd
+    differentiates :func:`chunk_products` recomputed."""
+    scale, chunk, group, leaves = ctx.options
+    part = _groups(grad_out.shape[2], group)[index]
     pieces = [_split(t, part, chunk) for t in inputs[:-1]]
-    q, k, v, w, log_decay, beta, write = pieces
-    assert q is not None and k is not None and v is not None and log_decay is not None
     grad_o = _split(grad_out, part, chunk)
     assert grad_o is not None
-    if w is not None:
+    if pieces[3] is not None:
         return _autograd_group(pieces, needs, grads, grad_o, grad_state, start, part, scale)
-    qs, c = q * scale, log_decay.cumsum(-2)
-    vw = v if write is None else v * write.unsqueeze(-1)
-    if beta is None:
-        outs, tape = decay_forward(qs, k, vw, c)
-    else:
-        outs, tape = delta_forward(qs, k, vw, c, beta)
-    qt, _, p, d = outs
+    (qt, _, p, d), tape = _written_out(pieces, scale, leaves[index])
     entering, _ = scan(start, p, d)
     grad_d, grad_state = scan_backward(grad_state, p, torch.matmul(grad_o.transpose(-2, -1), qt))
     chunk_grads = (torch.matmul(grad_o, entering), grad_o, _p_grad(entering, grad_d, p), grad_d)
+    del qt, p, d, entering
+    q, k, v, _, log_decay, beta, write = pieces
+    assert q is not None and k is not None and v is not None and log_decay is not None
+    qs, c = q * scale, log_decay.cumsum(-2)
+    vw = v if write is None else v * write.unsqueeze(-1)
     if beta is None:
         dq, dk, d_vw, dc = decay_backward(qs, k, vw, c, tape, chunk_grads)
         d_beta = None
     else:
         dq, dk, d_vw, dc, d_beta = delta_backward(qs, k, vw, c, beta, tape, chunk_grads)
+    del tape, chunk_grads
     d_write = None if write is None else (d_vw * v).sum(-1)
-    dv = d_vw if write is None else d_vw * write.unsqueeze(-1)
-    d_log_decay = dc.flip(-2).cumsum(-2).flip(-2)  # c = cumsum(log_decay) within the chunk
-    found = [dq * scale, dk, dv, None, d_log_decay, d_beta, d_write]
+    dv = d_vw if write is None else d_vw.mul_(write.unsqueeze(-1))
+    found = [dq.mul_(scale), dk, dv, None, dc.flip(-2).cumsum(-2).flip(-2), d_beta, d_write]  # c = cumsum(log_decay)
     for target, g in zip(grads, found):
         if target is not None and g is not None:
             target[:, :, part] = _merge(g, part.stop - part.start)
@@ -428,7 +458,7 @@ def chunkwise_state_form(
     if chunk < 1 or (group is not None and group < 1):
         raise ValueError(f"chunk and group must be at least one token, got chunk={chunk}, group={group}")
     b, h, _, d = k.shape
-    width = b * h * max(d, v.shape[-1], chunk)
+    width = b * h * max(d, v.shape[-1], chunk) * (2 if gates.log_decay.shape[-1] > 1 else 1)
     tokens = group if group is not None else max(chunk, GROUP_ELEMENTS // max(1, width))
     tokens = -(-tokens // chunk) * chunk
     w = None if shared or gates.beta is None else gates.w
