@@ -128,7 +128,7 @@ def _diagonal_blocks(t: Tensor, m: int, b: int) -> Tensor:
 
 
 def channel_gram_backward(
-    x: Tensor, y: Tensor, c: Tensor, grad: Tensor, leaf: int | None = None
+    x: Tensor, y: Tensor, c: Tensor, grad: Tensor, *, leaf: int | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dy, dc) of :func:`channel_gram` from ``grad`` = dG (..., C, C), in the shapes of x, y, c.
 
@@ -151,7 +151,9 @@ def channel_gram_backward(
         m = size // (2 * s)
         later, earlier, to_ref, from_ref = _halves(x, y, c, m, s)
         block = _off_blocks(grad, m, s).contiguous()
-        dx.unflatten(-2, (m, 2, s))[..., 1, :, :] += sum_to(torch.matmul(block, earlier) * to_ref, dx.shape[:-2] + (m, s, dx.shape[-1]))
+        dx.unflatten(-2, (m, 2, s))[..., 1, :, :] += sum_to(
+            torch.matmul(block, earlier) * to_ref, dx.shape[:-2] + (m, s, dx.shape[-1])
+        )
         d_earlier = torch.matmul(block.transpose(-2, -1), later) * from_ref
         dy.unflatten(-2, (m, 2, s))[..., 0, :, :] += sum_to(d_earlier, dy.shape[:-2] + (m, s, dy.shape[-1]))
         s //= 2
@@ -165,9 +167,9 @@ def gram(x: Tensor, y: Tensor, c: Tensor, leaf: int | None = None) -> Tensor:
 
 
 def gram_backward(
-    x: Tensor, y: Tensor, c: Tensor, value: Tensor, grad: Tensor, leaf: int | None = None
+    x: Tensor, y: Tensor, c: Tensor, value: Tensor, grad: Tensor, *, leaf: int | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx, dy, dc) of :func:`gram` from its output ``value`` and ``grad`` = dG (zero above the diagonal)."""
     if c.shape[-1] == 1:
         return scalar_gram_backward(x, y, c, value, grad)
-    return channel_gram_backward(x, y, c, grad, leaf)
+    return channel_gram_backward(x, y, c, grad, leaf=leaf)

@@ -12,6 +12,11 @@ exponent c_a - c_b, a >= b, is <= 0), plus the state entering the chunk S_0:
 (Yang et al. 2024, DeltaNet's chunkwise form, arXiv:2406.06484, sec. 3, with the decay of Gated DeltaNet / KDA). One
 chunk of the whole sequence is the parallel form, chunks of one token the recurrence; a KV cache keeps S for decoding.
 Memory is O(L) in the length (O(chunk^2) per step).
+
+:func:`state_form` is that algebra under autograd: KV-cache decoding runs it, and so does a second-order backward.
+The engine runs ``engines/state_chunked.chunkwise_state_form`` -- the same output, every chunk's products at once for
+a group of chunks and a written-out backward that keeps only the inputs -- which is what makes the transports' rows of
+the bench O(L) in memory and faster than SDPA at L = 4096.
 """
 
 from __future__ import annotations
@@ -127,7 +132,10 @@ def aligned_inputs(
 
 
 class RecurrentEngine(EngineBase):
-    """A transport with a state (trait ``state``, normalizer trait ``identity``) in O(L) memory: :func:`state_form`.
+    """A transport with a state (trait ``state``, normalizer trait ``identity``) in O(L) memory, forward and backward:
+    ``engines/state_chunked.chunkwise_state_form`` in chunks of ``chunk`` tokens, ``group`` tokens at a time in the
+    backward (default: its ``GROUP_ELEMENTS``). With trait ``delta`` (w_t = k_t) it reads the keys as the Householder
+    vectors, one Gram matrix for both.
 
     Declines: weights requests (it has none), masks other than key padding (a padded key's gates are zero already:
     ``TransportGates.masked``), float biases, ALiBi, dropout, windows, a query offset other than the bottom-right one,
@@ -139,8 +147,9 @@ class RecurrentEngine(EngineBase):
     transports = True
     computes = Computes(all_of={"transport": {"state"}, "normalizer": {"identity"}, "contribution": {"proportional"}})
 
-    def __init__(self, chunk: int = DEFAULT_CHUNK):
+    def __init__(self, chunk: int = DEFAULT_CHUNK, group: int | None = None):
         self.chunk = chunk
+        self.group = group  # tokens per group of chunks in the backward (None: ``state_chunked.GROUP_ELEMENTS``)
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:
         return sequential_kind(kind)
@@ -153,5 +162,5 @@ class RecurrentEngine(EngineBase):
         qs, k, v, gates, _, lead = aligned_inputs(problem, scaled=not fold)
         shared = "delta" in plan.transport_traits  # w_t = k_t: one Gram matrix serves the keys and the reflections
         scale = float(problem.scale) if fold else 1.0
-        out, _ = chunkwise_state_form(qs, k, v, gates, scale=scale, chunk=self.chunk, shared=shared)
+        out, _ = chunkwise_state_form(qs, k, v, gates, scale=scale, chunk=self.chunk, group=self.group, shared=shared)
         return out[:, :, lead:].to(problem.v.dtype), None

@@ -51,7 +51,7 @@ L = 4096 that kept the bench's peak within 2x SDPA's, where 512 tokens did not f
 
 # ---------------------------------------------------------------------------------------------- one chunk's products
 def chunk_products(
-    q: Tensor, k: Tensor, v: Tensor, w: Tensor | None, log_decay: Tensor, beta: Tensor | None, write: Tensor | None
+    q: Tensor, k: Tensor, v: Tensor, *, w: Tensor | None, log_decay: Tensor, beta: Tensor | None, write: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(Qt, Oi, P, D) of every chunk (module docstring), chunks along dim -3.
 
@@ -96,7 +96,7 @@ def _diagonal(end: Tensor, d: int) -> Tensor:
 
 
 def decay_forward(
-    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, leaf: int | None = None
+    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, *, leaf: int | None = None
 ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], tuple[Any, ...]]:
     """((Qt, Oi, P, D), what :func:`decay_backward` reads) of a chunk with a decay and no Householder factor
     (Mamba-2's SSD, Dao & Gu 2024, arXiv:2405.21060, sec. 6): Qt = Q o e^c, Oi = G(Q, K) (gamma o V),
@@ -111,14 +111,14 @@ def decay_forward(
 
 
 def decay_backward(
-    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, tape: tuple[Any, ...], grads: tuple[Tensor, ...]
+    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, *, tape: tuple[Any, ...], grads: tuple[Tensor, ...]
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dvw, dc) of :func:`decay_forward` from ``grads`` = (dQt, dOi, dP, dD), written out."""
     value, ec, to_end, kd, leaf = tape
     d_qt, d_oi, d_p, d_d = grads
     d_kd = torch.matmul(vw, d_d)
     d_vw = torch.matmul(value.transpose(-2, -1), d_oi) + torch.matmul(kd, d_d.transpose(-2, -1))
-    dq, dk, dc = gram_backward(q, k, c, value, torch.matmul(d_oi, vw.transpose(-2, -1)).tril_(), leaf)
+    dq, dk, dc = gram_backward(q, k, c, value, torch.matmul(d_oi, vw.transpose(-2, -1)).tril_(), leaf=leaf)
     into_end = _channels(d_kd * kd, c)  # d(e^(c_end - c)) o e^(c_end - c)
     dc = dc + _channels(d_qt * q, c) * ec - into_end
     end = d_p * ec[..., -1:, :] + into_end.sum(-2, keepdim=True)
@@ -127,7 +127,7 @@ def decay_backward(
 
 
 def delta_forward(
-    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, beta: Tensor, leaf: int | None = None
+    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, beta: Tensor, *, leaf: int | None = None
 ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], tuple[Any, ...]]:
     """((Qt, Oi, P, D), what :func:`delta_backward` reads) of a delta-rule chunk, c its cumulative log decay.
 
@@ -164,7 +164,7 @@ def _channels(t: Tensor, like: Tensor) -> Tensor:
 
 
 def delta_backward(
-    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, beta: Tensor, tape: tuple[Any, ...], grads: tuple[Tensor, ...]
+    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, beta: Tensor, *, tape: tuple[Any, ...], grads: tuple[Tensor, ...]
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dvw, dc, dbeta) of :func:`delta_forward` from ``grads`` = (dQt, dOi, dP, dD), written out.
 
@@ -191,7 +191,7 @@ def delta_backward(
     d_beta = (d_a * grams[..., 1, :, :]).sum(-1)
     d_grams = torch.stack([d_gq, d_a.mul_(beta.unsqueeze(-1))], -3)
     del d_gq, d_a
-    dx, dk, dc = gram_backward(torch.stack([q, k], -3), k.unsqueeze(-3), c.unsqueeze(-3), grams, d_grams, leaf)
+    dx, dk, dc = gram_backward(torch.stack([q, k], -3), k.unsqueeze(-3), c.unsqueeze(-3), grams, d_grams, leaf=leaf)
     del d_grams
     d_rw = d_r[..., :d] * ec  # the gradient of beta o K o e^c, times e^c
     d_beta += (d_rw * k).sum(-1)
@@ -238,9 +238,11 @@ def _p_grad(entering: Tensor, grad_d: Tensor, p: Tensor) -> Tensor:
     """dP_n = S_{n-1}^T dS_n, or its diagonal (summed to P's shape) when P is a diagonal."""
     if p.shape[-2] > 1:
         return torch.matmul(entering.transpose(-2, -1), grad_d)
-    return (entering * grad_d).sum(-2, keepdim=True).sum(-1, keepdim=True) if p.shape[-1] == 1 else (
-        entering * grad_d
-    ).sum(-2, keepdim=True)
+    return (
+        (entering * grad_d).sum(-2, keepdim=True).sum(-1, keepdim=True)
+        if p.shape[-1] == 1
+        else (entering * grad_d).sum(-2, keepdim=True)
+    )
 
 
 # ---------------------------------------------------------------------------------------------- groups of chunks
@@ -286,7 +288,7 @@ class _Chunkwise(torch.autograd.Function):
                 (qt, oi, p, d), tape = _written_out(pieces, scale, None)
                 leaves.append(tape[-1])
             else:
-                qt, oi, p, d = chunk_products(pieces[0] * scale, *pieces[1:])  # type: ignore[arg-type, operator]
+                qt, oi, p, d = _general(pieces, scale)
             starts.append(state)
             entering, state = scan(state, p, d)
             out[:, :, part] = _merge(torch.matmul(qt, entering.transpose(-2, -1)).add_(oi), part.stop - part.start)
@@ -300,12 +302,14 @@ class _Chunkwise(torch.autograd.Function):
         scale, chunk, group, _ = ctx.options
         needs = ctx.needs_input_grad[: len(INPUTS)]
         if torch.is_grad_enabled():  # create_graph=True: a graph of the autograd chunk form
-            return (*_graph_grads(inputs, needs, grad_out, grad_state, scale, chunk), None, None, None)
+            return (*_graph_grads(inputs, needs, grad_out, grad_state, scale=scale, chunk=chunk), None, None, None)
         # Every token's gradient is written by its group (the autograd path leaves an unused input's at zero).
         fill = torch.zeros_like if inputs[3] is not None else torch.empty_like
         grads = [fill(t) if need and t is not None else None for t, need in zip(inputs, needs)]
-        for index, part in reversed(list(enumerate(_groups(grad_out.shape[2], group)))):
-            grad_state = _group_backward(inputs, needs, grads, grad_out, grad_state, starts[:, :, index], index, ctx)
+        for index in reversed(range(len(_groups(grad_out.shape[2], group)))):
+            grad_state = _group_backward(
+                inputs, needs, grads, grad_out, grad_state, start=starts[:, :, index], index=index, ctx=ctx
+            )
         if needs[-1]:
             grads[-1] = grad_state
         return (*grads, None, None, None)
@@ -321,8 +325,15 @@ def _written_out(
     qs, c = q * scale, log_decay.cumsum(-2)
     vw = v if write is None else v * write.unsqueeze(-1)
     if beta is None:
-        return decay_forward(qs, k, vw, c, leaf)
-    return delta_forward(qs, k, vw, c, beta, leaf)
+        return decay_forward(qs, k, vw, c, leaf=leaf)
+    return delta_forward(qs, k, vw, c, beta, leaf=leaf)
+
+
+def _general(pieces: list[Tensor | None], scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`chunk_products` of a group's split inputs (q, k, v, w, log_decay, beta, write), q times ``scale``."""
+    q, k, v, w, log_decay, beta, write = pieces
+    assert q is not None and k is not None and v is not None and log_decay is not None
+    return chunk_products(q * scale, k, v, w=w, log_decay=log_decay, beta=beta, write=write)
 
 
 def _group_backward(
@@ -331,6 +342,7 @@ def _group_backward(
     grads: list[Tensor | None],
     grad_out: Tensor,
     grad_state: Tensor,
+    *,
     start: Tensor,
     index: int,
     ctx: Any,
@@ -345,7 +357,7 @@ def _group_backward(
     grad_o = _split(grad_out, part, chunk)
     assert grad_o is not None
     if pieces[3] is not None:
-        return _autograd_group(pieces, needs, grads, grad_o, grad_state, start, part, scale)
+        return _autograd_group(pieces, needs, grads, grad_o, grad_state, start=start, part=part, scale=scale)
     (qt, _, p, d), tape = _written_out(pieces, scale, leaves[index])
     entering, _ = scan(start, p, d)
     grad_d, grad_state = scan_backward(grad_state, p, torch.matmul(grad_o.transpose(-2, -1), qt))
@@ -356,10 +368,10 @@ def _group_backward(
     qs, c = q * scale, log_decay.cumsum(-2)
     vw = v if write is None else v * write.unsqueeze(-1)
     if beta is None:
-        dq, dk, d_vw, dc = decay_backward(qs, k, vw, c, tape, chunk_grads)
+        dq, dk, d_vw, dc = decay_backward(qs, k, vw, c, tape=tape, grads=chunk_grads)
         d_beta = None
     else:
-        dq, dk, d_vw, dc, d_beta = delta_backward(qs, k, vw, c, beta, tape, chunk_grads)
+        dq, dk, d_vw, dc, d_beta = delta_backward(qs, k, vw, c, beta, tape=tape, grads=chunk_grads)
     del tape, chunk_grads
     d_write = None if write is None else (d_vw * v).sum(-1)
     dv = d_vw if write is None else d_vw.mul_(write.unsqueeze(-1))
@@ -376,6 +388,7 @@ def _autograd_group(
     grads: list[Tensor | None],
     grad_o: Tensor,
     grad_state: Tensor,
+    *,
     start: Tensor,
     part: slice,
     scale: float,
@@ -383,19 +396,16 @@ def _autograd_group(
     """:func:`_group_backward` by autograd of :func:`chunk_products` (Householder vectors of their own)."""
     leaves = [None if t is None else t.detach().requires_grad_(need) for t, need in zip(pieces, needs)]
     with torch.enable_grad():
-        qt, oi, p, d = chunk_products(leaves[0] * scale, *leaves[1:])  # type: ignore[arg-type, operator]
+        qt, oi, p, d = _general(leaves, scale)
     entering, _ = scan(start, p.detach(), d.detach())
     grad_d, grad_state = scan_backward(grad_state, p.detach(), torch.matmul(grad_o.transpose(-2, -1), qt.detach()))
-    pairs = [
-        (qt, torch.matmul(grad_o, entering)),
-        (oi, grad_o),
-        (p, _p_grad(entering, grad_d, p)),
-        (d, grad_d),
-    ]
+    pairs = [(qt, torch.matmul(grad_o, entering)), (oi, grad_o), (p, _p_grad(entering, grad_d, p)), (d, grad_d)]
     pairs = [(t, g) for t, g in pairs if t.requires_grad]
     wanted = [(i, t) for i, t in enumerate(leaves) if t is not None and t.requires_grad]
     if pairs and wanted:
-        got = torch.autograd.grad([t for t, _ in pairs], [t for _, t in wanted], [g for _, g in pairs], allow_unused=True)
+        got = torch.autograd.grad(
+            [t for t, _ in pairs], [t for _, t in wanted], [g for _, g in pairs], allow_unused=True
+        )
         for (i, _), g in zip(wanted, got):
             target = grads[i]
             if g is not None and target is not None:
@@ -408,17 +418,21 @@ def _graph_grads(
     needs: tuple[bool, ...],
     grad_out: Tensor,
     grad_state: Tensor,
+    *,
     scale: float,
     chunk: int,
 ) -> list[Tensor | None]:
-    """The inputs' gradients as a graph (a backward with ``create_graph=True``): autograd of ``state_form``."""
-    from axiomformer.engines.recurrent import state_form
+    """The inputs' gradients as a graph (a backward with ``create_graph=True``): autograd of ``state_form`` (in the
+    chunks ``recurrent.chunk_for`` gives a per-channel decay, whose products it builds from (chunk x chunk x d)
+    factors)."""
+    from axiomformer.engines.recurrent import chunk_for, state_form
 
     q, k, v, w, log_decay, beta, write, state = inputs
     assert q is not None and k is not None and v is not None and log_decay is not None
     with torch.enable_grad():
         gates = TransportGates(log_decay, beta, k if w is None and beta is not None else w, write)
-        out, last = state_form(q * scale, k, v, gates, state, chunk)
+        traits = frozenset({"diag_decay"} if log_decay.shape[-1] > 1 else ())
+        out, last = state_form(q * scale, k, v, gates, state, chunk_for(traits, chunk))
     wanted = [t for t, need in zip(inputs, needs) if need and t is not None]
     got = iter(torch.autograd.grad((out, last), wanted, (grad_out, grad_state), create_graph=True, allow_unused=True))
     return [next(got) if need and t is not None else None for t, need in zip(inputs, needs)]
@@ -462,7 +476,5 @@ def chunkwise_state_form(
     tokens = group if group is not None else max(chunk, GROUP_ELEMENTS // max(1, width))
     tokens = -(-tokens // chunk) * chunk
     w = None if shared or gates.beta is None else gates.w
-    out, last = _Chunkwise.apply(
-        q, k, v, w, gates.log_decay, gates.beta, gates.write, state, scale, chunk, tokens
-    )
+    out, last = _Chunkwise.apply(q, k, v, w, gates.log_decay, gates.beta, gates.write, state, scale, chunk, tokens)
     return out, last
