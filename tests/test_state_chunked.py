@@ -234,3 +234,15 @@ def test_the_routed_engine_is_the_reference_over_several_chunks_with_padding(nam
     assert engine == "recurrent"
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_a_linear_map_of_keys_split_into_heads_is_that_of_the_merged_keys_to_second_order():
+    from axiomformer.axes.transport import _HeadSplitLinear
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(6, 12, dtype=torch.float64, generator=gen, requires_grad=True)
+    merged = x.transpose(1, 2).reshape(2, 5, 12) @ weight.T
+    torch.testing.assert_close(_HeadSplitLinear.apply(x, weight), merged, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(_HeadSplitLinear.apply, (x, weight))
+    assert torch.autograd.gradgradcheck(_HeadSplitLinear.apply, (x, weight))

@@ -206,6 +206,29 @@ class _LogDecay(torch.autograd.Function):
         return d_raw, d_raw.sum((0, 2), keepdim=True)[0], d_a_log
 
 
+class _HeadSplitLinear(torch.autograd.Function):
+    """x (batch, heads, n, head_dim) read as its merged (batch, n, heads * head_dim) times weight^T (out, heads *
+    head_dim): a sum over heads of x_h W_h^T, saving x itself. Autograd of that sum would slice x per head and give
+    each head's gradient back as a zero-filled (batch, heads, n, head_dim) tensor; here dx is one product, d out . W,
+    read in head-split order (a view), and dW one (out x head_dim) block per head."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        split = weight.unflatten(1, (x.shape[1], x.shape[-1]))  # (out, heads, head_dim)
+        return functools.reduce(torch.add, (torch.matmul(x[:, h], split[:, h].T) for h in range(x.shape[1])))
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        x, weight = ctx.saved_tensors
+        heads, d = x.shape[1], x.shape[-1]
+        dx = torch.matmul(grad, weight).unflatten(-1, (heads, d)).transpose(1, 2) if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            dw = torch.cat([torch.matmul(grad.transpose(1, 2), x[:, h]).sum(0) for h in range(heads)], 1)
+        return dx, dw
+
+
 class Transport(nn.Module):
     """The learned gates of ``spec.transport`` (nothing for ``none``): ``gates(x, k, keep)`` from the key input.
 
@@ -254,8 +277,7 @@ class Transport(nn.Module):
         dim) copy of x is kept for the backward (``Attention.core`` passes the keys so)."""
         if x.dim() == 3 or not isinstance(layer, nn.Linear):
             return layer(x)
-        weight = layer.weight.unflatten(1, (x.shape[1], x.shape[-1]))  # (out, heads, head_dim)
-        out = functools.reduce(torch.add, (torch.matmul(x[:, h], weight[:, h].T) for h in range(x.shape[1])))
+        out = _HeadSplitLinear.apply(x, layer.weight)
         return out if layer.bias is None else out + layer.bias
 
     def _householder_vectors(self, x: Tensor) -> Tensor:
