@@ -246,3 +246,18 @@ def test_a_linear_map_of_keys_split_into_heads_is_that_of_the_merged_keys_to_sec
     torch.testing.assert_close(_HeadSplitLinear.apply(x, weight), merged, rtol=0, atol=1e-12)
     assert torch.autograd.gradcheck(_HeadSplitLinear.apply, (x, weight))
     assert torch.autograd.gradgradcheck(_HeadSplitLinear.apply, (x, weight))
+
+
+def test_the_l2_normalisation_is_f_normalize_to_second_order():
+    from axiomformer.axes.transport import _Unit
+
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    x[0, 0, 0] = 0.0  # a zero row: the clamped norm
+    x.requires_grad_()
+    torch.testing.assert_close(_Unit.apply(x), F.normalize(x, dim=-1), rtol=0, atol=0)
+    weight = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    want = torch.autograd.grad((F.normalize(x, dim=-1) * weight).sum(), x)[0]
+    torch.testing.assert_close(torch.autograd.grad((_Unit.apply(x) * weight).sum(), x)[0], want, rtol=0, atol=1e-12)
+    smooth = x.detach()[1:].clone().requires_grad_()  # away from the kink at 0
+    assert torch.autograd.gradcheck(_Unit.apply, (smooth,))
+    assert torch.autograd.gradgradcheck(_Unit.apply, (smooth,))

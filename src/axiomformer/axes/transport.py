@@ -206,6 +206,32 @@ class _LogDecay(torch.autograd.Function):
         return d_raw, d_raw.sum((0, 2), keepdim=True)[0], d_a_log
 
 
+class _Unit(torch.autograd.Function):
+    """``F.normalize(x, dim=-1)``, y = x / r with r = max(|x|, 1e-12), with its backward written out:
+    dx = (dy - [|x| > 1e-12] x (x . dy) / r^2) / r, one new (batch, heads, seq, head_dim) tensor. Autograd of
+    ``F.normalize`` differentiates the norm and the division separately, with more passes and temporaries of that
+    size **(our choice: the delta-rule family normalizes q and k of every layer)**. Like ``F.normalize`` it keeps x
+    and r, not y (so y is freed once the engine that read it is done); a backward with ``create_graph=True``
+    differentiates ``F.normalize`` of x."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        denominator = norm.clamp_min(1e-12)
+        ctx.save_for_backward(x, denominator, norm > 1e-12)
+        return x / denominator
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        x, denominator, moving = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a graph of F.normalize
+            with torch.enable_grad():
+                return torch.autograd.grad(F.normalize(x, dim=-1), x, grad, create_graph=True)[0]
+        along = torch.matmul(x.unsqueeze(-2), grad.unsqueeze(-1)).squeeze(-1)  # x . dy, no (..., d) temporary
+        along = along * moving / denominator.square()  # a clamped norm is a constant: no radial part
+        return torch.addcmul(grad, x, along, value=-1.0).div_(denominator)
+
+
 class _HeadSplitLinear(torch.autograd.Function):
     """x (batch, heads, n, head_dim) read as its merged (batch, n, heads * head_dim) times weight^T (out, heads *
     head_dim): a sum over heads of x_h W_h^T, saving x itself. Autograd of that sum would slice x per head and give
@@ -264,25 +290,35 @@ class Transport(nn.Module):
         """q, k (batch, heads, seq, head_dim) L2-normalised where the paper does (the delta-rule family)."""
         if not self.l2_qk:
             return q, k
-        return F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        return _Unit.apply(q), _Unit.apply(k)
 
     def _heads(self, x: Tensor, width: int) -> Tensor:
         b, n, _ = x.shape
         return x.view(b, n, self.heads, width).transpose(1, 2)
 
-    @staticmethod
-    def _linear(layer: nn.Module, x: Tensor) -> Tensor:
-        """``layer(x)``; for x split into heads (batch, heads, k_len, head_dim), the layer of the merged x without
-        merging it: a sum over heads of x_h W_h^T (W_h the head's columns of the weight), so that no (batch, k_len,
-        dim) copy of x is kept for the backward (``Attention.core`` passes the keys so)."""
-        if x.dim() == 3 or not isinstance(layer, nn.Linear):
-            return layer(x)
-        out = _HeadSplitLinear.apply(x, layer.weight)
-        return out if layer.bias is None else out + layer.bias
+    def _readers(self) -> dict[str, nn.Linear]:
+        """The maps that read the key input: the decay's first (KDA's low-rank ``dt_down``, else ``dt_proj``), beta's
+        and PaTH's w's, by the name of what they give."""
+        first = getattr(self, "dt_down", None)
+        found = {"dt": self.dt_proj if isinstance(first, nn.Identity) else first}
+        found |= {"beta": getattr(self, "beta_proj", None), "w": getattr(self, "w_proj", None)}
+        return {name: layer for name, layer in found.items() if isinstance(layer, nn.Linear)}
 
-    def _householder_vectors(self, x: Tensor) -> Tensor:
-        """PaTH's unit w_t (batch, heads, k_len, head_dim) from the key input (or the keys split into heads)."""
-        return F.normalize(self._heads(self._linear(self.w_proj, x), self.head_dim), dim=-1)
+    def _read(self, x: Tensor) -> dict[str, Tensor]:
+        """Each of :meth:`_readers` applied to the key input x (batch, k_len, dim). For x split into heads (batch,
+        heads, k_len, head_dim), read as the merged (batch, k_len, dim) without merging it, all the maps at once
+        (:class:`_HeadSplitLinear` of their stacked weights): no (batch, k_len, dim) copy of x is kept for the
+        backward, and its gradient is one tensor (``Attention.core`` passes the keys so)."""
+        readers = self._readers()
+        if x.dim() == 3:
+            return {name: layer(x) for name, layer in readers.items()}
+        layers = list(readers.values())
+        together = _HeadSplitLinear.apply(x, torch.cat([layer.weight for layer in layers]))
+        parts = together.split([layer.weight.shape[0] for layer in layers], -1)
+        return {
+            name: part if layer.bias is None else part + layer.bias
+            for (name, layer), part in zip(readers.items(), parts)
+        }
 
     def gates(self, x: Tensor, k: Tensor, keep: Tensor | None = None) -> TransportGates:
         """The gates of the tokens of the key input x (batch, k_len, dim) -- or of the keys split into heads (batch,
@@ -291,9 +327,10 @@ class Transport(nn.Module):
         b, n = x.shape[0], x.shape[-2]
         log_decay = k.new_zeros(b, self.heads, n, 1)
         dt = None
+        read = self._read(x)
         if hasattr(self, "dt_proj"):
-            down = self._linear(self.dt_down, x)  # (batch, k_len, rank), or x itself (Identity)
-            raw = self._heads(self._linear(self.dt_proj, down), self.channels)  # (batch, heads, k_len, channels)
+            raw = read["dt"] if isinstance(self.dt_down, nn.Identity) else self.dt_proj(read["dt"])
+            raw = self._heads(raw, self.channels)  # (batch, heads, k_len, channels)
             if self.write == "dt":  # Mamba-2 writes with dt itself
                 dt = F.softplus(raw + self.dt_bias[:, None, :])
                 log_decay = -self.a_log.exp()[:, None, None] * dt
@@ -301,8 +338,8 @@ class Transport(nn.Module):
                 log_decay = _LogDecay.apply(raw, self.dt_bias[:, None, :], self.a_log[:, None, None])
         beta = w = None
         if hasattr(self, "beta_proj"):
-            beta = self.beta_scale * torch.sigmoid(self._linear(self.beta_proj, x)).transpose(1, 2)
-            w = k if "delta" in self.traits else self._householder_vectors(x)
+            beta = self.beta_scale * torch.sigmoid(read["beta"]).transpose(1, 2)
+            w = k if "delta" in self.traits else F.normalize(self._heads(read["w"], self.head_dim), dim=-1)
         write = {"dt": None if dt is None else dt[..., 0], "beta": beta}.get(self.write or "")
         return TransportGates(log_decay, beta, w, write).masked(keep)
 

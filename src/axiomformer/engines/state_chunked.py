@@ -69,10 +69,10 @@ def chunk_products(
     end = c[..., -1:, :]
     to_end = (end - c).exp()
     vw = v if write is None else v * write.unsqueeze(-1)
-    if beta is None:
-        return decay_forward(q, k, vw, c)[0]
-    if w is None:
-        return delta_forward(q, k, vw, c, beta)[0]
+    if w is None or beta is None:
+        outs, _ = decay_forward(q, k, vw, c) if beta is None else delta_forward(q, k, vw, c, beta)
+        assert outs[1] is not None
+        return outs[0], outs[1], outs[2], outs[3]
     d = k.shape[-1]
     xs, ys = torch.stack([q, w], -3).unsqueeze(-3), torch.stack([k, w], -3).unsqueeze(-4)
     grams = gram(xs, ys, c[..., None, None, :, :])  # (..., 2, 2, C, C): [Q; W] against [K, W]
@@ -96,17 +96,17 @@ def _diagonal(end: Tensor, d: int) -> Tensor:
 
 
 def decay_forward(
-    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, *, leaf: int | None = None
-) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], tuple[Any, ...]]:
+    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, *, leaf: int | None = None, oi: bool = True
+) -> tuple[tuple[Tensor, Tensor | None, Tensor, Tensor], tuple[Any, ...]]:
     """((Qt, Oi, P, D), what :func:`decay_backward` reads) of a chunk with a decay and no Householder factor
     (Mamba-2's SSD, Dao & Gu 2024, arXiv:2405.21060, sec. 6): Qt = Q o e^c, Oi = G(Q, K) (gamma o V),
     P = e^(c_end) (a diagonal, (..., 1, 1 or d)), D = (gamma o V)^T Kd. ``leaf``: as ``chunk_grams.channel_gram``
-    (computed when None; the tape's last entry)."""
+    (computed when None; the tape's last entry); ``oi=False`` leaves Oi out (None: the backward does not read it)."""
     leaf = leaf_size(c) if leaf is None and c.shape[-1] > 1 else leaf
     value = gram(q, k, c, leaf)
     ec, to_end = c.exp(), (c[..., -1:, :] - c).exp()
     kd = k * to_end
-    outs = (q * ec, torch.matmul(value, vw), ec[..., -1:, :], torch.matmul(vw.transpose(-2, -1), kd))
+    outs = (q * ec, torch.matmul(value, vw) if oi else None, ec[..., -1:, :], torch.matmul(vw.transpose(-2, -1), kd))
     return outs, (value, ec, to_end, kd, leaf)
 
 
@@ -127,8 +127,8 @@ def decay_backward(
 
 
 def delta_forward(
-    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, beta: Tensor, *, leaf: int | None = None
-) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], tuple[Any, ...]]:
+    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, beta: Tensor, *, leaf: int | None = None, oi: bool = True
+) -> tuple[tuple[Tensor, Tensor | None, Tensor, Tensor], tuple[Any, ...]]:
     """((Qt, Oi, P, D), what :func:`delta_backward` reads) of a delta-rule chunk, c its cumulative log decay.
 
     With S~_{t-1} = S_{t-1} Diag(alpha_t), the state gains d_t k_t^T with d_t = gamma_t v_t - beta_t S~_{t-1} k_t,
@@ -139,7 +139,8 @@ def delta_forward(
 
     (Kd = K o e^(c_end - c); Yang et al. 2024, arXiv:2406.06484, eqs. 7-9, with the decay). One Gram matrix of
     [Q; K] against K, one triangular solve: 7 (C x C x d) products per chunk where the general form takes 10.
-    ``leaf``: as ``chunk_grams.channel_gram`` (computed when None; the tape's last entry).
+    ``leaf``: as ``chunk_grams.channel_gram`` (computed when None; the tape's last entry); ``oi=False`` leaves Oi
+    out (None: the backward does not read it, and G(Q, K) Uf is a seventh of the products).
     """
     d = k.shape[-1]
     leaf = leaf_size(c) if leaf is None and c.shape[-1] > 1 else leaf
@@ -149,12 +150,12 @@ def delta_forward(
     lower = grams[..., 1, :, :] * beta.unsqueeze(-1)
     # unitriangular: the solve reads only the strictly lower part of I + diag(beta) (M' o G(K, K))
     solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)  # [Wf | Uf]
-    through = torch.matmul(grams[..., 0, :, :], solved)  # G(Q, K) [Wf | Uf]
+    through = torch.matmul(grams[..., 0, :, :], solved if oi else solved[..., :d])  # G(Q, K) [Wf | Uf]
     kd = k * to_end
     back = torch.matmul(solved.transpose(-2, -1), kd)  # [Wf | Uf]^T Kd
     p = back[..., :d, :].neg()
     p.diagonal(dim1=-2, dim2=-1).add_(ec[..., -1, :])  # Diag(e^(c_end)) - Wf^T Kd
-    outs = (q * ec - through[..., :d], through[..., d:], p, back[..., d:, :])
+    outs = (q * ec - through[..., :d], through[..., d:] if oi else None, p, back[..., d:, :])
     return outs, (grams, lower, solved, ec, to_end, kd, leaf)
 
 
@@ -292,12 +293,13 @@ class _Chunkwise(torch.autograd.Function):
         for part in _groups(n, part_length):
             pieces = [_split(t, part, chunk) for t in (q, k, v, w, log_decay, beta, write)]
             if w is None:
-                (qt, oi, p, d), tape = _written_out(pieces, scale, None)
+                (qt, oi, p, d), tape = _written_out(_prepared(pieces, scale), None)
             else:
                 (qt, oi, p, d), tape = _general(pieces, scale), (None,)
             entering, state = scan(state, p, d)
             starts.append(entering[:, :, :: group // chunk])  # the state entering each group of the backward
             leaves += [tape[-1]] * starts[-1].shape[2]  # a leaf size that fits the whole part fits each group
+            assert oi is not None
             out[:, :, part] = _merge(torch.matmul(qt, entering.transpose(-2, -1)).add_(oi), part.stop - part.start)
         ctx.save_for_backward(*inputs, torch.cat(starts, 2) if starts else None)
         ctx.options = (scale, chunk, group, leaves)
@@ -322,18 +324,22 @@ class _Chunkwise(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
-def _written_out(
-    pieces: list[Tensor | None], scale: float, leaf: int | None
-) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], tuple[Any, ...]]:
-    """(Qt, Oi, P, D) and the tape of a group without Householder vectors of its own: :func:`delta_forward` (w = k)
-    or :func:`decay_forward` (no Householder factor), from the group's split inputs (w None)."""
+def _prepared(pieces: list[Tensor | None], scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """(scale q, k, gamma o v, c = cumsum(log_decay), beta) of a group's split inputs."""
     q, k, v, _, log_decay, beta, write = pieces
     assert q is not None and k is not None and v is not None and log_decay is not None
-    qs, c = q * scale, log_decay.cumsum(-2)
-    vw = v if write is None else v * write.unsqueeze(-1)
+    return q * scale, k, v if write is None else v * write.unsqueeze(-1), log_decay.cumsum(-2), beta
+
+
+def _written_out(
+    prepared: tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None], leaf: int | None, *, oi: bool = True
+) -> tuple[tuple[Tensor, Tensor | None, Tensor, Tensor], tuple[Any, ...]]:
+    """(Qt, Oi, P, D) and the tape of a group without Householder vectors of its own: :func:`delta_forward` (w = k)
+    or :func:`decay_forward` (no Householder factor), from :func:`_prepared` inputs."""
+    qs, k, vw, c, beta = prepared
     if beta is None:
-        return decay_forward(qs, k, vw, c, leaf=leaf)
-    return delta_forward(qs, k, vw, c, beta, leaf=leaf)
+        return decay_forward(qs, k, vw, c, leaf=leaf, oi=oi)
+    return delta_forward(qs, k, vw, c, beta, leaf=leaf, oi=oi)
 
 
 def _general(pieces: list[Tensor | None], scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -365,15 +371,15 @@ def _group_backward(
     assert grad_o is not None
     if pieces[3] is not None:
         return _autograd_group(pieces, needs, grads, grad_o, grad_state, start=start, part=part, scale=scale)
-    (qt, _, p, d), tape = _written_out(pieces, scale, leaves[index])
+    prepared = _prepared(pieces, scale)
+    (qt, _, p, d), tape = _written_out(prepared, leaves[index], oi=False)
     entering, _ = scan(start, p, d)
     grad_d, grad_state = scan_backward(grad_state, p, torch.matmul(grad_o.transpose(-2, -1), qt))
     chunk_grads = (torch.matmul(grad_o, entering), grad_o, _p_grad(entering, grad_d, p), grad_d)
     del qt, p, d, entering
-    q, k, v, _, log_decay, beta, write = pieces
-    assert q is not None and k is not None and v is not None and log_decay is not None
-    qs, c = q * scale, log_decay.cumsum(-2)
-    vw = v if write is None else v * write.unsqueeze(-1)
+    qs, k, vw, c, beta = prepared
+    _, _, v, _, _, _, write = pieces
+    assert v is not None
     if beta is None:
         dq, dk, d_vw, dc = decay_backward(qs, k, vw, c, tape=tape, grads=chunk_grads)
         d_beta = None
