@@ -261,3 +261,55 @@ def test_the_l2_normalisation_is_f_normalize_to_second_order():
     smooth = x.detach()[1:].clone().requires_grad_()  # away from the kink at 0
     assert torch.autograd.gradcheck(_Unit.apply, (smooth,))
     assert torch.autograd.gradgradcheck(_Unit.apply, (smooth,))
+
+
+# ---------------------------------------------------------------------------------------------- PaTH's blockwise form
+def _path_case(n: int, padded: bool):
+    from axiomformer.engines.transport_chunked import chunked_softmax_transport
+
+    q, k, v = (t.requires_grad_() for t in _qkv(n=n))
+    g0 = _gates("householder", n=n)
+    write = (
+        0.5 + torch.rand(2, 2, n, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    ).requires_grad_()
+    leaves = [g0.log_decay, g0.beta.clone().requires_grad_(), g0.w.clone().requires_grad_(), write]
+    keep = torch.ones(2, n, dtype=torch.bool)
+    if padded:
+        keep[1, :2] = False
+    g = TransportGates(*leaves).masked(keep if padded else None)
+    return chunked_softmax_transport, (q, k, v, leaves[1], leaves[2], write), g, keep
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize(("n", "block"), [(13, 4), (13, 16), (9, 3), (8, 8)])
+def test_the_blockwise_softmax_transport_is_the_parallel_form_with_write_strengths(padded, n, block):
+    """Gates with a write strength gamma_j (what key padding leaves PaTH's gates, and what the audit's surgery may
+    set), blocks that do not divide the sequence, left padding: forward and every gradient, gamma's included."""
+    run, (q, k, v, beta, w, write), g, keep = _path_case(n, padded)
+    mask = torch.ones(n, n, dtype=torch.bool).tril() & keep[:, None, None, :]
+    u = torch.softmax(transported_scores(q, k, g, 0).masked_fill(~mask, float("-inf")), -1)
+    want = torch.where(mask.any(-1, keepdim=True), u, 0.0) @ v
+    got = run(q, k, v, g, keep, block)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    weight = torch.randn(want.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    wanted = [q, k, v, beta, w, write]
+    mine = torch.autograd.grad((got * weight).sum(), wanted, retain_graph=True)
+    for a, b in zip(mine, torch.autograd.grad((want * weight).sum(), wanted)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_the_blockwise_softmax_transport_passes_gradcheck_and_second_order():
+    from axiomformer.engines.transport_chunked import chunked_softmax_transport
+
+    q, k, v = (t[:1, :1, :, :3].contiguous().requires_grad_() for t in _qkv(n=5))
+    g = _gates("householder", b=1, h=1, n=5, d=3)
+    beta, w = g.beta.requires_grad_(), g.w.requires_grad_()
+
+    def run(*inputs: torch.Tensor) -> torch.Tensor:
+        q, k, v, beta, w = inputs
+        return chunked_softmax_transport(q, k, v, TransportGates(g.log_decay, beta, w, None), None, 2)
+
+    assert torch.autograd.gradcheck(run, (q, k, v, beta, w))
+    assert torch.autograd.gradgradcheck(run, (q, k, v, beta, w))
+    with pytest.raises(ValueError, match="without a decay"):
+        chunked_softmax_transport(q, k, v, g._replace(log_decay=g.log_decay - 1.0), None, 2)
