@@ -170,7 +170,7 @@ def test_the_gram_matrices_and_their_gradients_are_the_exact_form(channels, n, s
     value, want = gram(x, y, c), _exact_gram(x, y, c)
     torch.testing.assert_close(value, want, rtol=0, atol=1e-12)
     grad = torch.randn(want.shape, dtype=torch.float64, generator=gen).tril()
-    got = gram_backward(x.detach(), y.detach(), c.detach(), value.detach(), grad)
+    got = gram_backward(x.detach(), y.detach(), c.detach(), [value.detach()], [grad])
     for a, b in zip(got, torch.autograd.grad((want * grad).sum(), (x, y, c))):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 

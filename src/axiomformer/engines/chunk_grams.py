@@ -146,6 +146,7 @@ def channel_gram_backward(
     dx = sum_to(torch.matmul(block, yl) * to_ref, x.shape[:-2] + (size // leaf, leaf, x.shape[-1])).flatten(-3, -2)
     dy = sum_to(torch.matmul(block.transpose(-2, -1), xl) * from_ref, y.shape[:-2] + (size // leaf, leaf, y.shape[-1]))
     dy = dy.flatten(-3, -2)
+    del xl, yl
     s = size // 2
     while s >= leaf:
         m = size // (2 * s)
@@ -167,9 +168,13 @@ def gram(x: Tensor, y: Tensor, c: Tensor, leaf: int | None = None) -> Tensor:
 
 
 def gram_backward(
-    x: Tensor, y: Tensor, c: Tensor, value: Tensor, grad: Tensor, *, leaf: int | None = None
+    x: Tensor, y: Tensor, c: Tensor, value: list[Tensor], grad: list[Tensor], *, leaf: int | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dx, dy, dc) of :func:`gram` from its output ``value`` and ``grad`` = dG (zero above the diagonal)."""
+    """(dx, dy, dc) of :func:`gram` from ``value`` = [its output] (a scalar decay; [] for a per-channel one, whose
+    backward does not read it) and ``grad`` = [dG] (zero above the diagonal). Both lists are emptied, so that the
+    caller's (C x C) tensors are freed as soon as read."""
+    values, grads = list(value), grad.pop()
+    value.clear()
     if c.shape[-1] == 1:
-        return scalar_gram_backward(x, y, c, value, grad)
-    return channel_gram_backward(x, y, c, grad, leaf=leaf)
+        return scalar_gram_backward(x, y, c, values.pop(), grads)
+    return channel_gram_backward(x, y, c, grads, leaf=leaf)

@@ -111,14 +111,18 @@ def decay_forward(
 
 
 def decay_backward(
-    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, *, tape: tuple[Any, ...], grads: tuple[Tensor, ...]
+    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, *, tape: list[Any], grads: list[Tensor]
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dvw, dc) of :func:`decay_forward` from ``grads`` = (dQt, dOi, dP, dD), written out."""
+    """(dq, dk, dvw, dc) of :func:`decay_forward` from ``grads`` = [dQt, dOi, dP, dD], written out; ``tape`` and
+    ``grads`` are emptied (their tensors freed as soon as read)."""
     value, ec, to_end, kd, leaf = tape
     d_qt, d_oi, d_p, d_d = grads
+    tape.clear()
+    grads.clear()
     d_kd = torch.matmul(vw, d_d)
     d_vw = torch.matmul(value.transpose(-2, -1), d_oi) + torch.matmul(kd, d_d.transpose(-2, -1))
-    dq, dk, dc = gram_backward(q, k, c, value, torch.matmul(d_oi, vw.transpose(-2, -1)).tril_(), leaf=leaf)
+    dq, dk, dc = gram_backward(q, k, c, [value], [torch.matmul(d_oi, vw.transpose(-2, -1)).tril_()], leaf=leaf)
+    del value
     into_end = _channels(d_kd * kd, c)  # d(e^(c_end - c)) o e^(c_end - c)
     dc = dc + _channels(d_qt * q, c) * ec - into_end
     end = d_p * ec[..., -1:, :] + into_end.sum(-2, keepdim=True)
@@ -165,9 +169,10 @@ def _channels(t: Tensor, like: Tensor) -> Tensor:
 
 
 def delta_backward(
-    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, beta: Tensor, *, tape: tuple[Any, ...], grads: tuple[Tensor, ...]
+    q: Tensor, k: Tensor, vw: Tensor, c: Tensor, beta: Tensor, *, tape: list[Any], grads: list[Tensor]
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dq, dk, dvw, dc, dbeta) of :func:`delta_forward` from ``grads`` = (dQt, dOi, dP, dD), written out.
+    """(dq, dk, dvw, dc, dbeta) of :func:`delta_forward` from ``grads`` = [dQt, dOi, dP, dD], written out; ``tape``
+    and ``grads`` are emptied.
 
     Reverse of the forward's steps: dY = [-dQt | dOi] for Y = G(Q, K) [Wf | Uf]; dB = [-dP; dD] for
     B = [Wf | Uf]^T Kd; dX = G(Q, K)^T dY + Kd dB^T; the solve X = (I + A)^-1 R gives dR = (I + A)^-T dX and
@@ -177,29 +182,35 @@ def delta_backward(
     """
     grams, lower, solved, ec, to_end, kd, leaf = tape
     d_qt, d_oi, d_p, d_d = grads
+    tape.clear()
+    grads.clear()
     d = k.shape[-1]
     d_b = torch.cat([-d_p, d_d], -2)
+    from_p = torch.diagonal(d_p, dim1=-2, dim2=-1).unsqueeze(-2)  # Diag(e^(c_end)) in P
+    del d_p, d_d
     d_kd = torch.matmul(solved, d_b)
     d_x = torch.matmul(kd, d_b.transpose(-2, -1))
     del d_b
     d_y = torch.cat([-d_qt, d_oi], -1)
+    del d_oi
     d_x += torch.matmul(grams[..., 0, :, :].transpose(-2, -1), d_y)
     d_gq = torch.matmul(d_y, solved.transpose(-2, -1)).tril_()
     del d_y
     d_r = torch.linalg.solve_triangular(lower.transpose(-2, -1), d_x, upper=True, unitriangular=True)
-    del d_x
+    del d_x, lower
     d_a = torch.matmul(d_r, solved.transpose(-2, -1)).tril_(-1).neg_()
+    del solved
     d_beta = (d_a * grams[..., 1, :, :]).sum(-1)
-    d_grams = torch.stack([d_gq, d_a.mul_(beta.unsqueeze(-1))], -3)
+    d_grams = [torch.stack([d_gq, d_a.mul_(beta.unsqueeze(-1))], -3)]
     del d_gq, d_a
-    dx, dk, dc = gram_backward(torch.stack([q, k], -3), k.unsqueeze(-3), c.unsqueeze(-3), grams, d_grams, leaf=leaf)
-    del d_grams
+    value = [grams] if c.shape[-1] == 1 else []  # the per-channel backward does not read G
+    del grams
+    dx, dk, dc = gram_backward(torch.stack([q, k], -3), k.unsqueeze(-3), c.unsqueeze(-3), value, d_grams, leaf=leaf)
     d_rw = d_r[..., :d] * ec  # the gradient of beta o K o e^c, times e^c
     d_beta += (d_rw * k).sum(-1)
     dk = dk[..., 0, :, :].add_(dx[..., 1, :, :]).addcmul_(d_rw, beta.unsqueeze(-1)).addcmul_(d_kd, to_end)
     into_end = _channels(d_kd.mul_(kd), c)  # d(e^(c_end - c)) o e^(c_end - c)
     dc = dc[..., 0, :, :] + _channels(d_qt * q * ec + d_rw.mul_(k).mul_(beta.unsqueeze(-1)), c) - into_end
-    from_p = torch.diagonal(d_p, dim1=-2, dim2=-1).unsqueeze(-2)  # Diag(e^(c_end)) in P
     dc[..., -1:, :] += _channels(from_p, c) * ec[..., -1:, :] + into_end.sum(-2, keepdim=True)
     return dx[..., 0, :, :].addcmul_(d_qt, ec), dk, d_r[..., d:], dc, d_beta
 
@@ -372,11 +383,13 @@ def _group_backward(
     if pieces[3] is not None:
         return _autograd_group(pieces, needs, grads, grad_o, grad_state, start=start, part=part, scale=scale)
     prepared = _prepared(pieces, scale)
-    (qt, _, p, d), tape = _written_out(prepared, leaves[index], oi=False)
+    (qt, _, p, d), taped = _written_out(prepared, leaves[index], oi=False)
+    tape = list(taped)  # emptied by the backward below, which frees each piece after its last read
+    del taped
     entering, _ = scan(start, p, d)
     grad_d, grad_state = scan_backward(grad_state, p, torch.matmul(grad_o.transpose(-2, -1), qt))
-    chunk_grads = (torch.matmul(grad_o, entering), grad_o, _p_grad(entering, grad_d, p), grad_d)
-    del qt, p, d, entering
+    chunk_grads = [torch.matmul(grad_o, entering), grad_o, _p_grad(entering, grad_d, p), grad_d]
+    del qt, p, d, entering, grad_d
     qs, k, vw, c, beta = prepared
     _, _, v, _, _, _, write = pieces
     assert v is not None
