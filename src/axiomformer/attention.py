@@ -818,14 +818,14 @@ class Attention(nn.Module):
                 self._merge_heads(q), self._merge_heads(k), self._merge_heads(v), None, None
             )
             q, k, v = self._split_heads(cq), self._split_heads(ck, k.shape[1]), self._split_heads(cv, v.shape[1])
-        if self.transport is not None:  # the gates read the merged keys in place of the key input (bench, surgery)
+        if self.transport is not None:  # the gates read the (merged) keys in place of the key input (bench, surgery)
             if mask is not None or bias is not None or q_offset != k_len - q_len:
                 raise ValueError(
                     f"transport={self.spec.transport!r}: core() takes no mask, bias or query offset (the causal "
                     f"mask and key padding are the transport's, in forward)"
                 )
             q, k = self.transport.prepare(q, k)
-            gates = self.transport.gates(self._merge_heads(k).to(self.q_proj.weight.dtype), k)
+            gates = self.transport.gates(k.to(self.q_proj.weight.dtype), k)  # head-split: no merged copy kept
             return self._attend_heads(q, k, v, None, None, q_offset, True, need_weights, engine or self.engine, gates)
         q = self.position.rotate(q, torch.arange(q_offset, q_offset + q_len, device=q.device))
         k = self.position.rotate(k, torch.arange(k_len, device=k.device))

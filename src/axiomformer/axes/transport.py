@@ -36,9 +36,10 @@ keys transported to the last token (k_j <- P_t^T k_j at each step, PaTH's decodi
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -177,6 +178,83 @@ def transport_keys(k: Tensor, gates: TransportGates, first: int) -> Tensor:
     return k
 
 
+class _LogDecay(torch.autograd.Function):
+    """log alpha = -e^(a_log) softplus(raw + bias) (the gate of Gated DeltaNet and KDA), keeping only its output.
+
+    The backward reads softplus(z) = log alpha / -e^(a_log) back from the output: sigmoid(z) = 1 - e^(-softplus(z))
+    (1 where ``F.softplus`` returns z itself, z > 20, as its own backward does), so that neither raw + bias nor the
+    softplus stays alive for the backward: with KDA's per-channel decay each is a (batch, heads, k_len, head_dim)
+    tensor **(our choice; the values and gradients are autograd's to rounding)**. Inputs: raw (batch, heads, k_len,
+    channels), bias (heads, 1, channels), a_log (heads, 1, 1)."""
+
+    @staticmethod
+    def forward(ctx: Any, raw: Tensor, bias: Tensor, a_log: Tensor) -> Tensor:
+        out = -a_log.exp() * F.softplus(raw + bias)
+        ctx.save_for_backward(out, a_log)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        out, a_log = ctx.saved_tensors
+        rate = a_log.exp()
+        d_a_log = (grad * out).sum((0, 2, 3), keepdim=True)[0]
+        if torch.is_grad_enabled():  # create_graph=True: out of place, differentiable again
+            soft = out / -rate
+            d_raw = grad * -rate * torch.where(soft > 20.0, 1.0, -torch.expm1(-soft))
+        else:  # one (batch, heads, k_len, channels) buffer: sigmoid(z) = -expm1(-softplus(z)), 1 where z > 20
+            d_raw = torch.expm1(out / rate).neg_().masked_fill_(out < -20.0 * rate, 1.0).mul_(grad).mul_(-rate)
+        return d_raw, d_raw.sum((0, 2), keepdim=True)[0], d_a_log
+
+
+class _Unit(torch.autograd.Function):
+    """``F.normalize(x, dim=-1)``, y = x / r with r = max(|x|, 1e-12), with its backward written out:
+    dx = (dy - [|x| > 1e-12] x (x . dy) / r^2) / r, one new (batch, heads, seq, head_dim) tensor. Autograd of
+    ``F.normalize`` differentiates the norm and the division separately, with more passes and temporaries of that
+    size **(our choice: the delta-rule family normalizes q and k of every layer)**. Like ``F.normalize`` it keeps x
+    and r, not y (so y is freed once the engine that read it is done); a backward with ``create_graph=True``
+    differentiates ``F.normalize`` of x."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        denominator = norm.clamp_min(1e-12)
+        ctx.save_for_backward(x, denominator, norm > 1e-12)
+        return x / denominator
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        x, denominator, moving = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a graph of F.normalize
+            with torch.enable_grad():
+                return torch.autograd.grad(F.normalize(x, dim=-1), x, grad, create_graph=True)[0]
+        along = torch.matmul(x.unsqueeze(-2), grad.unsqueeze(-1)).squeeze(-1)  # x . dy, no (..., d) temporary
+        along = along * moving / denominator.square()  # a clamped norm is a constant: no radial part
+        return torch.addcmul(grad, x, along, value=-1.0).div_(denominator)
+
+
+class _HeadSplitLinear(torch.autograd.Function):
+    """x (batch, heads, n, head_dim) read as its merged (batch, n, heads * head_dim) times weight^T (out, heads *
+    head_dim): a sum over heads of x_h W_h^T, saving x itself. Autograd of that sum would slice x per head and give
+    each head's gradient back as a zero-filled (batch, heads, n, head_dim) tensor; here dx is one product, d out . W,
+    read in head-split order (a view), and dW one (out x head_dim) block per head."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        split = weight.unflatten(1, (x.shape[1], x.shape[-1]))  # (out, heads, head_dim)
+        return functools.reduce(torch.add, (torch.matmul(x[:, h], split[:, h].T) for h in range(x.shape[1])))
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        x, weight = ctx.saved_tensors
+        heads, d = x.shape[1], x.shape[-1]
+        dx = torch.matmul(grad, weight).unflatten(-1, (heads, d)).transpose(1, 2) if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            dw = torch.cat([torch.matmul(grad.transpose(1, 2), x[:, h]).sum(0) for h in range(heads)], 1)
+        return dx, dw
+
+
 class Transport(nn.Module):
     """The learned gates of ``spec.transport`` (nothing for ``none``): ``gates(x, k, keep)`` from the key input.
 
@@ -212,26 +290,56 @@ class Transport(nn.Module):
         """q, k (batch, heads, seq, head_dim) L2-normalised where the paper does (the delta-rule family)."""
         if not self.l2_qk:
             return q, k
-        return F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        return _Unit.apply(q), _Unit.apply(k)
 
     def _heads(self, x: Tensor, width: int) -> Tensor:
         b, n, _ = x.shape
         return x.view(b, n, self.heads, width).transpose(1, 2)
 
+    def _readers(self) -> dict[str, nn.Linear]:
+        """The maps that read the key input: the decay's first (KDA's low-rank ``dt_down``, else ``dt_proj``), beta's
+        and PaTH's w's, by the name of what they give."""
+        first = getattr(self, "dt_down", None)
+        found = {"dt": self.dt_proj if isinstance(first, nn.Identity) else first}
+        found |= {"beta": getattr(self, "beta_proj", None), "w": getattr(self, "w_proj", None)}
+        return {name: layer for name, layer in found.items() if isinstance(layer, nn.Linear)}
+
+    def _read(self, x: Tensor) -> dict[str, Tensor]:
+        """Each of :meth:`_readers` applied to the key input x (batch, k_len, dim). For x split into heads (batch,
+        heads, k_len, head_dim), read as the merged (batch, k_len, dim) without merging it, all the maps at once
+        (:class:`_HeadSplitLinear` of their stacked weights): no (batch, k_len, dim) copy of x is kept for the
+        backward, and its gradient is one tensor (``Attention.core`` passes the keys so)."""
+        readers = self._readers()
+        if x.dim() == 3:
+            return {name: layer(x) for name, layer in readers.items()}
+        layers = list(readers.values())
+        together = _HeadSplitLinear.apply(x, torch.cat([layer.weight for layer in layers]))
+        parts = together.split([layer.weight.shape[0] for layer in layers], -1)
+        return {
+            name: part if layer.bias is None else part + layer.bias
+            for (name, layer), part in zip(readers.items(), parts)
+        }
+
     def gates(self, x: Tensor, k: Tensor, keep: Tensor | None = None) -> TransportGates:
-        """The gates of the tokens of the key input x (batch, k_len, dim), k (batch, heads, k_len, head_dim) the keys
-        after :meth:`prepare`; ``keep`` (batch, k_len) False at padded keys (they change nothing)."""
-        b, n, _ = x.shape
+        """The gates of the tokens of the key input x (batch, k_len, dim) -- or of the keys split into heads (batch,
+        heads, k_len, head_dim), read as their merged (batch, k_len, dim) -- with k (batch, heads, k_len, head_dim)
+        the keys after :meth:`prepare`; ``keep`` (batch, k_len) False at padded keys (they change nothing)."""
+        b, n = x.shape[0], x.shape[-2]
         log_decay = k.new_zeros(b, self.heads, n, 1)
         dt = None
+        read = self._read(x)
         if hasattr(self, "dt_proj"):
-            raw = self._heads(self.dt_proj(self.dt_down(x)), self.channels)  # (batch, heads, k_len, channels)
-            dt = F.softplus(raw + self.dt_bias[:, None, :])
-            log_decay = -self.a_log.exp()[:, None, None] * dt
+            raw = read["dt"] if isinstance(self.dt_down, nn.Identity) else self.dt_proj(read["dt"])
+            raw = self._heads(raw, self.channels)  # (batch, heads, k_len, channels)
+            if self.write == "dt":  # Mamba-2 writes with dt itself
+                dt = F.softplus(raw + self.dt_bias[:, None, :])
+                log_decay = -self.a_log.exp()[:, None, None] * dt
+            else:
+                log_decay = _LogDecay.apply(raw, self.dt_bias[:, None, :], self.a_log[:, None, None])
         beta = w = None
         if hasattr(self, "beta_proj"):
-            beta = self.beta_scale * torch.sigmoid(self.beta_proj(x)).transpose(1, 2)
-            w = k if "delta" in self.traits else F.normalize(self._heads(self.w_proj(x), self.head_dim), dim=-1)
+            beta = self.beta_scale * torch.sigmoid(read["beta"]).transpose(1, 2)
+            w = k if "delta" in self.traits else F.normalize(self._heads(read["w"], self.head_dim), dim=-1)
         write = {"dt": None if dt is None else dt[..., 0], "beta": beta}.get(self.write or "")
         return TransportGates(log_decay, beta, w, write).masked(keep)
 
