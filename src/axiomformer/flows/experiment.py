@@ -71,8 +71,8 @@ class FlowConfig:
     lr_rank: int = 1
     """Which rate of each cell's validation ranking the arms train at: 1, the chosen one; 2, the second best (the
     runs of the learning-rate check, :func:`axiomformer.flows.comparisons.lr_check`)."""
-    """The epochs of each learning-rate selection run (None: ``epochs``): the rate is chosen on a shorter run of the
-    same arm where the full budget would cost the selection as much as the arms themselves."""
+    """The epochs of each learning-rate selection run (None: ``epochs``, the default). A shorter selection run is
+    cheaper but can choose a rate that diverges at the full budget (``benchmarks/results/flow/pilot_80ep_lr20``)."""
     weight_decay: float = 0.0
     seeds: int = 5
     max_train: int | None = None
@@ -94,11 +94,12 @@ def default_config(quick: bool = False, **overrides: Any) -> FlowConfig:
     2,000 training / 1,000 test images, 10 fit + 80 arm epochs of batch 128 (the committed pilot to 80 epochs,
     ``benchmarks/flow_curve.py`` at K = 8, ``benchmarks/results/flow/budget_x4``: token_mlp stays within 0.01 of its
     best from epoch 70 on, attention/tied from 55, mlp from 38), the learning rate chosen per (theta, arm, K) from
-    {1e-3, 3e-3, 1e-2, 3e-2} on a validation split with 2 selection seeds of its own, each rate trained 20 epochs
-    (``lr_epochs``: at 80 the selection would cost half the run again).
+    {1e-3, 3e-3, 1e-2, 3e-2} on a validation split with 2 selection seeds of its own, each rate trained for the full
+    80 epochs (a pilot that chose them on 20-epoch runs, ``benchmarks/results/flow/pilot_80ep_lr20``, saw deep arms
+    diverge at 80 epochs at those rates: a rate must be chosen at the budget it trains for).
     ``quick`` (a pilot that claims nothing): 2 seeds (so intervals exist), 1,000 / 500 images, 4 + 4 epochs of
     batch 128, the fixed lr 3e-3 for every arm."""
-    cfg = FlowConfig(lr_grid=(1e-3, 3e-3, 1e-2, 3e-2), max_train=2000, max_test=1000, seeds=16, epochs=80, lr_epochs=20)
+    cfg = FlowConfig(lr_grid=(1e-3, 3e-3, 1e-2, 3e-2), max_train=2000, max_test=1000, seeds=16, epochs=80)
     if quick:
         cfg = FlowConfig(seeds=2, max_train=1000, max_test=500, fit_epochs=4, epochs=4, batch_size=128, oracle_steps=50)
     for key, value in overrides.items():
