@@ -18,8 +18,9 @@ from axiomformer import Attention, AttentionSpec
 from axiomformer.axes.transport import FACTOR_SPAN, TRANSPORTS, TransportGates, _LogDecay, transported_scores
 from axiomformer.engines import ENGINES
 from axiomformer.engines.chunk_grams import channel_gram, gram, gram_backward, leaf_size
-from axiomformer.engines.recurrent import RecurrentEngine, state_form
+from axiomformer.engines.recurrent import RecurrentEngine
 from axiomformer.engines.state_chunked import chunkwise_state_form
+from axiomformer.engines.state_form import state_form
 from test_transport import DIM, HEADS, KINDS, _gates, _layer, _qkv, naive_recurrence
 
 FORMS = [(kind, False) for kind in KINDS] + [(kind, True) for kind in KINDS if "householder" in kind]

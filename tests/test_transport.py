@@ -22,7 +22,7 @@ from axiomformer.axes import transport as transport_mod
 from axiomformer.axes.transport import TRANSPORTS, TransportGates, transported_scores
 from axiomformer.cli import app
 from axiomformer.engines import attend
-from axiomformer.engines.recurrent import state_form
+from axiomformer.engines.state_form import state_form
 from axiomformer.spec import relax_with_requirements
 
 DIM, HEADS, LEN = 16, 2, 7

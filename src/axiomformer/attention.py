@@ -19,8 +19,8 @@ from axiomformer.axes.select import Select, Selection
 from axiomformer.axes.transport import Transport, TransportGates, build_transport, transport_keys
 from axiomformer.engines import Attended, Plan, attend
 from axiomformer.engines.problem import KeyVisibility, causal_mask, window_mask
-from axiomformer.engines.recurrent import DEFAULT_CHUNK, chunk_for, state_form
 from axiomformer.engines.reference import call_in
+from axiomformer.engines.state_form import DEFAULT_CHUNK, chunk_for, state_form
 from axiomformer.masks import prepare_masks
 from axiomformer.spec import AttentionSpec
 
@@ -615,7 +615,7 @@ class Attention(nn.Module):
     def _state_step(
         self, q: Tensor, k: Tensor, v: Tensor, gates: TransportGates, keep: Tensor | None, cache: KVCache
     ) -> tuple[Tensor, Tensor | None]:
-        """The new tokens folded into the cache's state (``engines/recurrent.state_form``); (heads' output, the
+        """The new tokens folded into the cache's state (``engines/state_form.state_form``); (heads' output, the
         (batch, q_len) queries that see no real key, or None)."""
         if cache.state is not None and cache.state.shape[:2] != k.shape[:2]:
             raise ValueError(

@@ -25,7 +25,7 @@ groups backward, recomputes a group's (Qt, Oi, P, D) under autograd, runs the st
 the group's products back to its inputs **(our choice: fla writes every kernel's backward by hand; recomputing a group
 under autograd keeps each product's gradient autograd's own)**. Memory: the inputs, the output, one group's graph and
 (groups x head_dim_v x head_dim) states. A backward with ``create_graph=True`` differentiates the autograd chunk form
-(``engines/recurrent.state_form``) instead, so second-order gradients stay exact.
+(``engines/state_form.state_form``) instead, so second-order gradients stay exact.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from torch import Tensor
 
 from axiomformer.axes.transport import TransportGates
 from axiomformer.engines.chunk_grams import gram, gram_backward, leaf_size
+from axiomformer.engines.state_form import chunk_for, state_form
 
 CHUNK = 64
 """Tokens per chunk **(our choice: fla's chunk size for the delta-rule kernels)**."""
@@ -449,10 +450,8 @@ def _graph_grads(
     chunk: int,
 ) -> list[Tensor | None]:
     """The inputs' gradients as a graph (a backward with ``create_graph=True``): autograd of ``state_form`` (in the
-    chunks ``recurrent.chunk_for`` gives a per-channel decay, whose products it builds from (chunk x chunk x d)
+    chunks ``state_form.chunk_for`` gives a per-channel decay, whose products it builds from (chunk x chunk x d)
     factors)."""
-    from axiomformer.engines.recurrent import chunk_for, state_form
-
     q, k, v, w, log_decay, beta, write, state = inputs
     assert q is not None and k is not None and v is not None and log_decay is not None
     with torch.enable_grad():
