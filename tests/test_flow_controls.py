@@ -96,12 +96,16 @@ def _independent_step(Z, W, theta, h):
     return out
 
 
-def test_shuffled_step_uses_the_previous_images_tokens_for_its_weights():
-    net = _net("shuffled")
+def _one_step(mixing: str) -> tuple[FlowNet, torch.Tensor, np.ndarray, np.ndarray]:
+    """(net, Z, theta = phi phi^T, the net's step from Z) of a one-step quadratic net of ``mixing``."""
+    net = _net(mixing)
     Z = torch.randn(3, 4, 8)
     phi = net.phis[0].detach().numpy()
-    theta = phi @ phi.T
-    got = net.step(Z, 0).detach().numpy()
+    return net, Z, phi @ phi.T, net.step(Z, 0).detach().numpy()
+
+
+def test_shuffled_step_uses_the_previous_images_tokens_for_its_weights():
+    net, Z, theta, got = _one_step("shuffled")
     other = Z.numpy()[[2, 0, 1]]  # image b's weights: image b - 1
     np.testing.assert_allclose(got, _independent_step(Z.numpy(), other, theta, net.step_size), atol=1e-5)
     # the check can fail: weights from the image's own tokens (the attention arm) give another result
@@ -128,11 +132,7 @@ def test_shuffled_needs_two_images():
 
 
 def test_uniform_step_is_the_attention_step_with_all_scores_zero():
-    net = _net("uniform")
-    Z = torch.randn(3, 4, 8)
-    phi = net.phis[0].detach().numpy()
-    theta = phi @ phi.T
-    got = net.step(Z, 0).detach().numpy()
+    net, Z, theta, got = _one_step("uniform")
     zero_scores = np.zeros_like(Z.numpy())  # softmax of all-zero scores: every weight 1/n
     np.testing.assert_allclose(got, _independent_step(Z.numpy(), zero_scores, theta, net.step_size), atol=1e-5)
     assert net.flow_parameter_count() == _net("attention").flow_parameter_count()  # same parameters, no scores
