@@ -51,8 +51,9 @@ def main(
         noise="0,1.0",
         steps=steps,
         quick=False,
+        lr_rank=lr_rank,
     )
-    cfg = replace(cfg, K=tuple(sorted(set(cfg.K))), lr_rank=lr_rank)
+    cfg = replace(cfg, K=tuple(sorted(set(cfg.K))))
     lrs, scores = {}, {}
     for log in logs:
         if log.endswith(".json"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -140,8 +139,8 @@ def flow_command(
         noise=noise,
         steps=steps,
         quick=quick,
+        lr_rank=lr_rank,
     )
-    config = replace(config, lr_rank=lr_rank)
     if not (quiet or as_json):
         _announce(data, config, noise_levels, out)
     with _one_thread_and_error_line():
@@ -174,6 +173,7 @@ def _flow_config(
     noise: str,
     steps: str | None,
     quick: bool,
+    lr_rank: int = 1,
 ) -> tuple[FlowConfig, list[float]]:
     """The checked options of ``flow``: the experiment config (``--steps`` becomes its ``K``) and the noise levels."""
     from axiomformer.flows.data import DATASETS
@@ -186,6 +186,7 @@ def _flow_config(
     overrides: dict[str, Any] = {
         "model": _choices(model, "--model", MODELS)[0],
         "patch": patch,
+        "lr_rank": lr_rank,
         "readout": _choices(readout, "--readout", READOUTS)[0],
     }
     if theta is not None:

@@ -361,6 +361,14 @@ def _general(pieces: list[Tensor | None], scale: float) -> tuple[Tensor, Tensor,
     return chunk_products(q * scale, k, v, w=w, log_decay=log_decay, beta=beta, write=write)
 
 
+def _write_grads(grads: list[Tensor | None], found: list[Tensor | None], part: slice) -> None:
+    """Write a group's chunked gradients ``found`` into the tokens ``part`` of the inputs' gradients ``grads``
+    (those both exist)."""
+    for target, g in zip(grads, found):
+        if target is not None and g is not None:
+            target[:, :, part] = _merge(g, part.stop - part.start)
+
+
 def _group_backward(
     inputs: list[Tensor | None],
     needs: tuple[bool, ...],
@@ -403,9 +411,7 @@ def _group_backward(
     d_write = None if write is None else (d_vw * v).sum(-1)
     dv = d_vw if write is None else d_vw.mul_(write.unsqueeze(-1))
     found = [dq.mul_(scale), dk, dv, None, dc.flip(-2).cumsum(-2).flip(-2), d_beta, d_write]  # c = cumsum(log_decay)
-    for target, g in zip(grads, found):
-        if target is not None and g is not None:
-            target[:, :, part] = _merge(g, part.stop - part.start)
+    _write_grads(grads, found, part)
     return grad_state
 
 
@@ -433,10 +439,10 @@ def _autograd_group(
         got = torch.autograd.grad(
             [t for t, _ in pairs], [t for _, t in wanted], [g for _, g in pairs], allow_unused=True
         )
+        found: list[Tensor | None] = [None] * len(grads)
         for (i, _), g in zip(wanted, got):
-            target = grads[i]
-            if g is not None and target is not None:
-                target[:, :, part] = _merge(g, part.stop - part.start)
+            found[i] = g
+        _write_grads(grads, found, part)
     return grad_state
 
 

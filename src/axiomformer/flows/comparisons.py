@@ -150,6 +150,17 @@ def verdict(eq: dict, margin: float) -> str:
     return "inconclusive" + (f": detectable only above {mdd:.3f}" if mdd is not None else "")
 
 
+def _bonferroni(a: Sequence[float], b: Sequence[float], family: int, margin: float) -> dict:
+    """``{"ci_low_adj", "ci_high_adj", "mdd", "verdict"}`` of a - b in a family of ``family`` comparisons."""
+    low, high = adjusted_interval(a, b, family)
+    eq = {
+        "ci_low_adj": low,
+        "ci_high_adj": high,
+        "mdd": minimal_detectable(list(np.subtract(a, b, dtype=float)), family),
+    }
+    return eq | {"verdict": verdict(eq, margin)}
+
+
 def _within_families(rows: list[dict], extra: list[dict], margin: float) -> dict[str, list[int]]:
     """Holm's adjustment, the Bonferroni interval, the detectable difference and the verdict of each comparison
     within its family (filled into ``rows`` and ``extra`` in place); returns each family's row indices."""
@@ -162,9 +173,7 @@ def _within_families(rows: list[dict], extra: list[dict], margin: float) -> dict
         ):
             rows[i]["p_holm"], extra[i]["p_tost_holm"] = ph, pt
             xa, xb = extra[i].pop("pair")
-            extra[i]["ci_low_adj"], extra[i]["ci_high_adj"] = adjusted_interval(xa, xb, len(idx))
-            extra[i]["mdd"] = minimal_detectable(np.subtract(xa, xb, dtype=float), len(idx))
-            extra[i]["verdict"] = verdict(extra[i], margin)
+            extra[i] |= _bonferroni(xa, xb, len(idx), margin)
     return families
 
 
@@ -226,12 +235,6 @@ def compare_arms(acc: dict[tuple, list[float]], margin: float) -> tuple[list[dic
     return rows, {"margin": margin, "alpha": ALPHA, "power": POWER, "rule": rule, "families": sizes, "rows": extra}
 
 
-def _verdict_of(a: Sequence[float], b: Sequence[float], family: int, margin: float) -> str:
-    low, high = adjusted_interval(a, b, family)
-    mdd = minimal_detectable(list(np.subtract(a, b, dtype=float)), family)
-    return verdict({"ci_low_adj": low, "ci_high_adj": high, "mdd": mdd}, margin)
-
-
 def lr_check(
     chosen: dict[tuple, list[float]], second: dict[tuple, list[float]], equivalence: dict
 ) -> list[dict[str, object]]:
@@ -258,8 +261,8 @@ def lr_check(
         if cell_a not in second or cell_b not in second:
             continue
         m = sizes[row["family"]]
-        a_second = _verdict_of(second[cell_a], chosen[cell_b], m, margin)
-        b_second = _verdict_of(chosen[cell_a], second[cell_b], m, margin)
+        a_second = _bonferroni(second[cell_a], chosen[cell_b], m, margin)["verdict"]
+        b_second = _bonferroni(chosen[cell_a], second[cell_b], m, margin)["verdict"]
         kinds = {v.split(":")[0] for v in (row["verdict"], a_second, b_second)}
         keys = ("a", "b", "theta", "K", "noise", "family", "verdict")
         out.append(

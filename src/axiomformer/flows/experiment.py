@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -68,11 +68,11 @@ class FlowConfig:
     lr: float = 3e-3
     lr_grid: tuple[float, ...] = ()
     lr_epochs: int | None = None
+    """The epochs of each learning-rate selection run (None: ``epochs``, the default). A shorter selection run is
+    cheaper but can choose a rate that diverges at the full budget (``benchmarks/results/flow/pilot_80ep_lr20``)."""
     lr_rank: int = 1
     """Which rate of each cell's validation ranking the arms train at: 1, the chosen one; 2, the second best (the
     runs of the learning-rate check, :func:`axiomformer.flows.comparisons.lr_check`)."""
-    """The epochs of each learning-rate selection run (None: ``epochs``, the default). A shorter selection run is
-    cheaper but can choose a rate that diverges at the full budget (``benchmarks/results/flow/pilot_80ep_lr20``)."""
     weight_decay: float = 0.0
     seeds: int = 5
     max_train: int | None = None
@@ -130,7 +130,7 @@ def _validate(cfg: FlowConfig, noise: list[float]) -> None:
         )
     if any(s < 0 for s in noise) or any(k < 0 for k in cfg.K) or not noise or not cfg.K:
         raise ValueError(f"noise levels and flow steps K must be non-empty and >= 0; got noise={noise}, K={cfg.K}")
-    if cfg.lr_rank < 1 or (cfg.lr_rank > 1 and cfg.lr_rank > len(cfg.lr_grid)):
+    if not 1 <= cfg.lr_rank <= max(1, len(cfg.lr_grid)):
         raise ValueError(f"lr_rank must be 1 or at most the grid's size {len(cfg.lr_grid)}; got {cfg.lr_rank}")
     if cfg.seeds < 1 or min(cfg.epochs, cfg.fit_epochs, cfg.lr_epochs or 0) < 0:
         raise ValueError(
@@ -401,11 +401,16 @@ def choose_lrs(
             lr: _validation_accuracy(fits, split, arm_setup, cfg=cfg, sigma=sigma, seeds=val_seeds, lr=lr)
             for lr in cfg.lr_grid
         }
-        chosen[lr_key(theta, arm, k)] = max(scores, key=lambda lr: (scores[lr], -lr))
+        chosen[lr_key(theta, arm, k)] = rate_ranking(scores)[0]
         if scores_out is not None:
             scores_out[lr_key(theta, arm, k)] = {f"{lr:g}": v for lr, v in scores.items()}
         say(f"lr for theta={theta} {arm} K={k}: {chosen[lr_key(theta, arm, k)]:g}  (validation accuracy {scores})")
     return chosen
+
+
+def rate_ranking(scores: Mapping[Any, float]) -> list[float]:
+    """The rates of ``{rate: validation accuracy}`` best first, ties to the smaller rate: the selection's rule."""
+    return [float(lr) for lr, _ in sorted(scores.items(), key=lambda kv: (-kv[1], float(kv[0])))]
 
 
 def ranked_lr(lrs: dict[str, float], scores: dict[str, dict[str, float]], key: str, rank: int) -> float:
@@ -418,10 +423,10 @@ def ranked_lr(lrs: dict[str, float], scores: dict[str, dict[str, float]], key: s
     """
     if rank == 1:
         return lrs[key]
-    ranking = sorted(scores.get(key, {}).items(), key=lambda kv: (-kv[1], float(kv[0])))
+    ranking = rate_ranking(scores.get(key, {}))
     if len(ranking) < rank:
         raise ValueError(f"lr_rank={rank} needs {rank} scored learning rates for {key}; the store has {len(ranking)}")
-    return float(ranking[rank - 1][0])
+    return ranking[rank - 1]
 
 
 def _validation_accuracy(
@@ -554,8 +559,7 @@ def _resume(
     try:
         old = json.loads(path.read_text())
         # A store written before a config field existed ran with that field's default: it is the same protocol.
-        defaults = json.loads(json.dumps(asdict(FlowConfig())))
-        old["config"] = {k: old.get("config", {}).get(k, defaults[k]) for k in defaults} | old.get("config", {})
+        old["config"] = json.loads(json.dumps(asdict(FlowConfig()))) | old.get("config", {})
         if any(old.get(k) != v for k, v in header.items()):
             return {}, {}, {}
         return (
