@@ -57,13 +57,34 @@ def graph_grads(
     return (*grads, *(None,) * trailing)
 
 
-def graph_backward(ctx: Any, exact: Callable[..., Tensor], grad_out: Tensor) -> tuple[Tensor | None, ...] | None:
-    """The backward of a chunked Function over (q, k, v, and 4 options) where the outer backward builds a graph
-    (``create_graph=True``: grad mode is on inside ``backward``): :func:`graph_grads` of ``exact`` at the first three
-    saved tensors. None otherwise: the Function's hand-written backward runs."""
-    if not torch.is_grad_enabled():
-        return None
-    return graph_grads(ctx, exact, ctx.saved_tensors[:3], grad_out, trailing=4)
+FirstOrder = Callable[[Any, Tensor], tuple[Tensor | None, ...]]
+"""A hand-written first-order backward ``(ctx, grad_out) -> grads``."""
+
+
+class RecomputingFunction(torch.autograd.Function):
+    """A chunked Function over (q, k, v, and 4 options) that recomputes its weights in the backward.
+
+    Its forward ends with :func:`keep_for_backward`. The backward runs the hand-written ``first_order(ctx,
+    grad_out)`` (``grad_out`` made contiguous), or, where the outer backward builds a graph (``create_graph=True``:
+    grad mode is on inside ``backward``), :func:`graph_grads` of ``exact`` (the same output in plain tensor ops) at
+    the first three saved tensors.
+    """
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        if torch.is_grad_enabled():
+            return graph_grads(ctx, ctx.exact, ctx.saved_tensors[:3], grad_out, trailing=4)
+        first_order: FirstOrder = ctx.first_order
+        return first_order(ctx, grad_out.contiguous())
+
+
+def keep_for_backward(
+    ctx: Any, saved: tuple[Tensor, ...], exact: Callable[..., Tensor], first_order: FirstOrder
+) -> None:
+    """What :class:`RecomputingFunction`'s backward reads: the ``saved`` tensors (q, k, v first), ``exact`` and
+    ``first_order``."""
+    ctx.save_for_backward(*saved)
+    ctx.exact, ctx.first_order = exact, first_order
 
 
 def _math_sdpa(

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from axiomformer.axes.registry import Choice
-from axiomformer.engines.autograd import graph_backward
+from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
 from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.blocks import ScoreBlocks
 from axiomformer.engines.plan import Plan, ProblemKind, plain_dot
@@ -138,7 +138,7 @@ def _chunks(q_len: int, size: int, offset: int, causal: bool, k_len: int, like: 
     ]
 
 
-class ElementwiseAttention(torch.autograd.Function):
+class ElementwiseAttention(RecomputingFunction):
     """y = u(q k^T) v for an elementwise normalizer ``choice``, in tiles of queries x keys, with a recomputing
     backward.
 
@@ -160,38 +160,39 @@ class ElementwiseAttention(torch.autograd.Function):
                     q[:, c.rows], k[:, keys].transpose(-2, -1), out=blocks.get(0, c.size, keys.stop - keys.start)
                 )
                 out_c.baddbmm_(c.weights(s, choice, hidden), v[:, keys])
-        ctx.save_for_backward(q, k, v)
         ctx.choice, ctx.causal, ctx.offset, ctx.budget = choice, causal, offset, budget
+        keep_for_backward(
+            ctx,
+            (q, k, v),
+            partial(exact_elementwise, choice=choice, causal=causal, offset=offset),
+            _elementwise_backward,
+        )
         return out
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        choice = ctx.choice
-        exact = partial(exact_elementwise, choice=choice, causal=ctx.causal, offset=ctx.offset)
-        if (graphed := graph_backward(ctx, exact, grad_out)) is not None:
-            return graphed
-        q, k, v = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        size, width = tile_shape(q.shape[0], q.shape[-2], ctx.budget)
-        chunks = _chunks(q.shape[-2], size, ctx.offset, ctx.causal, k.shape[-2], q)
-        blocks = ScoreBlocks(q, size, width)
-        # keys outside, queries inside: a tile's dK and dV rows stay in cache while every chunk adds to them
-        for start in range(0, max((c.end for c in chunks), default=0), width):
-            for c in chunks:
-                if c.end <= start:
-                    continue
-                keys, hidden = c.tile(start, width)
-                n_keys = keys.stop - keys.start
-                q_c, k_t, v_t, g = q[:, c.rows], k[:, keys], v[:, keys], grad_out[:, c.rows]
-                s = torch.bmm(q_c, k_t.transpose(-2, -1), out=blocks.get(0, c.size, n_keys))
-                w = c.weights(s if "closed_grad" in choice.traits else s.clone(), choice, hidden)  # autograd re-reads s
-                grad_v[:, keys].baddbmm_(w.transpose(-2, -1), g)
-                grad_u = torch.bmm(g, v_t.transpose(-2, -1), out=blocks.get(1, c.size, n_keys))
-                grad_s = c.grad(s, w, choice, grad_u, hidden)
-                grad_q[:, c.rows].baddbmm_(grad_s, k_t)
-                grad_k[:, keys].baddbmm_(grad_s.transpose(-2, -1), q_c)
-        return grad_q, grad_k, grad_v, *(None,) * 4
+
+def _elementwise_backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+    """:class:`ElementwiseAttention`'s first-order backward: tile by tile, keys outside (module docstring)."""
+    choice, (q, k, v) = ctx.choice, ctx.saved_tensors
+    grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    size, width = tile_shape(q.shape[0], q.shape[-2], ctx.budget)
+    chunks = _chunks(q.shape[-2], size, ctx.offset, ctx.causal, k.shape[-2], q)
+    blocks = ScoreBlocks(q, size, width)
+    # keys outside, queries inside: a tile's dK and dV rows stay in cache while every chunk adds to them
+    for start in range(0, max((c.end for c in chunks), default=0), width):
+        for c in chunks:
+            if c.end <= start:
+                continue
+            keys, hidden = c.tile(start, width)
+            n_keys = keys.stop - keys.start
+            q_c, k_t, v_t, g = q[:, c.rows], k[:, keys], v[:, keys], grad_out[:, c.rows]
+            s = torch.bmm(q_c, k_t.transpose(-2, -1), out=blocks.get(0, c.size, n_keys))
+            w = c.weights(s if "closed_grad" in choice.traits else s.clone(), choice, hidden)  # autograd re-reads s
+            grad_v[:, keys].baddbmm_(w.transpose(-2, -1), g)
+            grad_u = torch.bmm(g, v_t.transpose(-2, -1), out=blocks.get(1, c.size, n_keys))
+            grad_s = c.grad(s, w, choice, grad_u, hidden)
+            grad_q[:, c.rows].baddbmm_(grad_s, k_t)
+            grad_k[:, keys].baddbmm_(grad_s.transpose(-2, -1), q_c)
+    return grad_q, grad_k, grad_v, *(None,) * 4
 
 
 def elementwise_attention(plan: Plan, problem: AttentionProblem, budget: int = TILE_BUDGET) -> Tensor:

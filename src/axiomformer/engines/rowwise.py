@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from axiomformer.engines.autograd import graph_backward
+from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
 from axiomformer.engines.base import Computes, EngineBase
 from axiomformer.engines.blocks import ScoreBlocks, transposed_grad_buffers
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
@@ -243,7 +243,7 @@ def _backward_chunk(
     grad_kt[..., first:end] += torch.bmm(q_c.transpose(-2, -1), dt, out=blocks.get(0, k.shape[-1], width))
 
 
-class RowwiseAttention(torch.autograd.Function):
+class RowwiseAttention(RecomputingFunction):
     """y = u(q k^T) v chunked over queries, with the normalizer's closed-form backward, recomputing the weights.
 
     Inputs are (batch*heads, seq, head_dim), q already scaled.
@@ -275,37 +275,35 @@ class RowwiseAttention(torch.autograd.Function):
             u, _ = row.kernel.weights(t, diagonal, blocks.spares(n, end))
             out[:, rows] = torch.bmm(u, v[:, :end])
         ctx.selected, ctx.firsts = selected, firsts
-        ctx.save_for_backward(q, k, v, out)
         ctx.row, ctx.causal, ctx.offset, ctx.size = row, causal, offset, size
+        keep_for_backward(
+            ctx, (q, k, v, out), partial(exact_rowwise, row=row, causal=causal, offset=offset), _rowwise_backward
+        )
         return out
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        row = ctx.row
-        exact = partial(exact_rowwise, row=row, causal=ctx.causal, offset=ctx.offset)
-        if (graphed := graph_backward(ctx, exact, grad_out)) is not None:
-            return graphed
-        q, k, v, out = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        grad_q, grad_kt, grad_vt = transposed_grad_buffers(q, k, v)
-        blocks = ScoreBlocks(q, max(ctx.size, k.shape[-1], v.shape[-1]), k.shape[-2])
-        sparse_grads = (grad_q, torch.zeros_like(k), torch.zeros_like(v)) if any(ctx.selected) else None
-        chunks = query_chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q.device)
-        # the band's keys only where the output gradient is finite too (a NaN there would reach every key's)
-        firsts = ctx.firsts if ctx.firsts and bool(torch.isfinite(grad_out).all()) else None
-        for i, ((rows, end, diagonal), chosen) in enumerate(zip(chunks, ctx.selected)):
-            if chosen is not None and sparse_grads is not None:
-                chosen.backward(q[:, rows], k, v, grad_out[:, rows], sparse_grads)
-                continue
-            saved = (q, k, v, out, grad_out)
-            first = firsts[i] if firsts is not None else 0
-            _backward_chunk(row, blocks, saved, (grad_q, grad_kt, grad_vt), rows, end, diagonal, first)
-        del blocks
-        grad_k, grad_v = grad_kt.transpose(-2, -1).contiguous(), grad_vt.transpose(-2, -1).contiguous()
-        if sparse_grads is not None:
-            grad_k += sparse_grads[1]
-            grad_v += sparse_grads[2]
-        return grad_q, grad_k, grad_v, None, None, None, None
+
+def _rowwise_backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+    """:class:`RowwiseAttention`'s first-order backward, chunk by chunk (module docstring)."""
+    row, (q, k, v, out) = ctx.row, ctx.saved_tensors
+    grad_q, grad_kt, grad_vt = transposed_grad_buffers(q, k, v)
+    blocks = ScoreBlocks(q, max(ctx.size, k.shape[-1], v.shape[-1]), k.shape[-2])
+    sparse_grads = (grad_q, torch.zeros_like(k), torch.zeros_like(v)) if any(ctx.selected) else None
+    chunks = query_chunks(q.shape[-2], ctx.size, ctx.offset, ctx.causal, k.shape[-2], q.device)
+    # the band's keys only where the output gradient is finite too (a NaN there would reach every key's)
+    firsts = ctx.firsts if ctx.firsts and bool(torch.isfinite(grad_out).all()) else None
+    for i, ((rows, end, diagonal), chosen) in enumerate(zip(chunks, ctx.selected)):
+        if chosen is not None and sparse_grads is not None:
+            chosen.backward(q[:, rows], k, v, grad_out[:, rows], sparse_grads)
+            continue
+        saved = (q, k, v, out, grad_out)
+        first = firsts[i] if firsts is not None else 0
+        _backward_chunk(row, blocks, saved, (grad_q, grad_kt, grad_vt), rows, end, diagonal, first)
+    del blocks
+    grad_k, grad_v = grad_kt.transpose(-2, -1).contiguous(), grad_vt.transpose(-2, -1).contiguous()
+    if sparse_grads is not None:
+        grad_k += sparse_grads[1]
+        grad_v += sparse_grads[2]
+    return grad_q, grad_k, grad_v, None, None, None, None
 
 
 def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int) -> Tensor:

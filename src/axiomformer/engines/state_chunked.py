@@ -30,7 +30,7 @@ under autograd keeps each product's gradient autograd's own)**. Memory: the inpu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -369,6 +369,15 @@ def _write_grads(grads: list[Tensor | None], found: list[Tensor | None], part: s
             target[:, :, part] = _merge(g, part.stop - part.start)
 
 
+class _Group(NamedTuple):
+    """One group of chunks in the backward: its inputs and dO split into chunks, the state entering it, its tokens."""
+
+    pieces: list[Tensor | None]
+    grad_o: Tensor
+    start: Tensor
+    part: slice
+
+
 def _group_backward(
     inputs: list[Tensor | None],
     needs: tuple[bool, ...],
@@ -390,7 +399,7 @@ def _group_backward(
     grad_o = _split(grad_out, part, chunk)
     assert grad_o is not None
     if pieces[3] is not None:
-        return _autograd_group(pieces, needs, grads, grad_o, grad_state, start=start, part=part, scale=scale)
+        return _autograd_group(_Group(pieces, grad_o, start, part), needs, grads, grad_state, scale)
     prepared = _prepared(pieces, scale)
     (qt, _, p, d), taped = _written_out(prepared, leaves[index], oi=False)
     tape = list(taped)  # emptied by the backward below, which frees each piece after its last read
@@ -416,17 +425,10 @@ def _group_backward(
 
 
 def _autograd_group(
-    pieces: list[Tensor | None],
-    needs: tuple[bool, ...],
-    grads: list[Tensor | None],
-    grad_o: Tensor,
-    grad_state: Tensor,
-    *,
-    start: Tensor,
-    part: slice,
-    scale: float,
+    group: _Group, needs: tuple[bool, ...], grads: list[Tensor | None], grad_state: Tensor, scale: float
 ) -> Tensor:
     """:func:`_group_backward` by autograd of :func:`chunk_products` (Householder vectors of their own)."""
+    pieces, grad_o, start, part = group
     leaves = [None if t is None else t.detach().requires_grad_(need) for t, need in zip(pieces, needs)]
     with torch.enable_grad():
         qt, oi, p, d = _general(leaves, scale)
