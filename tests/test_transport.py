@@ -433,6 +433,56 @@ def test_a_short_convolution_is_the_residual_causal_depthwise_conv_of_the_projec
             torch.testing.assert_close(att(x), att.out_proj(out), rtol=0, atol=1e-10)
 
 
+def _conv1d_reference(x, weight, history):
+    """x + the causal depthwise convolution by ``F.conv1d`` on the channels-first padded input (x (b, n, c))."""
+    padded = torch.cat([history, x], 1).transpose(1, 2)
+    return x + F.conv1d(padded, weight.unsqueeze(1), groups=x.shape[-1]).transpose(1, 2)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+def test_the_short_convolution_matches_conv1d_forward_and_backward_at_any_length(n):
+    from axiomformer.axes.position import causal_conv
+
+    g = torch.Generator().manual_seed(n)
+    x, hist = (
+        torch.randn(2, n, 6, generator=g, dtype=torch.float64),
+        torch.randn(2, 3, 6, generator=g, dtype=torch.float64),
+    )
+    w = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (x, w, hist)]
+    out, history = causal_conv(*leaves)
+    torch.testing.assert_close(out, _conv1d_reference(*leaves), rtol=0, atol=1e-12)
+    torch.testing.assert_close(history, torch.cat([hist, x], 1)[:, -3:], rtol=0, atol=0)
+    assert torch.autograd.gradcheck(lambda *t: causal_conv(*t)[0], leaves)
+    assert torch.autograd.gradgradcheck(lambda *t: causal_conv(*t)[0], leaves)
+    # a head-split view (b, n, heads, head_dim) of (b, heads, n, head_dim) is the same convolution of its channels
+    split = x.view(2, n, 2, 3).transpose(1, 2).contiguous().transpose(1, 2)
+    out4, _ = causal_conv(split, w, hist.view(2, 3, 2, 3))
+    torch.testing.assert_close(out4.reshape(2, n, 6), out.detach(), rtol=0, atol=1e-12)
+    assert out4.transpose(1, 2).is_contiguous()  # the head-split layout kept: no copy before the attention
+
+
+def test_a_planted_wrong_tap_order_of_the_short_convolution_is_caught():
+    from axiomformer.axes.position import causal_conv
+
+    g = torch.Generator().manual_seed(0)
+    x, hist = torch.randn(1, 5, 4, generator=g, dtype=torch.float64), torch.zeros(1, 3, 4, dtype=torch.float64)
+    w = torch.randn(4, 4, generator=g, dtype=torch.float64)
+    out, _ = causal_conv(x, w.flip(-1), hist)  # the taps reversed: y_t reads x_{t-3} with x_t's weight
+    assert (out - _conv1d_reference(x, w, hist)).abs().max() > 1e-3
+
+
+def test_the_bench_core_path_convolves_as_the_layer_does():
+    spec = relax_with_requirements(AttentionSpec.standard(DIM, HEADS), "position=short_conv,causal=true")
+    torch.manual_seed(0)
+    att = Attention(spec).double()
+    x = _x()
+    heads = lambda t: t.view(2, LEN, HEADS, HD).transpose(1, 2)
+    q, k, v = (heads(proj(x)) for proj in (att.q_proj, att.k_proj, att.v_proj))
+    merged = att.core(q, k, v).out.transpose(1, 2).reshape(2, LEN, DIM)
+    torch.testing.assert_close(att.out_proj(merged), att(x), rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("steep", [1.0, 40.0])
 def test_the_factored_and_the_exact_per_channel_decay_agree(steep, monkeypatch):
     q, k, _ = _qkv()

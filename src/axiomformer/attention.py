@@ -814,10 +814,9 @@ class Attention(nn.Module):
         q_len, k_len = q.shape[-2], k.shape[-2]
         q_offset = k_len - q_len if q_offset is None else q_offset
         if "conv" in self.plan.position_traits:  # the short convolution of the (merged) projections
-            cq, ck, cv, _ = self.position.short_conv(
-                self._merge_heads(q), self._merge_heads(k), self._merge_heads(v), None, None
-            )
-            q, k, v = self._split_heads(cq), self._split_heads(ck, k.shape[1]), self._split_heads(cv, v.shape[1])
+            # on (batch, seq, heads, head_dim) views: the convolution keeps their head-split layout, no merged copy
+            convolved = self.position.short_conv(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, None)
+            q, k, v = (t.transpose(1, 2) for t in convolved[:3])
         if self.transport is not None:  # the gates read the (merged) keys in place of the key input (bench, surgery)
             if mask is not None or bias is not None or q_offset != k_len - q_len:
                 raise ValueError(
