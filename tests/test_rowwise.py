@@ -255,3 +255,47 @@ def test_a_nan_before_the_band_reaches_the_output_as_on_the_reference(bands):
     # (the router may take the NaN out of v first: what matters is the same output)
     torch.testing.assert_close(got[0], want[0], equal_nan=True)
     assert bool(torch.isnan(got[0][0, 0, -1]).all())
+
+
+# ---------------------------------------------------------------------------------------------- softmax in tiles
+def _tiled(engine: str, causal: bool, cap: float, offset_keys: int = 0) -> list[torch.Tensor]:
+    """Output and input gradients (float64) of softmax with ``cap`` on ``engine``; ``offset_keys`` more keys than
+    queries (a KV-cache decode: the queries are the last ones)."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, HEADS, 24, HEAD_DIM, dtype=torch.float64, generator=g).requires_grad_()
+    k, v = (
+        torch.randn(2, HEADS, 24 + offset_keys, HEAD_DIM, dtype=torch.float64, generator=g).requires_grad_()
+        for _ in range(2)
+    )
+    spec = AttentionSpec.standard(HEADS * HEAD_DIM, HEADS, causal=causal).relax(softcap=cap)
+    out = attend(q, k, v, spec=spec, engine=engine).out
+    out.backward(torch.randn(out.shape, dtype=torch.float64, generator=g))
+    return [out.detach(), q.grad, k.grad, v.grad]
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Tiles of one query x 5 keys (2 x 2 heads): every row's softmax runs over several tiles."""
+    from axiomformer.engines import ENGINES
+
+    monkeypatch.setitem(ENGINES, "rowwise", rowwise.RowwiseEngine(memory_budget=2 * HEADS * 5))
+
+
+@pytest.mark.parametrize("causal, offset_keys", [(False, 0), (True, 0), (True, 7)])
+@pytest.mark.parametrize("cap", [0.0, 2.5, 100.0])
+def test_softmax_in_tiles_of_keys_equals_the_reference_forward_and_backward(small_tiles, causal, offset_keys, cap):
+    from axiomformer.engines.blocks import tile_shape
+
+    assert tile_shape(2 * HEADS, 24, 2 * HEADS * 5) == (1, 5)
+    got, want = _tiled("rowwise", causal, cap, offset_keys), _tiled("reference", causal, cap, offset_keys)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_a_planted_wrong_rescaling_of_the_online_softmax_is_caught(small_tiles, monkeypatch):
+    from axiomformer.engines import rowtiles
+
+    monkeypatch.setattr(rowtiles, "rescale", lambda m, m_new: torch.ones_like(m))  # the old maximum kept
+    got, want = _tiled("rowwise", True, 2.5), _tiled("reference", True, 2.5)
+    assert (got[0] - want[0]).abs().max() > 1e-3  # the output, and through the saved lse every gradient
+    assert all((a - b).abs().max() > 1e-6 for a, b in zip(got[1:], want[1:]))

@@ -32,7 +32,7 @@ from torch import Tensor
 from axiomformer.axes.registry import Choice
 from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
 from axiomformer.engines.base import Computes, EngineBase
-from axiomformer.engines.blocks import ScoreBlocks
+from axiomformer.engines.blocks import TILE_BUDGET, Hidden, ScoreBlocks, tile_keys, tile_shape
 from axiomformer.engines.plan import Plan, ProblemKind, plain_dot
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 
@@ -44,16 +44,6 @@ COMPUTES = Computes(
 """What the engine computes: any ``elementwise`` normalizer with plain dot scores (see the module docstring)."""
 
 
-TILE_BUDGET = 2**18
-"""Elements of one score tile over batch*heads (1 MiB in float32) **(our choice)**: a tile, its weights and dL/du
-stay in a core's L2 cache between the products and the elementwise passes. At L = 4096, batch 1, 8 heads, causal,
-sigmoid forward + backward on one thread took 680 ms with 128 queries x 256 keys, 870 ms with whole rows of keys
-(64 queries x up to 4,096 keys, 8 MiB blocks), against SDPA's 560 ms."""
-
-MIN_KEYS = 64
-"""Fewest keys of a tile (many heads make tiles narrow; a narrower product runs far below the machine's rate)."""
-
-
 def _counts(rows: int, start: int, offset: int, causal: bool, k_len: int, like: Tensor) -> Tensor:
     """n_i, the keys visible to each query of the chunk, (rows, 1); 1 for a row with none (its weights are 0)."""
     if causal:
@@ -61,23 +51,6 @@ def _counts(rows: int, start: int, offset: int, causal: bool, k_len: int, like: 
     else:
         n = torch.full((rows,), float(k_len), device=like.device, dtype=like.dtype)
     return n.view(-1, 1)
-
-
-QUERY_ROWS = 128
-"""Most queries of a chunk (a tile's rows)."""
-
-
-def tile_shape(batch_heads: int, q_len: int, budget: int = TILE_BUDGET) -> tuple[int, int]:
-    """(queries, keys) of a tile of at most ``budget`` elements over batch*heads: up to :data:`QUERY_ROWS` queries,
-    and keys a multiple of :data:`MIN_KEYS` where the budget allows that many (a small budget, as the tests set, gives
-    tiles of a few keys)."""
-    rows = max(1, min(q_len, QUERY_ROWS, budget // max(1, batch_heads * MIN_KEYS)))
-    keys = max(1, budget // max(1, batch_heads * rows))
-    return rows, keys // MIN_KEYS * MIN_KEYS if keys >= MIN_KEYS else keys
-
-
-Hidden = tuple[int, Tensor] | None
-"""The keys a causal chunk or tile hides: (first, hidden) as :func:`~axiomformer.engines.problem.causal_diagonal`."""
 
 
 class _Chunk:
@@ -90,13 +63,8 @@ class _Chunk:
 
     def tile(self, start: int, width: int) -> tuple[slice, Hidden]:
         """The keys ``start .. start + width - 1`` this chunk reads (clipped to ``end``) and those of them it hides,
-        counted from the tile's first key."""
-        keys = slice(start, min(self.end, start + width))
-        if self.diagonal is None or keys.stop <= self.diagonal[0]:
-            return keys, None
-        first, hidden = self.diagonal
-        lo = max(first, start)
-        return keys, (lo - start, hidden[:, lo - first : keys.stop - first])
+        counted from the tile's first key (:func:`~axiomformer.engines.blocks.tile_keys`)."""
+        return tile_keys(self.diagonal, start, width, self.end)
 
     def tiles(self, width: int) -> Iterator[tuple[slice, Hidden]]:
         for start in range(0, self.end, width):

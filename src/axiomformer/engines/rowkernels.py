@@ -46,11 +46,15 @@ class RowKernel:
     ``keeps_logits``: t is as the engine gave it once ``vjp`` has returned (the engine may then reuse it).
     ``reads_options``: computes a ``configured`` choice at any options, not only at its defaults (the engine
     declines the others: :func:`reads_options`).
+    ``online``: u = softmax(t) of the whole row, so the engine may compute it tile by tile of keys with a running
+    maximum and sum and keep only the row's log-sum-exp (``engines/rowtiles.py``); ``weights`` and ``vjp`` are then
+    not called.
     """
 
     shift_invariant = False
     selects = False
     keeps_logits = False
+    online = False
     reads_options = True
 
     def __init__(self, choice: Choice, options: dict) -> None:
@@ -84,6 +88,7 @@ class Softmax(RowKernel):
 
     shift_invariant = True
     keeps_logits = True
+    online = True
 
     def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
         return torch.softmax(t, dim=-1), None  # one fused pass; a manual in-place softmax took 1.5x longer
@@ -97,6 +102,7 @@ class TopK(Softmax):
     elsewhere; the VJP is softmax's (u = 0 off the kept keys)."""
 
     selects = True
+    online = False  # the k-th largest logit needs the whole row
 
     def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
         top = t.topk(min(int(self.options.get("k", 1)), t.shape[-1]), dim=-1).values

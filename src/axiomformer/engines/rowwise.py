@@ -32,10 +32,11 @@ from torch import Tensor
 
 from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
 from axiomformer.engines.base import Computes, EngineBase
-from axiomformer.engines.blocks import ScoreBlocks, transposed_grad_buffers
+from axiomformer.engines.blocks import TILE_BUDGET, ScoreBlocks, transposed_grad_buffers
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 from axiomformer.engines.rowkernels import StickBreaking, TopK, reads_options, row_kernel
+from axiomformer.engines.rowtiles import TiledSoftmaxAttention
 
 SIGMOID_CAP_MAX = 64.0
 """Largest cap computed as 2c sigmoid(2z / c) (- c) rather than c tanh(z / c). The two are equal, and sigmoid took
@@ -83,6 +84,10 @@ class _Row:
         """The cap's slope is recomputed from t after the VJP (in t's block) rather than kept in a block of its
         own: the kernel leaves t intact."""
         return bool(self.cap) and self.kernel.keeps_logits
+
+    def exact(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, offset: int) -> Tensor:
+        """:func:`exact_rowwise` of this row."""
+        return exact_rowwise(q, k, v, self, causal, offset)
 
     def slope_(self, t: Tensor, diagonal: tuple[int, Tensor] | None) -> Tensor:
         """dt/dz from the capped logits t, in place (0 at hidden keys)."""
@@ -306,8 +311,10 @@ def _rowwise_backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
     return grad_q, grad_k, grad_v, None, None, None, None
 
 
-def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int) -> Tensor:
-    """Output (batch, heads, q_len, head_dim_v) of a problem :class:`RowwiseEngine` accepts."""
+def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int, budget: int = TILE_BUDGET) -> Tensor:
+    """Output (batch, heads, q_len, head_dim_v) of a problem :class:`RowwiseEngine` accepts: in chunks of ``chunk``
+    queries, or for a kernel with the trait ``online`` (softmax) in tiles of at most ``budget`` score elements
+    (``engines/rowtiles.py``)."""
     scale = problem.scale
     q = problem.q * (scale.to(problem.q.dtype) if isinstance(scale, Tensor) else scale)
     batch, heads = max(q.shape[0], problem.k.shape[0]), max(q.shape[1], problem.k.shape[1])
@@ -315,7 +322,11 @@ def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int) -> Tens
         torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
         for t in (q, problem.k, problem.v)
     )
-    out = RowwiseAttention.apply(q3, k3, v3, _Row(plan), problem.causal, problem.q_offset, chunk)
+    row = _Row(plan)
+    if row.kernel.online:
+        out = TiledSoftmaxAttention.apply(q3, k3, v3, row, problem.causal, problem.q_offset, budget)
+    else:
+        out = RowwiseAttention.apply(q3, k3, v3, row, problem.causal, problem.q_offset, chunk)
     return out.view(batch, heads, *out.shape[1:])
 
 
@@ -352,4 +363,5 @@ class RowwiseEngine(EngineBase):
     def __call__(self, plan: Plan, problem: AttentionProblem, need_weights: bool = False) -> tuple[Tensor, None]:
         # One budget per block: the backward holds about six blocks (logits, weights, dL/du, the cap's slope and the
         # VJP's temporaries), so two (as sparse.py) peaked at 3.6x SDPA's memory at L = 4096 **(our choice)**.
-        return rowwise_attention(plan, problem, closed_form_chunk(problem, self.memory_budget, blocks=1)), None
+        chunk = closed_form_chunk(problem, self.memory_budget, blocks=1)
+        return rowwise_attention(plan, problem, chunk, min(self.memory_budget, TILE_BUDGET)), None

@@ -1,0 +1,120 @@
+"""Softmax rows in tiles of queries x keys: the rowwise engine's kernels with the trait ``online`` (softmax, with or
+without ``softcap``), as flash-attention computes them (Dao et al. 2022, Algorithm 1 forward, Algorithm 2 backward),
+in PyTorch ops.
+
+For a chunk of queries the forward walks the keys tile by tile, keeping per row the running maximum m, the running
+sum l of exp(t - m) and the output accumulator, rescaled by exp(m_old - m_new) when the maximum grows:
+
+    t = c tanh(q k^T / c) (or q k^T)      the tile's logits (``_Row.logits``), hidden keys -inf
+    m' = max(m, max_j t_j),  l' = l e^(m - m') + sum_j e^(t_j - m'),  acc' = acc e^(m - m') + e^(t - m') V
+    y = acc / l,  lse = m + log l         (kept for the backward, with q, k, v and y)
+
+The backward walks keys outside and chunks of queries inside (a key tile's dK and dV rows stay in cache while every
+chunk adds to them) and recomputes each tile's weights from the row's lse, u = exp(t - lse), then the softmax VJP
+dt = u (g - delta) with g = dO V^T, delta_i = dO_i . y_i, the cap's slope dt/dz, and dQ += dz K, dK += dz^T Q,
+dV += u^T dO: 2 products forward and 5 backward, as flash-attention. A tile of :data:`~axiomformer.engines.blocks.TILE_BUDGET`
+elements stays in a core's L2 cache between its products and its elementwise passes: at L = 4096, batch 1, 8 heads,
+causal, softcap 30, forward and backward took 790 ms on one thread where whole rows of keys (8 MiB blocks, the
+rowwise engine's chunks) took 1,000 ms and SDPA 540 ms **(our choice)**. Tested against the reference engine forward
+and backward by the generated equivalence matrix (``tests/test_engine_matrix.py``) at a budget of a few keys per
+tile, and with a planted wrong rescaling (``tests/test_rowwise.py``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
+from axiomformer.engines.blocks import Hidden, ScoreBlocks, tile_keys, tile_shape
+from axiomformer.engines.problem import query_chunks
+
+
+class RowLogits(Protocol):
+    """What the tiles read of the rowwise engine's ``_Row``: the cap, the logits of a block and the exact form."""
+
+    cap: float
+
+    def logits(self, q_c: Tensor, k_c: Tensor, diagonal: Hidden, out: Tensor, slope: Tensor | None = None) -> Tensor:
+        """The capped logits of q_c against k_c in ``out``, hidden keys -inf; with ``slope``, dt/dz there."""
+        ...
+
+    def exact(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, offset: int) -> Tensor:
+        """The output in plain tensor ops (what second-order gradients differentiate)."""
+        ...
+
+
+def rescale(m: Tensor, m_new: Tensor) -> Tensor:
+    """e^(m - m'): what the running sum and output of a row are multiplied by when its maximum grows from m to m'."""
+    return torch.sub(m, m_new).exp_()
+
+
+def _chunk_forward(row: RowLogits, blocks: ScoreBlocks, q_c: Tensor, k: Tensor, v: Tensor, tiles: list) -> Tensor:
+    """(output, lse) of one chunk of queries over its ``tiles`` [(keys, hidden)], with the running max and sum."""
+    n = q_c.shape[-2]
+    acc = q_c.new_zeros(q_c.shape[0], n, v.shape[-1])
+    m = q_c.new_full((q_c.shape[0], n, 1), float("-inf"))
+    total = q_c.new_zeros(q_c.shape[0], n, 1)
+    for keys, hidden in tiles:
+        t = row.logits(q_c, k[:, keys], hidden, blocks.get(0, n, keys.stop - keys.start))
+        # the first tile holds key 0, visible to every row (the engine declines rows without keys): m stays finite
+        m_new = torch.maximum(m, t.amax(-1, keepdim=True))
+        factor = rescale(m, m_new)
+        p = t.sub_(m_new).exp_()
+        total.mul_(factor).add_(p.sum(-1, keepdim=True))
+        acc.mul_(factor).baddbmm_(p, v[:, keys])
+        m = m_new
+    return torch.cat([acc.div_(total), m.add_(total.log_())], -1)
+
+
+class TiledSoftmaxAttention(RecomputingFunction):
+    """y = softmax(t(q k^T)) v in tiles of queries x keys with the online softmax (module docstring).
+
+    Inputs are (batch*heads, seq, head_dim), q already scaled; ``budget``: the elements of one tile over batch*heads.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, row: RowLogits, causal: bool, offset: int, budget: int
+    ) -> Tensor:
+        size, width = tile_shape(q.shape[0], q.shape[-2], budget)
+        out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+        lse = q.new_empty(q.shape[:-1] + (1,))
+        blocks = ScoreBlocks(q, size, width)
+        for rows, end, diagonal in query_chunks(q.shape[-2], size, offset, causal, k.shape[-2], q.device):
+            tiles = [tile_keys(diagonal, start, width, end) for start in range(0, end, width)]
+            both = _chunk_forward(row, blocks, q[:, rows], k, v, tiles)
+            out[:, rows], lse[:, rows] = both[..., :-1], both[..., -1:]
+        ctx.row, ctx.causal, ctx.offset, ctx.budget = row, causal, offset, budget
+        keep_for_backward(ctx, (q, k, v, out, lse), partial(row.exact, causal=causal, offset=offset), _backward)
+        return out
+
+
+def _backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+    """:class:`TiledSoftmaxAttention`'s first-order backward: keys outside, chunks of queries inside."""
+    row, (q, k, v, out, lse) = ctx.row, ctx.saved_tensors
+    grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    delta = (grad_out * out).sum(-1, keepdim=True)
+    size, width = tile_shape(q.shape[0], q.shape[-2], ctx.budget)
+    chunks = list(query_chunks(q.shape[-2], size, ctx.offset, ctx.causal, k.shape[-2], q.device))
+    blocks = ScoreBlocks(q, size, width)
+    for start in range(0, max((end for _, end, _ in chunks), default=0), width):
+        for rows, end, diagonal in chunks:
+            if end <= start:
+                continue
+            keys, hidden = tile_keys(diagonal, start, width, end)
+            n, n_keys = rows.stop - rows.start, keys.stop - keys.start
+            q_c, k_t, v_t, d_out = q[:, rows], k[:, keys], v[:, keys], grad_out[:, rows]
+            slope = blocks.get(2, n, n_keys) if row.cap else None
+            u = row.logits(q_c, k_t, hidden, blocks.get(0, n, n_keys), slope).sub_(lse[:, rows]).exp_()
+            grad_v[:, keys].baddbmm_(u.transpose(-2, -1), d_out)
+            g = torch.bmm(d_out, v_t.transpose(-2, -1), out=blocks.get(1, n, n_keys))
+            dt = g.sub_(delta[:, rows]).mul_(u)  # softmax's VJP; 0 at hidden keys (u = 0 there, the slope finite)
+            if slope is not None:
+                dt.mul_(slope)
+            grad_q[:, rows].baddbmm_(dt, k_t)
+            grad_k[:, keys].baddbmm_(dt.transpose(-2, -1), q_c)
+    return grad_q, grad_k, grad_v, *(None,) * 4
