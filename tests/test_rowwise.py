@@ -296,6 +296,33 @@ def test_a_planted_wrong_rescaling_of_the_online_softmax_is_caught(small_tiles, 
     from axiomformer.engines import rowtiles
 
     monkeypatch.setattr(rowtiles, "rescale", lambda m, m_new: torch.ones_like(m))  # the old maximum kept
-    got, want = _tiled("rowwise", True, 2.5), _tiled("reference", True, 2.5)
+    got, want = _tiled("rowwise", True, 0.0), _tiled("reference", True, 0.0)  # no cap: the running maximum
     assert (got[0] - want[0]).abs().max() > 1e-3  # the output, and through the saved lse every gradient
     assert all((a - b).abs().max() > 1e-6 for a, b in zip(got[1:], want[1:]))
+
+
+@pytest.mark.parametrize("cap, fixed", [(2.5, True), (30.0, True), (41.0, False), (100.0, False)])
+def test_a_cap_of_narrow_range_shifts_by_its_bound_and_keeps_float32_accuracy(small_tiles, cap, fixed):
+    from axiomformer.engines import rowtiles
+
+    spec = AttentionSpec.standard(HEADS * HEAD_DIM, HEADS, causal=True).relax(softcap=cap)
+    row = rowwise._Row(Attention(spec).plan)
+    assert (rowtiles.fixed_shift(row, torch.float32) is not None) == fixed  # 2c > 80: the running maximum
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, HEADS, 24, HEAD_DIM, dtype=torch.float64, generator=g) for _ in range(3))
+    q = q * 8  # logits near both ends of the cap: some rows' weights span e^-2c
+    truth = attend(q, k, v, spec=spec, engine="reference").out
+    got = attend(q.float(), k.float(), v.float(), spec=spec, engine="rowwise").out
+    assert float((got.double() - truth).norm() / truth.norm()) < 1e-5
+
+
+def test_a_planted_fixed_shift_beyond_float32_range_is_caught(small_tiles, monkeypatch):
+    from axiomformer.engines import rowtiles
+
+    monkeypatch.setitem(rowtiles.FIXED_SHIFT_SPAN, torch.float32, 1e9)  # e^-200 underflows to 0 in float32
+    spec = AttentionSpec.standard(HEADS * HEAD_DIM, HEADS, causal=True).relax(softcap=100.0)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, HEADS, 24, HEAD_DIM, generator=g) for _ in range(3))
+    k = k - 40 * q.mean(-2, keepdim=True)  # rows whose every logit sits far below the cap's top
+    got = attend(q * 8, k, v, spec=spec, engine="rowwise").out
+    assert not bool(torch.isfinite(got).all())

@@ -45,11 +45,18 @@ def transposed_grad_buffers(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Te
     return torch.empty_like(q), grad_kt, v.new_zeros(v.shape[0], v.shape[2], v.shape[1])
 
 
-TILE_BUDGET = 2**18
-"""Elements of one score tile over batch*heads (1 MiB in float32) **(our choice)**: a tile, its weights and dL/du
-stay in a core's L2 cache between the products and the elementwise passes. At L = 4096, batch 1, 8 heads, causal,
-sigmoid forward + backward on one thread took 680 ms with 128 queries x 256 keys, 870 ms with whole rows of keys
-(64 queries x up to 4,096 keys, 8 MiB blocks), against SDPA's 560 ms."""
+TILE_ELEMENTS = 2**18
+"""Elements of one score tile over batch*heads per intra-op thread (1 MiB in float32 each) **(our choice)**: a
+thread's share of a tile, its weights and dL/du stay in its core's L2 cache between the products and the
+elementwise passes. At L = 4096, batch 1, 8 heads, causal, sigmoid forward + backward took 640 ms on one thread with
+tiles of 128 queries x 256 keys, 870 ms with whole rows of keys (64 queries x up to 4,096 keys, 8 MiB blocks), SDPA
+530 ms; on two threads 2^18 elements gave 1.50x SDPA, 2^19 1.43x and 2^17 1.75x."""
+
+
+def tile_budget() -> int:
+    """Elements of one score tile: :data:`TILE_ELEMENTS` per intra-op thread (``torch.get_num_threads``)."""
+    return TILE_ELEMENTS * torch.get_num_threads()
+
 
 MIN_KEYS = 64
 """Fewest keys of a tile (many heads make tiles narrow; a narrower product runs far below the machine's rate)."""
@@ -59,7 +66,7 @@ QUERY_ROWS = 128
 """Most queries of a chunk (a tile's rows)."""
 
 
-def tile_shape(batch_heads: int, q_len: int, budget: int = TILE_BUDGET) -> tuple[int, int]:
+def tile_shape(batch_heads: int, q_len: int, budget: int) -> tuple[int, int]:
     """(queries, keys) of a tile of at most ``budget`` elements over batch*heads: up to :data:`QUERY_ROWS` queries,
     and keys a multiple of :data:`MIN_KEYS` where the budget allows that many (a small budget, as the tests set, gives
     tiles of a few keys)."""

@@ -32,7 +32,7 @@ from torch import Tensor
 from axiomformer.axes.registry import Choice
 from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
 from axiomformer.engines.base import Computes, EngineBase
-from axiomformer.engines.blocks import TILE_BUDGET, Hidden, ScoreBlocks, tile_keys, tile_shape
+from axiomformer.engines.blocks import Hidden, ScoreBlocks, tile_budget, tile_keys, tile_shape
 from axiomformer.engines.plan import Plan, ProblemKind, plain_dot
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 
@@ -163,9 +163,10 @@ def _elementwise_backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ..
     return grad_q, grad_k, grad_v, *(None,) * 4
 
 
-def elementwise_attention(plan: Plan, problem: AttentionProblem, budget: int = TILE_BUDGET) -> Tensor:
+def elementwise_attention(plan: Plan, problem: AttentionProblem, budget: int | None = None) -> Tensor:
     """Output (batch, heads, q_len, head_dim_v) of a problem :class:`ElementwiseEngine` accepts, in tiles of at most
-    ``budget`` score elements over batch*heads (:func:`tile_shape`)."""
+    ``budget`` score elements over batch*heads (:func:`~axiomformer.engines.blocks.tile_shape`; None:
+    :func:`~axiomformer.engines.blocks.tile_budget`)."""
     scale = problem.scale
     q = problem.q * (scale.to(problem.q.dtype) if isinstance(scale, Tensor) else scale)
     batch, heads = q.shape[0], q.shape[1]
@@ -173,13 +174,16 @@ def elementwise_attention(plan: Plan, problem: AttentionProblem, budget: int = T
         torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
         for t in (q, problem.k, problem.v)
     )
-    out = ElementwiseAttention.apply(q3, k3, v3, plan.normalizer_choice, problem.causal, problem.q_offset, budget)
+    out = ElementwiseAttention.apply(
+        q3, k3, v3, plan.normalizer_choice, problem.causal, problem.q_offset, budget or tile_budget()
+    )
     return out.view(batch, heads, *out.shape[1:])
 
 
 class ElementwiseEngine(EngineBase):
     """Elementwise normalizers (sigmoid, relu, and any choice with the trait) with dot scores, in tiles of queries x
-    keys, with the recomputing backward; ``memory_budget``: the elements of one score tile over batch*heads.
+    keys, with the recomputing backward; ``memory_budget``: the elements of one score tile over batch*heads (None:
+    :func:`~axiomformer.engines.blocks.tile_budget` at each call).
 
     Declines while ``torch.compile`` traces (its Python loop over query chunks would compile a graph per length).
     """
@@ -187,7 +191,7 @@ class ElementwiseEngine(EngineBase):
     name = "elementwise"
     computes = COMPUTES
 
-    def __init__(self, memory_budget: int = TILE_BUDGET):
+    def __init__(self, memory_budget: int | None = None):
         self.memory_budget = memory_budget
 
     def accepts(self, plan: Plan, kind: ProblemKind) -> bool:

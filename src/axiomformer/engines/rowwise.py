@@ -32,7 +32,7 @@ from torch import Tensor
 
 from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
 from axiomformer.engines.base import Computes, EngineBase
-from axiomformer.engines.blocks import TILE_BUDGET, ScoreBlocks, transposed_grad_buffers
+from axiomformer.engines.blocks import ScoreBlocks, tile_budget, transposed_grad_buffers
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 from axiomformer.engines.rowkernels import StickBreaking, TopK, reads_options, row_kernel
@@ -84,6 +84,14 @@ class _Row:
         """The cap's slope is recomputed from t after the VJP (in t's block) rather than kept in a block of its
         own: the kernel leaves t intact."""
         return bool(self.cap) and self.kernel.keeps_logits
+
+    @property
+    def logit_range(self) -> tuple[float, float] | None:
+        """(lowest, highest) a visible logit can be: [-c, c] under a cap c (computed as c tanh), [0, 2c] (as 2c
+        sigmoid); None without a cap."""
+        if not self.cap:
+            return None
+        return (0.0, 2.0 * self.cap) if self.sigmoid_cap else (-self.cap, self.cap)
 
     def exact(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, offset: int) -> Tensor:
         """:func:`exact_rowwise` of this row."""
@@ -311,10 +319,10 @@ def _rowwise_backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
     return grad_q, grad_k, grad_v, None, None, None, None
 
 
-def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int, budget: int = TILE_BUDGET) -> Tensor:
+def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int, budget: int | None = None) -> Tensor:
     """Output (batch, heads, q_len, head_dim_v) of a problem :class:`RowwiseEngine` accepts: in chunks of ``chunk``
     queries, or for a kernel with the trait ``online`` (softmax) in tiles of at most ``budget`` score elements
-    (``engines/rowtiles.py``)."""
+    (``engines/rowtiles.py``; None: :func:`~axiomformer.engines.blocks.tile_budget`)."""
     scale = problem.scale
     q = problem.q * (scale.to(problem.q.dtype) if isinstance(scale, Tensor) else scale)
     batch, heads = max(q.shape[0], problem.k.shape[0]), max(q.shape[1], problem.k.shape[1])
@@ -324,7 +332,7 @@ def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int, budget:
     )
     row = _Row(plan)
     if row.kernel.online:
-        out = TiledSoftmaxAttention.apply(q3, k3, v3, row, problem.causal, problem.q_offset, budget)
+        out = TiledSoftmaxAttention.apply(q3, k3, v3, row, problem.causal, problem.q_offset, budget or tile_budget())
     else:
         out = RowwiseAttention.apply(q3, k3, v3, row, problem.causal, problem.q_offset, chunk)
     return out.view(batch, heads, *out.shape[1:])
@@ -364,4 +372,4 @@ class RowwiseEngine(EngineBase):
         # One budget per block: the backward holds about six blocks (logits, weights, dL/du, the cap's slope and the
         # VJP's temporaries), so two (as sparse.py) peaked at 3.6x SDPA's memory at L = 4096 **(our choice)**.
         chunk = closed_form_chunk(problem, self.memory_budget, blocks=1)
-        return rowwise_attention(plan, problem, chunk, min(self.memory_budget, TILE_BUDGET)), None
+        return rowwise_attention(plan, problem, chunk, min(self.memory_budget, tile_budget())), None
