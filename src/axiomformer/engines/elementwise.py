@@ -32,7 +32,7 @@ from torch import Tensor
 from axiomformer.axes.registry import Choice
 from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
 from axiomformer.engines.base import Computes, EngineBase
-from axiomformer.engines.blocks import Hidden, ScoreBlocks, tile_budget, tile_keys, tile_shape
+from axiomformer.engines.blocks import Hidden, ScoreBlocks, TileGrads, tile_budget, tile_keys, tile_shape
 from axiomformer.engines.plan import Plan, ProblemKind, plain_dot
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 
@@ -141,13 +141,14 @@ class ElementwiseAttention(RecomputingFunction):
 def _elementwise_backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
     """:class:`ElementwiseAttention`'s first-order backward: tile by tile, keys outside (module docstring)."""
     choice, (q, k, v) = ctx.choice, ctx.saved_tensors
-    grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     size, width = tile_shape(q.shape[0], q.shape[-2], ctx.budget)
     chunks = _chunks(q.shape[-2], size, ctx.offset, ctx.causal, k.shape[-2], q)
+    grads = TileGrads(q, k, v, [c.rows for c in chunks])
     blocks = ScoreBlocks(q, size, width)
-    # keys outside, queries inside: a tile's dK and dV rows stay in cache while every chunk adds to them
+    # keys outside, queries inside: a tile's dK and dV stay in cache while every chunk adds to them
     for start in range(0, max((c.end for c in chunks), default=0), width):
-        for c in chunks:
+        grad_k, grad_v = grads.key_tile(start, width)
+        for c, grad_q in zip(chunks, grads.q):
             if c.end <= start:
                 continue
             keys, hidden = c.tile(start, width)
@@ -155,12 +156,12 @@ def _elementwise_backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ..
             q_c, k_t, v_t, g = q[:, c.rows], k[:, keys], v[:, keys], grad_out[:, c.rows]
             s = torch.bmm(q_c, k_t.transpose(-2, -1), out=blocks.get(0, c.size, n_keys))
             w = c.weights(s if "closed_grad" in choice.traits else s.clone(), choice, hidden)  # autograd re-reads s
-            grad_v[:, keys].baddbmm_(w.transpose(-2, -1), g)
+            grad_v[:, :n_keys].baddbmm_(w.transpose(-2, -1), g)
             grad_u = torch.bmm(g, v_t.transpose(-2, -1), out=blocks.get(1, c.size, n_keys))
             grad_s = c.grad(s, w, choice, grad_u, hidden)
-            grad_q[:, c.rows].baddbmm_(grad_s, k_t)
-            grad_k[:, keys].baddbmm_(grad_s.transpose(-2, -1), q_c)
-    return grad_q, grad_k, grad_v, *(None,) * 4
+            grad_q.baddbmm_(grad_s, k_t)
+            grad_k[:, :n_keys].baddbmm_(grad_s.transpose(-2, -1), q_c)
+    return *grads.result(), *(None,) * 4
 
 
 def elementwise_attention(plan: Plan, problem: AttentionProblem, budget: int | None = None) -> Tensor:

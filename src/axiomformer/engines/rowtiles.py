@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
-from axiomformer.engines.blocks import Hidden, ScoreBlocks, tile_keys, tile_shape
+from axiomformer.engines.blocks import Hidden, ScoreBlocks, TileGrads, tile_keys, tile_shape
 from axiomformer.engines.problem import query_chunks
 
 
@@ -122,13 +122,14 @@ class TiledSoftmaxAttention(RecomputingFunction):
 def _backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
     """:class:`TiledSoftmaxAttention`'s first-order backward: keys outside, chunks of queries inside."""
     row, (q, k, v, out, lse) = ctx.row, ctx.saved_tensors
-    grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     delta = (grad_out * out).sum(-1, keepdim=True)
     size, width = tile_shape(q.shape[0], q.shape[-2], ctx.budget)
     chunks = list(query_chunks(q.shape[-2], size, ctx.offset, ctx.causal, k.shape[-2], q.device))
+    grads = TileGrads(q, k, v, [rows for rows, _, _ in chunks])
     blocks = ScoreBlocks(q, size, width)
     for start in range(0, max((end for _, end, _ in chunks), default=0), width):
-        for rows, end, diagonal in chunks:
+        grad_k, grad_v = grads.key_tile(start, width)
+        for (rows, end, diagonal), grad_q in zip(chunks, grads.q):
             if end <= start:
                 continue
             keys, hidden = tile_keys(diagonal, start, width, end)
@@ -136,11 +137,11 @@ def _backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
             q_c, k_t, v_t, d_out = q[:, rows], k[:, keys], v[:, keys], grad_out[:, rows]
             slope = blocks.get(2, n, n_keys) if row.cap else None
             u = row.logits(q_c, k_t, hidden, blocks.get(0, n, n_keys), slope).sub_(lse[:, rows]).exp_()
-            grad_v[:, keys].baddbmm_(u.transpose(-2, -1), d_out)
+            grad_v[:, :n_keys].baddbmm_(u.transpose(-2, -1), d_out)
             g = torch.bmm(d_out, v_t.transpose(-2, -1), out=blocks.get(1, n, n_keys))
             dt = g.sub_(delta[:, rows]).mul_(u)  # softmax's VJP; 0 at hidden keys (u = 0 there, the slope finite)
             if slope is not None:
                 dt.mul_(slope)
-            grad_q[:, rows].baddbmm_(dt, k_t)
-            grad_k[:, keys].baddbmm_(dt.transpose(-2, -1), q_c)
-    return grad_q, grad_k, grad_v, *(None,) * 4
+            grad_q.baddbmm_(dt, k_t)
+            grad_k[:, :n_keys].baddbmm_(dt.transpose(-2, -1), q_c)
+    return *grads.result(), *(None,) * 4
