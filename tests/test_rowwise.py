@@ -258,16 +258,18 @@ def test_a_nan_before_the_band_reaches_the_output_as_on_the_reference(bands):
 
 
 # ---------------------------------------------------------------------------------------------- softmax in tiles
-def _tiled(engine: str, causal: bool, cap: float, offset_keys: int = 0) -> list[torch.Tensor]:
-    """Output and input gradients (float64) of softmax with ``cap`` on ``engine``; ``offset_keys`` more keys than
-    queries (a KV-cache decode: the queries are the last ones)."""
+def _tiled(
+    engine: str, causal: bool, cap: float, offset_keys: int = 0, normalizer: str = "softmax"
+) -> list[torch.Tensor]:
+    """Output and input gradients (float64) of ``normalizer`` with ``cap`` on ``engine``; ``offset_keys`` more keys
+    than queries (a KV-cache decode: the queries are the last ones)."""
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, HEADS, 24, HEAD_DIM, dtype=torch.float64, generator=g).requires_grad_()
     k, v = (
         torch.randn(2, HEADS, 24 + offset_keys, HEAD_DIM, dtype=torch.float64, generator=g).requires_grad_()
         for _ in range(2)
     )
-    spec = AttentionSpec.standard(HEADS * HEAD_DIM, HEADS, causal=causal).relax(softcap=cap)
+    spec = AttentionSpec.standard(HEADS * HEAD_DIM, HEADS, causal=causal).relax(softcap=cap, normalizer=normalizer)
     out = attend(q, k, v, spec=spec, engine=engine).out
     out.backward(torch.randn(out.shape, dtype=torch.float64, generator=g))
     return [out.detach(), q.grad, k.grad, v.grad]
@@ -281,22 +283,27 @@ def small_tiles(monkeypatch):
     monkeypatch.setitem(ENGINES, "rowwise", rowwise.RowwiseEngine(memory_budget=2 * HEADS * 5))
 
 
+@pytest.mark.parametrize("normalizer", ["softmax", "softpick"])
 @pytest.mark.parametrize("causal, offset_keys", [(False, 0), (True, 0), (True, 7)])
 @pytest.mark.parametrize("cap", [0.0, 2.5, 100.0])
-def test_softmax_in_tiles_of_keys_equals_the_reference_forward_and_backward(small_tiles, causal, offset_keys, cap):
+def test_rows_in_tiles_of_keys_equal_the_reference_forward_and_backward(
+    small_tiles, causal, offset_keys, cap, normalizer
+):
     from axiomformer.engines.blocks import tile_shape
 
     assert tile_shape(2 * HEADS, 24, 2 * HEADS * 5) == (1, 5)
-    got, want = _tiled("rowwise", causal, cap, offset_keys), _tiled("reference", causal, cap, offset_keys)
+    args = (causal, cap, offset_keys, normalizer)
+    got, want = _tiled("rowwise", *args), _tiled("reference", *args)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
-def test_a_planted_wrong_rescaling_of_the_online_softmax_is_caught(small_tiles, monkeypatch):
+@pytest.mark.parametrize("normalizer", ["softmax", "softpick"])
+def test_a_planted_wrong_rescaling_of_the_online_rows_is_caught(small_tiles, monkeypatch, normalizer):
     from axiomformer.engines import rowtiles
 
     monkeypatch.setattr(rowtiles, "rescale", lambda m, m_new: torch.ones_like(m))  # the old maximum kept
-    got, want = _tiled("rowwise", True, 0.0), _tiled("reference", True, 0.0)  # no cap: the running maximum
+    got, want = _tiled("rowwise", True, 0.0, 0, normalizer), _tiled("reference", True, 0.0, 0, normalizer)
     assert (got[0] - want[0]).abs().max() > 1e-3  # the output, and through the saved lse every gradient
     assert all((a - b).abs().max() > 1e-6 for a, b in zip(got[1:], want[1:]))
 

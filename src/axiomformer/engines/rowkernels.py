@@ -22,9 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from axiomformer.axes.normalizer import SOFTPICK_EPS, SOFTPICK_EXPM1_BELOW, SOFTPICK_SHIFTED_EPS
 from axiomformer.axes.registry import Choice
-from axiomformer.engines.problem import fill_hidden_
 
 Diagonal = tuple[int, Tensor] | None
 """A causal chunk's (first, hidden) pair, None when no key of the block is hidden."""
@@ -49,12 +47,15 @@ class RowKernel:
     ``online``: u = softmax(t) of the whole row, so the engine may compute it tile by tile of keys with a running
     maximum and sum and keep only the row's log-sum-exp (``engines/rowtiles.py``); ``weights`` and ``vjp`` are then
     not called.
+    ``two_pass``: softpick, whose terms need the row's largest logit first: tiles in two passes forward
+    (``engines/rowtiles.py``); ``weights`` and ``vjp`` are then not called.
     """
 
     shift_invariant = False
     selects = False
     keeps_logits = False
     online = False
+    two_pass = False
     reads_options = True
 
     def __init__(self, choice: Choice, options: dict) -> None:
@@ -84,14 +85,12 @@ class Generic(RowKernel):
 
 
 class Softmax(RowKernel):
-    """u = softmax(t); dL/dt = u (g - delta)."""
+    """u = softmax(t), computed in tiles with the online softmax (``engines/rowtiles.py``, the trait ``online``);
+    dL/dt = u (g - delta), the VJP :class:`TopK` shares."""
 
     shift_invariant = True
     keeps_logits = True
     online = True
-
-    def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
-        return torch.softmax(t, dim=-1), None  # one fused pass; a manual in-place softmax took 1.5x longer
 
     def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
         return g.sub_(delta).mul_(u)
@@ -119,43 +118,12 @@ class TopK(Softmax):
 
 class Softpick(RowKernel):
     """u_j = relu(a_j) / D, a_j = e^(t_j - m) - e^-m, D = sum_l |a_l| + eps e^-m, m = max(0, max_j t_j), with a as the
-    registry computes it (``softpick_terms``: e^-m expm1(t) in a row whose largest logit is below 1).
-
-    dL/dt_k = e^(t_k - m) ([a_k > 0] g_k - sign(a_k) delta) / D. ``weights`` leaves e^(t - m) in t (0 at a blocked
-    key, which therefore gets no gradient) and returns (D, e^-m, sign(a) or None) as its state. sign(a) is kept from a
-    in a block with small logits; elsewhere it is sign(e^(t - m) - e^-m), which is 0 for |t| below about 6e-8 in
-    float32 where a's own sign is +-1 (the kink of |e^t - 1| at 0), in a row whose D >= 0.63.
+    registry computes it (``softpick_terms``: e^-m expm1(t) in a row whose largest logit is below 1);
+    dL/dt_k = e^(t_k - m) ([a_k > 0] g_k - sign(a_k) delta) / D. Computed in tiles, two passes forward
+    (``engines/rowtiles.py``): the trait ``two_pass``.
     """
 
-    def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
-        m = t.amax(dim=-1, keepdim=True).clamp_min_(0.0)
-        floor = m.neg().exp_()
-        small = m < SOFTPICK_EXPM1_BELOW
-        exact = torch.expm1(t.clamp_max(SOFTPICK_EXPM1_BELOW)).mul_(floor) if bool(small.any()) else None
-        e = t.sub_(m).exp_()
-        a = torch.sub(e, floor, out=spare(0))
-        sign = None
-        if exact is not None:  # rare past the first keys of a causal row: the rows with small logits, as the registry
-            a.copy_(torch.where(small, exact, a))
-        fill_hidden_(a, diagonal, 0.0)
-        if exact is not None:  # D may be small there, and a's own sign is needed down to |t| of 1e-45
-            sign = torch.sign(a, out=spare(1))
-        signed_sum = a.sum(dim=-1, keepdim=True)
-        u = a.relu_()
-        # sum |a| = 2 sum relu(a) - sum a: two reductions instead of an |a| block
-        denom = u.sum(dim=-1, keepdim=True).mul_(2).sub_(signed_sum)
-        if self.options.get("shifted_eps", False):  # the authors' epsilon, after the shift (softpick_eps)
-            denom.add_(SOFTPICK_SHIFTED_EPS)
-        else:
-            denom.add_(floor, alpha=SOFTPICK_EPS)
-        return u.div_(denom), (denom, floor, sign)
-
-    def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
-        denom, floor, sign = state
-        if sign is None:  # sign(a); a blocked key has e = 0 and no gradient
-            sign = torch.sub(t, floor, out=spare(1)).sign_()
-        g.mul_(u.sign_())  # [a > 0] g (u >= 0)
-        return g.addcmul_(sign, delta, value=-1.0).mul_(t).div_(denom)
+    two_pass = True
 
 
 class StickBreaking(RowKernel):

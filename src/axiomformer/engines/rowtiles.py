@@ -1,6 +1,6 @@
-"""Softmax rows in tiles of queries x keys: the rowwise engine's kernels with the trait ``online`` (softmax, with or
-without ``softcap``), as flash-attention computes them (Dao et al. 2022, Algorithm 1 forward, Algorithm 2 backward),
-in PyTorch ops.
+"""Rows in tiles of queries x keys: the rowwise engine's kernels with the trait ``online`` (softmax, with or without
+``softcap``) as flash-attention computes them (Dao et al. 2022, Algorithm 1 forward, Algorithm 2 backward), in
+PyTorch ops, and softpick (trait ``two_pass``) the same way with its own terms.
 
 For a chunk of queries the forward walks the keys tile by tile, keeping per row the running maximum m, the running
 sum l of exp(t - m) and the output accumulator, rescaled by exp(m_old - m_new) when the maximum grows:
@@ -8,6 +8,10 @@ sum l of exp(t - m) and the output accumulator, rescaled by exp(m_old - m_new) w
     t = c tanh(q k^T / c) (or q k^T)      the tile's logits (``_Row.logits``), hidden keys -inf
     m' = max(m, max_j t_j),  l' = l e^(m - m') + sum_j e^(t_j - m'),  acc' = acc e^(m - m') + e^(t - m') V
     y = acc / l,  lse = m + log l         (kept for the backward, with q, k, v and y)
+
+Softpick (Zuhri et al. 2025) rescales the same way: its terms a_j = e^-m (e^(t_j) - 1) at the running
+m = max(0, max_j t_j), their sum of |a| and the output all scale by e^(m - m') when m grows; the backward recomputes a
+from the row's final m and D = sum |a| + eps (:func:`softpick_vjp`).
 
 Under a cap the logits are bounded, and where their range allows (:data:`FIXED_SHIFT_SPAN`) m is the highest logit
 the cap allows, fixed: softmax is shift invariant, and no rescaling is needed.
@@ -32,9 +36,10 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from axiomformer.axes.normalizer import SOFTPICK_EXPM1_BELOW, softpick_eps
 from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
 from axiomformer.engines.blocks import Hidden, ScoreBlocks, TileGrads, tile_keys, tile_shape
-from axiomformer.engines.problem import query_chunks
+from axiomformer.engines.problem import fill_hidden_, query_chunks
 
 
 class RowLogits(Protocol):
@@ -42,6 +47,7 @@ class RowLogits(Protocol):
 
     cap: float
     logit_range: tuple[float, float] | None
+    options: dict
 
     def logits(self, q_c: Tensor, k_c: Tensor, diagonal: Hidden, out: Tensor, slope: Tensor | None = None) -> Tensor:
         """The capped logits of q_c against k_c in ``out``, hidden keys -inf; with ``slope``, dt/dz there."""
@@ -140,6 +146,106 @@ def _backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
             grad_v[:, :n_keys].baddbmm_(u.transpose(-2, -1), d_out)
             g = torch.bmm(d_out, v_t.transpose(-2, -1), out=blocks.get(1, n, n_keys))
             dt = g.sub_(delta[:, rows]).mul_(u)  # softmax's VJP; 0 at hidden keys (u = 0 there, the slope finite)
+            if slope is not None:
+                dt.mul_(slope)
+            grad_q.baddbmm_(dt, k_t)
+            grad_k[:, :n_keys].baddbmm_(dt.transpose(-2, -1), q_c)
+    return *grads.result(), *(None,) * 4
+
+
+# ---------------------------------------------------------------------------------------------- softpick in tiles
+def _softpick_terms(t: Tensor, m: Tensor, a_block: Tensor, hidden: Hidden) -> tuple[Tensor, Tensor]:
+    """(e, a) of a tile: e = e^(t - m) in t's block, a = e - e^-m in ``a_block`` (e^-m expm1(t) in the rows whose
+    largest logit m is below ``SOFTPICK_EXPM1_BELOW``, as ``axes.normalizer.softpick_terms``), a = 0 at hidden keys."""
+    floor = m.neg().exp_()
+    small = m < SOFTPICK_EXPM1_BELOW
+    exact = torch.expm1(t.clamp_max(SOFTPICK_EXPM1_BELOW)).mul_(floor) if bool(small.any()) else None
+    e = t.sub_(m).exp_()
+    a = torch.sub(e, floor, out=a_block)
+    if exact is not None:
+        a.copy_(torch.where(small, exact, a))
+    return e, fill_hidden_(a, hidden, 0.0)
+
+
+def softpick_vjp(g: Tensor, u: Tensor, sign: Tensor, delta: Tensor, e: Tensor, denom: Tensor) -> Tensor:
+    """dL/dt = e ([a > 0] g - sign(a) delta) / D of a tile, in g (u, >= 0, is overwritten by [a > 0])."""
+    return g.mul_(u.sign_()).addcmul_(sign, delta, value=-1.0).mul_(e).div_(denom)
+
+
+def _softpick_forward(
+    row: RowLogits, blocks: ScoreBlocks, q_c: Tensor, k: Tensor, v: Tensor, tiles: list, shifted_eps: bool
+) -> Tensor:
+    """(output, m, D) of one chunk of queries over its tiles, online: a and the sums taken at the running
+    m = max(0, max_j t_j) are rescaled by e^(m - m') when it grows (a_j = e^-m (e^(t_j) - 1) scales exactly so)."""
+    n = q_c.shape[-2]
+    m = q_c.new_zeros(q_c.shape[0], n, 1)  # max(0, ...): the clamp is the start
+    acc = q_c.new_zeros(q_c.shape[0], n, v.shape[-1])
+    total = q_c.new_zeros(q_c.shape[0], n, 1)
+    for keys, hidden in tiles:
+        width = keys.stop - keys.start
+        t = row.logits(q_c, k[:, keys], hidden, blocks.get(0, n, width))
+        m_new = torch.maximum(m, t.amax(-1, keepdim=True))
+        factor = rescale(m, m_new)
+        _, a = _softpick_terms(t, m_new, blocks.get(1, n, width), hidden)
+        signed = a.sum(-1, keepdim=True)
+        u = a.relu_()
+        # sum |a| = 2 sum relu(a) - sum a: two reductions instead of an |a| block
+        total.mul_(factor).add_(u.sum(-1, keepdim=True).mul_(2).sub_(signed))
+        acc.mul_(factor).baddbmm_(u, v[:, keys])
+        m = m_new
+    denom = total.add_(softpick_eps(m.neg().exp_(), shifted_eps))
+    return torch.cat([acc.div_(denom), m, denom], -1)
+
+
+class TiledSoftpickAttention(RecomputingFunction):
+    """y = softpick(t(q k^T)) v in tiles of queries x keys (kernel trait ``two_pass``): online forward as the softmax
+    (:func:`_softpick_forward`), the backward from the row's final m and D (Zuhri et al. 2025, eq. 2; the VJP of
+    ``engines/rowkernels.Softpick``). Inputs as :class:`TiledSoftmaxAttention`."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, row: RowLogits, causal: bool, offset: int, budget: int
+    ) -> Tensor:
+        size, width = tile_shape(q.shape[0], q.shape[-2], budget)
+        out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+        state = q.new_empty(q.shape[:-1] + (2,))  # m and D per row
+        blocks = ScoreBlocks(q, size, width)
+        shifted = bool(row.options.get("shifted_eps", False))
+        for rows, end, diagonal in query_chunks(q.shape[-2], size, offset, causal, k.shape[-2], q.device):
+            tiles = [tile_keys(diagonal, start, width, end) for start in range(0, end, width)]
+            found = _softpick_forward(row, blocks, q[:, rows], k, v, tiles, shifted)
+            out[:, rows], state[:, rows] = found[..., :-2], found[..., -2:]
+        ctx.row, ctx.causal, ctx.offset, ctx.budget = row, causal, offset, budget
+        exact = partial(row.exact, causal=causal, offset=offset)
+        keep_for_backward(ctx, (q, k, v, out, state), exact, _softpick_backward)
+        return out
+
+
+def _softpick_backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+    """:class:`TiledSoftpickAttention`'s first-order backward: dL/dt_k = e_k ([a_k > 0] g_k - sign(a_k) delta) / D."""
+    row, (q, k, v, out, state) = ctx.row, ctx.saved_tensors
+    delta = (grad_out * out).sum(-1, keepdim=True)
+    size, width = tile_shape(q.shape[0], q.shape[-2], ctx.budget)
+    chunks = list(query_chunks(q.shape[-2], size, ctx.offset, ctx.causal, k.shape[-2], q.device))
+    grads = TileGrads(q, k, v, [rows for rows, _, _ in chunks])
+    blocks = ScoreBlocks(q, size, width)
+    for start in range(0, max((end for _, end, _ in chunks), default=0), width):
+        grad_k, grad_v = grads.key_tile(start, width)
+        for (rows, end, diagonal), grad_q in zip(chunks, grads.q):
+            if end <= start:
+                continue
+            keys, hidden = tile_keys(diagonal, start, width, end)
+            n, n_keys = rows.stop - rows.start, keys.stop - keys.start
+            q_c, k_t, v_t, d_out = q[:, rows], k[:, keys], v[:, keys], grad_out[:, rows]
+            m, denom = state[:, rows, :1], state[:, rows, 1:]
+            slope = blocks.get(2, n, n_keys) if row.cap else None
+            t = row.logits(q_c, k_t, hidden, blocks.get(0, n, n_keys), slope)
+            e, a = _softpick_terms(t, m, blocks.get(3, n, n_keys), hidden)
+            sign = torch.sign(a, out=blocks.get(4, n, n_keys))
+            u = a.relu_().div_(denom)
+            grad_v[:, :n_keys].baddbmm_(u.transpose(-2, -1), d_out)
+            g = torch.bmm(d_out, v_t.transpose(-2, -1), out=blocks.get(1, n, n_keys))
+            dt = softpick_vjp(g, u, sign, delta[:, rows], e, denom)
             if slope is not None:
                 dt.mul_(slope)
             grad_q.baddbmm_(dt, k_t)

@@ -10,7 +10,9 @@ function of its row of logits alone:
     u_i = kernel(t_i)                     (the normalizer's row kernel, ``engines/rowkernels.py``)
     y_i = u_i V
 
-The forward keeps q, k, v and y, never the weights. The backward recomputes one chunk of weights at a time
+Softmax (with or without the cap) and softpick run in tiles of queries x keys with a running maximum
+(``engines/rowtiles.py``, kernel traits ``online`` and ``two_pass``); the other kernels as follows. The forward keeps
+q, k, v and y, never the weights. The backward recomputes one chunk of weights at a time
 (flash-attention's recomputation strategy, Dao et al. 2022, sec. 3.1, without the fused kernel) and applies the
 kernel's closed-form vector-Jacobian product with g = dO V^T and delta_i = sum_j u_ij g_ij = dO_i . y_i, then the
 cap's dt/dz = 1 - (t / c)^2: dQ = dz K, dK += dz^T Q, dV += u^T dO. That is 2 matrix products forward and 5 backward,
@@ -36,7 +38,7 @@ from axiomformer.engines.blocks import ScoreBlocks, tile_budget, transposed_grad
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 from axiomformer.engines.rowkernels import StickBreaking, TopK, reads_options, row_kernel
-from axiomformer.engines.rowtiles import TiledSoftmaxAttention
+from axiomformer.engines.rowtiles import TiledSoftmaxAttention, TiledSoftpickAttention
 
 SIGMOID_CAP_MAX = 64.0
 """Largest cap computed as 2c sigmoid(2z / c) (- c) rather than c tanh(z / c). The two are equal, and sigmoid took
@@ -331,8 +333,9 @@ def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int, budget:
         for t in (q, problem.k, problem.v)
     )
     row = _Row(plan)
-    if row.kernel.online:
-        out = TiledSoftmaxAttention.apply(q3, k3, v3, row, problem.causal, problem.q_offset, budget or tile_budget())
+    if row.kernel.online or row.kernel.two_pass:
+        tiled = TiledSoftmaxAttention if row.kernel.online else TiledSoftpickAttention
+        out = tiled.apply(q3, k3, v3, row, problem.causal, problem.q_offset, budget or tile_budget())
     else:
         out = RowwiseAttention.apply(q3, k3, v3, row, problem.causal, problem.q_offset, chunk)
     return out.view(batch, heads, *out.shape[1:])
