@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from axiomformer.axes.registry import Choice
+from axiomformer.engines.rowtiles import TiledSoftmaxAttention, TiledSoftpickAttention
 
 Diagonal = tuple[int, Tensor] | None
 """A causal chunk's (first, hidden) pair, None when no key of the block is hidden."""
@@ -44,18 +45,15 @@ class RowKernel:
     ``keeps_logits``: t is as the engine gave it once ``vjp`` has returned (the engine may then reuse it).
     ``reads_options``: computes a ``configured`` choice at any options, not only at its defaults (the engine
     declines the others: :func:`reads_options`).
-    ``online``: u = softmax(t) of the whole row, so the engine may compute it tile by tile of keys with a running
-    maximum and sum and keep only the row's log-sum-exp (``engines/rowtiles.py``); ``weights`` and ``vjp`` are then
-    not called.
-    ``two_pass``: softpick, whose terms need the row's largest logit first: tiles in two passes forward
-    (``engines/rowtiles.py``); ``weights`` and ``vjp`` are then not called.
+    ``tiled``: the Function that computes the kernel in tiles of keys with a running maximum, keeping a few numbers
+    per row (``engines/rowtiles.py``), or None; with one, the engine runs it and ``weights`` and ``vjp`` are not
+    called.
     """
 
     shift_invariant = False
     selects = False
     keeps_logits = False
-    online = False
-    two_pass = False
+    tiled: type[torch.autograd.Function] | None = None
     reads_options = True
 
     def __init__(self, choice: Choice, options: dict) -> None:
@@ -85,12 +83,12 @@ class Generic(RowKernel):
 
 
 class Softmax(RowKernel):
-    """u = softmax(t), computed in tiles with the online softmax (``engines/rowtiles.py``, the trait ``online``);
+    """u = softmax(t), computed in tiles with the online softmax (``engines/rowtiles.py``);
     dL/dt = u (g - delta), the VJP :class:`TopK` shares."""
 
     shift_invariant = True
     keeps_logits = True
-    online = True
+    tiled: type[torch.autograd.Function] | None = TiledSoftmaxAttention
 
     def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
         return g.sub_(delta).mul_(u)
@@ -101,7 +99,7 @@ class TopK(Softmax):
     elsewhere; the VJP is softmax's (u = 0 off the kept keys)."""
 
     selects = True
-    online = False  # the k-th largest logit needs the whole row
+    tiled = None  # the k-th largest logit needs the whole row
 
     def weights(self, t: Tensor, diagonal: Diagonal, spare: Spare) -> tuple[Tensor, Any]:
         top = t.topk(min(int(self.options.get("k", 1)), t.shape[-1]), dim=-1).values
@@ -120,10 +118,10 @@ class Softpick(RowKernel):
     """u_j = relu(a_j) / D, a_j = e^(t_j - m) - e^-m, D = sum_l |a_l| + eps e^-m, m = max(0, max_j t_j), with a as the
     registry computes it (``softpick_terms``: e^-m expm1(t) in a row whose largest logit is below 1);
     dL/dt_k = e^(t_k - m) ([a_k > 0] g_k - sign(a_k) delta) / D. Computed in tiles, two passes forward
-    (``engines/rowtiles.py``): the trait ``two_pass``.
+    (``engines/rowtiles.py``).
     """
 
-    two_pass = True
+    tiled = TiledSoftpickAttention
 
 
 class StickBreaking(RowKernel):

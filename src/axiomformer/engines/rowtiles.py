@@ -1,6 +1,6 @@
-"""Rows in tiles of queries x keys: the rowwise engine's kernels with the trait ``online`` (softmax, with or without
-``softcap``) as flash-attention computes them (Dao et al. 2022, Algorithm 1 forward, Algorithm 2 backward), in
-PyTorch ops, and softpick (trait ``two_pass``) the same way with its own terms.
+"""Rows in tiles of queries x keys, the tiled forms the rowwise engine's kernels name (``RowKernel.tiled``): softmax
+(with or without ``softcap``) as flash-attention computes it (Dao et al. 2022, Algorithm 1 forward, Algorithm 2
+backward), in PyTorch ops, and softpick the same way with its own terms.
 
 For a chunk of queries the forward walks the keys tile by tile, keeping per row the running maximum m, the running
 sum l of exp(t - m) and the output accumulator, rescaled by exp(m_old - m_new) when the maximum grows:
@@ -198,7 +198,7 @@ def _softpick_forward(
 
 
 class TiledSoftpickAttention(RecomputingFunction):
-    """y = softpick(t(q k^T)) v in tiles of queries x keys (kernel trait ``two_pass``): online forward as the softmax
+    """y = softpick(t(q k^T)) v in tiles of queries x keys (``Softpick.tiled``): online forward as the softmax
     (:func:`_softpick_forward`), the backward from the row's final m and D (Zuhri et al. 2025, eq. 2; the VJP of
     ``engines/rowkernels.Softpick``). Inputs as :class:`TiledSoftmaxAttention`."""
 

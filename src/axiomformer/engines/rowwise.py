@@ -11,7 +11,7 @@ function of its row of logits alone:
     y_i = u_i V
 
 Softmax (with or without the cap) and softpick run in tiles of queries x keys with a running maximum
-(``engines/rowtiles.py``, kernel traits ``online`` and ``two_pass``); the other kernels as follows. The forward keeps
+(``engines/rowtiles.py``, the kernels' ``tiled``); the other kernels as follows. The forward keeps
 q, k, v and y, never the weights. The backward recomputes one chunk of weights at a time
 (flash-attention's recomputation strategy, Dao et al. 2022, sec. 3.1, without the fused kernel) and applies the
 kernel's closed-form vector-Jacobian product with g = dO V^T and delta_i = sum_j u_ij g_ij = dO_i . y_i, then the
@@ -38,7 +38,6 @@ from axiomformer.engines.blocks import ScoreBlocks, tile_budget, transposed_grad
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 from axiomformer.engines.rowkernels import StickBreaking, TopK, reads_options, row_kernel
-from axiomformer.engines.rowtiles import TiledSoftmaxAttention, TiledSoftpickAttention
 
 SIGMOID_CAP_MAX = 64.0
 """Largest cap computed as 2c sigmoid(2z / c) (- c) rather than c tanh(z / c). The two are equal, and sigmoid took
@@ -323,7 +322,7 @@ def _rowwise_backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
 
 def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int, budget: int | None = None) -> Tensor:
     """Output (batch, heads, q_len, head_dim_v) of a problem :class:`RowwiseEngine` accepts: in chunks of ``chunk``
-    queries, or for a kernel with the trait ``online`` (softmax) in tiles of at most ``budget`` score elements
+    queries, or for a kernel with a ``tiled`` form (softmax, softpick) in tiles of at most ``budget`` score elements
     (``engines/rowtiles.py``; None: :func:`~axiomformer.engines.blocks.tile_budget`)."""
     scale = problem.scale
     q = problem.q * (scale.to(problem.q.dtype) if isinstance(scale, Tensor) else scale)
@@ -333,9 +332,8 @@ def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int, budget:
         for t in (q, problem.k, problem.v)
     )
     row = _Row(plan)
-    if row.kernel.online or row.kernel.two_pass:
-        tiled = TiledSoftmaxAttention if row.kernel.online else TiledSoftpickAttention
-        out = tiled.apply(q3, k3, v3, row, problem.causal, problem.q_offset, budget or tile_budget())
+    if row.kernel.tiled is not None:
+        out = row.kernel.tiled.apply(q3, k3, v3, row, problem.causal, problem.q_offset, budget or tile_budget())
     else:
         out = RowwiseAttention.apply(q3, k3, v3, row, problem.causal, problem.q_offset, chunk)
     return out.view(batch, heads, *out.shape[1:])
