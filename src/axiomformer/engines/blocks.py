@@ -91,6 +91,15 @@ def tile_keys(diagonal: Hidden, start: int, width: int, end: int) -> tuple[slice
     return keys, (lo - start, hidden[:, lo - first : keys.stop - first])
 
 
+def add_product_(target: Tensor, a: Tensor, b: Tensor) -> None:
+    """target += a @ b (batched): one ``baddbmm_`` where target is contiguous, else a product and an add (a tile of
+    keys a chunk reads only in part: ``baddbmm_`` into a strided target runs one ``addmm_`` per batch entry)."""
+    if target.is_contiguous():
+        target.baddbmm_(a, b)
+    else:
+        target.add_(torch.bmm(a, b))
+
+
 class TileGrads:
     """The gradient buffers of a tiled backward that walks tiles of keys outside and chunks of queries inside
     (``engines/elementwise.py``, ``engines/rowtiles.py``): dQ one contiguous block per chunk, dK and dV one per tile of

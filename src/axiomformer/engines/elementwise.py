@@ -32,7 +32,7 @@ from torch import Tensor
 from axiomformer.axes.registry import Choice
 from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
 from axiomformer.engines.base import Computes, EngineBase
-from axiomformer.engines.blocks import Hidden, ScoreBlocks, TileGrads, tile_budget, tile_keys, tile_shape
+from axiomformer.engines.blocks import Hidden, ScoreBlocks, TileGrads, add_product_, tile_budget, tile_keys, tile_shape
 from axiomformer.engines.plan import Plan, ProblemKind, plain_dot
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 
@@ -156,11 +156,11 @@ def _elementwise_backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ..
             q_c, k_t, v_t, g = q[:, c.rows], k[:, keys], v[:, keys], grad_out[:, c.rows]
             s = torch.bmm(q_c, k_t.transpose(-2, -1), out=blocks.get(0, c.size, n_keys))
             w = c.weights(s if "closed_grad" in choice.traits else s.clone(), choice, hidden)  # autograd re-reads s
-            grad_v[:, :n_keys].baddbmm_(w.transpose(-2, -1), g)
+            add_product_(grad_v[:, :n_keys], w.transpose(-2, -1), g)
             grad_u = torch.bmm(g, v_t.transpose(-2, -1), out=blocks.get(1, c.size, n_keys))
             grad_s = c.grad(s, w, choice, grad_u, hidden)
             grad_q.baddbmm_(grad_s, k_t)
-            grad_k[:, :n_keys].baddbmm_(grad_s.transpose(-2, -1), q_c)
+            add_product_(grad_k[:, :n_keys], grad_s.transpose(-2, -1), q_c)
     return *grads.result(), *(None,) * 4
 
 

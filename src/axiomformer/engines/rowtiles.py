@@ -38,7 +38,7 @@ from torch import Tensor
 
 from axiomformer.axes.normalizer import SOFTPICK_EXPM1_BELOW, softpick_eps
 from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
-from axiomformer.engines.blocks import Hidden, ScoreBlocks, TileGrads, tile_keys, tile_shape
+from axiomformer.engines.blocks import Hidden, ScoreBlocks, TileGrads, add_product_, tile_keys, tile_shape
 from axiomformer.engines.problem import fill_hidden_, query_chunks
 
 
@@ -143,13 +143,13 @@ def _backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
             q_c, k_t, v_t, d_out = q[:, rows], k[:, keys], v[:, keys], grad_out[:, rows]
             slope = blocks.get(2, n, n_keys) if row.cap else None
             u = row.logits(q_c, k_t, hidden, blocks.get(0, n, n_keys), slope).sub_(lse[:, rows]).exp_()
-            grad_v[:, :n_keys].baddbmm_(u.transpose(-2, -1), d_out)
+            add_product_(grad_v[:, :n_keys], u.transpose(-2, -1), d_out)
             g = torch.bmm(d_out, v_t.transpose(-2, -1), out=blocks.get(1, n, n_keys))
             dt = g.sub_(delta[:, rows]).mul_(u)  # softmax's VJP; 0 at hidden keys (u = 0 there, the slope finite)
             if slope is not None:
                 dt.mul_(slope)
             grad_q.baddbmm_(dt, k_t)
-            grad_k[:, :n_keys].baddbmm_(dt.transpose(-2, -1), q_c)
+            add_product_(grad_k[:, :n_keys], dt.transpose(-2, -1), q_c)
     return *grads.result(), *(None,) * 4
 
 
@@ -243,11 +243,11 @@ def _softpick_backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
             e, a = _softpick_terms(t, m, blocks.get(3, n, n_keys), hidden)
             sign = torch.sign(a, out=blocks.get(4, n, n_keys))
             u = a.relu_().div_(denom)
-            grad_v[:, :n_keys].baddbmm_(u.transpose(-2, -1), d_out)
+            add_product_(grad_v[:, :n_keys], u.transpose(-2, -1), d_out)
             g = torch.bmm(d_out, v_t.transpose(-2, -1), out=blocks.get(1, n, n_keys))
             dt = softpick_vjp(g, u, sign, delta[:, rows], e, denom)
             if slope is not None:
                 dt.mul_(slope)
             grad_q.baddbmm_(dt, k_t)
-            grad_k[:, :n_keys].baddbmm_(dt.transpose(-2, -1), q_c)
+            add_product_(grad_k[:, :n_keys], dt.transpose(-2, -1), q_c)
     return *grads.result(), *(None,) * 4
