@@ -64,6 +64,7 @@ from torch import Tensor
 
 from axiomformer.engines.autograd import graph_grads
 from axiomformer.engines.base import Computes, EngineBase
+from axiomformer.engines.blocks import add_product_
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk, plain_dot
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 
@@ -409,7 +410,7 @@ class SparseAttention(torch.autograd.Function):
                 summed = scratch.get("summed", bh * rows, dv).zero_().index_add_(0, sup.row, gathered)
                 out[:, start:stop] = summed.view(bh, rows, dv)
             else:
-                out[:, start:stop].baddbmm_(p, v3[:, :end], beta=0.0)
+                out[:, start:stop] = torch.bmm(p, v3[:, :end])
         # The learned scale's gradient reads the output (see ``backward``).
         keep_out = isinstance(scale, Tensor) and ctx.needs_input_grad[3]
         ctx.save_for_backward(
@@ -487,7 +488,7 @@ class _BackwardSums:
             return
         if self.kind == "sparsemax":  # p = h
             if self.grad_v is not None:
-                self.grad_v[:, :end].baddbmm_(h.transpose(1, 2), do)
+                add_product_(self.grad_v[:, :end], h.transpose(1, 2), do)
             h.sign_()  # s = [p > 0]
         dz = None
         if self.block_g is not None:
@@ -497,7 +498,7 @@ class _BackwardSums:
             mean = grad.sum(-1, keepdim=True).div_(h.sum(-1, keepdim=True))
             dz = grad.addcmul_(h, mean, value=-1.0), mean  # dL/dz
         if self.kind == "entmax15" and self.grad_v is not None:  # p = g^2
-            self.grad_v[:, :end].baddbmm_(h.square_().transpose(1, 2), do)
+            add_product_(self.grad_v[:, :end], h.square_().transpose(1, 2), do)
         if dz is not None:
             self._add_dz(*dz, q_c, k_c, do, span, end)
 
@@ -533,9 +534,9 @@ class _BackwardSums:
 
     def _add_dz(self, grad: Tensor, mean: Tensor, q_c: Tensor, k_c: Tensor, do: Tensor, span: slice, end: int) -> None:
         if self.grad_k is not None:
-            self.grad_k[:, :end].baddbmm_(grad.transpose(1, 2), q_c)
+            add_product_(self.grad_k[:, :end], grad.transpose(1, 2), q_c)
         if self.grad_q is not None:
-            self.grad_q[:, span].baddbmm_(grad, k_c, beta=0.0).mul_(self.factor)  # dL/dq = dL/d(scale q) scale
+            self.grad_q[:, span] = torch.bmm(grad, k_c).mul_(self.factor)  # dL/dq = dL/d(scale q) scale
         if self.grad_factor is not None and self.out is not None:
             # dL/dscale = sum_ij dz_ij z_ij / scale. As sum_j dz_ij = 0, z_ij may be replaced by z_ij - tau_i = p_ij
             # (sparsemax) or 2 (y_ij - tau_i) = 2 g_ij (entmax15) on the support, and sum_j dz_ij p_ij (or g_ij)
