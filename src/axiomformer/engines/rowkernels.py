@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from axiomformer.axes.registry import Choice
-from axiomformer.engines.rowtiles import TiledSoftmaxAttention, TiledSoftpickAttention
+from axiomformer.engines.rowtiles import SoftmaxTiles, SoftpickTiles, TileForm
 
 Diagonal = tuple[int, Tensor] | None
 """A causal chunk's (first, hidden) pair, None when no key of the block is hidden."""
@@ -45,15 +45,15 @@ class RowKernel:
     ``keeps_logits``: t is as the engine gave it once ``vjp`` has returned (the engine may then reuse it).
     ``reads_options``: computes a ``configured`` choice at any options, not only at its defaults (the engine
     declines the others: :func:`reads_options`).
-    ``tiled``: the Function that computes the kernel in tiles of keys with a running maximum, keeping a few numbers
-    per row (``engines/rowtiles.py``), or None; with one, the engine runs it and ``weights`` and ``vjp`` are not
-    called.
+    ``tiled``: the :class:`~axiomformer.engines.rowtiles.TileForm` that computes the kernel in tiles of keys with a
+    running maximum, keeping a few numbers per row, or None; with one, the engine runs it and ``weights`` and ``vjp``
+    are not called.
     """
 
     shift_invariant = False
     selects = False
     keeps_logits = False
-    tiled: type[torch.autograd.Function] | None = None
+    tiled: TileForm | None = None
     reads_options = True
 
     def __init__(self, choice: Choice, options: dict) -> None:
@@ -88,7 +88,7 @@ class Softmax(RowKernel):
 
     shift_invariant = True
     keeps_logits = True
-    tiled: type[torch.autograd.Function] | None = TiledSoftmaxAttention
+    tiled: TileForm | None = SoftmaxTiles()
 
     def vjp(self, t: Tensor, u: Tensor, g: Tensor, delta: Tensor, state: Any, spare: Spare) -> Tensor:
         return g.sub_(delta).mul_(u)
@@ -117,11 +117,12 @@ class TopK(Softmax):
 class Softpick(RowKernel):
     """u_j = relu(a_j) / D, a_j = e^(t_j - m) - e^-m, D = sum_l |a_l| + eps e^-m, m = max(0, max_j t_j), with a as the
     registry computes it (``softpick_terms``: e^-m expm1(t) in a row whose largest logit is below 1);
-    dL/dt_k = e^(t_k - m) ([a_k > 0] g_k - sign(a_k) delta) / D. Computed in tiles, two passes forward
-    (``engines/rowtiles.py``).
+    dL/dt_k = e^(t_k - m) ([a_k > 0] g_k - sign(a_k) delta) / D. Computed in tiles (``engines/rowtiles.py``).
     """
 
-    tiled = TiledSoftpickAttention
+    def __init__(self, choice: Choice, options: dict) -> None:
+        super().__init__(choice, options)
+        self.tiled = SoftpickTiles(bool(options.get("shifted_eps", False)))
 
 
 class StickBreaking(RowKernel):

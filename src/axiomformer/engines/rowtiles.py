@@ -47,7 +47,7 @@ class RowLogits(Protocol):
 
     cap: float
     logit_range: tuple[float, float] | None
-    options: dict
+    kernel: Any  # its ``tiled``: the TileForm
 
     def logits(self, q_c: Tensor, k_c: Tensor, diagonal: Hidden, out: Tensor, slope: Tensor | None = None) -> Tensor:
         """The capped logits of q_c against k_c in ``out``, hidden keys -inf; with ``slope``, dt/dz there."""
@@ -77,33 +77,110 @@ def fixed_shift(row: RowLogits, dtype: torch.dtype) -> float | None:
     return bounds[1]
 
 
-def _chunk_forward(row: RowLogits, blocks: ScoreBlocks, q_c: Tensor, k: Tensor, v: Tensor, tiles: list) -> Tensor:
-    """(output, lse) of one chunk of queries over its ``tiles`` [(keys, hidden)], with the running max and sum
-    (or a fixed shift, :func:`fixed_shift`)."""
-    n = q_c.shape[-2]
-    acc = q_c.new_zeros(q_c.shape[0], n, v.shape[-1])
-    total = q_c.new_zeros(q_c.shape[0], n, 1)
-    shift = fixed_shift(row, q_c.dtype)
-    m = q_c.new_full((q_c.shape[0], n, 1), float("-inf") if shift is None else shift)
-    for keys, hidden in tiles:
-        t = row.logits(q_c, k[:, keys], hidden, blocks.get(0, n, keys.stop - keys.start))
-        if shift is not None:
-            p = t.sub_(shift).exp_()
-            total.add_(p.sum(-1, keepdim=True))
-            acc.baddbmm_(p, v[:, keys])
-            continue
-        # the first tile holds key 0, visible to every row (the engine declines rows without keys): m stays finite
-        m_new = torch.maximum(m, t.amax(-1, keepdim=True))
-        factor = rescale(m, m_new)
-        p = t.sub_(m_new).exp_()
-        total.mul_(factor).add_(p.sum(-1, keepdim=True))
-        acc.mul_(factor).baddbmm_(p, v[:, keys])
-        m = m_new
-    return torch.cat([acc.div_(total), m.add_(total.log_())], -1)
+class TileForm:
+    """How one normalizer runs in tiles: the forward of a chunk of queries over its tiles, which returns the output
+    and a few numbers per row (``state_width`` of them), and per tile of the backward the weights from those numbers
+    and the VJP."""
+
+    state_width = 1
+
+    def chunk_forward(
+        self, row: RowLogits, blocks: ScoreBlocks, q_c: Tensor, kv: tuple[Tensor, Tensor], tiles: list
+    ) -> Tensor:
+        """(output ‖ state) (batch*heads, rows, head_dim_v + state_width) of one chunk over ``tiles`` [(keys, hidden)]."""
+        raise NotImplementedError
+
+    def weights(self, t: Tensor, state: Tensor, blocks: ScoreBlocks, hidden: Hidden) -> tuple[Tensor, Any]:
+        """(u, what ``vjp`` reads) of a tile from its logits t (overwritten) and its rows' ``state``."""
+        raise NotImplementedError
+
+    def vjp(self, g: Tensor, u: Tensor, saved: Any, delta: Tensor, state: Tensor) -> Tensor:
+        """dL/dt of a tile from g = dL/du (overwritten), u (may be overwritten), delta = dO . y per row."""
+        raise NotImplementedError
 
 
-class TiledSoftmaxAttention(RecomputingFunction):
-    """y = softmax(t(q k^T)) v in tiles of queries x keys with the online softmax (module docstring).
+class SoftmaxTiles(TileForm):
+    """Softmax: the running maximum and sum forward (or a fixed shift, :func:`fixed_shift`), state lse per row; the
+    weights u = exp(t - lse), the VJP u (g - delta)."""
+
+    def chunk_forward(
+        self, row: RowLogits, blocks: ScoreBlocks, q_c: Tensor, kv: tuple[Tensor, Tensor], tiles: list
+    ) -> Tensor:
+        k, v = kv
+        n = q_c.shape[-2]
+        acc = q_c.new_zeros(q_c.shape[0], n, v.shape[-1])
+        total = q_c.new_zeros(q_c.shape[0], n, 1)
+        shift = fixed_shift(row, q_c.dtype)
+        m = q_c.new_full((q_c.shape[0], n, 1), float("-inf") if shift is None else shift)
+        for keys, hidden in tiles:
+            t = row.logits(q_c, k[:, keys], hidden, blocks.get(0, n, keys.stop - keys.start))
+            if shift is not None:
+                p = t.sub_(shift).exp_()
+                total.add_(p.sum(-1, keepdim=True))
+                acc.baddbmm_(p, v[:, keys])
+                continue
+            # the first tile holds key 0, visible to every row (the engine declines rows without keys): m stays finite
+            m_new = torch.maximum(m, t.amax(-1, keepdim=True))
+            factor = rescale(m, m_new)
+            p = t.sub_(m_new).exp_()
+            total.mul_(factor).add_(p.sum(-1, keepdim=True))
+            acc.mul_(factor).baddbmm_(p, v[:, keys])
+            m = m_new
+        return torch.cat([acc.div_(total), m.add_(total.log_())], -1)
+
+    def weights(self, t: Tensor, state: Tensor, blocks: ScoreBlocks, hidden: Hidden) -> tuple[Tensor, Any]:
+        return t.sub_(state).exp_(), None
+
+    def vjp(self, g: Tensor, u: Tensor, saved: Any, delta: Tensor, state: Tensor) -> Tensor:
+        return g.sub_(delta).mul_(u)  # 0 at hidden keys: u = 0 there
+
+
+class SoftpickTiles(TileForm):
+    """Softpick (Zuhri et al. 2025, eq. 2): online forward, its terms a_j = e^-m (e^(t_j) - 1) at the running
+    m = max(0, max_j t_j) rescaled by e^(m - m') as it grows; state (m, D = sum |a| + eps) per row; the VJP
+    :func:`softpick_vjp` (``engines/rowkernels.Softpick``'s formula)."""
+
+    state_width = 2
+
+    def __init__(self, shifted_eps: bool = False) -> None:
+        self.shifted_eps = shifted_eps
+
+    def chunk_forward(
+        self, row: RowLogits, blocks: ScoreBlocks, q_c: Tensor, kv: tuple[Tensor, Tensor], tiles: list
+    ) -> Tensor:
+        k, v = kv
+        n = q_c.shape[-2]
+        m = q_c.new_zeros(q_c.shape[0], n, 1)  # max(0, ...): the clamp is the start
+        acc = q_c.new_zeros(q_c.shape[0], n, v.shape[-1])
+        total = q_c.new_zeros(q_c.shape[0], n, 1)
+        for keys, hidden in tiles:
+            width = keys.stop - keys.start
+            t = row.logits(q_c, k[:, keys], hidden, blocks.get(0, n, width))
+            m_new = torch.maximum(m, t.amax(-1, keepdim=True))
+            factor = rescale(m, m_new)
+            _, a = _softpick_terms(t, m_new, blocks.get(1, n, width), hidden)
+            signed = a.sum(-1, keepdim=True)
+            u = a.relu_()
+            # sum |a| = 2 sum relu(a) - sum a: two reductions instead of an |a| block
+            total.mul_(factor).add_(u.sum(-1, keepdim=True).mul_(2).sub_(signed))
+            acc.mul_(factor).baddbmm_(u, v[:, keys])
+            m = m_new
+        denom = total.add_(softpick_eps(m.neg().exp_(), self.shifted_eps))
+        return torch.cat([acc.div_(denom), m, denom], -1)
+
+    def weights(self, t: Tensor, state: Tensor, blocks: ScoreBlocks, hidden: Hidden) -> tuple[Tensor, Any]:
+        e, a = _softpick_terms(t, state[..., :1], blocks.get(3, *t.shape[1:]), hidden)
+        sign = torch.sign(a, out=blocks.get(4, *t.shape[1:]))
+        return a.relu_().div_(state[..., 1:]), (e, sign)
+
+    def vjp(self, g: Tensor, u: Tensor, saved: Any, delta: Tensor, state: Tensor) -> Tensor:
+        e, sign = saved
+        return softpick_vjp(g, u, sign, delta, e, state[..., 1:])
+
+
+class TiledRowAttention(RecomputingFunction):
+    """y = u(t(q k^T)) v in tiles of queries x keys for a normalizer's :class:`TileForm` ``row.kernel.tiled``
+    (module docstring).
 
     Inputs are (batch*heads, seq, head_dim), q already scaled; ``budget``: the elements of one tile over batch*heads.
     """
@@ -112,22 +189,25 @@ class TiledSoftmaxAttention(RecomputingFunction):
     def forward(
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, row: RowLogits, causal: bool, offset: int, budget: int
     ) -> Tensor:
+        form: TileForm = row.kernel.tiled
         size, width = tile_shape(q.shape[0], q.shape[-2], budget)
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
-        lse = q.new_empty(q.shape[:-1] + (1,))
+        state = q.new_empty(q.shape[:-1] + (form.state_width,))
         blocks = ScoreBlocks(q, size, width)
         for rows, end, diagonal in query_chunks(q.shape[-2], size, offset, causal, k.shape[-2], q.device):
             tiles = [tile_keys(diagonal, start, width, end) for start in range(0, end, width)]
-            both = _chunk_forward(row, blocks, q[:, rows], k, v, tiles)
-            out[:, rows], lse[:, rows] = both[..., :-1], both[..., -1:]
+            found = form.chunk_forward(row, blocks, q[:, rows], (k, v), tiles)
+            out[:, rows], state[:, rows] = found[..., : v.shape[-1]], found[..., v.shape[-1] :]
         ctx.row, ctx.causal, ctx.offset, ctx.budget = row, causal, offset, budget
-        keep_for_backward(ctx, (q, k, v, out, lse), partial(row.exact, causal=causal, offset=offset), _backward)
+        keep_for_backward(ctx, (q, k, v, out, state), partial(row.exact, causal=causal, offset=offset), _backward)
         return out
 
 
 def _backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-    """:class:`TiledSoftmaxAttention`'s first-order backward: keys outside, chunks of queries inside."""
-    row, (q, k, v, out, lse) = ctx.row, ctx.saved_tensors
+    """:class:`TiledRowAttention`'s first-order backward: keys outside, chunks of queries inside, each tile's weights
+    recomputed from its rows' state."""
+    row, (q, k, v, out, state) = ctx.row, ctx.saved_tensors
+    form: TileForm = row.kernel.tiled
     delta = (grad_out * out).sum(-1, keepdim=True)
     size, width = tile_shape(q.shape[0], q.shape[-2], ctx.budget)
     chunks = list(query_chunks(q.shape[-2], size, ctx.offset, ctx.causal, k.shape[-2], q.device))
@@ -142,18 +222,19 @@ def _backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
             n, n_keys = rows.stop - rows.start, keys.stop - keys.start
             q_c, k_t, v_t, d_out = q[:, rows], k[:, keys], v[:, keys], grad_out[:, rows]
             slope = blocks.get(2, n, n_keys) if row.cap else None
-            u = row.logits(q_c, k_t, hidden, blocks.get(0, n, n_keys), slope).sub_(lse[:, rows]).exp_()
+            t = row.logits(q_c, k_t, hidden, blocks.get(0, n, n_keys), slope)
+            u, saved = form.weights(t, state[:, rows], blocks, hidden)
             add_product_(grad_v[:, :n_keys], u.transpose(-2, -1), d_out)
             g = torch.bmm(d_out, v_t.transpose(-2, -1), out=blocks.get(1, n, n_keys))
-            dt = g.sub_(delta[:, rows]).mul_(u)  # softmax's VJP; 0 at hidden keys (u = 0 there, the slope finite)
+            dt = form.vjp(g, u, saved, delta[:, rows], state[:, rows])
             if slope is not None:
-                dt.mul_(slope)
+                dt.mul_(slope)  # hidden keys: dt = 0 and a finite slope
             grad_q.baddbmm_(dt, k_t)
             add_product_(grad_k[:, :n_keys], dt.transpose(-2, -1), q_c)
     return *grads.result(), *(None,) * 4
 
 
-# ---------------------------------------------------------------------------------------------- softpick in tiles
+# ---------------------------------------------------------------------------------------------- softpick's terms
 def _softpick_terms(t: Tensor, m: Tensor, a_block: Tensor, hidden: Hidden) -> tuple[Tensor, Tensor]:
     """(e, a) of a tile: e = e^(t - m) in t's block, a = e - e^-m in ``a_block`` (e^-m expm1(t) in the rows whose
     largest logit m is below ``SOFTPICK_EXPM1_BELOW``, as ``axes.normalizer.softpick_terms``), a = 0 at hidden keys."""
@@ -170,84 +251,3 @@ def _softpick_terms(t: Tensor, m: Tensor, a_block: Tensor, hidden: Hidden) -> tu
 def softpick_vjp(g: Tensor, u: Tensor, sign: Tensor, delta: Tensor, e: Tensor, denom: Tensor) -> Tensor:
     """dL/dt = e ([a > 0] g - sign(a) delta) / D of a tile, in g (u, >= 0, is overwritten by [a > 0])."""
     return g.mul_(u.sign_()).addcmul_(sign, delta, value=-1.0).mul_(e).div_(denom)
-
-
-def _softpick_forward(
-    row: RowLogits, blocks: ScoreBlocks, q_c: Tensor, k: Tensor, v: Tensor, tiles: list, shifted_eps: bool
-) -> Tensor:
-    """(output, m, D) of one chunk of queries over its tiles, online: a and the sums taken at the running
-    m = max(0, max_j t_j) are rescaled by e^(m - m') when it grows (a_j = e^-m (e^(t_j) - 1) scales exactly so)."""
-    n = q_c.shape[-2]
-    m = q_c.new_zeros(q_c.shape[0], n, 1)  # max(0, ...): the clamp is the start
-    acc = q_c.new_zeros(q_c.shape[0], n, v.shape[-1])
-    total = q_c.new_zeros(q_c.shape[0], n, 1)
-    for keys, hidden in tiles:
-        width = keys.stop - keys.start
-        t = row.logits(q_c, k[:, keys], hidden, blocks.get(0, n, width))
-        m_new = torch.maximum(m, t.amax(-1, keepdim=True))
-        factor = rescale(m, m_new)
-        _, a = _softpick_terms(t, m_new, blocks.get(1, n, width), hidden)
-        signed = a.sum(-1, keepdim=True)
-        u = a.relu_()
-        # sum |a| = 2 sum relu(a) - sum a: two reductions instead of an |a| block
-        total.mul_(factor).add_(u.sum(-1, keepdim=True).mul_(2).sub_(signed))
-        acc.mul_(factor).baddbmm_(u, v[:, keys])
-        m = m_new
-    denom = total.add_(softpick_eps(m.neg().exp_(), shifted_eps))
-    return torch.cat([acc.div_(denom), m, denom], -1)
-
-
-class TiledSoftpickAttention(RecomputingFunction):
-    """y = softpick(t(q k^T)) v in tiles of queries x keys (``Softpick.tiled``): online forward as the softmax
-    (:func:`_softpick_forward`), the backward from the row's final m and D (Zuhri et al. 2025, eq. 2; the VJP of
-    ``engines/rowkernels.Softpick``). Inputs as :class:`TiledSoftmaxAttention`."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, q: Tensor, k: Tensor, v: Tensor, row: RowLogits, causal: bool, offset: int, budget: int
-    ) -> Tensor:
-        size, width = tile_shape(q.shape[0], q.shape[-2], budget)
-        out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
-        state = q.new_empty(q.shape[:-1] + (2,))  # m and D per row
-        blocks = ScoreBlocks(q, size, width)
-        shifted = bool(row.options.get("shifted_eps", False))
-        for rows, end, diagonal in query_chunks(q.shape[-2], size, offset, causal, k.shape[-2], q.device):
-            tiles = [tile_keys(diagonal, start, width, end) for start in range(0, end, width)]
-            found = _softpick_forward(row, blocks, q[:, rows], k, v, tiles, shifted)
-            out[:, rows], state[:, rows] = found[..., :-2], found[..., -2:]
-        ctx.row, ctx.causal, ctx.offset, ctx.budget = row, causal, offset, budget
-        exact = partial(row.exact, causal=causal, offset=offset)
-        keep_for_backward(ctx, (q, k, v, out, state), exact, _softpick_backward)
-        return out
-
-
-def _softpick_backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-    """:class:`TiledSoftpickAttention`'s first-order backward: dL/dt_k = e_k ([a_k > 0] g_k - sign(a_k) delta) / D."""
-    row, (q, k, v, out, state) = ctx.row, ctx.saved_tensors
-    delta = (grad_out * out).sum(-1, keepdim=True)
-    size, width = tile_shape(q.shape[0], q.shape[-2], ctx.budget)
-    chunks = list(query_chunks(q.shape[-2], size, ctx.offset, ctx.causal, k.shape[-2], q.device))
-    grads = TileGrads(q, k, v, [rows for rows, _, _ in chunks])
-    blocks = ScoreBlocks(q, size, width)
-    for start in range(0, max((end for _, end, _ in chunks), default=0), width):
-        grad_k, grad_v = grads.key_tile(start, width)
-        for (rows, end, diagonal), grad_q in zip(chunks, grads.q):
-            if end <= start:
-                continue
-            keys, hidden = tile_keys(diagonal, start, width, end)
-            n, n_keys = rows.stop - rows.start, keys.stop - keys.start
-            q_c, k_t, v_t, d_out = q[:, rows], k[:, keys], v[:, keys], grad_out[:, rows]
-            m, denom = state[:, rows, :1], state[:, rows, 1:]
-            slope = blocks.get(2, n, n_keys) if row.cap else None
-            t = row.logits(q_c, k_t, hidden, blocks.get(0, n, n_keys), slope)
-            e, a = _softpick_terms(t, m, blocks.get(3, n, n_keys), hidden)
-            sign = torch.sign(a, out=blocks.get(4, n, n_keys))
-            u = a.relu_().div_(denom)
-            add_product_(grad_v[:, :n_keys], u.transpose(-2, -1), d_out)
-            g = torch.bmm(d_out, v_t.transpose(-2, -1), out=blocks.get(1, n, n_keys))
-            dt = softpick_vjp(g, u, sign, delta[:, rows], e, denom)
-            if slope is not None:
-                dt.mul_(slope)
-            grad_q.baddbmm_(dt, k_t)
-            add_product_(grad_k[:, :n_keys], dt.transpose(-2, -1), q_c)
-    return *grads.result(), *(None,) * 4

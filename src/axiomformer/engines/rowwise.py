@@ -38,6 +38,7 @@ from axiomformer.engines.blocks import ScoreBlocks, tile_budget, transposed_grad
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 from axiomformer.engines.rowkernels import StickBreaking, TopK, reads_options, row_kernel
+from axiomformer.engines.rowtiles import TiledRowAttention
 
 SIGMOID_CAP_MAX = 64.0
 """Largest cap computed as 2c sigmoid(2z / c) (- c) rather than c tanh(z / c). The two are equal, and sigmoid took
@@ -333,7 +334,7 @@ def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int, budget:
     )
     row = _Row(plan)
     if row.kernel.tiled is not None:
-        out = row.kernel.tiled.apply(q3, k3, v3, row, problem.causal, problem.q_offset, budget or tile_budget())
+        out = TiledRowAttention.apply(q3, k3, v3, row, problem.causal, problem.q_offset, budget or tile_budget())
     else:
         out = RowwiseAttention.apply(q3, k3, v3, row, problem.causal, problem.q_offset, chunk)
     return out.view(batch, heads, *out.shape[1:])
