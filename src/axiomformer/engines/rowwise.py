@@ -155,7 +155,7 @@ class _Selected:
 
     def weights(self, q_c: Tensor, keys: Tensor) -> Tensor:
         """Softmax over the selected logits q_i . k_j (hidden keys -inf)."""
-        logits = torch.linalg.vecdot(q_c.unsqueeze(-2), keys)
+        logits = torch.matmul(keys, q_c.unsqueeze(-1)).squeeze(-1)  # batched products, no (k x d) block
         if self.causal:
             last = torch.arange(self.rows.start, self.rows.stop, device=q_c.device) + self.offset
             logits = logits.masked_fill(self.index > last.view(1, -1, 1), float("-inf"))
@@ -164,16 +164,16 @@ class _Selected:
     def forward(self, q_c: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """The chunk's output sum_j u_j v_j over the selected keys."""
         u = self.weights(q_c, self.gather(k))
-        return torch.linalg.vecdot(u.unsqueeze(-1), self.gather(v), dim=-2)
+        return torch.matmul(u.unsqueeze(-2), self.gather(v)).squeeze(-2)
 
     def backward(self, q_c: Tensor, k: Tensor, v: Tensor, d_out: Tensor, grads: tuple[Tensor, ...]) -> None:
         """Add the chunk's share to dQ (its rows), dK and dV ((batch*heads, keys, width), not transposed)."""
         grad_q, grad_k, grad_v = grads
         keys, values = self.gather(k), self.gather(v)
         u = self.weights(q_c, keys)
-        g = torch.linalg.vecdot(d_out.unsqueeze(-2), values)  # dL/du at the selected keys
+        g = torch.matmul(values, d_out.unsqueeze(-1)).squeeze(-1)  # dL/du at the selected keys
         dt = g.sub_((u * g).sum(-1, keepdim=True)).mul_(u)  # softmax's VJP
-        grad_q[:, self.rows] = torch.linalg.vecdot(dt.unsqueeze(-1), keys, dim=-2)
+        grad_q[:, self.rows] = torch.matmul(dt.unsqueeze(-2), keys).squeeze(-2)
         bh = self.index.shape[0]
         flat = (self.index + (torch.arange(bh, device=k.device) * k.shape[1]).view(bh, 1, 1)).view(-1)
         grad_k.view(-1, k.shape[-1]).index_add_(0, flat, (dt.unsqueeze(-1) * q_c.unsqueeze(-2)).view(-1, q_c.shape[-1]))
