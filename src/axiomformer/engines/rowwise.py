@@ -189,12 +189,17 @@ logits of std 1 the product of 1 - beta underflows to 0 within about 150 keys in
 
 def _finite_logits(*tensors: Tensor) -> bool:
     """Whether every input is finite and no dot product of q and k can overflow (so every logit is finite), which the
-    stick-breaking band needs: a NaN or infinite logit or value before the band would reach the output."""
-    if not all(bool(torch.isfinite(t).all()) for t in tensors):
+    stick-breaking band needs: a NaN or infinite logit or value before the band would reach the output.
+
+    A sum is finite only where every entry is (NaN and inf propagate; finite entries whose sum overflows read as not
+    finite, which only costs the band), and the largest |entry| is an infinity norm: two reductions per tensor and no
+    full-size temporary, where ``isfinite(t).all()`` and ``t.abs().amax()`` took 14 of 84 ms at L = 1024 **(our
+    choice)**."""
+    if not all(bool(torch.isfinite(t.sum())) for t in tensors):
         return False
     q, k = tensors[0], tensors[1]
-    bound = float(q.abs().amax()) * float(k.abs().amax()) * q.shape[-1]
-    return bound < 0.5 * torch.finfo(q.dtype).max
+    largest = [float(torch.linalg.vector_norm(t, float("inf"))) for t in (q, k)]
+    return largest[0] * largest[1] * q.shape[-1] < 0.5 * torch.finfo(q.dtype).max
 
 
 def _band(
