@@ -192,13 +192,13 @@ def _finite_logits(*tensors: Tensor) -> bool:
     stick-breaking band needs: a NaN or infinite logit or value before the band would reach the output.
 
     A sum is finite only where every entry is (NaN and inf propagate; finite entries whose sum overflows read as not
-    finite, which only costs the band), and the largest |entry| is an infinity norm: two reductions per tensor and no
-    full-size temporary, where ``isfinite(t).all()`` and ``t.abs().amax()`` took 14 of 84 ms at L = 1024 **(our
-    choice)**."""
+    finite, which only costs the band), and the largest |entry| is the larger of -min and max (``aminmax``, one
+    pass): no full-size temporary, where ``isfinite(t).all()`` and ``t.abs().amax()`` took 14 of 84 ms at L = 1024
+    and the infinity norm 0.7 ms a tensor **(our choice)**."""
     if not all(bool(torch.isfinite(t.sum())) for t in tensors):
         return False
     q, k = tensors[0], tensors[1]
-    largest = [float(torch.linalg.vector_norm(t, float("inf"))) for t in (q, k)]
+    largest = [max(-float(low), float(high)) for low, high in (torch.aminmax(t) for t in (q, k))]
     return largest[0] * largest[1] * q.shape[-1] < 0.5 * torch.finfo(q.dtype).max
 
 
