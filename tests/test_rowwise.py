@@ -250,6 +250,13 @@ def test_stick_breaking_on_its_band_equals_the_whole_row(bands, monkeypatch):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_stick_breaking_flipped_in_pieces_of_queries_equals_whole_blocks(monkeypatch):
+    whole = _stick("rowwise")  # blocks this small are flipped whole
+    monkeypatch.setattr(rowkernels, "WHOLE_BLOCK", 0)  # every block PART queries at a time
+    for got, want in zip(_stick("rowwise"), whole):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)  # bit for bit
+
+
 def test_a_nan_before_the_band_reaches_the_output_as_on_the_reference(bands):
     got, want = _stick("rowwise", poison=True), _stick("reference", poison=True)
     # (the router may take the NaN out of v first: what matters is the same output)
