@@ -117,17 +117,18 @@ class ElementwiseAttention(RecomputingFunction):
     def forward(
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, choice: Choice, causal: bool, offset: int, budget: int
     ) -> Tensor:
-        out = q.new_zeros(q.shape[:-1] + (v.shape[-1],))
+        out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         size, width = tile_shape(q.shape[0], q.shape[-2], budget)
         chunks = _chunks(q.shape[-2], size, offset, causal, k.shape[-2], q)
         blocks = ScoreBlocks(q, size, width)
         for c in chunks:
-            out_c = out[:, c.rows]
+            acc = q.new_zeros(q.shape[0], c.size, v.shape[-1])  # contiguous: one batched baddbmm_ per tile
             for keys, hidden in c.tiles(width):
                 s = torch.bmm(
                     q[:, c.rows], k[:, keys].transpose(-2, -1), out=blocks.get(0, c.size, keys.stop - keys.start)
                 )
-                out_c.baddbmm_(c.weights(s, choice, hidden), v[:, keys])
+                acc.baddbmm_(c.weights(s, choice, hidden), v[:, keys])
+            out[:, c.rows] = acc
         ctx.choice, ctx.causal, ctx.offset, ctx.budget = choice, causal, offset, budget
         keep_for_backward(
             ctx,

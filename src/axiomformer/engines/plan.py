@@ -271,13 +271,14 @@ def plain_dot(plan: Plan, kind: ProblemKind) -> bool:
 
 
 def closed_form_chunk(problem: AttentionProblem, memory_budget: int, blocks: int, most: int = 128) -> int:
-    """Queries per chunk on the closed-form paths (``engines/elementwise.py``, ``engines/sparse.py``): score blocks
-    of at most ``blocks * memory_budget`` elements (over batch and heads) and at most ``most`` queries.
+    """Queries per chunk on the paths that hold whole rows of keys (``engines/sparse.py``, the rowwise engine's
+    chunked kernels): score blocks of at most ``blocks * memory_budget`` elements (over batch and heads) and at most
+    ``most`` queries.
 
     At L = 4096, batch 1, 8 heads, causal, 128 queries (16 MiB blocks) ran 10-15% faster than 64 (the plain budget)
     for sparsemax and 1.5-entmax, which reuse two workspaces, and peaked at 66-67 MiB against SDPA's 43 MiB
-    (``blocks=2``); sigmoid and relu hold a fresh weight block and its gradient in the backward and peaked at
-    101-108 MiB with 128, 69-71 MiB with 64 (``blocks=1``) **(our choice)**.
+    (``blocks=2``); the rowwise kernels hold about six blocks in the backward (``blocks=1``) **(our choice)**. The
+    tiled engines size their tiles by :func:`~axiomformer.engines.blocks.tile_shape` instead.
     """
     rows = problem.q.shape[0] * problem.q.shape[1]
     return max(1, min(problem.q_len, most, blocks * memory_budget // max(1, rows * problem.k_len)))
