@@ -340,3 +340,55 @@ def test_a_planted_fixed_shift_beyond_float32_range_is_caught(small_tiles, monke
     k = k - 40 * q.mean(-2, keepdim=True)  # rows whose every logit sits far below the cap's top
     got = attend(q * 8, k, v, spec=spec, engine="rowwise").out
     assert not bool(torch.isfinite(got).all())
+
+
+def test_a_first_tile_of_overflowed_logits_gives_the_reference_softmax(small_tiles):
+    # finite inputs whose products overflow to -inf in float32 for keys 0 and 1: the first tiles of every row hold
+    # only -inf logits, and the running maximum must not turn them into NaN
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, HEADS, 4, HEAD_DIM, generator=g).abs() + 0.5
+    k, v = (torch.randn(1, HEADS, 12, HEAD_DIM, generator=g) for _ in range(2))
+    q[..., 0] = 1e20
+    k[:, :, :2, :] = -1e20
+    k[:, :, 2:, 0] = 0.0
+    spec = AttentionSpec.standard(HEADS * HEAD_DIM, HEADS, causal=False)
+    got = attend(q, k, v, spec=spec, engine="rowwise").out
+    want = attend(q, k, v, spec=spec, engine="reference").out
+    assert bool(torch.isfinite(want).all())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("value_size", [1.0, 1e-4, 1e-6])
+def test_rows_at_the_bottom_of_a_caps_range_keep_float32_accuracy_with_small_values(value_size):
+    # softcap 40: every logit of a row near -40; a fixed shift by the cap's top (80 above) would leave the weights at
+    # e^-80 and their products with small values subnormal (or 0 with denormals flushed)
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, HEADS, 16, HEAD_DIM, generator=g)
+    sign = k.mean(2, keepdim=True).sign()
+    q = (-sign * 300 * torch.ones(1, HEADS, 4, HEAD_DIM)).contiguous()
+    k = sign * (1 + 0.1 * torch.rand(1, HEADS, 16, HEAD_DIM, generator=g))
+    v = torch.randn(1, HEADS, 16, HEAD_DIM, generator=g) * value_size
+    spec = AttentionSpec.standard(HEADS * HEAD_DIM, HEADS, causal=False).relax(softcap=40.0)
+    want = attend(q.double(), k.double(), v.double(), spec=spec, engine="reference").out
+    if not torch.set_flush_denormal(True):  # as the command line sets it
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        got = attend(q, k, v, spec=spec, engine="rowwise").out
+    finally:
+        torch.set_flush_denormal(False)
+    assert float((got.double() - want).abs().max() / want.abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("normalizer", ["sigmoid", "sparsemax"])
+def test_a_batch_of_one_query_broadcast_against_more_keys_runs_on_its_engine(normalizer):
+    spec = AttentionSpec.standard(2 * 8, 2, causal=True).relax(normalizer=normalizer)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 6, 8, dtype=torch.float64, generator=g).requires_grad_()
+    k, v = (torch.randn(2, 2, 6, 8, dtype=torch.float64, generator=g).requires_grad_() for _ in range(2))
+    want = attend(q, k, v, spec=spec, engine="reference").out
+    got = attend(q, k, v, spec=spec)
+    assert got.engine in ("elementwise", "sparse")
+    torch.testing.assert_close(got.out, want, rtol=0, atol=1e-12)
+    grads = torch.autograd.grad(got.out.sum(), (q, k, v))
+    for a, b in zip(grads, torch.autograd.grad(want.sum(), (q, k, v))):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)

@@ -171,7 +171,7 @@ def elementwise_attention(plan: Plan, problem: AttentionProblem, budget: int | N
     :func:`~axiomformer.engines.blocks.tile_budget`)."""
     scale = problem.scale
     q = problem.q * (scale.to(problem.q.dtype) if isinstance(scale, Tensor) else scale)
-    batch, heads = q.shape[0], q.shape[1]
+    batch, heads = max(q.shape[0], problem.k.shape[0]), max(q.shape[1], problem.k.shape[1])  # a dim of 1 broadcast
     q3, k3, v3 = (
         torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
         for t in (q, problem.k, problem.v)

@@ -59,9 +59,16 @@ class RowLogits(Protocol):
 
 
 FIXED_SHIFT_SPAN = {torch.float32: 80.0, torch.float64: 700.0}
-"""Widest range of logits (highest minus lowest possible) whose softmax is computed with the fixed shift of the
-highest: e^(t - highest) >= e^-span stays a normal number (float32 down to e^-87), so no running maximum is needed
-**(our choice: under a cap the logits are bounded; this drops 6 of 15 operations per tile)**."""
+"""Widest range of logits (highest minus lowest possible, under a cap) whose softmax takes a fixed shift per row
+instead of a running maximum **(our choice: this drops 6 of 15 operations per tile)**; see :data:`SHIFT_HEADROOM`."""
+
+SHIFT_HEADROOM = {torch.float32: 40.0, torch.float64: 350.0}
+"""The fixed shift of a row is the largest of its first tile's logits, raised to at least the cap's highest logit
+minus this headroom. No e^(t - shift) then exceeds e^headroom (float32: 2.4e17), and the row's largest weight is at
+least e^(headroom - span) >= e^-40, so that the products with the values stay normal numbers: a shift by the cap's
+highest logit alone left the weights of a row whose logits all lie near the bottom of an 80-wide range at e^-80,
+whose products with values below 7e-4 are subnormal (1.8e-5 relative error in float32, and 0 with denormals
+flushed)."""
 
 
 def rescale(m: Tensor, m_new: Tensor) -> Tensor:
@@ -70,11 +77,12 @@ def rescale(m: Tensor, m_new: Tensor) -> Tensor:
 
 
 def fixed_shift(row: RowLogits, dtype: torch.dtype) -> float | None:
-    """The highest logit of a cap whose range allows the fixed shift (:data:`FIXED_SHIFT_SPAN`), else None."""
+    """The lowest fixed shift of a row (the cap's highest logit minus :data:`SHIFT_HEADROOM`) where the cap's range
+    allows a fixed shift (:data:`FIXED_SHIFT_SPAN`), else None."""
     bounds = row.logit_range
     if bounds is None or bounds[1] - bounds[0] > FIXED_SHIFT_SPAN.get(dtype, 0.0):
         return None
-    return bounds[1]
+    return bounds[1] - SHIFT_HEADROOM[dtype]
 
 
 class TileForm:
@@ -110,19 +118,22 @@ class SoftmaxTiles(TileForm):
         n = q_c.shape[-2]
         acc = q_c.new_zeros(q_c.shape[0], n, v.shape[-1])
         total = q_c.new_zeros(q_c.shape[0], n, 1)
-        shift = fixed_shift(row, q_c.dtype)
-        m = q_c.new_full((q_c.shape[0], n, 1), float("-inf") if shift is None else shift)
-        for keys, hidden in tiles:
+        lowest = fixed_shift(row, q_c.dtype)
+        m = q_c.new_full((q_c.shape[0], n, 1), float("-inf"))
+        for i, (keys, hidden) in enumerate(tiles):
             t = row.logits(q_c, k[:, keys], hidden, blocks.get(0, n, keys.stop - keys.start))
-            if shift is not None:
-                p = t.sub_(shift).exp_()
+            if lowest is not None:  # a fixed shift per row, from the first tile (SHIFT_HEADROOM)
+                m = t.amax(-1, keepdim=True).clamp_min_(lowest) if i == 0 else m
+                p = t.sub_(m).exp_()
                 total.add_(p.sum(-1, keepdim=True))
                 acc.baddbmm_(p, v[:, keys])
                 continue
-            # the first tile holds key 0, visible to every row (the engine declines rows without keys): m stays finite
             m_new = torch.maximum(m, t.amax(-1, keepdim=True))
-            factor = rescale(m, m_new)
-            p = t.sub_(m_new).exp_()
+            # a row whose logits so far are all -inf (overflowed products) keeps m = -inf: shift it by 0 instead, so
+            # that e^(t - m) is 0 rather than NaN (flash-attention's guard)
+            shifted = m_new.masked_fill(torch.isneginf(m_new), 0.0)
+            factor = rescale(m, shifted)
+            p = t.sub_(shifted).exp_()
             total.mul_(factor).add_(p.sum(-1, keepdim=True))
             acc.mul_(factor).baddbmm_(p, v[:, keys])
             m = m_new

@@ -584,7 +584,10 @@ def sparse_attention(plan: Plan, problem: AttentionProblem, chunk: int) -> Tenso
     if isinstance(scale, Tensor):
         scale = scale.to(problem.q.dtype)
     kind = ALPHAS[plan.normalizer_choice.extra["alpha"]]
-    return SparseAttention.apply(problem.q, problem.k, problem.v, scale, kind, problem.causal, problem.q_offset, chunk)
+    # a batch or head dim of 1 broadcast against more (autograd of the expansion sums its gradient back)
+    lead = torch.broadcast_shapes(problem.q.shape[:-2], problem.k.shape[:-2], problem.v.shape[:-2])
+    q, k, v = (torch.broadcast_to(t, lead + t.shape[-2:]) for t in (problem.q, problem.k, problem.v))
+    return SparseAttention.apply(q, k, v, scale, kind, problem.causal, problem.q_offset, chunk)
 
 
 class SparseEngine(EngineBase):
