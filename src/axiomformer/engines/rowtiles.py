@@ -13,19 +13,20 @@ Softpick (Zuhri et al. 2025) rescales the same way: its terms a_j = e^-m (e^(t_j
 m = max(0, max_j t_j), their sum of |a| and the output all scale by e^(m - m') when m grows; the backward recomputes a
 from the row's final m and D = sum |a| + eps (:func:`softpick_vjp`).
 
-Under a cap the logits are bounded, and where their range allows (:data:`FIXED_SHIFT_SPAN`) m is the highest logit
-the cap allows, fixed: softmax is shift invariant, and no rescaling is needed.
+Under a cap the logits are bounded, and where their range allows (:data:`FIXED_SHIFT_SPAN`) m is fixed per row
+from its first tile (:data:`SHIFT_HEADROOM`): softmax is shift invariant, and no rescaling is needed. A row whose
+logits so far are all -inf is shifted by 0, so that its weights are 0 rather than NaN.
 
 The backward walks keys outside and chunks of queries inside (a key tile's dK and dV rows stay in cache while every
 chunk adds to them) and recomputes each tile's weights from the row's lse, u = exp(t - lse), then the softmax VJP
 dt = u (g - delta) with g = dO V^T, delta_i = dO_i . y_i, the cap's slope dt/dz, and dQ += dz K, dK += dz^T Q,
 dV += u^T dO: 2 products forward and 5 backward, as flash-attention. A tile
 (:data:`~axiomformer.engines.blocks.TILE_ELEMENTS` per thread) stays in cache between its products and its
-elementwise passes: at L = 4096, batch 1, 8 heads,
-causal, softcap 30, forward and backward took 790 ms on one thread where whole rows of keys (8 MiB blocks, the
-rowwise engine's chunks) took 1,000 ms and SDPA 540 ms **(our choice)**. Tested against the reference engine forward
-and backward by the generated equivalence matrix (``tests/test_engine_matrix.py``) at a budget of a few keys per
-tile, and with a planted wrong rescaling (``tests/test_rowwise.py``).
+elementwise passes: at L = 4096, batch 1, 8 heads, causal, softcap 30, forward and backward took 790 ms on one
+thread where whole rows of keys (8 MiB blocks, the rowwise engine's chunks) took 1,000 ms and SDPA 540 ms **(our
+choice)**. Tested against the reference engine forward and backward (``tests/test_rowwise.py``: tiles of 5 keys,
+every cap path, overflowed first tiles, rows at the bottom of a cap's range) and by the generated equivalence matrix,
+with a planted wrong rescaling and a planted wrong softpick VJP.
 """
 
 from __future__ import annotations
