@@ -321,7 +321,7 @@ def test_a_cap_of_narrow_range_shifts_by_its_bound_and_keeps_float32_accuracy(sm
 
     spec = AttentionSpec.standard(HEADS * HEAD_DIM, HEADS, causal=True).relax(softcap=cap)
     row = rowwise._Row(Attention(spec).plan)
-    assert (rowtiles.fixed_shift(row, torch.float32) is not None) == fixed  # 2c > 80: the running maximum
+    assert (rowtiles.lowest_shift(row, torch.float32) is not None) == fixed  # 2c > 80: the running maximum
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, HEADS, 24, HEAD_DIM, dtype=torch.float64, generator=g) for _ in range(3))
     q = q * 8  # logits near both ends of the cap: some rows' weights span e^-2c

@@ -112,7 +112,7 @@ class TileGrads:
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, chunks: list[slice]) -> None:
         self.q = [q.new_zeros(q.shape[0], rows.stop - rows.start, q.shape[-1]) for rows in chunks]
-        self.empty_q = q.new_zeros(q.shape)  # the dQ of no queries
+        self.q_shape = q.shape
         self.k, self.v = torch.zeros_like(k), torch.zeros_like(v)
         self.keys: slice | None = None
         self.k_tile, self.v_tile = self.k[:, :0], self.v[:, :0]
@@ -135,4 +135,4 @@ class TileGrads:
         """(dQ, dK, dV), each as its input."""
         self._flush()
         self.keys = None
-        return torch.cat(self.q, 1) if self.q else self.empty_q, self.k, self.v
+        return torch.cat(self.q, 1) if self.q else self.k.new_zeros(self.q_shape), self.k, self.v

@@ -77,7 +77,7 @@ def rescale(m: Tensor, m_new: Tensor) -> Tensor:
     return torch.sub(m, m_new).exp_()
 
 
-def fixed_shift(row: RowLogits, dtype: torch.dtype) -> float | None:
+def lowest_shift(row: RowLogits, dtype: torch.dtype) -> float | None:
     """The lowest fixed shift of a row (the cap's highest logit minus :data:`SHIFT_HEADROOM`) where the cap's range
     allows a fixed shift (:data:`FIXED_SHIFT_SPAN`), else None."""
     bounds = row.logit_range
@@ -109,7 +109,7 @@ class TileForm:
 
 
 class SoftmaxTiles(TileForm):
-    """Softmax: the running maximum and sum forward (or a fixed shift, :func:`fixed_shift`), state lse per row; the
+    """Softmax: the running maximum and sum forward (or a fixed shift, :func:`lowest_shift`), state lse per row; the
     weights u = exp(t - lse), the VJP u (g - delta)."""
 
     def chunk_forward(
@@ -119,7 +119,7 @@ class SoftmaxTiles(TileForm):
         n = q_c.shape[-2]
         acc = q_c.new_zeros(q_c.shape[0], n, v.shape[-1])
         total = q_c.new_zeros(q_c.shape[0], n, 1)
-        lowest = fixed_shift(row, q_c.dtype)
+        lowest = lowest_shift(row, q_c.dtype)
         m = q_c.new_full((q_c.shape[0], n, 1), float("-inf"))
         for i, (keys, hidden) in enumerate(tiles):
             t = row.logits(q_c, k[:, keys], hidden, blocks.get(0, n, keys.stop - keys.start))

@@ -296,9 +296,7 @@ class RowwiseAttention(RecomputingFunction):
             out[:, rows] = torch.bmm(u, v[:, :end])
         ctx.selected, ctx.firsts = selected, firsts
         ctx.row, ctx.causal, ctx.offset, ctx.size = row, causal, offset, size
-        keep_for_backward(
-            ctx, (q, k, v, out), partial(exact_rowwise, row=row, causal=causal, offset=offset), _rowwise_backward
-        )
+        keep_for_backward(ctx, (q, k, v, out), partial(row.exact, causal=causal, offset=offset), _rowwise_backward)
         return out
 
 
