@@ -5,6 +5,7 @@ and the tiles of queries x keys of the tiled ones."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -136,3 +137,38 @@ class TileGrads:
         self._flush()
         self.keys = None
         return torch.cat(self.q, 1) if self.q else self.k.new_zeros(self.q_shape), self.k, self.v
+
+
+TileStep = Callable[[int, slice, slice, Hidden], tuple[Tensor, Callable[[Tensor], Tensor]]]
+"""``step(chunk index, rows, keys, hidden) -> (u, vjp)``: a tile's weights u (batch*heads, rows, keys) and the map
+from g = dL/du (in a score block) to dL/dt."""
+
+
+def tiled_backward(
+    qkv: tuple[Tensor, Tensor, Tensor],
+    grad_out: Tensor,
+    chunks: list[Any],
+    width: int,
+    blocks: ScoreBlocks,
+    step: TileStep,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dQ, dK, dV) of a tiled attention (``engines/elementwise.py``, ``engines/rowtiles.py``): tiles of ``width``
+    keys outside, the ``chunks`` (rows, end, hidden) of queries inside, so that a key tile's dK and dV stay in cache
+    while every chunk adds to them. Per tile, ``step`` recomputes the weights and this adds dV += u^T dO,
+    dQ += dt K and dK += dt^T Q, with g = dO V^T in score block 1."""
+    q, k, v = qkv
+    grads = TileGrads(q, k, v, [rows for rows, _, _ in chunks])
+    for start in range(0, max((end for _, end, _ in chunks), default=0), width):
+        grad_k, grad_v = grads.key_tile(start, width)
+        for i, ((rows, end, diagonal), grad_q) in enumerate(zip(chunks, grads.q)):
+            if end <= start:
+                continue
+            keys, hidden = tile_keys(diagonal, start, width, end)
+            n_keys = keys.stop - keys.start
+            q_c, k_t, v_t, d_out = q[:, rows], k[:, keys], v[:, keys], grad_out[:, rows]
+            u, vjp = step(i, rows, keys, hidden)
+            add_product_(grad_v[:, :n_keys], u.transpose(-2, -1), d_out)
+            dt = vjp(torch.bmm(d_out, v_t.transpose(-2, -1), out=blocks.get(1, rows.stop - rows.start, n_keys)))
+            grad_q.baddbmm_(dt, k_t)
+            add_product_(grad_k[:, :n_keys], dt.transpose(-2, -1), q_c)
+    return grads.result()

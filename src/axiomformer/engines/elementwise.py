@@ -22,7 +22,7 @@ dV accumulate transposed (as ``engines/rowwise.py``). The engine names no choice
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -32,7 +32,7 @@ from torch import Tensor
 from axiomformer.axes.registry import Choice
 from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
 from axiomformer.engines.base import Computes, EngineBase
-from axiomformer.engines.blocks import Hidden, ScoreBlocks, TileGrads, add_product_, tile_budget, tile_keys, tile_shape
+from axiomformer.engines.blocks import Hidden, ScoreBlocks, tile_budget, tile_keys, tile_shape, tiled_backward
 from axiomformer.engines.plan import Plan, ProblemKind, plain_dot
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 
@@ -140,29 +140,20 @@ class ElementwiseAttention(RecomputingFunction):
 
 
 def _elementwise_backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-    """:class:`ElementwiseAttention`'s first-order backward: tile by tile, keys outside (module docstring)."""
+    """:class:`ElementwiseAttention`'s first-order backward: tile by tile (``blocks.tiled_backward``)."""
     choice, (q, k, v) = ctx.choice, ctx.saved_tensors
     size, width = tile_shape(q.shape[0], q.shape[-2], ctx.budget)
     chunks = _chunks(q.shape[-2], size, ctx.offset, ctx.causal, k.shape[-2], q)
-    grads = TileGrads(q, k, v, [c.rows for c in chunks])
     blocks = ScoreBlocks(q, size, width)
-    # keys outside, queries inside: a tile's dK and dV stay in cache while every chunk adds to them
-    for start in range(0, max((c.end for c in chunks), default=0), width):
-        grad_k, grad_v = grads.key_tile(start, width)
-        for c, grad_q in zip(chunks, grads.q):
-            if c.end <= start:
-                continue
-            keys, hidden = c.tile(start, width)
-            n_keys = keys.stop - keys.start
-            q_c, k_t, v_t, g = q[:, c.rows], k[:, keys], v[:, keys], grad_out[:, c.rows]
-            s = torch.bmm(q_c, k_t.transpose(-2, -1), out=blocks.get(0, c.size, n_keys))
-            w = c.weights(s if "closed_grad" in choice.traits else s.clone(), choice, hidden)  # autograd re-reads s
-            add_product_(grad_v[:, :n_keys], w.transpose(-2, -1), g)
-            grad_u = torch.bmm(g, v_t.transpose(-2, -1), out=blocks.get(1, c.size, n_keys))
-            grad_s = c.grad(s, w, choice, grad_u, hidden)
-            grad_q.baddbmm_(grad_s, k_t)
-            add_product_(grad_k[:, :n_keys], grad_s.transpose(-2, -1), q_c)
-    return *grads.result(), *(None,) * 4
+
+    def step(i: int, rows: slice, keys: slice, hidden: Hidden) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+        c = chunks[i]
+        s = torch.bmm(q[:, rows], k[:, keys].transpose(-2, -1), out=blocks.get(0, c.size, keys.stop - keys.start))
+        w = c.weights(s if "closed_grad" in choice.traits else s.clone(), choice, hidden)  # autograd re-reads s
+        return w, lambda grad_u: c.grad(s, w, choice, grad_u, hidden)
+
+    spans = [(c.rows, c.end, c.diagonal) for c in chunks]
+    return *tiled_backward((q, k, v), grad_out, spans, width, blocks, step), *(None,) * 4
 
 
 def elementwise_attention(plan: Plan, problem: AttentionProblem, budget: int | None = None) -> Tensor:

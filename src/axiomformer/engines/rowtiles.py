@@ -31,6 +31,7 @@ with a planted wrong rescaling and a planted wrong softpick VJP.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
@@ -39,7 +40,7 @@ from torch import Tensor
 
 from axiomformer.axes.normalizer import SOFTPICK_EXPM1_BELOW, softpick_eps
 from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
-from axiomformer.engines.blocks import Hidden, ScoreBlocks, TileGrads, add_product_, tile_keys, tile_shape
+from axiomformer.engines.blocks import Hidden, ScoreBlocks, tile_keys, tile_shape, tiled_backward
 from axiomformer.engines.problem import fill_hidden_, query_chunks
 
 
@@ -216,34 +217,28 @@ class TiledRowAttention(RecomputingFunction):
 
 
 def _backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-    """:class:`TiledRowAttention`'s first-order backward: keys outside, chunks of queries inside, each tile's weights
-    recomputed from its rows' state."""
+    """:class:`TiledRowAttention`'s first-order backward (``blocks.tiled_backward``), each tile's weights recomputed
+    from its rows' state."""
     row, (q, k, v, out, state) = ctx.row, ctx.saved_tensors
     form: TileForm = row.kernel.tiled
     delta = (grad_out * out).sum(-1, keepdim=True)
     size, width = tile_shape(q.shape[0], q.shape[-2], ctx.budget)
     chunks = list(query_chunks(q.shape[-2], size, ctx.offset, ctx.causal, k.shape[-2], q.device))
-    grads = TileGrads(q, k, v, [rows for rows, _, _ in chunks])
     blocks = ScoreBlocks(q, size, width)
-    for start in range(0, max((end for _, end, _ in chunks), default=0), width):
-        grad_k, grad_v = grads.key_tile(start, width)
-        for (rows, end, diagonal), grad_q in zip(chunks, grads.q):
-            if end <= start:
-                continue
-            keys, hidden = tile_keys(diagonal, start, width, end)
-            n, n_keys = rows.stop - rows.start, keys.stop - keys.start
-            q_c, k_t, v_t, d_out = q[:, rows], k[:, keys], v[:, keys], grad_out[:, rows]
-            slope = blocks.get(2, n, n_keys) if row.cap else None
-            t = row.logits(q_c, k_t, hidden, blocks.get(0, n, n_keys), slope)
-            u, saved = form.weights(t, state[:, rows], blocks, hidden)
-            add_product_(grad_v[:, :n_keys], u.transpose(-2, -1), d_out)
-            g = torch.bmm(d_out, v_t.transpose(-2, -1), out=blocks.get(1, n, n_keys))
+
+    def step(i: int, rows: slice, keys: slice, hidden: Hidden) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+        n, n_keys = rows.stop - rows.start, keys.stop - keys.start
+        slope = blocks.get(2, n, n_keys) if row.cap else None
+        t = row.logits(q[:, rows], k[:, keys], hidden, blocks.get(0, n, n_keys), slope)
+        u, saved = form.weights(t, state[:, rows], blocks, hidden)
+
+        def vjp(g: Tensor) -> Tensor:
             dt = form.vjp(g, u, saved, delta[:, rows], state[:, rows])
-            if slope is not None:
-                dt.mul_(slope)  # hidden keys: dt = 0 and a finite slope
-            grad_q.baddbmm_(dt, k_t)
-            add_product_(grad_k[:, :n_keys], dt.transpose(-2, -1), q_c)
-    return *grads.result(), *(None,) * 4
+            return dt if slope is None else dt.mul_(slope)  # hidden keys: dt = 0 and a finite slope
+
+        return u, vjp
+
+    return *tiled_backward((q, k, v), grad_out, chunks, width, blocks, step), *(None,) * 4
 
 
 # ---------------------------------------------------------------------------------------------- softpick's terms
