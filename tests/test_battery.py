@@ -18,7 +18,7 @@ from axiomformer.cli import app
 from axiomformer.models.controls import ControlLM, causal_mean
 from axiomformer.study import ResultsStore
 from axiomformer.study.battery import loss_still_falling
-from axiomformer.study.statistics import PairedItem, agrees, newcombe_difference, solve_rate_comparison
+from axiomformer.study.statistics import PairedItem, VerdictRule, agrees, newcombe_difference, solve_rate_comparison
 from axiomformer.tasks import TASKS, make_task
 from axiomformer.tasks.base import IGNORE
 from axiomformer.tasks.multiset import MAJORITY_WEIGHT, MajorityTask, majority_posterior
@@ -200,7 +200,7 @@ def test_the_solve_rate_interval_matches_newcombes_published_table(counts, publi
 
 def test_solve_rate_comparison_counts_a_diverged_run_as_not_solved():
     item = PairedItem("A4", "A4=cosine", "mqar@16", [1.0] * 7 + [float("nan")], [1.0] * 8)
-    v = solve_rate_comparison(item, threshold=0.9, margin=0.25)
+    v = solve_rate_comparison(item, threshold=0.9, rule=VerdictRule(margin=0.25))
     assert v.diff == pytest.approx(-1 / 8) and v.metric == "solve_rate" and agrees(v.to_dict())
     low, high = newcombe_difference(7, 8, 8, 8, 0.95).low, newcombe_difference(7, 8, 8, 8, 0.95).high
     assert (v.ci_low, v.ci_high) == pytest.approx((low, high))

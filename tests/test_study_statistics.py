@@ -14,6 +14,7 @@ import pytest
 from axiomformer.study.statistics import (
     VERDICT_KEYS,
     PairedItem,
+    VerdictRule,
     agrees,
     cell_interval,
     clopper_pearson,
@@ -219,7 +220,7 @@ def test_verdicts_agree_with_their_intervals_and_p_values_on_random_families():
             _item(rng.normal(0.8 + rng.normal(0, 0.03), rng.uniform(0.001, 0.05), n), rng.normal(0.8, 0.02, n))
             for _ in range(int(rng.integers(1, 9)))
         ]
-        for v in paired_family(items, margin=0.02):
+        for v in paired_family(items, rule=VerdictRule(margin=0.02)):
             d = v.to_dict()
             assert tuple(d) == VERDICT_KEYS and agrees(d)
             assert (v.p_difference < 0.05) == (v.ci_high < 0 or v.ci_low > 0)
@@ -234,7 +235,7 @@ def test_agrees_catches_a_verdict_that_contradicts_its_interval():
 
 
 def test_pilot_claims_nothing_whatever_the_data():
-    v = one_comparison(_item([0.5, 0.52, 0.51], [0.7, 0.71, 0.69]), pilot=True)
+    v = one_comparison(_item([0.5, 0.52, 0.51], [0.7, 0.71, 0.69]), rule=VerdictRule(pilot=True))
     assert v.verdict == "pilot" and v.ci_high < 0  # the interval is still printed
 
 
@@ -242,7 +243,7 @@ def test_bad_pairs_and_margins_are_rejected():
     with pytest.raises(ValueError, match="equal lengths"):
         one_comparison(_item([0.5, 0.6], [0.5]))
     with pytest.raises(ValueError, match="margin"):
-        one_comparison(_item([0.5, 0.6], [0.5, 0.6]), margin=0.0)
+        one_comparison(_item([0.5, 0.6], [0.5, 0.6]), rule=VerdictRule(margin=0.0))
 
 
 def test_one_pair_gives_no_interval_and_no_claim():
@@ -284,7 +285,7 @@ def test_seeds_needed_for_equal_solve_rates_is_where_the_newcombe_interval_fits_
     plain scan (29 at a family of 24); no longer 'no difference to detect'."""
     from statsmodels.stats.proportion import confint_proportions_2indep
 
-    from axiomformer.study.statistics import PairedItem, solve_rate_comparison
+    from axiomformer.study.statistics import PairedItem, VerdictRule, solve_rate_comparison
 
     level = 1 - 0.05 / 24
     scan = next(
@@ -294,5 +295,5 @@ def test_seeds_needed_for_equal_solve_rates_is_where_the_newcombe_interval_fits_
         < 0.25
     )
     item = PairedItem("A2", "A2=joint", "induction@32", [1.0] * 8, [1.0] * 8, True)
-    verdict = solve_rate_comparison(item, threshold=0.9, family_size=24, margin=0.25)
+    verdict = solve_rate_comparison(item, threshold=0.9, family_size=24, rule=VerdictRule(margin=0.25))
     assert verdict.verdict == "inconclusive" and verdict.seeds_needed == scan == 29

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from axiomformer.study.statistics import POWER, PairedItem, Verdict, one_comparison, solve_rate_comparison
+from axiomformer.study.statistics import PairedItem, Verdict, VerdictRule, one_comparison, solve_rate_comparison
 
 FAMILIES = ("primary", "secondary")
 
@@ -80,17 +80,11 @@ def compare_item(item: PairedItem, metric: str | None, family_size: int, info: d
     (``statistics.solve_rate_comparison``, Newcombe, margin ``info["margins"]["solve_rate"]``); ``info``: the report's
     ``design`` block. The main study's comparisons and the suites' contrasts both go through it."""
     if metric == "solve_rate":
-        return solve_rate_comparison(
-            item,
-            threshold=info["solve_threshold"],
-            family_size=family_size,
-            alpha=info["alpha"],
-            margin=info["margins"]["solve_rate"],
-            power=POWER,
-            pilot=pilot,
-        )
+        rule = VerdictRule(alpha=info["alpha"], margin=info["margins"]["solve_rate"], pilot=pilot)
+        return solve_rate_comparison(item, threshold=info["solve_threshold"], family_size=family_size, rule=rule)
     margin = info["margins"]["accuracy"] if "margins" in info else info["margin"]
-    return one_comparison(item, family_size=family_size, alpha=info["alpha"], margin=margin, power=POWER, pilot=pilot)
+    rule = VerdictRule(alpha=info["alpha"], margin=margin, pilot=pilot)
+    return one_comparison(item, family_size=family_size, rule=rule)
 
 
 def _verdict(info: dict[str, Any], c: Contrast, a: list[float], b: list[float], size: int, pilot: bool) -> Verdict:

@@ -19,10 +19,13 @@ builds its conclusions on it. The public API (stable):
 * :func:`decide` ``(ci_low, ci_high, margin, pilot) -> str``: the verdict rule, from the interval alone.
 * :func:`newcombe_difference` ``(s1, n1, s2, n2, level) -> Interval``: the Newcombe hybrid score interval of a
   difference of two proportions (Newcombe 1998, method 10; ``statsmodels ... confint_proportions_2indep``).
-* :func:`solve_rate_comparison` ``(item, threshold, family_size, alpha, margin, pilot) -> Verdict``: the comparison
-  of two solve rates (a run solves when its accuracy reaches ``threshold``).
-* :func:`paired_family` ``(items, alpha, margin, power, pilot) -> list[Verdict]``: every comparison of one family
-  (e.g. the primary comparisons), paired by seed, with Bonferroni-simultaneous intervals.
+* :class:`VerdictRule` ``(alpha, margin, power, pilot)``: the settings of the one verdict rule that every comparison
+  below takes (``rule=``).
+* :func:`one_comparison` ``(item, family_size, rule) -> Verdict``: one paired comparison of a family.
+* :func:`solve_rate_comparison` ``(item, threshold, family_size, rule) -> Verdict``: the comparison of two solve
+  rates (a run solves when its accuracy reaches ``threshold``).
+* :func:`paired_family` ``(items, rule) -> list[Verdict]``: every comparison of one family (e.g. the primary
+  comparisons), paired by seed, with Bonferroni-simultaneous intervals.
 * :func:`agrees` ``(verdict dict) -> bool``: whether a verdict agrees with its printed interval (the check the report
   and the tests apply to every verdict).
 
@@ -411,20 +414,34 @@ def _verdict(
     )  # fmt: skip
 
 
-def one_comparison(
-    item: PairedItem,
-    *,
-    family_size: int = 1,
-    alpha: float = ALPHA,
-    margin: float = MARGIN,
-    power: float = POWER,
-    pilot: bool = False,
-) -> Verdict:
-    """One comparison of a family of ``family_size`` (Bonferroni), see :func:`paired_family`.
+@dataclass(frozen=True)
+class VerdictRule:
+    """The settings of the one symmetric verdict rule (:func:`decide`) that every comparison of a study applies.
+
+    Attributes:
+        alpha: the family-wise error rate; each interval of a family of m is at level ``1 - alpha / m``.
+        margin: the equivalence margin (accuracy units): an interval inside ``(-margin, +margin)`` is ``free``.
+        power: the power at which ``mde`` and ``seeds_needed`` are computed.
+        pilot: a pilot run claims nothing: every verdict is ``pilot``, whatever its interval.
+    """
+
+    alpha: float = ALPHA
+    margin: float = MARGIN
+    power: float = POWER
+    pilot: bool = False
+
+
+RULE = VerdictRule()
+"""The default rule: ``alpha`` :data:`ALPHA`, ``margin`` :data:`MARGIN`, ``power`` :data:`POWER`, not a pilot."""
+
+
+def one_comparison(item: PairedItem, *, family_size: int = 1, rule: VerdictRule = RULE) -> Verdict:
+    """One comparison of a family of ``family_size`` (Bonferroni) under ``rule``, see :func:`paired_family`.
 
     Raises:
-        ValueError: ``values`` and ``reference`` of different lengths, ``margin <= 0`` or ``family_size < 1``.
+        ValueError: ``values`` and ``reference`` of different lengths, ``rule.margin <= 0`` or ``family_size < 1``.
     """
+    alpha, margin, power, pilot = rule.alpha, rule.margin, rule.power, rule.pilot
     data = _paired_differences(item, margin, family_size)
     level = 1 - alpha / family_size
     method = "paired t" + (f", Bonferroni over {family_size}" if family_size > 1 else "")
@@ -454,24 +471,14 @@ def one_comparison(
     )
 
 
-def paired_family(
-    items: Sequence[PairedItem],
-    *,
-    alpha: float = ALPHA,
-    margin: float = MARGIN,
-    power: float = POWER,
-    pilot: bool = False,
-) -> list[Verdict]:
-    """Verdicts for one family of comparisons, in input order, each interval Bonferroni-corrected over the family
-    so that all of them hold jointly with probability at least ``1 - alpha``.
+def paired_family(items: Sequence[PairedItem], *, rule: VerdictRule = RULE) -> list[Verdict]:
+    """Verdicts for one family of comparisons under ``rule``, in input order, each interval Bonferroni-corrected over
+    the family so that all of them hold jointly with probability at least ``1 - rule.alpha``.
 
     Raises:
         ValueError: see :func:`one_comparison`.
     """
-    return [
-        one_comparison(item, family_size=max(1, len(items)), alpha=alpha, margin=margin, power=power, pilot=pilot)
-        for item in items
-    ]
+    return [one_comparison(item, family_size=max(1, len(items)), rule=rule) for item in items]
 
 
 def newcombe_difference(s1: int, n1: int, s2: int, n2: int, level: float = CONFIDENCE) -> Interval:
@@ -554,15 +561,12 @@ def _p_equivalent_rates(s_a: int, n_a: int, s_b: int, n_b: int, margin: float, f
     return 1.0 if not math.isfinite(p_eq_raw) else min(1.0, p_eq_raw * 2 * family_size)
 
 
+SOLVE_RULE = VerdictRule(margin=0.25)
+"""The default rule of a solve-rate comparison: a difference of solve rates within ±0.25 is ``free``."""
+
+
 def solve_rate_comparison(
-    item: PairedItem,
-    *,
-    threshold: float,
-    family_size: int = 1,
-    alpha: float = ALPHA,
-    margin: float = 0.25,
-    power: float = POWER,
-    pilot: bool = False,
+    item: PairedItem, *, threshold: float, family_size: int = 1, rule: VerdictRule = SOLVE_RULE
 ) -> Verdict:
     """The difference of solve rates, model minus standard: a run solves when its value (test accuracy) reaches
     ``threshold``; a non-finite value (a diverged run) counts as not solved. Interval: :func:`newcombe_difference` at
@@ -571,10 +575,11 @@ def solve_rate_comparison(
     level; verdict: :func:`decide`.
 
     Raises:
-        ValueError: an empty side, ``margin <= 0`` or ``family_size < 1``.
+        ValueError: an empty side, ``rule.margin <= 0`` or ``family_size < 1``.
     """
     from scipy.stats import fisher_exact
 
+    alpha, margin, power, pilot = rule.alpha, rule.margin, rule.power, rule.pilot
     if not margin > 0 or family_size < 1:
         raise ValueError(f"need margin > 0 and family_size >= 1, got {margin} and {family_size}")
     solved_a = [bool(math.isfinite(x) and x >= threshold) for x in map(float, item.values)]
@@ -628,12 +633,15 @@ __all__ = [
     "MARGIN",
     "METRICS",
     "POWER",
+    "RULE",
     "SEEDS_CAP",
+    "SOLVE_RULE",
     "VERDICTS",
     "VERDICT_KEYS",
     "Interval",
     "PairedItem",
     "Verdict",
+    "VerdictRule",
     "agrees",
     "cell_interval",
     "clopper_pearson",
