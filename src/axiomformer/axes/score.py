@@ -194,9 +194,10 @@ def _dot_form_cosine(module, q, k, scale):
 
 
 def _dot_form_neg_l2(module, q, k, scale):
-    # -|q - k|^2 = [2q, 1] . [k, -|k|^2] - |q|^2; the -|q|^2 (r_i) is constant in j and cancels in a softmax. Extra
-    # columns add to the final logits, so the query column carries the scale.
-    return 2 * q, k, scale, [(torch.ones_like(q[..., :1]) * scale, -k.pow(2).sum(-1, keepdim=True))]
+    # -|q - k|^2 = [2q, 1] . [k, -|k|^2] - |q|^2; the -|q|^2 (r_i) is constant in j and cancels in a softmax. The 2
+    # goes into the scale (no pass over q); extra columns add to the final logits, so the query column carries the
+    # scale.
+    return q, k, 2 * scale, [(torch.ones_like(q[..., :1]) * scale, -k.pow(2).sum(-1, keepdim=True))]
 
 
 SCORE_TRAITS = {

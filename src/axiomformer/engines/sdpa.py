@@ -27,6 +27,8 @@ float32): a finite float32 bias converted to float16 may overflow to -inf and em
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -79,9 +81,14 @@ def alibi_column_ok(problem: AttentionProblem, max_slope: float | None = None) -
 def _augment(
     q: Tensor, k: Tensor, v: Tensor, scale: float | Tensor, extras: list[tuple[Tensor, Tensor]]
 ) -> tuple[Tensor, Tensor, Tensor, float]:
-    """Fold the scale and extra columns into q and k, and zero-pad v to their width (one ``cat`` per tensor: its
-    backward only slices)."""
-    q = q * (scale.to(q.dtype) if isinstance(scale, Tensor) else scale)
+    """Append the extra columns to q and k, and zero-pad v to their width (one ``cat`` per tensor: its backward only
+    slices). A nonzero float scale stays the kernel's, and the query columns are divided by it (no pass over q); a
+    tensor scale (per head) is folded into q."""
+    if isinstance(scale, Tensor) or not (scale != 0 and math.isfinite(scale)):
+        q = q * (scale.to(q.dtype) if isinstance(scale, Tensor) else scale)
+        scale = 1.0
+    else:
+        extras = [(qcol / scale, kcol) for qcol, kcol in extras]
     lead = (q.shape[0], q.shape[1])
     width = max(q.shape[-1] + len(extras), v.shape[-1])
 
@@ -92,7 +99,7 @@ def _augment(
         zeros = [x.new_zeros(lead + (x.shape[-2], pad))] if pad else []
         return torch.cat([x, *cols, *zeros], dim=-1) if cols or zeros else x
 
-    return (widen(q, [c for c, _ in extras]), widen(k, [c for _, c in extras]), widen(v, []), 1.0)
+    return (widen(q, [c for c, _ in extras]), widen(k, [c for _, c in extras]), widen(v, []), float(scale))
 
 
 WINDOW_CHUNK_MIN = 64
