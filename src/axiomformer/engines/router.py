@@ -493,35 +493,32 @@ def attend(
     """Attention of queries to keys and values, on the engine the router picks.
 
     Args:
-        q, k, v: (batch, heads, q_len, head_dim), (batch, heads, k_len, head_dim), (batch, heads, k_len, head_dim_v)
-            (batch and heads may broadcast).
-        spec: the point of the design space (default: the standard spec of this width, ``causal`` as given); parts:
-            the layer's :class:`~axiomformer.engines.plan.Plan` (its spec resolved once, with the score and
-            contribution modules; default: built from ``spec`` when they have no parameters).
+        q, k, v: (batch, heads, q_len, head_dim), (batch, heads, k_len, head_dim), (batch, heads, k_len, head_dim_v);
+            batch and heads may broadcast.
+        spec: the point of the design space (default: the standard spec, ``causal`` as given); parts: the layer's
+            :class:`~axiomformer.engines.plan.Plan`, its spec resolved once with its modules (default: built from
+            ``spec`` when its score and contribution have no parameters).
         mask: bool, True = may attend; bias: float added to the scores (finite); both broadcastable to (batch, heads,
             q_len, k_len) (``masks.prepare_masks`` turns user masks into this pair).
-        scale: a float, a (1, heads, 1, 1) or a per-row (batch|1, heads, q_len, 1) tensor (``scale=log_n``), honoured
-            by every normalizer (the linear one as phi(s q)); default the value of a ``constant`` scale choice
-            (``axes/scale.py``): 1/sqrt(head_dim) for ``"inv_sqrt_d"`` (head_dim / 2 for ``normalizer="diff"``; 1
-            with the linear normalizer), 1 for ``"none"``.
+        scale: a float, a (1, heads, 1, 1) or a per-row (batch|1, heads, q_len, 1) tensor (``scale=log_n``), for
+            every normalizer (the linear one as phi(s q)); default: the ``constant`` scale choice's value
+            (``axes/scale.py``), 1/sqrt(head_dim) for ``"inv_sqrt_d"`` (of head_dim / 2 for diff; 1 if linear), 1
+            for ``"none"``.
         causal: bottom-right aligned causal mask (default ``spec.causal``); q_offset: position of query 0 among the
-            keys (default ``k_len - q_len``); window: sliding window of keys (default ``spec.window``, see
+            keys (default ``k_len - q_len``); window: sliding window of keys (default ``spec.window``,
             ``engines.problem.window_mask``); alibi_slopes: (heads,) ALiBi slopes, or None.
         dropout_p: dropout on the weights in training (default ``spec.dropout``); need_weights: also return the
-            weights that produced ``out``; engine: ``"auto"`` or an engine name to force; double_backward: route to
-            an engine differentiable to every order; transport: the gates (``axes.transport.TransportGates``) over
-            the key positions for a plan with a transport (``Attention`` computes them from the key input); select:
-            the :class:`~axiomformer.axes.select.Selection` of a plan with a selection, computed by an engine that
-            gathers the kept keys (``engines/selected.py``) or else folded into ``mask`` here (``Attention`` passes
-            it when nothing before the engine reads the mask).
+            weights; engine: ``"auto"`` or an engine to force; double_backward: an engine differentiable to every
+            order; transport: a plan's gates over the key positions (``axes.transport.TransportGates``); select: a
+            plan's ``Selection``, gathered by ``engines/selected.py`` or else folded into ``mask``.
 
     Returns:
-        :class:`Attended` ``(out, weights, engine)``. A query with no visible key gets a zero row; a query that may
-        see a key whose key or value is non-finite gets a NaN row (engines/problem.py).
+        :class:`Attended` ``(out, weights, engine)``; a query with no visible key gets a zero row, one that sees a
+        non-finite key or value a NaN row (engines/problem.py).
 
     Raises:
-        ValueError: see :func:`_checked_options` (shapes that do not fit, naming them; the spec's conditions on
-            scale, causal mask, head_dim, bias and transport), :func:`route` and :func:`default_parts`.
+        ValueError: shapes that do not fit, naming them, or a spec's condition on scale, causal mask, head_dim, bias
+            or transport not met (:func:`_checked_options`); see also :func:`route` and :func:`default_parts`.
     """
     target = problem_shape(q, k, v)
     options = _checked_options(q, target, spec, parts, mask, bias, scale, causal, window, alibi_slopes, transport)
