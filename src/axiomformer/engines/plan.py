@@ -40,7 +40,8 @@ DEFAULT_BUDGET = 2**21
 """Elements of one score block (8 MiB in float32), summed over batch and heads **(our choice)**."""
 
 ALIBI_F32_MAX_SPAN = 2.0**10
-"""Largest m_h |p_j - c| folded into a float32 key column (rounding error <= 2^-24 * 2^10 = 2^-14 per logit)."""
+"""Largest m_h |p_j - c| folded into a float32 key column (rounding error <= 2 * 2^-24 * 2^10 = 2^-13 per logit: the
+column's own, and the query column's 1 / scale, ``engines/sdpa.py``)."""
 
 
 def _pair_width(spec: AttentionSpec, score_fn: nn.Module, contribution: nn.Module) -> int:

@@ -12,8 +12,8 @@ ALiBi with a causal mask is a dot product too: -m_h (p_i - p_j) = m_h p_j - m_h 
 j, so q and k gain one column [1] and [m_h (p_j - c)] (c, the middle key position, keeps the column small). v is
 zero-padded to the same width (the kernels need one head size); no further padding: with torch 2.13 on CPU, head
 dims 65 and 66 ran as fast as 72 and hold 10% less **(our choice)**. In
-float32 this column adds a rounding error of about 2^-24 m_h |p_j - c| to each logit, so it is used only while
-that stays below 2^-14 (for float64 always); other ALiBi problems, and any float ``attn_mask``, go to SDPA as a
+float32 this column adds a rounding error of about 2^-24 m_h |p_j - c| to each logit (twice that with a float scale,
+whose reciprocal the query column carries), so it is used only while that stays below 2^-13 (for float64 always); other ALiBi problems, and any float ``attn_mask``, go to SDPA as a
 float mask when it is small, and to the flex or chunked engine when it is not.
 
 ALiBi makes the logits of far keys very negative, so exp() in the CPU kernels yields denormal numbers, which made
