@@ -92,6 +92,15 @@ def tile_keys(diagonal: Hidden, start: int, width: int, end: int) -> tuple[slice
     return keys, (lo - start, hidden[:, lo - first : keys.stop - first])
 
 
+def flat_heads(q: Tensor, k: Tensor, v: Tensor) -> tuple[tuple[int, int], Tensor, Tensor, Tensor]:
+    """((batch, heads), q, k, v as (batch*heads, seq, dim)): the inputs (batch, heads, seq, dim) of a chunked engine
+    with their batch and heads dims broadcast against each other (a dim of 1 against more; autograd of the expansion
+    sums its gradient back)."""
+    batch, heads = torch.broadcast_shapes(q.shape[:2], k.shape[:2], v.shape[:2])
+    q3, k3, v3 = (torch.broadcast_to(t, (batch, heads) + t.shape[2:]).flatten(0, 1) for t in (q, k, v))
+    return (batch, heads), q3, k3, v3
+
+
 def add_product_(target: Tensor, a: Tensor, b: Tensor) -> None:
     """target += a @ b (batched): one ``baddbmm_`` where target is contiguous, else a product and an add (a tile of
     keys a chunk reads only in part: ``baddbmm_`` into a strided target runs one ``addmm_`` per batch entry)."""

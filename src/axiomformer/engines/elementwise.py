@@ -32,7 +32,15 @@ from torch import Tensor
 from axiomformer.axes.registry import Choice
 from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
 from axiomformer.engines.base import Computes, EngineBase
-from axiomformer.engines.blocks import Hidden, ScoreBlocks, tile_budget, tile_keys, tile_shape, tiled_backward
+from axiomformer.engines.blocks import (
+    Hidden,
+    ScoreBlocks,
+    flat_heads,
+    tile_budget,
+    tile_keys,
+    tile_shape,
+    tiled_backward,
+)
 from axiomformer.engines.plan import Plan, ProblemKind, plain_dot
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 
@@ -61,14 +69,10 @@ class _Chunk:
         self.rows, self.end, self.diagonal, self.n = rows, end, diagonal, n
         self.size = rows.stop - rows.start
 
-    def tile(self, start: int, width: int) -> tuple[slice, Hidden]:
-        """The keys ``start .. start + width - 1`` this chunk reads (clipped to ``end``) and those of them it hides,
-        counted from the tile's first key (:func:`~axiomformer.engines.blocks.tile_keys`)."""
-        return tile_keys(self.diagonal, start, width, self.end)
-
     def tiles(self, width: int) -> Iterator[tuple[slice, Hidden]]:
+        """The chunk's tiles of ``width`` keys and the keys each hides (:func:`~axiomformer.engines.blocks.tile_keys`)."""
         for start in range(0, self.end, width):
-            yield self.tile(start, width)
+            yield tile_keys(self.diagonal, start, width, self.end)
 
     def weights(self, s: Tensor, choice: Choice, hidden: Hidden) -> Tensor:
         """u (batch*heads, rows, keys) from a tile's scores (overwritten with a ``closed_grad`` choice), 0 at the
@@ -162,11 +166,7 @@ def elementwise_attention(plan: Plan, problem: AttentionProblem, budget: int | N
     :func:`~axiomformer.engines.blocks.tile_budget`)."""
     scale = problem.scale
     q = problem.q * (scale.to(problem.q.dtype) if isinstance(scale, Tensor) else scale)
-    batch, heads = max(q.shape[0], problem.k.shape[0]), max(q.shape[1], problem.k.shape[1])  # a dim of 1 broadcast
-    q3, k3, v3 = (
-        torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
-        for t in (q, problem.k, problem.v)
-    )
+    (batch, heads), q3, k3, v3 = flat_heads(q, problem.k, problem.v)
     out = ElementwiseAttention.apply(
         q3, k3, v3, plan.normalizer_choice, problem.causal, problem.q_offset, budget or tile_budget()
     )

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from axiomformer.engines.autograd import RecomputingFunction, keep_for_backward
 from axiomformer.engines.base import Computes, EngineBase
-from axiomformer.engines.blocks import ScoreBlocks, tile_budget, transposed_grad_buffers
+from axiomformer.engines.blocks import ScoreBlocks, flat_heads, tile_budget, transposed_grad_buffers
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind, closed_form_chunk
 from axiomformer.engines.problem import AttentionProblem, causal_mask, fill_hidden_, query_chunks
 from axiomformer.engines.rowkernels import StickBreaking, TopK, reads_options, row_kernel
@@ -330,11 +330,7 @@ def rowwise_attention(plan: Plan, problem: AttentionProblem, chunk: int, budget:
     (``engines/rowtiles.py``; None: :func:`~axiomformer.engines.blocks.tile_budget`)."""
     scale = problem.scale
     q = problem.q * (scale.to(problem.q.dtype) if isinstance(scale, Tensor) else scale)
-    batch, heads = max(q.shape[0], problem.k.shape[0]), max(q.shape[1], problem.k.shape[1])
-    q3, k3, v3 = (
-        torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
-        for t in (q, problem.k, problem.v)
-    )
+    (batch, heads), q3, k3, v3 = flat_heads(q, problem.k, problem.v)
     row = _Row(plan)
     if row.kernel.tiled is not None:
         out = TiledRowAttention.apply(q3, k3, v3, row, problem.causal, problem.q_offset, budget or tile_budget())

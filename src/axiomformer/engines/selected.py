@@ -34,6 +34,7 @@ from torch import Tensor
 
 from axiomformer.engines.autograd import graph_grads
 from axiomformer.engines.base import Computes, EngineBase
+from axiomformer.engines.blocks import flat_heads
 from axiomformer.engines.plan import DEFAULT_BUDGET, Plan, ProblemKind
 from axiomformer.engines.problem import AttentionProblem
 
@@ -199,11 +200,7 @@ class SelectedEngine(EngineBase):
         q, scale = problem.q, problem.scale
         if isinstance(scale, Tensor):  # a learned or per-row scale: folded into q, autograd carries its gradient
             q, scale = q * scale.to(q.dtype), 1.0
-        batch, heads = torch.broadcast_shapes(q.shape[:2], problem.k.shape[:2], problem.v.shape[:2])
-        q3, k3, v3 = (
-            torch.broadcast_to(t, (batch, heads) + t.shape[2:]).reshape((batch * heads,) + t.shape[2:])
-            for t in (q, problem.k, problem.v)
-        )
+        (batch, heads), q3, k3, v3 = flat_heads(q, problem.k, problem.v)
         groups = picked_groups(plan, problem, (batch, heads), self.memory_budget)
         out = SelectedAttention.apply(q3, k3, v3, groups, float(scale))
         return out.view(batch, heads, *out.shape[1:]), None
