@@ -1,6 +1,7 @@
 """Pilot: how long must a 64-token-trained model train at 10,000 tokens before validation accuracy is flat?
 Warm start from the committed long-range store's 64-token state (seed 0), train N steps at 10,000 tokens with no early
-stop, evaluate every E steps on V validation sequences; print the history as JSON."""
+stop, evaluate every E steps on V validation batches (of 4 sequences); print the history as JSON. Optional: test batches
+(default V) and a path for the tested weights (safetensors), so a later pilot can continue from them."""
 
 import json
 import sys
@@ -9,6 +10,8 @@ import time
 from axiomformer.train import TrainConfig, train
 
 task, model, dim, lr, state, steps, every, vb = sys.argv[1:9]
+tb = sys.argv[9] if len(sys.argv) > 9 else vb
+save = sys.argv[10] if len(sys.argv) > 10 else None
 opts = {"shared": False} if task == "needle" else {"pairs": 2, "num_keys": 4}  # the suite's needle_kv since 8e741a6
 cfg = TrainConfig(
     task=task,
@@ -23,7 +26,7 @@ cfg = TrainConfig(
     warmup=3,
     eval_every=int(every),
     eval_batches=int(vb),
-    test_batches=int(vb),
+    test_batches=int(tb),
     weight_decay=0.1,
     target_accuracy=None,
     patience=None,
@@ -33,7 +36,7 @@ cfg = TrainConfig(
     init_from=state,
 )
 c = time.process_time()
-r = train(cfg, progress=False, log=lambda s: print(s, flush=True))
+r = train(cfg, progress=False, log=lambda s: print(s, flush=True), save_state=save)
 print(
     json.dumps(
         {
