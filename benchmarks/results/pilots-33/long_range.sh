@@ -60,3 +60,8 @@ one o_10k_standard_needle_kv $PY $P/long10k.py needle_kv transformer 32 1e-3 $S/
 one o_10k_gru_needle_kv $PY $P/long10k.py needle_kv gru 46 1e-2 $S/164684850150ed46d091.safetensors 240 40 6
 one p_10k_standard_needle_kv_600 $PY $P/long10k.py needle_kv transformer 32 1e-3 $S/4d564e26f259ecb6dd92.safetensors 600 100 25
 one q_10k_gru_needle_kv_600 $PY $P/long10k.py needle_kv gru 46 1e-2 $S/164684850150ed46d091.safetensors 600 100 25
+#   r (stop 47): the Transformer of p, 1,800 steps (the cosine schedule over 1,800), validation on 100 sequences every
+#        100 steps, test on 400; its tested weights in r_state.safetensors (for a longer pilot from them).
+#   s (stop 47): the LSTM (width 40, 3e-3: its 64-token choice), 1,200 steps the same way.
+one r_10k_standard_needle_kv_1800 $PY $P/long10k.py needle_kv transformer 32 1e-3 $S/4d564e26f259ecb6dd92.safetensors 1800 100 25 100 $P/r_state.safetensors
+one s_10k_lstm_needle_kv_1200 $PY $P/long10k.py needle_kv lstm 40 3e-3 $S/3aade52bbdd138116172.safetensors 1200 100 25 100
