@@ -225,7 +225,7 @@ def _fake_study(accuracies: dict[tuple[str, str, int], list[float]], n: int, cei
             row = _row(acc, n).model_copy(update={"label": label, "task": task, "seq_len": seq_len, "seed": seed})
             rows.append(row)
     labels = dict.fromkeys(label for label, _, _ in accuracies)
-    payload = {f"{t.name}@{s}": {"ceiling": ceiling} for t in cfg.tasks for s in t.seq_lens}
+    payload = {f"{t.name}@{s}": {"ceiling": ceiling, "ceiling_method": "exact"} for t in cfg.tasks for s in t.seq_lens}
     return SimpleNamespace(
         config=cfg,
         rows=rows,
@@ -316,6 +316,63 @@ def test_the_long_range_json_carries_one_verdict_set_its_own(tmp_path):
     assert aa is None or {t["family"] for t in aa["tasks"]} == {"aa_control"}
     deciding = {v["task"] for v in out["long_range"]["validity"] if v["decides"]}
     assert {v["task"] for v in out["verdicts"]} <= deciding
+
+
+def _verdicts_outside_design(out: dict) -> list[str]:
+    """The verdicts of a report --json whose task@length ``design.tasks`` does not mark as discriminating."""
+    good = {t["task"] for t in out["design"]["tasks"] if t["discriminates"]}
+    return [f"{v['task']}@{v['seq_len']}" for v in out["verdicts"] if f"{v['task']}@{v['seq_len']}" not in good]
+
+
+def _committed_json(tmp_path) -> dict:
+    import shutil
+    from pathlib import Path
+
+    from axiomformer.study.report import study_json
+
+    store = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "long-range" / "results.sqlite"
+    shutil.copy(store, tmp_path / "results.sqlite")
+    return study_json(tmp_path)
+
+
+def test_design_tasks_state_the_rule_the_long_range_verdicts_follow(tmp_path):
+    # design.tasks is the suite's own rule (per task, at the shortest length), so no verdict comes from a cell the
+    # block calls non-discriminating; the battery's per-length answer stays beside it (at_length) with the reason.
+    out = _committed_json(tmp_path)
+    assert out["verdicts"] and _verdicts_outside_design(out) == []
+    own = {v["task"]: v["decides"] for v in out["long_range"]["validity"]}
+    for t in out["design"]["tasks"]:
+        assert t["discriminates"] == own[t["task"].rsplit("@", 1)[0]] and isinstance(t["at_length"], bool)
+        if t["discriminates"] and not t["at_length"]:
+            assert "by the battery's rule it does not" in t["why"]
+
+
+def test_the_battery_rule_in_design_tasks_is_caught_contradicting_the_verdicts():
+    # Where the Transformer solves 64 tokens but not 10,000 and the LSTM solves 10,000, the suite compares solve rates
+    # at 10,000. Planted: design.tasks by the battery's per-length rule (the suite without its own), which calls that
+    # cell non-discriminating: the same consistency check finds the verdicts outside it.
+    from axiomformer.study.battery import task_validity as battery_validity
+    from axiomformer.study.long_range_report import design_tasks, solve_rate_comparisons
+    from axiomformer.study.summary import cell_stats
+
+    acc = {
+        ("standard", "needle_kv", 64): [1.0] * 5,
+        ("standard", "needle_kv", 10000): [0.3, 0.32, 0.28, 0.3, 0.31],
+        ("lstm", "needle_kv", 10000): [0.99] * 5,
+        ("uniform_mixing", "needle_kv", 64): [0.6] * 5,
+        ("uniform_mixing", "needle_kv", 10000): [0.3, 0.29, 0.31, 0.3, 0.3],
+    }
+    d = _fake_study(acc, 400)
+    d.lrs, d.lr_edges = {}, set()  # what summary.cell_stats reads beside the rows
+    verdicts = solve_rate_comparisons(d, 0.9, 0.25)
+    assert [(v["seq_len"], v["model"]) for v in verdicts][:1] == [(10000, "lstm")]
+    own = design_tasks(d, 0.9)
+    out = {"verdicts": verdicts, "design": {"tasks": own}}
+    assert _verdicts_outside_design(out) == []
+    long = next(t for t in own if t["task"] == "needle_kv@10000")
+    assert long["discriminates"] and not long["at_length"] and "by the battery's rule it does not" in long["why"]
+    planted = {"verdicts": verdicts, "design": {"tasks": battery_validity(d, cell_stats(d))}}
+    assert _verdicts_outside_design(planted) == ["needle_kv@10000"] * len(verdicts)
 
 
 def test_a_task_whose_uniform_mixing_control_solves_it_does_not_decide():

@@ -153,6 +153,34 @@ def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
     }
 
 
+def design_tasks(d: StudyData, solved: float) -> list[dict[str, Any]]:
+    """``design.tasks`` of the long-range suite: the battery's entry per task and length (ceiling, controls, the
+    standard model's accuracy, budget; ``battery.task_validity``) with ``discriminates`` and ``why`` from the rule the
+    suite's verdicts follow (:func:`task_validity`: per task, at its shortest length), and ``at_length``: the
+    battery's own per-length answer. Where the two differ at a longer length, ``why`` says so: there the standard
+    Transformer is no better than uniform mixing, and a solve-rate comparison asks which model still solves."""
+    from axiomformer.study.battery import task_validity as battery_validity
+    from axiomformer.study.summary import cell_stats
+
+    decided = {v["task"]: v for v in task_validity(d, solved)}
+    shortest = {task: lengths[0] for task, lengths in _task_lengths(d).items()}
+    out = []
+    for entry in battery_validity(d, cell_stats(d)):
+        task, length = entry["task"].rsplit("@", 1)
+        own = decided.get(task)
+        if own is None:
+            out.append(entry)
+            continue
+        why = f"{own['why']} (the suite's rule, at {shortest[task]} tokens)"
+        if own["decides"] and not entry["discriminates"] and int(length) != shortest[task]:
+            why += (
+                f"; at {length} tokens by the battery's rule it does not ({entry['why']}): the solve rates there ask "
+                "which model still solves where the Transformer does not, not what scores add"
+            )
+        out.append(entry | {"discriminates": own["decides"], "why": why, "at_length": entry["discriminates"]})
+    return out
+
+
 def is_footing(label: str, kind: str) -> bool:
     """Whether a model is part of the footing (a validity control or the A/A arm), not an arm the suite asks about:
     it gets no zero-shot run and no solve-rate verdict."""

@@ -37,8 +37,9 @@ class Suite:
             (``study.summary``).
         extra_json: ``(StudyData) -> dict``: more top-level keys for ``report --json`` (e.g. the long-range suite's
             per-run exact intervals); ``None`` (default): none.
-        validity: ``(StudyData) -> list of task entries``: the task validity block (``battery.task_validity``) of a
-            suite with ``comparisons``, printed as ``design.tasks``; ``None`` (default): none.
+        validity: ``(StudyData) -> list of task entries``: the task validity block (``battery.task_validity``'s
+            entries) printed as ``design.tasks``: of a suite with ``comparisons``, or of one without that decides
+            by a rule of its own (the long-range suite); ``None`` (default): none, or the battery's rule.
         families: the verdict families of a suite with ``comparisons``, in report order (``design.families``).
     """
 

@@ -190,7 +190,8 @@ def design(d: StudyData) -> dict[str, Any]:
         own = _suite_design(d, contrasts)
         return base | own | (footing if "tasks" in own else {})
 
-    tasks = task_validity(d, cell_stats(d))
+    own_validity = _suite_validity(d)
+    tasks = own_validity if own_validity is not None else task_validity(d, cell_stats(d))
     found = main_families(d)
     good = [t["task"] for t in tasks if t["discriminates"]]
     return base | {
@@ -249,6 +250,18 @@ def suite_contrasts(d: StudyData) -> list | None:
     except ValueError:
         return None
     return None if suite.comparisons is None else list(suite.comparisons(d))
+
+
+def _suite_validity(d: StudyData) -> list[dict[str, Any]] | None:
+    """``design.tasks`` of a suite without comparisons that states its own validity rule (``Suite.validity``, e.g. the
+    long-range suite's solve rule), or ``None`` (the battery's rule: the main suite, an unregistered one)."""
+    from axiomformer.study.registry import get_suite
+
+    try:
+        suite = get_suite(d.suite)
+    except ValueError:
+        return None
+    return None if suite.validity is None else suite.validity(d)
 
 
 def _model_order(d: StudyData) -> Callable[[str], int]:

@@ -253,6 +253,13 @@ def stages(config: StudyConfig) -> list[Stage]:
     return base[:2] + [with_zero_shot(stage, i) for i, stage in enumerate(base[2:], start=1)]
 
 
+def validity(d: StudyData) -> list[dict]:
+    """``design.tasks`` (``long_range_report.design_tasks``): the suite's own rule, per task and length."""
+    from axiomformer.study import long_range_report
+
+    return long_range_report.design_tasks(d, SOLVED)
+
+
 def runs_json(d: StudyData) -> dict:
     """The ``long_range`` block of ``report --json`` (``long_range_report.runs_json``)."""
     from axiomformer.study import long_range_report
@@ -275,5 +282,6 @@ SUITE = register(
         sections=sections,
         stages=stages,
         extra_json=runs_json,
+        validity=validity,
     )
 )
