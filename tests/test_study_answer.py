@@ -274,3 +274,23 @@ def test_the_library_accepts_one_seed_as_a_pilot_while_the_command_refuses_it():
     assert cfg.seeds == 1 and cfg.seeds < cfg.min_seeds
     with pytest.raises(ValueError, match="seeds must be >= 1"):
         validate_config({"seeds": 0}, base=default_config(quick=True).model_dump())
+
+
+def _undecided(n_seeds: int, seeds_needed: int | None):
+    from axiomformer.study.statistics import Verdict
+
+    return Verdict(
+        "A0", "position=none", "induction@32", "inconclusive", -0.6, -0.9, 0.004, "newcombe", 0.99, 0.25, 0.06, 0.9,
+        n_seeds, 0.5, seeds_needed, True, "solve_rate",
+    )
+
+
+@pytest.mark.parametrize("needed, says", [(8, True), (6, True), (18, False), (None, False)])
+def test_an_undecided_verdict_whose_power_analysis_asks_no_more_seeds_than_ran_says_so(needed, says):
+    # The power analysis gives the seeds that decide 4 times in 5; at or below the seeds that ran, the text must not
+    # read as if more seeds were still to come.
+    from axiomformer.study.answer import _need
+
+    text = _need(_undecided(8, needed))
+    assert ("no more than ran" in text) is says
+    assert ("more than 10,000" in text) is (needed is None)

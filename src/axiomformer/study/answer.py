@@ -46,7 +46,11 @@ def _need(v: Verdict) -> str:
         return f"decided with {v.n_seeds} seeds"
     mde = "—" if v.mde is None else f"{v.mde:.3f}"
     seeds = "more than 10,000" if v.seeds_needed is None else f"about {v.seeds_needed}"
-    return f"detects {mde} at 80 % power with {v.n_seeds} seeds; a decision needs {seeds} seeds"
+    text = f"detects {mde} at 80 % power with {v.n_seeds} seeds; a decision needs {seeds} seeds"
+    if v.seeds_needed is not None and v.n_seeds is not None and v.seeds_needed <= v.n_seeds:
+        # the power analysis is an expectation: at 80 % power one run in five of that size stays undecided
+        text += " (no more than ran: this run is one of the undecided ones a power of 0.8 leaves)"
+    return text
 
 
 def _flags(v: Verdict) -> str:
