@@ -280,8 +280,23 @@ def _undecided(n_seeds: int, seeds_needed: int | None):
     from axiomformer.study.statistics import Verdict
 
     return Verdict(
-        "A0", "position=none", "induction@32", "inconclusive", -0.6, -0.9, 0.004, "newcombe", 0.99, 0.25, 0.06, 0.9,
-        n_seeds, 0.5, seeds_needed, True, "solve_rate",
+        "A0",
+        "position=none",
+        "induction@32",
+        "inconclusive",
+        -0.6,
+        -0.9,
+        0.004,
+        "newcombe",
+        0.99,
+        0.25,
+        0.06,
+        0.9,
+        n_seeds,
+        0.5,
+        seeds_needed,
+        True,
+        "solve_rate",
     )
 
 
