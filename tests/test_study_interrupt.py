@@ -123,7 +123,7 @@ runner.execute_in_worker = sleeper.forever            # runs that never end (imp
 
 
 class Run:
-    train_config, save_state, state_path = {}, False, None
+    train_config, save_state, state_path, key = {}, False, None, "stand-in|run"
 
 
 def workers():

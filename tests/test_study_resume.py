@@ -122,3 +122,40 @@ def test_killed_then_ctrl_c_study_resumes_without_losing_or_duplicating_runs(tmp
     assert summary.trained == total - len(interrupted)
     assert len(final) == len({r[0] for r in final}) == total
     assert set(interrupted) <= set(final)
+
+
+def test_a_run_stopped_part_way_resumes_from_its_progress_file_as_if_never_stopped(tmp_path, monkeypatch):
+    import axiomformer.train
+
+    path = _config(tmp_path, steps=8, seeds=2)
+    path.write_text(path.read_text().replace("eval_batches = 1", "eval_batches = 1\neval_every = 2"))
+    config = load_config(path)
+    out, fresh = tmp_path / "study", tmp_path / "fresh"
+    real_train, calls = axiomformer.train.train, []
+
+    def stopped_in_the_third(cfg, **kwargs):
+        if cfg.steps == config.budget.steps:  # not the runner's short memory warm-up
+            calls.append(cfg)
+            if len(calls) == 3:
+                seen: list[str] = []
+
+                def log(line: str) -> None:
+                    seen.append(line)
+                    if len(seen) == 2:  # after its first evaluation wrote the progress file
+                        raise KeyboardInterrupt
+
+                return real_train(cfg, **kwargs, log=log)
+        return real_train(cfg, **kwargs)
+
+    monkeypatch.setattr(axiomformer.train, "train", stopped_in_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(config, out, progress=False, console=Console(quiet=True))
+    assert len(list((out / "progress").glob("*.pt"))) == 1
+    lines: list[str] = []
+    monkeypatch.setattr(axiomformer.train, "train", lambda cfg, **kwargs: real_train(cfg, **kwargs, log=lines.append))
+    run_study(config, out, progress=False, console=Console(quiet=True))
+    assert sum("resumed from" in line for line in lines) == 1
+    assert not list((out / "progress").glob("*.pt"))
+    monkeypatch.setattr(axiomformer.train, "train", real_train)
+    run_study(config, fresh, progress=False, console=Console(quiet=True))
+    assert [r[:3] for r in _rows(out)] == [r[:3] for r in _rows(fresh)]  # the same runs, the same metrics

@@ -339,6 +339,7 @@ def train(
     save_state: str | Path | None = None,
     on_init: Callable[[torch.nn.Module, Any], dict] | None = None,
     on_end: Callable[[torch.nn.Module, Any], dict] | None = None,
+    progress_file: str | Path | None = None,
 ) -> TrainResult:
     """Train ``config.model`` on ``config.task``, select on validation, report test.
 
@@ -359,6 +360,12 @@ def train(
         on_init, on_end: called as ``fn(model, task)`` before the first step and after the last evaluation (the model
             in eval mode, gradients off); what they return is stored in ``result.extra["init"]`` / ``["end"]``.
             They measure; training never depends on them.
+        progress_file: if given, the run's progress is written there after every validation evaluation (weights,
+            optimizer, schedule, random state and history; written whole or not at all), a run that finds the file
+            of the same config continues from it, and the file is removed once the run is done: an interrupted run
+            resumes at its last evaluation and ends exactly as an uninterrupted one. A file of another config is
+            ignored (the run starts over); one that cannot be written is skipped with a warning. Single process
+            only (ignored inside a process group).
 
     Raises:
         ValueError: task options the task rejects; a global batch that does not split evenly over the ranks; an
@@ -367,10 +374,18 @@ def train(
     """
     parallel = DataParallel.current(config.device)
     parallel.check_batch(config.batch_size)
+    keep = None if progress_file is None or parallel.world_size > 1 else Path(progress_file)
     with seeded(config.init_seed, [parallel.device]):
-        model, result = _train_and_test(config, parallel, progress=progress, log=log, on_init=on_init, on_end=on_end)
+        model, result = _train_and_test(
+            config, parallel, progress=progress, log=log, on_init=on_init, on_end=on_end, keep=keep
+        )
     if parallel.main:
         _save(model, config, result, save_state, checkpoint_dir)
+    if keep is not None:
+        try:
+            keep.unlink(missing_ok=True)
+        except OSError:  # never written (the warning said so), or not ours to remove
+            pass
     return result
 
 
@@ -382,6 +397,7 @@ def _train_and_test(
     log: Callable[[str], None] | None,
     on_init: Callable[[torch.nn.Module, Any], dict] | None,
     on_end: Callable[[torch.nn.Module, Any], dict] | None,
+    keep: Path | None = None,
 ) -> tuple[torch.nn.Module, TrainResult]:
     """The body of :func:`train` inside its seeded block: build, train, restore the best weights, test; the model
     and its result."""
@@ -397,7 +413,15 @@ def _train_and_test(
     meter.start()
     start = time.perf_counter()
     run = _Run()
-    _loop(run, built, parallel, val_set, progress=progress and parallel.main, log=log if parallel.main else None)
+    _loop(
+        run,
+        built,
+        parallel,
+        val_set,
+        progress=progress and parallel.main,
+        log=log if parallel.main else None,
+        keep=keep,
+    )
     run.best.restore(model)
     test_accuracy, test_loss, n_test = _test_counts(model, test_set, parallel)
     seconds = time.perf_counter() - start
@@ -537,8 +561,9 @@ def _loop(
     *,
     progress: bool,
     log: Callable[[str], None] | None,
+    keep: Path | None = None,
 ) -> None:
-    """Train until the budget is spent or a stop rule fires, evaluating on ``val_set``; fills ``run``."""
+    """Train until the budget is spent or a stop rule fires, evaluating on ``val_set``; fills ``run`` (``keep``)."""
     config, task, spec, model = built.config, built.task, built.spec, built.model
     anneal = spec is not None and spec.normalizer == "gumbel_softmax" and config.gumbel_tau_final is not None
     model.train()
@@ -547,10 +572,11 @@ def _loop(
     optimizer = make_optimizer(model, config)
     step_fn = _step_parts(config, model, net, anneal)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config.warmup, config.steps))
+    (parts := _Progress(keep, config, model, optimizer, schedule)).resume(run, log)  # a progress file continues
     bar = _progress_bar(progress)
-    job = bar.add_task(f"{config.task} {config.model}", total=config.steps, info="")
+    job = bar.add_task(f"{config.task} {config.model}", total=config.steps, completed=run.steps_done, info="")
     with bar:
-        for step in range(config.steps):
+        for step in range(run.steps_done, config.steps):
             tick = time.perf_counter()
             inputs, targets, scored = parallel.shard(*task.batch(config.batch_size, seed=(config.seed << 32) + step))
             if anneal and spec is not None and config.gumbel_tau_final is not None:
@@ -582,6 +608,7 @@ def _loop(
                 )
                 if run.stop_reason != "steps":
                     break
+                parts.save(run)
     if run.steps_done == 0:
         accuracy, eval_loss = evaluate(model, val_set, parallel)
         run.best.offer(model, 0, accuracy, eval_loss, 1)
@@ -706,6 +733,77 @@ def _callback(fn: Callable[[torch.nn.Module, Any], dict], model: torch.nn.Module
             return dict(fn(model, task))
     finally:
         model.train(was_training)
+
+
+PROGRESS_VERSION = 1
+"""Layout version of a progress file (:class:`_Progress`); a file of another version is ignored."""
+
+
+@dataclass
+class _Progress:
+    """A run's progress file (``train(progress_file=...)``): what the loop needs to continue exactly where its last
+    evaluation left it. The batches are a function of (seed, step) already; the global random state (dropout, Gumbel
+    noise) is saved with the weights, the optimizer and the schedule."""
+
+    path: Path | None
+    config: TrainConfig
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: Any
+
+    def save(self, run: _Run) -> None:
+        """Write the progress after an evaluation, whole or not at all (a temporary file, then a rename)."""
+        if self.path is None:
+            return
+        best = run.best
+        payload = {
+            "version": PROGRESS_VERSION,
+            "config": self.config.model_dump(mode="json"),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+            "losses": torch.stack(run.losses) if run.losses else torch.empty(0),
+            "history": run.history,
+            "engines": run.engines,
+            "steps_done": run.steps_done,
+            "train_seconds": run.train_seconds,
+            "best": {"accuracy": best.accuracy, "loss": best.loss, "step": best.step, "index": best.index},
+            "best_state": best.state,
+        }
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(payload, tmp)
+            tmp.replace(self.path)
+        except OSError as err:
+            import warnings
+
+            warnings.warn(f"progress file {str(self.path)!r} not written ({err}); the run goes on", stacklevel=2)
+
+    def resume(self, run: _Run, log: Callable[[str], None] | None) -> None:
+        """Fill ``run``, the model, the optimizer, the schedule and the random state from the file, where it holds
+        this config's progress (else leave them as they are)."""
+        if self.path is None or not self.path.is_file():
+            return
+        saved = torch.load(self.path, map_location="cpu", weights_only=True)
+        if saved.get("version") != PROGRESS_VERSION or saved.get("config") != self.config.model_dump(mode="json"):
+            return
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.schedule.load_state_dict(saved["schedule"])
+        torch.set_rng_state(saved["rng"])
+        if saved["cuda_rng"]:
+            torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        run.losses = list(saved["losses"].unbind()) if saved["losses"].numel() else []
+        run.history, run.engines = saved["history"], saved["engines"]
+        run.steps_done, run.train_seconds = saved["steps_done"], saved["train_seconds"]
+        for name, value in saved["best"].items():
+            setattr(run.best, name, value)
+        run.best.state = saved["best_state"]
+        if log is not None:
+            log(f"step {run.steps_done}: resumed from {self.path}")
 
 
 class _Best:

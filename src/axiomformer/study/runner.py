@@ -15,6 +15,7 @@ trains only what is missing.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
 import subprocess
@@ -71,7 +72,11 @@ _WARM: set[tuple[str, str]] = set()
 
 
 def execute(
-    train_config: dict[str, Any], threads: int | None = None, workdir: str | None = None, save_state: str | None = None
+    train_config: dict[str, Any],
+    threads: int | None = None,
+    workdir: str | None = None,
+    save_state: str | None = None,
+    progress: str | None = None,
 ) -> dict[str, Any]:
     """Train one run and return ``TrainResult.to_dict()`` (the function every backend calls, in any process).
 
@@ -85,6 +90,8 @@ def execute(
         threads: torch CPU threads for this run (restored afterwards); ``None`` keeps the current setting.
         workdir: the study's out dir; a relative ``init_from`` and ``save_state`` are resolved against it.
         save_state: where to keep the trained weights (a later run's ``init_from``).
+        progress: the run's progress file (``train(progress_file=...)``): a run the study was stopped in resumes
+            at its last evaluation when the study is run again.
     """
     from axiomformer import train as trainer
     from axiomformer.runtime import torch_threads
@@ -111,7 +118,8 @@ def execute(
             )
         cpu = time.process_time()
         # Any: a TrainResult, or the plain mapping a stand-in trainer (tests, the Ray smoke run) returns
-        result: Any = trainer.train(config, progress=False, save_state=root / save_state if save_state else None)
+        state, kept = (root / name if name else None for name in (save_state, progress))
+        result: Any = trainer.train(config, progress=False, save_state=state, progress_file=kept)
     out = result.to_dict() if hasattr(result, "to_dict") else dict(result)
     out["cpu_seconds"] = time.process_time() - cpu
     out["memory_source"] = out.get("memory_method") or "trainer"
@@ -197,8 +205,14 @@ def _row(run: Run, result: dict[str, Any], backend: str) -> RunRecord:
 Outcome = tuple[Run, "dict[str, Any] | BaseException"]
 
 
-def _args(run: Run, workdir: str) -> tuple[str, str | None]:
-    return workdir, run.state_path if run.save_state else None
+PROGRESS_DIR = "progress"
+"""Folder of the out dir that holds the progress files of runs under way (removed as each run finishes)."""
+
+
+def _args(run: Run, workdir: str) -> tuple[str, str | None, str]:
+    """``execute``'s arguments after the threads: the out dir, the state to save and the run's progress file."""
+    name = hashlib.sha256(run.key.encode()).hexdigest()[:24]
+    return workdir, run.state_path if run.save_state else None, f"{PROGRESS_DIR}/{name}.pt"
 
 
 def _serial(runs: list[Run], threads: int | None, workdir: str) -> Iterator[Outcome]:

@@ -1,0 +1,99 @@
+"""A run stopped part-way resumes from its progress file (``train(progress_file=...)``) and ends exactly as the run
+that was never stopped: the same losses, validation history and test accuracy. Planted resumes that lose the
+optimizer's state or the random state (the Gumbel noise) are caught, and a progress file of another config is
+ignored."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from axiomformer.train import TrainConfig, train
+
+
+def _config(**changes) -> TrainConfig:
+    fields = {
+        "task": "copy",
+        "seq_len": 12,
+        "model": "transformer",
+        "dim": 16,
+        "heads": 2,
+        "layers": 1,
+        "steps": 30,
+        "batch_size": 8,
+        "lr": 3e-3,
+        "warmup": 3,
+        "eval_every": 10,
+        "eval_batches": 1,
+        "test_batches": 1,
+        "target_accuracy": None,
+        "patience": None,
+        "seed": 0,
+        "device": "cpu",
+        "spec": "normalizer=gumbel_softmax",  # draws from the global generator while training
+    }
+    return TrainConfig(**(fields | changes))
+
+
+def _stopped_at_second_evaluation(config: TrainConfig, path) -> None:
+    seen = []
+
+    def log(line: str) -> None:
+        seen.append(line)
+        if len(seen) == 2:
+            raise KeyboardInterrupt  # what Ctrl-C raises in the middle of a run
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config, progress=False, log=log, progress_file=path)
+
+
+def _same(a, b) -> bool:
+    return a.losses == b.losses and a.history == b.history and (a.accuracy, a.loss) == (b.accuracy, b.loss)
+
+
+def _resumed(config: TrainConfig, tmp_path):
+    path = tmp_path / "run.pt"
+    _stopped_at_second_evaluation(config, path)
+    assert path.is_file()  # written at the first evaluation
+    lines: list[str] = []
+    result = train(config, progress=False, log=lines.append, progress_file=path)
+    assert not path.exists()  # removed once the run is done
+    return result, lines
+
+
+def test_a_stopped_run_resumes_at_its_last_evaluation_and_ends_as_if_never_stopped(tmp_path):
+    config = _config()
+    whole = train(config, progress=False)
+    resumed, lines = _resumed(config, tmp_path)
+    assert lines[0] == f"step 10: resumed from {tmp_path / 'run.pt'}"
+    assert _same(resumed, whole) and resumed.steps == whole.steps == 30
+
+
+@pytest.mark.parametrize("lost", ["optimizer", "random state"])
+def test_a_resume_that_loses_part_of_the_state_is_caught(tmp_path, monkeypatch, lost):
+    config = _config()
+    whole = train(config, progress=False)
+    if lost == "optimizer":
+        monkeypatch.setattr(torch.optim.Optimizer, "load_state_dict", lambda self, state: None)
+    else:
+        monkeypatch.setattr(torch, "set_rng_state", lambda state: None)
+    resumed, _ = _resumed(config, tmp_path)
+    assert not _same(resumed, whole)
+
+
+def test_a_progress_file_of_another_config_is_ignored(tmp_path):
+    path = tmp_path / "run.pt"
+    _stopped_at_second_evaluation(_config(), path)
+    other = _config(lr=1e-3)
+    lines: list[str] = []
+    result = train(other, progress=False, log=lines.append, progress_file=path)
+    assert not any("resumed" in line for line in lines)
+    assert _same(result, train(other, progress=False))
+
+
+def test_an_unwritable_progress_file_warns_and_the_run_goes_on(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.warns(UserWarning, match="not written"):
+        result = train(_config(), progress=False, progress_file=blocker / "run.pt")
+    assert _same(result, train(_config(), progress=False))
