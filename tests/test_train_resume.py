@@ -97,3 +97,19 @@ def test_an_unwritable_progress_file_warns_and_the_run_goes_on(tmp_path):
     with pytest.warns(UserWarning, match="not written"):
         result = train(_config(), progress=False, progress_file=blocker / "run.pt")
     assert _same(result, train(_config(), progress=False))
+
+
+def test_a_run_warm_started_from_a_moved_state_file_still_resumes(tmp_path):
+    # A study's out dir can move (a committed store resumed elsewhere): init_from is then another absolute path to
+    # the same state file, and the run must continue from its progress, not start over.
+    first = train(_config(steps=10), progress=False, save_state=tmp_path / "a" / "state.safetensors")
+    assert first.steps == 10
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "state.safetensors").write_bytes((tmp_path / "a" / "state.safetensors").read_bytes())
+    path = tmp_path / "run.pt"
+    _stopped_at_second_evaluation(_config(init_from=str(tmp_path / "a" / "state.safetensors")), path)
+    moved = _config(init_from=str(tmp_path / "b" / "state.safetensors"))
+    lines: list[str] = []
+    result = train(moved, progress=False, log=lines.append, progress_file=path)
+    assert lines[0].startswith("step 10: resumed from")
+    assert _same(result, train(moved, progress=False))

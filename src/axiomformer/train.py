@@ -751,6 +751,14 @@ class _Progress:
     optimizer: torch.optim.Optimizer
     schedule: Any
 
+    def comparable(self, dump: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The config (or a recorded ``dump`` of one) as progress files compare it: ``init_from`` by its file
+        name, so that a store moved to another folder (its states with it) still resumes its runs."""
+        dump = dict(self.config.model_dump(mode="json") if dump is None else dump)
+        if dump.get("init_from"):
+            dump["init_from"] = Path(dump["init_from"]).name
+        return dump
+
     def save(self, run: _Run) -> None:
         """Write the progress after an evaluation, whole or not at all (a temporary file, then a rename)."""
         if self.path is None:
@@ -758,7 +766,7 @@ class _Progress:
         best = run.best
         payload = {
             "version": PROGRESS_VERSION,
-            "config": self.config.model_dump(mode="json"),
+            "config": self.comparable(),
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
@@ -788,7 +796,7 @@ class _Progress:
         if self.path is None or not self.path.is_file():
             return
         saved = torch.load(self.path, map_location="cpu", weights_only=True)
-        if saved.get("version") != PROGRESS_VERSION or saved.get("config") != self.config.model_dump(mode="json"):
+        if saved.get("version") != PROGRESS_VERSION or self.comparable(saved.get("config") or {}) != self.comparable():
             return
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
