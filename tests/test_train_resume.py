@@ -113,3 +113,40 @@ def test_a_run_warm_started_from_a_moved_state_file_still_resumes(tmp_path):
     result = train(moved, progress=False, log=lines.append, progress_file=path)
     assert lines[0].startswith("step 10: resumed from")
     assert _same(result, train(moved, progress=False))
+
+
+@pytest.mark.parametrize("content", [b"", b"not a progress file"])
+def test_an_unreadable_progress_file_warns_and_the_run_starts_over(tmp_path, content):
+    path = tmp_path / "run.pt"
+    path.write_bytes(content)  # what a power cut or another program can leave
+    with pytest.warns(UserWarning, match="not read"):
+        result = train(_config(), progress=False, progress_file=path)
+    assert _same(result, train(_config(), progress=False)) and not path.exists()
+
+
+def test_another_state_file_of_the_same_name_is_not_resumed_from(tmp_path):
+    for folder, seed in (("a", 0), ("b", 1)):
+        train(_config(steps=10, seed=seed), progress=False, save_state=tmp_path / folder / "state.safetensors")
+    path = tmp_path / "run.pt"
+    _stopped_at_second_evaluation(_config(init_from=str(tmp_path / "a" / "state.safetensors")), path)
+    other = _config(init_from=str(tmp_path / "b" / "state.safetensors"))  # other weights, the same file name
+    lines: list[str] = []
+    result = train(other, progress=False, log=lines.append, progress_file=path)
+    assert not any("resumed" in line for line in lines) and _same(result, train(other, progress=False))
+
+
+def test_a_run_stopped_after_its_last_step_resumes_with_the_annealed_temperature(tmp_path):
+    # No progress is written at the last evaluation: a resume runs at least one step, so an annealed Gumbel
+    # temperature is set again before the test (a resume with nothing left to train tested at the first one).
+    config = _config(gumbel_tau_final=0.1)
+    whole = train(config, progress=False)
+    path = tmp_path / "run.pt"
+
+    def stop(model, task):
+        raise KeyboardInterrupt  # in the end probes, after the last evaluation
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config, progress=False, on_end=stop, progress_file=path)
+    lines: list[str] = []
+    result = train(config, progress=False, log=lines.append, progress_file=path)
+    assert lines[0].startswith("step 20: resumed") and _same(result, whole)

@@ -15,8 +15,11 @@ training example (see ``axiomformer.tasks.base``). Same config, same threads -> 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -382,10 +385,9 @@ def train(
     if parallel.main:
         _save(model, config, result, save_state, checkpoint_dir)
     if keep is not None:
-        try:
-            keep.unlink(missing_ok=True)
-        except OSError:  # never written (the warning said so), or not ours to remove
-            pass
+        for leftover in (keep, keep.with_name(keep.name + ".tmp")):
+            with contextlib.suppress(OSError):  # never written (the warning said so), or not ours to remove
+                leftover.unlink(missing_ok=True)
     return result
 
 
@@ -753,65 +755,104 @@ class _Progress:
 
     def comparable(self, dump: dict[str, Any] | None = None) -> dict[str, Any]:
         """The config (or a recorded ``dump`` of one) as progress files compare it: ``init_from`` by its file
-        name, so that a store moved to another folder (its states with it) still resumes its runs."""
+        name, so that a store moved to another folder (its states with it) still resumes its runs; the file's
+        content is compared apart (:meth:`init_digest`)."""
         dump = dict(self.config.model_dump(mode="json") if dump is None else dump)
         if dump.get("init_from"):
             dump["init_from"] = Path(dump["init_from"]).name
         return dump
 
+    def init_digest(self) -> str | None:
+        """SHA-256 of the ``init_from`` file (None without one): two runs warm-started from different weights under
+        the same file name never share a progress file."""
+        if not self.config.init_from:
+            return None
+        import hashlib
+
+        return hashlib.sha256(Path(self.config.init_from).read_bytes()).hexdigest()
+
     def save(self, run: _Run) -> None:
-        """Write the progress after an evaluation, whole or not at all (a temporary file, then a rename)."""
-        if self.path is None:
+        """Write the progress after an evaluation, whole or not at all (a temporary file, synced, then a rename);
+        a failure warns, removes the temporary file and the run goes on."""
+        if self.path is None or run.steps_done >= self.config.steps:  # after the last step a resume would only test
             return
         best = run.best
-        payload = {
-            "version": PROGRESS_VERSION,
-            "config": self.comparable(),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "schedule": self.schedule.state_dict(),
-            "rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-            "losses": torch.stack(run.losses) if run.losses else torch.empty(0),
-            "history": run.history,
-            "engines": run.engines,
-            "steps_done": run.steps_done,
-            "train_seconds": run.train_seconds,
-            "best": {"accuracy": best.accuracy, "loss": best.loss, "step": best.step, "index": best.index},
-            "best_state": best.state,
-        }
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
+            payload = {
+                "version": PROGRESS_VERSION,
+                "config": self.comparable(),
+                "init_sha256": self.init_digest(),
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "schedule": self.schedule.state_dict(),
+                "rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+                "losses": torch.stack([loss.cpu() for loss in run.losses]) if run.losses else torch.empty(0),
+                "history": run.history,
+                "engines": run.engines,
+                "steps_done": run.steps_done,
+                "train_seconds": run.train_seconds,
+                "best": {"accuracy": best.accuracy, "loss": best.loss, "step": best.step, "index": best.index},
+                "best_state": best.state,
+            }
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(payload, tmp)
+            with open(tmp, "wb") as f:
+                torch.save(payload, f)
+                f.flush()
+                os.fsync(f.fileno())
             tmp.replace(self.path)
-        except OSError as err:
+        except Exception as err:  # a full disk, a read-only store, a config torch cannot store: the run goes on
             import warnings
 
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             warnings.warn(f"progress file {str(self.path)!r} not written ({err}); the run goes on", stacklevel=2)
 
     def resume(self, run: _Run, log: Callable[[str], None] | None) -> None:
         """Fill ``run``, the model, the optimizer, the schedule and the random state from the file, where it holds
-        this config's progress (else leave them as they are)."""
+        this config's progress; a file of another config, or one that cannot be read or loaded, is ignored with a
+        warning (the run starts over and overwrites it)."""
         if self.path is None or not self.path.is_file():
             return
-        saved = torch.load(self.path, map_location="cpu", weights_only=True)
-        if saved.get("version") != PROGRESS_VERSION or self.comparable(saved.get("config") or {}) != self.comparable():
+        fresh = (copy.deepcopy(self.model.state_dict()), self.optimizer.state_dict(), self.schedule.state_dict())
+        try:
+            saved = torch.load(self.path, map_location="cpu", weights_only=True)
+            digest = saved.get("init_sha256", self.init_digest())
+            if (
+                saved.get("version") != PROGRESS_VERSION
+                or self.comparable(saved.get("config") or {}) != self.comparable()
+            ):
+                return
+            if digest != self.init_digest():
+                return
+            self.model.load_state_dict(saved["model"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.schedule.load_state_dict(saved["schedule"])
+        except Exception as err:  # an empty or foreign file, weights that no longer fit the model
+            import warnings
+
+            self.model.load_state_dict(fresh[0])
+            self.optimizer.load_state_dict(fresh[1])
+            self.schedule.load_state_dict(fresh[2])
+            warnings.warn(f"progress file {str(self.path)!r} not read ({err}); the run starts over", stacklevel=2)
             return
-        self.model.load_state_dict(saved["model"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.schedule.load_state_dict(saved["schedule"])
+        self._fill(run, saved)
+        if log is not None:
+            log(f"step {run.steps_done}: resumed from {self.path}")
+
+    def _fill(self, run: _Run, saved: dict[str, Any]) -> None:
+        """The random state and ``run``'s record from a progress file that loaded."""
         torch.set_rng_state(saved["rng"])
         if saved["cuda_rng"]:
             torch.cuda.set_rng_state_all(saved["cuda_rng"])
-        run.losses = list(saved["losses"].unbind()) if saved["losses"].numel() else []
+        device = next(self.model.parameters()).device  # new losses are appended on the model's device
+        run.losses = list(saved["losses"].to(device).unbind()) if saved["losses"].numel() else []
         run.history, run.engines = saved["history"], saved["engines"]
         run.steps_done, run.train_seconds = saved["steps_done"], saved["train_seconds"]
         for name, value in saved["best"].items():
             setattr(run.best, name, value)
         run.best.state = saved["best_state"]
-        if log is not None:
-            log(f"step {run.steps_done}: resumed from {self.path}")
 
 
 class _Best:
