@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -762,9 +763,10 @@ class _Progress:
             dump["init_from"] = Path(dump["init_from"]).name
         return dump
 
+    @functools.cached_property
     def init_digest(self) -> str | None:
-        """SHA-256 of the ``init_from`` file (None without one): two runs warm-started from different weights under
-        the same file name never share a progress file."""
+        """SHA-256 of the ``init_from`` file (None without one), read once per run: two runs warm-started from
+        different weights under the same file name never share a progress file."""
         if not self.config.init_from:
             return None
         import hashlib
@@ -782,7 +784,7 @@ class _Progress:
             payload = {
                 "version": PROGRESS_VERSION,
                 "config": self.comparable(),
-                "init_sha256": self.init_digest(),
+                "init_sha256": self.init_digest,
                 "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "schedule": self.schedule.state_dict(),
@@ -811,21 +813,19 @@ class _Progress:
 
     def resume(self, run: _Run, log: Callable[[str], None] | None) -> None:
         """Fill ``run``, the model, the optimizer, the schedule and the random state from the file, where it holds
-        this config's progress; a file of another config, or one that cannot be read or loaded, is ignored with a
-        warning (the run starts over and overwrites it)."""
+        this config's progress; a file of another config is ignored, one that cannot be read or loaded is ignored
+        with a warning (either way the run starts over and overwrites it)."""
         if self.path is None or not self.path.is_file():
             return
         fresh = (copy.deepcopy(self.model.state_dict()), self.optimizer.state_dict(), self.schedule.state_dict())
         try:
             saved = torch.load(self.path, map_location="cpu", weights_only=True)
-            digest = saved.get("init_sha256", self.init_digest())
             if (
                 saved.get("version") != PROGRESS_VERSION
                 or self.comparable(saved.get("config") or {}) != self.comparable()
+                or saved.get("init_sha256", self.init_digest) != self.init_digest  # files before it: by name
             ):
-                return
-            if digest != self.init_digest():
-                return
+                return  # another run's progress: this run starts over and overwrites it
             self.model.load_state_dict(saved["model"])
             self.optimizer.load_state_dict(saved["optimizer"])
             self.schedule.load_state_dict(saved["schedule"])
