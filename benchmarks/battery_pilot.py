@@ -39,6 +39,13 @@ CANDIDATES = {
         ("mqar", 16, {"vocab": 16, "num_pairs": 2}, 32, 2000),
         ("selective_copy", 16, {"vocab": 8, "num_tokens": 3}, 32, 2000),
     ],
+    "r3": [  # for the positions suite: sort in a causal layout (issue 33)
+        ("sort_causal", 16, {"num_symbols": 8}, 32, 2000),
+    ],
+    "r4": [  # r3's sort_causal@16 is solved by uniform mixing (0.99): more symbols, longer rows
+        ("sort_causal", 16, {"num_symbols": 32}, 32, 2000),
+        ("sort_causal", 32, {"num_symbols": 16}, 32, 2000),
+    ],
 }
 BUDGET = {
     "batch_size": 32,

@@ -44,6 +44,7 @@ SMALL = {
     "mqar": {"seq_len": 8, "vocab": 4, "num_pairs": 1},
     "induction": {"seq_len": 5, "vocab": 2},
     "selective_copy": {"seq_len": 6, "vocab": 2, "num_tokens": 2},
+    "sort_causal": {"seq_len": 7, "num_symbols": 2},
     "needle": {"seq_len": 5, "num_keys": 2, "num_filler": 2},
     "needle_kv": {"seq_len": 7, "num_keys": 3, "num_filler": 1, "pairs": 2},
 }

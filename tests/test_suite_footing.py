@@ -41,7 +41,7 @@ def test_positions_verdicts_carry_their_family_and_primary_is_at_the_training_le
             assert (
                 v["model"].split(" vs ")[0] == "position=none"
                 and " at " not in v["task"]
-                and v["task"] in ("copy@16", "induction@32")
+                and v["task"] in ("copy@16", "induction@32", "selective_copy@32")
             )
         else:
             assert v["task"].endswith("at 2L-4L") and v["model"].endswith("at L")
@@ -73,8 +73,10 @@ def test_a_task_that_does_not_discriminate_gives_no_verdict(tmp_path, monkeypatc
     data = study_json(tmp_path / "p")
     tasks = {t["task"]: t for t in data["design"]["tasks"]}
     assert not tasks["copy@16"]["discriminates"] and tasks["induction@32"]["discriminates"]
+    assert not tasks["selective_copy@32"]["discriminates"]
     assert data["verdicts"] and all(v["task"].startswith("induction@32") for v in data["verdicts"])
-    assert data["no_verdict"] and all(c["task"].startswith("copy@16") for c in data["no_verdict"])
+    silent = {c["task"].split(" ")[0] for c in data["no_verdict"]}
+    assert silent == {"copy@16", "selective_copy@32"}
     # planted wrong version: a base that skips the validity check would give copy verdicts, and is caught here
     from axiomformer.study.suites import common
 

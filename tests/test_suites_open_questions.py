@@ -47,8 +47,13 @@ def test_default_presets_carry_the_main_studys_footing(name):
         MAIN["solve_margin"],
         MAIN["solve_threshold"],
     )
-    runs = [r for stage in get_suite(name).stages(config)[1:2] for r in stage({})]
-    assert runs == []  # later stages plan from stored selection runs only
+    assert config.lr_widen == 2  # a cell whose best rate is at the grid's edge tries up to two more
+    stages = get_suite(name).stages(config)
+    selection = {r.key for r in stages[0](None)}
+    widened = {r.key for stage in stages[1 : 1 + config.lr_widen] for r in stage({})}
+    assert widened == selection  # with nothing stored, widening adds no rate: it reads the stored selection runs
+    runs = [r for stage in stages[1 + config.lr_widen : 2 + config.lr_widen] for r in stage({})]
+    assert runs == []  # the reported seeds are planned from stored selection runs only
 
 
 def test_interval_is_the_studys_t_interval():

@@ -34,6 +34,22 @@ def test_copy_targets_are_the_first_half_in_order(seq_len):
     assert (x[:, :pad] == task.pad).all() and (y[:, :pad] == IGNORE).all()
 
 
+@pytest.mark.parametrize("seq_len", [12, 13])
+def test_sort_causal_writes_the_row_sorted_after_reading_it(seq_len):
+    task = make_task("sort_causal", seq_len=seq_len, num_symbols=4)
+    x, y = rows(task, n=64)
+    pad, n = seq_len % 2, seq_len // 2
+    for xi, yi in zip(x, y):
+        xi, yi = xi[pad:], yi[pad:]
+        data = xi[:n]
+        assert xi[n] == task.sep and (yi[:n] == IGNORE).all()
+        assert list(yi[n:]) == sorted(data)  # at SEP the smallest, at y_j the next one
+        assert list(xi[n + 1 :]) == sorted(data)[: n - 1]  # the answer is fed back, shifted by one
+    assert (x[:, :pad] == task.pad).all() and (y[:, :pad] == IGNORE).all()
+    # the input order does not matter: rows with the same tokens in another order have the same targets
+    assert any(list(a[pad : pad + n]) != sorted(a[pad : pad + n]) for a in x)
+
+
 def test_mqar_queries_recall_the_value_paired_with_their_key():
     task = make_task("mqar", seq_len=64, vocab=40, num_pairs=6, num_queries=5)
     half = task.vocab // 2

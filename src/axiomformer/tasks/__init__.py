@@ -17,7 +17,7 @@ from axiomformer.tasks.induction import InductionTask
 from axiomformer.tasks.mqar import MQARTask
 from axiomformer.tasks.multiset import DistinctTask, MajorityTask
 from axiomformer.tasks.needle import KeyValueNeedleTask, NeedleTask
-from axiomformer.tasks.order import ReverseTask, SortTask
+from axiomformer.tasks.order import ReverseTask, SortCausalTask, SortTask
 from axiomformer.tasks.selective_copy import SelectiveCopyTask
 from axiomformer.tasks.text import TextTask
 
@@ -34,6 +34,7 @@ TASKS: dict[str, type[Task]] = {
         MajorityTask,
         DistinctTask,
         SortTask,
+        SortCausalTask,
         ReverseTask,
         KeyValueNeedleTask,
     )

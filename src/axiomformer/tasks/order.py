@@ -7,13 +7,19 @@ A bidirectional encoder without positions is permutation equivariant, so it cann
     sort       target_t = the t-th smallest token of the row (depends on the multiset and on t)
 
 Tokens ``0 .. num_symbols-1``, drawn uniformly and independently.
+
+``sort_causal`` is sort for a causal model: read the row, then write it sorted, as next-token prediction in
+``copy``'s layout (``x_1 .. x_n SEP y_1 .. y_n`` before the final token is dropped, n = seq_len // 2, one PAD in
+front when seq_len is odd; y the sorted row; the target at SEP is y_1 and at y_j it is y_{j+1}; the first half is not
+scored). Every scored target is then a function of its own prefix (ceiling 1, exact), and writing y_j needs j, the
+position in the answer: that is the order it asks for (its input order does not matter).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from axiomformer.tasks.base import SyntheticTask, positive
+from axiomformer.tasks.base import IGNORE, SyntheticTask, left_pad, positive
 
 KINDS = ("reverse", "sort")
 
@@ -63,3 +69,33 @@ class ReverseTask(OrderTask):
 
     def __init__(self, seq_len: int, num_symbols: int = 16):
         super().__init__(seq_len, num_symbols, kind="reverse")
+
+
+class SortCausalTask(SyntheticTask):
+    """Sort for a causal model: n = seq_len // 2 tokens, a separator, then the same tokens sorted (module docstring).
+
+    Args:
+        seq_len: sequence length T >= 2.
+        num_symbols: S data symbols (default 16; chance about 1/S). Tokens: data ``0 .. S-1``, ``SEP = S``,
+            ``PAD = S + 1``.
+
+    Raises:
+        ValueError: non-positive sizes.
+    """
+
+    name = "sort_causal"
+    prefix_determined = True
+
+    def __init__(self, seq_len: int, num_symbols: int = 16):
+        self.seq_len = positive("seq_len", seq_len, 2)
+        self.num_symbols = positive("num_symbols", num_symbols, 2)
+        self.n = self.seq_len // 2
+        self.sep, self.pad = self.special_tokens(self.num_symbols, 2)
+        self.chance = 1.0 / self.num_symbols
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        data = rng.integers(0, self.num_symbols, size=(n, self.n))
+        full = np.concatenate([data, np.full((n, 1), self.sep), np.sort(data, axis=1)], axis=1)
+        inputs, targets = full[:, :-1], full[:, 1:].copy()
+        targets[:, : self.n] = IGNORE  # the row being read: nothing to predict
+        return left_pad(inputs, self.seq_len, self.pad), left_pad(targets, self.seq_len, IGNORE)
