@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from axiomformer.study import run_study
 from axiomformer.study.config import validate_config
@@ -29,6 +30,9 @@ def test_every_preset_validates_and_plans_its_arms(name, preset):
     if name == "rho":
         assert {r.train_config["mlp_ratio"] for r in arms} == {0, 4}
         assert all(r.train_config["causal"] is False for r in runs)  # controls too: a bag of the whole row
+        # the controls are the reference arm (attention-only, learned rho) with another mixer: no MLP sublayer
+        controls = [r for r in runs if r.model.kind in ("no_mixing", "uniform_mixing")]
+        assert controls and all(r.train_config["mlp_ratio"] == 0 for r in controls)
     if name == "scale":
         assert {r.train_config["dim"] // r.train_config["heads"] for r in arms} == {8, 16, 64}
     if name == "gumbel":
@@ -80,3 +84,29 @@ def test_a_tiny_rho_study_writes_a_report_with_figures(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "## The answer" in text and "attn-only rho=identity" in text and "[" in text
     assert (tmp_path / "figures" / "rho_accuracy.png").stat().st_size > 0
+
+
+def test_a_control_is_built_with_the_reference_arms_blocks(monkeypatch):
+    """The uniform-mixing control of an attention-only reference has no MLP sublayer: its parameters are the
+    reference's minus the query and key projections (a count computed here from the widths), and a planted build
+    that drops ``mlp_ratio`` (the control's default MLP) is caught by the same count."""
+    import axiomformer.train as train_module
+    from axiomformer.models import count_parameters
+    from axiomformer.train import TrainConfig
+
+    def params(model: str, **kw) -> int:
+        config = TrainConfig(task="distinct", seq_len=8, model=model, dim=32, layers=1, heads=2, **kw)
+        return count_parameters(train_module._build(config, torch.device("cpu")).model)
+
+    attn_only = params("transformer", causal=False, mlp_ratio=0, input_position="none")
+    uniform = params("uniform_mixing", causal=False, mlp_ratio=0)
+    mlp = 32 * 128 + 128 + 128 * 32 + 32 + 2 * 32  # two linear layers and the second LayerNorm
+    assert params("uniform_mixing", causal=False) - uniform == mlp
+    assert attn_only - uniform == 2 * (32 * 32 + 32)  # W_q and W_k with their biases
+    original = train_module._build
+
+    def planted(config, device):  # the old build: a control ignored mlp_ratio
+        return original(config.model_copy(update={"mlp_ratio": 4}), device)
+
+    monkeypatch.setattr(train_module, "_build", planted)
+    assert params("uniform_mixing", causal=False, mlp_ratio=0) - uniform == mlp

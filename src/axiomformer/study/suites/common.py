@@ -56,18 +56,23 @@ def arm(label: str, spec: str = "standard", **options: Any) -> ModelChoice:
     )
 
 
+CONTROL_OPTIONS = ("causal", "mlp_ratio")
+"""The reference arm's options the validity controls take (``models.controls``: the same blocks, another mixer)."""
+
+
 def footing_arms(config: StudyConfig, arms: list[ModelChoice], reference: str) -> list[ModelChoice]:
     """``arms`` plus the main study's footing (``config.controls``, ``config.aa_control``): the validity controls
-    (``no_mixing``, ``uniform_mixing``; bidirectional when the ``reference`` arm is) and the A/A control (the
-    ``reference`` arm again with another initialization stream, label ``standard (A/A)``)."""
+    (``no_mixing``, ``uniform_mixing``), which differ from the ``reference`` arm only in the mixer (they take its
+    ``causal`` and ``mlp_ratio`` where it sets them: bidirectional, or attention-only blocks), and the A/A control
+    (the ``reference`` arm again with another initialization stream, label ``standard (A/A)``)."""
     from axiomformer.study.sweep import AA_LABEL
 
     ref = next((a for a in arms if a.label == reference), None)
     if ref is None and (config.controls or config.aa_control):
         raise ValueError(f"no reference arm {reference!r} among {[a.label for a in arms]}")
-    causal = True if ref is None else dict(ref.options).get("causal", True)
+    shared = tuple((k, v) for k, v in (() if ref is None else ref.options) if k in CONTROL_OPTIONS)
     out = list(arms)
-    out += [ModelChoice(label=c, kind=c, options=() if causal else (("causal", False),)) for c in config.controls]
+    out += [ModelChoice(label=c, kind=c, options=shared) for c in config.controls]
     if config.aa_control and ref is not None:
         out.append(ModelChoice(AA_LABEL, ref.kind, ref.spec, ref.input_position, (*ref.options, ("init_stream", 1))))
     return out
