@@ -40,11 +40,18 @@ CANDIDATES = {
         ("selective_copy", 16, {"vocab": 8, "num_tokens": 3}, 32, 2000),
     ],
     "r3": [  # for the positions suite: sort in a causal layout (issue 33)
-        ("sort_causal", 16, {"num_symbols": 8}, 32, 2000),
+        ("sort_causal", 16, {"num_symbols": 8}, 32, 2000)
     ],
     "r4": [  # r3's sort_causal@16 is solved by uniform mixing (0.99): more symbols, longer rows
         ("sort_causal", 16, {"num_symbols": 32}, 32, 2000),
         ("sort_causal", 32, {"num_symbols": 16}, 32, 2000),
+    ],
+    "r5": [  # r1's selective_copy@32 at the positions suite's 4,000 steps: uniform mixing was still rising at 2,000
+        ("selective_copy", 32, {"vocab": 8, "num_tokens": 4}, 32, 4000)
+    ],
+    "r6": [  # r5: uniform mixing reaches the standard model at 4,000 steps; more tokens to order, longer rows
+        ("selective_copy", 64, {"vocab": 8, "num_tokens": 8}, 32, 4000),
+        ("selective_copy", 32, {"vocab": 16, "num_tokens": 8}, 32, 4000),
     ],
 }
 BUDGET = {
@@ -114,16 +121,19 @@ def summarize(path: str) -> str:
     from axiomformer.study.sections import task_test_items
 
     rows = [r for group in json.loads(Path(path).read_text()).values() for r in group]
-    keys = list(dict.fromkeys((r["task"], r["seq_len"], json.dumps(r["options"]), r["dim"]) for r in rows))
+    keys = list(
+        dict.fromkeys((r["task"], r["seq_len"], json.dumps(r["options"]), r["dim"], r["steps_budget"]) for r in rows)
+    )
     lines = [
         "| task | options | dim | steps | ceiling | standard | solved (steps) | uniform mixing | no mixing | call |",
         "|:---|:---|---:|---:|---:|---:|:---|---:|---:|:---|",
     ]
-    for task, seq_len, options, dim in keys:
+    for task, seq_len, options, dim, budget in keys:
         group = [
             r
             for r in rows
-            if (r["task"], r["seq_len"], json.dumps(r["options"]), r["dim"]) == (task, seq_len, options, dim)
+            if (r["task"], r["seq_len"], json.dumps(r["options"]), r["dim"], r["steps_budget"])
+            == (task, seq_len, options, dim, budget)
         ]
         built, x, y = task_test_items(task, seq_len, json.loads(options), BUDGET["batch_size"], BUDGET["test_batches"])
         ceiling = built.ceiling(x, y)

@@ -41,7 +41,7 @@ def test_positions_verdicts_carry_their_family_and_primary_is_at_the_training_le
             assert (
                 v["model"].split(" vs ")[0] == "position=none"
                 and " at " not in v["task"]
-                and v["task"] in ("copy@16", "induction@32", "selective_copy@32")
+                and v["task"] in ("copy@16", "induction@32", "selective_copy@32", "sort_causal@32")
             )
         else:
             assert v["task"].endswith("at 2L-4L") and v["model"].endswith("at L")
@@ -73,10 +73,10 @@ def test_a_task_that_does_not_discriminate_gives_no_verdict(tmp_path, monkeypatc
     data = study_json(tmp_path / "p")
     tasks = {t["task"]: t for t in data["design"]["tasks"]}
     assert not tasks["copy@16"]["discriminates"] and tasks["induction@32"]["discriminates"]
-    assert not tasks["selective_copy@32"]["discriminates"]
+    assert not tasks["selective_copy@32"]["discriminates"] and not tasks["sort_causal@32"]["discriminates"]
     assert data["verdicts"] and all(v["task"].startswith("induction@32") for v in data["verdicts"])
     silent = {c["task"].split(" ")[0] for c in data["no_verdict"]}
-    assert silent == {"copy@16", "selective_copy@32"}
+    assert silent == {"copy@16", "selective_copy@32", "sort_causal@32"}
     # planted wrong version: a base that skips the validity check would give copy verdicts, and is caught here
     from axiomformer.study.suites import common
 
@@ -162,3 +162,46 @@ def test_a_bidirectional_ceiling_is_the_rows_and_catches_targets_the_row_does_no
     found = common.row_ceiling("planted", 3, {}, 4, 1)
     # by hand: row (0,1,2) thrice: position 0 all 5 (3 of 3), position 2 targets 1,2,2 (2 of 3); row (2,1,0): 2 of 2
     assert found["ceiling"] == pytest.approx((3 + 2 + 2) / 8)
+
+
+@pytest.mark.parametrize("deep_sets, held", [(0.99, True), (0.4, False)])
+def test_rho_withholds_the_mlp_questions_where_a_sum_and_the_mlp_already_solve(tmp_path, deep_sets, held):
+    from axiomformer.study.suites.rho import DEEP_SETS, QUESTIONS
+
+    values = {"attn-only rho=identity": 0.6, DEEP_SETS: deep_sets}
+    plant(tmp_path / "p", "rho", "default", lambda label, seed: values.get(label, 0.99) + _noise(seed))
+    data = study_json(tmp_path / "p")
+    (a1,) = [v for v in data["verdicts"] if v["assumption"] == QUESTIONS[0][0]]
+    assert a1["family"] == "primary" and a1["verdict"] == "better"  # learned rho minus identity, 0.99 - 0.6
+    mlp_questions = {q for q, _, _ in QUESTIONS[1:]}
+    given = [v for v in data["verdicts"] if v["assumption"] in mlp_questions]
+    withheld = [c for c in data["no_verdict"] if DEEP_SETS in (c["why"] or "")]
+    assert (len(given), len(withheld)) == ((0, 2) if held else (2, 0))
+    assert all(v["family"] == "secondary" for v in given)
+
+
+def test_a_rho_suite_without_its_gate_is_caught(tmp_path, monkeypatch):
+    """Planted: the suite registered without ``gate`` gives the MLP questions verdicts although the Deep Sets control
+    solves the task; the check above (held: no verdict) then fails."""
+    from dataclasses import replace
+
+    from axiomformer.study import registry
+    from axiomformer.study.suites import common, rho
+
+    values = {"attn-only rho=identity": 0.6, rho.DEEP_SETS: 0.99}
+    plant(tmp_path / "p", "rho", "default", lambda label, seed: values.get(label, 0.99) + _noise(seed))
+    question = common.OpenQuestion(
+        name="rho",
+        summary="",
+        presets=rho.SUITE.presets,
+        arms=rho.arms,
+        comparisons=rho.comparisons,
+        question="",
+        measured=rho._measured,
+        body=rho._body,
+        reference=rho.REFERENCE,
+    )
+    suite = replace(rho.SUITE, comparisons=question.contrasts, extra_json=question.extra_json)
+    monkeypatch.setitem(registry._SUITES, "rho", suite)
+    data = study_json(tmp_path / "p")
+    assert len([v for v in data["verdicts"] if v["family"] == "secondary"]) == 2

@@ -30,9 +30,13 @@ def test_every_preset_validates_and_plans_its_arms(name, preset):
     if name == "rho":
         assert {r.train_config["mlp_ratio"] for r in arms} == {0, 4}
         assert all(r.train_config["causal"] is False for r in runs)  # controls too: a bag of the whole row
-        # the controls are the reference arm (attention-only, learned rho) with another mixer: no MLP sublayer
-        controls = [r for r in runs if r.model.kind in ("no_mixing", "uniform_mixing")]
+        # the validity controls are the reference arm (attention-only, learned rho) with another mixer: no MLP
+        # sublayer, no position signal; the Deep Sets control keeps the MLP sublayer (the default width)
+        controls = [r for r in runs if r.model.label in ("no_mixing", "uniform_mixing")]
         assert controls and all(r.train_config["mlp_ratio"] == 0 for r in controls)
+        deep_sets = [r for r in runs if r.model.label == "uniform mixing +MLP"]
+        assert deep_sets and all(r.train_config.get("mlp_ratio", 4) == 4 for r in deep_sets)
+        assert all(r.train_config["input_position"] == "none" for r in controls + deep_sets)
     if name == "scale":
         assert {r.train_config["dim"] // r.train_config["heads"] for r in arms} == {8, 16, 64}
     if name == "gumbel":
@@ -78,9 +82,9 @@ def test_a_tiny_rho_study_writes_a_report_with_figures(tmp_path):
         "tasks": [{"name": "majority", "seq_lens": [6]}],
     }
     summary = run_study(validate_config(data), tmp_path, progress=False)
-    # 4 arms + 2 controls at 2 rates x 2 selection seeds, 7 models (the A/A too) x 2 reported seeds, and the 3 arms
-    # that are not the reference again at their second-best rate x 2 seeds
-    assert summary.failed == [] and summary.trained == 6 * 2 * 2 + 7 * 2 + 3 * 2
+    # 4 arms + the Deep Sets control + 2 validity controls at 2 rates x 2 selection seeds, 8 models (the A/A too) x 2
+    # reported seeds, and the 3 arms that are neither the reference nor a control at their second-best rate x 2 seeds
+    assert summary.failed == [] and summary.trained == 7 * 2 * 2 + 8 * 2 + 3 * 2
     text = (tmp_path / "report.md").read_text()
     assert "## The answer" in text and "attn-only rho=identity" in text and "[" in text
     assert (tmp_path / "figures" / "rho_accuracy.png").stat().st_size > 0
@@ -110,3 +114,55 @@ def test_a_control_is_built_with_the_reference_arms_blocks(monkeypatch):
 
     monkeypatch.setattr(train_module, "_build", planted)
     assert params("uniform_mixing", causal=False, mlp_ratio=0) - uniform == mlp
+
+
+def _widened(name: str, accuracy) -> list[list[float]]:
+    """The rates each widening stage of suite ``name``'s default preset plans for its first cell, with every stored
+    selection run at validation accuracy ``accuracy(lr)`` (and loss 1 - accuracy, except on ties: lower at the
+    larger rate, as a model stuck at chance often has); no training."""
+    from types import SimpleNamespace
+
+    config = validate_config(get_suite(name).preset("default"))
+    stages = get_suite(name).stages(config)
+    stored: dict = {}
+
+    def fill(runs):
+        for run in runs:
+            lr = run.train_config["lr"]
+            acc = accuracy(lr)
+            stored.setdefault(run.key, SimpleNamespace(outcome=SimpleNamespace(val_accuracy=acc, val_loss=1 - lr)))
+
+    first = stages[0](None)
+    fill(first)
+    cell = first[0]
+    rounds = []
+    for widen in stages[1 : 1 + config.lr_widen]:
+        fill(widen(stored))
+        rounds.append(sorted({r.train_config["lr"] for r in widen(stored) if r.model.label == cell.model.label}))
+    return rounds
+
+
+@pytest.mark.parametrize(
+    "accuracy, expected",
+    [
+        # the best rate at the lower edge: one step below, twice (the grid's step 10/3)
+        (lambda lr: 1.0 - lr, [[9e-4, 3e-3, 1e-2], [2.7e-4, 9e-4, 3e-3, 1e-2]]),
+        # no rate separates (every one at chance): one step beyond each edge, whatever the loss prefers
+        (lambda lr: 0.0625, [[9e-4, 3e-3, 1e-2, 1e-2 / 0.3], [2.7e-4, 9e-4, 3e-3, 1e-2, 1e-2 / 0.3, 1e-2 / 0.09]]),
+        # once the rate beyond the edge loses (0.5 against 3e-3's 0.9), the best is inside: no second step
+        (lambda lr: 0.9 if 2e-3 < lr < 5e-3 else 0.1 if lr > 5e-3 else 0.5, [[9e-4, 3e-3, 1e-2]] * 2),
+    ],
+)
+def test_a_suite_widens_its_grid_from_the_stored_selection_runs(accuracy, expected):
+    rounds = _widened("scale", accuracy)
+    assert [[pytest.approx(x) for x in r] for r in rounds] == expected
+
+
+def test_a_one_way_widening_of_a_grid_at_chance_is_caught(monkeypatch):
+    """The earlier rule widened toward the rate the validation loss preferred, even with every rate at chance: at
+    head_dim 64 without the scale that was upward only. Planted back, the tie case above fails."""
+    from axiomformer.study import stages as stage_module
+
+    monkeypatch.setattr(stage_module, "_undecided", lambda *args: False)
+    rounds = _widened("scale", lambda lr: 0.0625)
+    assert all(min(r) >= 3e-3 for r in rounds)  # never below the grid: the defect the rule fixes

@@ -71,8 +71,8 @@ class TrainConfig(Budget):
     batches, dropout masks and Gumbel draws still follow ``seed`` (the study's A/A control: the same model, data and
     order, another initialization).
 
-    Model options (Transformer only; ``causal`` and ``mlp_ratio`` also for the validity controls): ``causal=False``
-    builds a bidirectional encoder, ``mlp_ratio=0`` attention-only blocks, ``max_len`` the longest sequence the model accepts
+    Model options (Transformer only; ``causal``, ``mlp_ratio`` and ``input_position="none"`` also for the validity
+    controls): ``causal=False`` builds a bidirectional encoder, ``mlp_ratio=0`` attention-only blocks, ``max_len`` the longest sequence the model accepts
     (default ``seq_len``; set it to evaluate longer sequences after training). ``gumbel_tau_final`` anneals the Gumbel-softmax temperature of a
     ``normalizer=gumbel_softmax`` spec from its ``gumbel_tau`` to this value (:func:`gumbel_tau_at`).
 
@@ -501,7 +501,11 @@ def _build(config: TrainConfig, device: torch.device) -> _Built:
     options: dict[str, Any] = (
         {"input_position": config.input_position, "causal": config.causal, "mlp_ratio": config.mlp_ratio}
         if spec is not None
-        else {"causal": config.causal, "mlp_ratio": config.mlp_ratio}
+        else {
+            "causal": config.causal,
+            "mlp_ratio": config.mlp_ratio,
+            "input_position": "none" if config.input_position == "none" else "sinusoidal",
+        }
         if config.model in CONTROL_KINDS
         else {}
     )

@@ -43,11 +43,13 @@ from axiomformer.engines.state_form import chunk_for, state_form
 CHUNK = 64
 """Tokens per chunk **(our choice: fla's chunk size for the delta-rule kernels)**."""
 
-GROUP_ELEMENTS = 1 << 17
+GROUP_ELEMENTS = 1 << 18
 """A group of chunks holds about this many elements per (tokens x head_dim) tensor, summed over batch and heads, half
 as many with a per-channel decay (whose decay factors are such tensors too): the backward of a group holds a few
-dozen such tensors at once, the engine's peak **(our choice: 256 tokens at 8 heads of 64, 128 with KDA's decay; at
-L = 4096 that kept the bench's peak within 2x SDPA's, where 512 tokens did not for KDA, and 64 tokens cost time)**."""
+dozen such tensors at once **(our choice: 512 tokens at 8 heads of 64, 256 with KDA's decay. At L = 4096 on 2
+threads, KDA's forward and backward took 0.90-0.94x SDPA's time where half as many took 0.98-1.03x (7 paired
+repeats, two runs each), with the same peak, 1.81x SDPA's; 512 tokens with KDA's decay went past 2x SDPA's peak, and
+64 tokens cost time)**."""
 
 
 # ---------------------------------------------------------------------------------------------- one chunk's products

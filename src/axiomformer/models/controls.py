@@ -25,6 +25,8 @@ from torch import Tensor, nn
 from axiomformer.axes.mlp import two_layer_mlp
 from axiomformer.axes.position import sinusoidal_table
 
+INPUT_POSITIONS = ("sinusoidal", "none")
+"""The controls' input encodings: the standard model's, or none."""
 CONTROL_KINDS = ("no_mixing", "uniform_mixing")
 """The control models: no token mixing, and uniform causal mixing (every visible key weighted equally)."""
 
@@ -71,10 +73,13 @@ class ControlLM(nn.Module):
         num_layers: number of blocks.
         max_len: longest sequence accepted.
         mlp_ratio: MLP hidden width = ``mlp_ratio * dim`` (0: no MLP sublayer).
+        causal: False: every position mixes the whole row.
+        input_position: ``"sinusoidal"`` (the standard model's input encoding) or ``"none"`` (no position signal:
+            the control of a reference arm without one, e.g. the rho suite's set encoders).
 
     Raises:
-        ValueError: an unknown kind (naming the choices), non-positive sizes, an odd ``dim``, or (in forward) ids that
-            are not (batch, seq) or a sequence longer than ``max_len``.
+        ValueError: an unknown kind or input position (naming the choices), non-positive sizes, an odd ``dim``, or
+            (in forward) ids that are not (batch, seq) or a sequence longer than ``max_len``.
     """
 
     def __init__(
@@ -87,10 +92,13 @@ class ControlLM(nn.Module):
         *,
         mlp_ratio: int = 4,
         causal: bool = True,
+        input_position: str = "sinusoidal",
     ):
         super().__init__()
         if kind not in CONTROL_KINDS:
             raise ValueError(f"unknown control {kind!r}; choose one of: {', '.join(CONTROL_KINDS)}")
+        if input_position not in INPUT_POSITIONS:
+            raise ValueError(f"unknown input_position {input_position!r}; choose one of: {', '.join(INPUT_POSITIONS)}")
         for name, value in (("vocab_size", vocab_size), ("dim", dim), ("num_layers", num_layers), ("max_len", max_len)):
             if value < 1:
                 raise ValueError(f"{name} must be positive, got {value}")
@@ -99,6 +107,7 @@ class ControlLM(nn.Module):
         if mlp_ratio < 0:
             raise ValueError(f"mlp_ratio must be >= 0, got {mlp_ratio}")
         self.kind, self.vocab_size, self.dim, self.max_len = kind, vocab_size, dim, max_len
+        self.encoded = input_position == "sinusoidal"
         self.embed = nn.Embedding(vocab_size, dim)
         nn.init.normal_(self.embed.weight, std=dim**-0.5)
         self.blocks = nn.ModuleList(_MixBlock(kind, dim, mlp_ratio, causal) for _ in range(num_layers))
@@ -111,6 +120,7 @@ class ControlLM(nn.Module):
             "max_len": max_len,
             "mlp_ratio": mlp_ratio,
             **({} if causal else {"causal": False}),
+            **({} if self.encoded else {"input_position": input_position}),
         }
 
     @property
@@ -124,8 +134,10 @@ class ControlLM(nn.Module):
             raise ValueError(f"ids must be (batch, seq) int64, got shape {tuple(ids.shape)}")
         if ids.shape[1] > self.max_len:
             raise ValueError(f"sequence of {ids.shape[1]} tokens exceeds max_len={self.max_len}")
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        x = self.embed(ids) * math.sqrt(self.dim) + sinusoidal_table(positions, self.dim).to(self.embed.weight.dtype)
+        x = self.embed(ids) * math.sqrt(self.dim)
+        if self.encoded:
+            positions = torch.arange(ids.shape[1], device=ids.device)
+            x = x + sinusoidal_table(positions, self.dim).to(self.embed.weight.dtype)
         for block in self.blocks:
             x = block(x)
         return self.norm(x) @ self.embed.weight.t()

@@ -71,7 +71,10 @@ def _ratio(grid: list[float | None]) -> float:
 def tried_lrs(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord], widenings: int) -> list:
     """The learning rates of ``cell`` after ``widenings`` rounds of widening: start from the grid; each round, when
     the best rate so far (on the stored selection runs) is the smallest or the largest tried, add the next one beyond
-    it (one grid step further). A one-value grid (or the trainer default, ``None``) is never widened."""
+    it (one grid step further). When no rate separates from the others (every tried rate at the same mean validation
+    accuracy, the choice made by validation loss alone: e.g. all at chance), add one beyond each edge, since the loss
+    of a model stuck at chance does not say which way a working rate lies. A one-value grid (or the trainer
+    default, ``None``) is never widened."""
     lrs = list(cell.budget["lr_grid"])
     if None in lrs or len(lrs) < 2:
         return lrs
@@ -80,13 +83,26 @@ def tried_lrs(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord], wid
         best = _chosen_among(config, cell, stored, lrs)
         if best == "missing" or best is None:  # None: never in a grid of two or more rates
             break
-        if best == min(lrs):
+        if _undecided(config, cell, stored, lrs):
+            lrs = [min(lrs) / step, *lrs, max(lrs) * step]
+        elif best == min(lrs):
             lrs = [best / step, *lrs]
         elif best == max(lrs):
             lrs = [*lrs, best * step]
         else:
             break
     return lrs
+
+
+def _undecided(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord], lrs: list) -> bool:
+    """Whether every rate of ``lrs`` has all its selection runs stored at one and the same mean validation accuracy."""
+    accuracies = set()
+    for lr in lrs:
+        rows = [stored.get(r.key) for r in _selection(config, cell, [lr])]
+        if any(r is None for r in rows):
+            return False
+        accuracies.add(_mean_score([r for r in rows if r is not None])[0])
+    return len(accuracies) == 1
 
 
 def _selection(config: StudyConfig, cell: Cell, lrs: list | None = None, *, save_state: bool = False) -> list[Run]:
@@ -330,7 +346,7 @@ def reported_rows(config: StudyConfig, rows: list[RunRecord]) -> tuple[list[RunR
 def aa_sources(rows: list[RunRecord]) -> dict[tuple[str, int], str]:
     """The arm the A/A control copies, per (task, length): the label whose run at the same seed was trained with the
     A/A run's configuration but its initialization stream (a suite's reference arm need not be called
-    ``standard``: the rho suite's is ``+MLP rho=identity``). Settings without a match are left out."""
+    ``standard``: the rho suite's is ``attn-only rho=mlp``). Settings without a match are left out."""
 
     def config_of(r: RunRecord) -> str:
         return json.dumps({k: v for k, v in r.train_config.items() if k != "init_stream"}, sort_keys=True)

@@ -11,8 +11,9 @@ Tokens ``0 .. num_symbols-1``, drawn uniformly and independently.
 ``sort_causal`` is sort for a causal model: read the row, then write it sorted, as next-token prediction in
 ``copy``'s layout (``x_1 .. x_n SEP y_1 .. y_n`` before the final token is dropped, n = seq_len // 2, one PAD in
 front when seq_len is odd; y the sorted row; the target at SEP is y_1 and at y_j it is y_{j+1}; the first half is not
-scored). Every scored target is then a function of its own prefix (ceiling 1, exact), and writing y_j needs j, the
-position in the answer: that is the order it asks for (its input order does not matter).
+scored). Every scored target is then a function of its own prefix (ceiling 1, exact): of the row's multiset and of
+how many tokens have been written, so the input order does not matter, and a bag of the prefix holds both (the
+positions suite measures that uniform mixing solves it).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class SortCausalTask(SyntheticTask):
             ``PAD = S + 1``.
 
     Raises:
-        ValueError: non-positive sizes.
+        ValueError: ``seq_len`` or ``num_symbols`` below 2.
     """
 
     name = "sort_causal"

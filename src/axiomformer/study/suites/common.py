@@ -63,8 +63,9 @@ CONTROL_OPTIONS = ("causal", "mlp_ratio")
 def footing_arms(config: StudyConfig, arms: list[ModelChoice], reference: str) -> list[ModelChoice]:
     """``arms`` plus the main study's footing (``config.controls``, ``config.aa_control``): the validity controls
     (``no_mixing``, ``uniform_mixing``), which differ from the ``reference`` arm only in the mixer (they take its
-    ``causal`` and ``mlp_ratio`` where it sets them: bidirectional, or attention-only blocks), and the A/A control
-    (the ``reference`` arm again with another initialization stream, label ``standard (A/A)``)."""
+    ``causal`` and ``mlp_ratio`` where it sets them, and its input encoding where it has none: bidirectional,
+    attention-only or position-free blocks), and the A/A control (the ``reference`` arm again with another
+    initialization stream, label ``standard (A/A)``)."""
     from axiomformer.study.sweep import AA_LABEL
 
     ref = next((a for a in arms if a.label == reference), None)
@@ -72,7 +73,8 @@ def footing_arms(config: StudyConfig, arms: list[ModelChoice], reference: str) -
         raise ValueError(f"no reference arm {reference!r} among {[a.label for a in arms]}")
     shared = tuple((k, v) for k, v in (() if ref is None else ref.options) if k in CONTROL_OPTIONS)
     out = list(arms)
-    out += [ModelChoice(label=c, kind=c, options=shared) for c in config.controls]
+    position = "none" if ref is not None and ref.input_position == "none" else "auto"
+    out += [ModelChoice(label=c, kind=c, input_position=position, options=shared) for c in config.controls]
     if config.aa_control and ref is not None:
         out.append(ModelChoice(AA_LABEL, ref.kind, ref.spec, ref.input_position, (*ref.options, ("init_stream", 1))))
     return out
@@ -662,6 +664,8 @@ class OpenQuestion:
             another: the scale suite's head_dim-16 standard arm).
         families: the suite's verdict families in report order (each corrected on its own).
         extra: ``(StudyData) -> dict``: more keys for ``report --json`` besides the footing's.
+        gate: ``(StudyData, Contrast) -> reason or None``: a reason to give one comparison no verdict although its
+            task discriminates (a control of its own reaches its arms); listed under ``no_verdict`` with the reason.
     """
 
     name: str
@@ -676,11 +680,16 @@ class OpenQuestion:
     reference: str = "standard"
     families: tuple[str, ...] = ("primary", "secondary")
     extra: Callable[[StudyData], dict[str, Any]] | None = None
+    gate: Callable[[StudyData, Contrast], str | None] | None = None
 
     def contrasts(self, d: StudyData) -> list[Contrast]:
         """The suite's comparisons on the main study's footing (:func:`with_footing`): those on tasks that
-        discriminate, each by its task's metric and with its learning-rate check."""
-        return with_footing(d, self.comparisons(d), self.reference)[0]
+        discriminate and that the suite's ``gate`` lets through, each by its task's metric and with its
+        learning-rate check."""
+        return [c for c in with_footing(d, self.comparisons(d), self.reference)[0] if self._held(d, c) is None]
+
+    def _held(self, d: StudyData, c: Contrast) -> str | None:
+        return None if self.gate is None else self.gate(d, c)
 
     def validity(self, d: StudyData) -> list[dict[str, Any]]:
         """``design.tasks``: :func:`validity` with the suite's reference arm."""
@@ -690,10 +699,12 @@ class OpenQuestion:
         """``aa_control`` (:func:`aa_entry`) and ``no_verdict``: the comparisons left without a verdict because
         their task does not discriminate (model, task, why)."""
         why = {t["task"]: t["why"] for t in self.validity(d)}
-        dropped = with_footing(d, self.comparisons(d), self.reference)[1]
+        kept, dropped = with_footing(d, self.comparisons(d), self.reference)
+        held = [(c, self._held(d, c)) for c in kept]
         return {
             "aa_control": aa_entry(d, self.reference),
-            "no_verdict": [{"model": c.model, "task": c.task, "why": why.get(_setting(c))} for c in dropped],
+            "no_verdict": [{"model": c.model, "task": c.task, "why": why.get(_setting(c))} for c in dropped]
+            + [{"model": c.model, "task": c.task, "why": reason} for c, reason in held if reason is not None],
         } | ({} if self.extra is None else self.extra(d))
 
     def sections(self, d: StudyData, figures_dir: Path) -> list:
