@@ -64,7 +64,8 @@ class TrainConfig(Budget):
     plus what is trained on what.
 
     Fields left unset among ``steps, batch_size, lr, warmup, eval_every, eval_batches, target_accuracy`` take the
-    task's defaults (its class's ``budget_defaults``, else ``GENERIC_DEFAULTS``); ``target_accuracy=None`` given explicitly disables early stopping on it.
+    task's defaults (its class's ``budget_defaults``, else ``GENERIC_DEFAULTS``); ``target_accuracy=None`` given
+    explicitly disables early stopping on it.
     ``init_from``: a safetensors state dict (saved by an earlier run, same model and width) to start from instead of
     a fresh initialization (the long-range suite's curriculum warm start). ``init_stream``: 0 initializes the model
     from ``seed``; any other value draws the initial weights from another stream (``init_seed``) while the training
@@ -72,9 +73,10 @@ class TrainConfig(Budget):
     order, another initialization).
 
     Model options (Transformer only; ``causal``, ``mlp_ratio`` and ``input_position="none"`` also for the validity
-    controls): ``causal=False`` builds a bidirectional encoder, ``mlp_ratio=0`` attention-only blocks, ``max_len`` the longest sequence the model accepts
-    (default ``seq_len``; set it to evaluate longer sequences after training). ``gumbel_tau_final`` anneals the Gumbel-softmax temperature of a
-    ``normalizer=gumbel_softmax`` spec from its ``gumbel_tau`` to this value (:func:`gumbel_tau_at`).
+    controls): ``causal=False`` builds a bidirectional encoder, ``mlp_ratio=0`` attention-only blocks, ``max_len``
+    the longest sequence the model accepts (default ``seq_len``; set it to evaluate longer sequences after training).
+    ``gumbel_tau_final`` anneals the Gumbel-softmax temperature of a ``normalizer=gumbel_softmax`` spec from its
+    ``gumbel_tau`` to this value (:func:`gumbel_tau_at`).
 
     Measurements that never change training (``axiomformer.probes``, stored in ``TrainResult.extra``):
     ``eval_lengths`` evaluates the trained model at other sequence lengths (the model accepts up to the longest),
