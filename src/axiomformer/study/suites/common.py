@@ -238,9 +238,15 @@ def budget_note(config: StudyConfig) -> str:
         if budget.target_accuracy is not None
         else "no early stop on a target"
     )
+    widened = (
+        f" (widened one grid step beyond an edge up to {config.lr_widen} times: toward the best rate when it is at "
+        "an edge, both ways when no rate separates)"
+        if config.lr_widen and len(grid) > 1
+        else ""
+    )
     return (
         f"Budget: at most {steps} steps, batch {budget.batch_size}, AdamW with warmup "
-        f"{budget.warmup} and cosine decay; learning rate chosen per arm and task from {grid} on the "
+        f"{budget.warmup} and cosine decay; learning rate chosen per arm and task from {grid}{widened} on the "
         f"validation split at selection seeds {config.selection_seeds} (never reported); {stop}; patience "
         f"{budget.patience}; accuracy on the held-out test split; {config.seeds} seed(s) per arm. "
         f"Model: {config.model.layers} layer(s), width {config.model.dim}."
