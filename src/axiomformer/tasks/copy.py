@@ -33,10 +33,15 @@ class CopyTask(SyntheticTask):
         self.sep, self.pad = self.special_tokens(self.vocab, 2)
         self.chance = 1.0 / self.vocab
 
+    def answer(self, data: np.ndarray) -> np.ndarray:
+        """What is written after the separator, from the rows read (n, len) int64: the same rows (a subclass may
+        write a function of them: ``sort_causal``)."""
+        return data
+
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         data = rng.integers(0, self.vocab, size=(n, self.n))
         sep = np.full((n, 1), self.sep)
-        full = np.concatenate([data, sep, data], axis=1)  # (n, 2 len + 1)
+        full = np.concatenate([data, sep, self.answer(data)], axis=1)  # (n, 2 len + 1)
         inputs, targets = full[:, :-1], full[:, 1:].copy()
         targets[:, : self.n] = IGNORE  # first half: nothing to predict
         inputs = left_pad(inputs, self.seq_len, self.pad)

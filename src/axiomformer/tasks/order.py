@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from axiomformer.tasks.base import IGNORE, SyntheticTask, left_pad, positive
+from axiomformer.tasks.base import SyntheticTask, positive
+from axiomformer.tasks.copy import CopyTask
 
 KINDS = ("reverse", "sort")
 
@@ -72,8 +73,9 @@ class ReverseTask(OrderTask):
         super().__init__(seq_len, num_symbols, kind="reverse")
 
 
-class SortCausalTask(SyntheticTask):
-    """Sort for a causal model: n = seq_len // 2 tokens, a separator, then the same tokens sorted (module docstring).
+class SortCausalTask(CopyTask):
+    """Sort for a causal model: n = seq_len // 2 tokens, a separator, then the same tokens sorted (module docstring);
+    ``copy``'s layout with the sorted row as the answer.
 
     Args:
         seq_len: sequence length T >= 2.
@@ -85,18 +87,10 @@ class SortCausalTask(SyntheticTask):
     """
 
     name = "sort_causal"
-    prefix_determined = True
 
     def __init__(self, seq_len: int, num_symbols: int = 16):
-        self.seq_len = positive("seq_len", seq_len, 2)
         self.num_symbols = positive("num_symbols", num_symbols, 2)
-        self.n = self.seq_len // 2
-        self.sep, self.pad = self.special_tokens(self.num_symbols, 2)
-        self.chance = 1.0 / self.num_symbols
+        super().__init__(seq_len, vocab=num_symbols)
 
-    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-        data = rng.integers(0, self.num_symbols, size=(n, self.n))
-        full = np.concatenate([data, np.full((n, 1), self.sep), np.sort(data, axis=1)], axis=1)
-        inputs, targets = full[:, :-1], full[:, 1:].copy()
-        targets[:, : self.n] = IGNORE  # the row being read: nothing to predict
-        return left_pad(inputs, self.seq_len, self.pad), left_pad(targets, self.seq_len, IGNORE)
+    def answer(self, data: np.ndarray) -> np.ndarray:
+        return np.sort(data, axis=1)
