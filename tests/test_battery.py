@@ -152,6 +152,27 @@ def test_a_bidirectional_uniform_control_averages_the_whole_row():
     torch.testing.assert_close(causal(ids)[0, :10], causal(future)[0, :10])
 
 
+def test_a_control_without_positions_is_permutation_equivariant_on_the_whole_row():
+    """The rho suite's controls (bidirectional, no input encoding): permuting the row permutes the outputs (A0); the
+    same weights with the sinusoidal encoding are not (the check fails where a position signal is left in)."""
+    torch.manual_seed(0)
+    free = ControlLM("uniform_mixing", 10, 8, 1, 12, mlp_ratio=0, causal=False, input_position="none").double().eval()
+    encoded = ControlLM("uniform_mixing", 10, 8, 1, 12, mlp_ratio=0, causal=False).double().eval()
+    encoded.load_state_dict(free.state_dict())
+    ids = torch.randint(0, 10, (1, 12))
+    order = torch.randperm(12)
+    torch.testing.assert_close(free(ids[:, order]), free(ids)[:, order])
+    assert (encoded(ids[:, order]) - encoded(ids)[:, order]).abs().max() > 1e-6
+    assert free.config["input_position"] == "none" and "input_position" not in encoded.config
+    from axiomformer.models import build_from_config
+
+    rebuilt = build_from_config(free.config).double().eval()  # what a checkpoint stores rebuilds the same control
+    rebuilt.load_state_dict(free.state_dict())
+    torch.testing.assert_close(rebuilt(ids), free(ids))
+    with pytest.raises(ValueError, match="sinusoidal, none"):
+        ControlLM("no_mixing", 4, 8, 1, 4, input_position="learned")
+
+
 def test_a_control_refuses_bad_sizes_naming_the_choices():
     with pytest.raises(ValueError, match="no_mixing, uniform_mixing"):
         ControlLM("attention", vocab_size=4, dim=8, num_layers=1, max_len=4)
