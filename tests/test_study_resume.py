@@ -159,3 +159,25 @@ def test_a_run_stopped_part_way_resumes_from_its_progress_file_as_if_never_stopp
     monkeypatch.setattr(axiomformer.train, "train", real_train)
     run_study(config, fresh, progress=False, console=Console(quiet=True))
     assert [r[:3] for r in _rows(out)] == [r[:3] for r in _rows(fresh)]  # the same runs, the same metrics
+
+
+def test_a_resumed_store_recomputes_its_ceilings_when_the_config_gains_or_changes_a_task(tmp_path):
+    """The task ceilings are a section computed once per store; a store resumed with a config that gained a task (or
+    changed a task's options) must compute them again, or its new task reads "no ceiling" and never discriminates.
+    Planted: a store whose section has the old tasks only."""
+    from axiomformer.study.config import validate_config
+    from axiomformer.study.runner import _extras_todo, ceiling_cells
+    from axiomformer.study.sections import ceilings_section
+    from axiomformer.study.store import ResultsStore
+    from axiomformer.study.suites import get_suite
+
+    config = validate_config(get_suite("positions").preset("quick"))
+    cells = ceiling_cells(config)
+    with ResultsStore(tmp_path) as store:
+        store.put_section("ceilings", ceilings_section(cells[:1]))  # the first task only
+        assert "ceilings" in [name for name, _ in _extras_todo(store, config)[1]]
+        store.put_section("ceilings", ceilings_section(cells))
+        assert "ceilings" not in [name for name, _ in _extras_todo(store, config)[1]]
+        changed = [dict(cells[0], options={**cells[0]["options"], "vocab": 5}), *cells[1:]]
+        store.put_section("ceilings", ceilings_section(changed))  # another vocabulary for the same task@length
+        assert "ceilings" in [name for name, _ in _extras_todo(store, config)[1]]

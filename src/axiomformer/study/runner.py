@@ -461,16 +461,30 @@ def _extras_todo(store: ResultsStore, config: StudyConfig) -> tuple[list[str], l
     specs = [m.spec for m in models(config) if m.kind == "transformer"] if config.sections.audit else []
     audits_todo = [s for s in dict.fromkeys(specs) if s not in store.audits()]
     stored_sections = store.sections()
+    cells = ceiling_cells(config)
+    stale = {"ceilings"} if _ceilings_stale(stored_sections, cells) else set()
     sections_todo = [
         (name, fn)
         for name, fn, on in (
-            ("ceilings", lambda: ceilings_section(ceiling_cells(config)), True),
+            ("ceilings", lambda: ceilings_section(cells), True),
             ("derive", derive_section, config.sections.derive),
             ("flow", flow_section, config.sections.flow),
         )
-        if on and name not in stored_sections
+        if on and (name not in stored_sections or name in stale)
     ]
     return audits_todo, sections_todo
+
+
+def _ceilings_stale(stored_sections: dict[str, dict[str, Any]], cells: list[dict[str, Any]]) -> bool:
+    """Whether the stored ceilings section lacks a task and length of ``cells`` or holds one with other task options
+    (a resumed store whose config gained or changed a task); an entry stored without its options is taken as
+    current."""
+    payload = (stored_sections.get("ceilings") or {}).get("payload") or {}
+    for cell in cells:
+        entry = payload.get(f"{cell['task']}@{cell['seq_len']}")
+        if entry is None or entry.get("options", cell["options"]) != cell["options"]:
+            return True
+    return False
 
 
 def ceiling_cells(config: StudyConfig) -> list[dict[str, Any]]:

@@ -74,8 +74,8 @@ def task_test_items(
 
 def ceilings_section(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """The ceiling of each task on its own test items (``Task.ceiling``), keyed ``"task@seq_len"``: ``{"ceiling",
-    "ceiling_method", "ceiling_error", "note", "n_items"}``; ``ceiling`` is ``None`` where the task cannot compute
-    one. ``cells``: ``{"task", "seq_len", "options", "batch_size", "test_batches"}`` per task and length."""
+    "ceiling_method", "ceiling_error", "note", "n_items", "options"}``; ``ceiling`` is ``None`` where the task cannot
+    compute one. ``cells``: ``{"task", "seq_len", "options", "batch_size", "test_batches"}`` per task and length."""
     out: dict[str, Any] = {}
     for cell in cells:
         built, inputs, targets = task_test_items(
@@ -88,6 +88,7 @@ def ceilings_section(cells: list[dict[str, Any]]) -> dict[str, Any]:
             "ceiling_error": None if found is None else found.error,
             "note": "this task cannot compute its ceiling" if found is None else found.note,
             "n_items": int((targets != -100).sum()),
+            "options": dict(cell["options"]),
         }
     return out
 
