@@ -171,6 +171,10 @@ def test_a_control_without_positions_is_permutation_equivariant_on_the_whole_row
     torch.testing.assert_close(rebuilt(ids), free(ids))
     with pytest.raises(ValueError, match="sinusoidal, none"):
         ControlLM("no_mixing", 4, 8, 1, 4, input_position="learned")
+    from axiomformer.train import _control_position
+
+    with pytest.raises(ValueError, match="auto, sinusoidal or none"):  # the trainer refuses, not maps, the others
+        _control_position("rope")
 
 
 def test_a_control_refuses_bad_sizes_naming_the_choices():

@@ -178,6 +178,22 @@ def test_rho_withholds_the_mlp_questions_where_a_sum_and_the_mlp_already_solve(t
     withheld = [c for c in data["no_verdict"] if DEEP_SETS in (c["why"] or "")]
     assert (len(given), len(withheld)) == ((0, 2) if held else (2, 0))
     assert all(v["family"] == "secondary" for v in given)
+    assert all(c["by"] == "control" for c in withheld)
+    from axiomformer.study.report import build_report
+
+    text = build_report(tmp_path / "p")["markdown"].read_text(encoding="utf-8")
+    assert ("held by the suite's own control" in text) == held and DEEP_SETS in text  # its row, its reason
+
+
+def test_rho_withholds_the_mlp_questions_while_their_control_has_not_run(tmp_path):
+    from axiomformer.study.suites.rho import DEEP_SETS, QUESTIONS
+
+    plant(tmp_path / "p", "rho", "default", lambda label, seed: 0.99 + _noise(seed))
+    with sqlite3.connect(tmp_path / "p" / "results.sqlite") as db:
+        db.execute("DELETE FROM runs WHERE label = ?", (DEEP_SETS,))
+    data = study_json(tmp_path / "p")
+    assert not [v for v in data["verdicts"] if v["assumption"] != QUESTIONS[0][0]]
+    assert len([c for c in data["no_verdict"] if c["by"] == "control"]) == 2
 
 
 def test_a_rho_suite_without_its_gate_is_caught(tmp_path, monkeypatch):

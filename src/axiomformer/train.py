@@ -495,6 +495,17 @@ class _Built:
     model: torch.nn.Module
 
 
+def _control_position(input_position: str) -> str:
+    """A validity control's input encoding: the standard model's (``auto``, ``sinusoidal``) or ``none``.
+
+    Raises:
+        ValueError: any other encoding (a control has no learned table or rotation), naming the choices.
+    """
+    if input_position not in ("auto", "sinusoidal", "none"):
+        raise ValueError(f"a validity control takes input_position auto, sinusoidal or none, not {input_position!r}")
+    return "none" if input_position == "none" else "sinusoidal"
+
+
 def _build(config: TrainConfig, device: torch.device) -> _Built:
     """The task, the attention spec and the model on ``device``, initialized from the global generators (seeded by
     the caller) or from ``config.init_from``."""
@@ -506,7 +517,7 @@ def _build(config: TrainConfig, device: torch.device) -> _Built:
         else {
             "causal": config.causal,
             "mlp_ratio": config.mlp_ratio,
-            "input_position": "none" if config.input_position == "none" else "sinusoidal",
+            "input_position": _control_position(config.input_position),
         }
         if config.model in CONTROL_KINDS
         else {}

@@ -287,9 +287,10 @@ INPUTS = ("q", "k", "v", "w", "log_decay", "beta", "write", "state")
 
 FORWARD_ELEMENTS = 1 << 18
 """The forward runs parts of about this many elements per (tokens x head_dim) tensor (whole groups of the backward,
-at least one): it holds no gradients yet, so its peak stays below the backward's with parts longer than the backward's
-groups, and it pays the per-part cost of Python less often **(our choice: 512 tokens at 8 heads of 64; 1024 raised
-the bench's peak for Gated DeltaNet by a third)**."""
+at least one): it holds no gradients yet, so its peak stays below the backward's with parts as long as or longer than
+the backward's groups, and it pays the per-part cost of Python less often **(our choice: 512 tokens at 8 heads of
+64, as many as a backward group since GROUP_ELEMENTS is the same; 1024 raised the bench's peak for Gated DeltaNet by
+a third)**."""
 
 
 class _Chunkwise(torch.autograd.Function):

@@ -189,9 +189,10 @@ class StudyConfig(_Strict):
         min_seeds: the preset's minimum of reported seeds for a decision; a run with fewer claims nothing (every
             verdict ``pilot``).
         pilot: a pilot run (``--quick``): every verdict ``pilot``.
-        lr_widen: at most this many extra learning rates per cell, one grid step beyond the edge each, while the best
-            rate so far is the smallest or largest tried (``study.stages.tried_lrs``); a cell still at the edge is
-            flagged "lr at grid edge" in the report.
+        lr_widen: at most this many rounds of widening per cell, each one grid step beyond the edge while the best
+            rate so far is the smallest or largest tried, beyond both edges while every rate tied on validation
+            accuracy (``study.stages.tried_lrs``); a cell still at the edge is flagged "lr at grid edge" in the
+            report.
         primary: the labels (relax strings or baseline names, as in ``variants`` / ``baselines``) whose
             comparisons with the standard model on the first task form the primary family; every other comparison
             is secondary, corrected as its own family. Labels not in this study are ignored (a config that replaces

@@ -7,7 +7,8 @@ study resumes at the stage it was in and a stage's plan is a pure function of th
 
 * **learning-rate selection** (default): stage 1 trains every cell once per learning rate of ``budget.lr_grid`` at
   each of the ``selection_seeds``; up to ``lr_widen`` stages then extend the grid one step beyond its edge for each
-  cell whose best rate is at the edge; the last stage trains the reported seeds (disjoint from the selection seeds) at
+  cell whose best rate is at the edge (beyond both edges where every rate ties on validation accuracy,
+  :func:`tried_lrs`); the last stage trains the reported seeds (disjoint from the selection seeds) at
   each cell's chosen rate.
 * **curriculum** (``curriculum = true``): the same two stages at each task's shortest length; then, length by length
   in increasing order, every (model, task, seed) trains at the next length starting from its own weights at the
@@ -71,10 +72,12 @@ def _ratio(grid: list[float | None]) -> float:
 def tried_lrs(config: StudyConfig, cell: Cell, stored: dict[str, RunRecord], widenings: int) -> list:
     """The learning rates of ``cell`` after ``widenings`` rounds of widening: start from the grid; each round, when
     the best rate so far (on the stored selection runs) is the smallest or the largest tried, add the next one beyond
-    it (one grid step further). When no rate separates from the others (every tried rate at the same mean validation
-    accuracy, the choice made by validation loss alone: e.g. all at chance), add one beyond each edge, since the loss
-    of a model stuck at chance does not say which way a working rate lies. A one-value grid (or the trainer
-    default, ``None``) is never widened."""
+    it (one grid step further). When no rate separates from the others (every tried rate at exactly the same mean
+    validation accuracy, the choice made by validation loss alone: e.g. all at a constant chance prediction), add one
+    beyond each edge, since the loss of a model stuck at chance does not say which way a working rate lies. The test
+    is exact equality: rates that all solve at 1.000 widen both ways too (runs, no harm), while stuck runs whose
+    accuracies differ in a digit widen one way, by the loss. A one-value grid (or the trainer default, ``None``) is
+    never widened."""
     lrs = list(cell.budget["lr_grid"])
     if None in lrs or len(lrs) < 2:
         return lrs
@@ -161,7 +164,7 @@ def checked(cell: Cell, reference: str = "standard") -> bool:
 
 def selection_stages(config: StudyConfig, all_cells: list[Cell], reference: str = "standard") -> list[Stage]:
     """Stage 1: every cell at every learning rate of its grid (selection seeds). Then up to ``lr_widen`` stages that
-    extend the grid of each cell whose best rate is at an edge (:func:`tried_lrs`). Last: the reported seeds at the
+    extend the grid of each cell whose best rate is at an edge, or of one whose rates all tie (:func:`tried_lrs`). Last: the reported seeds at the
     chosen rate (a cell whose selection runs all failed is left out); the A/A control trains at the rate chosen for
     the ``reference`` model of its task. Then, with ``lr_check``, every :func:`checked` cell at its second-best rate."""
 

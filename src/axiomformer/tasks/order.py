@@ -87,6 +87,7 @@ class SortCausalTask(CopyTask):
     """
 
     name = "sort_causal"
+    budget_defaults = SyntheticTask.budget_defaults  # not copy's: tuned on copy, not on sort
 
     def __init__(self, seq_len: int, num_symbols: int = 16):
         self.num_symbols = positive("num_symbols", num_symbols, 2)

@@ -431,9 +431,14 @@ def footing_blocks(d: StudyData, extra: dict[str, Any]) -> list:
             "verdict" + (f" ({'; '.join(sensitive)})." if sensitive else ".")
         )
     )
-    if extra.get("no_verdict"):
-        names = "; ".join(f"{c['model']} on {c['task']}" for c in extra["no_verdict"])
+    silent = [c for c in extra.get("no_verdict") or [] if c.get("by", "task") == "task"]
+    if silent:
+        names = "; ".join(f"{c['model']} on {c['task']}" for c in silent)
         out.append(Paragraph(f"No verdict (the task does not discriminate, see above): {names}."))
+    for c in [c for c in extra.get("no_verdict") or [] if c.get("by") == "control"]:
+        out.append(
+            Paragraph(f"No verdict for {c['model']} on {c['task']} (held by the suite's own control): {c['why']}.")
+        )
     return out
 
 
@@ -702,15 +707,18 @@ class OpenQuestion:
         return validity(d, self.reference)
 
     def extra_json(self, d: StudyData) -> dict[str, Any]:
-        """``aa_control`` (:func:`aa_entry`) and ``no_verdict``: the comparisons left without a verdict because
-        their task does not discriminate (model, task, why)."""
+        """``aa_control`` (:func:`aa_entry`) and ``no_verdict``: the comparisons left without a verdict (model, task,
+        why, by): ``by`` is ``"task"`` where their task does not discriminate, ``"control"`` where the suite's
+        ``gate`` holds them (a control of their own reaches their arms)."""
         why = {t["task"]: t["why"] for t in self.validity(d)}
         kept, dropped = with_footing(d, self.comparisons(d), self.reference)
         held = [(c, self._held(d, c)) for c in kept]
         return {
             "aa_control": aa_entry(d, self.reference),
-            "no_verdict": [{"model": c.model, "task": c.task, "why": why.get(_setting(c))} for c in dropped]
-            + [{"model": c.model, "task": c.task, "why": reason} for c, reason in held if reason is not None],
+            "no_verdict": [
+                {"model": c.model, "task": c.task, "why": why.get(_setting(c)), "by": "task"} for c in dropped
+            ]
+            + [{"model": c.model, "task": c.task, "why": reason, "by": "control"} for c, reason in held if reason],
         } | ({} if self.extra is None else self.extra(d))
 
     def sections(self, d: StudyData, figures_dir: Path) -> list:

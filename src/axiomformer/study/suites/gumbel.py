@@ -4,7 +4,8 @@ The source names Gumbel-Softmax as an alternative normalizer (A5). Here it is tr
 temperature anneals from ``gumbel_tau`` (1) to ``TAU_FINAL`` over training (``TrainConfig.gumbel_tau_final``,
 exponential), soft (``u = softmax((s + g) / tau)``) or hard (``gumbel_hard``: one-hot rows in the forward,
 straight-through gradients), on tasks where hard selection is natural (``needle``: one key to find; ``mqar``:
-one key per query; ``induction``: the one earlier trigger among distractors), against softmax and sparsemax. Evaluation in two modes: **deterministic** (the trainer's own
+one key per query; ``induction``: the one earlier trigger among distractors), against softmax and sparsemax.
+Evaluation in two modes: **deterministic** (the trainer's own
 test evaluation: the noise-free limit, softmax(s / tau) or the one-hot argmax when hard) and **sampled** (the
 training-time noise left on, averaged over ``axiomformer.probes.SAMPLED_DRAWS`` draws).
 """
@@ -63,7 +64,8 @@ DEFAULT = _BASE | {"name": "gumbel suite (default preset)", "budget": _BUDGET, "
 seeds, uniform mixing 0.143; solve-or-stuck, so compared by solve rate); 8 reported seeds, early stop once solved.
 The first default, the marked needle at 32 tokens, did not discriminate (uniform mixing 0.904 against softmax's
 1.000 in the committed store's earlier run): a bag of the prefix nearly finds the one marked pair. It and MQAR are in
-the full preset."""
+the full preset. By solve rate at 8 seeds a comparison can come out ``forced``, ``better`` or ``inconclusive``, not
+``free`` (8 of 8 against 8 of 8 is +0.000 [-0.417, +0.417] at the margin 0.25; about 18 seeds a side are needed)."""
 QUICK = common.quick_preset(_BASE, "gumbel suite (quick preset)", _BUDGET, 200)
 FULL = _BASE | {
     "name": "gumbel suite (full preset)",

@@ -96,9 +96,10 @@ _BASE = common.preset_base(_TASKS, {"dim": 32, "layers": 2, "heads": 2}, ("stand
 DEFAULT = _BASE | {"name": "positions suite (default preset)", "budget": _BUDGET}
 """Tasks that need order, at budgets from the committed pilot ``benchmarks/results/study-pilot/`` (seeds 2000-2001):
 the standard model solved copy@16 at 200 steps, induction@32 at 400, selective_copy@32 with 8 data tokens of 16
-symbols among 24 noise tokens at 800 and 1,000 (round r6) and sort_causal@32 at 300 (r4), so 1,000, 1,200, 4,000 and
-1,000 steps are at least 3 times past the plateau (the stored runs' ``budget_ratio`` checks it again). Uniform mixing
-at the same budgets: 0.87, 0.14 and 0.78 against the standard model's 0.998, 0.996 and 0.991 on the first three
+symbols in a context of 24 positions (16 of them noise) at 800 and 1,000 (round r6) and sort_causal@32 at 300 (r4),
+so 1,000, 1,200, 4,000 and 1,000 steps are at least 3 times past the plateau (the stored runs' ``budget_ratio`` checks
+it again). Uniform mixing in the pilot (2,000 steps on copy and induction, 4,000 on selective copy): 0.87, 0.14 and
+0.78 against the standard model's 0.998, 0.996 and 0.991 on the first three
 (discriminating), 0.991 against 0.993 on sort (not: a stated control). The pilot's earlier selective copy (4 tokens of
 8 symbols) did not discriminate at 4,000 steps (uniform mixing 0.989 against 0.989, round r5). Width 32, 2 layers, 2
 heads, 8 reported seeds."""
