@@ -146,10 +146,11 @@ interval can fall inside ±0.02. A run with fewer is a pilot and claims nothing 
 
 
 LR_WIDEN = 2
-"""How many times a default preset's cell whose best rate is at an edge of the two-point grid (3e-3, 1e-2) gets one
-more rate one step beyond it (``StudyConfig.lr_widen``): with the grid alone, most cells of the earlier default runs
-chose an edge, and scale=none at head_dim 64 (logits 8 times larger) never tried a rate below 3e-3. A quick preset does
-not widen (a pilot claims nothing)."""
+"""How many rounds a default or full preset's cell whose best rate is at an edge of the two-point grid (3e-3, 1e-2)
+gets one more rate one step beyond it, both ways where every rate ties (``StudyConfig.lr_widen``,
+``study.stages.tried_lrs``): with the grid alone, most cells of the earlier default runs chose an edge, and scale=none
+at head_dim 64 (logits 8 times larger, at chance at both rates) never tried a rate below 3e-3. A quick preset does not
+widen (a pilot claims nothing)."""
 
 
 def preset_base(tasks: list[dict[str, Any]], model: dict[str, Any], variants: tuple[str, ...] = ("standard",)) -> dict:
