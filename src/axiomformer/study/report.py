@@ -101,11 +101,16 @@ def _headline(d: StudyData) -> list:
 
     methods = sorted({c.ci_method for c in stats.values()})
     items = sorted({c.n_test for c in stats.values() if c.n_test})
+    widened = (
+        f" (widened one step beyond an edge up to {cfg.lr_widen} times, both ways when every rate tried ties)"
+        if cfg.lr_widen and grid and len(grid) > 1
+        else ""
+    )
     table.note = (
         f"Test accuracy on scored positions: mean over the reported seeds 0..{seeds - 1} with its 95 % "
         f"interval ({', '.join(methods) or '—'}), on the same {'/'.join(map(str, items)) or '?'} scored "
         f"test items for every model and seed, at the learning rate chosen for the cell (`lr`) from "
-        f"{grid or 'one value'} (widened one step beyond an edge up to {cfg.lr_widen} times) by "
+        f"{grid or 'one value'}{widened} by "
         f"mean validation accuracy at selection seeds {cfg.selection_seeds}, which are never reported. "
         f"`not converged`: a reported run used its whole budget while its training loss was still falling "
         f"(a significantly negative slope over the last quarter of its steps; {flagged} cell(s)). `lr at grid edge`: the chosen rate is the smallest or largest "
@@ -136,8 +141,8 @@ def _selection(d: StudyData) -> list:
     table.note = (
         "Validation accuracy of the learning-rate selection runs (mean over the selection seeds, which are "
         "never reported); `—`: not tried; `(best)`: the rate the cell reports at. A best rate at the edge "
-        "of those tried is widened (up to `lr_widen` times) and, if still at the edge, flagged in the "
-        "accuracy table."
+        "of those tried is widened (up to `lr_widen` times; both ways when every rate tried has the same "
+        "mean, as stuck runs do) and, if still at the edge, flagged in the accuracy table."
     )
     return [Heading("Learning-rate selection"), table]
 
