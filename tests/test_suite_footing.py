@@ -221,3 +221,25 @@ def test_a_rho_suite_without_its_gate_is_caught(tmp_path, monkeypatch):
     monkeypatch.setitem(registry._SUITES, "rho", suite)
     data = study_json(tmp_path / "p")
     assert len([v for v in data["verdicts"] if v["family"] == "secondary"]) == 2
+
+
+def test_the_gap_rule_is_read_from_one_place_by_the_battery_and_by_rhos_control(tmp_path, monkeypatch):
+    """Planted: a gap rule that no interval passes, set in ``battery.separated`` alone, silences both the task
+    validity check and rho's own control (``rho.gate``): neither keeps a copy of the rule."""
+    from axiomformer.study import battery
+    from axiomformer.study.suites.rho import DEEP_SETS
+
+    values = {"attn-only rho=identity": 0.6, DEEP_SETS: 0.4, "uniform_mixing": 0.3}
+    plant(tmp_path / "p", "rho", "default", lambda label, seed: values.get(label, 0.99) + _noise(seed))
+    assert len(study_json(tmp_path / "p")["verdicts"]) == 3
+    monkeypatch.setattr(battery, "separated", lambda low, control_high: False)
+    data = study_json(tmp_path / "p")
+    assert data["verdicts"] == [] and not any(t["discriminates"] for t in data["design"]["tasks"])
+    from axiomformer.study.report import load_study
+    from axiomformer.study.suites import rho
+
+    d = load_study(tmp_path / "p")
+    mlp_questions = [c for c in rho.comparisons(d) if c.question != rho.QUESTIONS[0][0]]
+    assert mlp_questions and all("less than the gap" in (rho.gate(d, c) or "") for c in mlp_questions)
+    monkeypatch.undo()
+    assert [rho.gate(d, c) for c in mlp_questions] == [None] * len(mlp_questions)

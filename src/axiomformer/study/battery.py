@@ -39,6 +39,14 @@ if TYPE_CHECKING:
 
 DISCRIMINATION_GAP = 0.05
 """How far (accuracy) the standard model's interval must lie above the uniform-mixing control's interval."""
+
+
+def separated(low: float, control_high: float) -> bool:
+    """The gap rule, one place for every control that reads a task: an arm's interval (lower end ``low``) lies at
+    least :data:`DISCRIMINATION_GAP` above its control's interval (upper end ``control_high``)."""
+    return low - control_high >= DISCRIMINATION_GAP
+
+
 BUDGET_RATIO = 3.0
 """A budget reaches past the plateau when it is at least this many times the standard model's median steps to
 solve."""
@@ -100,7 +108,7 @@ def _why(stat: Any, uniform: Any, ceiling: dict[str, Any]) -> tuple[bool, str]:
     if stat.mean > top:
         return False, f"the standard model ({stat.mean:.3f}) lies above the ceiling ({ceiling['ceiling']:.3f}): check"
     gap = stat.ci_low - uniform.ci_high
-    if gap < DISCRIMINATION_GAP:
+    if not separated(stat.ci_low, uniform.ci_high):
         return False, (
             f"uniform mixing (no scores) reaches {uniform.mean:.3f} against the standard model's {stat.mean:.3f}: "
             f"the intervals are {gap:+.3f} apart, less than the gap {DISCRIMINATION_GAP:g}, so the task does not need "
@@ -194,6 +202,7 @@ __all__ = [
     "loss_still_falling",
     "metric_of",
     "run_converged",
+    "separated",
     "steps_to_solve",
     "task_settings",
     "task_validity",

@@ -120,7 +120,7 @@ def gate(d: StudyData, c: Contrast) -> str | None:
     (``battery.DISCRIMINATION_GAP``) below theirs, interval to interval, as the uniform-mixing rule reads a task. A
     sum with no scores followed by the MLP then does what either arm does, so the task cannot tell what the MLP
     sublayer does for rho. A1's question is not held here: its control is the validity block's."""
-    from axiomformer.study.battery import DISCRIMINATION_GAP
+    from axiomformer.study.battery import DISCRIMINATION_GAP, separated
 
     if c.question == QUESTIONS[0][0]:
         return None
@@ -132,7 +132,7 @@ def gate(d: StudyData, c: Contrast) -> str | None:
     if math.isnan(control[2]) or not sides:  # as the validity block withholds where uniform mixing has not run
         return f"{DEEP_SETS} (the control of this question) or both arms have no interval yet: no verdict"
     best = max(sides, key=lambda side: side[0])
-    if best[1] - control[2] >= DISCRIMINATION_GAP:
+    if separated(best[1], control[2]):
         return None
     return (
         f"{DEEP_SETS} (no scores, a learned rho on the sum) reaches {control[0]:.3f} against {best[0]:.3f}: the "
