@@ -441,3 +441,46 @@ def test_the_curriculum_trains_the_aa_control_at_the_standard_models_rate_withou
     longer = steps[2](stored)
     assert not [r for r in longer if r.model.label.startswith(AA_LABEL)]  # the shortest length only
     assert {"no_mixing", "uniform_mixing"} <= {r.model.label for r in longer}  # the controls go on
+
+
+@pytest.mark.parametrize(
+    "accuracy, chosen, edge",
+    [
+        ({1e-3: 0.70, 3e-3: 0.95, 1e-2: 0.80}, 3e-3, False),
+        ({1e-3: 0.99, 3e-3: 0.69, 1e-2: 0.69}, 1e-3, True),
+        ({1e-3: 0.50, 3e-3: 0.60, 1e-2: 0.90}, 1e-2, True),
+    ],
+)
+def test_the_learning_rate_block_names_the_chosen_rate_and_whether_it_is_at_a_grid_edge(accuracy, chosen, edge):
+    from axiomformer.study.long_range_report import _lr_table, learning_rates
+
+    d = _fake_study({("standard", "needle", 64): [1.0] * 5, ("standard", "needle", 10000): [1.0] * 5}, 400)
+    selection = []
+    for lr, acc in accuracy.items():
+        for i, seed in enumerate(d.config.selection_seeds):  # seeds differ by +-0.01 about the planted mean
+            outcome = RunOutcome(val_accuracy=acc + (0.01 if i else -0.01), val_loss=1 - acc)
+            update = {"seed": seed, "train_config": {"lr": lr}, "outcome": outcome}
+            selection.append(_row(acc, 400).model_copy(update=update))
+            # the same seed at the longer length is warm-started (not a selection run) and must not count
+            later = {**update, "seq_len": 10000, "train_config": {"lr": lr, "init_from": "x.pt"}}
+            selection.append(_row(0.0, 400).model_copy(update=later))
+    d.all_rows = d.rows + selection
+    (entry,) = learning_rates(d)
+    assert (entry["model"], entry["task"], entry["seq_len"]) == ("standard", "needle", 64)
+    assert entry["chosen_lr"] == chosen and entry["at_grid_edge"] is edge
+    assert [t["lr"] for t in entry["tried"]] == sorted(accuracy)
+    assert [t["val_accuracy"] for t in entry["tried"]] == pytest.approx([accuracy[lr] for lr in sorted(accuracy)])
+    (row,) = _lr_table(d).rows
+    assert row[3] == f"{chosen:g}" and (row[4] == "yes") is edge
+
+
+def test_a_curriculum_chooses_from_its_grid_as_given():
+    from axiomformer.study.config import StudyConfig, StudyConfigError, stored_config
+
+    preset = get_suite("long-range").preset("default")
+    assert validate_config(preset).lr_widen == 0  # the curriculum's default
+    assert validate_config(preset | {"curriculum": False}).lr_widen == StudyConfig.model_fields["lr_widen"].default
+    with pytest.raises(StudyConfigError, match="lr_widen = 2 with curriculum"):
+        validate_config(preset | {"lr_widen": 2})
+    # a store written before this rule (lr_widen 2 recorded beside curriculum) still reads back
+    assert stored_config(preset | {"lr_widen": 2}).config.lr_widen == 2

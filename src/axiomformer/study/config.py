@@ -192,7 +192,7 @@ class StudyConfig(_Strict):
         lr_widen: at most this many rounds of widening per cell, each one grid step beyond the edge while the best
             rate so far is the smallest or largest tried, beyond both edges while every rate tied on validation
             accuracy (``study.stages.tried_lrs``); a cell still at the edge is flagged "lr at grid edge" in the
-            report.
+            report. 0 under ``curriculum`` (its default there; any other value is refused).
         primary: the labels (relax strings or baseline names, as in ``variants`` / ``baselines``) whose
             comparisons with the standard model on the first task form the primary family; every other comparison
             is secondary, corrected as its own family. Labels not in this study are ignored (a config that replaces
@@ -277,6 +277,25 @@ class StudyConfig(_Strict):
     @classmethod
     def _known_controls(cls, value: list[str]) -> list[str]:
         return _known("control", value, CONTROLS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _curriculum_does_not_widen(cls, data: Any) -> Any:
+        # The curriculum chooses its rate once, at the shortest length, and every later run of the arm starts from
+        # that run's weights: a widened rate there would change them all, so it chooses from the grid as given.
+        if isinstance(data, dict) and data.get("curriculum") and "lr_widen" not in data:
+            return {**data, "lr_widen": 0}
+        return data
+
+    @model_validator(mode="after")
+    def _no_widening_in_a_curriculum(self, info: ValidationInfo) -> StudyConfig:
+        if self.curriculum and self.lr_widen and not _stored(info):
+            raise ValueError(
+                f"lr_widen = {self.lr_widen} with curriculum = true: a curriculum chooses its learning rate once, at "
+                "the shortest length, from lr_grid as given (every later run starts from those weights); set "
+                "lr_widen = 0, or list the rates to try in lr_grid"
+            )
+        return self
 
     @model_validator(mode="after")
     def _disjoint_seeds(self, info: ValidationInfo) -> StudyConfig:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import fmean
 from typing import TYPE_CHECKING, Any
 
 from axiomformer.study.config import CONTROLS, StudyConfig
@@ -109,7 +110,8 @@ def _pack(results: list[SeedResult]) -> list[dict[str, Any]]:
 def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
     """The ``long_range`` block of ``report --json``: per (model, task, length) every reported seed's test accuracy
     with its Clopper-Pearson interval, ``n_test``, the steps it trained and whether it solves the length, the same for
-    its zero-shot run (trained at the shortest length only), and the longest length every seed solves; and the
+    its zero-shot run (trained at the shortest length only), the longest length every seed solves and the learning
+    rate chosen per arm (:func:`learning_rates`); and the
     suite's verdicts in place of the main study's (``verdicts``: the solve-rate comparisons, ``"family":
     "long_range"``, ``family_size`` the Bonferroni family; ``answer`` and ``control_answer`` are None: the suite's
     question is its solve-rate table) and ``aa_control`` (:func:`aa_control`)."""
@@ -148,9 +150,66 @@ def runs_json(d: StudyData, *, solved: float) -> dict[str, Any]:
             "cells": cells,
             "longest_solved": longest,
             "validity": task_validity(d, solved),
+            "learning_rates": learning_rates(d),
             "solve_rate": solve_rate,
         },
     }
+
+
+def learning_rates(d: StudyData) -> list[dict[str, Any]]:
+    """``long_range.learning_rates`` of ``report --json``: per (model, task) at the task's shortest length, the mean
+    validation accuracy of the selection runs at each rate of the grid, the rate chosen (``stages.choose_lr``) and
+    ``at_grid_edge``: the chosen rate is the smallest or largest of the grid. The curriculum chooses from the grid
+    as given (``StudyConfig.lr_widen`` is 0 under ``curriculum``): a widened rate at the shortest length would change
+    every later run of the arm, so a rate at an edge is stated, not widened."""
+    from axiomformer.study.stages import choose_lr, selection_groups
+
+    shortest = {task: lengths[0] for task, lengths in _task_lengths(d).items()}
+    out = []
+    for (label, task, n), group in selection_groups(d.config, d.all_rows).items():
+        if shortest.get(task) != n:
+            continue
+        tried = {
+            lr: fmean(accs) if accs else None
+            for lr, rows in group
+            for accs in [[r.outcome.val_accuracy for r in rows if r.outcome.val_accuracy is not None]]
+        }
+        chosen = choose_lr(group)
+        rates = [lr for lr in tried if lr is not None]
+        out.append(
+            {
+                "model": label,
+                "task": task,
+                "seq_len": n,
+                "tried": [{"lr": lr, "val_accuracy": acc} for lr, acc in tried.items()],
+                "chosen_lr": None if chosen == "missing" else chosen,
+                "at_grid_edge": len(rates) > 1 and chosen in (min(rates), max(rates)),
+            }
+        )
+    return out
+
+
+def _lr_table(d: StudyData) -> Table | Paragraph:
+    found = learning_rates(d)
+    if not found:
+        return Paragraph("No selection runs stored yet.")
+    table = Table(["model", "task", "tried: mean validation accuracy", "chosen", "at grid edge"])
+    for e in found:
+        tried = ", ".join(
+            f"{t['lr']:g}: " + ("—" if t["val_accuracy"] is None else f"{t['val_accuracy']:.3f}") for t in e["tried"]
+        )
+        chosen = "—" if e["chosen_lr"] is None else f"{e['chosen_lr']:g}"
+        table.rows.append(
+            [e["model"], f"{e['task']}@{e['seq_len']}", tried, chosen, "yes" if e["at_grid_edge"] else ""]
+        )
+    table.note = (
+        f"Selection seeds {', '.join(map(str, d.config.selection_seeds))} (never reported), at each task's shortest "
+        "length. The curriculum chooses from the grid as given and does not widen it: a widened rate at the shortest "
+        "length would change every later run of the arm. Chosen: the best mean validation accuracy, a tie broken by the "
+        "lower mean validation loss (`stages.choose_lr`). `at grid edge`: the chosen rate is the smallest or largest "
+        "of the grid, so the arm's best rate may lie beyond it."
+    )
+    return table
 
 
 def design_tasks(d: StudyData, solved: float) -> list[dict[str, Any]]:
@@ -745,6 +804,7 @@ def sections(d: StudyData, figures_dir: Path, *, solved: float) -> list:
 
     tasks = _task_lengths(d)
     out: list = [_protocol(d, solved), Heading("Budget per length", 3), _budget_table(d.config)]
+    out += [Heading("Learning rate per arm", 3), _lr_table(d)]
     summary = Table(["model", *(f"{t}: longest solved (every seed)" for t in tasks)])
     for m in d.models:
         summary.rows.append(
