@@ -243,3 +243,22 @@ def test_the_gap_rule_is_read_from_one_place_by_the_battery_and_by_rhos_control(
     assert mlp_questions and all("less than the gap" in (rho.gate(d, c) or "") for c in mlp_questions)
     monkeypatch.undo()
     assert [rho.gate(d, c) for c in mlp_questions] == [None] * len(mlp_questions)
+
+
+def test_a_suite_whose_every_comparison_is_held_says_so_and_names_only_its_own_tasks(tmp_path):
+    """rho with uniform mixing at the reference's level: every comparison is stored and held (`no_verdict`), which
+    the answer must say instead of "no paired runs stored"; what was measured names the tasks the config has."""
+    from axiomformer.study.report import build_report
+    from axiomformer.study.suites.common import config_tasks
+
+    plant(tmp_path / "p", "rho", "default", lambda label, seed: 0.99 + _noise(seed), controls=None)
+    data = study_json(tmp_path / "p")
+    assert data["verdicts"] == [] and len(data["no_verdict"]) == 3
+    text = build_report(tmp_path / "p")["markdown"].read_text(encoding="utf-8")
+    assert "No verdict: each of the 3 comparison(s) is held" in text and "no paired runs stored" not in text
+    from axiomformer.study.report import load_study
+
+    names = {t for t, _ in config_tasks(load_study(tmp_path / "p"))}
+    measured = text.split("## What was measured", 1)[1].split("\n\n", 2)[1]
+    assert all(f"`{t}`" in measured for t in names)
+    assert all(f"`{t}`" not in measured for t in {"majority", "distinct"} - names)

@@ -340,10 +340,12 @@ def verdict_blocks(
     question: str,
     facts: list[str] | None = None,
     families: tuple[str, ...] = ("primary", "secondary"),
+    withheld: int = 0,
 ) -> list:
     """The suite's answer, generated from its verdicts (``study.summary.verdicts``, the same objects as
     ``report --json``): the design line, a table per family, one sentence per verdict, a figure of the differences
-    with their intervals and the ±margin band; ``facts``: what holds by construction (stated, not tested)."""
+    with their intervals and the ±margin band; ``facts``: what holds by construction (stated, not tested);
+    ``withheld``: how many comparisons are stored but get no verdict (``no_verdict``)."""
     from axiomformer.study.answer import verdict_table
     from axiomformer.study.render import Heading, Image, Paragraph
     from axiomformer.study.summary import design, verdicts
@@ -365,6 +367,8 @@ def verdict_blocks(
     out: list = [Heading("The answer", 2), Paragraph(lead)]
     if facts:
         out += [Paragraph("By construction (stated, not tested): " + " ".join(facts))]
+    if not found and withheld:
+        return out + [Paragraph(f"No verdict: each of the {withheld} comparison(s) is held (see `No verdict` below).")]
     if not found:
         return out + [Paragraph("No comparisons: no paired runs stored.")]
     for family in families:
@@ -727,8 +731,16 @@ class OpenQuestion:
         a verdict), what was measured, the suite's body, diverged runs, failures and provenance."""
         from axiomformer.study.render import Heading, Paragraph
 
-        blocks = verdict_blocks(d, figures_dir, question=self.question, facts=self.facts, families=self.families)
-        blocks += footing_blocks(d, self.extra_json(d))
+        extra = self.extra_json(d)
+        blocks = verdict_blocks(
+            d,
+            figures_dir,
+            question=self.question,
+            facts=self.facts,
+            families=self.families,
+            withheld=len(extra.get("no_verdict") or []),
+        )
+        blocks += footing_blocks(d, extra)
         blocks += [Heading("What was measured", 2), Paragraph(self.measured(d) + budget_note(d.config))]
         return blocks + self.body(d, Rows(d.rows), figures_dir) + diverged_blocks(d) + closing_blocks(d)
 

@@ -141,15 +141,21 @@ def gate(d: StudyData, c: Contrast) -> str | None:
     )
 
 
+_TASK_NOTES = {
+    "majority": "`majority` (needs no nonlinearity after aggregation)",
+    "distinct": "`distinct` (the number of distinct symbols: a step function of each aggregated count)",
+}
+
+
 def _measured(d: StudyData) -> str:
+    names = list(dict.fromkeys(t for t, _ in common.config_tasks(d)))
+    tasks = ", ".join(_TASK_NOTES.get(t, f"`{t}`") for t in names) or "none stored"
     return (
         "Bidirectional encoders without positions, four arms: attention-only blocks (no MLP sublayer) with rho = "
         "identity (A1) or a learned rho (`aggregator=mlp`: rho(s) = s + W2 GELU(W1 s) after the sum over tokens), and "
         "the same with the usual MLP sublayer; beside them the Deep Sets control (`uniform mixing +MLP`: the mean of "
         "the row, no scores, then the MLP sublayer), which holds the two MLP-sublayer questions where it reaches "
-        "their arms. Tasks: `majority` (needs no nonlinearity after aggregation) and `distinct` (the number of "
-        "distinct symbols: a step function of each aggregated count). Test accuracy, mean and 95 % t interval over "
-        "seeds. "
+        f"their arms. Tasks: {tasks}. Test accuracy, mean and 95 % t interval over seeds. "
     )
 
 
