@@ -164,9 +164,10 @@ def checked(cell: Cell, reference: str = "standard") -> bool:
 
 def selection_stages(config: StudyConfig, all_cells: list[Cell], reference: str = "standard") -> list[Stage]:
     """Stage 1: every cell at every learning rate of its grid (selection seeds). Then up to ``lr_widen`` stages that
-    extend the grid of each cell whose best rate is at an edge, or of one whose rates all tie (:func:`tried_lrs`). Last: the reported seeds at the
-    chosen rate (a cell whose selection runs all failed is left out); the A/A control trains at the rate chosen for
-    the ``reference`` model of its task. Then, with ``lr_check``, every :func:`checked` cell at its second-best rate."""
+    extend the grid of each cell whose best rate is at an edge, or of one whose rates all tie (:func:`tried_lrs`).
+    Last: the reported seeds at the chosen rate (a cell whose selection runs all failed is left out); the A/A control
+    trains at the rate chosen for the ``reference`` model of its task. Then, with ``lr_check``, every :func:`checked`
+    cell at its second-best rate."""
 
     selected = [cell for cell in all_cells if not is_aa(cell)]
     standard = {(c.task, c.seq_len): c for c in all_cells if c.model.label == reference}

@@ -5,9 +5,9 @@ temperature anneals from ``gumbel_tau`` (1) to ``TAU_FINAL`` over training (``Tr
 exponential), soft (``u = softmax((s + g) / tau)``) or hard (``gumbel_hard``: one-hot rows in the forward,
 straight-through gradients), on tasks where hard selection is natural (``needle``: one key to find; ``mqar``:
 one key per query; ``induction``: the one earlier trigger among distractors), against softmax and sparsemax.
-Evaluation in two modes: **deterministic** (the trainer's own
-test evaluation: the noise-free limit, softmax(s / tau) or the one-hot argmax when hard) and **sampled** (the
-training-time noise left on, averaged over ``axiomformer.probes.SAMPLED_DRAWS`` draws).
+Evaluation in two modes: **deterministic** (the trainer's own test evaluation: the noise-free limit,
+softmax(s / tau) or the one-hot argmax when hard) and **sampled** (the training-time noise left on, averaged over
+``axiomformer.probes.SAMPLED_DRAWS`` draws).
 """
 
 from __future__ import annotations

@@ -77,11 +77,10 @@ uniform mixing is the mean of the whole row and nothing after it) and the A/A co
 _BASE = common.preset_base(_TASKS, {"dim": 32, "layers": 1, "heads": 2})
 DEFAULT = _BASE | {"name": "rho suite (default preset)", "budget": _BUDGET, "tasks": _TASKS[:1]}
 """The task that needs a nonlinearity after the sum only (majority is in the full preset): 4 arms and the Deep Sets
-control, 8 reported
-seeds, 4,000 steps, early stop once solved. The budget is from the committed store's earlier 2,500-step runs
-(``benchmarks/results/suites/rho/``): the reference arm reached validation accuracy 0.9 at a median of about 1,000
-steps at 3e-3 (its selection seeds at 1,100 and 300), so 4,000 is about 4 times past it; the block with the MLP
-sublayer and rho = identity used the whole 2,500 in 5 of 8 seeds."""
+control, 8 reported seeds, 4,000 steps, early stop once solved. The budget is from the committed store's earlier
+2,500-step runs (``benchmarks/results/suites/rho/``): the reference arm reached validation accuracy 0.9 at a median
+of 700 steps at 3e-3 (its selection seeds at 1,100 and 300), so 4,000 is more than 3 times past the slower seed; the
+block with the MLP sublayer and rho = identity used the whole 2,500 in 5 of 8 seeds."""
 QUICK = common.quick_preset(_BASE, "rho suite (quick preset)", _BUDGET, 300)
 FULL = _BASE | {
     "name": "rho suite (full preset)",
