@@ -150,3 +150,26 @@ def test_a_run_stopped_after_its_last_step_resumes_with_the_annealed_temperature
     lines: list[str] = []
     result = train(config, progress=False, log=lines.append, progress_file=path)
     assert lines[0].startswith("step 20: resumed") and _same(result, whole)
+
+
+def test_a_resumed_run_reports_the_time_its_earlier_process_spent(tmp_path):
+    path = tmp_path / "run.pt"
+    _stopped_at_second_evaluation(_config(), path)
+    before_wall, before_cpu = torch.load(path, weights_only=True)["spent"]  # what the stopped process spent
+    assert before_wall > 0 and before_cpu > 0
+    result = train(_config(), progress=False, progress_file=path)
+    assert result.earlier_cpu_seconds == before_cpu
+    assert result.seconds > before_wall  # the earlier part plus this process's own
+
+
+def test_a_run_in_one_process_has_no_earlier_time(tmp_path):
+    assert train(_config(steps=10), progress=False, progress_file=tmp_path / "run.pt").earlier_cpu_seconds == 0.0
+
+
+def test_the_study_counts_a_resumed_runs_earlier_cpu_time(monkeypatch):
+    from axiomformer import train as trainer
+    from axiomformer.study import runner
+
+    monkeypatch.setattr(trainer, "train", lambda *a, **k: {"earlier_cpu_seconds": 1234.5})
+    cpu = runner.execute({"task": "needle", "seq_len": 8, "steps": 1}, threads=1)["cpu_seconds"]
+    assert 1234.5 <= cpu < 1234.5 + 60  # the earlier processes' time plus this one's (a stand-in: almost none)

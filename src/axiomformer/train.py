@@ -195,7 +195,10 @@ class TrainResult:
         n_test: scored test positions behind ``accuracy`` (one per sequence on needle): the n of a binomial
             interval over the test items.
         steps: optimizer steps taken (early stop may cut them short).
-        seconds: wall time of training plus evaluation.
+        seconds: wall time of training plus evaluation; a run resumed from its progress file adds the wall time its
+            earlier processes spent up to the last evaluation they saved.
+        earlier_cpu_seconds: CPU seconds the earlier processes of a resumed run spent up to that evaluation (0 for a
+            run in one process): the study adds it to this process's CPU time, so a resumed run's cost is whole.
         params: trainable parameters.
         tokens_per_second: training tokens (batch_size * seq_len per step) / training seconds (eval excluded).
         peak_mem_mb: peak memory of the run above its start, in MiB (:class:`axiomformer.memory.PeakMemory`:
@@ -233,6 +236,7 @@ class TrainResult:
     converged: bool = True
     stop_reason: str = "steps"
     n_test: int = 0
+    earlier_cpu_seconds: float = 0.0
 
     SUMMARY_KEYS = (
         "task",
@@ -429,7 +433,7 @@ def _train_and_test(
     )
     run.best.restore(model)
     test_accuracy, test_loss, n_test = _test_counts(model, test_set, parallel)
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start + run.earlier_seconds
     peak = meter.stop()
     if on_end is not None:
         extra["end"] = _callback(on_end, model, task)
@@ -481,6 +485,7 @@ def _result(
         stop_reason=run.stop_reason,
         extra=extra,
         n_test=n_test,
+        earlier_cpu_seconds=run.earlier_cpu_seconds,
     )
 
 
@@ -571,6 +576,18 @@ class _Run:
     stop_reason: str = "steps"
     train_seconds: float = 0.0
     best: _Best = field(default_factory=lambda: _Best())
+    # wall and CPU seconds of this process's part of the run start here; the earlier processes' come from the
+    # progress file, so that a resumed run reports what the whole run cost
+    clock: tuple[float, float] = field(default_factory=lambda: (time.perf_counter(), time.process_time()))
+    earlier_seconds: float = 0.0
+    earlier_cpu_seconds: float = 0.0
+
+    def spent(self) -> tuple[float, float]:
+        """Wall and CPU seconds of the whole run so far, earlier processes included."""
+        return (
+            self.earlier_seconds + time.perf_counter() - self.clock[0],
+            self.earlier_cpu_seconds + time.process_time() - self.clock[1],
+        )
 
 
 def _loop(
@@ -812,6 +829,7 @@ class _Progress:
                 "engines": run.engines,
                 "steps_done": run.steps_done,
                 "train_seconds": run.train_seconds,
+                "spent": run.spent(),
                 "best": {"accuracy": best.accuracy, "loss": best.loss, "step": best.step, "index": best.index},
                 "best_state": best.state,
             }
@@ -867,6 +885,7 @@ class _Progress:
         run.losses = list(saved["losses"].to(device).unbind()) if saved["losses"].numel() else []
         run.history, run.engines = saved["history"], saved["engines"]
         run.steps_done, run.train_seconds = saved["steps_done"], saved["train_seconds"]
+        run.earlier_seconds, run.earlier_cpu_seconds = saved.get("spent", (0.0, 0.0))  # files before it: unknown
         for name, value in saved["best"].items():
             setattr(run.best, name, value)
         run.best.state = saved["best_state"]

@@ -678,10 +678,11 @@ def _task_table(d: StudyData, task: str, lengths: list[int], solved: float) -> T
         f"Per reported seed (s0, s1, ...): test accuracy at the best validation checkpoint and its "
         f"Clopper-Pearson 95 % interval over n_test scored test sequences. Seeds solving: runs whose lower "
         f"bound is >= {solved}. Steps trained: optimizer steps actually taken at that length (early "
-        f"stopping may end a run before its budget; * = not converged: the best validation score was "
-        f"still improving at the last step). Zero-shot: the same seed trained at {lengths[0]} only"
+        f"stopping may end a run before its budget; * = not converged: the run used its whole budget with its "
+        f"best validation evaluation among its last `patience` ones, so more steps might still have raised it). "
+        f"Zero-shot: the same seed trained at {lengths[0]} only"
         + (f"; chance {chance:.3f}" if chance is not None else "")
-        + ". `—`: not run (yet)."
+        + ". `—`: no zero-shot run (the controls have none; a model's: not run yet)."
     )
     return table
 

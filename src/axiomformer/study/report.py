@@ -57,6 +57,18 @@ class StudyData:
         self.last_invocation = store.get_meta("last_invocation")
 
 
+def _run_kinds(d: StudyData) -> str:
+    """``110 reported, 60 learning-rate selection, 30 other``: what the finished runs are. Selection runs are the
+    seeds past the reported ones; the others are reported seeds' runs outside the reported cells (the lr check's
+    second-best rate, a suite's own runs such as the long-range zero-shot tests)."""
+    selection = sum(r.seed >= d.config.seeds for r in d.all_rows)
+    other = len(d.all_rows) - len(d.rows) - selection
+    parts = [f"{len(d.rows)} reported", f"{selection} learning-rate selection"]
+    if other:
+        parts.append(f"{other} other: the lr check's or the suite's own runs")
+    return ", ".join(parts)
+
+
 def _task_name(task: tuple[str, int]) -> str:
     return f"{task[0]}@{task[1]}"
 
@@ -319,10 +331,13 @@ def _provenance(d: StudyData) -> list:
             [
                 [
                     "runs",
-                    f"{len(rows)} stored, {len(d.rows)} reported (the rest: learning-rate selection)"
+                    f"{len(rows)} stored: {_run_kinds(d)}"
                     + (f" (+{d.extra_rows} from other sweeps, not shown)" if d.extra_rows else ""),
                 ],
-                ["budget (every model)", ", ".join(f"{k}={v}" for k, v in budget.items() if v is not None)],
+                [
+                    "budget (every model, where no per-length budget is shown)",
+                    ", ".join(f"{k}={v}" for k, v in budget.items() if v is not None),
+                ],
                 ["model", ", ".join(f"{k}={v}" for k, v in d.config.model.model_dump().items())],
                 ["base spec", d.config.base_spec],
                 ["package version", ", ".join(versions) or "—"],
@@ -438,7 +453,7 @@ def build_report(out_dir: str | Path) -> ReportPaths:
     blocks = [
         Heading(title, 1),
         Paragraph(
-            f"{len(d.all_rows)} finished runs ({len(d.rows)} reported, the rest learning-rate selection), "
+            f"{len(d.all_rows)} finished runs ({_run_kinds(d)}), "
             f"{len({r.label for r in d.rows}) or len(d.models)} models or arms, {len(d.tasks)} task "
             f"settings; suite `{d.suite}`. "
             "Rebuild with `axiomformer report <dir>`."

@@ -121,7 +121,8 @@ def execute(
         state, kept = (root / name if name else None for name in (save_state, progress))
         result: Any = trainer.train(config, progress=False, save_state=state, progress_file=kept)
     out = result.to_dict() if hasattr(result, "to_dict") else dict(result)
-    out["cpu_seconds"] = time.process_time() - cpu
+    # a run resumed from its progress file: its earlier processes' CPU time counts too
+    out["cpu_seconds"] = time.process_time() - cpu + float(out.get("earlier_cpu_seconds") or 0.0)
     out["memory_source"] = out.get("memory_method") or "trainer"
     if not out.get("peak_mem_mb"):
         # Training allocates (activations, gradients): no growth over the level at the start means the method could
