@@ -69,3 +69,13 @@ one q_10k_gru_needle_kv_600 $PY $P/long10k.py needle_kv gru 46 1e-2 $S/164684850
 #        latch scores 0.625), test 0.650 of 400, 681 CPU s.
 one r_10k_standard_needle_kv_1800 $PY $P/long10k.py needle_kv transformer 32 1e-3 $S/4d564e26f259ecb6dd92.safetensors 1800 100 25 100 $P/r_state.safetensors
 one s_10k_lstm_needle_kv_1200 $PY $P/long10k.py needle_kv lstm 40 3e-3 $S/3aade52bbdd138116172.safetensors 1200 100 25 100
+#   t/u/v (stop 51, after a review found that r is the reported seed 0's own run, tested on the study's test split):
+#        the same 1,800 steps on selection seed 5 (never reported), from its 64-token state at the arm's chosen rate,
+#        validation only (long10k_blind.py: 100 sequences every 100 steps; the test score is not printed).
+#        t: Transformer (1e-3), u: LSTM (3e-3), v: GRU (1e-2). Results: t validation 0.70 0.62 0.68 0.66 0.79 0.87 0.89
+#        0.89 0.87 0.90 0.91 0.93 0.92 0.97 0.97 0.93 0.93 0.94 (loss 0.59 ... 0.14 0.16 0.15 0.14), 4,425 CPU s: flat over
+#        its last 400 steps. u 0.54 0.79 0.94 0.95 0.99 then 0.98-1.00, 1,201 CPU s. v (stopped at step 1,000 for the
+#        session's end: v_...partial.out) 0.91 0.89 0.93 0.90 0.90 0.90 0.89 0.97 0.92 0.92.
+one t_10k_standard_needle_kv_seed5 $PY $P/long10k_blind.py needle_kv transformer 32 1e-3 $S/36e4548d50ddff61bbe4.safetensors 1800 100 25 5
+one u_10k_lstm_needle_kv_seed5 $PY $P/long10k_blind.py needle_kv lstm 40 3e-3 $S/e1434acb30a6956a087e.safetensors 1800 100 25 5
+one v_10k_gru_needle_kv_seed5 $PY $P/long10k_blind.py needle_kv gru 46 1e-2 $S/b5cb76946e1654145e3a.safetensors 1800 100 25 5
