@@ -7,31 +7,12 @@ import json
 import sys
 import time
 
-from axiomformer.train import TrainConfig, train
+from long10k import pilot_config  # this folder: sys.path[0] when run as a script
+
+from axiomformer.train import train
 
 task, model, dim, lr, state, steps, every, vb, seed = sys.argv[1:10]
-cfg = TrainConfig(
-    task=task,
-    seq_len=10000,
-    model=model,
-    dim=int(dim),
-    heads=2,  # the long-range preset's
-    layers=2,
-    lr=float(lr),
-    steps=int(steps),
-    batch_size=4,
-    warmup=3,
-    eval_every=int(every),
-    eval_batches=int(vb),
-    test_batches=1,
-    weight_decay=0.1,
-    target_accuracy=None,
-    patience=None,
-    seed=int(seed),
-    device="cpu",
-    task_options={"pairs": 2, "num_keys": 4},
-    init_from=state,
-)
+cfg = pilot_config(task, model, dim, lr, state, steps, every, vb, 1, seed)
 c = time.process_time()
 r = train(cfg, progress=False, log=lambda s: print(s, flush=True))
 print(
